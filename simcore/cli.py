@@ -25,7 +25,7 @@ def _print_json(obj) -> None:
 # --------------------------------------------------------------------------- commands
 
 def cmd_catalog(args) -> None:
-    from topologies.describe import catalog_tables
+    from reports.tables import catalog_tables
 
     tables = catalog_tables(load_catalog())
     kinds = [args.kind] if args.kind else list(tables)
@@ -33,8 +33,12 @@ def cmd_catalog(args) -> None:
         _print_json({k: tables[k].to_dict(orient="records") for k in kinds})
         return
     for kind in kinds:
+        table = tables[kind]
         print(f"== {kind} ==")
-        print(tables[kind].to_string(index=False))
+        print(table.drop(columns=["source"]).to_string(index=False))
+        print("sources:")
+        for name, source in zip(table.iloc[:, 0], table["source"]):
+            print(f"  {name}: {source}")
         print()
 
 

@@ -278,7 +278,10 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
     _check_keys(doc, _MODEL_KEYS, "model")
     fields_: dict = {}
     if "hf_config" in doc:
-        fields_.update(hf_config_fields(_resolve(doc.pop("hf_config"), base_dir)))
+        hf = _str(doc, "hf_config", "model")
+        doc.pop("hf_config")
+        if hf is not None:
+            fields_.update(hf_config_fields(_resolve(hf, base_dir)))
     name = _str(doc, "name", "model")
     if name is not None and name in cat.models:
         fields_ = {**dict(cat.models[name]), **fields_}

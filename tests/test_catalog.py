@@ -1,0 +1,67 @@
+"""The hardware catalog: every entry has a source, units convert once, names resolve."""
+from __future__ import annotations
+
+import pytest
+
+from topologies.hardware import GIB, CatalogError, EfficiencyCurve, load_catalog
+
+REQUIRED = {
+    "gpus": {"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi250x", "mi300x", "l40s"},
+    "nodes": {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "dgx-b200", "mi300x-8", "localhost"},
+    "fabrics": {"ib-edr", "ib-hdr", "ib-ndr", "ib-xdr", "roce-200", "roce-400", "eth-100"},
+    "models": {"gpt3-175b", "gpt-22b", "gpt-530b", "gpt-1t", "llama2-7b", "llama2-13b", "llama2-70b",
+               "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b"},
+}
+
+
+@pytest.fixture(scope="module")
+def cat():
+    return load_catalog()
+
+
+@pytest.mark.parametrize("kind", sorted(REQUIRED))
+def test_required_entries_exist(cat, kind):
+    assert REQUIRED[kind] <= set(getattr(cat, kind))
+
+
+def test_every_entry_cites_a_source(cat):
+    entries = [*cat.gpus.values(), *cat.fabrics.values(), *cat.storage.values()]
+    assert all(e.source.strip() for e in entries)
+    assert all(str(e.get("source", "")).strip() for e in (*cat.nodes.values(), *cat.models.values()))
+    assert all(p.source.strip() for p in cat.prices.gpus.values())
+    assert cat.prices.energy_source and cat.prices.failures_source
+
+
+def test_units_convert_once(cat):
+    a100 = cat.gpus["a100-80gb"]
+    assert a100.peak("bf16") == pytest.approx(312e12)
+    assert a100.peak("fp8") is None
+    assert a100.hbm_bytes == 80 * GIB
+    assert a100.intra_link_bytes_per_s == pytest.approx(300e9)  # 600 GB/s both directions
+    assert cat.fabrics["ib-hdr"].nic_bytes_per_s == pytest.approx(25e9)  # 200 Gb/s
+    assert cat.gpus["h100-sxm"].peak("bf16") == pytest.approx(989e12, rel=0.01)
+
+
+def test_nodes_resolve_to_their_gpu_and_fabric(cat):
+    node = cat.node("dgx-h100")
+    assert node.gpu.name == "h100-sxm" and node.gpus_per_node == 8
+    assert node.fabric in cat.fabrics and node.storage in cat.storage
+    for name, raw in cat.nodes.items():
+        if not raw.get("calibrated"):
+            assert cat.node(name).gpus_per_node >= 1
+
+
+def test_localhost_without_profile_is_marked_uncalibrated(cat, tmp_path):
+    node = cat.node("localhost", tmp_path / "no-profile.yaml")
+    assert not node.calibrated and node.gpu.name == "uncalibrated-host"
+
+
+def test_unknown_node_lists_known_ones(cat):
+    with pytest.raises(CatalogError, match=r"unknown node 'dgx-z1' \(known: .*dgx-h100"):
+        cat.node("dgx-z1")
+
+
+def test_efficiency_curve_interpolates_in_log_space():
+    curve = EfficiencyCurve(points=((1e6, 0.2), (1e10, 0.6)), source="test")
+    assert curve.at(1e3) == 0.2 and curve.at(1e12) == 0.6
+    assert curve.at(1e8) == pytest.approx(0.4)
