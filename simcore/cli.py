@@ -65,16 +65,156 @@ def cmd_topology(args) -> None:
     graph = build_cluster(plan.cluster)
     summary = cluster_summary(graph, plan.cluster)
     if args.draw:
-        from reports.plots import topology_figure
-        from reports.render import save_figure
+        from reports.plots import save_figure, topology_figure
 
-        save_figure(topology_figure(graph, plan.cluster), args.draw)
-        summary["drawing"] = str(args.draw)
+        summary["drawing"] = str(save_figure(topology_figure(graph, plan.cluster), args.draw))
     if args.json:
         _print_json(summary)
     else:
         for key, value in summary.items():
             print(f"{key:>32}: {value}")
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def print_prediction(result) -> None:
+    """A readable breakdown of a StepResult (predicted or measured)."""
+    rows = [
+        ("step time", _fmt_s(result.step_time_s)),
+        ("  compute", _fmt_s(result.compute_s)),
+        ("  exposed communication", _fmt_s(result.exposed_comm_s)),
+        ("  pipeline bubble", _fmt_s(result.bubble_s)),
+        ("  offload stall", _fmt_s(result.offload_s)),
+        ("tokens/s", f"{result.tokens_per_s:,.0f}"),
+        ("model TFLOP/s per GPU", f"{result.model_tflops_per_gpu:.1f}"),
+        ("hardware TFLOP/s per GPU", f"{result.hardware_tflops_per_gpu:.1f}"),
+        ("MFU / HFU", f"{result.mfu:.1%} / {result.hfu:.1%}"),
+        ("memory per GPU", f"{result.memory_per_gpu_gib:.2f} GiB ({'fits' if result.fits else 'DOES NOT FIT'})"),
+    ]
+    print(f"{result.plan_name} ({result.source})")
+    for k, v in rows:
+        print(f"  {k:<28} {v}")
+    if result.time_s:
+        print("  time per phase (critical rank):")
+        for k, v in result.time_s.items():
+            if v:
+                print(f"    {k:<26} {_fmt_s(v)}")
+    for note in result.notes:
+        print(f"  note: {note}")
+
+
+def cmd_simulate(args) -> None:
+    from simcore.simulate import simulate
+
+    plan = load_plan(args.plan)
+    kwargs = {}
+    if args.engine == "des":
+        kwargs = {"granularity": args.granularity, "mode": args.mode}
+        if args.slow:
+            kwargs["stragglers"] = _parse_stragglers(args.slow)
+    elif args.trace or args.gantt or args.slow:
+        raise UsageError("--trace, --gantt and --slow need --engine des (the analytic path has no timeline)")
+    result = simulate(plan, engine=args.engine, **kwargs)
+    if args.trace:
+        from simcore.trace import write_chrome_trace
+
+        write_chrome_trace(result.spans, args.trace, f"{plan.name} predicted")
+    if args.gantt:
+        from reports.plots import gantt_figure, save_figure
+
+        save_figure(gantt_figure(result.spans, f"{plan.name}: predicted step ({args.engine})"), args.gantt)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print_prediction(result)
+
+
+def _parse_stragglers(items: list[str]) -> dict[int, float]:
+    out = {}
+    for item in items:
+        rank, _, factor = item.partition("=")
+        try:
+            out[int(rank)] = float(factor)
+        except ValueError:
+            raise UsageError(f"--slow {item!r} must be RANK=FACTOR, e.g. 3=1.5") from None
+        if out[int(rank)] <= 0:
+            raise UsageError(f"--slow {item!r}: the factor must be positive")
+    return out
+
+
+def cmd_memory(args) -> None:
+    from simcore.simulate import memory_report
+
+    plan = load_plan(args.plan)
+    report = memory_report(plan)
+    if args.json:
+        _print_json(report)
+        return
+    gib = 1024**3
+    kinds = ["weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework", "total"]
+    print(f"{plan.name}: bytes per GPU by kind (GiB), per pipeline rank; HBM {report['hbm_bytes'] / gib:.1f} GiB")
+    print(f"  {'pp rank':>8} " + " ".join(f"{k:>16}" for k in kinds))
+    for r in report["ranks"]:
+        print(f"  {r['pp_rank']:>8} " + " ".join(f"{r[k] / gib:>16.2f}" for k in kinds))
+    if report.get("host_offload_bytes_per_node"):
+        print(f"  host memory for offload per node: {report['host_offload_bytes_per_node'] / gib:.1f} GiB "
+              f"of {report['host_memory_bytes_per_node'] / gib:.0f} GiB")
+    print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB)")
+
+
+def cmd_import(args) -> None:
+    import yaml
+
+    from simcore.interop import import_plan
+    from simcore.spec import plan_from_dict
+
+    if not any((args.hf, args.megatron, args.deepspeed, args.torchtitan)):
+        raise UsageError("import needs at least one of --hf, --megatron, --deepspeed, --torchtitan")
+    doc, warnings = import_plan(hf=args.hf, megatron=args.megatron, deepspeed=args.deepspeed,
+                                torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes, base_dir=".")
+    plan_from_dict(doc, ".")
+    for line in warnings:
+        print(f"trainplan: warning: {line}", file=sys.stderr)
+    print(yaml.safe_dump(doc, sort_keys=False), end="")
+
+
+def cmd_export(args) -> None:
+    from simcore.interop import export_plan
+
+    print(export_plan(load_plan(args.plan), args.to), end="")
+
+
+def cmd_schedule(args) -> None:
+    from simcore.schedules import build_schedule, format_grid, lower
+
+    plan = load_plan(args.plan)
+    par = plan.parallel
+    sched = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp)
+    if args.lowered:
+        sched = lower(sched, par.pp, plan.num_microbatches, par.vpp)
+    if args.json:
+        _print_json({str(r): [str(a) if a else "" for a in acts] for r, acts in sched.items()})
+    else:
+        print(f"{plan.name}: {par.schedule.value}, pp={par.pp}, vpp={par.vpp}, "
+              f"{plan.num_microbatches} micro-batches")
+        print(format_grid(sched, by=args.by))
+
+
+def cmd_calibrate(args) -> None:
+    from executors.calibrate import calibrate
+    from topologies.hardware import default_profile_path
+
+    out = args.out or default_profile_path()
+    profile = calibrate(out, quick=args.quick, progress=not args.json)
+    if args.json:
+        _print_json({"profile": str(out), "device": profile["device"]})
+    else:
+        dev = profile["device"]
+        peaks = ", ".join(f"{k} {v:.3f}" for k, v in dev["dense_tflops"].items() if v)
+        print(f"wrote {out}: {dev['name']}, peak TFLOP/s {peaks}, "
+              f"memory {dev['hbm_tbyte_per_s'] * 1e3:.1f} GB/s, link {dev['intra_link_gbyte_per_s_bidir'] / 2:.2f} GB/s")
 
 
 # --------------------------------------------------------------------------- parser
@@ -102,6 +242,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draw", type=Path, metavar="PNG", help="write a picture of the cluster graph")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_topology)
+
+    p = sub.add_parser("simulate", help="predict one training step: time breakdown, MFU, memory")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--engine", choices=["analytic", "des"], default="analytic",
+                   help="analytic closed forms (fast) or the SimPy event engine (exact order)")
+    p.add_argument("--granularity", choices=["microbatch", "layer"], default="microbatch")
+    p.add_argument("--mode", choices=["representative", "full"], default="representative")
+    p.add_argument("--slow", action="append", metavar="RANK=FACTOR", help="straggler: slow a pipeline rank")
+    p.add_argument("--trace", type=Path, metavar="JSON", help="write the predicted step as a Chrome trace")
+    p.add_argument("--gantt", type=Path, metavar="PNG", help="draw the predicted step as a Gantt chart")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("schedule", help="the per-rank pipeline action grid (torch's notation: 0F0 0B0 ...)")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--lowered", action="store_true", help="with SEND/RECV and UNSHARD/RESHARD actions")
+    p.add_argument("--by", choices=["rank", "step"], default="rank")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_schedule)
+
+    p = sub.add_parser("memory", help="bytes per GPU by kind, per pipeline rank, and whether it fits")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_memory)
+
+    p = sub.add_parser("import", help="a Plan from a HF config, Megatron args, DeepSpeed JSON or torchtitan TOML")
+    p.add_argument("--hf", metavar="CONFIG_JSON")
+    p.add_argument("--megatron", metavar="CMDLINE_OR_FILE")
+    p.add_argument("--deepspeed", metavar="DS_CONFIG_JSON")
+    p.add_argument("--torchtitan", metavar="TOML")
+    p.add_argument("--cluster", metavar="NODE", help="catalog node type (default: from the inputs, or dgx-h100)")
+    p.add_argument("--nodes", type=int)
+    p.set_defaults(func=cmd_import)
+
+    from simcore.interop import TARGETS
+
+    p = sub.add_parser("export", help="the Plan as a Megatron command line, ds_config, torchtitan TOML or sbatch script")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--to", choices=list(TARGETS), required=True)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("calibrate", help="microbenchmark this host into a hardware profile (node: localhost)")
+    p.add_argument("--out", type=Path, help="profile path (default: the cached profile of this host)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes and group sizes")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 
@@ -110,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (PlanError, CatalogError, UsageError) as exc:
+    except (PlanError, CatalogError, UsageError, ValueError) as exc:
         print(f"trainplan: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

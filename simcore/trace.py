@@ -113,18 +113,19 @@ def _length(intervals: list[tuple[float, float]]) -> float:
 
 
 def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Parts of the (merged) intervals ``a`` not covered by the (merged) intervals ``b``."""
-    out = []
+    """Parts of the (merged, sorted) intervals ``a`` not covered by the (merged, sorted) ``b``.
+
+    A two-pointer sweep: linear in len(a) + len(b)."""
+    out, j = [], 0
     for s, e in a:
-        cur = s
-        for bs, be in b:
-            if be <= cur or bs >= e:
-                continue
-            if bs > cur:
-                out.append((cur, bs))
-            cur = max(cur, be)
-            if cur >= e:
-                break
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        cur, k = s, j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
         if cur < e:
             out.append((cur, e))
     return out
@@ -170,6 +171,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for sharing
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

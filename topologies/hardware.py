@@ -11,6 +11,7 @@ profile measured by ``trainplan calibrate`` (see ``load_profile``).
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class GPU:
     tdp_w: float
     source: str
     calibrated: bool = False
+    efficiency_json: str = ""
+    """A calibrated profile's efficiency entry (JSON text, so the GPU stays hashable);
+    empty for catalog GPUs, whose entry lives in ``efficiency.yaml``."""
 
     def peak(self, precision: str) -> float | None:
         return dict(self.peak_flops).get(precision)
@@ -179,7 +183,7 @@ def _num(entry: dict, key: str, where: str, *, allow_none: bool = False) -> floa
     return float(value)
 
 
-def _gpu(name: str, e: dict, calibrated: bool = False) -> GPU:
+def _gpu(name: str, e: dict, calibrated: bool = False, efficiency: dict | None = None) -> GPU:
     where = f"gpus.{name}"
     tflops = e.get("dense_tflops") or {}
     peaks = tuple((p, None if tflops.get(p) is None else float(tflops[p]) * 1e12) for p in PRECISIONS)
@@ -197,6 +201,7 @@ def _gpu(name: str, e: dict, calibrated: bool = False) -> GPU:
         tdp_w=_num(e, "tdp_w", where),
         source=str(e.get("source", "")),
         calibrated=calibrated,
+        efficiency_json=json.dumps(efficiency, sort_keys=True) if efficiency else "",
     )
 
 
@@ -335,7 +340,8 @@ def load_profile(path: str | os.PathLike, raw_node: dict, cat: Catalog) -> Node:
     prof = _read_yaml(path)
     if "device" not in prof:
         raise CatalogError(f"profile {path} has no 'device' section")
-    gpu = _gpu(str(prof["device"].get("name", "localhost-device")), prof["device"], calibrated=True)
+    gpu = _gpu(str(prof["device"].get("name", "localhost-device")), prof["device"], calibrated=True,
+               efficiency=prof.get("efficiency"))
     entry = {**raw_node, **(prof.get("node") or {})}
     entry.setdefault("gpus_per_node", os.cpu_count() or 1)
     if entry.get("gpus_per_node") is None:

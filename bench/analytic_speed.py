@@ -1,0 +1,60 @@
+"""How many plans per second the analytic path evaluates (target: >= 2,000 on one core).
+
+    .venv/bin/python bench/analytic_speed.py [--seconds 3]
+
+GPT-3 175B on 1536 A100s (192 DGX A100 80GB): every (tp, pp, dp, micro-batch, ZeRO,
+recompute) layout that passes the Plan checks is derived with dataclasses.replace, as
+simcore/search.py does, and simulated with ``simulate(plan)``; caches start cold.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from simcore.simulate import simulate  # noqa: E402
+from simcore.spec import PlanError, Recompute, ZeroStage, check_plan, plan_from_dict  # noqa: E402
+
+BASE = {"model": "gpt3-175b", "cluster": {"node": "dgx-a100-80gb", "nodes": 192},
+        "parallel": {"tp": 8, "pp": 12, "dp": 16, "zero": 1},
+        "training": {"global_batch": 1536, "micro_batch": 1, "recompute": "full"}}
+
+
+def layouts(base):
+    for tp, pp, mb, zero, rc in itertools.product((1, 2, 4, 8), (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 96),
+                                                  (1, 2, 4), (0, 1, 2, 3), (Recompute.FULL, Recompute.SELECTIVE)):
+        dp = 1536 // (tp * pp)
+        par = dataclasses.replace(base.parallel, tp=tp, pp=pp, dp=dp, zero=ZeroStage(zero))
+        tr = dataclasses.replace(base.training, micro_batch=mb, recompute=rc)
+        plan = dataclasses.replace(base, parallel=par, training=tr)
+        try:
+            check_plan(plan)
+        except PlanError:
+            continue
+        yield plan
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    args = ap.parse_args(argv)
+    plans = list(layouts(plan_from_dict(BASE)))
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        for plan in plans:
+            simulate(plan)
+        done += len(plans)
+    elapsed = time.perf_counter() - t0
+    rate = done / elapsed
+    print(f"{len(plans)} distinct layouts of GPT-3 175B on 1536 A100s; {done} evaluations in {elapsed:.2f} s")
+    print(f"analytic path: {rate:,.0f} plans/s on one core (target >= 2,000): {'PASS' if rate >= 2000 else 'FAIL'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

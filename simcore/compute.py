@@ -1,0 +1,153 @@
+"""Kernel time from a roofline with measured efficiencies (Williams et al. 2009, "Roofline").
+
+An op takes max(FLOPs / (peak x eff(shape)), bytes / (HBM bandwidth x eff_mem)) plus a
+fixed per-kernel overhead. ``eff(shape)`` is the achieved fraction of the dense peak for a
+GEMM of that many FLOPs, a curve kept as data per GPU in
+``topologies/catalog/efficiency.yaml`` (each with its source) in the manner of Calculon
+(calculon-ai/calculon, ``systems/a100_80g.json`` efficiency tables). No fudge factor
+lives in this module: every number comes from the GPU's catalog entry.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+from simcore.spec import PlanError
+from simcore.workload import Op
+from topologies.hardware import GPU, EfficiencyCurve, load_catalog
+
+#: FLOP ratio of a FlashAttention backward to its forward: 5 matmuls against 2
+#: (Dao 2023, FlashAttention-2, Sec. 3.1.2; the backward also recomputes the scores).
+FLASH_BACKWARD_FLOP_RATIO = 2.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceModel:
+    """Everything the roofline needs about one GPU at one precision, in SI units."""
+
+    name: str
+    peak_flops: float
+    hbm_bytes_per_s: float
+    matmul: EfficiencyCurve
+    attention_forward: float
+    attention_backward: float
+    memory_efficiency: float
+    kernel_overhead_s: float
+    host_overhead_s: float
+    """Host (framework) time to issue one modelled kernel; an eager step cannot run faster."""
+    nvlink_efficiency: float
+    nic_efficiency: float
+    base_latency_s: float
+    nvlink_hop_latency_s: float
+    net_hop_latency_s: float
+    host_memory_bytes_per_s: float
+    adam_host_bytes_per_param: float
+
+
+def _entry(gpu: GPU, catalog_root=None) -> dict:
+    if gpu.efficiency_json:  # a calibrated profile carries its own entry
+        return json.loads(gpu.efficiency_json)
+    eff = (load_catalog(catalog_root) if catalog_root else load_catalog()).efficiency
+    if gpu.name not in eff:
+        raise PlanError(f"GPU '{gpu.name}' has no entry in topologies/catalog/efficiency.yaml "
+                        f"(known: {', '.join(sorted(eff))}); add one or calibrate")
+    return eff[gpu.name]
+
+
+@functools.lru_cache(maxsize=64)
+def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
+    """The GPU's datasheet figures joined with its efficiency entry (cached per GPU)."""
+    if gpu.name == "uncalibrated-host":
+        raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
+    peak = gpu.peak(precision)
+    if peak is None:
+        raise PlanError(f"training.precision={precision} is not supported by {gpu.name}")
+    e = _entry(gpu, catalog_root)
+    coll, off = e["collective"], e.get("offload", {})
+    return DeviceModel(
+        name=gpu.name,
+        peak_flops=peak,
+        hbm_bytes_per_s=gpu.hbm_bytes_per_s,
+        matmul=EfficiencyCurve(points=tuple((float(s), float(v)) for s, v in e["matmul"]["points"]),
+                               source=e["matmul"].get("source", "")),
+        attention_forward=float(e["attention"]["forward"]),
+        attention_backward=float(e["attention"]["backward"]),
+        memory_efficiency=float(e["memory_bound"]["efficiency"]),
+        kernel_overhead_s=float(e.get("kernel_overhead_us", 0.0)) * 1e-6,
+        host_overhead_s=float(e.get("host_overhead_us", 0.0)) * 1e-6,
+        nvlink_efficiency=float(coll["nvlink_efficiency"]),
+        nic_efficiency=float(coll["nic_efficiency"]),
+        base_latency_s=float(coll["base_latency_us"]) * 1e-6,
+        nvlink_hop_latency_s=float(coll["nvlink_hop_latency_us"]) * 1e-6,
+        net_hop_latency_s=float(coll["net_hop_latency_us"]) * 1e-6,
+        host_memory_bytes_per_s=float(off.get("host_memory_gbyte_per_s", 0.0)) * 1e9,
+        adam_host_bytes_per_param=float(off.get("adam_host_bytes_per_param", 32)),
+    )
+
+
+def roofline_s(flops: float, bytes_: float, dev: DeviceModel, efficiency: float) -> float:
+    """max(compute-bound, memory-bound) time of one kernel (no fixed overhead)."""
+    return max(flops / (dev.peak_flops * efficiency),
+               bytes_ / (dev.hbm_bytes_per_s * dev.memory_efficiency))
+
+
+def _efficiency(op: Op, dev: DeviceModel) -> float:
+    if op.name == "flash_attention":
+        return dev.attention_forward
+    if not op.matmul:
+        return 1.0
+    return dev.matmul.at(op.flops * op.count if op.batched else op.flops)
+
+
+def op_forward_s(op: Op, dev: DeviceModel) -> float:
+    """Device time of ``op.count`` forward kernels (fixed per-kernel overhead excluded)."""
+    return op.count * roofline_s(op.flops * op.exec_fraction, op.bytes, dev, _efficiency(op, dev))
+
+
+def op_backward_s(op: Op, dev: DeviceModel) -> tuple[float, float]:
+    """(input-gradient, weight-gradient) device time of ``op``'s backward.
+
+    A GEMM's backward is two GEMMs of the forward's size: dX = dY W^T (input) and
+    dW = X^T dY (weight); a batched attention GEMM has no weights, so both go to the
+    input side. An elementwise kernel reads its saved input and the incoming gradient
+    and writes one gradient: twice the forward's traffic.
+    """
+    if op.name == "flash_attention":
+        t = op.count * roofline_s(op.flops * op.exec_fraction * FLASH_BACKWARD_FLOP_RATIO,
+                                  2 * op.bytes, dev, dev.attention_backward)
+        return t, 0.0
+    if not op.matmul:
+        return op.count * roofline_s(0.0, 2 * op.bytes, dev, 1.0), 0.0
+    one = op_forward_s(op, dev)
+    if op.batched:
+        return 2 * one, 0.0
+    return one, one
+
+
+def phase_s(device_s: float, kernels: int, dev: DeviceModel) -> float:
+    """A phase of ``kernels`` kernels: device time plus each kernel's fixed overhead, but
+    never less than the host needs to issue them (eager frameworks launch one by one)."""
+    return max(device_s + kernels * dev.kernel_overhead_s, kernels * dev.host_overhead_s)
+
+
+def ops_time_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float, float]:
+    """(forward, backward-input, backward-weight) seconds of a list of ops."""
+    fwd = bi = bw = 0.0
+    kf = kb = 0
+    for op in ops:
+        fwd += op_forward_s(op, dev)
+        i, w = op_backward_s(op, dev)
+        bi += i
+        bw += w
+        kf += op.kernels
+        kb += op.kernels * (2 if op.matmul and not op.batched and op.name != "flash_attention" else 1)
+    fwd_s = phase_s(fwd, kf, dev)
+    bwd_s = phase_s(bi + bw, kb, dev)
+    scale = bwd_s / (bi + bw) if bi + bw > 0 else 0.0
+    return fwd_s, bi * scale, bw * scale
+
+
+def stream_s(bytes_: float, dev: DeviceModel) -> float:
+    """A memory-bound pass over ``bytes_`` (e.g. the optimizer step)."""
+    return bytes_ / (dev.hbm_bytes_per_s * dev.memory_efficiency) + dev.kernel_overhead_s

@@ -1,0 +1,328 @@
+"""Plan -> Prediction: the per-stage costs of a step, and the analytic step time.
+
+``step_costs`` reduces a Plan to ``StepCosts`` (simcore/costs.py) from the pure models
+(workload, compute, collectives, memory). ``simulate`` turns them into a ``StepResult``,
+by closed forms (``engine="analytic"``) or by the SimPy engine (``engine="des"``).
+
+The analytic step, for the slowest pipeline rank with per-micro-batch time T = C + X
+(compute C, blocking TP/CP/EP/PP communication X):
+- 1F1B and GPipe: (m - 1) T_max + sum_r T_r, i.e. (m + p - 1) T for uniform stages
+  (Narayanan et al. 2021, Sec. 2.2.1: bubble fraction (p - 1)/m);
+- interleaved 1F1B: m T_max + (sum_r T_r - T_max) / v (Sec. 2.2.2: bubble (p - 1)/(m v));
+- zero-bubble (ZB-H1, Qi et al. 2024, arXiv 2401.10241): bubble (p - 1)(T_F + T_B - T_W) / v;
+- data-parallel gradient reduction overlapped with the last micro-batch's backward up
+  to the compute available (torch DDP buckets, Li et al. 2020, VLDB, Sec. 3.2.3), the
+  last bucket always exposed; ZeRO-1/2 parameter all-gather after the step exposed;
+  FSDP2/ZeRO-3 per-layer all-gathers and reduce-scatters hidden behind the layer's
+  compute by prefetching, the excess exposed;
+- offload: PCIe copies overlapped with the host optimizer step; the longer one counts.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from simcore import collectives as coll
+from simcore import compute as cmp
+from simcore import memory as mem
+from simcore import workload as wl
+from simcore.costs import StepCosts
+from simcore.spec import GradCompression, Offload, Plan, PlanError, Precision, Schedule, ZeroStage
+from simcore.trace import GIB, StepResult
+
+#: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
+#: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py).
+POWERSGD_RANK = 1
+
+
+def _check_device(plan: Plan) -> None:
+    if plan.cluster.node.gpu.name == "uncalibrated-host":
+        raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev) -> tuple[float, float, float, float, float]:
+    """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer."""
+    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash)
+    f, bi, bw = cmp.ops_time_s(ops, dev)
+    r = cmp.ops_time_s(wl.recompute_ops(ops, recompute), dev)[0]
+    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash))
+    return f, bi, bw, r, core
+
+
+@functools.lru_cache(maxsize=1024)
+def _logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
+    return cmp.ops_time_s(wl.logits_forward_ops(model, b=b, s=s, tp=tp), dev)
+
+
+def _grad_wire_bytes(plan: Plan) -> float:
+    """Bytes per gradient element on the wire. DDP under autocast and Megatron's
+    ``--accumulate-allreduce-grads-in-fp32`` reduce fp32 gradients; the fp16/bf16 hooks
+    halve them; FSDP2 reduces in its param dtype (16-bit)."""
+    if plan.training.precision == Precision.FP32:
+        return 4.0
+    if plan.parallel.zero >= ZeroStage.WEIGHTS:
+        return 2.0
+    gc = plan.training.grad_compression
+    return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
+
+
+def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
+    """Blocking TP / CP / EP communication of one layer and one micro-batch (seconds)."""
+    m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
+    b, s = tr.micro_batch, m.seq_len // par.cp
+    act = wl.ACT_BYTES * b * s * m.hidden
+    out = {"tp_f": 0.0, "tp_b": 0.0, "cp": 0.0, "ep_f": 0.0, "ep_b": 0.0}
+    if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS
+        net = coll.group_net(cl, dev, par.tp, 1)
+        one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
+            else coll.all_reduce_s(act, net)
+        out["tp_f"] = out["tp_b"] = 2 * one
+    if par.cp > 1:   # ring attention: cp-1 exchanges of the local K and V (Liu et al. 2023)
+        net = coll.group_net(cl, dev, par.cp, par.tp)
+        kv = 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
+        out["cp"] = (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, net.base_latency_s)
+    if m.moe and par.ep > 1:  # dispatch and combine all-to-alls (Lepikhin et al. 2021, GShard)
+        net = coll.group_net(cl, dev, par.ep, par.tp * par.cp)
+        routed = act * m.top_k * m.capacity_factor / (par.tp if par.sequence_parallel else 1)
+        out["ep_f"] = out["ep_b"] = 2 * coll.all_to_all_s(routed, net)
+    return out
+
+
+def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
+    """One micro-batch's activations to the next stage; with tp > 1 each TP rank sends
+    1/t of it (Megatron's scatter/gather optimisation, Narayanan et al. Sec. 4.1)."""
+    m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
+    if par.pp == 1:
+        return 0.0
+    bytes_ = wl.ACT_BYTES * tr.micro_batch * (m.seq_len // par.cp) * m.hidden / par.tp
+    stride = par.tp * par.cp * par.dp
+    net = coll.group_net(cl, dev, 2, stride)
+    hop = net.inter_hop_s if net.nodes > 1 else net.intra_hop_s
+    return coll.send_recv_s(bytes_, net.bus_bytes_per_s, hop)
+
+
+def _pcie_bytes_per_s(plan: Plan) -> float:
+    """Host-link bandwidth per GPU: GPUs behind one PCIe switch share its uplink."""
+    node = plan.cluster.node
+    share = min(1.0, node.pcie_switches / plan.cluster.gpus_per_node) if node.pcie_switches else 1.0
+    return node.gpu.pcie_bytes_per_s * share
+
+
+def _dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params: float) -> dict[str, float]:
+    """Per-step gradient reduction, parameter sync, per-micro-batch FSDP gathers, optimizer, offload."""
+    par, tr, cl = plan.parallel, plan.training, plan.cluster
+    nd = par.dp * par.cp
+    wb = mem.weight_bytes_per_param(tr.precision)
+    gb = _grad_wire_bytes(plan)
+    out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, buckets=1, compress=0.0)
+    if nd > 1:
+        net = coll.group_net(cl, dev, nd, par.tp)
+        params = sp.total
+        if tr.grad_compression == GradCompression.POWERSGD:
+            gb = 4.0 * 2 * POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
+            out["compress"] = cmp.stream_s(12.0 * params, dev)
+        elif tr.grad_compression != GradCompression.NONE:
+            out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
+        if par.zero == ZeroStage.NONE:
+            out["grad"] = coll.all_reduce_s(gb * params, net)
+        elif par.zero < ZeroStage.WEIGHTS:
+            out["grad"] = coll.reduce_scatter_s(gb * params, net)
+            out["sync"] = coll.all_gather_s(wb * params, net)
+        else:
+            out["layer_ag"] = coll.all_gather_s(wb * layer_params, net)
+            out["layer_rs"] = coll.reduce_scatter_s(gb * layer_params, net)
+        out["buckets"] = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
+    return out
+
+
+def _optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[float, float]:
+    """(optimizer on the GPU or host, offload copies) per step for this rank's shard."""
+    par, tr = plan.parallel, plan.training
+    nd = par.dp * par.cp
+    owned = sp.total / nd if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
+    k = mem.optimizer_bytes_per_param(tr.precision, tr.optimizer)
+    wb = mem.weight_bytes_per_param(tr.precision)
+    if tr.offload == Offload.NONE:   # read grad, states; write states and the 16-bit copy
+        return cmp.stream_s(owned * (2 * k + 2 * wb), dev), 0.0
+    host_bw = dev.host_memory_bytes_per_s / plan.cluster.gpus_per_node
+    host = owned * dev.adam_host_bytes_per_param / host_bw if host_bw > 0 else math.inf
+    copies = 2 * wb * owned / _pcie_bytes_per_s(plan)       # gradients down, parameters up
+    return host, copies
+
+
+def step_costs(plan: Plan) -> StepCosts:
+    """Every per-virtual-stage number of one step (see simcore/costs.py)."""
+    _check_device(plan)
+    m, par, tr = plan.model, plan.parallel, plan.training
+    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value)
+    b, s = tr.micro_batch, m.seq_len // par.cp
+    f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
+                                       tr.flash_attention, tr.recompute, dev)
+    lc = _layer_comm(plan, dev)
+    cp_f = max(0.0, lc["cp"] - core)                   # ring exchange hidden behind the attention core
+    rec_comm = lc["tp_f"] + cp_f + lc["ep_f"] if tr.recompute.value == "full" else 0.0
+    stages = plan.layers_per_stage
+    nv = len(stages)
+    lf, lbi, lbw = _logits_times(m, b, s, par.tp, dev)
+    params = mem.stage_params(plan, stages)
+    dense_l, expert_l = mem.layer_params_per_gpu(plan)
+    dpc = _dp_costs(plan, dev, params[0], dense_l + expert_l)
+    fc = lc["tp_f"] + cp_f + lc["ep_f"]
+    bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
+    fwd = [n * f for n in stages]
+    bin_ = [n * bi for n in stages]
+    bwt = [n * bw for n in stages]
+    fwd[-1] += lf                                       # the logits sit on the last virtual stage
+    bin_[-1] += lbi
+    bwt[-1] += lbw
+    rec = [n * rc for n in stages]
+    fcomm = [n * fc for n in stages]
+    bcomm = [n * bc for n in stages]
+    gather = [n * 2 * dpc["layer_ag"] for n in stages]
+    grad, sync, opt, off = [], [], [], []
+    per_params: dict = {params[0]: (dpc, _optimizer_costs(plan, dev, params[0]))}
+    for v in range(nv):
+        sp_r = params[v % par.pp]
+        if sp_r not in per_params:   # ranks holding equal parameters cost the same
+            per_params[sp_r] = (_dp_costs(plan, dev, sp_r, dense_l + expert_l), _optimizer_costs(plan, dev, sp_r))
+        d, (o, c) = per_params[sp_r]
+        share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
+        fsdp_rs = plan.num_microbatches * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
+        grad.append((d["grad"] + d["compress"]) * share + fsdp_rs)
+        sync.append(d["sync"] * share)
+        opt.append(o * share)
+        off.append(c * share)
+    per_rank = mem.memory_per_rank(plan, stages, params)
+    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["total"])
+    detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
+              "ep_comm_per_layer_s": lc["ep_f"] + lc["ep_b"], "fsdp_layer_all_gather_s": dpc["layer_ag"],
+              "fsdp_layer_reduce_scatter_s": dpc["layer_rs"], "host_memory_per_node_bytes":
+              mem.host_bytes_per_node(plan, per_rank)}
+    return StepCosts(
+        plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
+        backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
+        backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), param_gather_s=tuple(gather),
+        grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple([dpc["buckets"]] * nv),
+        param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
+        model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
+        hardware_flops_per_step=wl.hardware_flops_per_step(m, tr.global_batch, tr.recompute),
+        memory_bytes={k: per_rank[worst][k] for k in ("weights", "gradients", "optimizer_states",
+                                                      "activations", "comm_buffers", "framework")},
+        memory_per_rank_bytes=tuple(r["total"] for r in per_rank),
+        time_detail_s=detail,
+    )
+
+
+# --------------------------------------------------------------------------- analytic path
+
+def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
+    """Per pipeline rank, per micro-batch: compute, blocking comm (with FSDP exposure and
+    PP sends), weight-gradient time, summed over the rank's virtual stages."""
+    p = c.plan.parallel.pp
+    ag = c.time_detail_s.get("fsdp_layer_all_gather_s", 0.0)
+    rs = c.time_detail_s.get("fsdp_layer_reduce_scatter_s", 0.0)
+    p2p = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
+    out = []
+    for r in range(p):
+        fwd, bin_, bwt = sum(c.forward_s[r::p]), sum(c.backward_input_s[r::p]), sum(c.backward_weight_s[r::p])
+        rec = sum(c.recompute_s[r::p])
+        comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
+        if ag > 0:   # prefetched gathers hide behind the layer compute; the first one cannot
+            for v in range(r, c.stages, p):
+                n, bwd = c.layers[v], c.backward_s(v) + c.recompute_s[v]
+                comm += max(0.0, n * ag - c.forward_s[v]) + max(0.0, n * (ag + rs) - bwd) + ag
+        out.append(dict(compute=fwd + bin_ + bwt + rec, comm=comm, w=bwt, fwd=fwd, bwd=bin_ + bwt,
+                        rec=rec, p2p=p2p))
+    return out
+
+
+def _pipeline_s(c: StepCosts, ranks: list[dict[str, float]], crit: int) -> float:
+    """Forward/backward span of all micro-batches on the critical rank, bubble included."""
+    par = c.plan.parallel
+    m, p, v = c.plan.num_microbatches, par.pp, par.vpp
+    t = [o["compute"] + o["comm"] for o in ranks]
+    tmax = t[crit]
+    if p == 1:
+        return m * tmax
+    if par.schedule == Schedule.ZERO_BUBBLE:   # ZB-H1: the weight gradients fill the bubble
+        return m * tmax + (p - 1) * max(0.0, tmax - ranks[crit]["w"]) / v
+    if v > 1:
+        return m * tmax + (sum(t) - tmax) / v
+    return (m - 1) * tmax + sum(t)
+
+
+def analytic(c: StepCosts) -> StepResult:
+    """The closed-form step (module docstring) from a StepCosts."""
+    plan = c.plan
+    par, tr = plan.parallel, plan.training
+    m = plan.num_microbatches
+    ranks = _rank_sums(c)
+    crit = max(range(par.pp), key=lambda r: ranks[r]["compute"] + ranks[r]["comm"])
+    pipe = _pipeline_s(c, ranks, crit)
+    mine = [v for v in range(c.stages) if v % par.pp == crit]
+    o = ranks[crit]
+    grad = sum(c.grad_reduce_per_step_s[v] for v in mine)
+    if par.zero >= ZeroStage.WEIGHTS:              # FSDP2's reduce-scatters: per layer, in _rank_sums
+        grad = 0.0
+    sync = sum(c.param_sync_per_step_s[v] for v in mine)
+    opt = sum(c.optimizer_per_step_s[v] for v in mine)
+    copies = sum(c.offload_per_step_s[v] for v in mine)
+    buckets = max(c.grad_buckets[v] for v in mine)
+    window = o["bwd"] + o["rec"]                   # the last micro-batch's backward
+    dp_exposed = max(grad / buckets, grad - window) if grad > 0 else 0.0
+    offloaded = tr.offload != Offload.NONE
+    offload_s = max(opt, copies) if offloaded else 0.0
+    compute_s = m * o["compute"] + (0.0 if offloaded else opt)
+    exposed = m * o["comm"] + dp_exposed + sync
+    bubble = max(0.0, pipe - m * (o["compute"] + o["comm"]))
+    step = compute_s + exposed + bubble + offload_s
+    gpus = par.gpus
+    dev_peak = plan.cluster.node.gpu.peak(tr.precision.value)
+    model_tf = c.model_flops_per_step / step / gpus
+    hw_tf = c.hardware_flops_per_step / step / gpus
+    per_rank = c.memory_per_rank_bytes
+    fits = max(per_rank) <= plan.cluster.node.gpu.hbm_bytes and \
+        c.time_detail_s.get("host_memory_per_node_bytes", 0.0) <= plan.cluster.node.host_memory_bytes
+    time_s = {"forward": m * o["fwd"], "backward": m * o["bwd"], "recompute": m * o["rec"],
+              "layer_comm": m * (o["comm"] - o["p2p"]), "pp_comm": m * o["p2p"], "dp_comm": dp_exposed,
+              "param_sync": sync, "optimizer": opt, "offload": offload_s, "bubble": bubble}
+    return StepResult(
+        source="analytic", plan_name=plan.name, step_time_s=step,
+        tokens_per_s=tr.global_batch * plan.model.seq_len / step,
+        model_tflops_per_gpu=model_tf / 1e12, hardware_tflops_per_gpu=hw_tf / 1e12,
+        mfu=model_tf / dev_peak, hfu=hw_tf / dev_peak, compute_s=compute_s, exposed_comm_s=exposed,
+        bubble_s=bubble, offload_s=offload_s, memory_per_gpu_gib=max(per_rank) / GIB, fits=fits,
+        memory_bytes=dict(c.memory_bytes), time_s=time_s,
+        memory_per_rank_gib=tuple(x / GIB for x in per_rank), notes=c.notes,
+    )
+
+
+def simulate(plan: Plan, engine: str = "analytic", **kwargs) -> StepResult:
+    """Predict one training step of ``plan`` by the analytic closed forms or the event engine."""
+    if engine == "analytic":
+        return analytic(step_costs(plan))
+    if engine == "des":
+        try:
+            from simcore.engine import simulate_des
+        except ImportError as exc:
+            raise ValueError(f"the event engine is not available (simcore.engine: {exc})") from None
+        return simulate_des(step_costs(plan), **kwargs)
+    raise ValueError(f"unknown engine {engine!r} (known: analytic, des)")
+
+
+def memory_report(plan: Plan) -> dict:
+    """Bytes per GPU by kind on every pipeline rank, host memory for offload, HBM, fits."""
+    _check_device(plan)
+    per_rank = mem.memory_per_rank(plan)
+    host_node = mem.host_bytes_per_node(plan, per_rank)
+    return {
+        "plan": plan.name,
+        "hbm_bytes": plan.cluster.node.gpu.hbm_bytes,
+        "host_memory_bytes_per_node": plan.cluster.node.host_memory_bytes,
+        "host_offload_bytes_per_node": host_node,
+        "ranks": [{"pp_rank": r, **{k: v for k, v in d.items()}} for r, d in enumerate(per_rank)],
+        "max_gpu_bytes": max(d["total"] for d in per_rank),
+        "memory_per_gpu_gib": max(d["total"] for d in per_rank) / GIB,
+        "fits": mem.fits(plan, per_rank),
+    }

@@ -1,0 +1,24 @@
+#!/bin/bash
+# Megatron-LM launch for plan 'gpt3-175b-a100', written by trainplan.
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025).
+# Add the data, tokenizer and learning-rate options of your run (--data-path,
+# --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
+# with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
+torchrun --nnodes 192 --nproc-per-node 8 pretrain_gpt.py \
+    --num-layers 96 \
+    --hidden-size 12288 \
+    --ffn-hidden-size 49152 \
+    --num-attention-heads 96 \
+    --seq-length 2048 \
+    --max-position-embeddings 2048 \
+    --vocab-size 51200 \
+    --position-embedding-type learned_absolute \
+    --tensor-model-parallel-size 8 \
+    --pipeline-model-parallel-size 12 \
+    --micro-batch-size 1 \
+    --global-batch-size 1536 \
+    --bf16 \
+    --recompute-granularity full \
+    --recompute-method uniform \
+    --recompute-num-layers 1 \
+    --optimizer adam

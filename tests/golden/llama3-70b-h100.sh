@@ -1,0 +1,30 @@
+#!/bin/bash
+# Megatron-LM launch for plan 'llama3-70b-h100', written by trainplan.
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025).
+# Add the data, tokenizer and learning-rate options of your run (--data-path,
+# --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
+# with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
+torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
+    --num-layers 80 \
+    --hidden-size 8192 \
+    --ffn-hidden-size 28672 \
+    --num-attention-heads 64 \
+    --group-query-attention \
+    --num-query-groups 8 \
+    --seq-length 8192 \
+    --max-position-embeddings 8192 \
+    --vocab-size 128256 \
+    --position-embedding-type rope \
+    --swiglu \
+    --untie-embeddings-and-output-weights \
+    --tensor-model-parallel-size 8 \
+    --pipeline-model-parallel-size 4 \
+    --num-virtual-stages-per-pipeline-rank 5 \
+    --sequence-parallel \
+    --use-distributed-optimizer \
+    --micro-batch-size 1 \
+    --global-batch-size 128 \
+    --bf16 \
+    --recompute-granularity selective \
+    --attention-backend flash \
+    --optimizer adam

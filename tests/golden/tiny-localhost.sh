@@ -1,0 +1,21 @@
+#!/bin/bash
+# Megatron-LM launch for plan 'tiny-localhost', written by trainplan.
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025).
+# Add the data, tokenizer and learning-rate options of your run (--data-path,
+# --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
+# with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
+torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py \
+    --num-layers 4 \
+    --hidden-size 64 \
+    --ffn-hidden-size 256 \
+    --num-attention-heads 4 \
+    --seq-length 32 \
+    --max-position-embeddings 32 \
+    --vocab-size 256 \
+    --position-embedding-type learned_absolute \
+    --untie-embeddings-and-output-weights \
+    --tensor-model-parallel-size 1 \
+    --pipeline-model-parallel-size 2 \
+    --micro-batch-size 1 \
+    --global-batch-size 8 \
+    --optimizer adam

@@ -1,0 +1,36 @@
+#!/bin/bash
+# Megatron-LM launch for plan 'v-mixtral-ep', written by trainplan.
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025).
+# Add the data, tokenizer and learning-rate options of your run (--data-path,
+# --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
+# with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
+torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
+    --num-layers 32 \
+    --hidden-size 4096 \
+    --ffn-hidden-size 14336 \
+    --num-attention-heads 32 \
+    --group-query-attention \
+    --num-query-groups 8 \
+    --seq-length 32768 \
+    --max-position-embeddings 32768 \
+    --vocab-size 32000 \
+    --position-embedding-type rope \
+    --swiglu \
+    --untie-embeddings-and-output-weights \
+    --num-experts 8 \
+    --moe-router-topk 2 \
+    --moe-expert-capacity-factor 1.0 \
+    --tensor-model-parallel-size 2 \
+    --pipeline-model-parallel-size 4 \
+    --expert-model-parallel-size 4 \
+    --moe-token-dispatcher-type alltoall \
+    --sequence-parallel \
+    --use-distributed-optimizer \
+    --micro-batch-size 1 \
+    --global-batch-size 256 \
+    --bf16 \
+    --recompute-granularity full \
+    --recompute-method uniform \
+    --recompute-num-layers 1 \
+    --attention-backend flash \
+    --optimizer adam

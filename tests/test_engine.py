@@ -1,0 +1,243 @@
+"""The event engine: closed forms, hand-worked span logs, link sharing, symmetry, stragglers."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import simpy
+
+from simcore.costs import StepCosts
+from simcore.engine import FairShareLinks, simulate_des, stage_stragglers
+from simcore.spec import plan_from_dict
+from simcore.trace import Span
+
+
+def _plan(pp=2, dp=1, tp=1, nodes=1, global_batch=2, schedule="1f1b", vpp=1, model="gpt3-175b"):
+    return plan_from_dict({"model": model, "cluster": {"node": "dgx-a100-80gb", "nodes": nodes},
+                           "parallel": {"tp": tp, "pp": pp, "dp": dp, "vpp": vpp, "schedule": schedule},
+                           "training": {"global_batch": global_batch}}, ".")
+
+
+def _costs(plan, f=1.0, b=2.0, **over) -> StepCosts:
+    """Uniform virtual stages: forward f, backward b (split evenly into I and W), nothing else."""
+    n = plan.parallel.pp * plan.parallel.vpp
+    zero = (0.0,) * n
+    fields = dict(plan=plan, layers=plan.layers_per_stage, forward_s=(f,) * n, backward_input_s=(b / 2,) * n,
+                  backward_weight_s=(b / 2,) * n, recompute_s=zero, forward_comm_s=zero, backward_comm_s=zero,
+                  p2p_s=0.0, param_gather_s=zero, grad_reduce_per_step_s=zero, grad_buckets=(1,) * n,
+                  param_sync_per_step_s=zero, optimizer_per_step_s=zero, offload_per_step_s=zero,
+                  model_flops_per_step=1e15, hardware_flops_per_step=1e15)
+    fields.update(over)
+    return StepCosts(**fields)
+
+
+# --------------------------------------------------------------------------- closed forms
+
+@pytest.mark.parametrize("schedule,pp,m,vpp", [("1f1b", 4, 8, 1), ("1f1b", 8, 16, 1), ("gpipe", 4, 8, 1),
+                                               ("interleaved-1f1b", 4, 8, 2), ("interleaved-1f1b", 4, 12, 3)])
+def test_bubble_matches_closed_form(schedule, pp, m, vpp):
+    plan = _plan(pp=pp, global_batch=m, schedule=schedule, vpp=vpp)
+    # interleaving keeps the per-rank work: each of the v chunks does 1/v of it
+    res = simulate_des(_costs(plan, f=1.0 / vpp, b=2.0 / vpp))
+    expected = (pp - 1) / (m * vpp + pp - 1)  # Narayanan et al. 2021, Sec. 2.2
+    assert res.bubble_s / res.step_time_s == pytest.approx(expected, rel=0.02)
+    assert res.compute_s == pytest.approx(3.0 * m)
+    assert res.exposed_comm_s == 0.0 and res.source == "des"
+
+
+def test_zero_bubble_fills_the_cool_down():
+    plan = _plan(pp=4, global_batch=8, schedule="zero-bubble")
+    zb = simulate_des(_costs(plan))
+    one = simulate_des(_costs(dataclasses.replace(plan, parallel=dataclasses.replace(plan.parallel, schedule="1f1b"))))
+    assert zb.bubble_s < one.bubble_s
+    assert zb.compute_s == pytest.approx(one.compute_s)
+
+
+# --------------------------------------------------------------------------- whole span logs
+
+def test_two_stages_two_microbatches_span_log():
+    """1F1B, f=1, b=2, p2p 0.5 s, worked by hand (rank 1 is stage 1: pp=2, dp=tp=1)."""
+    res = simulate_des(_costs(_plan(), p2p_s=0.5))
+    got = [(s.rank, s.stream, s.kind, s.name, s.start_s, s.duration_s) for s in res.spans]
+    assert got == [
+        (0, "compute", "forward", "0F0", 0.0, 1.0),
+        (0, "compute", "forward", "0F1", 1.0, 1.0),
+        (0, "pp", "send", "0SEND_F0", 1.0, 0.5),
+        (0, "pp", "send", "0SEND_F1", 2.0, 0.5),
+        (0, "pp", "recv", "1SEND_B0", 4.5, 0.5),
+        (0, "compute", "backward", "0B0", 5.0, 2.0),
+        (0, "pp", "recv", "1SEND_B1", 7.5, 0.5),
+        (0, "compute", "backward", "0B1", 8.0, 2.0),
+        (1, "pp", "recv", "0SEND_F0", 1.0, 0.5),
+        (1, "compute", "forward", "1F0", 1.5, 1.0),
+        (1, "pp", "recv", "0SEND_F1", 2.0, 0.5),
+        (1, "compute", "backward", "1B0", 2.5, 2.0),
+        (1, "compute", "forward", "1F1", 4.5, 1.0),
+        (1, "pp", "send", "1SEND_B0", 4.5, 0.5),
+        (1, "compute", "backward", "1B1", 5.5, 2.0),
+        (1, "pp", "send", "1SEND_B1", 7.5, 0.5),
+    ]
+    assert res.step_time_s == 10.0
+    # rank 0: compute 6; exposed: send F1 [2, 2.5], recvs [4.5, 5] and [7.5, 8]; the rest is bubble
+    assert (res.extra["critical_rank"], res.compute_s, res.exposed_comm_s, res.bubble_s) == (0, 6.0, 1.5, 2.5)
+
+
+def test_gradient_buckets_overlap_the_last_backward():
+    """One stage, two micro-batches; the last backward (2 s) issues 2 buckets of 0.5 s."""
+    res = simulate_des(_costs(_plan(pp=1), grad_reduce_per_step_s=(1.0,), grad_buckets=(2,),
+                              optimizer_per_step_s=(1.0,)))
+    dp = [(s.name, s.start_s, s.duration_s) for s in res.spans if s.stream == "dp"]
+    assert dp == [("0REDUCE_GRAD0", 5.0, 0.5), ("0REDUCE_GRAD1", 6.0, 0.5)]
+    opt = [s for s in res.spans if s.kind == "optimizer"]
+    assert (opt[0].start_s, res.step_time_s) == (6.5, 7.5)  # the optimizer waits for the last bucket
+    assert res.exposed_comm_s == 0.5 and res.compute_s == 7.0
+
+
+def test_fsdp_gather_is_prefetched_one_action_ahead():
+    """pp=1, m=1: F then B, each needing a 0.5 s gather (param_gather_s=1.0 per micro-batch)."""
+    res = simulate_des(_costs(_plan(pp=1, global_batch=1), param_gather_s=(1.0,)))
+    got = [(s.stream, s.name, s.start_s, s.duration_s) for s in res.spans]
+    assert got == [("dp", "0UNSHARD", 0.0, 0.5), ("compute", "0F0", 0.5, 1.0),
+                   ("dp", "0UNSHARD", 0.5, 0.5), ("compute", "0B0", 1.5, 2.0)]
+
+
+# --------------------------------------------------------------------------- links
+
+def test_two_transfers_on_one_link_take_twice_as_long():
+    env = simpy.Environment()
+    net = FairShareLinks(env)
+    ends = {}
+    for name in ("a", "b"):
+        net.transfer(("L",), 1.0, then=lambda n=name: ends.setdefault(n, env.now))
+    env.run()
+    assert ends == {"a": 2.0, "b": 2.0}
+
+
+def test_fair_share_is_recomputed_when_a_flow_starts_and_ends():
+    env = simpy.Environment()
+    net = FairShareLinks(env)
+    ends = {}
+
+    def late():
+        yield env.timeout(0.5)
+        yield net.transfer(("L", "M"), 1.0)
+        ends["b"] = env.now
+    net.transfer(("L",), 1.0, then=lambda: ends.setdefault("a", env.now))
+    env.process(late())
+    env.run()
+    # a: 0.5 alone, then 0.5 at half rate -> 1.5; b: 0.5 at half rate, then 0.5 alone -> 2.0
+    assert ends == {"a": pytest.approx(1.5), "b": pytest.approx(2.0)}
+
+
+def test_max_min_fairness_gives_unused_share_to_the_other_flows():
+    env = simpy.Environment()
+    net = FairShareLinks(env)
+    ends = {}
+    # x crosses L and M, y only L, z only M, w only M: M is the bottleneck (1/3 each),
+    # so y gets the 2/3 of L that x cannot use
+    for name, links in (("x", ("L", "M")), ("y", ("L",)), ("z", ("M",)), ("w", ("M",))):
+        net.transfer(links, 1.0, then=lambda n=name: ends.setdefault(n, env.now))
+    env.run()
+    assert ends["y"] == pytest.approx(1.5)
+    assert ends["x"] == pytest.approx(3.0) and ends["z"] == pytest.approx(3.0)
+
+
+def test_compute_slows_while_communication_shares_the_gpu():
+    env = simpy.Environment()
+    net = FairShareLinks(env, slowdown=2.0)
+    ends = {}
+
+    def compute():
+        yield net.compute(0, 2.0)
+        ends["compute"] = env.now
+    env.process(compute())
+    net.transfer(("L",), 1.0, ranks=(0,))
+    env.run()
+    assert ends["compute"] == pytest.approx(2.5)  # 0.5 done at half speed during [0, 1], 1.5 after
+
+
+# --------------------------------------------------------------------------- symmetry, stragglers, determinism
+
+def _busy_costs(plan):
+    n = plan.parallel.pp
+    return _costs(plan, p2p_s=0.3, grad_reduce_per_step_s=(2.0,) * n, grad_buckets=(3,) * n,
+                  param_gather_s=(0.4,) * n, optimizer_per_step_s=(0.5,) * n, param_sync_per_step_s=(0.2,) * n,
+                  forward_comm_s=(0.1,) * n, backward_comm_s=(0.2,) * n)
+
+
+def test_full_mode_agrees_with_the_representative_mode():
+    plan = _plan(pp=4, dp=4, tp=2, nodes=4, global_batch=32)
+    costs = _busy_costs(plan)
+    rep, full = simulate_des(costs), simulate_des(costs, mode="full")
+    assert full.extra["simulated_ranks"] == 16 and rep.extra["simulated_ranks"] == 4
+    assert full.step_time_s == pytest.approx(rep.step_time_s, rel=1e-9)
+    for key in ("compute_s", "exposed_comm_s", "bubble_s"):
+        assert getattr(full, key) == pytest.approx(getattr(rep, key), rel=1e-9)
+    replica0 = {rep_rank for rep_rank in {s.rank for s in rep.spans}}
+    assert sorted((s.rank, s.stream, s.name, round(s.start_s, 9)) for s in full.spans if s.rank in replica0) == \
+        sorted((s.rank, s.stream, s.name, round(s.start_s, 9)) for s in rep.spans)
+
+
+def test_a_straggler_makes_the_whole_step_wait():
+    plan = _plan(pp=4, dp=4, tp=2, nodes=4, global_batch=32)
+    costs = _busy_costs(plan)
+    base = simulate_des(costs, mode="full")
+    slow_rank = plan.parallel.tp * plan.parallel.dp * 2 + plan.parallel.tp * 3  # stage 2, replica 3
+    full = simulate_des(costs, mode="full", stragglers={slow_rank: 2.0})
+    rep = simulate_des(costs, stragglers={slow_rank: 2.0})
+    assert full.step_time_s > base.step_time_s * 1.3
+    assert full.step_time_s == pytest.approx(rep.step_time_s, rel=1e-9)
+    # replica 0 of stage 2 is not slow itself but waits in the gradient reduction for replica 3
+    fast = plan.parallel.tp * plan.parallel.dp * 2
+
+    def reduce_s(res):
+        return sum(s.duration_s for s in res.spans if s.rank == fast and "REDUCE_GRAD" in s.name)
+    assert reduce_s(full) > reduce_s(base) + 1.0
+    assert stage_stragglers(plan, {2: 1.5}) == {r: 1.5 for r in range(16, 24)}
+    with pytest.raises(ValueError, match="stragglers rank 99"):
+        simulate_des(costs, stragglers={99: 2.0})
+
+
+def test_layer_granularity_agrees_when_nothing_overlaps():
+    plan = _plan(pp=2, global_batch=4)
+    costs = _costs(plan, p2p_s=0.25, forward_comm_s=(0.2, 0.2), backward_comm_s=(0.4, 0.4))
+    micro, layer = simulate_des(costs), simulate_des(costs, granularity="layer")
+    assert layer.step_time_s == pytest.approx(micro.step_time_s)
+    assert layer.exposed_comm_s == pytest.approx(micro.exposed_comm_s)
+    assert len(layer.spans) > len(micro.spans)
+
+
+def test_same_seed_same_output_and_jitter_draws_from_the_seed():
+    costs = _busy_costs(_plan(pp=4, dp=2, global_batch=16))
+    assert simulate_des(costs, seed=3) == simulate_des(costs, seed=3)
+    a, b = simulate_des(costs, seed=1, jitter=0.1), simulate_des(costs, seed=2, jitter=0.1)
+    assert a == simulate_des(costs, seed=1, jitter=0.1) and a.step_time_s != b.step_time_s
+
+
+def test_result_fields_follow_the_costs():
+    plan = _plan(pp=2, global_batch=2)
+    costs = _costs(plan, memory_bytes={"weights": 40 * 2**30, "activations": 50 * 2**30},
+                   model_flops_per_step=2e15, hardware_flops_per_step=3e15)
+    res = simulate_des(costs)
+    assert res.tokens_per_s == pytest.approx(2 * plan.model.seq_len / res.step_time_s)
+    assert res.model_tflops_per_gpu == pytest.approx(2e15 / res.step_time_s / 2 / 1e12)
+    assert res.mfu == pytest.approx(res.model_tflops_per_gpu * 1e12 / plan.cluster.node.gpu.peak("bf16"))
+    assert res.hfu == pytest.approx(1.5 * res.mfu)
+    assert (res.memory_per_gpu_gib, res.fits) == (90.0, False)
+    assert isinstance(res.spans[0], Span)
+    with pytest.raises(ValueError, match="granularity"):
+        simulate_des(costs, granularity="op")
+
+
+def test_gantt_and_chrome_trace_of_a_step(tmp_path):
+    from reports.plots import gantt_figure
+    from simcore.trace import to_chrome_trace
+
+    res = simulate_des(_costs(_plan(), p2p_s=0.5))
+    fig = gantt_figure(res.spans, "1F1B, 2 stages, 2 micro-batches")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 compute", "rank 0 pp", "rank 1 compute", "rank 1 pp"]
+    fig.savefig(tmp_path / "step.png")
+    assert (tmp_path / "step.png").stat().st_size > 0
+    trace = to_chrome_trace(res.spans)
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == len(res.spans) == 16

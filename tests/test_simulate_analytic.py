@@ -1,0 +1,119 @@
+"""The analytic path: bubbles, MFU convention, overlap, offload, errors, JSON schema."""
+import dataclasses
+
+import pytest
+
+from simcore import simulate as sim
+from simcore.spec import PlanError, Recompute, Schedule, plan_from_dict
+
+
+def plan(**over):
+    doc = {"model": "gpt3-175b", "cluster": {"node": "dgx-a100-80gb", "nodes": 192},
+           "parallel": {"tp": 8, "pp": 12, "dp": 16, "zero": 1},
+           "training": {"global_batch": 1536, "micro_batch": 1, "recompute": "full"}}
+    for sec, fields in over.items():
+        doc[sec] = {**doc[sec], **fields}
+    return plan_from_dict(doc)
+
+
+def test_json_has_the_contract_fields():
+    out = sim.simulate(plan()).to_json()
+    for key in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
+                "compute_s", "exposed_comm_s", "bubble_s", "offload_s", "memory_per_gpu_gib", "fits", "breakdown"):
+        assert key in out
+    assert set(out["breakdown"]["memory_bytes"]) == {"weights", "gradients", "optimizer_states", "activations",
+                                                     "comm_buffers", "framework"}
+    r = sim.simulate(plan())
+    assert r.step_time_s == pytest.approx(r.compute_s + r.exposed_comm_s + r.bubble_s + r.offload_s)
+
+
+def test_mfu_uses_model_flops_and_hfu_recompute():
+    r = sim.simulate(plan())
+    c = sim.step_costs(plan())
+    assert r.mfu == pytest.approx(c.model_flops_per_step / r.step_time_s / 1536 / 312e12)
+    assert r.hfu / r.mfu == pytest.approx(c.hardware_flops_per_step / c.model_flops_per_step)
+    assert 0.3 < r.mfu < 0.6   # published GPT-3 175B Megatron runs on A100: 40-50% (Narayanan et al.)
+
+
+def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1():
+    p = plan(parallel={"zero": 0, "dp": 16})
+    c = sim.step_costs(p)
+    # strip everything but the uniform stages: no logits, no DP, no p2p
+    n = c.stages
+    c = dataclasses.replace(c, forward_s=(c.forward_s[0],) * n, backward_input_s=(c.backward_input_s[0],) * n,
+                            backward_weight_s=(c.backward_weight_s[0],) * n, p2p_s=0.0,
+                            grad_reduce_per_step_s=(0.0,) * n, optimizer_per_step_s=(0.0,) * n)
+    r = sim.analytic(c)
+    m, pp = p.num_microbatches, 12
+    assert r.bubble_s / (r.step_time_s - r.offload_s) == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)
+
+
+def test_interleaving_shrinks_the_bubble_by_vpp():
+    a = sim.simulate(plan(parallel={"pp": 12}))
+    b = sim.simulate(plan(parallel={"pp": 12, "vpp": 2, "schedule": "interleaved-1f1b"}))
+    assert b.bubble_s == pytest.approx(a.bubble_s / 2, rel=0.05)
+
+
+def test_zero_bubble_beats_1f1b():
+    a = sim.simulate(plan())
+    z = sim.simulate(plan(parallel={"schedule": "zero-bubble"}))
+    assert z.bubble_s < a.bubble_s
+
+
+def test_recompute_costs_time_and_saves_memory():
+    full = sim.simulate(plan())
+    sel = sim.simulate(plan(training={"recompute": "selective"}))
+    assert sel.step_time_s < full.step_time_s
+    assert sel.memory_per_gpu_gib > full.memory_per_gpu_gib
+
+
+def test_slower_fabric_exposes_more_dp_comm():
+    fast = sim.simulate(plan(parallel={"tp": 8, "pp": 1, "dp": 192, "zero": 0}, training={"micro_batch": 8,
+                                                                                           "global_batch": 1536}))
+    slow = sim.simulate(plan(cluster={"fabric": "eth-100"}, parallel={"tp": 8, "pp": 1, "dp": 192, "zero": 0},
+                             training={"micro_batch": 8}))
+    assert slow.exposed_comm_s > fast.exposed_comm_s
+
+
+def test_grad_compression_cuts_exposed_dp_comm():
+    base = dict(cluster={"fabric": "eth-100"}, parallel={"tp": 8, "pp": 1, "dp": 192, "zero": 0})
+    plain = sim.simulate(plan(**base))
+    comp = sim.simulate(plan(**base, training={"grad_compression": "bf16"}))
+    assert comp.time_s["dp_comm"] < plain.time_s["dp_comm"]
+
+
+def test_offload_reports_host_time_and_memory():
+    p = plan(parallel={"zero": 1}, training={"offload": "optimizer"})
+    r = sim.simulate(p)
+    assert r.offload_s > 0 and r.memory_bytes["optimizer_states"] == 0
+    rep = sim.memory_report(p)
+    assert rep["host_offload_bytes_per_node"] > 0 and len(rep["ranks"]) == 12
+
+
+def test_memory_report_fits_and_hbm():
+    rep = sim.memory_report(plan())
+    assert rep["fits"] and rep["hbm_bytes"] == 80 * 1024**3
+    assert rep["ranks"][0]["activations"] > rep["ranks"][-2]["activations"]
+
+
+def test_localhost_without_profile_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(tmp_path / "missing.yaml"))
+    p = plan_from_dict({"model": {"name": "t", "layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq_len": 32},
+                        "cluster": {"node": "localhost", "nodes": 1}, "parallel": {"dp": 1},
+                        "training": {"global_batch": 1}})
+    with pytest.raises(PlanError, match="calibrate"):
+        sim.simulate(p)
+    with pytest.raises(PlanError, match="calibrate"):
+        sim.memory_report(p)
+
+
+def test_unknown_engine():
+    with pytest.raises(ValueError, match="engine"):
+        sim.simulate(plan(), engine="magic")
+
+
+def test_step_costs_shapes():
+    c = sim.step_costs(plan(parallel={"pp": 4, "vpp": 3, "schedule": "interleaved-1f1b"}))
+    assert c.stages == 12 and sum(c.layers) == 96
+    assert c.forward_s[-1] > c.forward_s[0]       # logits on the last virtual stage
+    assert c.recompute_s[0] == pytest.approx(c.forward_s[0], rel=0.01)
