@@ -211,3 +211,52 @@ def gantt_figure(spans, title: str = "", width_in: float = 12.0) -> Figure:
     ax.legend(handles=[Patch(facecolor=KIND_COLOURS.get(k, "black"), label=k) for k in kinds_seen],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     return fig
+
+
+# --------------------------------------------------------------------------- validation and memory
+
+def predicted_vs_measured_figure(table, *, band: float = 0.10, title: str = "Predicted against measured step time") -> Figure:
+    """Scatter of predicted against measured step time per layout, the y=x line and a +-band."""
+    fig = Figure(figsize=(6.4, 5.6), layout="constrained")
+    ax = fig.add_subplot()
+    meas, pred = table["meas_step_s"].to_numpy(), table["pred_step_s"].to_numpy()
+    lo, hi = min(meas.min(), pred.min()) * 0.8, max(meas.max(), pred.max()) * 1.2
+    xs = [lo, hi]
+    ax.plot(xs, xs, color="black", lw=1, label="y = x")
+    ax.fill_between(xs, [x * (1 - band) for x in xs], [x * (1 + band) for x in xs], color="tab:green",
+                    alpha=0.15, label=f"±{band:.0%}")
+    ax.scatter(meas, pred, s=36, color="tab:blue", zorder=3, label="layouts")
+    for name, x, y in zip(table["layout"], meas, pred):
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+MEMORY_COLOURS = {"weights": "tab:blue", "gradients": "tab:orange", "optimizer_states": "tab:green",
+                  "activations": "tab:red", "comm_buffers": "tab:purple", "framework": "tab:gray"}
+
+
+def memory_figure(ranks: list[dict], hbm_bytes: float, title: str = "Memory per GPU") -> Figure:
+    """Stacked bars of bytes per GPU by kind for each pipeline rank, against the HBM line."""
+    gib = 1024**3
+    fig = Figure(figsize=(max(4.5, 0.6 * len(ranks) + 3), 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    xs = list(range(len(ranks)))
+    bottom = [0.0] * len(ranks)
+    for kind, colour in MEMORY_COLOURS.items():
+        vals = [r.get(kind, 0.0) / gib for r in ranks]
+        ax.bar(xs, vals, bottom=bottom, color=colour, label=kind.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.axhline(hbm_bytes / gib, color="black", ls="--", lw=1.2, label=f"HBM {hbm_bytes / gib:.0f} GiB")
+    ax.set_xticks(xs, [f"pp {r.get('pp_rank', i)}" for i, r in enumerate(ranks)])
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig

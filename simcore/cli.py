@@ -202,6 +202,53 @@ def cmd_schedule(args) -> None:
         print(format_grid(sched, by=args.by))
 
 
+def cmd_run(args) -> None:
+    from executors.launch import run
+
+    plan = load_plan(args.plan)
+    result = run(plan, steps=args.steps, warmup=args.warmup, seed=args.seed, trace_path=args.trace,
+                 checkpoint_dir=args.checkpoint_dir, resume=args.resume, timeout_s=args.timeout,
+                 data_path=args.data)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print_prediction(result)
+
+
+def _print_comparison(comp) -> None:
+    print(f"{comp.plan_name}: predicted ({comp.predicted.source}) against measured")
+    print(f"  {'field':<28} {'predicted':>12} {'measured':>12} {'error':>8}")
+    for r in comp.table.to_dict(orient="records"):
+        err = "" if r["error"] != r["error"] else f"{r['error']:+.1%}"
+        print(f"  {r['field']:<28} {r['predicted']:>12.4g} {r['measured']:>12.4g} {err:>8}")
+
+
+def cmd_validate(args) -> None:
+    from reports.validate import load_plan_for_validate, validate_matrix, validate_plan
+
+    if bool(args.plan) == bool(args.matrix):
+        raise UsageError("validate needs either a PLAN or --matrix FILE")
+    if args.plan:
+        plan = load_plan_for_validate(args.plan, progress=not args.json)
+        comp = validate_plan(plan, steps=args.steps, warmup=args.warmup, trace_dir=args.trace_dir)
+        if args.json:
+            _print_json(comp.to_json())
+        else:
+            _print_comparison(comp)
+        return
+    result = validate_matrix(args.matrix, steps=args.steps, warmup=args.warmup, only=args.only,
+                             progress=not args.json)
+    if args.json:
+        _print_json({"layouts": result.table.to_dict(orient="records"), "failures": dict(result.failures)})
+        return
+    if len(result.table):
+        print(result.table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        errs = result.table["step_err"].abs()
+        print(f"step time: median |error| {errs.median():.1%}, max {errs.max():.1%} over {len(errs)} layouts")
+    for name, why in result.failures:
+        print(f"  {name}: not run: {why}")
+
+
 def cmd_calibrate(args) -> None:
     from executors.calibrate import calibrate
     from topologies.hardware import default_profile_path
@@ -282,6 +329,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", type=Path)
     p.add_argument("--to", choices=list(TARGETS), required=True)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("run", help="run a Plan for real with torch.distributed and measure it")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", type=Path, metavar="JSON", help="write a measured step as a Chrome trace")
+    p.add_argument("--checkpoint-dir", type=Path)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--data", type=Path, help="a token file (numpy uint16/int32 memmap); synthetic by default")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a hung run is ended")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("validate", help="predict, run, and compare a Plan (or a matrix of layouts)")
+    p.add_argument("plan", type=Path, nargs="?")
+    p.add_argument("--matrix", type=Path, help="a matrix file such as validation/local.yaml")
+    p.add_argument("--only", action="append", metavar="LAYOUT", help="validate only these layouts of the matrix")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--trace-dir", type=Path, help="write predicted and measured Chrome traces here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("calibrate", help="microbenchmark this host into a hardware profile (node: localhost)")
     p.add_argument("--out", type=Path, help="profile path (default: the cached profile of this host)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from topologies.hardware import Catalog, CatalogError, Fabric, Node, Storage, load_catalog
+from topologies.hardware import Catalog, CatalogError, Fabric, Node, Storage, load_catalog, scale_for_ranks
 
 
 class PlanError(ValueError):
@@ -450,10 +450,14 @@ def plan_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | No
             raise PlanError(f"the plan needs a '{section}' section")
     base = Path(base_dir)
     cluster = _cluster(doc["cluster"], cat, base)
+    parallel = _parallel(doc.get("parallel"), cluster.gpus)
+    if cluster.node.calibrated:  # ranks sharing this host's cores see less of it each
+        ranks_per_node = min(parallel.gpus, cluster.gpus_per_node)
+        cluster = replace(cluster, node=scale_for_ranks(cluster.node, ranks_per_node))
     plan = Plan(
         model=_model(doc["model"], cat, base),
         cluster=cluster,
-        parallel=_parallel(doc.get("parallel"), cluster.gpus),
+        parallel=parallel,
         training=_training(doc["training"]),
         name=str(doc.get("name", "")),
     )

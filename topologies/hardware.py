@@ -340,11 +340,63 @@ def load_profile(path: str | os.PathLike, raw_node: dict, cat: Catalog) -> Node:
     prof = _read_yaml(path)
     if "device" not in prof:
         raise CatalogError(f"profile {path} has no 'device' section")
+    efficiency = dict(prof.get("efficiency") or {})
+    over = (prof.get("oversubscription") or {}).get("matmul_flops_per_s_per_rank")
+    if over:
+        efficiency["oversubscription"] = {str(k): v for k, v in over.items()}
+    fits = (prof.get("collectives") or {}).get("all_reduce")
+    if fits:
+        efficiency["all_reduce_fits"] = {str(k): v for k, v in fits.items()}
     gpu = _gpu(str(prof["device"].get("name", "localhost-device")), prof["device"], calibrated=True,
-               efficiency=prof.get("efficiency"))
+               efficiency=efficiency)
     entry = {**raw_node, **(prof.get("node") or {})}
     entry.setdefault("gpus_per_node", os.cpu_count() or 1)
     if entry.get("gpus_per_node") is None:
         entry["gpus_per_node"] = os.cpu_count() or 1
     node = _node("localhost", entry, cat, gpu=gpu)
     return node
+
+
+def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
+    """A calibrated node as seen by ``ranks_per_node`` ranks running at once.
+
+    On a CPU host the ranks share cores: the profile's oversubscription table gives the
+    matmul throughput per rank with 1, 2, 4 ... ranks running, and the collective fits
+    give the all-reduce bus bandwidth and latency per group size. Figures between the
+    measured counts are interpolated in log2(ranks); beyond them the end values are used.
+    Catalog nodes are returned unchanged.
+    """
+    if not node.gpu.efficiency_json:
+        return node
+    eff = json.loads(node.gpu.efficiency_json)
+    table = {int(k): float(v) for k, v in (eff.get("oversubscription") or {}).items()}
+    fits = {int(k): v for k, v in (eff.get("all_reduce_fits") or {}).items()}
+    gpu = node.gpu
+    if table and 1 in table:
+        factor = _interp_log2(table, ranks_per_node) / table[1]
+        gpu = _replace(gpu, peak_flops=tuple((p, None if v is None else v * factor) for p, v in gpu.peak_flops))
+    if fits:
+        n = min(fits, key=lambda k: (abs(math.log2(k) - math.log2(max(ranks_per_node, 1))), -k))
+        eff["collective"] = {**eff["collective"], "base_latency_us": fits[n]["alpha_s"] * 1e6}
+        gpu = _replace(gpu, intra_link_bytes_per_s=fits[n]["bus_bytes_per_s"],
+                       efficiency_json=json.dumps(eff, sort_keys=True))
+    return _replace(node, gpu=gpu)
+
+
+def _interp_log2(table: dict[int, float], n: int) -> float:
+    keys = sorted(table)
+    if n <= keys[0]:
+        return table[keys[0]]
+    if n >= keys[-1]:
+        return table[keys[-1]]
+    for k0, k1 in zip(keys, keys[1:]):
+        if n <= k1:
+            t = (math.log2(n) - math.log2(k0)) / (math.log2(k1) - math.log2(k0))
+            return table[k0] + t * (table[k1] - table[k0])
+    return table[keys[-1]]
+
+
+def _replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
