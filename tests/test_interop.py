@@ -104,13 +104,18 @@ def undefined_options(text: str, target: str) -> list[str]:
     return bad + ([f"schedule={schedule}"] if schedule and schedule not in tt["pipeline_schedules"] else [])
 
 
-@pytest.mark.parametrize("name", sorted(ALL))
-@pytest.mark.parametrize("target", TARGETS)
+#: (plan, target) pairs the target can hold; the others are refusals, checked by the golden files.
+EXPORTABLE = [(n, t) for n in sorted(ALL) for t in TARGETS if _export_or_refusal(ALL[n], t)[0] is not None]
+
+
+@pytest.mark.parametrize("name, target", EXPORTABLE)
 def test_every_exported_option_is_one_the_tool_defines(name, target):
-    text, refusal = _export_or_refusal(ALL[name], target)
-    if text is None:
-        pytest.skip(f"{target} cannot hold {name}: {refusal}")
+    text, _ = _export_or_refusal(ALL[name], target)
     assert undefined_options(text, target) == []
+
+
+def test_most_pairs_are_exportable():
+    assert len(EXPORTABLE) >= 0.7 * len(ALL) * len(TARGETS)
 
 
 def test_the_option_check_catches_a_misspelt_option():
@@ -142,7 +147,7 @@ def test_export_matches_golden_file(name, target):
     if os.environ.get("TRAINPLAN_UPDATE_GOLDEN"):
         path.write_text(out)
     if not path.exists():
-        pytest.skip(f"no golden file {path.name} yet; write it with TRAINPLAN_UPDATE_GOLDEN=1")
+        pytest.fail(f"no golden file {path.name}; write it with TRAINPLAN_UPDATE_GOLDEN=1 and review the diff")
     assert out == path.read_text()
 
 
