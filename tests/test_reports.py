@@ -1,0 +1,102 @@
+"""Reports: built from small inputs, figures carry their series, HTML is self-contained."""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+
+from reports.build import memory_section, validate_report
+from reports.compare import compare
+from reports.plots import memory_figure, predicted_vs_measured_figure
+from reports.render import Report, Section, render
+from reports.validate import MatrixResult, load_matrix, summary_row
+from simcore.spec import PlanError
+from simcore.trace import StepResult
+
+
+def result(source: str, step: float, mem_gib: float, **time_s) -> StepResult:
+    return StepResult(source=source, plan_name="toy", step_time_s=step, tokens_per_s=1000 / step,
+                      model_tflops_per_gpu=1.0, hardware_tflops_per_gpu=1.0, mfu=0.3, hfu=0.3,
+                      compute_s=0.7 * step, exposed_comm_s=0.2 * step, bubble_s=0.1 * step, offload_s=0.0,
+                      memory_per_gpu_gib=mem_gib, fits=True,
+                      memory_bytes={"weights": mem_gib * 2**30 / 2, "activations": mem_gib * 2**30 / 2},
+                      time_s=time_s)
+
+
+def matrix() -> MatrixResult:
+    comps = (compare(result("des", 1.1, 2.0, forward=0.3), result("measured", 1.0, 2.0, forward=0.25)),
+             compare(result("des", 0.45, 1.0, forward=0.1), result("measured", 0.5, 1.1, forward=0.1)))
+    rows = [summary_row(n, c) for n, c in zip(["a", "b"], comps)]
+    return MatrixResult(table=pd.DataFrame(rows), comparisons=comps, failures=(("c", "offload needs a GPU"),))
+
+
+def test_compare_signs_and_phases():
+    comp = matrix().comparisons[0]
+    assert comp.error("step_time_s") == pytest.approx(0.1)
+    assert comp.error("phase.forward") == pytest.approx(0.2)
+    assert comp.error("memory.weights") == pytest.approx(0.0)
+
+
+def test_pred_vs_measured_figure_has_one_point_per_layout():
+    fig = predicted_vs_measured_figure(matrix().table)
+    ax = fig.axes[0]
+    offsets = ax.collections[-1].get_offsets()
+    assert len(offsets) == 2
+    assert sorted(map(float, offsets[:, 0])) == [0.5, 1.0]
+
+
+def test_memory_figure_stacks_kinds_against_hbm():
+    ranks = [{"pp_rank": 0, "weights": 2**30, "activations": 3 * 2**30},
+             {"pp_rank": 1, "weights": 2**30, "activations": 2**30}]
+    ax = memory_figure(ranks, 8 * 2**30).axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    assert len(heights) == 2 * 6  # two ranks, six kinds (zeros included)
+    assert any(line.get_ydata()[0] == pytest.approx(8.0) for line in ax.lines)
+
+
+def test_validate_report_renders_self_contained(tmp_path):
+    report = validate_report(matrix(), profile={"measured_on": {"host": "h", "date": "d"}, "device": {"source": "s"}})
+    assert dict(report.summary)["layouts compared"] == "2"
+    html_path = render(report, tmp_path)
+    html = html_path.read_text()
+    assert html.count("<img") == 1 and "data:image/png;base64," in html
+    assert not re.search(r"(src|href)=['\"]?(https?:|//)", html)
+    assert "offload needs a GPU" in html
+    md = (tmp_path / "report.md").read_text()
+    for png in re.findall(r"\]\(([^)]+\.png)\)", md):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*tmp"))  # nothing half-written left behind
+
+
+def test_render_tables_and_assumptions(tmp_path):
+    report = Report(title="T", summary=(("best", "x"),),
+                    sections=(Section("tab", table=pd.DataFrame({"layout": ["p", "q"], "days": [1.5, 2.0]})),),
+                    assumptions=(("price", "catalog"),))
+    html = render(report, tmp_path).read_text()
+    assert html.count("<tr") == 3 and "catalog" in html
+
+
+def test_memory_section_text():
+    from simcore.spec import plan_from_dict
+    from simcore.simulate import memory_report
+
+    plan = plan_from_dict({"name": "m", "model": "llama3-8b", "cluster": {"node": "dgx-h100"},
+                           "parallel": {"dp": 8, "zero": 3},
+                           "training": {"global_batch": 8, "flash_attention": True, "recompute": "full"}})
+    sec = memory_section(plan, memory_report(plan))
+    assert sec.text.endswith("; fits.") and sec.figure is not None
+    no_flash = plan_from_dict({"name": "m", "model": "llama3-8b", "cluster": {"node": "dgx-h100"},
+                               "parallel": {"dp": 8, "zero": 3}, "training": {"global_batch": 8}})
+    assert "does NOT fit" in memory_section(no_flash, memory_report(no_flash)).text  # the s^2 scores
+
+
+def test_matrix_file_errors(tmp_path):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("base: {}\n")
+    with pytest.raises(PlanError, match="needs a 'layouts' mapping"):
+        load_matrix(bad)
+    good = tmp_path / "g.yaml"
+    good.write_text("base: {training: {global_batch: 8}}\nlayouts:\n  a: {parallel: {dp: 2}}\n")
+    (name, doc), = load_matrix(good)
+    assert name == "a" and doc["parallel"] == {"dp": 2} and doc["training"]["global_batch"] == 8
