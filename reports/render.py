@@ -35,7 +35,7 @@ th,td{border:1px solid #dde2ec;padding:.3em .6em;text-align:right}
 th{background:#f4f6fa} td:first-child,th:first-child{text-align:left}
 figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eceff5}
 figcaption{color:#5b6475;font-size:.85em}
-.assumptions li{margin:.25em 0} .note{color:#8a4b00}
+.tablewrap{overflow-x:auto} .assumptions li{margin:.25em 0} .note{color:#8a4b00}
 """
 
 
@@ -71,7 +71,9 @@ def figure_png(fig: Figure, dpi: int = 110) -> bytes:
 def _fmt_table(df: pd.DataFrame) -> pd.DataFrame:
     out = df.copy()
     for col in out.columns:
-        if pd.api.types.is_float_dtype(out[col]):
+        if str(col).endswith(("err", "error")) and pd.api.types.is_float_dtype(out[col]):
+            out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:+.1%}")
+        elif pd.api.types.is_float_dtype(out[col]):
             out[col] = out[col].map(lambda x: "" if pd.isna(x) else (f"{x:,.4g}" if abs(x) < 1e6 else f"{x:,.0f}"))
     return out
 
@@ -97,7 +99,8 @@ def to_html(report: Report, pngs: dict[str, bytes]) -> str:
                          f"src='data:image/png;base64,{data}'>"
                          f"<figcaption>{html.escape(sec.caption)}</figcaption></figure>")
         if sec.table is not None:
-            parts.append(_fmt_table(sec.table).to_html(index=False, border=0, escape=True))
+            parts.append("<div class='tablewrap'>" + _fmt_table(sec.table).to_html(index=False, border=0, escape=True)
+                         + "</div>")
     if report.assumptions:
         parts.append("<h2>Assumptions and sources</h2><ul class='assumptions'>")
         parts.extend(f"<li>{html.escape(a)} <em>({html.escape(s)})</em></li>" for a, s in report.assumptions)
