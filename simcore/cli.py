@@ -18,6 +18,10 @@ class UsageError(ValueError):
     """A command-line argument breaks a rule."""
 
 
+class RunFailed(ValueError):
+    """A real run failed (a rank raised, hung past the timeout, or torch refused the layout)."""
+
+
 def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
@@ -206,9 +210,12 @@ def cmd_run(args) -> None:
     from executors.launch import run
 
     plan = load_plan(args.plan)
-    result = run(plan, steps=args.steps, warmup=args.warmup, seed=args.seed, trace_path=args.trace,
-                 checkpoint_dir=args.checkpoint_dir, resume=args.resume, timeout_s=args.timeout,
-                 data_path=args.data)
+    try:
+        result = run(plan, steps=args.steps, warmup=args.warmup, seed=args.seed, trace_path=args.trace,
+                     checkpoint_dir=args.checkpoint_dir, resume=args.resume, timeout_s=args.timeout,
+                     data_path=args.data)
+    except RuntimeError as exc:
+        raise RunFailed(str(exc).splitlines()[0] if str(exc) else "the run failed") from None
     if args.json:
         _print_json(result.to_json())
     else:
@@ -230,7 +237,10 @@ def cmd_validate(args) -> None:
         raise UsageError("validate needs either a PLAN or --matrix FILE")
     if args.plan:
         plan = load_plan_for_validate(args.plan, progress=not args.json)
-        comp = validate_plan(plan, steps=args.steps, warmup=args.warmup, trace_dir=args.trace_dir)
+        try:
+            comp = validate_plan(plan, steps=args.steps, warmup=args.warmup, trace_dir=args.trace_dir)
+        except RuntimeError as exc:
+            raise RunFailed(str(exc).splitlines()[0] if str(exc) else "the run failed") from None
         if args.json:
             _print_json(comp.to_json())
         else:
@@ -247,6 +257,74 @@ def cmd_validate(args) -> None:
         print(f"step time: median |error| {errs.median():.1%}, max {errs.max():.1%} over {len(errs)} layouts")
     for name, why in result.failures:
         print(f"  {name}: not run: {why}")
+
+
+def _parse_prices(items: list[str] | None) -> dict[str, float]:
+    out = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--price {item!r} must be KEY=NUMBER, e.g. on_demand_usd=2.5") from None
+    return out
+
+
+def cmd_plan(args) -> None:
+    from simcore.search import search, summary_table
+    from simcore.spec import plan_to_dict
+    from simcore.trace import atomic_write_text
+
+    model = {"name": args.model}
+    if args.seq_len:
+        model["seq_len"] = args.seq_len
+    cluster = {"node": args.cluster, "nodes": args.nodes}
+    if args.fabric:
+        cluster["fabric"] = args.fabric
+    if args.storage:
+        cluster["storage"] = args.storage
+    res = search(model, cluster, args.global_batch, objective=args.objective, top_k=args.top_k, jobs=args.jobs,
+                 tokens=args.tokens, progress=sys.stderr.isatty() and not args.json,
+                 allow_fewer_gpus=args.allow_fewer_gpus)
+    out = args.out or Path(f"{res.best.name}.yaml")
+    atomic_write_text(out, dump_plan(res.best))
+    if args.json:
+        _print_json({"best": plan_to_dict(res.best), "best_plan_file": str(out),
+                     "table": res.table.head(args.rows).to_dict(orient="records"),
+                     "pareto": res.pareto.to_dict(orient="records"), "explanations": res.explanations})
+        return
+    print(summary_table(res, args.rows))
+    print()
+    for line in res.explanations:
+        print(f"- {line}")
+    print(f"\nbest plan written to {out}")
+
+
+def cmd_cost(args) -> None:
+    from simcore.runcost import run_cost, summary_lines
+    from simcore.simulate import simulate
+
+    plan = load_plan(args.plan)
+    rc = run_cost(plan, simulate(plan), args.tokens, prices=_parse_prices(args.price), storage=args.storage,
+                  monte_carlo=args.monte_carlo, seed=args.seed, tiered_checkpoints=args.tiered_checkpoints)
+    if args.json:
+        _print_json(rc.to_json())
+    else:
+        print("\n".join(summary_lines(rc)))
+
+
+def cmd_whatif(args) -> None:
+    from simcore.whatif import run_whatif
+
+    res = run_whatif(args.sweep, progress=sys.stderr.isatty() and not args.json)
+    if args.report:
+        res.write_report(args.report)
+    if args.json:
+        _print_json({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions})
+        return
+    print(res.table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if args.report:
+        print(f"\nreport written to {args.report}")
 
 
 def cmd_calibrate(args) -> None:
@@ -329,6 +407,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", type=Path)
     p.add_argument("--to", choices=list(TARGETS), required=True)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("plan", help="search every valid layout of a model on a cluster; rank by time or cost")
+    p.add_argument("--model", required=True, help="catalog model name (trainplan catalog --kind models)")
+    p.add_argument("--cluster", required=True, metavar="NODE", help="catalog node type, e.g. dgx-h100")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--fabric")
+    p.add_argument("--storage")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--tokens", type=float, help="tokens to train, for days and $ of the whole run")
+    p.add_argument("--objective", choices=["time", "cost", "pareto"], default="time")
+    p.add_argument("--top-k", type=int, default=10, help="re-simulate the best K with the event engine")
+    p.add_argument("--jobs", type=int, default=1, help="processes for the search")
+    p.add_argument("--allow-fewer-gpus", action="store_true", help="also try layouts using part of the cluster")
+    p.add_argument("--rows", type=int, default=20, help="rows of the ranked table to print")
+    p.add_argument("--out", type=Path, help="where to write the best Plan (default: NAME.yaml)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("cost", help="time to train, GPU-hours, $, energy, checkpoints and failures of a run")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--tokens", type=float, required=True)
+    p.add_argument("--price", action="append", metavar="KEY=VALUE",
+                   help="override a price: on_demand_usd, reserved_usd, spot_usd, usd_per_kwh, pue, "
+                        "failures_per_gpu_hour, restart_s, spot_preemptions_per_node_hour")
+    p.add_argument("--storage", help="storage tier for checkpoints (catalog name)")
+    p.add_argument("--tiered-checkpoints", action="store_true", help="to host memory first, then the file system")
+    p.add_argument("--monte-carlo", type=int, default=200, help="SimPy runs of the whole training (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cost)
+
+    p = sub.add_parser("whatif", help="a grid over GPU type, nodes, fabric, storage, prices: best layout per cell")
+    p.add_argument("sweep", type=Path)
+    p.add_argument("--report", type=Path, metavar="DIR")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_whatif)
 
     p = sub.add_parser("run", help="run a Plan for real with torch.distributed and measure it")
     p.add_argument("plan", type=Path)

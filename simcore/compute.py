@@ -20,6 +20,12 @@ from topologies.hardware import GPU, EfficiencyCurve, load_catalog
 #: FLOP ratio of a FlashAttention backward to its forward: 5 matmuls against 2
 #: (Dao 2023, FlashAttention-2, Sec. 3.1.2; the backward also recomputes the scores).
 FLASH_BACKWARD_FLOP_RATIO = 2.5
+#: HBM traffic of an elementwise kernel's backward relative to its forward. LayerNorm and
+#: GeLU read x and dy and write dx where the forward read x and wrote y (3 passes against
+#: 2); the fused softmax's backward reads y and dy and writes dx, dropout's reads dy and the
+#: 1-byte mask and writes dx (11 bytes against the forward's 9); dropout-add passes the
+#: residual gradient through. About 1.5x over a layer's elementwise kernels.
+ELEMENTWISE_BACKWARD_TRAFFIC = 1.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +49,8 @@ class DeviceModel:
     net_hop_latency_s: float
     host_memory_bytes_per_s: float
     adam_host_bytes_per_param: float
+    comm_compute_interference: float = 1.0
+    """Factor by which compute slows while an overlapped NCCL kernel shares the GPU (>= 1)."""
 
 
 def _entry(gpu: GPU, catalog_root=None) -> dict:
@@ -83,6 +91,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
         net_hop_latency_s=float(coll["net_hop_latency_us"]) * 1e-6,
         host_memory_bytes_per_s=float(off.get("host_memory_gbyte_per_s", 0.0)) * 1e9,
         adam_host_bytes_per_param=float(off.get("adam_host_bytes_per_param", 32)),
+        comm_compute_interference=float(e.get("comm_compute_interference", 1.0)),
     )
 
 
@@ -111,14 +120,14 @@ def op_backward_s(op: Op, dev: DeviceModel) -> tuple[float, float]:
     A GEMM's backward is two GEMMs of the forward's size: dX = dY W^T (input) and
     dW = X^T dY (weight); a batched attention GEMM has no weights, so both go to the
     input side. An elementwise kernel reads its saved input and the incoming gradient
-    and writes one gradient: twice the forward's traffic.
+    and writes one gradient: ``ELEMENTWISE_BACKWARD_TRAFFIC`` times the forward's traffic.
     """
     if op.name == "flash_attention":
         t = op.count * roofline_s(op.flops * op.exec_fraction * FLASH_BACKWARD_FLOP_RATIO,
                                   2 * op.bytes, dev, dev.attention_backward)
         return t, 0.0
     if not op.matmul:
-        return op.count * roofline_s(0.0, 2 * op.bytes, dev, 1.0), 0.0
+        return op.count * roofline_s(0.0, ELEMENTWISE_BACKWARD_TRAFFIC * op.bytes, dev, 1.0), 0.0
     one = op_forward_s(op, dev)
     if op.batched:
         return 2 * one, 0.0

@@ -56,12 +56,16 @@ def _logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
 
 
 def _grad_wire_bytes(plan: Plan) -> float:
-    """Bytes per gradient element on the wire. DDP under autocast and Megatron's
-    ``--accumulate-allreduce-grads-in-fp32`` reduce fp32 gradients; the fp16/bf16 hooks
-    halve them; FSDP2 reduces in its param dtype (16-bit)."""
+    """Bytes per gradient element on the wire. torch DDP under autocast reduces the fp32
+    gradients of its fp32 parameters (4 B) unless a fp16/bf16 comm hook halves them; with
+    sharded optimizer states the gradients are the 16-bit ones of the memory model (ZeRO's
+    2 + 2 + K bytes per parameter): Megatron's distributed optimizer
+    (``DistributedDataParallelConfig.grad_reduce_in_fp32=False``), DeepSpeed
+    (``communication_data_type`` = the model's dtype) and FSDP2 (``reduce_dtype`` = the
+    16-bit param dtype) reduce 2 B."""
     if plan.training.precision == Precision.FP32:
         return 4.0
-    if plan.parallel.zero >= ZeroStage.WEIGHTS:
+    if plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES:
         return 2.0
     gc = plan.training.grad_compression
     return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
@@ -198,7 +202,7 @@ def step_costs(plan: Plan) -> StepCosts:
     detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
               "ep_comm_per_layer_s": lc["ep_f"] + lc["ep_b"], "fsdp_layer_all_gather_s": dpc["layer_ag"],
               "fsdp_layer_reduce_scatter_s": dpc["layer_rs"], "host_memory_per_node_bytes":
-              mem.host_bytes_per_node(plan, per_rank)}
+              mem.host_bytes_per_node(plan, per_rank), "comm_compute_interference": dev.comm_compute_interference}
     return StepCosts(
         plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
         backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
@@ -216,12 +220,21 @@ def step_costs(plan: Plan) -> StepCosts:
 
 # --------------------------------------------------------------------------- analytic path
 
+def _interference_loss(c: StepCosts) -> float:
+    """Compute time lost per second of overlapped communication: compute runs at 1/k of
+    its rate while a NCCL kernel shares the SMs and HBM (k = the GPU's
+    ``comm_compute_interference``), so hiding T seconds of communication costs T (1 - 1/k)."""
+    k = c.time_detail_s.get("comm_compute_interference", 1.0)
+    return 1.0 - 1.0 / k
+
+
 def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
     """Per pipeline rank, per micro-batch: compute, blocking comm (with FSDP exposure and
     PP sends), weight-gradient time, summed over the rank's virtual stages."""
     p = c.plan.parallel.pp
     ag = c.time_detail_s.get("fsdp_layer_all_gather_s", 0.0)
     rs = c.time_detail_s.get("fsdp_layer_reduce_scatter_s", 0.0)
+    lost = _interference_loss(c)
     p2p = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
     out = []
     for r in range(p):
@@ -232,6 +245,7 @@ def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
             for v in range(r, c.stages, p):
                 n, bwd = c.layers[v], c.backward_s(v) + c.recompute_s[v]
                 comm += max(0.0, n * ag - c.forward_s[v]) + max(0.0, n * (ag + rs) - bwd) + ag
+                comm += lost * (min(n * ag, c.forward_s[v]) + min(n * (ag + rs), bwd))
         out.append(dict(compute=fwd + bin_ + bwt + rec, comm=comm, w=bwt, fwd=fwd, bwd=bin_ + bwt,
                         rec=rec, p2p=p2p))
     return out
@@ -271,6 +285,7 @@ def analytic(c: StepCosts) -> StepResult:
     buckets = max(c.grad_buckets[v] for v in mine)
     window = o["bwd"] + o["rec"]                   # the last micro-batch's backward
     dp_exposed = max(grad / buckets, grad - window) if grad > 0 else 0.0
+    dp_exposed += _interference_loss(c) * (grad - dp_exposed)   # the hidden part slows the backward
     offloaded = tr.offload != Offload.NONE
     offload_s = max(opt, copies) if offloaded else 0.0
     compute_s = m * o["compute"] + (0.0 if offloaded else opt)

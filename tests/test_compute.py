@@ -63,3 +63,9 @@ def test_phase_never_faster_than_host_issue_time():
 def test_unsupported_precision_and_uncalibrated_host():
     with pytest.raises(PlanError):
         cmp.device_model(load_catalog().gpus["v100-32gb"], "bf16")
+
+
+def test_a_phase_is_never_faster_than_the_host_issues_it():
+    d = dataclasses.replace(dev(), kernel_overhead_s=1e-6, host_overhead_s=1e-4)
+    assert cmp.phase_s(1e-3, 5, d) == pytest.approx(1e-3 + 5e-6)      # device-bound
+    assert cmp.phase_s(1e-3, 50, d) == pytest.approx(50 * 1e-4)       # host-bound

@@ -117,3 +117,19 @@ def test_step_costs_shapes():
     assert c.stages == 12 and sum(c.layers) == 96
     assert c.forward_s[-1] > c.forward_s[0]       # logits on the last virtual stage
     assert c.recompute_s[0] == pytest.approx(c.forward_s[0], rel=0.01)
+
+
+def test_hidden_fsdp_comm_costs_compute_by_the_interference_factor():
+    """FSDP gathers hidden behind compute still cost T (1 - 1/k) of it (k = comm_compute_interference)."""
+    p = plan(parallel={"tp": 1, "pp": 1, "dp": 1536, "zero": 3})
+    c = sim.step_costs(p)
+    k = c.time_detail_s["comm_compute_interference"]
+    assert k > 1.0
+    none = dataclasses.replace(c, time_detail_s={**c.time_detail_s, "comm_compute_interference": 1.0})
+    ag, rs = c.time_detail_s["fsdp_layer_all_gather_s"], c.time_detail_s["fsdp_layer_reduce_scatter_s"]
+    n, f = c.layers[0], c.forward_s[0]
+    bwd = c.backward_s(0) + c.recompute_s[0]
+    hidden = min(n * ag, f) + min(n * (ag + rs), bwd)
+    m = p.num_microbatches
+    extra = sim.analytic(c).exposed_comm_s - sim.analytic(none).exposed_comm_s
+    assert extra == pytest.approx(m * hidden * (1 - 1 / k), rel=1e-6)

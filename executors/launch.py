@@ -1,0 +1,290 @@
+"""Start the ranks of a Plan and run measured training steps on them.
+
+On one host ``run(plan)`` spawns ``plan.parallel.gpus`` processes itself
+(``torch.multiprocessing``, start method "spawn"; gloo on CPU, nccl when there is one
+GPU per rank); on a cluster ``python -m executors.launch PLAN`` runs under torchrun's
+rendezvous (``torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m
+executors.launch PLAN``) and rank 0 prints the Measurement as JSON. A rank that fails ends
+the run with its message; one that hangs ends it after ``timeout_s`` naming the rank.
+
+Data are synthetic by default: each sequence counts up from a random start with a random
+stride modulo the vocabulary, so the loss can fall; a token file (a flat numpy memmap of
+uint16 token ids) is the option. Batches depend only on (seed, step), which is what makes
+a resumed run repeat the loss trajectory of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+from simcore.spec import Plan
+from simcore.trace import StepResult, write_chrome_trace
+
+#: How often the parent polls its ranks, seconds.
+POLL_S = 0.2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    steps: int = 20
+    """Steps run in all; the first ``warmup`` are discarded."""
+    warmup: int = 5
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    data_path: str | None = None
+    lr: float | None = None
+    instrument: bool = True
+    timeout_s: float = 300.0
+
+
+# --------------------------------------------------------------------------- spawning
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(rank: int, world: int, timeout_s: float) -> torch.device:
+    """Join the process group (env:// rendezvous); nccl with a GPU per rank, else gloo."""
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() > local
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    return device
+
+
+def _entry(rank, fn, world, port, outdir, timeout_s, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    path = Path(outdir) / f"rank{rank}.pkl"
+    try:
+        device = init_distributed(rank, world, timeout_s)
+        result = ("ok", fn(rank, world, device, *args))
+    except BaseException as exc:  # reported to the parent, which names the rank
+        if not isinstance(exc, ValueError):
+            traceback.print_exc()  # the whole story on stderr; the parent raises one sentence
+        result = ("error", type(exc).__name__, str(exc).strip().split("\n")[0], isinstance(exc, ValueError),
+                  time.time())
+        path.write_bytes(pickle.dumps(result))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    path.write_bytes(pickle.dumps(result))
+
+
+def spawn(fn, world: int, args: tuple = (), *, timeout_s: float = 300.0, start_method: str = "spawn") -> list:
+    """Run ``fn(rank, world, device, *args)`` on ``world`` fresh processes; return the
+    results by rank. ValueError from a rank is re-raised as is; another failure, or a
+    rank still running after ``timeout_s``, ends every rank and raises RuntimeError.
+    ``start_method="fork"`` (CPU only) skips re-importing torch in every rank, which the
+    tests use to stay fast on two cores."""
+    with tempfile.TemporaryDirectory(prefix="trainplan-ranks-") as outdir:
+        ctx = mp.start_processes(_entry, args=(fn, world, free_port(), outdir, timeout_s, args),
+                                 nprocs=world, join=False, start_method=start_method)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=POLL_S):
+                if time.monotonic() > deadline:
+                    hung = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
+                    raise RuntimeError(f"rank {hung[0]} did not finish within {timeout_s:g} s "
+                                       f"(ranks still running: {hung}); every rank was stopped")
+        except ProcessException as exc:
+            _raise_rank_error(outdir, world, exc)
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+        return [pickle.loads((Path(outdir) / f"rank{r}.pkl").read_bytes())[1] for r in range(world)]
+
+
+def _raise_rank_error(outdir: str, world: int, exc: Exception):
+    """Re-raise the first failure in time: the others are usually its echo (a peer reset)."""
+    errors = []
+    for r in range(world):
+        path = Path(outdir) / f"rank{r}.pkl"
+        if path.exists():
+            status = pickle.loads(path.read_bytes())
+            if status[0] == "error":
+                errors.append((status[4], r, status))
+    if errors:
+        _, r, status = min(errors)
+        if status[3]:
+            raise ValueError(status[2]) from None
+        raise RuntimeError(f"rank {r} failed: {status[1]}: {status[2]}") from None
+    rank = getattr(exc, "error_index", "?")
+    raise RuntimeError(f"rank {rank} failed: {str(exc).strip().splitlines()[0]}") from None
+
+
+# --------------------------------------------------------------------------- data
+
+def batch(plan: Plan, step: int, seed: int, data_path: str | None = None) -> torch.Tensor:
+    """The global batch of ``step``: (global_batch, seq_len + 1) token ids."""
+    m, n = plan.model, plan.training.global_batch
+    rng = np.random.default_rng([seed, step])
+    if data_path is not None:
+        data = np.memmap(data_path, dtype=np.uint16, mode="r")
+        if len(data) <= m.seq_len + 1:
+            raise ValueError(f"token file {data_path} holds {len(data)} tokens, fewer than model.seq_len+1")
+        starts = rng.integers(0, len(data) - m.seq_len - 1, size=n)
+        rows = np.stack([data[s:s + m.seq_len + 1] for s in starts]).astype(np.int64) % m.vocab
+        return torch.from_numpy(rows)
+    start = rng.integers(0, m.vocab, size=(n, 1))
+    stride = rng.integers(1, 8, size=(n, 1))
+    return torch.from_numpy((start + stride * np.arange(m.seq_len + 1)) % m.vocab)
+
+
+def local_batch(plan: Plan, step: int, seed: int, dp_rank: int, data_path: str | None = None):
+    """This data-parallel rank's rows: (tokens, labels), each (global_batch / dp, seq_len)."""
+    rows = batch(plan, step, seed, data_path).chunk(plan.parallel.dp)[dp_rank]
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+# --------------------------------------------------------------------------- one rank
+
+def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunOptions) -> dict:
+    """Build this rank's trainer, run ``opts.steps`` steps and return its record."""
+    from executors import checkpoint, measure
+    from executors.parallel import LEARNING_RATE, build_mesh, build_trainer
+
+    if world != plan.parallel.gpus:
+        raise ValueError(f"the plan needs {plan.parallel.gpus} ranks (tp*pp*dp*cp) but {world} were started")
+    mesh = build_mesh(plan, device.type)
+    trainer = build_trainer(plan, mesh, device, opts.seed, opts.lr or LEARNING_RATE)
+    first = checkpoint.load(trainer, opts.checkpoint_dir) if opts.resume else 0
+    rec = measure.Recorder(rank=rank, axis_of=measure.axis_map(mesh), enabled=False)
+    for stage in trainer.stages:
+        measure.instrument_stage(stage, rec)
+    saved = measure.SavedActivations([p for part in trainer.parts for p in part.parameters()])
+    dp_rank = mesh.get_local_rank("dp")
+    steps, losses = [], []
+    with measure.record_collectives(rec):
+        for step in range(first, first + opts.steps):
+            tokens, labels = (t.to(device) for t in local_batch(plan, step, opts.seed, dp_rank, opts.data_path))
+            dist.barrier()
+            rec.counts.clear()
+            rec.enabled = opts.instrument
+            rec.start_step()
+            # saved-tensor accounting costs a Python call per saved tensor: do it on the last
+            # warm-up step only (every step has the same shapes, hence the same peak)
+            account = opts.instrument and step - first == max(opts.warmup - 1, 0)
+            with saved.hooks() if account else _null():
+                loss = trainer.step(tokens, labels, span=rec.span if opts.instrument else None)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            duration = rec.now()
+            rec.enabled = False
+            steps.append({"step": step, "duration_s": duration, "spans": rec.step_spans(),
+                          "counts": dict(rec.counts)})
+            losses.append(global_loss(plan, loss, device))
+    if opts.checkpoint_dir:
+        checkpoint.save(trainer, opts.checkpoint_dir, first + opts.steps)
+    memory = measure.state_bytes(trainer.parts, trainer.optimizer)
+    memory["activations"] = float(saved.peak)
+    if device.type == "cuda":
+        memory["framework"] = max(0.0, torch.cuda.max_memory_allocated(device) - sum(memory.values()))
+    return {"rank": rank, "steps": steps, "losses": losses, "memory_bytes": memory,
+            "device": str(device), "host": socket.gethostname()}
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def global_loss(plan: Plan, loss: float | None, device: torch.device) -> float:
+    """The step's loss averaged over data-parallel ranks (last-stage ranks hold it)."""
+    t = torch.tensor([loss or 0.0, 1.0 if loss is not None else 0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return (t[0] / t[1]).item()
+
+
+# --------------------------------------------------------------------------- entry points
+
+def launch_ranks(plan: Plan, opts: RunOptions, start_method: str = "spawn") -> list[dict]:
+    """Start the plan's ranks on this host and return their records by rank."""
+    from executors.parallel import check_executable
+
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= plan.parallel.gpus
+    check_executable(plan, "cuda" if cuda else "cpu")
+    if opts.steps <= opts.warmup:
+        raise ValueError(f"--steps={opts.steps} must exceed --warmup={opts.warmup} (warm-up steps are discarded)")
+    if opts.resume and not opts.checkpoint_dir:
+        raise ValueError("--resume needs a checkpoint directory")
+    return spawn(run_rank, plan.parallel.gpus, (plan, opts), timeout_s=opts.timeout_s, start_method=start_method)
+
+
+def run(plan: Plan, *, steps: int = 20, warmup: int = 5, seed: int = 0, trace_path=None,
+        checkpoint_dir=None, resume: bool = False, timeout_s: float = 300, data_path=None,
+        start_method: str = "spawn") -> StepResult:
+    """Run ``plan`` on this host and return the Measurement (``source="measured"``).
+    ``start_method="fork"`` starts the ranks in a second instead of re-importing torch in
+    each (CPU only)."""
+    from executors.measure import summarise
+
+    opts = RunOptions(steps=steps, warmup=warmup, seed=seed, checkpoint_dir=checkpoint_dir and str(checkpoint_dir),
+                      resume=resume, data_path=data_path and str(data_path), timeout_s=timeout_s)
+    result = summarise(plan, launch_ranks(plan, opts, start_method), warmup)
+    if trace_path is not None:
+        write_chrome_trace(result.spans, trace_path, process_name=plan.name or "measured")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under torchrun: every rank runs; rank 0 prints the Measurement."""
+    from executors.measure import summarise
+    from simcore.spec import load_plan
+
+    ap = argparse.ArgumentParser(prog="python -m executors.launch")
+    ap.add_argument("plan")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trace")
+    ap.add_argument("--checkpoint-dir")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--data")
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    a = ap.parse_args(argv)
+    plan = load_plan(a.plan)
+    opts = RunOptions(steps=a.steps, warmup=a.warmup, seed=a.seed, checkpoint_dir=a.checkpoint_dir,
+                      resume=a.resume, data_path=a.data, timeout_s=a.timeout)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = init_distributed(rank, world, a.timeout)
+    record = run_rank(rank, world, device, plan, opts)
+    records = [None] * world if rank == 0 else None
+    dist.gather_object(record, records, dst=0)
+    if rank == 0:
+        result = summarise(plan, records, a.warmup)
+        if a.trace:
+            write_chrome_trace(result.spans, a.trace, process_name=plan.name or "measured")
+        print(json.dumps(result.to_json(), indent=2))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

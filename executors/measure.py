@@ -1,0 +1,384 @@
+"""Measure a training step in the simulator's schema (``simcore.trace``).
+
+Per rank and step the recorder keeps spans on the streams the simulator uses:
+"compute" (forward / backward per micro-batch, optimizer step) and one communication
+stream per mesh axis ("dp", "tp", "pp", ...). Collectives are timed from torch's own
+entry points (``torch.distributed`` and ``torch.distributed._functional_collectives``,
+the functions DDP's comm hooks, FSDP2, ZeroRedundancyOptimizer, DTensor and the
+pipelining schedules call), from the call to the completion of their ``Work`` future;
+a collective that blocks the host (a synchronous call) is cut out of the compute spans,
+so that ``simcore.trace.split_step`` sees compute, exposed communication and bubble as
+the simulator defines them. Functional (DTensor) collectives are waited on at once.
+Pipeline receives are counted but not drawn: their wait is the upstream stage's compute,
+i.e. bubble, not transfer. Limits: the host cannot see a wait inside an autograd hook
+(FSDP2's unshard wait, DDP's final bucket) and counts it as compute.
+
+Memory (CPU): the exact bytes of this rank's local parameter, gradient and optimizer
+state tensors (DTensor local shards), and the peak bytes of tensors saved for backward
+(``torch.autograd.graph.saved_tensors_hooks``; parameters excluded, storages counted
+once), counted on the last warm-up step, since the hooks cost a Python call per saved
+tensor. On CUDA the total is ``torch.cuda.max_memory_allocated``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.tensor import DTensor
+
+from simcore.trace import Span
+
+#: torch.distributed functions (name -> span kind) that the recorder times.
+_C10D = {"all_reduce": "all_reduce", "all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
+         "all_gather_single": "all_gather", "_all_gather_base": "all_gather",
+         "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+         "reduce_scatter_single": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+         "broadcast": "broadcast", "all_to_all_single": "all_to_all", "all_to_all": "all_to_all"}
+# isend/irecv stay unpatched (P2POp checks their identity); batch_isend_irecv is timed instead.
+#: functional collectives (DTensor's redistribution calls these).
+_FUNCOL = {"all_reduce": "all_reduce", "all_gather_single": "all_gather", "all_gather_tensor": "all_gather",
+           "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+           "all_to_all_single": "all_to_all", "broadcast": "broadcast"}
+
+
+def tensor_bytes(t) -> int:
+    """Bytes of a tensor's local data (a DTensor's local shard)."""
+    if t is None or not isinstance(t, torch.Tensor):
+        return 0
+    if isinstance(t, DTensor):
+        t = t._local_tensor
+    return t.numel() * t.element_size()
+
+
+@dataclass(kw_only=True)
+class Recorder:
+    """Spans and collective counts of one rank; times relative to ``step_start``."""
+
+    rank: int
+    axis_of: dict = field(default_factory=dict)
+    """frozenset of global ranks -> mesh axis name."""
+    spans: list = field(default_factory=list)
+    blocking: list = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    step_start: float = 0.0
+    enabled: bool = True
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _local: threading.local = field(default_factory=threading.local)
+
+    def start_step(self) -> None:
+        self.spans, self.blocking = [], []
+        self.step_start = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.step_start
+
+    @contextlib.contextmanager
+    def span(self, kind: str, name: str):
+        """Time one piece of work on the compute stream."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.spans.append(("compute", kind, name, start, self.now(), 0.0))
+
+    def comm(self, kind: str, axis: str, nbytes: float, start: float, end: float, blocking: bool) -> None:
+        with self._lock:
+            self.spans.append((axis, kind, f"{kind} {axis}", start, end, nbytes))
+            if blocking:
+                self.blocking.append((start, end))
+
+    def step_spans(self) -> list[Span]:
+        """This step's spans, compute spans with the host's blocking waits cut out."""
+        out = []
+        blocks = sorted(self.blocking)
+        for stream, kind, name, start, end, nbytes in self.spans:
+            pieces = _cut(start, end, blocks) if stream == "compute" else [(start, end)]
+            out.extend(Span(self.rank, stream, kind, name, s, e - s, nbytes) for s, e in pieces if e > s)
+        return out
+
+
+def _cut(start: float, end: float, blocks: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """[start, end] minus the sorted intervals ``blocks``."""
+    out, cur = [], start
+    for bs, be in blocks:
+        if be <= cur or bs >= end:
+            continue
+        if bs > cur:
+            out.append((cur, bs))
+        cur = max(cur, be)
+    if cur < end:
+        out.append((cur, end))
+    return out
+
+
+# --------------------------------------------------------------------------- collectives
+
+def axis_map(mesh) -> dict:
+    """frozenset(ranks) -> axis name for every axis of ``mesh`` larger than one, and the world."""
+    out = {frozenset(range(dist.get_world_size())): "world"}
+    for axis in mesh.mesh_dim_names:
+        if mesh[axis].size() > 1:
+            out[frozenset(dist.get_process_group_ranks(mesh.get_group(axis)))] = axis
+    return out
+
+
+def _axis(rec: Recorder, group) -> str:
+    if group is None:
+        return rec.axis_of.get(frozenset(range(dist.get_world_size())), "world")
+    if not isinstance(group, dist.ProcessGroup):  # functional-collective group forms
+        group = dist.distributed_c10d._resolve_process_group(funcol._resolve_group_name(group))
+    return rec.axis_of.get(frozenset(dist.get_process_group_ranks(group)), "other")
+
+
+def _wrap(rec: Recorder, fn, kind: str, functional: bool):
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        if getattr(rec._local, "depth", 0) or not rec.enabled:
+            return fn(*args, **kwargs)
+        bound = sig.bind_partial(*args, **kwargs).arguments
+        axis = _axis(rec, bound.get("group"))
+        first = next(iter(bound.values()), None)
+        nbytes = sum(map(tensor_bytes, first)) if isinstance(first, (list, tuple)) else tensor_bytes(first)
+        rec.counts[(kind, axis)] += 1
+        start = rec.now()
+        rec._local.depth = 1
+        try:
+            out = fn(*args, **kwargs)
+            if functional:
+                funcol.wait_tensor(out)  # the host waits here; DTensor keeps the same object
+        finally:
+            rec._local.depth = 0
+        if bound.get("async_op") and out is not None:
+            _on_done(out, lambda: rec.comm(kind, axis, nbytes, start, rec.now(), False))
+        else:
+            rec.comm(kind, axis, nbytes, start, rec.now(), True)
+        return out
+    return timed
+
+
+def _on_done(work, callback) -> None:
+    """Call ``callback`` when ``work`` completes; gloo's point-to-point works have no
+    future, so a send is taken as done when it has been handed to the transport."""
+    try:
+        work.get_future().then(lambda _f: callback())
+    except RuntimeError:
+        callback()
+
+
+def _wrap_p2p(rec: Recorder, fn):
+    @functools.wraps(fn)
+    def timed(p2p_ops, *args, **kwargs):
+        if getattr(rec._local, "depth", 0) or not rec.enabled:
+            return fn(p2p_ops, *args, **kwargs)
+        start = rec.now()
+        rec._local.depth = 1
+        try:
+            works = fn(p2p_ops, *args, **kwargs)
+        finally:
+            rec._local.depth = 0
+        works = works or []
+        for i, op in enumerate(p2p_ops):  # a coalesced batch may return one work for all ops
+            kind = "send" if op.op is dist.isend else "recv"
+            axis = _axis(rec, op.group)
+            rec.counts[(kind, axis)] += 1
+            if kind == "send" and works:
+                nbytes = tensor_bytes(op.tensor)
+                _on_done(works[min(i, len(works) - 1)],
+                         lambda a=axis, n=nbytes: rec.comm("send", a, n, start, rec.now(), False))
+        return works
+    return timed
+
+
+@contextlib.contextmanager
+def record_collectives(rec: Recorder):
+    """Patch torch's collective entry points to report to ``rec`` while inside."""
+    patched = []
+    for module, table, functional in ((dist, _C10D, False), (dist.distributed_c10d, _C10D, False),
+                                      (funcol, _FUNCOL, True)):
+        for name, kind in table.items():
+            fn = getattr(module, name, None)
+            if fn is None:
+                continue
+            patched.append((module, name, fn))
+            setattr(module, name, _wrap(rec, fn, kind, functional))
+    from torch.distributed.pipelining import schedules  # its _batch_p2p issues every pipeline send/recv
+
+    for module, name in ((dist, "batch_isend_irecv"), (dist.distributed_c10d, "batch_isend_irecv"),
+                         (schedules, "_batch_p2p")):
+        patched.append((module, name, getattr(module, name)))
+        setattr(module, name, _wrap_p2p(rec, getattr(module, name)))
+    try:
+        yield rec
+    finally:
+        for module, name, fn in reversed(patched):
+            setattr(module, name, fn)
+
+
+# --------------------------------------------------------------------------- memory
+
+class SavedActivations:
+    """Peak bytes of tensors autograd saves for backward (parameters excluded)."""
+
+    def __init__(self, params):
+        self.param_ptrs = {_storage_ptr(p) for p in params}
+        self.live: Counter = Counter()
+        self.sizes: dict = {}
+        self.current = 0
+        self.peak = 0
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t):
+        key = _storage_ptr(t)
+        if key is None or key in self.param_ptrs:
+            return t
+        local = t._local_tensor if isinstance(t, DTensor) else t
+        if self.live[key] == 0:
+            self.sizes[key] = local.untyped_storage().nbytes()
+            self.current += self.sizes[key]
+            self.peak = max(self.peak, self.current)
+        self.live[key] += 1
+        return (t, _Release(self, key))
+
+    @staticmethod
+    def _unpack(obj):
+        return obj[0] if isinstance(obj, tuple) else obj
+
+    def release(self, key) -> None:
+        self.live[key] -= 1
+        if self.live[key] == 0:
+            self.current -= self.sizes.pop(key)
+            del self.live[key]
+
+
+class _Release:
+    __slots__ = ("owner", "key")
+
+    def __init__(self, owner, key):
+        self.owner, self.key = owner, key
+
+    def __del__(self):
+        self.owner.release(self.key)
+
+
+def _storage_ptr(t):
+    try:
+        local = t._local_tensor if isinstance(t, DTensor) else t
+        return local.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
+def state_bytes(parts, optimizer) -> dict[str, float]:
+    """Weights, gradients and optimizer states held by this rank, in bytes."""
+    params = [p for part in parts for p in part.parameters()]
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard in .optim
+    opt = sum(tensor_bytes(v) for state in inner.state.values() for v in state.values())
+    return {"weights": float(sum(map(tensor_bytes, params))),
+            "gradients": float(sum(tensor_bytes(p.grad) for p in params)),
+            "optimizer_states": float(opt)}
+
+
+# --------------------------------------------------------------------------- pipeline stages
+
+def instrument_stage(stage, rec: Recorder) -> None:
+    """Time a ``PipelineStage``'s per-micro-batch compute, named in torch's action notation
+    ("2F0": stage 2, forward, micro-batch 0; B full backward, I input-, W weight-gradient)."""
+    sid = stage.stage_index
+    fwd, bwd, bwd_w = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+    def forward_one_chunk(mb, *args, **kwargs):
+        with rec.span("forward", f"{sid}F{mb}") if rec.enabled else contextlib.nullcontext():
+            return fwd(mb, *args, **kwargs)
+
+    def backward_one_chunk(mb, *args, **kwargs):
+        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        kind, letter = ("backward", "B") if full else ("backward_input", "I")
+        with rec.span(kind, f"{sid}{letter}{mb}") if rec.enabled else contextlib.nullcontext():
+            return bwd(mb, *args, **kwargs)
+
+    def backward_weight_one_chunk(mb, *args, **kwargs):
+        with rec.span("backward_weight", f"{sid}W{mb}") if rec.enabled else contextlib.nullcontext():
+            return bwd_w(mb, *args, **kwargs)
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+# --------------------------------------------------------------------------- summary
+
+def model_flops_per_token(spec, recompute: str = "none") -> float:
+    """Training FLOPs per token: 6 P + 12 L T H (Narayanan et al. 2021, eq. 3 without the
+    vocabulary term folded in; P counts the active matrices, the logits included), plus
+    the recomputed forward: all of it (full) or the attention core 4 L T H (selective)."""
+    hd = spec.head_dim
+    attn = spec.hidden * (2 * spec.heads * hd + 2 * spec.kv_heads * hd)
+    mlp = (3 if spec.gated_mlp else 2) * spec.hidden * spec.ffn_hidden
+    if spec.moe:
+        mlp = spec.top_k * mlp + spec.hidden * spec.experts
+    params = spec.layers * (attn + mlp) + spec.hidden * spec.vocab
+    core = 4.0 * spec.layers * spec.seq_len * spec.hidden
+    extra = {"full": 2.0 * params + core, "selective": core}.get(recompute, 0.0)
+    return 6.0 * params + 3.0 * core + extra
+
+
+def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
+    """Per-rank records of ``executors.launch.run_rank`` -> one Measurement. The step time
+    is the slowest rank's, averaged over the measured steps; its breakdown is that rank's
+    ``split_step``; spans are those of the median measured step on every rank."""
+    from simcore.trace import GIB, MEMORY_KINDS, StepResult, split_step
+
+    n = len(records[0]["steps"])
+    measured = range(min(warmup, n - 1), n)
+    parts, times, durations = Counter(), Counter(), []
+    for i in measured:
+        steps = [r["steps"][i] for r in records]
+        crit = max(range(len(steps)), key=lambda r: steps[r]["duration_s"])
+        dur = steps[crit]["duration_s"]
+        durations.append(dur)
+        parts.update(split_step(steps[crit]["spans"], records[crit]["rank"], 0.0, dur))
+        for s in steps[crit]["spans"]:
+            times[s.kind if s.stream == "compute" else f"{s.stream}_comm"] += s.duration_s
+    k = len(durations)
+    step_time = sum(durations) / k
+    rep = list(measured)[sorted(range(k), key=durations.__getitem__)[k // 2]]
+    spans = tuple(s for r in records for s in r["steps"][rep]["spans"])
+    totals = [sum(r["memory_bytes"].values()) for r in records]
+    top = records[max(range(len(records)), key=totals.__getitem__)]["memory_bytes"]
+    tokens = plan.training.global_batch * plan.model.seq_len
+    world = len(records)
+    model_f = model_flops_per_token(plan.model) * tokens / step_time / world
+    hw_f = model_flops_per_token(plan.model, plan.training.recompute.value) * tokens / step_time / world
+    peak = plan.cluster.node.gpu.peak(plan.training.precision.value) or 0.0
+    calls = Counter()
+    for r in records:
+        calls.update(r["steps"][rep]["counts"])
+    notes = [f"measured on {records[0]['host']} ({records[0]['device']}), {world} ranks, "
+             f"{k} measured steps after {len(measured) and list(measured)[0]} warm-up",
+             "collectives per step (all ranks): " + ", ".join(f"{kind}/{axis}={c}" for (kind, axis), c in sorted(calls.items()))]
+    if not peak:
+        notes.append("mfu and hfu are 0: the device has no calibrated peak (run `trainplan calibrate`)")
+    return StepResult(
+        source="measured", plan_name=plan.name, step_time_s=step_time, tokens_per_s=tokens / step_time,
+        model_tflops_per_gpu=model_f / 1e12, hardware_tflops_per_gpu=hw_f / 1e12,
+        mfu=model_f / peak if peak else 0.0, hfu=hw_f / peak if peak else 0.0,
+        compute_s=parts["compute_s"] / k, exposed_comm_s=parts["exposed_comm_s"] / k,
+        bubble_s=parts["bubble_s"] / k, offload_s=parts["offload_s"] / k,
+        memory_per_gpu_gib=max(totals) / GIB, fits=True,
+        memory_bytes={kind: float(top.get(kind, 0.0)) for kind in MEMORY_KINDS},
+        time_s={key: v / k for key, v in sorted(times.items())},
+        memory_per_rank_gib=tuple(t / GIB for t in totals), spans=spans, notes=tuple(notes),
+        extra={"loss_first": records[0]["losses"][0], "loss_last": records[0]["losses"][-1],
+               **{f"calls.{kind}.{axis}": float(c) for (kind, axis), c in sorted(calls.items())}})

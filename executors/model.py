@@ -1,0 +1,201 @@
+"""A decoder-only transformer built from a ``ModelSpec`` (GPT-2 / Llama style).
+
+The module layout follows torchtitan's ``torchtitan/models/llama/model.py`` so that its
+parallelisation recipes apply unchanged: ``embed`` (token + optional learned position
+embedding), ``layers`` as an ``nn.ModuleDict`` keyed "0".."L-1" (a pipeline stage deletes
+the layers it does not own and keeps the others' names, so checkpoints and the
+single-process reference share parameter names), then ``norm`` and ``output``. A stage
+that lacks ``embed`` takes hidden states as input; one that lacks ``output`` returns them.
+
+Attention is causal grouped-query attention (Ainslie et al. 2023, "GQA") through
+``F.scaled_dot_product_attention``; rotary embeddings follow Su et al. 2021 ("RoFormer",
+eq. 34, rotate-half form). The MLP is GELU (GPT-2) or SwiGLU (Shazeer 2020, "GLU
+Variants Improve Transformer", eq. 6). MoE layers route each token to its ``top_k``
+experts by softmax gate (Shazeer et al. 2017; Fedus et al. 2021), dropless: every routed
+token is computed (capacity_factor is not applied by the executor).
+Projections use ``bias=False`` as Llama does; ``CoreAttention`` is a parameter-free
+module so that selective recomputation (Korthikanti et al. 2022, sec. 4.2) can
+checkpoint exactly the attention core.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from simcore.spec import ModelSpec, PositionEmbedding
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (seq_len, head_dim) for rotate-half RoPE (RoFormer eq. 34)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, hs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, T, nh, hs); rotate pairs (i, i + hs/2) by position-dependent angles."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    t = x.shape[1]
+    return x * cos[:t, None, :].to(x.dtype) + rotated * sin[:t, None, :].to(x.dtype)
+
+
+class CoreAttention(nn.Module):
+    """softmax(QK^T / sqrt(d)) V, causal; the part selective recomputation recomputes."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        hd = spec.head_dim
+        self.head_dim = hd
+        self.wq = nn.Linear(spec.hidden, spec.heads * hd, bias=False)
+        self.wk = nn.Linear(spec.hidden, spec.kv_heads * hd, bias=False)
+        self.wv = nn.Linear(spec.hidden, spec.kv_heads * hd, bias=False)
+        self.wo = nn.Linear(spec.heads * hd, spec.hidden, bias=False)
+        self.core = CoreAttention()
+        self.rope = spec.position_embedding == PositionEmbedding.ROPE
+        if self.rope:
+            cos, sin = rope_tables(spec.seq_len, hd)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds heads/tp of them
+        q = self.wq(x).view(b, t, -1, self.head_dim)  # (B, T, nh, hs)
+        k = self.wk(x).view(b, t, -1, self.head_dim)  # (B, T, nkv, hs)
+        v = self.wv(x).view(b, t, -1, self.head_dim)
+        if self.rope:
+            q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        y = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, nh, T, hs)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, hidden: int, ffn_hidden: int, gated: bool):
+        super().__init__()
+        self.w1 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w2 = nn.Linear(ffn_hidden, hidden, bias=False)
+        self.w3 = nn.Linear(hidden, ffn_hidden, bias=False) if gated else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))  # SwiGLU
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (dropless). Tokens are gathered per expert, as in
+    torchtitan's ``moe.py`` token-choice routing without capacity limits."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.top_k = spec.top_k
+        self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(spec.hidden, spec.ffn_hidden, spec.gated_mlp)
+                                     for _ in range(spec.experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])  # (N, H)
+        gates = F.softmax(self.router(tokens), dim=-1, dtype=torch.float32)  # (N, E)
+        weights, chosen = torch.topk(gates, self.top_k, dim=-1)  # (N, k)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(tokens.dtype)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.nonzero(chosen == e, as_tuple=True)
+            if rows.numel():
+                y = expert(tokens[rows]) * weights[rows, slot, None]
+                out = out.index_add(0, rows, y.to(out.dtype))
+        return out.view(shape)
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    # Llama-style models (gated MLP) use RMSNorm; GPT-2 style use LayerNorm
+    return nn.RMSNorm(spec.hidden, eps=1e-5) if spec.gated_mlp else nn.LayerNorm(spec.hidden, bias=False)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attention_norm = _norm(spec)
+        self.attention = Attention(spec)
+        self.ffn_norm = _norm(spec)
+        self.feed_forward = MoE(spec) if spec.moe else FeedForward(spec.hidden, spec.ffn_hidden, spec.gated_mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Embedding(nn.Module):
+    """Token embedding plus, for GPT-2 style models, a learned position embedding."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab, spec.hidden)
+        learned = spec.position_embedding == PositionEmbedding.LEARNED
+        self.pos = nn.Embedding(spec.seq_len, spec.hidden) if learned else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok(tokens)  # (B, T, H)
+        if self.pos is not None:
+            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return h
+
+
+class Transformer(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embed: Embedding | None = Embedding(spec)
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.norm: nn.Module | None = _norm(spec)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        if spec.tied_embeddings:
+            self.output.weight = self.embed.tok.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x  # tokens (B, T) or hidden (B, T, H)
+        for layer in self.layers.values():
+            h = layer(h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h  # (B, T, V) or (B, T, H)
+
+
+def init_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Deterministic GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, ones for
+    norms. Parameters are visited in name order, so every rank and the single-process
+    reference draw the same numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+def build_model(spec: ModelSpec, seed: int = 0) -> Transformer:
+    """The full model on the CPU, initialised from ``seed``."""
+    model = Transformer(spec)
+    init_weights(model, seed)
+    return model
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy; logits (B, T, V), labels (B, T)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,351 @@
+"""Apply a Plan's parallel layout to the model with torch's own parallel APIs.
+
+The composition order is torchtitan's (``torchtitan/models/llama/parallelize_llama.py``
+and ``pipeline_llama.py``): split into pipeline stages first, then on each stage module
+tensor parallel (DTensor ``parallelize_module``), activation recomputation
+(``checkpoint_wrapper``), then data parallel (DDP, ``ZeroRedundancyOptimizer`` or FSDP2
+``fully_shard``). One device mesh with named axes in the simulator's order
+(``topologies.placement.rank_grid``: pp, dp, cp, tp; TP innermost) serves every step,
+each taking only its slice of the mesh.
+
+ZeRO stages map onto torch as DeepSpeed defines them (Rajbhandari et al. 2020):
+0 = DDP all-reduce; 1 = DDP + ``ZeroRedundancyOptimizer`` (optimizer states sharded,
+parameters broadcast after the step); 2 = FSDP2 with ``reshard_after_forward=False``
+(gradients and optimizer states sharded, parameters kept gathered between forward and
+backward); 3 = FSDP2 with ``reshard_after_forward=True``. Without pipelining, FSDP2
+reduce-scatters after every micro-batch (sharded gradients cannot be accumulated
+unsharded), DDP all-reduces after the last one only (``no_sync``).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import pipelining
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
+
+from executors.model import Transformer, build_model, loss_fn
+from simcore.spec import GradCompression, Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
+from topologies.placement import AXES
+
+#: Optimizer hyper-parameters (not hardware figures): GPT-3's AdamW betas and weight
+#: decay (Brown et al. 2020, appendix B); a learning rate suited to the tiny models here.
+LEARNING_RATE = 1e-3
+ADAM_BETAS = (0.9, 0.95)
+WEIGHT_DECAY = 0.1
+#: PowerSGD rank and warm-up iterations (Vogels et al. 2019; torch's powerSGD_hook defaults).
+POWERSGD_RANK = 1
+POWERSGD_START_ITER = 2
+
+
+def check_executable(plan: Plan, device_type: str) -> None:
+    """The layouts this executor cannot run; ValueError with one sentence each."""
+    par, tr, m = plan.parallel, plan.training, plan.model
+    rules = [
+        (par.cp == 1, f"parallel.cp={par.cp}: the executor has no context parallelism (use cp: 1)"),
+        (par.ep == 1, f"parallel.ep={par.ep}: torch has no built-in expert-parallel API, so the "
+                      "executor replicates experts (use ep: 1)"),
+        (tr.offload == Offload.NONE or device_type == "cuda",
+         f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
+         "state off a GPU, and this host has none"),
+        (tr.offload == Offload.NONE or par.zero >= ZeroStage.GRADIENTS,
+         f"training.offload={tr.offload.value} needs parallel.zero>=2 (FSDP2's CPUOffloadPolicy)"),
+        (tr.precision != Precision.FP8, "training.precision=fp8 is not supported by the executor (needs torchao)"),
+        (tr.precision != Precision.FP16 or device_type == "cuda",
+         "training.precision=fp16 needs a GPU (its grad scaler guards fp16 gradients there); use bf16 on a CPU"),
+        (not m.tied_embeddings or (par.pp == 1 and par.tp == 1),
+         "model.tied_embeddings=true cannot be split over parallel.tp>1 or pp>1 by the executor; "
+         "set model.tied_embeddings: false"),
+        (par.tp == 1 or par.zero != ZeroStage.OPTIMIZER_STATES or par.dp == 1,
+         "parallel.zero=1 with parallel.tp>1 is not supported: ZeroRedundancyOptimizer cannot "
+         "broadcast DTensor parameters (use zero 0 or 2)"),
+        (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp == 1,
+         "training.grad_compression needs parallel.tp=1: DDP's communication hooks cannot "
+         "wrap DTensor parameters"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)
+
+
+def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """The (pp, dp, cp, tp) mesh; rank r sits at ``rank_grid(...).coords(r)``."""
+    par = plan.parallel
+    return init_device_mesh(device_type, (par.pp, par.dp, par.cp, par.tp), mesh_dim_names=AXES)
+
+
+# --------------------------------------------------------------------------- pipeline split
+
+def stage_ids(plan: Plan, pp_rank: int) -> list[int]:
+    """Virtual stages held by one pipeline rank, "loop" style (rank i: i, i+pp, ...), the
+    assignment ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble expect."""
+    return [pp_rank + k * plan.parallel.pp for k in range(plan.parallel.vpp)]
+
+
+def build_stage_module(plan: Plan, stage: int, seed: int) -> Transformer:
+    """The full model with every layer outside ``stage`` deleted (torchtitan's
+    ``pipeline_module_split``): names stay those of the full model."""
+    model = build_model(plan.model, seed)
+    sizes = plan.layers_per_stage
+    if len(sizes) == 1:
+        return model
+    start = sum(sizes[:stage])
+    keep = {str(i) for i in range(start, start + sizes[stage])}
+    for name in list(model.layers):
+        if name not in keep:
+            del model.layers[name]
+    if stage != 0:
+        model.embed = None
+    if stage != len(sizes) - 1:
+        model.norm, model.output = None, None
+    return model
+
+
+# --------------------------------------------------------------------------- tensor parallel
+
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron-style TP (Shoeybi et al. 2019) with sequence parallelism (Korthikanti et al.
+    2022): column-parallel QKV / w1 / w3, row-parallel wo / w2; with SP the norms run on
+    sequence shards and the row-parallel outputs are reduce-scattered (torchtitan's plan)."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top: dict = {}
+    if model.embed is not None:
+        top["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if sequence_parallel:
+            top["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+    if model.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+        if sequence_parallel:
+            top["norm"] = SequenceParallel()
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, _block_tp_plan(block, sequence_parallel))
+
+
+def _block_tp_plan(block: nn.Module, sp: bool) -> dict:
+    seq = Shard(1) if sp else Replicate()
+    plan = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=seq)}
+    # one Replicate DTensor input per sub-block, so that Q, K and V (and w1, w3) share it and
+    # its gradient is all-reduced once (Megatron's "f" operator), not once per matrix
+    plan["attention"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+    if sp:
+        plan["attention_norm"] = SequenceParallel()
+        plan["ffn_norm"] = SequenceParallel()
+    experts = getattr(block.feed_forward, "experts", None)
+    if experts is None:
+        plan.update({"feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=seq)})
+        if block.feed_forward.w3 is not None:
+            plan["feed_forward.w3"] = ColwiseParallel()
+        plan["feed_forward"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+        return plan
+    for e, expert in enumerate(experts):  # each expert's MLP is TP-split; the router is replicated
+        plan.update({f"feed_forward.experts.{e}.w1": ColwiseParallel(),
+                     f"feed_forward.experts.{e}.w2": RowwiseParallel(output_layouts=Replicate())})
+        if expert.w3 is not None:
+            plan[f"feed_forward.experts.{e}.w3"] = ColwiseParallel()
+    if sp:
+        plan["feed_forward"] = PrepareModuleInputOutput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+            output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
+    return plan
+
+
+# --------------------------------------------------------------------------- recompute
+
+def apply_ac(model: Transformer, recompute: Recompute) -> None:
+    """Full: checkpoint every block; selective: only the attention core (softmax(QK^T)V),
+    Korthikanti et al. 2022 sec. 4.2."""
+    if recompute == Recompute.FULL:
+        for name, block in list(model.layers.items()):
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+    elif recompute == Recompute.SELECTIVE:
+        for block in model.layers.values():
+            block.attention.core = checkpoint_wrapper(block.attention.core, preserve_rng_state=False)
+
+
+# --------------------------------------------------------------------------- data parallel
+
+def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    """DDP (zero 0/1), FSDP2-based replicate (zero 0 with TP) or FSDP2 fully_shard (zero 2/3)."""
+    par = plan.parallel
+    if par.dp == 1:
+        return model
+    if par.zero >= ZeroStage.GRADIENTS:
+        offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
+        reshard = par.zero == ZeroStage.WEIGHTS
+        for block in model.layers.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload)
+        return fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload)
+    if par.tp > 1:  # DDP cannot hold DTensor parameters; torch's FSDP2-based replicate can
+        return replicate(model, mesh=dp_mesh)
+    ddp = nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        process_group=dp_mesh.get_group(), find_unused_parameters=plan.model.moe)
+    _register_comm_hook(ddp, plan.training.grad_compression, dp_mesh.get_group())
+    return ddp
+
+
+def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
+    if compression == GradCompression.FP16:
+        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif compression == GradCompression.BF16:
+        ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
+    elif compression == GradCompression.POWERSGD:
+        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=POWERSGD_RANK,
+                                            start_powerSGD_iter=POWERSGD_START_ITER)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:  # torch's Python all-reduce hook, so that the measured all-reduces are visible
+        ddp.register_comm_hook(group, default_hooks.allreduce_hook)
+
+
+def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh, lr: float) -> torch.optim.Optimizer:
+    opt = plan.training.optimizer
+    cls, kwargs = {
+        Optimizer.ADAMW: (torch.optim.AdamW, {"betas": ADAM_BETAS, "weight_decay": WEIGHT_DECAY}),
+        Optimizer.ADAM: (torch.optim.Adam, {"betas": ADAM_BETAS}),
+        Optimizer.SGD: (torch.optim.SGD, {}),
+    }[opt]
+    if plan.parallel.zero == ZeroStage.OPTIMIZER_STATES and plan.parallel.dp > 1:
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_mesh.get_group(),
+                                       lr=lr, **kwargs)
+    return cls(params, lr=lr, **kwargs)
+
+
+# --------------------------------------------------------------------------- schedules
+
+_SCHEDULES = {
+    Schedule.GPIPE: "ScheduleGPipe",
+    Schedule.ONE_F_ONE_B: "Schedule1F1B",
+    Schedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
+    Schedule.ZERO_BUBBLE: "ScheduleInterleavedZeroBubble",
+}
+
+
+def build_schedule(stages: list, plan: Plan, loss):
+    """torch.distributed.pipelining's schedule for the plan; ValueError if torch refuses it."""
+    name = _SCHEDULES[plan.parallel.schedule]
+    cls = getattr(pipelining, name)
+    multi = issubclass(cls, pipelining.schedules.PipelineScheduleMulti)
+    try:
+        return cls(stages if multi else stages[0], plan.num_microbatches, loss_fn=loss)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        reason = str(exc).split("\n")[0].strip() or type(exc).__name__
+        raise ValueError(f"parallel.schedule={plan.parallel.schedule.value}: torch's {name} cannot run "
+                         f"{plan.num_microbatches} micro-batches on pp={plan.parallel.pp} x vpp="
+                         f"{plan.parallel.vpp} stages ({reason})") from None
+
+
+# --------------------------------------------------------------------------- the trainer
+
+@dataclass(kw_only=True)
+class Trainer:
+    """This rank's share of the model, its optimizer and its pipeline schedule."""
+
+    plan: Plan
+    mesh: DeviceMesh
+    device: torch.device
+    parts: list[nn.Module]
+    """Model chunks on this rank (one without pipelining, vpp with it)."""
+    optimizer: torch.optim.Optimizer
+    stages: list = field(default_factory=list)
+    schedule: object | None = None
+    scaler: object | None = None
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.mesh.get_local_rank("pp") == self.plan.parallel.pp - 1
+
+    def autocast(self):
+        prec = self.plan.training.precision
+        if prec == Precision.FP32:
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if prec == Precision.BF16 else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor, span=None) -> float | None:
+        """One optimizer step on this rank's (global_batch / dp) sequences; returns the mean
+        loss on last-stage ranks, None elsewhere. ``span(kind, name)`` (optional) returns
+        a context manager that times one piece of compute."""
+        span = span or (lambda kind, name: contextlib.nullcontext())
+        for opt_part in self.parts:
+            opt_part.zero_grad(set_to_none=True)
+        loss = self._pipeline_step(tokens, labels) if self.schedule is not None \
+            else self._accumulate(tokens, labels, span)
+        with span("optimizer", "optimizer"):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        return loss
+
+    def _accumulate(self, tokens, labels, span) -> float:
+        """Gradient accumulation over micro-batches (no pipeline)."""
+        model = self.parts[0]
+        n = self.plan.num_microbatches
+        total = 0.0
+        for mb, (x, y) in enumerate(zip(tokens.chunk(n), labels.chunk(n))):
+            last = mb == n - 1
+            sync = model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) and not last \
+                else contextlib.nullcontext()
+            with sync:
+                with span("forward", f"F{mb}"), self.autocast():
+                    loss = loss_fn(model(x), y) / n
+                with span("backward", f"B{mb}"):
+                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total += loss.item()
+        return total
+
+    def _pipeline_step(self, tokens, labels) -> float | None:
+        losses: list = []
+        first = self.mesh.get_local_rank("pp") == 0
+        with self.autocast():
+            if first:
+                self.schedule.step(tokens, target=labels, losses=losses)
+            else:
+                self.schedule.step(target=labels, losses=losses)
+        if not losses:
+            return None
+        mean = torch.stack([l.detach().float() for l in losses]).mean().item()
+        return mean / self.scaler.get_scale() if self.scaler is not None else mean
+
+
+def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int = 0,
+                  lr: float = LEARNING_RATE) -> Trainer:
+    """Split, parallelise and wrap this rank's part of the model (torchtitan's order)."""
+    check_executable(plan, device.type)
+    par = plan.parallel
+    pp_rank = mesh.get_local_rank("pp")
+    ids = stage_ids(plan, pp_rank) if par.pp > 1 else [0]
+    parts = []
+    for sid in ids:
+        module = build_stage_module(plan, sid, seed).to(device)
+        if par.tp > 1:
+            apply_tp(module, mesh["tp"], par.sequence_parallel)
+        apply_ac(module, plan.training.recompute)
+        parts.append(apply_dp(module, plan, mesh["dp"], device))
+    params = [p for part in parts for p in part.parameters()]
+    optimizer = build_optimizer(params, plan, mesh["dp"], lr)
+    scaler = torch.amp.GradScaler(device.type) if plan.training.precision == Precision.FP16 else None
+    trainer = Trainer(plan=plan, mesh=mesh, device=device, parts=parts, optimizer=optimizer, scaler=scaler)
+    if par.pp > 1:
+        num_stages = par.pp * par.vpp
+        trainer.stages = [pipelining.PipelineStage(part, sid, num_stages, device, group=mesh["pp"].get_group())
+                          for sid, part in zip(ids, parts)]
+        loss = loss_fn if scaler is None else (lambda out, y: scaler.scale(loss_fn(out, y)))
+        trainer.schedule = build_schedule(trainer.stages, plan, loss)
+    return trainer

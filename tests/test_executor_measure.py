@@ -1,0 +1,138 @@
+"""Measurement (executors/measure.py), launch and checkpoint (executors/launch.py,
+executors/checkpoint.py): hand-worked spans and bytes, then the tiny plan end to end."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import torch.testing  # noqa: F401  (imported before ranks fork)
+
+from executors import launch, measure, parallel  # noqa: F401
+from executors.model import build_model
+from simcore.spec import load_plan, plan_from_dict
+from simcore.trace import GIB, Span, split_step
+
+PLAN = "plans/tiny-localhost.yaml"
+
+
+def test_blocking_collectives_are_cut_out_of_compute():
+    rec = measure.Recorder(rank=0)
+    rec.spans = [("compute", "forward", "F0", 0.0, 1.0, 0.0), ("tp", "all_reduce", "ar", 0.2, 0.5, 64.0),
+                 ("dp", "all_reduce", "ar", 0.9, 1.4, 64.0)]
+    rec.blocking = [(0.2, 0.5)]
+    spans = rec.step_spans()
+    assert [(s.stream, s.start_s, s.end_s) for s in spans] == [
+        ("compute", 0.0, 0.2), ("compute", 0.5, 1.0), ("tp", 0.2, 0.5), ("dp", 0.9, 1.4)]
+    # compute 0.7, exposed: the blocking TP 0.3 and the DP tail 0.4; idle 1.4..1.5 is bubble
+    parts = split_step(spans, 0, 0.0, 1.5)
+    assert parts == pytest.approx({"compute_s": 0.7, "exposed_comm_s": 0.7, "offload_s": 0.0, "bubble_s": 0.1})
+
+
+def test_saved_activations_peak_and_release():
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    acts = measure.SavedActivations([w])
+    x = torch.randn(4, 8, requires_grad=True)
+    with acts.hooks():
+        y = torch.exp(x @ w)  # matmul saves x (128 B) and w (a parameter: not counted); exp saves y (128 B)
+        loss = y.sum()
+    assert acts.peak == 2 * 4 * 8 * 4
+    loss.backward()
+    del loss, y
+    assert acts.current == 0
+
+
+def test_state_bytes_of_adamw_are_exact():
+    model = build_model(plan_from_dict({"model": {"name": "m", "layers": 1, "hidden": 8, "heads": 2, "vocab": 16,
+                                                  "seq_len": 4}, "cluster": {"node": "localhost"}, "parallel": {"dp": 1},
+                                        "training": {"global_batch": 1}}).model)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    opt.step()
+    n = sum(p.numel() for p in model.parameters())
+    tensors = len(list(model.parameters()))
+    got = measure.state_bytes([model], opt)
+    # fp32 weights and grads; AdamW keeps exp_avg and exp_avg_sq (fp32) and a 4-byte step per tensor
+    assert got == {"weights": 4 * n, "gradients": 4 * n, "optimizer_states": 8 * n + 4 * tensors}
+
+
+def _record(rank, durations, spans):
+    return {"rank": rank, "losses": [1.0] * len(durations), "device": "cpu", "host": "h",
+            "memory_bytes": {"weights": 100.0 * (rank + 1), "activations": 10.0},
+            "steps": [{"duration_s": d, "spans": s, "counts": {("all_reduce", "dp"): 1}}
+                      for d, s in zip(durations, spans)]}
+
+
+def test_summarise_takes_the_slowest_rank_of_each_measured_step():
+    plan = load_plan(PLAN)
+    f = lambda r, a, b: Span(r, "compute", "forward", "F0", a, b - a)  # noqa: E731
+    r0 = _record(0, [9.0, 1.0, 2.0], [[f(0, 0, 9)], [f(0, 0.0, 1.0)], [f(0, 0.0, 1.0)]])
+    r1 = _record(1, [9.0, 0.5, 4.0], [[f(1, 0, 9)], [f(1, 0.0, 0.5)], [f(1, 0.0, 3.0)]])
+    m = measure.summarise(plan, [r0, r1], warmup=1)
+    assert m.step_time_s == pytest.approx((1.0 + 4.0) / 2)  # warm-up step 0 discarded
+    assert m.compute_s == pytest.approx((1.0 + 3.0) / 2) and m.bubble_s == pytest.approx(0.5)
+    assert m.compute_s + m.exposed_comm_s + m.bubble_s + m.offload_s == pytest.approx(m.step_time_s)
+    assert m.memory_bytes["weights"] == 200.0 and m.memory_per_gpu_gib == pytest.approx(210 / GIB)
+    assert m.extra["calls.all_reduce.dp"] == 2.0  # both ranks, one step
+    assert m.tokens_per_s == pytest.approx(8 * 32 / 2.5)
+
+
+def _sleepy(rank, world, device):
+    if rank == 1:
+        time.sleep(60)
+    return rank
+
+
+def _broken(rank, world, device):
+    if rank == 1:
+        raise RuntimeError("disk on fire")
+    torch.distributed.barrier()  # rank 0 waits for rank 1 forever: the launcher must end it
+
+
+def test_a_hung_or_failed_rank_ends_the_run_with_its_name():
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 did not finish within 3 s"):
+        launch.spawn(_sleepy, 2, timeout_s=3, start_method="fork")
+    with pytest.raises(RuntimeError, match="rank 1 failed: RuntimeError: disk on fire"):
+        launch.spawn(_broken, 2, timeout_s=30, start_method="fork")
+    assert time.monotonic() - t < 20
+
+
+@pytest.mark.slow
+def test_tiny_plan_end_to_end(tmp_path):
+    plan = load_plan(PLAN)
+    trace = tmp_path / "measured.json"
+    m = launch.run(plan, steps=4, warmup=1, trace_path=trace, timeout_s=120, start_method="fork")
+    assert m.source == "measured" and m.step_time_s > 0
+    assert m.compute_s + m.exposed_comm_s + m.bubble_s + m.offload_s == pytest.approx(m.step_time_s, rel=1e-9)
+    assert m.compute_s > 0 and m.bubble_s > 0  # two pipeline stages: stage 1 waits for stage 0
+    # 4 micro-batches per data-parallel rank: each stage sends 4 tensors per step
+    assert m.extra["calls.send.pp"] == 4 * 4 and m.extra["calls.all_reduce.dp"] == 4
+    # pipeline stage 0 holds tok (256x64) + pos (32x64) + 2 blocks of 49280 parameters, fp32
+    assert m.memory_bytes["weights"] == 4 * (256 * 64 + 32 * 64 + 2 * 49280)
+    assert m.memory_bytes["gradients"] == m.memory_bytes["weights"]
+    assert m.memory_bytes["activations"] > 0 and len(m.memory_per_rank_gib) == 4
+    assert {s.rank for s in m.spans} == {0, 1, 2, 3}
+    names = {s.name for s in m.spans if s.rank == 0 and s.stream == "compute"}
+    assert {"0F0", "0F3", "0B0", "0B3", "optimizer"} <= names
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" for e in events) == len(m.spans)
+
+
+@pytest.mark.slow
+def test_resume_continues_the_same_loss_trajectory(tmp_path):
+    doc = {"model": {"name": "r", "layers": 2, "hidden": 32, "heads": 4, "vocab": 64, "seq_len": 16,
+                     "tied_embeddings": False},
+           "cluster": {"node": "localhost", "gpus_per_node": 2}, "training": {"global_batch": 4}}
+    for parallel_ in ({"dp": 2, "zero": 1}, {"dp": 2, "zero": 3}, {"pp": 2}):
+        plan = plan_from_dict({**doc, "parallel": parallel_})
+        whole = launch.launch_ranks(plan, launch.RunOptions(steps=4, warmup=0), "fork")[0]["losses"]
+        ckpt = tmp_path / "-".join(map(str, parallel_.values()))
+        first = launch.launch_ranks(plan, launch.RunOptions(steps=2, warmup=0, checkpoint_dir=str(ckpt)), "fork")
+        second = launch.launch_ranks(plan, launch.RunOptions(steps=2, warmup=0, checkpoint_dir=str(ckpt),
+                                                             resume=True), "fork")
+        assert (ckpt / "latest").read_text().strip() == "step-4"
+        assert [s["step"] for s in second[0]["steps"]] == [2, 3]
+        assert first[0]["losses"] + second[0]["losses"] == pytest.approx(whole, rel=1e-6), parallel_
+        assert whole[3] < whole[0]
