@@ -80,5 +80,109 @@ def memory_section(plan: Plan, report: dict) -> Section:
     return Section("Memory per GPU", text=f"Most loaded GPU: {report['memory_per_gpu_gib']:.1f} GiB of "
                                           f"{report['hbm_bytes'] / 2**30:.0f} GiB; "
                                           f"{'fits' if report['fits'] else 'does NOT fit'}.",
-                   figure=memory_figure(report["ranks"], report["hbm_bytes"], f"{plan.name}: memory per GPU"),
+                   figure=memory_figure(report["ranks"], report["hbm_bytes"], "Memory per GPU by pipeline rank"),
                    name="memory")
+
+
+def _money(x: float) -> str:
+    return f"${x / 1e6:,.2f}M" if x >= 1e6 else f"${x:,.0f}"
+
+
+def biggest_loss(result) -> str:
+    """The largest part of the step that is not compute, in words."""
+    parts = {"exposed communication": result.exposed_comm_s, "pipeline bubble": result.bubble_s,
+             "offload stall": result.offload_s}
+    name, value = max(parts.items(), key=lambda kv: kv[1])
+    return f"{name} {value / result.step_time_s:.0%} of the step" if value > 0 else "none (all compute)"
+
+
+def plan_report(res, cost, prediction, memory: dict, *, cluster_figure=None, tokens: float) -> Report:
+    """The planning report: the recommended layout first, then why, what it costs, and its assumptions.
+
+    ``res`` is a ``simcore.search.SearchResult``; ``cost`` the ``runcost.RunCost`` of the best
+    plan; ``prediction`` its event-engine StepResult (with spans); ``memory`` its memory_report."""
+    from reports.planning_plots import breakdown_bars, pareto_figure
+    from reports.plots import gantt_figure
+
+    best = res.best
+    p = prediction
+    summary = (("recommended layout", res.table.iloc[0]["layout"]),
+               ("time to train", f"{cost.days:,.1f} days"),
+               ("cost (on-demand)", _money(cost.on_demand.usd)),
+               ("MFU", f"{p.mfu:.1%}"),
+               ("step time", f"{p.step_time_s:.2f} s"),
+               ("biggest loss", biggest_loss(p)))
+    cols = [c for c in ("rank", "layout", "step_time_s", "engine_step_time_s", "mfu", "memory_per_gpu_gib",
+                        "days", "usd") if c in res.table]
+    sections = [
+        Section("Why this layout", text="\n\n".join(res.explanations)),
+        Section("Top layouts", table=res.table[cols].head(15)),
+        Section("Where the step time goes", figure=breakdown_bars(res.table), name="breakdown",
+                caption="compute, exposed communication, pipeline bubble and offload stall of the top layouts"),
+        Section("Cost against time", figure=pareto_figure(res.table), name="pareto",
+                caption="every layout that fits; the Pareto front joined"),
+        memory_section(best, memory),
+        Section("One step of the recommended plan", figure=gantt_figure(p.spans, f"{best.name}: predicted step"),
+                name="gantt", caption="event-engine timeline: one lane per rank and stream (representative ranks)"),
+        Section("The run", text="\n".join(_cost_lines(cost, tokens))),
+    ]
+    if cluster_figure is not None:
+        sections.append(Section("The cluster", figure=cluster_figure, name="cluster"))
+    assumptions = hardware_assumptions(best) + _price_assumptions(best, cost)
+    return Report(title=f"Training plan: {best.model.name} on {best.cluster.nodes} x {best.cluster.node.name}",
+                  subtitle=f"{tokens:.3g} tokens, global batch {best.training.global_batch} x "
+                           f"{best.model.seq_len} tokens, searched {len(res.table)} layouts that fit",
+                  summary=summary, sections=tuple(sections), assumptions=tuple(assumptions),
+                  notes=(("storage, not the GPUs, bounds the step: reading the training data needs "
+                          f"{cost.data['needed_bytes_per_s'] / 1e9:.1f} GB/s",) if cost.data.get("storage_bound") else ()))
+
+
+def _cost_lines(cost, tokens: float) -> list[str]:
+    od, rs, sp = cost.on_demand, cost.reserved, cost.spot
+    return [
+        f"{tokens:.3g} tokens = {cost.steps:,} steps of {cost.step_time_s:.2f} s on {cost.gpus} GPUs.",
+        f"On-demand: {od.wall_s / 86400:,.1f} days, {od.gpu_hours:,.0f} GPU-hours, {_money(od.usd)} "
+        f"(goodput {od.goodput:.1%}, {od.expected_interruptions:.1f} interruptions expected).",
+        f"Reserved: {_money(rs.usd)}. Spot: {_money(sp.usd)} over {sp.wall_s / 86400:,.1f} days "
+        f"with preemptions.",
+        f"Energy: {cost.energy_kwh:,.0f} kWh, {_money(cost.energy_usd)}.",
+        f"Checkpoints: {cost.checkpoint.size_bytes / 1e9:,.0f} GB each, every "
+        f"{cost.checkpoint.interval_s / 60:,.0f} min.",
+    ]
+
+
+def _price_assumptions(plan: Plan, cost) -> list[tuple[str, str]]:
+    prices = load_catalog().prices
+    gp = prices.gpus.get(plan.cluster.node.gpu.name)
+    out = []
+    if gp:
+        out.append((f"{plan.cluster.node.gpu.name}: ${gp.on_demand_usd:.2f} on-demand, ${gp.reserved_usd:.2f} "
+                    f"reserved, ${gp.spot_usd:.2f} spot per GPU-hour", gp.source))
+    out.append((f"energy ${prices.usd_per_kwh:.3f}/kWh, PUE {prices.pue}", prices.energy_source))
+    out.append((f"{prices.interruptions_per_gpu_hour:.3g} interruptions per GPU-hour, restart "
+                f"{prices.restart_s / 60:.0f} min", prices.failures_source))
+    return out + [(n, "trainplan run cost model") for n in cost.notes]
+
+
+def whatif_report(res) -> Report:
+    """The procurement report of a what-if sweep (``simcore.whatif.WhatIfResult``)."""
+    ok = res.table[res.table["fits"]]
+    summary = []
+    if len(ok):
+        fastest = ok.loc[ok["days"].idxmin()]
+        cheapest = ok.loc[ok["usd"].idxmin()]
+        axes = list(res.sweep.grid)
+        label = lambda row: ", ".join(f"{a}={row[a]}" for a in axes)  # noqa: E731
+        summary = [("cells", f"{len(ok)} of {len(res.table)} fit"),
+                   ("fastest", f"{label(fastest)}: {fastest['days']:,.0f} days"),
+                   ("cheapest", f"{label(cheapest)}: {_money(cheapest['usd'])}")]
+    figs = res.figures()
+    sections = [Section(name.replace("_", " "), figure=fig, name=name) for name, fig in figs.items()]
+    cols = [c for c in (*res.sweep.grid, "layout", "step_time_s", "mfu", "days", "usd", "usd_spot",
+                        "energy_kwh", "goodput") if c in res.table]
+    sections.append(Section("Every cell", table=res.table[cols]))
+    return Report(title=f"What-if: {res.sweep.name}",
+                  subtitle=f"{res.sweep.model.get('name', 'model')}, {res.sweep.tokens:.3g} tokens, global batch "
+                           f"{res.sweep.global_batch}; best layout per cell by {res.sweep.objective}",
+                  summary=tuple(summary), sections=tuple(sections),
+                  assumptions=tuple((a, "") for a in res.assumptions))

@@ -103,7 +103,8 @@ def to_html(report: Report, pngs: dict[str, bytes]) -> str:
                          + "</div>")
     if report.assumptions:
         parts.append("<h2>Assumptions and sources</h2><ul class='assumptions'>")
-        parts.extend(f"<li>{html.escape(a)} <em>({html.escape(s)})</em></li>" for a, s in report.assumptions)
+        parts.extend(f"<li>{html.escape(a)}" + (f" <em>({html.escape(s)})</em>" if s else "") + "</li>"
+                     for a, s in report.assumptions)
         parts.append("</ul>")
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -125,7 +126,7 @@ def to_markdown(report: Report) -> str:
             lines += [_fmt_table(sec.table).to_markdown(index=False) if _has_tabulate()
                       else "```\n" + sec.table.to_string(index=False) + "\n```", ""]
     if report.assumptions:
-        lines += ["## Assumptions and sources", ""] + [f"- {a} ({s})" for a, s in report.assumptions] + [""]
+        lines += ["## Assumptions and sources", ""] + [f"- {a} ({s})" if s else f"- {a}" for a, s in report.assumptions] + [""]
     return "\n".join(lines)
 
 

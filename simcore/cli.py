@@ -327,6 +327,37 @@ def cmd_whatif(args) -> None:
         print(f"\nreport written to {args.report}")
 
 
+def cmd_report(args) -> None:
+    from reports.jobs import open_hint, plan_job, validate_job, whatif_job
+
+    progress = sys.stderr.isatty()
+    if args.kind == "plan":
+        if not (args.model and args.cluster and args.tokens):
+            raise UsageError("report plan needs --model, --cluster and --tokens")
+        html = plan_job(model=args.model, cluster=args.cluster, nodes=args.nodes, global_batch=args.global_batch,
+                        seq_len=args.seq_len, tokens=args.tokens, out=args.out, top_k=args.top_k, jobs=args.jobs,
+                        progress=progress)
+    elif args.kind == "whatif":
+        if not args.sweep:
+            raise UsageError("report whatif needs a SWEEP file")
+        html = whatif_job(args.sweep, args.out, progress=progress)
+    else:
+        if not args.matrix:
+            raise UsageError("report validate needs --matrix FILE")
+        html = validate_job(args.matrix, args.out, steps=args.steps, warmup=args.warmup, only=args.only,
+                            progress=progress)
+    print(f"wrote {html} and {html.parent / 'report.md'}; open {open_hint(html)}")
+
+
+def cmd_demo(args) -> None:
+    from reports.jobs import demo, open_hint
+
+    reports = demo(args.out)
+    print("\nreports:")
+    for name, html in reports.items():
+        print(f"  {name:>9}: {open_hint(html)}")
+
+
 def cmd_calibrate(args) -> None:
     from executors.calibrate import calibrate
     from topologies.hardware import default_profile_path
@@ -444,6 +475,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", type=Path, metavar="DIR")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_whatif)
+
+    p = sub.add_parser("report", help="write an HTML + Markdown report: plan, whatif or validate")
+    p.add_argument("kind", choices=["plan", "whatif", "validate"])
+    p.add_argument("sweep", type=Path, nargs="?", help="the sweep file (report whatif)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR")
+    p.add_argument("--model")
+    p.add_argument("--cluster", metavar="NODE")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--global-batch", type=int, default=1024)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--tokens", type=float)
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--matrix", type=Path)
+    p.add_argument("--only", action="append", metavar="LAYOUT")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("demo", help="the main job: plan, price, what-if and validate on an embedded default")
+    p.add_argument("--out", type=Path, default=Path("out/demo"))
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="run a Plan for real with torch.distributed and measure it")
     p.add_argument("plan", type=Path)
