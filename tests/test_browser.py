@@ -62,3 +62,17 @@ def test_the_harness_sees_a_broken_image(tmp_path):
     page.mkdir()
     (page / "index.html").write_text("<html><body><h2>x</h2><img src='data:image/png;base64,AAAA'></body></html>")
     assert browser_check(page, tmp_path / "chromium") == {"images": 1, "broken": 1, "h2": 1}
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
+def test_whatif_report_in_chromium(tmp_path):
+    from reports.build import whatif_report
+    from simcore.whatif import run_whatif, sweep_from_dict
+
+    sweep = sweep_from_dict({"name": "t", "model": "gpt-1.7b", "cluster": {"node": "dgx-h100", "nodes": 1},
+                             "global_batch": 64, "tokens": 1e10, "grid": {"gpu": ["a100-80gb", "h200"], "nodes": [1, 2]},
+                             "space": {"tp": [1], "pp": [1], "cp": [1], "zero": [1], "micro_batch": [2]},
+                             "failures": False})
+    render(whatif_report(run_whatif(sweep, progress=False)), tmp_path / "report")
+    seen = browser_check(tmp_path / "report", tmp_path / "chromium")
+    assert seen["images"] == 3 and seen["broken"] == 0 and seen["h2"] >= 4  # 3 figures + the cell table

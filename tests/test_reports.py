@@ -100,3 +100,70 @@ def test_matrix_file_errors(tmp_path):
     good.write_text("base: {training: {global_batch: 8}}\nlayouts:\n  a: {parallel: {dp: 2}}\n")
     (name, doc), = load_matrix(good)
     assert name == "a" and doc["parallel"] == {"dp": 2} and doc["training"]["global_batch"] == 8
+
+
+# ---------------------------------------------------------------- plan and what-if reports
+
+@pytest.fixture(scope="module")
+def small_plan_report(tmp_path_factory):
+    from reports.build import plan_report
+    from simcore.runcost import run_cost
+    from simcore.search import SearchSpace, search
+    from simcore.simulate import memory_report, simulate
+    from simcore.spec import Recompute, Schedule, ZeroStage
+
+    space = SearchSpace(tp=(1, 2), pp=(1, 2), cp=(1,), zero=(ZeroStage.OPTIMIZER_STATES,), micro_batch=(1, 2),
+                        schedule=(Schedule.ONE_F_ONE_B,), recompute=(Recompute.NONE, Recompute.FULL))
+    res = search({"name": "gpt-1.7b"}, {"node": "dgx-h100", "nodes": 1}, 32, top_k=1, tokens=1e10,
+                 progress=False, space=space)
+    pred = simulate(res.best, engine="des")
+    cost = run_cost(res.best, pred, 1e10, monte_carlo=0)
+    report = plan_report(res, cost, pred, memory_report(res.best), tokens=1e10)
+    out = tmp_path_factory.mktemp("plan")
+    return res, report, render(report, out)
+
+
+def test_plan_report_answers_first(small_plan_report):
+    res, report, _ = small_plan_report
+    summary = dict(report.summary)
+    assert summary["recommended layout"] == res.table.iloc[0]["layout"]
+    assert summary["time to train"].endswith("days") and summary["cost (on-demand)"].startswith("$")
+    top = next(s for s in report.sections if s.heading == "Top layouts")
+    assert list(top.table["layout"]) == list(res.table["layout"].head(15))
+    headings = [s.heading for s in report.sections]
+    assert {"Where the step time goes", "Cost against time", "Memory per GPU",
+            "One step of the recommended plan"} <= set(headings)
+
+
+def test_plan_report_breakdown_has_one_bar_per_layout(small_plan_report):
+    res, report, _ = small_plan_report
+    fig = next(s.figure for s in report.sections if s.name == "breakdown")
+    bars = [p for p in fig.axes[0].patches if p.get_width() > 0]
+    assert len({round(p.get_y(), 3) for p in bars}) == min(10, len(res.table))
+
+
+def test_plan_report_html_is_self_contained(small_plan_report):
+    _, report, html_path = small_plan_report
+    html = html_path.read_text()
+    assert html.count("<img") == sum(s.figure is not None for s in report.sections)
+    assert not re.search(r"(src|href)=['\"]?(https?:|//)", html)
+    assert (html_path.parent / "report.md").exists()
+
+
+def test_whatif_report_has_heat_maps_and_every_cell(tmp_path):
+    from reports.build import whatif_report
+    from simcore.whatif import run_whatif, sweep_from_dict
+
+    sweep = sweep_from_dict({"name": "t", "model": "gpt-1.7b", "cluster": {"node": "dgx-h100", "nodes": 1},
+                             "global_batch": 64, "tokens": 1e10,
+                             "grid": {"gpu": ["a100-80gb", "h100-sxm"], "nodes": [1, 2]},
+                             "space": {"tp": [1, 2], "pp": [1], "cp": [1], "zero": [1], "micro_batch": [2]},
+                             "failures": False})
+    res = run_whatif(sweep, progress=False)
+    report = whatif_report(res)
+    assert {s.name for s in report.sections if s.figure is not None} >= {"heatmap_days", "heatmap_usd", "pareto"}
+    cells = next(s.table for s in report.sections if s.heading == "Every cell")
+    assert len(cells) == 4 and set(cells["gpu"]) == {"a100-80gb", "h100-sxm"}
+    assert dict(report.summary)["cells"] == "4 of 4 fit"
+    html = render(report, tmp_path).read_text()
+    assert html.count("<img") == 3
