@@ -40,11 +40,14 @@ from pathlib import Path
 
 import pandas as pd
 
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simcore.simulate import simulate  # noqa: E402
 from simcore.spec import PlanError, plan_from_dict  # noqa: E402
+from simcore.trace import atomic_write_text  # noqa: E402
+from simcore.uncertainty import hardware_kind, layout_class, load_residuals, merge_residuals, residual_table  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402
 
 NODE_OF_GPU = {"a100-80gb": "dgx-a100-80gb", "a100-40gb": "dgx-a100-40gb", "a100": "dgx-a100-80gb",
@@ -152,7 +155,9 @@ def validate(path: Path, catalog) -> pd.DataFrame:
     for i, row in df.iterrows():
         pred, doc, fits = predict_row(row, catalog)
         meas = measured_step_s(row)
+        plan = plan_from_dict(doc)
         rows.append({"file": path.name, "row": i, "source": row.source, "model": row.model,
+                     "kind": hardware_kind(plan.cluster.node), "class": layout_class(plan.parallel),
                      "gpus": int(row.num_gpus), "tp": int(row.tp), "pp": int(row.pp), "dp": int(row.dp),
                      "mb": doc["training"]["micro_batch"], "vpp": doc["parallel"].get("vpp", 1),
                      "measured_s": meas, "predicted_s": pred, "error": (pred - meas) / meas, "fits": fits})
@@ -163,6 +168,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--validation", type=Path, default=DEFAULT_VALIDATION)
     ap.add_argument("--quiet", action="store_true", help="print only the summary")
+    ap.add_argument("--write-residuals", action="store_true",
+                    help="store ln(measured/predicted) per GPU kind and layout class in validation/residuals.yaml "
+                         "(the prediction intervals of `trainplan simulate` come from them)")
     args = ap.parse_args(argv)
     catalog = load_catalog()
     t0 = time.perf_counter()
@@ -187,7 +195,36 @@ def main(argv=None) -> int:
     dest = ROOT / "bench" / "out" / "validate_published.csv"
     dest.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(dest, index=False)
+    if args.write_residuals:
+        write_residuals(out)
     return 0
+
+
+def write_residuals(out: pd.DataFrame) -> None:
+    """Merge this run's residuals, one table per GPU kind, into validation/residuals.yaml."""
+    import datetime
+    import subprocess
+
+    import yaml
+
+    path = ROOT / "validation" / "residuals.yaml"
+    doc = {"kinds": load_residuals(path)}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    for kind, rows in out.groupby("kind"):
+        table = residual_table([{"class": r["class"], "pred_step_time_s": r["predicted_s"],
+                                 "meas_step_time_s": r["measured_s"]} for r in rows.to_dict("records")],
+                               ("step_time_s",))
+        sources = ", ".join(f"{src} ({n})" for src, n in rows.groupby("source").size().items())
+        doc = merge_residuals(doc, kind, table, {
+            "set": f"published runs: {sources}", "when": datetime.date.today().isoformat(),
+            "how": f"bench/validate_published.py: analytic prediction from catalog figures against the "
+                   f"published step time (commit {commit})", "residual": "ln(measured / predicted)"})
+    header = ("# Residuals ln(measured/predicted) per hardware kind and layout class, written by the benches\n"
+              "# (bench/validate_local.py, bench/validate_published.py --write-residuals);\n"
+              "# simcore/uncertainty.py turns them into prediction intervals.\n")
+    atomic_write_text(path, header + yaml.safe_dump(doc, sort_keys=False))
+    print(f"residuals written to {path}")
 
 
 if __name__ == "__main__":

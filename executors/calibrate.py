@@ -4,44 +4,67 @@ The profile has the catalog's shapes so the simulator needs no special case for 
 a ``device`` section in the schema of ``topologies/catalog/gpus.yaml`` (the measured
 peak stands in for the datasheet peak), an ``efficiency`` section in the schema of
 ``efficiency.yaml`` (matmul efficiency curve over GEMM size, memory-bound efficiency,
-kernel overhead, collective alpha-beta), and the raw measurements they were fitted from.
+kernel and host overhead, collective alpha-beta), and the raw measurements they were
+fitted from.
 
 What is measured, on the backend a run will use (gloo on CPU, nccl on GPU):
 - matmul throughput over a grid of GEMM shapes and precisions (one thread per rank on
   CPU, as the executor runs);
 - memory-bound bandwidth (a large tensor copy) and the fixed cost of a tiny kernel;
+- the host (framework) cost of eager PyTorch per modelled kernel: one tiny transformer
+  layer (``executors.model.Block``) forward and backward, whose device time is
+  negligible, divided by the kernels ``simcore.workload`` counts for it
+  (``simcore.compute.phase_s`` uses the figure as the floor of a phase);
+- the optimizer step (``torch.optim.AdamW`` as the executor builds it) over two model
+  sizes: a cost per parameter tensor and a bandwidth;
 - all-reduce, all-gather, reduce-scatter, broadcast, all-to-all and send/recv latency
-  and bandwidth over message sizes, for group sizes 2 and 4, fitted as t = a + n/b
-  (Hockney's alpha-beta model) on the bytes each rank puts on the wire;
-- on CPU, matmul throughput per rank when 1, 2, 4 ranks run at once (oversubscription);
+  and bandwidth over message sizes, for group sizes 2 and 4 (one launch: the world and
+  a sub-group), fitted as t = a + n/b (Hockney's alpha-beta model) on the bytes each
+  rank puts on the wire; send/recv is a ping-pong, half a round trip (the p2p latency);
+- on CPU, throughput per rank when 1, 2, 4 ranks run at once (oversubscription), both
+  for a GEMM and for the overhead-bound tiny layer, ranks started together on a barrier;
 - on GPU, host-device copy bandwidth (pinned memory).
 
 Timing follows nanoGPT's bench.py: warm-up discarded, synchronise only at the edges.
+``refit_profile`` refits the profile from a measured run (``trainplan calibrate
+--from-run``): the compute and communication figures are scaled by the ratio of measured
+to predicted phase times, so the next prediction on this machine starts from what was seen.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
+import multiprocessing
 import os
 import platform
 import socket
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import yaml
 
 from simcore.trace import atomic_write_text
 
 GIB = 1024**3
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
-COLLECTIVE_BYTES = (4 * 1024, 64 * 1024, 1024**2, 8 * 1024**2)
+#: Largest square GEMM timed at 16-bit on a CPU (bf16 GEMMs run ~30x slower there).
+CPU_HALF_MAX_SIZE = 512
+COLLECTIVE_BYTES = (4 * 1024, 64 * 1024, 1024**2, 4 * 1024**2)
 GROUP_SIZES = (2, 4)
+OVERSUB_RANKS = (1, 2, 4)
+#: Seconds every oversubscription worker runs each probe for, all ranks at once.
+OVERSUB_WINDOW_S = 0.25
+#: Interleaved rounds of the oversubscription probe (median kept).
+OVERSUB_CYCLES = 3
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: The probe layer of the host-overhead benchmark: small enough that its device time is
+#: negligible next to eager PyTorch's per-op cost (a modelling choice, not hardware).
+PROBE_LAYER = dict(name="probe", layers=1, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=256,
+                   seq_len=32, tied_embeddings=False)
 #: Fraction of a collective's buffer each rank sends, per algorithm, for the ring algorithms
 #: gloo and NCCL use (Thakur et al. 2005; NCCL's bus-bandwidth convention in nccl-tests PERFORMANCE.md).
 WIRE_FACTOR = {
@@ -64,7 +87,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_op(fn, device: torch.device, min_time_s: float = 0.05, warmup: int = 2) -> float:
+def time_op(fn, device: torch.device, min_time_s: float = 0.03, warmup: int = 2) -> float:
     """Seconds per call of ``fn``: warm-up discarded, repeated until ``min_time_s`` elapsed."""
     for _ in range(warmup):
         fn()
@@ -79,31 +102,37 @@ def time_op(fn, device: torch.device, min_time_s: float = 0.05, warmup: int = 2)
     return (time.perf_counter() - start) / reps
 
 
+def matmul_shapes(precision: str, device: torch.device, sizes=MATMUL_SIZES) -> list[tuple[int, int, int]]:
+    """Square and transformer-shaped (tokens x h x 4h) GEMMs; 16-bit on a CPU stops early."""
+    if device.type == "cpu" and precision != "fp32":
+        sizes = tuple(s for s in sizes if s <= CPU_HALF_MAX_SIZE)
+    return [(s, s, s) for s in sizes] + [(s, s // 2 or 1, 2 * s) for s in sizes[1:]]
+
+
 def bench_matmul(device: torch.device, precisions, sizes=MATMUL_SIZES, progress=None) -> list[dict]:
-    """Achieved FLOP/s for square and transformer-shaped (tokens x h x 4h) GEMMs."""
+    """Achieved FLOP/s for every shape of ``matmul_shapes``."""
     rows = []
-    shapes = [(s, s, s) for s in sizes] + [(s, s // 2 or 1, 2 * s) for s in sizes[1:]]
     for precision in precisions:
         dtype = PRECISION_DTYPES[precision]
-        for m, k, n in shapes:
+        for m, k, n in matmul_shapes(precision, device, sizes):
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
             t = time_op(lambda: a @ b, device)
             rows.append({"precision": precision, "m": m, "k": k, "n": n, "flops": 2.0 * m * n * k,
                          "seconds": t, "flops_per_s": 2.0 * m * n * k / t})
-            if progress:
-                progress.update(1)
+        if progress:
+            progress.update(1)
     return rows
 
 
 def bench_memory(device: torch.device) -> dict:
     """Streaming bandwidth (copy: read + write) and the fixed cost of a tiny kernel."""
-    n = 64 * 1024**2 // 4
+    n = 32 * 1024**2 // 4
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    copy_s = time_op(lambda: dst.copy_(src), device, min_time_s=0.1)
+    copy_s = time_op(lambda: dst.copy_(src), device, min_time_s=0.05)
     tiny = torch.ones(1, device=device)
-    tiny_s = time_op(lambda: tiny.add_(1.0), device, min_time_s=0.05)
+    tiny_s = time_op(lambda: tiny.add_(1.0), device, min_time_s=0.02)
     return {"copy_bytes_per_s": 2 * n * 4 / copy_s, "kernel_overhead_s": tiny_s}
 
 
@@ -116,118 +145,219 @@ def bench_host_device(device: torch.device) -> float | None:
     return host.numel() / time_op(lambda: dev.copy_(host, non_blocking=True), device, min_time_s=0.2)
 
 
-def _collective_fns(op: str, nbytes: int, rank: int, world: int, device):
+# --------------------------------------------------------------------------- host overhead, optimizer
+
+def probe_spec(**over):
+    from simcore.spec import ModelSpec
+
+    return ModelSpec(**{**PROBE_LAYER, **over})
+
+
+def probe_kernels(spec) -> tuple[int, int]:
+    """(forward, backward) kernels ``simcore.compute.ops_time_s`` counts for one layer."""
+    from simcore import workload as wl
+
+    ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len)
+    fwd = sum(op.kernels for op in ops)
+    bwd = sum(op.kernels * (2 if op.matmul and not op.batched and op.name != "flash_attention" else 1)
+              for op in ops)
+    return fwd, bwd
+
+
+def _layer_step(spec, device: torch.device):
+    """A closure running one forward and backward of the probe layer; returns (fwd_s, bwd_s)."""
+    from executors.model import Block
+
+    block = Block(spec).to(device)
+    x = torch.randn(1, spec.seq_len, spec.hidden, device=device, requires_grad=True)  # (B, T, H)
+
+    def step() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        y = block(x)
+        _sync(device)
+        t1 = time.perf_counter()
+        y.sum().backward()
+        _sync(device)
+        return t1 - t0, time.perf_counter() - t1
+    return step
+
+
+def bench_host_overhead(device: torch.device, reps: int = 40, warmup: int = 8) -> dict:
+    """Eager host cost per modelled kernel: the probe layer's median forward and backward
+    over the kernels the workload model counts for them."""
+    spec = probe_spec()
+    step = _layer_step(spec, device)
+    times = [step() for _ in range(reps + warmup)][warmup:]
+    fwd_s = statistics.median(t[0] for t in times)
+    bwd_s = statistics.median(t[1] for t in times)
+    kf, kb = probe_kernels(spec)
+    return {"forward_s": fwd_s, "backward_s": bwd_s, "forward_kernels": kf, "backward_kernels": kb,
+            "per_kernel_s": (fwd_s + bwd_s) / (kf + kb)}
+
+
+def bench_optimizer(device: torch.device, reps: int = 15) -> dict:
+    """AdamW step time over two parameter sets, fitted as t = tensors * a + bytes / bw."""
+    from executors.parallel import ADAM_BETAS, WEIGHT_DECAY
+
+    rows = []
+    for tensors, numel in ((8, 1024), (8, 256 * 1024), (64, 1024)):
+        params = [torch.nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-3, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY)
+        t = time_op(opt.step, device, min_time_s=0.02, warmup=2) if reps else 0.0
+        rows.append({"tensors": tensors, "bytes": tensors * numel * 4.0, "seconds": t})
+    small, big, many = rows
+    per_tensor = max(0.0, (many["seconds"] - small["seconds"]) / (many["tensors"] - small["tensors"]))
+    per_byte = max(1e-15, (big["seconds"] - small["seconds"]) / (big["bytes"] - small["bytes"]))
+    return {"rows": rows, "per_tensor_s": per_tensor, "param_bytes_per_s": 1.0 / per_byte}
+
+
+# --------------------------------------------------------------------------- collectives
+
+def _collective_fn(op: str, nbytes: int, rank: int, world: int, device, group=None):
     numel = max(world, nbytes // 4 // world * world)
     x = torch.ones(numel, device=device)
     if op == "all_reduce":
-        return lambda: dist.all_reduce(x)
+        return lambda: dist.all_reduce(x, group=group)
     if op == "all_gather":
         out = torch.empty(numel * world, device=device)
-        return lambda: _ALL_GATHER(out, x)
+        return lambda: _ALL_GATHER(out, x, group=group)
     if op == "reduce_scatter":
         out = torch.empty(numel // world, device=device)
-        return lambda: _REDUCE_SCATTER(out, x)
+        return lambda: _REDUCE_SCATTER(out, x, group=group)
     if op == "all_to_all":
         out = torch.empty_like(x)
-        return lambda: dist.all_to_all_single(out, x)
+        return lambda: dist.all_to_all_single(out, x, group=group)
     if op == "broadcast":
-        return lambda: dist.broadcast(x, src=0)
-    if op == "send_recv":  # pairs (0,1), (2,3): one direction at a time, as a pipeline does
+        return lambda: dist.broadcast(x, group_src=0, group=group)
+    if op == "send_recv":  # ping-pong in pairs (0,1), (2,3): the time is half a round trip
         peer = rank ^ 1
-        if peer >= world:
-            return lambda: None
-        return (lambda: dist.send(x, peer)) if rank % 2 == 0 else (lambda: dist.recv(x, peer))
+        if rank % 2 == 0:
+            return lambda: (dist.send(x, group_dst=peer, group=group), dist.recv(x, group_src=peer, group=group))
+        return lambda: (dist.recv(x, group_src=peer, group=group), dist.send(x, group_dst=peer, group=group))
     raise ValueError(op)
 
 
-def _collective_worker(rank: int, world: int, port: int, backend: str, out_path: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=_dt.timedelta(seconds=120))
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    rows = []
-    try:
-        for op in WIRE_FACTOR:
-            for nbytes in COLLECTIVE_BYTES:
-                rows.append({"op": op, "ranks": world, "bytes": nbytes,
-                             "seconds": _time_collective(_collective_fns(op, nbytes, rank, world, device), device)})
-        if rank == 0:
-            atomic_write_text(out_path, yaml.safe_dump(rows))
-    finally:
-        dist.destroy_process_group()
-
-
-def _time_collective(fn, device, min_time_s: float = 0.02, max_reps: int = 20) -> float:
+def _time_collective(fn, device, group, halve: bool, min_time_s: float = 0.015, max_reps: int = 12) -> float:
     """Seconds per call; every rank runs the same number of calls (agreed from a probe call)."""
     fn()  # warm-up
-    dist.barrier()
+    dist.barrier(group=group)
     start = time.perf_counter()
     fn()
     _sync(device)
     probe = torch.tensor([time.perf_counter() - start])
-    dist.all_reduce(probe, op=dist.ReduceOp.MAX)
+    dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group)
     reps = int(min(max_reps, max(2, min_time_s / max(float(probe), 1e-9))))
-    dist.barrier()
+    dist.barrier(group=group)
     start = time.perf_counter()
     for _ in range(reps):
         fn()
     _sync(device)
     elapsed = torch.tensor([(time.perf_counter() - start) / reps])
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the collective's time
-    return float(elapsed)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank sets the collective's time
+    return float(elapsed) / (2.0 if halve else 1.0)
 
 
-def _matmul_worker(rank: int, size: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    t = time_op(lambda: a @ b, torch.device("cpu"), min_time_s=0.2)
-    Path(out_dir, f"{rank}.txt").write_text(str(2.0 * size**3 / t))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def bench_collectives(backend: str, group_sizes=GROUP_SIZES) -> list[dict]:
+def _collective_rank(rank: int, world: int, device, sizes: tuple[int, ...], nbytes_list: tuple[int, ...]) -> list[dict]:
+    """Every op and size on groups of each size in ``sizes`` (ranks 0..n-1; the others wait)."""
     rows = []
-    for world in group_sizes:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "rows.yaml")
-            mp.start_processes(_collective_worker, args=(world, free_port(), backend, out), nprocs=world,
-                               join=True, start_method="spawn")
-            rows += yaml.safe_load(Path(out).read_text())
+    for n in sizes:
+        group = None if n == world else dist.new_group(list(range(n)))
+        if rank < n:
+            for op in WIRE_FACTOR:
+                for nbytes in nbytes_list:
+                    fn = _collective_fn(op, nbytes, rank, n, device, group)
+                    rows.append({"op": op, "ranks": n, "bytes": nbytes,
+                                 "seconds": _time_collective(fn, device, group, halve=op == "send_recv")})
+        dist.barrier()
     return rows
 
 
-def bench_oversubscription(ranks=(1, 2, 4), size: int = 512) -> dict[int, float]:
-    """Matmul FLOP/s per rank when ``n`` single-threaded ranks run at once (CPU hosts)."""
-    out = {}
-    for n in ranks:
-        with tempfile.TemporaryDirectory() as tmp:
-            mp.start_processes(_matmul_worker, args=(size, tmp), nprocs=n, join=True, start_method="spawn")
-            rates = [float(Path(tmp, f"{r}.txt").read_text()) for r in range(n)]
-        out[n] = statistics.mean(rates)
-    return out
+def bench_collectives(backend: str, group_sizes=GROUP_SIZES, nbytes_list=COLLECTIVE_BYTES) -> list[dict]:
+    """One launch of max(group_sizes) ranks (fork on CPU); rank 0's rows."""
+    from executors.launch import spawn
+
+    method = "fork" if backend == "gloo" else "spawn"
+    world = max(group_sizes)
+    out = spawn(_collective_rank, world, (tuple(sorted(group_sizes)), tuple(nbytes_list)), timeout_s=120,
+                start_method=method)
+    return out[0]
+
+
+# --------------------------------------------------------------------------- oversubscription
+
+def _oversub_worker(barrier, queue, rank: int, size: int, window_s: float) -> None:
+    torch.set_num_threads(1)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    layer = _layer_step(probe_spec(), torch.device("cpu"))
+    a @ b
+    layer()
+    rates = {}
+    for name, fn, work in (("matmul", lambda: a @ b, 2.0 * size**3), ("layer", layer, 1.0)):
+        barrier.wait()
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < window_s:
+            fn()
+            reps += 1
+        rates[name] = reps * work / (time.perf_counter() - start)
+    queue.put((rank, rates))
+
+
+def bench_oversubscription(ranks=OVERSUB_RANKS, size: int = 256, window_s: float = OVERSUB_WINDOW_S,
+                           cycles: int = OVERSUB_CYCLES) -> dict:
+    """Per-rank GEMM FLOP/s and probe-layer steps/s when ``n`` single-threaded ranks run
+    at once (CPU hosts); the ranks are forked and start each probe on a barrier. The rank
+    counts are interleaved over ``cycles`` rounds and the median kept, so that load from
+    other processes that comes and goes biases every count alike."""
+    ctx = multiprocessing.get_context("fork")
+    samples: dict = {"matmul": {n: [] for n in ranks}, "layer": {n: [] for n in ranks}}
+    for _ in range(cycles):
+        for n in ranks:
+            barrier, queue = ctx.Barrier(n), ctx.Queue()
+            procs = [ctx.Process(target=_oversub_worker, args=(barrier, queue, r, size, window_s)) for r in range(n)]
+            for p in procs:
+                p.start()
+            results = [queue.get(timeout=60) for _ in procs]
+            for p in procs:
+                p.join()
+            for kind in samples:
+                samples[kind][n].append(statistics.mean(r[kind] for _, r in results))
+    return {kind: {n: statistics.median(v) for n, v in by_n.items()} for kind, by_n in samples.items()}
 
 
 # --------------------------------------------------------------------------- fitting
 
 def fit_alpha_beta(rows: list[dict]) -> dict:
-    """Least-squares t = alpha + wire_bytes / beta per (op, ranks); alpha >= 0."""
+    """Least-squares t = alpha + wire_bytes / beta per (op, ranks), alpha >= 0, weighted by
+    1/t^2 (relative residuals): the sizes span three decades, and an unweighted fit would
+    let the largest message's noise set the latency."""
     fits: dict = {}
     for key in sorted({(r["op"], r["ranks"]) for r in rows}):
         op, n = key
         pts = [(WIRE_FACTOR[op](n) * r["bytes"], r["seconds"]) for r in rows if (r["op"], r["ranks"]) == key]
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        mx, my = statistics.mean(xs), statistics.mean(ys)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        slope = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
+        w = [1.0 / max(y, 1e-12) ** 2 for _, y in pts]
+        sw = sum(w)
+        mx = sum(wi * x for wi, (x, _) in zip(w, pts)) / sw
+        my = sum(wi * y for wi, (_, y) in zip(w, pts)) / sw
+        sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, pts))
+        slope = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, pts)) / sxx if sxx else 0.0
         slope = max(slope, 1e-15)
         alpha = max(0.0, my - slope * mx)
         fits.setdefault(op, {})[n] = {"alpha_s": alpha, "bus_bytes_per_s": 1.0 / slope}
     return fits
+
+
+def split_ring_latency(fits: dict) -> tuple[float, dict]:
+    """The p2p (hop) latency from the ping-pong fit of the smallest group, and each
+    all-reduce fit's base latency: its alpha less the 2(n-1) hops of
+    ``simcore.collectives.ring_all_reduce_s``'s latency term (never below zero)."""
+    sr = fits.get("send_recv", {})
+    hop = sr[min(sr)]["alpha_s"] if sr else 0.0
+    ar = fits.get("all_reduce", {})
+    for n, f in ar.items():
+        f["base_latency_s"] = max(0.0, f["alpha_s"] - 2 * (n - 1) * hop)
+    return hop, ar
 
 
 def matmul_curve(rows: list[dict], precision: str, peak: float) -> list[list[float]]:
@@ -239,31 +369,73 @@ def matmul_curve(rows: list[dict], precision: str, peak: float) -> list[list[flo
     return [[f, round(min(1.0, statistics.median(v)), 4)] for f, v in sorted(by_flops.items())]
 
 
-def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.device) -> dict:
+def _per_rank(table: dict) -> dict:
+    return {int(k): float(v) for k, v in sorted(table.items())}
+
+
+def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.device, *,
+                  host: dict | None = None, optimizer: dict | None = None, seconds: float = 0.0) -> dict:
     """The profile document from the raw measurements."""
-    host = socket.gethostname()
+    hostname = socket.gethostname()
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    source = f"measured by trainplan calibrate on {host}, {date}"
+    source = f"measured by trainplan calibrate on {hostname}, {date}"
     peaks = {p: max(r["flops_per_s"] for r in matmul if r["precision"] == p)
              for p in {r["precision"] for r in matmul}}
     fits = fit_alpha_beta(collectives)
-    ring = fits["all_reduce"][max(fits["all_reduce"])]
-    if device.type == "cuda":
+    hop, ar = split_ring_latency(fits)
+    ring = ar[max(ar)]
+    cpu = device.type == "cpu"
+    if not cpu:
         props = torch.cuda.get_device_properties(device)
         name, hbm_gib = props.name.lower().replace(" ", "-"), props.total_memory / GIB
     else:
         name, hbm_gib = f"cpu-{platform.machine()}", _host_memory_gib()
-    main_precision = "bf16" if "bf16" in peaks else "fp32"
+    main_precision = "bf16" if "bf16" in peaks and not cpu else "fp32"
     cores = os.cpu_count() or 1
+    efficiency = {
+        "matmul": {"points": matmul_curve(matmul, main_precision, peaks[main_precision]),
+                   "source": f"{source}; GEMM grid of {len(matmul)} shapes"},
+        "attention": {"forward": _attention_efficiency(matmul, main_precision, peaks[main_precision]),
+                      "backward": _attention_efficiency(matmul, main_precision, peaks[main_precision]),
+                      "source": f"{source}; no fused attention kernel on this device: its matmul efficiency"},
+        "memory_bound": {"efficiency": 1.0, "source": f"{source}; the measured copy bandwidth is the peak"},
+        "kernel_overhead_us": memory["kernel_overhead_s"] * 1e6,
+        "kernel_overhead_source": f"{source}; one-element add",
+        "collective": {
+            "nvlink_efficiency": 1.0, "nic_efficiency": 1.0,
+            "base_latency_us": ring["base_latency_s"] * 1e6, "nvlink_hop_latency_us": hop * 1e6,
+            "net_hop_latency_us": 0.0,
+            "source": f"{source}; alpha-beta fit of all_reduce on {max(ar)} ranks; hop latency: half a "
+                      f"send/recv round trip on {min(fits['send_recv'])} ranks",
+        },
+    }
+    if host:
+        efficiency["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
+        efficiency["host_overhead_source"] = (
+            f"{source}; eager forward+backward of a tiny transformer layer (hidden {PROBE_LAYER['hidden']}, "
+            f"seq {PROBE_LAYER['seq_len']}) over the {host['forward_kernels'] + host['backward_kernels']} "
+            "kernels simcore.workload counts for it")
+    if optimizer:
+        efficiency["optimizer"] = {"per_tensor_us": optimizer["per_tensor_s"] * 1e6,
+                                   "param_gbyte_per_s": optimizer["param_bytes_per_s"] / 1e9,
+                                   "source": f"{source}; torch.optim.AdamW step over 3 parameter sets"}
+    if cpu:
+        efficiency["memory"] = {
+            "framework_bytes": 0.0, "allocator_fragmentation": 0.0, "comm_buffers": False,
+            "source": "CPU host: no CUDA context or caching allocator; the executor counts the tensors "
+                      "a rank owns (executors/measure.py), which DDP's bucket buffers are not"}
+        if oversub.get("layer"):
+            efficiency["host_oversubscription"] = {str(k): v for k, v in _per_rank(oversub["layer"]).items()}
     return {
-        "measured_on": {"host": host, "date": date, "torch": str(torch.__version__), "device": str(device),
-                        "backend": "nccl" if device.type == "cuda" else "gloo", "cpu_cores": cores},
+        "measured_on": {"host": hostname, "date": date, "torch": str(torch.__version__), "device": str(device),
+                        "backend": "gloo" if cpu else "nccl", "cpu_cores": cores,
+                        "calibration_s": round(seconds, 1)},
         "device": {
-            "name": name, "description": f"{name} on {host} (calibrated)", "vendor": device.type,
+            "name": name, "description": f"{name} on {hostname} (calibrated)", "vendor": device.type,
             "dense_tflops": {p: (peaks[p] / 1e12 if p in peaks else None) for p in ("fp32", "tf32", "bf16", "fp16", "fp8")},
             "hbm_gib": round(hbm_gib, 3),
             "hbm_tbyte_per_s": memory["copy_bytes_per_s"] / 1e12,
-            "intra_link": "shared-memory" if device.type == "cpu" else "pcie",
+            "intra_link": "shared-memory" if cpu else "pcie",
             "intra_link_gbyte_per_s_bidir": 2 * ring["bus_bytes_per_s"] / 1e9,
             "pcie_gen": 0,
             "pcie_gbyte_per_s_bidir": 2 * (h2d or memory["copy_bytes_per_s"]) / 1e9,
@@ -271,26 +443,25 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             "source": source,
         },
         "node": {"cpu_cores": cores, "host_memory_gib": round(_host_memory_gib(), 3)},
-        "efficiency": {
-            "matmul": {"points": matmul_curve(matmul, main_precision, peaks[main_precision]),
-                       "source": f"{source}; GEMM grid of {len(matmul)} shapes"},
-            "attention": {"forward": _attention_efficiency(matmul, main_precision, peaks[main_precision]),
-                          "backward": _attention_efficiency(matmul, main_precision, peaks[main_precision]),
-                          "source": f"{source}; no fused attention kernel on this device: its matmul efficiency"},
-            "memory_bound": {"efficiency": 1.0, "source": f"{source}; the measured copy bandwidth is the peak"},
-            "kernel_overhead_us": memory["kernel_overhead_s"] * 1e6,
-            "kernel_overhead_source": f"{source}; one-element add",
-            "collective": {
-                "nvlink_efficiency": 1.0, "nic_efficiency": 1.0,
-                "base_latency_us": ring["alpha_s"] * 1e6, "nvlink_hop_latency_us": 0.0, "net_hop_latency_us": 0.0,
-                "source": f"{source}; alpha-beta fit of all_reduce on {max(fits['all_reduce'])} ranks",
-            },
-        },
-        "oversubscription": {"matmul_flops_per_s_per_rank": {int(k): v for k, v in oversub.items()},
-                             "source": source},
+        "efficiency": efficiency,
+        "oversubscription": {"matmul_flops_per_s_per_rank": _per_rank(oversub.get("matmul", {})),
+                             "layer_steps_per_s_per_rank": _per_rank(oversub.get("layer", {})),
+                             "source": f"{source}; n forked single-thread ranks started on a barrier"},
         "collectives": fits,
-        "raw": {"matmul": matmul, "memory": memory, "collectives": collectives, "h2d_bytes_per_s": h2d},
+        "raw": {"matmul": matmul, "memory": memory, "collectives": collectives, "h2d_bytes_per_s": h2d,
+                "host_overhead": host, "optimizer": optimizer},
     }
+
+
+def _host_overhead_s(host: dict, oversub: dict) -> float:
+    """Per-kernel host cost. On a CPU host, from the one-rank oversubscription probe (the
+    same layer), so that ``topologies.hardware.scale_for_ranks``, which multiplies it by
+    layer[1] / layer[n], gives exactly the per-rank cost measured with n ranks running;
+    elsewhere the main-process probe."""
+    one = (oversub.get("layer") or {}).get(1)
+    if not one:
+        return host["per_kernel_s"]
+    return 1.0 / (one * (host["forward_kernels"] + host["backward_kernels"]))
 
 
 def _attention_efficiency(rows, precision, peak) -> float:
@@ -310,23 +481,106 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
     """Measure this host and write its profile to ``out`` atomically; return the profile."""
     from tqdm import tqdm
 
+    t0 = time.perf_counter()
     torch.set_num_threads(1)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     precisions = ["bf16", "fp16"] if device.type == "cuda" else ["fp32", "bf16"]
-    sizes = MATMUL_SIZES[:5] if quick else MATMUL_SIZES
-    steps = len(precisions) * (2 * len(sizes) - 1) + 4
-    with tqdm(total=steps, desc="calibrate", disable=not progress, unit="bench") as bar:
+    sizes = MATMUL_SIZES[:4] if quick else MATMUL_SIZES
+    with tqdm(total=len(precisions) + 6, desc="calibrate", disable=not progress, unit="bench") as bar:
         matmul = bench_matmul(device, precisions, sizes, bar)
         memory = bench_memory(device)
         bar.update(1)
         h2d = bench_host_device(device)
         bar.update(1)
+        host = bench_host_overhead(device, reps=10 if quick else 40)
+        bar.update(1)
+        optimizer = bench_optimizer(device)
+        bar.update(1)
+        oversub = {}
+        if device.type == "cpu":
+            oversub = bench_oversubscription((1, 2), window_s=0.1, cycles=1) if quick else bench_oversubscription()
+        bar.update(1)
         backend = "nccl" if device.type == "cuda" and torch.cuda.device_count() >= 2 else "gloo"
-        groups = (2,) if quick else GROUP_SIZES
-        collectives = bench_collectives(backend, groups)
+        if backend == "nccl":
+            groups = tuple(n for n in GROUP_SIZES if n <= torch.cuda.device_count())
+        else:
+            groups = (2,) if quick else GROUP_SIZES
+        collectives = bench_collectives(backend, groups, COLLECTIVE_BYTES[:3] if quick else COLLECTIVE_BYTES)
         bar.update(1)
-        oversub = bench_oversubscription((1, 2) if quick else (1, 2, 4)) if device.type == "cpu" else {1: math.nan}
-        bar.update(1)
-    profile = build_profile(matmul, memory, collectives, oversub, h2d, device)
+    profile = build_profile(matmul, memory, collectives, oversub, h2d, device, host=host, optimizer=optimizer,
+                            seconds=time.perf_counter() - t0)
     atomic_write_text(out, yaml.safe_dump(profile, sort_keys=False))
     return profile
+
+
+# --------------------------------------------------------------------------- refit from a run
+
+#: Measured phase (``StepResult.time_s`` key) -> the profile figure it refits.
+#: Compute phases refit the host overhead and the peak together (both scale the
+#: compute time of an overhead- or FLOP-bound phase); pp_comm the p2p hop latency;
+#: dp_comm the all-reduce latency and bandwidth.
+REFIT_PHASES = {"compute": ("forward", "backward", "recompute"), "pp": ("pp_comm",), "dp": ("dp_comm",)}
+#: Ratios outside [1/REFIT_CLAMP, REFIT_CLAMP] are clamped: one noisy run must not move a
+#: figure by more than this factor (a robustness choice, not hardware).
+REFIT_CLAMP = 4.0
+
+
+def _load_measured(path) -> dict:
+    doc = json.loads(Path(path).read_text())
+    return doc.get("measured", doc)   # a `trainplan validate --json` document or a `run --json` one
+
+
+def _phase_ratio(pred: dict, meas: dict, keys: tuple[str, ...]) -> float | None:
+    p = sum(float(pred.get(k, 0.0)) for k in keys)
+    m = sum(float(meas.get(k, 0.0)) for k in keys)
+    if p <= 0 or m <= 0:
+        return None
+    return min(REFIT_CLAMP, max(1.0 / REFIT_CLAMP, m / p))
+
+
+def refit_profile(profile_path, measured_json_path, plan) -> dict:
+    """Refit the profile's efficiency and bandwidth figures from a measured run of ``plan``
+    (``trainplan run --json`` / ``validate --json`` output): each figure is scaled by the
+    ratio of measured to predicted time of the phase it drives. Writes the profile back
+    (atomically, the old figures kept under ``refits``) and returns it."""
+    from simcore.simulate import simulate
+
+    profile = yaml.safe_load(Path(profile_path).read_text())
+    measured = _load_measured(measured_json_path)
+    meas_t = measured.get("time_s") or (measured.get("breakdown") or {}).get("time_s") or {}
+    if not meas_t:
+        raise ValueError(f"{measured_json_path} has no 'time_s' phase breakdown (use `trainplan run --json`)")
+    pred_t = simulate(plan, engine="des").time_s
+    eff = profile["efficiency"]
+    before = {"host_overhead_us": eff.get("host_overhead_us"), "kernel_overhead_us": eff.get("kernel_overhead_us"),
+              "dense_tflops": dict(profile["device"]["dense_tflops"]), "collective": dict(eff["collective"])}
+    ratios = {k: _phase_ratio(pred_t, meas_t, keys) for k, keys in REFIT_PHASES.items()}
+    if ratios["compute"]:
+        r = ratios["compute"]
+        for key in ("host_overhead_us", "kernel_overhead_us"):
+            if eff.get(key):
+                eff[key] *= r
+        profile["device"]["dense_tflops"] = {p: (v / r if v else v) for p, v in profile["device"]["dense_tflops"].items()}
+    if ratios["pp"]:
+        eff["collective"]["nvlink_hop_latency_us"] *= ratios["pp"]
+    if ratios["dp"]:
+        _scale_all_reduce(profile, ratios["dp"])
+    profile.setdefault("refits", []).append({
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "plan": plan.name, "measured": str(measured_json_path),
+        "ratios": {k: v for k, v in ratios.items() if v}, "before": before})
+    atomic_write_text(profile_path, yaml.safe_dump(profile, sort_keys=False))
+    return profile
+
+
+def _scale_all_reduce(profile: dict, ratio: float) -> None:
+    """All-reduce time x ratio: latencies times it, bandwidths over it."""
+    eff = profile["efficiency"]
+    eff["collective"]["base_latency_us"] *= ratio
+    for fit in (profile.get("collectives") or {}).get("all_reduce", {}).values():
+        fit["alpha_s"] *= ratio
+        if "base_latency_s" in fit:
+            fit["base_latency_s"] *= ratio
+        fit["bus_bytes_per_s"] /= ratio
+    dev = profile["device"]
+    dev["intra_link_gbyte_per_s_bidir"] /= ratio

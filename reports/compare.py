@@ -4,14 +4,22 @@ The error of each field is signed and relative to the measurement,
 ``(predicted - measured) / measured``: +10% means the simulator predicted 10% more
 than was measured (for a time, too slow). Fields whose measurement is zero get an
 absolute difference only.
+
+With the Plan at hand, the prediction's step time carries a 90% interval from the
+residuals of earlier validations on the same kind of hardware and layout
+(``simcore.uncertainty``), and the comparison says whether the measurement fell in it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from simcore.trace import StepResult
+from simcore.uncertainty import Interval, prediction_interval
+
+#: Predicted fields given an interval when residuals exist.
+INTERVAL_FIELDS = ("step_time_s", "memory_per_gpu_gib")
 
 #: The scalar fields compared, with their unit for the tables.
 FIELDS = (
@@ -32,6 +40,8 @@ class Comparison:
     measured: StepResult
     table: pd.DataFrame
     """One row per field and per phase: predicted, measured, error (relative), abs_diff."""
+    intervals: dict = field(default_factory=dict)
+    """field -> ``simcore.uncertainty.Interval`` of the prediction (where residuals exist)."""
 
     def error(self, field: str) -> float:
         row = self.table[self.table["field"] == field]
@@ -43,6 +53,8 @@ class Comparison:
             "predicted": self.predicted.to_json(),
             "measured": self.measured.to_json(),
             "errors": {r["field"]: r["error"] for r in self.table.to_dict(orient="records")},
+            "intervals": {f: {**iv.to_json(), "measured_inside": iv.lo <= getattr(self.measured, f) <= iv.hi}
+                          for f, iv in self.intervals.items()},
         }
 
 
@@ -52,13 +64,25 @@ def _row(field: str, unit: str, kind: str, pred: float, meas: float) -> dict:
             "error": err, "abs_diff": pred - meas}
 
 
-def compare(predicted: StepResult, measured: StepResult) -> Comparison:
-    """Field by field and phase by phase, predicted against measured."""
+def prediction_intervals(plan, predicted: StepResult, tables: dict | None = None) -> dict[str, Interval]:
+    """The intervals of ``INTERVAL_FIELDS`` that residuals exist for."""
+    out = {}
+    for f in INTERVAL_FIELDS:
+        iv = prediction_interval(plan, getattr(predicted, f), f, tables=tables)
+        if iv is not None:
+            out[f] = iv
+    return out
+
+
+def compare(predicted: StepResult, measured: StepResult, *, plan=None, tables: dict | None = None) -> Comparison:
+    """Field by field and phase by phase, predicted against measured; with ``plan``, the
+    prediction's intervals from the residual ``tables`` (default: validation/residuals.yaml)."""
     rows = [_row(f, unit, "scalar", getattr(predicted, f), getattr(measured, f)) for f, unit in FIELDS]
     for kind in sorted(set(predicted.memory_bytes) & set(measured.memory_bytes)):
         rows.append(_row(f"memory.{kind}", "GiB", "memory", predicted.memory_bytes[kind] / 2**30,
                          measured.memory_bytes[kind] / 2**30))
     for phase in sorted(set(predicted.time_s) & set(measured.time_s)):
         rows.append(_row(f"phase.{phase}", "s", "phase", predicted.time_s[phase], measured.time_s[phase]))
+    intervals = prediction_intervals(plan, predicted, tables) if plan is not None else {}
     return Comparison(plan_name=measured.plan_name or predicted.plan_name, predicted=predicted,
-                      measured=measured, table=pd.DataFrame(rows))
+                      measured=measured, table=pd.DataFrame(rows), intervals=intervals)

@@ -17,6 +17,7 @@ import yaml
 
 from reports.compare import Comparison, compare
 from simcore.spec import Plan, PlanError, load_plan, plan_from_dict
+from simcore.uncertainty import layout_class
 from topologies.hardware import default_profile_path
 
 
@@ -60,8 +61,15 @@ def _is_localhost(doc: dict) -> bool:
     return isinstance(cluster, dict) and cluster.get("node") == "localhost" and "profile" not in cluster
 
 
+def default_start_method() -> str:
+    """``fork`` on a CPU host (ranks start in a second, no torch re-import), else ``spawn``."""
+    import torch
+
+    return "spawn" if torch.cuda.is_available() else "fork"
+
+
 def validate_plan(plan: Plan, *, steps: int = 10, warmup: int = 3, engine: str = "des", seed: int = 0,
-                  trace_dir: str | os.PathLike | None = None) -> Comparison:
+                  trace_dir: str | os.PathLike | None = None, start_method: str | None = None) -> Comparison:
     """Predict (event engine) and run (executor) one plan; compare them."""
     from executors.launch import run
     from simcore.simulate import simulate
@@ -73,8 +81,9 @@ def validate_plan(plan: Plan, *, steps: int = 10, warmup: int = 3, engine: str =
         trace_path = Path(trace_dir) / f"{plan.name or 'plan'}-measured.json"
         write_chrome_trace(predicted.spans, Path(trace_dir) / f"{plan.name or 'plan'}-predicted.json",
                            f"{plan.name} predicted")
-    measured = run(plan, steps=steps, warmup=warmup, seed=seed, trace_path=trace_path)
-    return compare(predicted, measured)
+    measured = run(plan, steps=steps, warmup=warmup, seed=seed, trace_path=trace_path,
+                   start_method=start_method or default_start_method())
+    return compare(predicted, measured, plan=plan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,21 +95,24 @@ class MatrixResult:
     """(layout, one-sentence reason) for layouts that could not be run."""
 
 
-def summary_row(name: str, c: Comparison) -> dict:
+def summary_row(name: str, c: Comparison, plan: Plan | None = None) -> dict:
     p, m = c.predicted, c.measured
+    iv = c.intervals.get("step_time_s")
     return {
-        "layout": name,
+        "layout": name, "class": layout_class(plan.parallel) if plan is not None else "",
         "pred_step_s": p.step_time_s, "meas_step_s": m.step_time_s, "step_err": c.error("step_time_s"),
         "pred_compute_s": p.compute_s, "meas_compute_s": m.compute_s,
         "pred_comm_s": p.exposed_comm_s, "meas_comm_s": m.exposed_comm_s,
         "pred_bubble_s": p.bubble_s, "meas_bubble_s": m.bubble_s,
         "pred_mem_gib": p.memory_per_gpu_gib, "meas_mem_gib": m.memory_per_gpu_gib,
         "mem_err": c.error("memory_per_gpu_gib"),
+        "step_lo_s": iv.lo if iv else float("nan"), "step_hi_s": iv.hi if iv else float("nan"),
+        "in_interval": bool(iv and iv.lo <= m.step_time_s <= iv.hi),
     }
 
 
 def validate_matrix(path: str | os.PathLike, *, steps: int = 8, warmup: int = 3, only: list[str] | None = None,
-                    progress: bool = True) -> MatrixResult:
+                    progress: bool = True, start_method: str | None = None) -> MatrixResult:
     """Validate every layout of a matrix file (or the ``only`` ones); a failing layout is reported, not fatal."""
     from tqdm import tqdm
 
@@ -116,12 +128,12 @@ def validate_matrix(path: str | os.PathLike, *, steps: int = 8, warmup: int = 3,
     for name, doc in tqdm(layouts, desc="validate", disable=not progress, unit="layout"):
         try:
             plan = plan_from_dict(doc, Path(path).parent)
-            comp = validate_plan(plan, steps=steps, warmup=warmup)
+            comp = validate_plan(plan, steps=steps, warmup=warmup, start_method=start_method)
         except (PlanError, ValueError, RuntimeError) as exc:
             failures.append((name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
             continue
         comps.append(comp)
-        rows.append(summary_row(name, comp))
+        rows.append(summary_row(name, comp, plan))
     return MatrixResult(table=pd.DataFrame(rows), comparisons=tuple(comps), failures=tuple(failures))
 
 

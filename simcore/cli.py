@@ -121,6 +121,9 @@ def cmd_simulate(args) -> None:
     elif args.trace or args.gantt or args.slow:
         raise UsageError("--trace, --gantt and --slow need --engine des (the analytic path has no timeline)")
     result = simulate(plan, engine=args.engine, **kwargs)
+    from simcore.uncertainty import interval_fields
+
+    interval = interval_fields(plan, result)
     if args.trace:
         from simcore.trace import write_chrome_trace
 
@@ -130,9 +133,15 @@ def cmd_simulate(args) -> None:
 
         save_figure(gantt_figure(result.spans, f"{plan.name}: predicted step ({args.engine})"), args.gantt)
     if args.json:
-        _print_json(result.to_json())
+        _print_json({**result.to_json(), **interval})
     else:
         print_prediction(result)
+        if interval["interval_s"]:
+            lo, hi = interval["interval_s"]
+            print(f"  {interval['interval_level']:.0%} interval of the step time: {_fmt_s(lo)} - {_fmt_s(hi)} "
+                  f"({interval['interval_source']})")
+        else:
+            print(f"  no interval: {interval['interval_source']}")
 
 
 def _parse_stragglers(items: list[str]) -> dict[int, float]:
@@ -363,6 +372,17 @@ def cmd_calibrate(args) -> None:
     from topologies.hardware import default_profile_path
 
     out = args.out or default_profile_path()
+    if args.from_run:
+        from executors.calibrate import refit_profile
+
+        if not args.plan:
+            raise UsageError("calibrate --from-run needs --plan, the plan the measured run executed")
+        if not Path(out).exists():
+            raise UsageError(f"no profile at {out} to refit; run `trainplan calibrate` first")
+        profile = refit_profile(out, args.from_run, load_plan(args.plan))
+        ratios = profile.get("refits", [{}])[-1].get("ratios", {})
+        print(f"refitted {out} from {args.from_run}: " + ", ".join(f"{k} x{v:.3g}" for k, v in ratios.items()))
+        return
     profile = calibrate(out, quick=args.quick, progress=not args.json)
     if args.json:
         _print_json({"profile": str(out), "device": profile["device"]})
@@ -524,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="microbenchmark this host into a hardware profile (node: localhost)")
     p.add_argument("--out", type=Path, help="profile path (default: the cached profile of this host)")
     p.add_argument("--quick", action="store_true", help="fewer shapes and group sizes")
+    p.add_argument("--from-run", type=Path, metavar="MEASURED_JSON",
+                   help="refit the profile from a measured run (`trainplan run --json` output)")
+    p.add_argument("--plan", type=Path, help="the plan the measured run executed (with --from-run)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)
     return parser

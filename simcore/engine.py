@@ -37,9 +37,21 @@ flow over the links of all its members (fast: one event pair per collective, not
 per ring step). This is a fluid process rather than a ``BaseResource`` subclass
 because a SimPy resource grants whole units, while bandwidth is divided continuously.
 
-Compute shares the GPU with communication kernels: while a flow touches a rank,
-its compute runs ``comm_slowdown`` times slower (default from the catalog's
-``efficiency[gpu].comm_overlap_slowdown`` where present, else 1.0 = no slowdown).
+Compute shares the GPU with communication kernels: while a data-parallel collective
+(DDP/ZeRO gradient reduction, FSDP2 or ZeRO-1/2 parameter all-gather) runs on a rank, that
+rank's compute kernels progress at ``1/k`` of their speed, k = the GPU's
+``comm_compute_interference`` (catalog ``efficiency.yaml``, carried in
+``StepCosts.time_detail_s``), so hiding T seconds of such communication costs T (1 - 1/k)
+of compute: the same physics as the analytic path (``simulate._interference_loss``).
+Pipeline sends and the blocking TP/CP/EP collectives do not slow compute, as there.
+
+Speed: a chunk of compute on a rank with no data-parallel collective in flight is one
+timeout (no collective can start during it: only the rank's own process issues them);
+streams are plain FIFO queues started synchronously (no SimPy event per operation);
+gradient buckets issued while the previous bucket of the stage's reduction is still on
+the wire join that flow (back-to-back flows on one FIFO stream over the same links are one
+flow of their summed work, so this is exact in time); and a stage's last backward is cut
+into at most ``MAX_BUCKET_CHUNKS`` chunks to issue its buckets.
 
 Symmetry: ``mode="representative"`` simulates one data-parallel replica (one rank per
 pipeline stage), assuming every replica does the same; ``mode="full"`` simulates every
@@ -52,20 +64,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import bisect
 import functools
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import numpy as np
 import simpy
 
 from simcore.costs import StepCosts
 from simcore.schedules import Action, Op, build_schedule
+from simcore.spec import ZeroStage
 from simcore.trace import GIB, Span, StepResult, split_step
 from topologies.placement import rank_grid
 
 GRANULARITIES = ("microbatch", "layer")
+#: Resolution of the DDP bucket train: the engine cuts a stage's last backward into at most
+#: this many chunks and issues the buckets whose gradients a chunk completes at its end
+#: (DDP issues each 25 MB bucket as soon as it is full: thousands for a 10B-parameter
+#: stage). Only the tail changes: at most 1/32 of the stage's reduction can be left after
+#: the backward instead of one bucket; a modelling resolution, not a hardware figure.
+MAX_BUCKET_CHUNKS = 32
 MODES = ("representative", "full")
 _EPS = 1e-12
 
@@ -94,8 +112,9 @@ class FairShareLinks:
         self.comm_on_rank: dict[int, int] = defaultdict(int)
         self.compute_of_rank: dict[int, _Flow] = {}
 
-    def transfer(self, links: tuple, work_s: float, ranks: tuple[int, ...] = (), then=None) -> simpy.Event | None:
-        """Start a flow; returns its completion event, or calls ``then()`` at completion instead."""
+    def transfer(self, links: tuple, work_s: float, ranks: tuple[int, ...] = (), then=None):
+        """Start a flow that slows the compute of ``ranks``; returns its completion event, or
+        calls ``then()`` at completion instead and returns the flow."""
         done = self.env.event() if then is None else then
         flow = _Flow(links, work_s, done, ranks, 1.0)
         flow.stamp = self.env.now
@@ -103,7 +122,16 @@ class FairShareLinks:
             self.on_link[link].add(flow)
         touched = self._count_comm(ranks, +1)
         self._rerate(self._component(links) | touched)
-        return None if then is not None else done
+        return flow if then is not None else done
+
+    def extend(self, flow: _Flow, work_s: float) -> None:
+        """Add ``work_s`` to a flow still on the wire: the next operation of the same FIFO
+        stream over the same links would start the instant this one ends, at the same rate."""
+        now = self.env.now
+        flow.left = max(0.0, flow.left - flow.rate * (now - flow.stamp)) + work_s
+        flow.stamp = now
+        flow.version += 1
+        self.env.timeout(flow.left / flow.rate).callbacks.append(self._finisher(flow, flow.version))
 
     def compute(self, rank: int, work_s: float) -> simpy.Event:
         cap = 1.0 / self.slowdown if self.comm_on_rank[rank] else 1.0
@@ -201,6 +229,33 @@ def _max_min_rates(flows) -> dict:
 
 # --------------------------------------------------------------------------- the step
 
+class _Fifo:
+    """A stream: operations run one at a time in issue order, like a CUDA stream holding
+    NCCL kernels. ``simpy.Resource(capacity=1)`` did the same with two scheduled events per
+    operation; this starts the next operation synchronously when the previous one frees
+    the stream (the engine issues tens of thousands of operations per step)."""
+
+    __slots__ = ("queue", "busy")
+
+    def __init__(self):
+        self.queue: deque = deque()
+        self.busy = False
+
+    def submit(self, start) -> None:
+        """Run ``start(free)`` now if the stream is idle, else after the operations before it."""
+        if self.busy:
+            self.queue.append(start)
+        else:
+            self.busy = True
+            start(self._free)
+
+    def _free(self) -> None:
+        if self.queue:
+            self.queue.popleft()(self._free)
+        else:
+            self.busy = False
+
+
 class _CountingEnv(simpy.Environment):
     """A SimPy environment that counts scheduled events (for ``bench/engine.py``)."""
 
@@ -243,8 +298,10 @@ class _Step:
         self.factor = factors
         self.jitter, self.rng = jitter, np.random.default_rng(seed)
         self.gpus_per_node = plan.cluster.gpus_per_node
-        self.streams = {(u, s): simpy.Resource(self.env, 1) for u in self.units
-                        for s in ("pp", "dp_gather", "dp_reduce", "copy")}
+        self.streams = {(u, s): _Fifo() for u in self.units for s in ("pp", "dp_gather", "dp_reduce", "copy")}
+        self.fsdp = par.zero >= ZeroStage.WEIGHTS
+        self.dp_busy: dict[int, int] = defaultdict(int)   # data-parallel collectives issued, not done
+        self.open_reduce: dict = {}                       # unit -> the reduction last issued, mergeable
         self.arrived: dict = {}
         self.barriers: dict = {}
         self.seq: dict = defaultdict(int)
@@ -280,12 +337,9 @@ class _Step:
             ev.succeed()
 
     def _on_stream(self, unit, stream: str, start) -> None:
-        """Queue ``start(finish)`` on a FIFO stream (a ``simpy.Resource`` of capacity 1, driven
-        by callbacks rather than a process per operation, for speed); ``start`` launches the
-        work and the work calls ``finish()`` when it ends, which frees the stream."""
-        res = self.streams[unit, stream]
-        req = res.request()
-        req.callbacks.append(lambda _e: start(lambda: res.release(req)))
+        """Queue ``start(free)`` on a FIFO stream; ``start`` launches the work and the work
+        calls ``free()`` when it ends, which starts the stream's next operation."""
+        self.streams[unit, stream].submit(start)
 
     def _send(self, unit, dst, key, name: str) -> None:
         """Asynchronous p2p of one activation (or its gradient) on the sender's pp stream."""
@@ -300,22 +354,41 @@ class _Step:
                 self.spans.append((peer, "pp", "recv", name, t0, dur))
                 free()
                 self._arrive(key)
-            self.net.transfer(self._p2p_links(src, peer), self.costs.p2p_s, (src, peer), then=finish)
+            self.net.transfer(self._p2p_links(src, peer), self.costs.p2p_s, (), then=finish)
         self._on_stream(unit, "pp", start)
 
     def _collective(self, unit, stream: str, kind: str, name: str, work_s: float) -> simpy.Event:
-        """A data-parallel collective: one flow; in full mode a barrier over the replicas."""
+        """A data-parallel collective: one flow; in full mode a barrier over the replicas.
+        A gradient bucket issued while the previous reduction of this rank is still queued
+        or on the wire joins it (representative mode; see the module docstring)."""
+        rank = self.label[unit]
+        rec = self.open_reduce.get(unit) if stream == "dp_reduce" else None
+        if rec is not None:
+            rec["last"] = name
+            if rec["flow"] is None:
+                rec["work"] += work_s
+            else:
+                self.net.extend(rec["flow"], work_s)
+            return rec["done"]
         done = self.env.event()
+        rec = {"flow": None, "work": work_s, "done": done, "last": name}
+        if stream == "dp_reduce" and self.replicas == 1:
+            self.open_reduce[unit] = rec
+        self.dp_busy[rank] += 1
 
         def start(free):
             t0 = self.env.now
 
             def finish():
-                self.spans.append((self.label[unit], "dp", kind, name, t0, self.env.now - t0))
+                if self.open_reduce.get(unit) is rec:
+                    del self.open_reduce[unit]
+                label = name if rec["last"] == name else f"{name}..{rec['last']}"
+                self.spans.append((rank, "dp", kind, label, t0, self.env.now - t0))
+                self.dp_busy[rank] -= 1
                 free()
                 done.succeed()
             if self.replicas == 1:
-                self.net.transfer(self._dp_links(unit), work_s, (self.label[unit],), then=finish)
+                rec["flow"] = self.net.transfer(self._dp_links(unit), rec["work"], (rank,), then=finish)
             else:
                 self._barrier(unit, stream, work_s, finish)
         self._on_stream(unit, stream, start)
@@ -336,19 +409,24 @@ class _Step:
 
     # ---- the compute stream of one rank
     def _items(self, acts: list[Action]) -> list[tuple[Action, int, int, bool]]:
-        """(action, chunk, chunks, issues-reduction) in order; the last B/W of a stage
-        carries its gradient buckets."""
+        """(action, chunk, chunks, issues-reduction) in order. DDP / ZeRO-1/2: the last B/W
+        of a stage carries its gradient buckets; FSDP2 (ZeRO-3): every B/W reduce-scatters
+        its micro-batch's gradients layer by layer (gradient accumulation does not skip it)."""
         last = {}
         for k, a in enumerate(acts):
             if a.op in (Op.B, Op.W):
                 last[a.stage] = k
         items = []
         for k, a in enumerate(acts):
-            reduce = last.get(a.stage) == k and self.costs.grad_reduce_per_step_s[a.stage] > 0
+            grads = a.op in (Op.B, Op.W) if self.fsdp else last.get(a.stage) == k
+            reduce = grads and self.costs.grad_reduce_per_step_s[a.stage] > 0
             if self.granularity == "layer":
                 n = max(1, self.costs.layers[a.stage])
+            elif reduce:
+                units = self.costs.layers[a.stage] if self.fsdp else self.costs.grad_buckets[a.stage]
+                n = max(1, min(units, MAX_BUCKET_CHUNKS))
             else:
-                n = max(1, self.costs.grad_buckets[a.stage]) if reduce else 1
+                n = 1
             items += [(a, c, n, reduce) for c in range(n)]
         return items
 
@@ -390,7 +468,7 @@ class _Step:
         pieces = [(s, k, d * factor if s == "compute" else d) for s, k, d in self._pieces(a.op, a.stage, n)]
         name = str(a)
         t = self.env.now
-        if self.net.slowdown == 1.0:  # fast path: one event for the whole chunk
+        if self.net.slowdown == 1.0 or not self.dp_busy[rank]:  # nothing slows it: one event
             yield self.env.timeout(sum(d for _s, _k, d in pieces))
             for s, k, d in pieces:
                 self.spans.append((rank, s, k, name, t, d))
@@ -416,18 +494,30 @@ class _Step:
             if mine is not None and not mine.triggered:
                 yield mine
             yield from self._run_chunk(unit, a, n)
-            if reduce:  # DDP: buckets whose gradients this chunk completed go out now
-                buckets = max(1, self.costs.grad_buckets[a.stage])
-                work = self.costs.grad_reduce_per_step_s[a.stage] / buckets
-                for b in range((c * buckets) // n, ((c + 1) * buckets) // n):
-                    reductions.append(self._collective(
-                        unit, "dp_reduce", "all_reduce", f"{a.stage}REDUCE_GRAD{b}", work))
+            if reduce:
+                reductions += self._reduce(unit, a, c, n)
             if c == n - 1:
                 self._output(unit, a)
         for ev in reductions:
             if not ev.triggered:
                 yield ev
         yield from self._optimizer(unit)
+
+    def _reduce(self, unit, a: Action, c: int, n: int) -> list[simpy.Event]:
+        """The gradient reduction that chunk ``c`` of ``n`` of action ``a`` completes: FSDP2's
+        reduce-scatter of its layers' micro-batch gradients, or the DDP buckets it filled
+        (issued together: one flow, back to back on the FIFO stream as they would run)."""
+        grad = self.costs.grad_reduce_per_step_s[a.stage]
+        if self.fsdp:
+            return [self._collective(unit, "dp_reduce", "reduce_scatter", f"{a.stage}REDUCE_SCATTER{a.microbatch}",
+                                     grad / self.m / n)]
+        buckets = max(1, self.costs.grad_buckets[a.stage])
+        first, stop = (c * buckets) // n, ((c + 1) * buckets) // n
+        if stop == first:
+            return []
+        name = f"{a.stage}REDUCE_GRAD{first}" + (f"-{stop - 1}" if stop - first > 1 else "")
+        kind = "all_reduce" if self.costs.plan.parallel.zero == ZeroStage.NONE else "reduce_scatter"
+        return [self._collective(unit, "dp_reduce", kind, name, grad * (stop - first) / buckets)]
 
     def _optimizer(self, unit):
         """Offload copy down, optimizer step, copy up, ZeRO-1/2 parameter all-gather."""
@@ -489,23 +579,21 @@ def stage_stragglers(costs_or_plan, stages: dict[int, float]) -> dict[int, float
     return {r: f for s, f in stages.items() for r in range(grid.world) if grid.coords(r)["pp"] == s}
 
 
-def default_comm_slowdown(costs: StepCosts) -> float:
-    """Compute slow-down while communication kernels share the GPU: the catalog's
-    ``efficiency[gpu].comm_overlap_slowdown`` when measured, else 1.0 (none)."""
-    from topologies.hardware import load_catalog
-
-    gpu = costs.plan.cluster.node.gpu.name
-    return float((load_catalog().efficiency.get(gpu) or {}).get("comm_overlap_slowdown", 1.0))
+def default_interference(costs: StepCosts) -> float:
+    """The GPU's ``comm_compute_interference`` (catalog efficiency.yaml or a calibrated
+    profile) as ``step_costs`` carried it; 1.0 (none) for hand-built costs without it."""
+    return float(costs.time_detail_s.get("comm_compute_interference", 1.0))
 
 
 def simulate_des(costs: StepCosts, *, granularity: str = "microbatch", mode: str = "representative",
                  stragglers: dict[int, float] | None = None, seed: int = 0,
-                 comm_slowdown: float | None = None, jitter: float = 0.0) -> StepResult:
+                 comm_compute_interference: float | None = None, jitter: float = 0.0) -> StepResult:
     """Play one training step on the event engine and measure it from its timeline.
 
     ``stragglers`` maps global ranks to a compute slow-down factor (``stage_stragglers``
-    builds it for whole pipeline stages). ``comm_slowdown`` (>= 1) stretches compute while
-    communication runs on the same GPU; None takes the catalog figure or 1.0.
+    builds it for whole pipeline stages). ``comm_compute_interference`` (k >= 1): compute
+    runs at 1/k speed while a data-parallel collective runs on its GPU; None takes the
+    catalog figure from ``costs`` (``default_interference``).
     ``jitter`` is the log-normal sigma of per-chunk compute noise drawn from
     ``numpy.random.default_rng(seed)`` (0: deterministic).
     """
@@ -513,34 +601,14 @@ def simulate_des(costs: StepCosts, *, granularity: str = "microbatch", mode: str
         raise ValueError(f"granularity={granularity!r} must be one of: {', '.join(GRANULARITIES)}")
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} must be one of: {', '.join(MODES)}")
-    slowdown = default_comm_slowdown(costs) if comm_slowdown is None else comm_slowdown
+    slowdown = default_interference(costs) if comm_compute_interference is None else comm_compute_interference
     if not slowdown >= 1.0:
-        raise ValueError(f"comm_slowdown={slowdown} must be at least 1.0")
+        raise ValueError(f"comm_compute_interference={slowdown} must be at least 1.0")
     if jitter < 0:
         raise ValueError(f"jitter={jitter} must be non-negative")
     step = _Step(costs, granularity, mode, _factors(costs, stragglers, mode == "full"), slowdown, jitter, seed)
     spans = step.run()
     return _result(costs, spans, max(step.end.values()), step, mode)
-
-
-def _split(spans: list[Span], rank: int, step_s: float, per_window: int = 128) -> dict[str, float]:
-    """``trace.split_step`` over [0, step_s], summed over windows of about ``per_window`` spans.
-
-    split_step clips every span to its window and each of its four terms is additive over
-    disjoint windows, so the sum is exact; windows keep its pairwise interval work small
-    on long timelines (1,024 micro-batches)."""
-    spans = sorted(spans, key=lambda s: s.start_s)
-    starts = [s.start_s for s in spans]
-    longest = max((s.duration_s for s in spans), default=0.0)
-    edges = [0.0] + [starts[k] for k in range(per_window, len(spans), per_window)] + [step_s]
-    total = dict.fromkeys(("compute_s", "exposed_comm_s", "offload_s", "bubble_s"), 0.0)
-    for lo, hi in zip(edges, edges[1:]):
-        if hi <= lo:
-            continue
-        window = spans[bisect.bisect_left(starts, lo - longest):bisect.bisect_left(starts, hi)]
-        for key, value in split_step(window, rank, lo, hi).items():
-            total[key] += value
-    return total
 
 
 def _result(costs: StepCosts, spans: list[Span], step_s: float, step: _Step, mode: str) -> StepResult:
@@ -549,7 +617,7 @@ def _result(costs: StepCosts, spans: list[Span], step_s: float, step: _Step, mod
     own: dict[int, list[Span]] = defaultdict(list)
     for s in spans:
         own[s.rank].append(s)
-    splits = {r: _split(own[r], r, step_s) for r in ranks}
+    splits = {r: split_step(own[r], r, 0.0, step_s) for r in ranks}   # sort + sweep: once per rank
     critical = max(ranks, key=lambda r: (splits[r]["compute_s"] + splits[r]["exposed_comm_s"]
                                          + splits[r]["offload_s"], -r))
     split = splits[critical]

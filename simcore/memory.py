@@ -18,6 +18,7 @@ model chunks, i.e. L(1 + (p-1)/(pv)) layers on rank 0 (Korthikanti et al. Sec. 4
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from simcore.spec import Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
@@ -174,6 +175,17 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     return {"weights": weights, "gradients": grads, "optimizer_states": opt, "host": host}
 
 
+def framework_terms(plan: Plan) -> tuple[float, float, bool]:
+    """(framework bytes, allocator fragmentation, count comm buffers): a calibrated
+    profile's ``memory`` entry where it has one (a CPU host: no CUDA context, no caching
+    allocator, and the executor counts the tensors a rank owns), else the CUDA figures above."""
+    ej = plan.cluster.node.gpu.efficiency_json
+    entry = (json.loads(ej).get("memory") or {}) if ej else {}
+    return (float(entry.get("framework_bytes", FRAMEWORK_BYTES)),
+            float(entry.get("allocator_fragmentation", ALLOCATOR_FRAGMENTATION)),
+            bool(entry.get("comm_buffers", True)))
+
+
 def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
                     params: tuple[StageParams, ...] | None = None) -> list[dict[str, float]]:
     """Bytes per GPU by kind (trace.MEMORY_KINDS) on each pipeline rank, plus ``host``
@@ -181,6 +193,7 @@ def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
     stages = stages if stages is not None else plan.layers_per_stage
     params = params if params is not None else stage_params(plan, stages)
     terms = _activation_terms(plan)
+    framework, fragmentation, count_buffers = framework_terms(plan)
     out = []
     states_of: dict[StageParams, tuple] = {}
     for r, sp in enumerate(params):
@@ -189,9 +202,9 @@ def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
         states, buffers = states_of[sp]
         mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
         mem["activations"] = activation_bytes(plan, r, stages, terms)
-        mem["comm_buffers"] = buffers
+        mem["comm_buffers"] = buffers if count_buffers else 0.0
         tensors = sum(mem.values())
-        mem["framework"] = FRAMEWORK_BYTES + ALLOCATOR_FRAGMENTATION * tensors
+        mem["framework"] = framework + fragmentation * tensors
         mem["total"] = tensors + mem["framework"]
         mem["host"] = states["host"]
         out.append(mem)

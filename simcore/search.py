@@ -170,17 +170,38 @@ def _peak_ranks(plan: Plan) -> list[int]:
     return sorted({0, pp - 1, layers.index(max(layers))})
 
 
-def memory_table(plan: Plan, offloads, recomputes) -> dict[tuple[Offload, Recompute], tuple[float, float]]:
+def _activation_key(plan: Plan) -> tuple:
+    """What a rank's activation bytes depend on (``memory.activation_bytes``): not the ZeRO
+    stage, the offload or the recompute (a key of its own), so layouts share them. Within
+    one search every plan holds the base plan's model object, hence its id."""
+    par, tr = plan.parallel, plan.training
+    interleaved = par.vpp > 1 or par.schedule == Schedule.GPIPE    # memory.in_flight_chunks' cases
+    return (id(plan.model), par.tp, par.pp, par.cp, par.vpp, par.schedule if interleaved else None,
+            par.sequence_parallel, tr.micro_batch, tr.flash_attention, plan.num_microbatches, plan.layers_per_stage)
+
+
+def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
+                 ) -> dict[tuple[Offload, Recompute], tuple[float, float]]:
     """(GPU bytes of the fullest rank, host offload bytes per node) of ``plan`` under each
     offload x recompute setting: ``memory.memory_per_rank``'s sums, evaluated once for
-    the parts the settings share and only on the ranks that can be fullest."""
+    the parts the settings share and only on the ranks that can be fullest. ``cache``
+    (one per batch of layouts of one base plan) keeps the activation bytes for the next
+    layout that differs only in ZeRO stage or schedule twin."""
     params, ranks, stages = mem.stage_params(plan), _peak_ranks(plan), plan.layers_per_stage
     buffers = {r: mem.comm_buffer_bytes(plan, params[r]) for r in ranks}
+    framework, fragmentation, count_buffers = mem.framework_terms(plan)
     acts = {}
     for rc in recomputes:
-        p_rc = replace(plan, training=replace(plan.training, recompute=rc))
-        terms = mem._activation_terms(p_rc)
-        acts[rc] = {r: mem.activation_bytes(p_rc, r, stages, terms) for r in ranks}
+        key = (_activation_key(plan), rc, tuple(ranks)) if cache is not None else None
+        if key is None or key not in cache:
+            p_rc = replace(plan, training=replace(plan.training, recompute=rc))
+            terms = mem._activation_terms(p_rc)
+            value = {r: mem.activation_bytes(p_rc, r, stages, terms) for r in ranks}
+            if key is None:
+                acts[rc] = value
+                continue
+            cache[key] = value
+        acts[rc] = cache[key]
     out = {}
     for off in offloads:
         p_off = replace(plan, training=replace(plan.training, offload=off))
@@ -188,8 +209,9 @@ def memory_table(plan: Plan, offloads, recomputes) -> dict[tuple[Offload, Recomp
         host = max(states[r]["host"] for r in ranks) * plan.cluster.gpus_per_node
         for rc in recomputes:
             peak = max((states[r]["weights"] + states[r]["gradients"] + states[r]["optimizer_states"]
-                        + acts[rc][r] + buffers[r]) * (1 + mem.ALLOCATOR_FRAGMENTATION) for r in ranks)
-            out[off, rc] = (peak + mem.FRAMEWORK_BYTES, host)
+                        + acts[rc][r] + (buffers[r] if count_buffers else 0.0)) * (1 + fragmentation)
+                       for r in ranks)
+            out[off, rc] = (peak + framework, host)
     return out
 
 
@@ -244,13 +266,26 @@ def _rejected(plan: Plan, tally: Tally, count: int = 1) -> bool:
     return False
 
 
-def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally) -> list[dict]:
+def _twin(family: Layout) -> Layout | None:
+    """The 1F1B layout whose StepCosts a zero-bubble layout shares: ``step_costs`` reads the
+    schedule only through the stages and the memory model's in-flight chunks, which are the
+    same for 1F1B and ZB-H1 with one chunk per rank (``memory.in_flight_chunks``); only the
+    analytic path's pipeline term tells them apart."""
+    if family.schedule == Schedule.ZERO_BUBBLE and family.vpp == 1:
+        return replace(family, schedule=Schedule.ONE_F_ONE_B)
+    return None
+
+
+def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally,
+                    cache: dict | None = None) -> list[dict]:
     """Rows for one layout: for each offload setting, the lightest recompute that fits
     (heavier recompute only adds time). Offload is tried only when nothing fits without
     it. The rules of ``check_plan`` do not depend on recompute, so each offload setting
-    is checked once."""
-    from simcore.simulate import simulate
+    is checked once. ``cache`` (per batch of layouts) reuses activation bytes and a
+    zero-bubble layout's 1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls."""
+    from simcore.simulate import analytic, step_costs
 
+    cache = {} if cache is None else cache
     nrc = len(space.recompute)
     tally.candidates += nrc * len(space.offload)
     valid = []
@@ -260,7 +295,7 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
             valid.append(off)
     if not valid:
         return []
-    table = memory_table(plan, valid, space.recompute)
+    table = memory_table(plan, valid, space.recompute, cache)
     for k, off in enumerate(valid):
         for i, rc in enumerate(space.recompute):
             lay = replace(family, recompute=rc, offload=off)
@@ -269,7 +304,13 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
                 continue
             tally.simulated += 1
             tally.dominated += nrc - i - 1 + nrc * (len(valid) - k - 1)
-            return [_row(lay, simulate(lay.apply(base, True), engine="analytic"))]
+            plan = lay.apply(base, True)
+            twin = _twin(lay)
+            costs = cache.pop(("costs", twin), None) if twin is not None else None
+            costs = step_costs(plan) if costs is None else replace(costs, plan=plan)
+            if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
+                cache["costs", lay] = costs
+            return [_row(lay, analytic(costs))]
     return []
 
 
@@ -285,9 +326,9 @@ def _row(lay: Layout, res) -> dict:
 
 def _evaluate_chunk(args) -> tuple[list[dict], Tally]:
     base, chunk, space = args
-    tally, rows = Tally(), []
+    tally, rows, cache = Tally(), [], {}
     for fam in chunk:
-        rows += evaluate_family(base, fam, space, tally)
+        rows += evaluate_family(base, fam, space, tally, cache)
     return rows, tally
 
 

@@ -144,3 +144,18 @@ def test_gpt3_175b_ranks_the_megatron_layout_on_top():
     text = "\n".join(res.explanations)
     assert "best with tp=1" in text and "do not fit in memory" in text
     assert any(word in text for word in ("pipeline bubble", "exposed communication", "compute"))
+
+
+def test_zero_bubble_layouts_share_their_1f1b_twins_step_costs():
+    """The search reuses a 1F1B layout's StepCosts for its ZB-H1 twin (search._twin): that is
+    only sound if step_costs gives the same numbers for both."""
+    from simcore.search import _twin
+    from simcore.simulate import step_costs
+
+    base = base_plan("gpt3-175b", {"node": "dgx-a100-80gb", "nodes": 192}, 1536)
+    zb = [f for f in families(base, derive_space(base), base.cluster.gpus) if _twin(f) is not None]
+    for fam in random.Random(1).sample(zb, 6):
+        for rc in (Recompute.NONE, Recompute.FULL):
+            mine = replace(fam, recompute=rc).apply(base, True)
+            twin = replace(_twin(fam), recompute=rc).apply(base, True)
+            assert replace(step_costs(twin), plan=mine) == step_costs(mine)

@@ -360,26 +360,36 @@ def load_profile(path: str | os.PathLike, raw_node: dict, cat: Catalog) -> Node:
 def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
     """A calibrated node as seen by ``ranks_per_node`` ranks running at once.
 
-    On a CPU host the ranks share cores: the profile's oversubscription table gives the
-    matmul throughput per rank with 1, 2, 4 ... ranks running, and the collective fits
-    give the all-reduce bus bandwidth and latency per group size. Figures between the
-    measured counts are interpolated in log2(ranks); beyond them the end values are used.
-    Catalog nodes are returned unchanged.
+    On a CPU host the ranks share cores: the profile's oversubscription tables give the
+    matmul throughput per rank (which scales the peak) and the eager tiny-layer rate per
+    rank (which scales the host and kernel overheads: a rank given half a core issues its
+    kernels half as fast) with 1, 2, 4 ... ranks running, and the collective fits give the
+    all-reduce bus bandwidth and base latency per group size (the fit's ``base_latency_s``:
+    its alpha less the ring's per-hop latencies, which collectives.py adds back). Figures
+    between the measured counts are interpolated in log2(ranks); beyond them the end
+    values are used. Catalog nodes are returned unchanged.
     """
     if not node.gpu.efficiency_json:
         return node
     eff = json.loads(node.gpu.efficiency_json)
     table = {int(k): float(v) for k, v in (eff.get("oversubscription") or {}).items()}
+    host = {int(k): float(v) for k, v in (eff.get("host_oversubscription") or {}).items()}
     fits = {int(k): v for k, v in (eff.get("all_reduce_fits") or {}).items()}
     gpu = node.gpu
     if table and 1 in table:
         factor = _interp_log2(table, ranks_per_node) / table[1]
         gpu = _replace(gpu, peak_flops=tuple((p, None if v is None else v * factor) for p, v in gpu.peak_flops))
+    if host and 1 in host:
+        slow = host[1] / _interp_log2(host, ranks_per_node)
+        for key in ("host_overhead_us", "kernel_overhead_us"):
+            if key in eff:
+                eff[key] = float(eff[key]) * slow
     if fits:
         n = min(fits, key=lambda k: (abs(math.log2(k) - math.log2(max(ranks_per_node, 1))), -k))
-        eff["collective"] = {**eff["collective"], "base_latency_us": fits[n]["alpha_s"] * 1e6}
-        gpu = _replace(gpu, intra_link_bytes_per_s=fits[n]["bus_bytes_per_s"],
-                       efficiency_json=json.dumps(eff, sort_keys=True))
+        base = fits[n].get("base_latency_s", fits[n]["alpha_s"])
+        eff["collective"] = {**eff["collective"], "base_latency_us": base * 1e6}
+        gpu = _replace(gpu, intra_link_bytes_per_s=fits[n]["bus_bytes_per_s"])
+    gpu = _replace(gpu, efficiency_json=json.dumps(eff, sort_keys=True))
     return _replace(node, gpu=gpu)
 
 

@@ -1,0 +1,122 @@
+"""Benchmark: predicted against measured on this machine, over the local validation matrix.
+
+Runs every layout of ``validation/local.yaml`` (or ``--only`` some) with the executor
+(gloo on CPU), predicts it with the event engine on this host's calibrated profile, and
+prints the per-layout errors. Targets (issue 7; a benchmark, not a timed test):
+- median absolute step-time error <= 10%, and no layout above 25%;
+- memory per rank within 10% on every layout.
+It then writes the step-time and memory residuals (ln measured/predicted) per layout
+class to ``validation/residuals.yaml`` (kind ``cpu-gloo``), from which
+``simcore.uncertainty`` derives prediction intervals, and the table to
+``bench/out/validate_local.csv``.
+
+    .venv/bin/python bench/validate_local.py [--calibrate] [--steps 8] [--only dp2 pp2-1f1b] [--no-write]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from reports.validate import validate_matrix  # noqa: E402
+from simcore.trace import atomic_write_text  # noqa: E402
+from simcore.uncertainty import RESIDUALS_PATH, merge_residuals, residual_table  # noqa: E402
+from topologies.hardware import default_profile_path  # noqa: E402
+
+MATRIX = ROOT / "validation" / "local.yaml"
+STEP_MEDIAN_TARGET = 0.10
+STEP_MAX_TARGET = 0.25
+MEMORY_TARGET = 0.10
+COLUMNS = ["layout", "class", "pred_step_s", "meas_step_s", "step_err", "step_lo_s", "step_hi_s",
+           "pred_compute_s", "meas_compute_s", "pred_bubble_s", "meas_bubble_s", "pred_comm_s", "meas_comm_s",
+           "pred_mem_gib", "meas_mem_gib", "mem_err"]
+
+
+def targets(table) -> dict:
+    """The issue's targets over a summary table (one row per layout)."""
+    step = [abs(e) for e in table["step_err"]]
+    mem = [abs(e) for e in table["mem_err"]]
+    return {"median_abs_step_err": statistics.median(step), "max_abs_step_err": max(step),
+            "max_abs_mem_err": max(mem),
+            "step_median_ok": statistics.median(step) <= STEP_MEDIAN_TARGET,
+            "step_max_ok": max(step) <= STEP_MAX_TARGET, "memory_ok": max(mem) <= MEMORY_TARGET}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_residuals(table, steps: int, warmup: int, profile: dict, path: Path = RESIDUALS_PATH) -> None:
+    rows = table.rename(columns={"pred_step_s": "pred_step_time_s", "meas_step_s": "meas_step_time_s",
+                                 "pred_mem_gib": "pred_memory_per_gpu_gib", "meas_mem_gib": "meas_memory_per_gpu_gib"})
+    res = residual_table(rows.to_dict(orient="records"), ("step_time_s", "memory_per_gpu_gib"))
+    measured = {
+        "set": f"validation/local.yaml, {len(table)} layouts",
+        "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        "how": (f"bench/validate_local.py on {socket.gethostname()}: event-engine prediction on the calibrated "
+                f"profile of {profile.get('measured_on', {}).get('date', '?')} against the executor "
+                f"(gloo, fork), {steps} steps, {warmup} warm-up discarded, mean of the slowest rank; "
+                f"commit {_commit()}"),
+        "residual": "ln(measured / predicted)",
+    }
+    doc = yaml.safe_load(path.read_text()) if path.exists() else {}
+    doc = merge_residuals(doc or {}, "cpu-gloo", res, measured)
+    header = "# Residuals ln(measured/predicted) per hardware kind and layout class, written by the benches\n" \
+             "# (bench/validate_local.py); simcore/uncertainty.py turns them into prediction intervals.\n"
+    atomic_write_text(path, header + yaml.safe_dump(doc, sort_keys=False))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calibrate", action="store_true", help="recalibrate this host first")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--no-write", action="store_true", help="do not update residuals.yaml and the CSV")
+    a = ap.parse_args(argv)
+    profile_path = default_profile_path()
+    if a.calibrate or not profile_path.exists():
+        from executors.calibrate import calibrate
+
+        calibrate(profile_path)
+    result = validate_matrix(MATRIX, steps=a.steps, warmup=a.warmup, only=a.only, progress=True)
+    for name, why in result.failures:
+        print(f"FAILED {name}: {why}")
+    if result.table.empty:
+        return 1
+    table = result.table
+    with_pct = table[COLUMNS].copy()
+    for col in ("step_err", "mem_err"):
+        with_pct[col] = (100 * with_pct[col]).map("{:+.1f}%".format)
+    print(with_pct.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    t = targets(table)
+    print(f"median |step error| {100 * t['median_abs_step_err']:.1f}% (target <= {100 * STEP_MEDIAN_TARGET:.0f}%: "
+          f"{'met' if t['step_median_ok'] else 'NOT met'}); max {100 * t['max_abs_step_err']:.1f}% "
+          f"(target <= {100 * STEP_MAX_TARGET:.0f}%: {'met' if t['step_max_ok'] else 'NOT met'}); "
+          f"max |memory error| {100 * t['max_abs_mem_err']:.1f}% (target <= {100 * MEMORY_TARGET:.0f}%: "
+          f"{'met' if t['memory_ok'] else 'NOT met'})")
+    print(f"measured inside the 90% interval: {int(table['in_interval'].sum())}/{len(table)}")
+    if not a.no_write:
+        out = ROOT / "bench" / "out" / "validate_local.csv"
+        out.parent.mkdir(exist_ok=True)
+        atomic_write_text(out, table.to_csv(index=False))
+        write_residuals(table, a.steps, a.warmup, yaml.safe_load(profile_path.read_text()))
+        print(f"wrote {out.relative_to(ROOT)} and {RESIDUALS_PATH.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

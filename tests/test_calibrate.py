@@ -1,0 +1,142 @@
+"""executors.calibrate: the fits on synthetic data (closed forms), the profile's round trip
+through the simulator, a quick real calibration, and the refit from a measured run."""
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+from executors import calibrate as cal
+from simcore import compute as cmp
+from simcore.simulate import simulate
+from simcore.spec import plan_from_dict
+
+ALPHA, BETA = 2e-4, 1e9
+SIZES = (4096, 65536, 1 << 20)
+
+
+def _rows(op, n, alpha=ALPHA, beta=BETA):
+    return [{"op": op, "ranks": n, "bytes": b, "seconds": alpha + cal.WIRE_FACTOR[op](n) * b / beta} for b in SIZES]
+
+
+def test_alpha_beta_fit_recovers_a_noiseless_line():
+    fits = cal.fit_alpha_beta(_rows("all_reduce", 4) + _rows("all_gather", 2, 1e-3, 5e8))
+    assert fits["all_reduce"][4]["alpha_s"] == pytest.approx(ALPHA, rel=1e-6)
+    assert fits["all_reduce"][4]["bus_bytes_per_s"] == pytest.approx(BETA, rel=1e-6)
+    assert fits["all_gather"][2]["alpha_s"] == pytest.approx(1e-3, rel=1e-6)
+    assert fits["all_gather"][2]["bus_bytes_per_s"] == pytest.approx(5e8, rel=1e-6)
+
+
+def test_ring_latency_split_keeps_the_model_consistent():
+    fits = cal.fit_alpha_beta(_rows("send_recv", 2, 1e-4) + _rows("all_reduce", 2, 5e-4) + _rows("all_reduce", 4, 1e-4))
+    hop, ar = cal.split_ring_latency(fits)
+    assert hop == pytest.approx(1e-4)
+    # ring all-reduce latency = base + 2(n-1) hops (simcore.collectives._ring_latency)
+    assert ar[2]["base_latency_s"] == pytest.approx(5e-4 - 2 * 1e-4)
+    assert ar[4]["base_latency_s"] == 0.0          # 1e-4 - 6e-4 clamps at zero
+
+
+def test_matmul_curve_is_the_median_per_size_capped_at_one():
+    rows = [{"precision": "fp32", "flops": 8.0, "flops_per_s": v} for v in (1.0, 3.0, 2.0)]
+    rows += [{"precision": "fp32", "flops": 64.0, "flops_per_s": 5.0}, {"precision": "bf16", "flops": 8.0, "flops_per_s": 9.0}]
+    assert cal.matmul_curve(rows, "fp32", 4.0) == [[8.0, 0.5], [64.0, 1.0]]
+
+
+def test_probe_kernels_match_the_compute_model():
+    spec = cal.probe_spec()
+    from simcore import workload as wl
+
+    ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len)
+    assert cal.probe_kernels(spec) == (12, 16)     # 4 GEMMs get 2 backward kernels each
+    assert sum(o.kernels for o in ops) == 12
+
+
+def test_cpu_half_precision_grid_stops_early():
+    shapes = cal.matmul_shapes("bf16", torch.device("cpu"))
+    assert max(m for m, _, _ in shapes) == cal.CPU_HALF_MAX_SIZE
+    assert max(m for m, _, _ in cal.matmul_shapes("fp32", torch.device("cpu"))) == 1024
+
+
+def _synthetic_profile():
+    matmul = [{"precision": "fp32", "m": s, "k": s, "n": s, "flops": 2.0 * s**3, "seconds": 1.0,
+               "flops_per_s": 1e13 * min(1.0, s / 256)} for s in (64, 256, 1024)]
+    memory = {"copy_bytes_per_s": 1e12, "kernel_overhead_s": 5e-6}
+    coll = [r for op in cal.WIRE_FACTOR for n in (2, 4) for r in _rows(op, n)]
+    oversub = {"matmul": {1: 1e10, 2: 1e10}, "layer": {1: 500.0, 2: 500.0}}
+    host = {"forward_s": 4e-4, "backward_s": 6e-4, "forward_kernels": 12, "backward_kernels": 16,
+            "per_kernel_s": 1e-3 / 28}
+    opt = {"per_tensor_s": 2e-5, "param_bytes_per_s": 1e9}
+    return cal.build_profile(matmul, memory, coll, oversub, None, torch.device("cpu"), host=host, optimizer=opt)
+
+
+DOC = {"name": "t", "model": {"name": "tiny", "layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32,
+                              "tied_embeddings": False},
+       "cluster": {"node": "localhost", "gpus_per_node": 2}, "parallel": {"pp": 2, "dp": 1},
+       "training": {"global_batch": 4, "micro_batch": 1, "precision": "fp32"}}
+
+
+@pytest.fixture
+def synthetic(tmp_path, monkeypatch):
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(_synthetic_profile()))
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(path))
+    return path
+
+
+def test_profile_round_trip_sets_the_host_floor(synthetic):
+    prof = yaml.safe_load(synthetic.read_text())
+    eff = prof["efficiency"]
+    assert eff["host_overhead_us"] == pytest.approx(1e6 / (500.0 * 28))   # from the one-rank layer rate
+    assert eff["collective"]["nvlink_hop_latency_us"] == pytest.approx(ALPHA * 1e6)
+    assert eff["memory"]["framework_bytes"] == 0.0
+    plan = plan_from_dict({**DOC, "parallel": {"dp": 1}, "cluster": {"node": "localhost", "gpus_per_node": 1}})
+    dev = cmp.device_model(plan.cluster.node.gpu, "fp32")
+    assert dev.host_overhead_s == pytest.approx(eff["host_overhead_us"] * 1e-6)
+    # the tiny layer is overhead-bound: its forward is exactly 12 kernels of host time
+    from simcore import workload as wl
+
+    f, _, _ = cmp.ops_time_s(wl.layer_forward_ops(plan.model, b=1, s=32), dev)
+    assert f == pytest.approx(12 * dev.host_overhead_s)
+
+
+def test_refit_from_a_run_scales_the_figures_by_measured_over_predicted(synthetic, tmp_path):
+    plan = plan_from_dict(DOC)
+    before = simulate(plan, engine="des").time_s
+    measured = {"time_s": {"forward": 2 * before["forward"], "backward": 2 * before["backward"],
+                           "pp_comm": 3 * before["pp_comm"]}}
+    run_json = tmp_path / "measured.json"
+    run_json.write_text(json.dumps({"measured": {"breakdown": measured}}))   # `validate --json` shape
+    old = yaml.safe_load(synthetic.read_text())
+    new = cal.refit_profile(synthetic, run_json, plan)
+    assert new["efficiency"]["host_overhead_us"] == pytest.approx(2 * old["efficiency"]["host_overhead_us"])
+    assert new["device"]["dense_tflops"]["fp32"] == pytest.approx(old["device"]["dense_tflops"]["fp32"] / 2)
+    hop = new["efficiency"]["collective"]["nvlink_hop_latency_us"]
+    assert hop == pytest.approx(3 * old["efficiency"]["collective"]["nvlink_hop_latency_us"])
+    assert new["refits"][0]["ratios"]["compute"] == pytest.approx(2.0)
+    after = simulate(plan_from_dict(DOC), engine="des").time_s
+    assert after["forward"] == pytest.approx(2 * before["forward"], rel=1e-6)   # overhead and FLOPs both x2
+    measured["time_s"]["forward"] = 1000 * after["forward"]
+    run_json.write_text(json.dumps(measured))
+    clamped = cal.refit_profile(synthetic, run_json, plan_from_dict(DOC))
+    assert clamped["refits"][-1]["ratios"]["compute"] == cal.REFIT_CLAMP
+
+
+def test_refit_needs_a_phase_breakdown(synthetic, tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text(json.dumps({"step_time_s": 1.0}))
+    with pytest.raises(ValueError, match="time_s"):
+        cal.refit_profile(synthetic, bad, plan_from_dict(DOC))
+
+
+def test_quick_calibration_end_to_end(tmp_path, monkeypatch):
+    out = tmp_path / "local.yaml"
+    prof = cal.calibrate(out, quick=True, progress=False)
+    assert prof["measured_on"]["calibration_s"] < 60
+    assert prof["efficiency"]["host_overhead_us"] > 0 and prof["device"]["dense_tflops"]["fp32"] > 0
+    fits = prof["collectives"]
+    assert set(fits) == set(cal.WIRE_FACTOR) and all(2 in v for v in fits.values())
+    assert set(prof["oversubscription"]["layer_steps_per_s_per_rank"]) == {1, 2}
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(out))
+    pred = simulate(plan_from_dict(DOC))
+    assert pred.step_time_s > 0 and math.isfinite(pred.step_time_s)
