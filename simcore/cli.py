@@ -367,6 +367,21 @@ def cmd_demo(args) -> None:
         print(f"  {name:>9}: {open_hint(html)}")
 
 
+def cmd_collectives(args) -> None:
+    from simcore.collective_plan import expected_collectives, format_collectives
+    from topologies.placement import rank_grid
+
+    plan = load_plan(args.plan)
+    if args.json:
+        par = plan.parallel
+        grid = rank_grid(par.pp, par.dp, par.cp, par.tp)
+        firsts = {grid.rank(pp=i) for i in range(par.pp)}
+        counts = expected_collectives(plan)
+        _print_json({str(r): {f"{k}/{a}": n for (k, a), n in sorted(counts[r].items())} for r in sorted(firsts)})
+    else:
+        print(format_collectives(plan))
+
+
 def cmd_calibrate(args) -> None:
     from executors.calibrate import calibrate
     from topologies.hardware import default_profile_path
@@ -437,6 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", choices=["rank", "step"], default="rank")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_schedule)
+
+    p = sub.add_parser("collectives", help="the collectives each rank issues per step, as torch issues them")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--json", action="store_true", help="counts per (kind, axis) for the first rank of each stage")
+    p.set_defaults(func=cmd_collectives)
 
     p = sub.add_parser("memory", help="bytes per GPU by kind, per pipeline rank, and whether it fits")
     p.add_argument("plan", type=Path)
