@@ -118,9 +118,27 @@ def cmd_simulate(args) -> None:
         kwargs = {"granularity": args.granularity, "mode": args.mode}
         if args.slow:
             kwargs["stragglers"] = _parse_stragglers(args.slow)
-    elif args.trace or args.gantt or args.slow:
-        raise UsageError("--trace, --gantt and --slow need --engine des (the analytic path has no timeline)")
-    result = simulate(plan, engine=args.engine, **kwargs)
+        if args.slow_stage:
+            from simcore.engine import stage_stragglers
+
+            kwargs["stragglers"] = {**kwargs.get("stragglers", {}),
+                                    **stage_stragglers(plan, _parse_stragglers(args.slow_stage, "--slow-stage"))}
+    elif args.trace or args.gantt or args.slow or args.slow_stage or args.stage_gpu:
+        raise UsageError("--trace, --gantt, --slow, --slow-stage and --stage-gpu need --engine des "
+                         "(the analytic path has no timeline)")
+    if args.stage_gpu:
+        from simcore.engine import simulate_des
+        from simcore.mixed import mixed_costs
+
+        stage_gpus = {}
+        for item in args.stage_gpu:
+            stage, _, gpu = item.partition("=")
+            if not stage.isdigit() or not gpu:
+                raise UsageError(f"--stage-gpu {item!r} must be STAGE=GPU, e.g. 0=a100-80gb")
+            stage_gpus[int(stage)] = gpu
+        result = simulate_des(mixed_costs(plan, stage_gpus), **kwargs)
+    else:
+        result = simulate(plan, engine=args.engine, **kwargs)
     from simcore.uncertainty import interval_fields
 
     interval = interval_fields(plan, result)
@@ -144,16 +162,16 @@ def cmd_simulate(args) -> None:
             print(f"  no interval: {interval['interval_source']}")
 
 
-def _parse_stragglers(items: list[str]) -> dict[int, float]:
+def _parse_stragglers(items: list[str], flag: str = "--slow") -> dict[int, float]:
     out = {}
     for item in items:
         rank, _, factor = item.partition("=")
         try:
             out[int(rank)] = float(factor)
         except ValueError:
-            raise UsageError(f"--slow {item!r} must be RANK=FACTOR, e.g. 3=1.5") from None
+            raise UsageError(f"{flag} {item!r} must be INDEX=FACTOR, e.g. 3=1.5") from None
         if out[int(rank)] <= 0:
-            raise UsageError(f"--slow {item!r}: the factor must be positive")
+            raise UsageError(f"{flag} {item!r}: the factor must be positive")
     return out
 
 
@@ -440,7 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="analytic closed forms (fast) or the SimPy event engine (exact order)")
     p.add_argument("--granularity", choices=["microbatch", "layer"], default="microbatch")
     p.add_argument("--mode", choices=["representative", "full"], default="representative")
-    p.add_argument("--slow", action="append", metavar="RANK=FACTOR", help="straggler: slow a pipeline rank")
+    p.add_argument("--slow", action="append", metavar="RANK=FACTOR", help="straggler: slow one global rank")
+    p.add_argument("--slow-stage", action="append", metavar="STAGE=FACTOR",
+                   help="slow every rank of a pipeline stage (e.g. a slower node)")
+    p.add_argument("--stage-gpu", action="append", metavar="STAGE=GPU",
+                   help="mixed hardware: run a pipeline stage on another catalog GPU type")
     p.add_argument("--trace", type=Path, metavar="JSON", help="write the predicted step as a Chrome trace")
     p.add_argument("--gantt", type=Path, metavar="PNG", help="draw the predicted step as a Gantt chart")
     p.add_argument("--json", action="store_true")
