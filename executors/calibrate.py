@@ -213,6 +213,99 @@ def bench_optimizer(device: torch.device, reps: int = 15) -> dict:
     return {"rows": rows, "per_tensor_s": per_tensor, "param_bytes_per_s": 1.0 / per_byte}
 
 
+# --------------------------------------------------------------------------- torch-parallel host cost
+
+#: Layer steps per probe variant of the parallel probe (median kept; a modelling choice).
+PARALLEL_PROBE_REPS = 12
+
+
+def _median_step(step, reps: int, warmup: int = 3) -> tuple[float, float]:
+    times = [step() for _ in range(reps + warmup)][warmup:]
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+
+
+def _wrapped_layer_step(block, x):
+    """(fwd_s, bwd_s) closure of a wrapped probe block (DTensor TP or FSDP2) on input ``x``."""
+    def step() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        y = block(x)
+        t1 = time.perf_counter()
+        y.sum().backward()
+        return t1 - t0, time.perf_counter() - t1
+    return step
+
+
+def _optimizer_per_tensor_s(params, reps: int) -> float:
+    from executors.parallel import ADAM_BETAS, WEIGHT_DECAY
+
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY)
+    times = []
+    for i in range(reps + 2):
+        t0 = time.perf_counter()
+        opt.step()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) / len(params)
+
+
+def _parallel_probe_rank(rank: int, world: int, device, reps: int) -> dict:
+    """Both ranks at once: the probe layer plain, under DTensor TP (with and without SP,
+    ``executors.parallel``'s plan) and under FSDP2 (reshard after forward or not), and
+    AdamW over plain and DTensor (FSDP2-sharded) parameters."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from executors.model import Block
+    from executors.parallel import _block_tp_plan
+
+    torch.manual_seed(0)
+    spec = probe_spec()
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("x",))
+    s, h = spec.seq_len, spec.hidden
+    out = {"plain": _median_step(_layer_step(spec, device), reps)}
+    for name, sp in (("tp", False), ("tp_sp", True)):
+        block = Block(spec).to(device)
+        parallelize_module(block, mesh, _block_tp_plan(block, sp))
+        x = torch.randn(1, s // world if sp else s, h, device=device, requires_grad=True)  # (B, T[/t], H)
+        out[name] = _median_step(_wrapped_layer_step(block, x), reps)
+    for name, reshard in (("fsdp_zero2", False), ("fsdp_zero3", True)):
+        block = Block(spec).to(device)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        x = torch.randn(1, s, h, device=device, requires_grad=True)
+        out[name] = _median_step(_wrapped_layer_step(block, x), reps)
+        if reshard:
+            out["opt_dtensor"] = _optimizer_per_tensor_s(list(block.parameters()), reps)
+    out["opt_plain"] = _optimizer_per_tensor_s(list(Block(spec).to(device).parameters()), reps)
+    dist.barrier()
+    return out
+
+
+def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS) -> dict:
+    """The torch-parallel host cost on ``world`` ranks (fork, gloo), in units of the plain
+    probe layer's per-kernel cost measured in the same launch (so that load from other
+    processes cancels): extra kernels per layer forward and backward for DTensor TP, TP+SP,
+    FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included), and AdamW's cost per
+    parameter tensor, plain and DTensor. Ranks' medians are averaged."""
+    from executors.launch import spawn
+
+    rows = spawn(_parallel_probe_rank, world, (reps,), timeout_s=180, start_method="fork")
+    kf, kb = probe_kernels(probe_spec())
+    avg = {k: tuple(statistics.mean(r[k][i] for r in rows) for i in range(2)) if isinstance(rows[0][k], tuple)
+           else statistics.mean(r[k] for r in rows) for k in rows[0]}
+    per_kernel = sum(avg["plain"]) / (kf + kb)
+    out = {"ranks": world, "per_kernel_s": per_kernel, "raw": {k: list(v) if isinstance(v, tuple) else v
+                                                                for k, v in avg.items()}}
+    for name in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3"):
+        out[name] = {"forward_kernels": max(0.0, (avg[name][0] - avg["plain"][0]) / per_kernel),
+                     "backward_kernels": max(0.0, (avg[name][1] - avg["plain"][1]) / per_kernel)}
+    out["optimizer_per_tensor_kernels"] = avg["opt_plain"] / per_kernel
+    out["optimizer_dtensor_per_tensor_kernels"] = avg["opt_dtensor"] / per_kernel
+    return out
+
+
 # --------------------------------------------------------------------------- collectives
 
 def _collective_fn(op: str, nbytes: int, rank: int, world: int, device, group=None):
@@ -374,7 +467,8 @@ def _per_rank(table: dict) -> dict:
 
 
 def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.device, *,
-                  host: dict | None = None, optimizer: dict | None = None, seconds: float = 0.0) -> dict:
+                  host: dict | None = None, optimizer: dict | None = None, parallel: dict | None = None,
+                  seconds: float = 0.0) -> dict:
     """The profile document from the raw measurements."""
     hostname = socket.gethostname()
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -419,11 +513,23 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
         efficiency["optimizer"] = {"per_tensor_us": optimizer["per_tensor_s"] * 1e6,
                                    "param_gbyte_per_s": optimizer["param_bytes_per_s"] / 1e9,
                                    "source": f"{source}; torch.optim.AdamW step over 3 parameter sets"}
+    if parallel:
+        bc = (fits.get("broadcast") or {}).get(2, {})
+        efficiency["parallel_host"] = {
+            **{k: parallel[k] for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")},
+            "optimizer_per_tensor_kernels": parallel["optimizer_per_tensor_kernels"],
+            "optimizer_dtensor_per_tensor_kernels": parallel["optimizer_dtensor_per_tensor_kernels"],
+            "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
+            "source": f"{source}; probe layer on {parallel['ranks']} ranks at once, plain vs DTensor TP "
+                      "(executors.parallel's plan, with and without SP) vs FSDP2, in units of the plain "
+                      "layer's per-kernel time; AdamW per plain / DTensor tensor; broadcast: its 2-rank alpha"}
     if cpu:
         efficiency["memory"] = {
             "framework_bytes": 0.0, "allocator_fragmentation": 0.0, "comm_buffers": False,
+            "executor_activations": True,
             "source": "CPU host: no CUDA context or caching allocator; the executor counts the tensors "
-                      "a rank owns (executors/measure.py), which DDP's bucket buffers are not"}
+                      "a rank owns (executors/measure.py), which DDP's bucket buffers are not, and the "
+                      "tensors its torch model saves for backward (simcore.workload.executor_activation_bytes)"}
         if oversub.get("layer"):
             efficiency["host_oversubscription"] = {str(k): v for k, v in _per_rank(oversub["layer"]).items()}
     return {
@@ -449,7 +555,7 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                              "source": f"{source}; n forked single-thread ranks started on a barrier"},
         "collectives": fits,
         "raw": {"matmul": matmul, "memory": memory, "collectives": collectives, "h2d_bytes_per_s": h2d,
-                "host_overhead": host, "optimizer": optimizer},
+                "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel},
     }
 
 
@@ -486,7 +592,7 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     precisions = ["bf16", "fp16"] if device.type == "cuda" else ["fp32", "bf16"]
     sizes = MATMUL_SIZES[:4] if quick else MATMUL_SIZES
-    with tqdm(total=len(precisions) + 6, desc="calibrate", disable=not progress, unit="bench") as bar:
+    with tqdm(total=len(precisions) + 7, desc="calibrate", disable=not progress, unit="bench") as bar:
         matmul = bench_matmul(device, precisions, sizes, bar)
         memory = bench_memory(device)
         bar.update(1)
@@ -507,9 +613,37 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
             groups = (2,) if quick else GROUP_SIZES
         collectives = bench_collectives(backend, groups, COLLECTIVE_BYTES[:3] if quick else COLLECTIVE_BYTES)
         bar.update(1)
+        parallel = bench_parallel_host(reps=4 if quick else PARALLEL_PROBE_REPS) if backend == "gloo" else None
+        bar.update(1)
     profile = build_profile(matmul, memory, collectives, oversub, h2d, device, host=host, optimizer=optimizer,
-                            seconds=time.perf_counter() - t0)
+                            parallel=parallel, seconds=time.perf_counter() - t0)
     atomic_write_text(out, yaml.safe_dump(profile, sort_keys=False))
+    return profile
+
+
+# --------------------------------------------------------------------------- refresh under load
+
+def refresh_host_speed(profile_path, *, window_s: float = 0.1, cycles: int = 1) -> dict:
+    """Re-measure the load-sensitive host figures of a CPU profile now (about a second): the
+    oversubscription probes (1, 2, 4 ranks), hence the per-kernel host overhead and the
+    per-rank GEMM rates. On a machine shared with other work the speed a rank gets changes
+    from minute to minute, so a prediction compared with a run should use figures taken
+    just before it. The other figures (in units of the host kernel, or fits) are kept."""
+    profile = yaml.safe_load(Path(profile_path).read_text())
+    oversub = bench_oversubscription(window_s=window_s, cycles=cycles)
+    eff = profile["efficiency"]
+    host = (profile.get("raw") or {}).get("host_overhead")
+    if host:
+        eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
+    eff["host_oversubscription"] = {str(k): v for k, v in _per_rank(oversub["layer"]).items()}
+    old_one = (profile["oversubscription"].get("matmul_flops_per_s_per_rank") or {}).get(1)
+    if old_one and oversub["matmul"].get(1):   # the one-rank GEMM rate moves the measured peak with it
+        r = oversub["matmul"][1] / float(old_one)
+        profile["device"]["dense_tflops"] = {p: (v * r if v else v) for p, v in profile["device"]["dense_tflops"].items()}
+    profile["oversubscription"]["matmul_flops_per_s_per_rank"] = _per_rank(oversub["matmul"])
+    profile["oversubscription"]["layer_steps_per_s_per_rank"] = _per_rank(oversub["layer"])
+    profile["measured_on"]["refreshed"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    atomic_write_text(profile_path, yaml.safe_dump(profile, sort_keys=False))
     return profile
 
 

@@ -51,6 +51,26 @@ class DeviceModel:
     adam_host_bytes_per_param: float
     comm_compute_interference: float = 1.0
     """Factor by which compute slows while an overlapped NCCL kernel shares the GPU (>= 1)."""
+    parallel_kernels: tuple[tuple[str, float, float], ...] = ()
+    """(mode, forward, backward) extra host kernels per layer and micro-batch that a torch
+    parallel wrapper costs over the plain eager layer (mode: tp, tp_sp, fsdp_zero2,
+    fsdp_zero3), collective latency included; measured by ``trainplan calibrate`` on CPU
+    hosts (``executors.calibrate.bench_parallel_host``), absent from catalog GPUs."""
+    optimizer_per_tensor_kernels: float = 0.0
+    """Host cost of the optimizer per parameter tensor, in host kernels (eager AdamW)."""
+    optimizer_dtensor_per_tensor_kernels: float = 0.0
+    """The same for a DTensor parameter (TP or FSDP2 shards): every op dispatches through DTensor."""
+    optimizer_bytes_per_s: float = 0.0
+    """Measured optimizer throughput over parameter bytes (0: the roofline stream model)."""
+    broadcast_latency_s: float = 0.0
+    """Per-call latency of a 2-rank broadcast (ZeroRedundancyOptimizer's per-parameter sync)."""
+
+    def parallel_extra_s(self, mode: str) -> tuple[float, float]:
+        """(forward, backward) seconds a parallel wrapper adds to one layer's micro-batch."""
+        for name, f, b in self.parallel_kernels:
+            if name == mode:
+                return f * self.host_overhead_s, b * self.host_overhead_s
+        return 0.0, 0.0
 
 
 def _entry(gpu: GPU, catalog_root=None) -> dict:
@@ -92,7 +112,24 @@ def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
         host_memory_bytes_per_s=float(off.get("host_memory_gbyte_per_s", 0.0)) * 1e9,
         adam_host_bytes_per_param=float(off.get("adam_host_bytes_per_param", 32)),
         comm_compute_interference=float(e.get("comm_compute_interference", 1.0)),
+        **_host_terms(e),
     )
+
+
+def _host_terms(e: dict) -> dict:
+    """The calibrated host-side terms of a CPU profile (``parallel_host`` and ``optimizer``
+    entries); catalog GPUs have neither and keep the defaults (no change to their model)."""
+    ph, opt = e.get("parallel_host") or {}, e.get("optimizer") or {}
+    out = {}
+    if ph:
+        out["parallel_kernels"] = tuple((k, float(v["forward_kernels"]), float(v["backward_kernels"]))
+                                        for k, v in sorted(ph.items()) if isinstance(v, dict))
+        out["optimizer_per_tensor_kernels"] = float(ph.get("optimizer_per_tensor_kernels", 0.0))
+        out["optimizer_dtensor_per_tensor_kernels"] = float(ph.get("optimizer_dtensor_per_tensor_kernels", 0.0))
+        out["broadcast_latency_s"] = float(ph.get("broadcast_latency_us", 0.0)) * 1e-6
+    if ph and opt.get("param_gbyte_per_s"):
+        out["optimizer_bytes_per_s"] = float(opt["param_gbyte_per_s"]) * 1e9
+    return out
 
 
 def roofline_s(flops: float, bytes_: float, dev: DeviceModel, efficiency: float) -> float:

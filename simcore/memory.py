@@ -109,8 +109,29 @@ def in_flight_chunks(plan: Plan, rank: int) -> int:
     return min(m, p - rank)
 
 
+def _executor_activation_terms(plan: Plan) -> tuple[float, float, float, float]:
+    """The same four terms for the executor's torch model (``simcore.workload.executor_*``)."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    e = 4 if tr.precision == Precision.FP32 else 2
+    kw = dict(b=tr.micro_batch, s=m.seq_len // par.cp, tp=par.tp, sequence_parallel=par.sequence_parallel)
+    per_layer = wl.executor_activation_bytes_per_layer(m, recompute=tr.recompute, elem_bytes=e, **kw)
+    working = 0.0
+    if tr.recompute == Recompute.FULL:
+        working = wl.executor_activation_bytes_per_layer(m, recompute=Recompute.NONE, elem_bytes=e, **kw)
+    return (per_layer, working, wl.executor_embedding_activation_bytes(m, b=kw["b"], s=kw["s"]),
+            wl.executor_logits_activation_bytes(m, elem_bytes=e, **kw))
+
+
+def executor_activations(plan: Plan) -> bool:
+    """A calibrated profile whose memory is counted on the executor's own model (CPU hosts)."""
+    ej = plan.cluster.node.gpu.efficiency_json
+    return bool(ej and (json.loads(ej).get("memory") or {}).get("executor_activations"))
+
+
 def _activation_terms(plan: Plan) -> tuple[float, float, float, float]:
     """(per layer, full-recompute working layer, embedding, logits) activation bytes."""
+    if executor_activations(plan):
+        return _executor_activation_terms(plan)
     m, par, tr = plan.model, plan.parallel, plan.training
     kw = dict(b=tr.micro_batch, s=m.seq_len // par.cp, tp=par.tp, sequence_parallel=par.sequence_parallel)
     per_layer = wl.activation_bytes_per_layer(m, recompute=tr.recompute, flash=tr.flash_attention, **kw)

@@ -82,6 +82,10 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
         one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
             else coll.all_reduce_s(act, net)
         out["tp_f"] = out["tp_b"] = 2 * one
+        f, b = dev.parallel_extra_s("tp_sp" if par.sequence_parallel else "tp")
+        if f + b > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
+            wire = 2 * 2 * (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
+            out["tp_f"], out["tp_b"] = f + wire, b + wire
     if par.cp > 1:   # ring attention: cp-1 exchanges of the local K and V (Liu et al. 2023)
         net = coll.group_net(cl, dev, par.cp, par.tp)
         kv = 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
@@ -136,17 +140,58 @@ def _dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_param
         else:
             out["layer_ag"] = coll.all_gather_s(wb * layer_params, net)
             out["layer_rs"] = coll.reduce_scatter_s(gb * layer_params, net)
+            if sum(dev.parallel_extra_s("fsdp_zero3")) > 0:   # latency is in the measured layer cost
+                out["layer_ag"] = (nd - 1) / nd * wb * layer_params / net.bus_bytes_per_s
+                out["layer_rs"] = (nd - 1) / nd * gb * layer_params / net.bus_bytes_per_s
         out["buckets"] = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
     return out
 
 
-def _optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[float, float]:
+def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
+    """(plain, DTensor) parameter tensors pipeline rank ``rank`` holds in the executor's model
+    (executors/model.py: bias-free projections, two norms per layer; the embedding on the
+    first stage, the final norm and output on the last). FSDP2 and TP+DP (``replicate``)
+    make every parameter a DTensor; TP alone its split matrices and embeddings, and with
+    sequence parallel the norms too (torch/distributed/tensor/parallel/style.py)."""
+    m, par = plan.model, plan.parallel
+    layers = sum(plan.layers_per_stage[rank::par.pp])
+    mats = 4 + (m.experts * wl.mlp_matrices(m) + 1 if m.moe else wl.mlp_matrices(m))
+    matrices, norms, plain_emb = layers * mats, layers * 2, 0
+    if rank == 0:
+        matrices += 1
+        plain_emb += 1 if m.position_embedding.value == "learned" else 0
+    if rank == par.pp - 1:
+        matrices += 0 if m.tied_embeddings and par.pp == 1 else 1
+        norms += 1
+    total = matrices + norms + plain_emb
+    if (par.zero >= ZeroStage.GRADIENTS and par.dp > 1) or (par.tp > 1 and par.dp > 1):
+        return 0, total
+    if par.tp > 1:
+        dt = matrices + (norms if par.sequence_parallel else 0)
+        return total - dt, dt
+    return total, 0
+
+
+def _host_optimizer_s(plan: Plan, dev: cmp.DeviceModel, owned: float, tensors: tuple[int, int]) -> float:
+    """Eager optimizer on a calibrated CPU host: per-tensor host cost (plain or DTensor,
+    ZeroRedundancyOptimizer steps 1/N_d of the tensors) plus the bytes at the measured rate."""
+    par = plan.parallel
+    share = 1.0 / (par.dp * par.cp) if par.zero == ZeroStage.OPTIMIZER_STATES else 1.0
+    per_tensor = share * (tensors[0] * dev.optimizer_per_tensor_kernels
+                          + tensors[1] * dev.optimizer_dtensor_per_tensor_kernels) * dev.host_overhead_s
+    return per_tensor + owned * mem.weight_bytes_per_param(plan.training.precision) / dev.optimizer_bytes_per_s
+
+
+def _optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
+                     tensors: tuple[int, int] = (0, 0)) -> tuple[float, float]:
     """(optimizer on the GPU or host, offload copies) per step for this rank's shard."""
     par, tr = plan.parallel, plan.training
     nd = par.dp * par.cp
     owned = sp.total / nd if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
     k = mem.optimizer_bytes_per_param(tr.precision, tr.optimizer)
     wb = mem.weight_bytes_per_param(tr.precision)
+    if tr.offload == Offload.NONE and dev.optimizer_bytes_per_s > 0:
+        return _host_optimizer_s(plan, dev, owned, tensors), 0.0
     if tr.offload == Offload.NONE:   # read grad, states; write states and the 16-bit copy
         return cmp.stream_s(owned * (2 * k + 2 * wb), dev), 0.0
     host_bw = dev.host_memory_bytes_per_s / plan.cluster.gpus_per_node
@@ -174,6 +219,9 @@ def step_costs(plan: Plan) -> StepCosts:
     dpc = _dp_costs(plan, dev, params[0], dense_l + expert_l)
     fc = lc["tp_f"] + cp_f + lc["ep_f"]
     bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
+    if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
+        ff, fb = dev.parallel_extra_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
+        fc, bc = fc + ff, bc + fb
     fwd = [n * f for n in stages]
     bin_ = [n * bi for n in stages]
     bwt = [n * bw for n in stages]
@@ -185,16 +233,23 @@ def step_costs(plan: Plan) -> StepCosts:
     bcomm = [n * bc for n in stages]
     gather = [n * 2 * dpc["layer_ag"] for n in stages]
     grad, sync, opt, off = [], [], [], []
-    per_params: dict = {params[0]: (dpc, _optimizer_costs(plan, dev, params[0]))}
+    per_params: dict = {}
+    host_terms = dev.optimizer_bytes_per_s > 0
     for v in range(nv):
         sp_r = params[v % par.pp]
-        if sp_r not in per_params:   # ranks holding equal parameters cost the same
-            per_params[sp_r] = (_dp_costs(plan, dev, sp_r, dense_l + expert_l), _optimizer_costs(plan, dev, sp_r))
-        d, (o, c) = per_params[sp_r]
+        tensors = param_tensors(plan, v % par.pp) if host_terms else (0, 0)
+        key = (sp_r, tensors)
+        if key not in per_params:   # ranks holding equal parameters cost the same
+            per_params[key] = (_dp_costs(plan, dev, sp_r, dense_l + expert_l),
+                               _optimizer_costs(plan, dev, sp_r, tensors))
+        d, (o, c) = per_params[key]
         share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
         fsdp_rs = plan.num_microbatches * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
         grad.append((d["grad"] + d["compress"]) * share + fsdp_rs)
-        sync.append(d["sync"] * share)
+        bcast = 0.0
+        if host_terms and par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1:
+            bcast = sum(tensors) * dev.broadcast_latency_s   # ZeroRedundancyOptimizer: one broadcast per tensor
+        sync.append(d["sync"] * share + bcast)
         opt.append(o * share)
         off.append(c * share)
     per_rank = mem.memory_per_rank(plan, stages, params)
