@@ -150,11 +150,36 @@ def concurrent_ring_bandwidths(graph: nx.Graph, rings: list[list]) -> list[float
     return [_share(graph, links, counts) for links in per_ring]
 
 
+def channel_rings(graph: nx.Graph, ranks: list[int], gpus_per_node: int) -> list[list]:
+    """The rings NCCL runs for one group: one channel per member a node holds, each rotated
+    within every node so that a different member (and so a different rail NIC) carries the
+    channel out of the node (NCCL builds several channels and spreads them over the NICs,
+    NVIDIA/nccl src/graph/search.cc). A group with one member per node has one ring."""
+    ring = ring_order(graph, ranks, gpus_per_node)
+    blocks: list[list] = []
+    for gpu in ring:
+        if blocks and blocks[-1][0][1] == gpu[1]:
+            blocks[-1].append(gpu)
+        else:
+            blocks.append([gpu])
+    k = min(len(b) for b in blocks)
+    if len(blocks) == 1:
+        return [ring]  # inside one node every channel crosses the same NVLink ports
+    return [[g for b in blocks for g in b[c:] + b[:c]] for c in range(k)]
+
+
 def group_ring_bandwidths(graph: nx.Graph, groups: list[list[int]], gpus_per_node: int) -> list[float]:
-    """Per-flow ring bandwidth (bytes/s) of each rank group (e.g. ``RankGrid.groups("dp")``)
-    when the rings of all ``groups`` run at the same time; each group is ordered by
-    ``ring_order``. The collective cost model's question, in one call."""
-    return concurrent_ring_bandwidths(graph, [ring_order(graph, ranks, gpus_per_node) for ranks in groups])
+    """Bus bandwidth (bytes/s) of each rank group (e.g. ``RankGrid.groups("dp")``) when the
+    collectives of all ``groups`` run at the same time: the sum over the group's channels
+    (``channel_rings``) of each channel's per-flow bandwidth under the shared-link analysis.
+    The collective cost model's question, in one call."""
+    chans = [channel_rings(graph, ranks, gpus_per_node) for ranks in groups]
+    bws = concurrent_ring_bandwidths(graph, [r for ch in chans for r in ch])
+    out, i = [], 0
+    for ch in chans:
+        out.append(sum(bws[i:i + len(ch)]))
+        i += len(ch)
+    return out
 
 
 def ring_latency_s(graph: nx.Graph, ring: list) -> float:
