@@ -224,11 +224,33 @@ def global_loss(plan: Plan, loss: float | None, device: torch.device) -> float:
 
 # --------------------------------------------------------------------------- entry points
 
+#: CPU ranks per core this host will start for one run; beyond it a run is refused rather
+#: than left to crawl (the executor's tests run 4 ranks on 2 cores).
+MAX_CPU_RANKS_PER_CORE = 4
+
+
+def check_one_host(plan: Plan, cuda: bool) -> None:
+    """A plan this host can start by itself: its GPUs, or ranks on its cores for localhost."""
+    ranks = plan.parallel.gpus
+    if cuda:
+        return
+    node = plan.cluster.node.name
+    if node != "localhost":
+        raise ValueError(f"cluster.node={node}: the plan needs {ranks} GPUs and this host has "
+                         f"{torch.cuda.device_count()}; run it on the cluster with "
+                         "`torchrun ... -m executors.launch PLAN`")
+    limit = MAX_CPU_RANKS_PER_CORE * (os.cpu_count() or 1)
+    if ranks > limit:
+        raise ValueError(f"the plan needs {ranks} ranks but this host runs at most {limit} "
+                         f"({MAX_CPU_RANKS_PER_CORE} per core)")
+
+
 def launch_ranks(plan: Plan, opts: RunOptions, start_method: str = "spawn") -> list[dict]:
     """Start the plan's ranks on this host and return their records by rank."""
     from executors.parallel import check_executable
 
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= plan.parallel.gpus
+    check_one_host(plan, cuda)
     check_executable(plan, "cuda" if cuda else "cpu")
     if opts.steps <= opts.warmup:
         raise ValueError(f"--steps={opts.steps} must exceed --warmup={opts.warmup} (warm-up steps are discarded)")
