@@ -14,7 +14,7 @@ TINY = {"name": "t", "layers": 2, "hidden": 32, "heads": 2, "vocab": 64, "seq_le
 def test_a_cluster_plan_points_to_torchrun():
     plan = plan_from_dict({"model": "gpt3-175b", "cluster": {"node": "dgx-a100-80gb", "nodes": 2},
                            "parallel": {"tp": 8, "dp": 2}, "training": {"global_batch": 16}})
-    with pytest.raises(ValueError, match=r"needs 16 GPUs .* torchrun"):
+    with pytest.raises(ValueError, match=r"needs 16 GPUs .* `torchrun"):
         check_one_host(plan, cuda=False)
 
 
