@@ -516,7 +516,7 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
     if parallel:
         bc = (fits.get("broadcast") or {}).get(2, {})
         efficiency["parallel_host"] = {
-            **{k: parallel[k] for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")},
+            **{k: dict(parallel[k]) for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")},
             "optimizer_per_tensor_kernels": parallel["optimizer_per_tensor_kernels"],
             "optimizer_dtensor_per_tensor_kernels": parallel["optimizer_dtensor_per_tensor_kernels"],
             "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
@@ -630,6 +630,8 @@ def refresh_host_speed(profile_path, *, window_s: float = 0.1, cycles: int = 1) 
     from minute to minute, so a prediction compared with a run should use figures taken
     just before it. The other figures (in units of the host kernel, or fits) are kept."""
     profile = yaml.safe_load(Path(profile_path).read_text())
+    if (profile.get("measured_on") or {}).get("device") != "cpu":
+        return profile   # a GPU's speed does not depend on other processes' CPU load
     oversub = bench_oversubscription(window_s=window_s, cycles=cycles)
     eff = profile["efficiency"]
     host = (profile.get("raw") or {}).get("host_overhead")

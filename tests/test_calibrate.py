@@ -140,3 +140,25 @@ def test_quick_calibration_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINPLAN_PROFILE", str(out))
     pred = simulate(plan_from_dict(DOC))
     assert pred.step_time_s > 0 and math.isfinite(pred.step_time_s)
+
+
+def test_executor_activation_formula_matches_the_saved_tensor_hooks():
+    """Differential: simcore.workload's count of what executors.model saves, against the
+    executor's own saved-tensor measurement, for two widths and one and two layers."""
+    from executors.measure import SavedActivations
+    from executors.model import build_model, loss_fn
+    from simcore import workload as wl
+    from simcore.spec import ModelSpec
+
+    torch.manual_seed(0)
+    for layers, h, a in ((1, 64, 4), (2, 128, 8)):
+        spec = ModelSpec(name="t", layers=layers, hidden=h, heads=a, kv_heads=a, ffn_hidden=4 * h, vocab=256,
+                         seq_len=32, tied_embeddings=False)
+        model = build_model(spec)
+        saved = SavedActivations(model.parameters())
+        x, y = torch.randint(0, 256, (1, 32)), torch.randint(0, 256, (1, 32))
+        with saved.hooks():
+            loss_fn(model(x), y).backward()
+        want = layers * wl.executor_activation_bytes_per_layer(spec, b=1, s=32) \
+            + wl.executor_embedding_activation_bytes(spec, b=1, s=32) + wl.executor_logits_activation_bytes(spec, b=1, s=32)
+        assert saved.peak == pytest.approx(want, abs=8)   # the 4-byte scalar loss is not modelled

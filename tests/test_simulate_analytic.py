@@ -133,3 +133,35 @@ def test_hidden_fsdp_comm_costs_compute_by_the_interference_factor():
     m = p.num_microbatches
     extra = sim.analytic(c).exposed_comm_s - sim.analytic(none).exposed_comm_s
     assert extra == pytest.approx(m * hidden * (1 - 1 / k), rel=1e-6)
+
+
+def _tiny(**par):
+    doc = {"model": {"name": "tiny", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32,
+                     "tied_embeddings": False},
+           "cluster": {"node": "localhost", "gpus_per_node": 4}, "parallel": {"dp": 1, **par},
+           "training": {"global_batch": 8, "micro_batch": 1, "precision": "fp32"}}
+    return plan_from_dict(doc)
+
+
+def test_executor_parameter_tensors_plain_and_dtensor():
+    # per layer 2 norms + wq, wk, wv, wo + w1, w2; token and position embeddings; final norm, output
+    assert sim.param_tensors(_tiny(dp=2), 0) == (4 * 8 + 4, 0)
+    assert sim.param_tensors(_tiny(dp=2, zero=3), 0) == (0, 36)            # FSDP2: all DTensor
+    assert sim.param_tensors(_tiny(tp=2), 0) == (4 * 2 + 1 + 1, 4 * 6 + 2)  # TP splits the matrices
+    assert sim.param_tensors(_tiny(tp=2, sequence_parallel=True), 0) == (1, 35)
+    assert sim.param_tensors(_tiny(pp=2), 0) == (2 * 8 + 2, 0)
+    assert sim.param_tensors(_tiny(pp=2), 1) == (2 * 8 + 2, 0)
+
+
+def test_host_optimizer_is_per_tensor_plus_bytes():
+    from simcore import compute as cmp
+    from simcore import memory as mem
+
+    p = _tiny(dp=2)
+    dev = cmp.device_model(p.cluster.node.gpu, "fp32")
+    sp = mem.stage_params(p)[0]
+    want = 36 * dev.optimizer_per_tensor_kernels * dev.host_overhead_s + sp.total * 4 / dev.optimizer_bytes_per_s
+    assert dev.optimizer_bytes_per_s > 0
+    assert sim.step_costs(p).optimizer_per_step_s[0] == pytest.approx(want)
+    z1 = sim.step_costs(_tiny(dp=2, zero=1))   # ZeroRedundancyOptimizer: half the tensors, half the bytes
+    assert z1.optimizer_per_step_s[0] == pytest.approx(want / 2)

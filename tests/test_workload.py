@@ -98,3 +98,20 @@ def test_selective_recompute_reruns_attention_core_only():
     assert wl.flops_of(sel) == pytest.approx(4 * 2048**2 * 12288)
     assert wl.recompute_ops(ops, Recompute.NONE) == []
     assert math.isclose(wl.flops_of(wl.recompute_ops(ops, Recompute.FULL)), wl.flops_of(ops))
+
+
+def test_executor_activations_count_the_torch_models_saved_tensors():
+    # hidden 64, 4 heads, ffn 256, seq 32, b 1, fp32: per layer 4 B * sb * (8h + 2f) tensors
+    # (norm inputs/outputs, Q, K, V, attention output, GeLU input/output) + the fp32
+    # log-sum-exp (b*a*s) + two LayerNorms' mean and rstd (2 * 2 * sb); measured with
+    # executors.measure.SavedActivations: 132096 bytes per layer, 50180 outside the layers.
+    from simcore.spec import ModelSpec
+
+    m = ModelSpec(name="t", layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=256, seq_len=32,
+                  tied_embeddings=False)
+    assert wl.executor_activation_bytes_per_layer(m, b=1, s=32) == 4 * 32 * (8 * 64 + 2 * 256) + 4 * 4 * 32 + 16 * 32
+    assert wl.executor_activation_bytes_per_layer(m, b=1, s=32) == 132096
+    outside = wl.executor_embedding_activation_bytes(m, b=1, s=32) + wl.executor_logits_activation_bytes(m, b=1, s=32)
+    assert outside == 50180 - 4   # the scalar loss (4 B) is not modelled
+    tp = wl.executor_activation_bytes_per_layer(m, b=1, s=32, tp=2)
+    assert tp == 4 * 32 * (4 * 64 + (2 * 64 + 2 * 64 + 2 * 256) / 2) + 4 * 4 * 32 / 2 + 16 * 32
