@@ -405,6 +405,14 @@ def cmd_calibrate(args) -> None:
     from topologies.hardware import default_profile_path
 
     out = args.out or default_profile_path()
+    if args.refresh:
+        from executors.calibrate import refresh_host_speed
+
+        if not Path(out).exists():
+            raise UsageError(f"no profile at {out} to refresh; run `trainplan calibrate` first")
+        refresh_host_speed(out)
+        print(f"refreshed the host speed figures in {out}")
+        return
     if args.from_run:
         from executors.calibrate import refit_profile
 
@@ -589,6 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-run", type=Path, metavar="MEASURED_JSON",
                    help="refit the profile from a measured run (`trainplan run --json` output)")
     p.add_argument("--plan", type=Path, help="the plan the measured run executed (with --from-run)")
+    p.add_argument("--refresh", action="store_true",
+                   help="re-measure only the load-sensitive host speed (about a second) in the existing profile")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)
     return parser
