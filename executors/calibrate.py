@@ -60,6 +60,13 @@ OVERSUB_RANKS = (1, 2, 4)
 OVERSUB_WINDOW_S = 0.25
 #: Interleaved rounds of the oversubscription probe (median kept).
 OVERSUB_CYCLES = 3
+#: Window and rounds of the quick re-measurement before each validation run
+#: (``refresh_host_speed``). Measured on the 2-core validation host: with one 0.1 s round
+#: the 2-rank slowdown read anywhere from 0.7x to 2.1x in back-to-back probes (and the
+#: predictions inherited that scatter); 0.25 s x 3 interleaved rounds, median kept, keep it
+#: within about 10% (a noise choice, not hardware).
+REFRESH_WINDOW_S = 0.25
+REFRESH_CYCLES = 3
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: The probe layer of the host-overhead benchmark: small enough that its device time is
 #: negligible next to eager PyTorch's per-op cost (a modelling choice, not hardware).
@@ -216,7 +223,14 @@ def bench_optimizer(device: torch.device, reps: int = 15) -> dict:
 # --------------------------------------------------------------------------- torch-parallel host cost
 
 #: Layer steps per probe variant of the parallel probe (median kept; a modelling choice).
-PARALLEL_PROBE_REPS = 12
+PARALLEL_PROBE_REPS = 20
+#: Interleaved rounds of the parallel probe's layer variants (median of the per-round ratios).
+PARALLEL_PROBE_ROUNDS = 5
+#: Round trips of the busy-rank point-to-point relay (``_busy_p2p``).
+P2P_PROBE_REPS = 60
+#: Schedule steps and micro-batches of the pipeline-chunk probe (``_pipeline_chunk``).
+PIPELINE_PROBE_REPS = 8
+PIPELINE_PROBE_MICROBATCHES = 4
 
 
 def _median_step(step, reps: int, warmup: int = 3) -> tuple[float, float]:
@@ -250,10 +264,95 @@ def _optimizer_per_tensor_s(params, reps: int) -> float:
     return statistics.median(times) / len(params)
 
 
-def _parallel_probe_rank(rank: int, world: int, device, reps: int) -> dict:
+def _busy_p2p(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[float, float, float]:
+    """A two-rank relay as a pipeline runs it: rank 0 computes (the probe layer's forward and
+    backward), sends its activation to rank 1, which was blocked in its receive, computes and
+    sends back. Returns (wall time of the relay on this rank, this rank's compute in it, the
+    time this rank spent in its sends)."""
+    buf = torch.zeros(shape)
+    peer = 1 - rank
+    compute = send = 0.0
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        if rank == 1:
+            dist.irecv(buf, src=peer).wait()
+        c = time.perf_counter()
+        step()
+        d = time.perf_counter()
+        dist.isend(buf, dst=peer).wait()
+        compute, send = compute + d - c, send + time.perf_counter() - d
+        if rank == 0:
+            dist.irecv(buf, src=peer).wait()
+    return time.perf_counter() - t0, compute, send
+
+
+def _busy_stream(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[float, float]:
+    """Two busy ranks in a stream, as GPipe's forward phase runs them: rank 0 computes and
+    posts an asynchronous send it does not wait for (gloo's thread must deliver it while both
+    ranks compute), rank 1 waits for each message, then computes. Returns (wall time, compute)
+    of this rank; rank 1's period less the slower rank's compute is the delivery delay."""
+    bufs = [torch.zeros(shape) for _ in range(reps)]
+    peer = 1 - rank
+    compute, works = 0.0, []
+    dist.barrier()
+    t0 = time.perf_counter()
+    for i in range(reps):
+        if rank == 1:
+            dist.irecv(bufs[i], src=peer).wait()
+        c = time.perf_counter()
+        step()
+        compute += time.perf_counter() - c
+        if rank == 0:
+            works.append(dist.isend(bufs[i], dst=peer))
+    wall = time.perf_counter() - t0
+    for w in works:
+        w.wait()
+    return wall, compute
+
+
+def _pipeline_chunk(rank: int, world: int, device, spec, reps: int) -> tuple[float, float]:
+    """(forward, backward) median seconds of one ``PipelineStage`` chunk of the probe layer
+    (torch.distributed.pipelining, a GPipe schedule over all ranks, timed as
+    ``executors.measure.instrument_stage`` times a run's chunks): the probe layer plus the
+    stage's per-chunk bookkeeping (argument flattening, detaching, gradient hand-over)."""
+    from torch.distributed import pipelining
+
+    from executors.model import Block
+
+    s, h, m = spec.seq_len, spec.hidden, PIPELINE_PROBE_MICROBATCHES
+    stage = pipelining.PipelineStage(Block(spec).to(device), rank, world, device)
+    times: dict = {"f": [], "b": []}
+    fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def timed(fn, key):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            times[key].append(time.perf_counter() - t0)
+            return out
+        return run
+
+    stage.forward_one_chunk, stage.backward_one_chunk = timed(fwd, "f"), timed(bwd, "b")
+    sched = pipelining.ScheduleGPipe(stage, m, loss_fn=lambda y, t: y.sum())
+    x = torch.randn(m, s, h, device=device)
+    for i in range(reps):
+        if i == 2:
+            times = {"f": [], "b": []}
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=x)
+    return statistics.median(times["f"]), statistics.median(times["b"])
+
+
+def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:
     """Both ranks at once: the probe layer plain, under DTensor TP (with and without SP,
     ``executors.parallel``'s plan) and under FSDP2 (reshard after forward or not), and
-    AdamW over plain and DTensor (FSDP2-sharded) parameters."""
+    AdamW over plain and DTensor (FSDP2-sharded) parameters. The layer variants run in
+    ``rounds`` interleaved rounds (each the median of its steps), so that load from other
+    processes, which comes and goes by the second, falls on plain and wrapped alike; last,
+    the busy-rank point-to-point relay (``_busy_p2p``) between ranks 0 and 1."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
@@ -265,44 +364,114 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int) -> dict:
     spec = probe_spec()
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("x",))
     s, h = spec.seq_len, spec.hidden
-    out = {"plain": _median_step(_layer_step(spec, device), reps)}
+    steps = {"plain": _layer_step(spec, device)}
     for name, sp in (("tp", False), ("tp_sp", True)):
         block = Block(spec).to(device)
         parallelize_module(block, mesh, _block_tp_plan(block, sp))
         x = torch.randn(1, s // world if sp else s, h, device=device, requires_grad=True)  # (B, T[/t], H)
-        out[name] = _median_step(_wrapped_layer_step(block, x), reps)
+        steps[name] = _wrapped_layer_step(block, x)
+    dtensor_params = []
     for name, reshard in (("fsdp_zero2", False), ("fsdp_zero3", True)):
         block = Block(spec).to(device)
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
         x = torch.randn(1, s, h, device=device, requires_grad=True)
-        out[name] = _median_step(_wrapped_layer_step(block, x), reps)
+        steps[name] = _wrapped_layer_step(block, x)
         if reshard:
-            out["opt_dtensor"] = _optimizer_per_tensor_s(list(block.parameters()), reps)
+            dtensor_params = list(block.parameters())
+    per_round = max(2, reps // rounds)
+    out: dict = {"rounds": [{k: _median_step(st, per_round, warmup=3 if r == 0 else 1) for k, st in steps.items()}
+                            for r in range(rounds)]}
+    for k in steps:
+        out[k] = tuple(statistics.median(rd[k][i] for rd in out["rounds"]) for i in range(2))
+    out["opt_dtensor"] = _optimizer_per_tensor_s(dtensor_params, reps)
     out["opt_plain"] = _optimizer_per_tensor_s(list(Block(spec).to(device).parameters()), reps)
+    if rank < 2:
+        out["p2p"] = _busy_p2p(rank, steps["plain"], P2P_PROBE_REPS, (1, s, h))
+        out["stream"] = _busy_stream(rank, steps["plain"], P2P_PROBE_REPS, (1, s, h))
+    if world == 2:
+        out["pipeline_chunk"] = _pipeline_chunk(rank, world, device, spec, PIPELINE_PROBE_REPS)
     dist.barrier()
     return out
+
+
+def _round_kernels(rows: list[dict], name: str, kf: int, kb: int) -> tuple[float, float]:
+    """Median over the interleaved rounds of (forward, backward) extra kernels of ``name``
+    over the plain layer, each round in units of its own plain per-kernel time (ranks averaged)."""
+    fwd, bwd = [], []
+    for i in range(len(rows[0]["rounds"])):
+        rds = [r["rounds"][i] for r in rows]
+        plain = [statistics.mean(rd["plain"][j] for rd in rds) for j in range(2)]
+        var = [statistics.mean(rd[name][j] for rd in rds) for j in range(2)]
+        per_kernel = sum(plain) / (kf + kb)
+        fwd.append((var[0] - plain[0]) / per_kernel)
+        bwd.append((var[1] - plain[1]) / per_kernel)
+    return max(0.0, statistics.median(fwd)), max(0.0, statistics.median(bwd))
+
+
+def _p2p_kernels(rows: list[dict], per_kernel: float) -> tuple[dict, dict]:
+    """(raw seconds, kernel-unit figures) of the relay and stream probes of ranks 0 and 1."""
+    (wall, c0, s0), (_, c1, s1) = rows[0]["p2p"], rows[1]["p2p"]
+    per_message = max(0.0, (wall - c0 - c1) / (2 * P2P_PROBE_REPS))
+    send = min(per_message, (s0 + s1) / (2 * P2P_PROBE_REPS))
+    (_, sc0), (wall1, sc1) = rows[0]["stream"], rows[1]["stream"]
+    stream_delay = max(0.0, (wall1 - max(sc0, sc1)) / P2P_PROBE_REPS)
+    raw = {"p2p_per_message_s": per_message, "p2p_send_s": send, "p2p_stream_delay_s": stream_delay}
+    return raw, {"p2p_send_kernels": send / per_kernel, "p2p_latency_kernels": stream_delay / per_kernel,
+                 "p2p_wake_kernels": (per_message - send) / per_kernel}
+
+
+def _p2p_probe_rank(rank: int, world: int, device, reps: int) -> dict:
+    """The plain probe layer on both ranks at once (the kernel unit), then the relay and the stream."""
+    torch.manual_seed(0)
+    spec = probe_spec()
+    step = _layer_step(spec, device)
+    out = {"plain": _median_step(step, reps)}
+    out["p2p"] = _busy_p2p(rank, step, P2P_PROBE_REPS, (1, spec.seq_len, spec.hidden))
+    out["stream"] = _busy_stream(rank, step, P2P_PROBE_REPS, (1, spec.seq_len, spec.hidden))
+    dist.barrier()
+    return out
+
+
+def bench_p2p(reps: int = 10) -> dict:
+    """The pipeline point-to-point figures alone (two ranks, fork, gloo): the kernel-unit
+    ``p2p_*_kernels`` of ``bench_parallel_host``, for the quick refresh under load."""
+    from executors.launch import spawn
+
+    rows = spawn(_p2p_probe_rank, 2, (reps,), timeout_s=120, start_method="fork")
+    kf, kb = probe_kernels(probe_spec())
+    per_kernel = statistics.mean(sum(r["plain"]) for r in rows) / (kf + kb)
+    return _p2p_kernels(rows, per_kernel)[1]
 
 
 def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS) -> dict:
     """The torch-parallel host cost on ``world`` ranks (fork, gloo), in units of the plain
     probe layer's per-kernel cost measured in the same launch (so that load from other
     processes cancels): extra kernels per layer forward and backward for DTensor TP, TP+SP,
-    FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included), and AdamW's cost per
-    parameter tensor, plain and DTensor. Ranks' medians are averaged."""
+    FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included; the median over
+    interleaved rounds), AdamW's cost per parameter tensor, plain and DTensor, and the
+    point-to-point latency between busy ranks (the relay's wall time less both ranks'
+    compute, per message). Ranks' medians are averaged."""
     from executors.launch import spawn
 
-    rows = spawn(_parallel_probe_rank, world, (reps,), timeout_s=180, start_method="fork")
+    rows = spawn(_parallel_probe_rank, world, (reps,), timeout_s=240, start_method="fork")
     kf, kb = probe_kernels(probe_spec())
+    keys = [k for k in rows[0] if k not in ("rounds", "p2p", "stream")]
     avg = {k: tuple(statistics.mean(r[k][i] for r in rows) for i in range(2)) if isinstance(rows[0][k], tuple)
-           else statistics.mean(r[k] for r in rows) for k in rows[0]}
+           else statistics.mean(r[k] for r in rows) for k in keys}
     per_kernel = sum(avg["plain"]) / (kf + kb)
     out = {"ranks": world, "per_kernel_s": per_kernel, "raw": {k: list(v) if isinstance(v, tuple) else v
                                                                 for k, v in avg.items()}}
     for name in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3"):
-        out[name] = {"forward_kernels": max(0.0, (avg[name][0] - avg["plain"][0]) / per_kernel),
-                     "backward_kernels": max(0.0, (avg[name][1] - avg["plain"][1]) / per_kernel)}
+        f, b = _round_kernels(rows, name, kf, kb)
+        out[name] = {"forward_kernels": f, "backward_kernels": b}
     out["optimizer_per_tensor_kernels"] = avg["opt_plain"] / per_kernel
     out["optimizer_dtensor_per_tensor_kernels"] = avg["opt_dtensor"] / per_kernel
+    raw, kernels = _p2p_kernels(rows, per_kernel)
+    out["raw"].update(raw)
+    out.update(kernels)
+    if "pipeline_chunk" in avg:   # a stage's chunk over the plain layer, both ranks averaged
+        out["pipeline_chunk"] = {"forward_kernels": max(0.0, (avg["pipeline_chunk"][0] - avg["plain"][0]) / per_kernel),
+                                 "backward_kernels": max(0.0, (avg["pipeline_chunk"][1] - avg["plain"][1]) / per_kernel)}
     return out
 
 
@@ -520,9 +689,16 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             "optimizer_per_tensor_kernels": parallel["optimizer_per_tensor_kernels"],
             "optimizer_dtensor_per_tensor_kernels": parallel["optimizer_dtensor_per_tensor_kernels"],
             "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
+            "p2p_latency_kernels": parallel.get("p2p_latency_kernels", 0.0),
+            "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
+            "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
+            **({"pipeline_chunk": dict(parallel["pipeline_chunk"])} if "pipeline_chunk" in parallel else {}),
             "source": f"{source}; probe layer on {parallel['ranks']} ranks at once, plain vs DTensor TP "
                       "(executors.parallel's plan, with and without SP) vs FSDP2, in units of the plain "
-                      "layer's per-kernel time; AdamW per plain / DTensor tensor; broadcast: its 2-rank alpha"}
+                      "layer's per-kernel time, median of interleaved rounds; AdamW per plain / DTensor "
+                      "tensor; broadcast: its 2-rank alpha; p2p: a two-rank relay of the probe layer, its cost per message less the send call (wake), the sender's blocking send call; "
+                      "latency: two busy ranks streaming unwaited sends, the receiver's period less the "
+                      "slower rank's compute (delivery by gloo's thread while both ranks compute)"}
     if cpu:
         efficiency["memory"] = {
             "framework_bytes": 0.0, "allocator_fragmentation": 0.0, "comm_buffers": False,
@@ -623,10 +799,10 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
 
 # --------------------------------------------------------------------------- refresh under load
 
-def refresh_host_speed(profile_path, *, window_s: float = 0.1, cycles: int = 1) -> dict:
-    """Re-measure the load-sensitive host figures of a CPU profile now (about a second): the
+def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycles: int = REFRESH_CYCLES) -> dict:
+    """Re-measure the load-sensitive host figures of a CPU profile now (a few seconds): the
     oversubscription probes (1, 2, 4 ranks), hence the per-kernel host overhead and the
-    per-rank GEMM rates. On a machine shared with other work the speed a rank gets changes
+    per-rank GEMM rates, and the pipeline point-to-point figures (``bench_p2p``). On a machine shared with other work the speed a rank gets changes
     from minute to minute, so a prediction compared with a run should use figures taken
     just before it. The other figures (in units of the host kernel, or fits) are kept."""
     profile = yaml.safe_load(Path(profile_path).read_text())
@@ -638,6 +814,8 @@ def refresh_host_speed(profile_path, *, window_s: float = 0.1, cycles: int = 1) 
     if host:
         eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
     eff["host_oversubscription"] = {str(k): v for k, v in _per_rank(oversub["layer"]).items()}
+    if eff.get("parallel_host"):   # the pipeline hand-over between busy ranks moves with the load
+        eff["parallel_host"].update(bench_p2p())
     old_one = (profile["oversubscription"].get("matmul_flops_per_s_per_rank") or {}).get(1)
     if old_one and oversub["matmul"].get(1):   # the one-rank GEMM rate moves the measured peak with it
         r = oversub["matmul"][1] / float(old_one)

@@ -54,8 +54,9 @@ class DeviceModel:
     parallel_kernels: tuple[tuple[str, float, float], ...] = ()
     """(mode, forward, backward) extra host kernels per layer and micro-batch that a torch
     parallel wrapper costs over the plain eager layer (mode: tp, tp_sp, fsdp_zero2,
-    fsdp_zero3), collective latency included; measured by ``trainplan calibrate`` on CPU
-    hosts (``executors.calibrate.bench_parallel_host``), absent from catalog GPUs."""
+    fsdp_zero3), collective latency included, and per pipeline chunk (mode pipeline_chunk:
+    a ``PipelineStage``'s forward/backward over the plain layer); measured by ``trainplan
+    calibrate`` on CPU hosts (``executors.calibrate.bench_parallel_host``), absent from catalog GPUs."""
     optimizer_per_tensor_kernels: float = 0.0
     """Host cost of the optimizer per parameter tensor, in host kernels (eager AdamW)."""
     optimizer_dtensor_per_tensor_kernels: float = 0.0
@@ -64,6 +65,35 @@ class DeviceModel:
     """Measured optimizer throughput over parameter bytes (0: the roofline stream model)."""
     broadcast_latency_s: float = 0.0
     """Per-call latency of a 2-rank broadcast (ZeroRedundancyOptimizer's per-parameter sync)."""
+    p2p_latency_kernels: float = 0.0
+    """Receiver-side cost of one pipeline message between busy ranks, in host kernels:
+    measured on CPU hosts by two ranks streaming the probe layer's activations with unwaited
+    sends (``executors.calibrate._busy_stream``): gloo hands a message over only once the
+    receiver has posted its receive, and the busy sender's gloo thread then waits for a core,
+    so a receiver that is ready later than the send still waits this long (an idle ping-pong,
+    0.1-1.4 ms and load-dependent, does not see it); absent from catalog GPUs."""
+    p2p_send_kernels: float = 0.0
+    """Host time of one blocking pipeline send call (gloo ``isend(...).wait()``) on the
+    sender's thread, in host kernels; measured by a two-rank relay of the probe layer
+    (``executors.calibrate._busy_p2p``); absent from catalog GPUs."""
+    p2p_wake_kernels: float = 0.0
+    """The relay's cost per message less the send call: the transit to a receiver already
+    blocked in its receive, in host kernels; absent from catalog GPUs."""
+
+    @property
+    def busy_p2p_latency_s(self) -> float:
+        """The calibrated receiver-side cost of one pipeline message (0 on catalog GPUs)."""
+        return self.p2p_latency_kernels * self.host_overhead_s
+
+    @property
+    def p2p_wake_s(self) -> float:
+        """The calibrated transit to a blocked receiver (0 on catalog GPUs: the hop latency)."""
+        return self.p2p_wake_kernels * self.host_overhead_s
+
+    @property
+    def p2p_send_s(self) -> float:
+        """The calibrated sender-side cost of one pipeline send (0 on catalog GPUs: asynchronous)."""
+        return self.p2p_send_kernels * self.host_overhead_s
 
     def parallel_extra_s(self, mode: str) -> tuple[float, float]:
         """(forward, backward) seconds a parallel wrapper adds to one layer's micro-batch."""
@@ -127,6 +157,9 @@ def _host_terms(e: dict) -> dict:
         out["optimizer_per_tensor_kernels"] = float(ph.get("optimizer_per_tensor_kernels", 0.0))
         out["optimizer_dtensor_per_tensor_kernels"] = float(ph.get("optimizer_dtensor_per_tensor_kernels", 0.0))
         out["broadcast_latency_s"] = float(ph.get("broadcast_latency_us", 0.0)) * 1e-6
+        out["p2p_latency_kernels"] = float(ph.get("p2p_latency_kernels", 0.0))
+        out["p2p_send_kernels"] = float(ph.get("p2p_send_kernels", 0.0))
+        out["p2p_wake_kernels"] = float(ph.get("p2p_wake_kernels", 0.0))
     if ph and opt.get("param_gbyte_per_s"):
         out["optimizer_bytes_per_s"] = float(opt["param_gbyte_per_s"]) * 1e9
     return out

@@ -16,6 +16,14 @@ The analytic step, for the slowest pipeline rank with per-micro-batch time T = C
   FSDP2/ZeRO-3 per-layer all-gathers and reduce-scatters hidden behind the layer's
   compute by prefetching, the excess exposed;
 - offload: PCIe copies overlapped with the host optimizer step; the longer one counts.
+
+On a calibrated CPU host (profile keys catalog GPUs lack, so their predictions do not
+move) a pipeline also pays, per micro-batch and virtual stage, torch.distributed.pipelining's
+per-chunk bookkeeping (``parallel_host.pipeline_chunk``), the sender's blocking gloo send
+call and the receiver's hand-over wait (``p2p_send_kernels``, ``p2p_latency_kernels``: gloo
+moves a message only once the receiver posts its receive, and the busy sender's gloo
+thread then waits for a core); the transit to a receiver already blocked is the relay's
+remainder (``p2p_wake_kernels``). All are measured by ``executors.calibrate``.
 """
 from __future__ import annotations
 
@@ -99,7 +107,9 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
 
 def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     """One micro-batch's activations to the next stage; with tp > 1 each TP rank sends
-    1/t of it (Megatron's scatter/gather optimisation, Narayanan et al. Sec. 4.1)."""
+    1/t of it (Megatron's scatter/gather optimisation, Narayanan et al. Sec. 4.1). The
+    latency is the ring hop's, or on a calibrated CPU host the relay's transit to a blocked
+    receiver (the send call and the hand-over wait are blocking costs, in step_costs)."""
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     if par.pp == 1:
         return 0.0
@@ -107,6 +117,8 @@ def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     stride = par.tp * par.cp * par.dp
     net = coll.group_net(cl, dev, 2, stride)
     hop = net.inter_hop_s if net.nodes > 1 else net.intra_hop_s
+    if dev.p2p_send_s > 0:   # CPU host: the transit to a blocked receiver (calibrate's relay)
+        hop = dev.p2p_wake_s
     return coll.send_recv_s(bytes_, net.bus_bytes_per_s, hop)
 
 
@@ -222,15 +234,22 @@ def step_costs(plan: Plan) -> StepCosts:
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
         ff, fb = dev.parallel_extra_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
         fc, bc = fc + ff, bc + fb
+    # CPU host: the sender's blocking send call and the receiver's hand-over wait, per message
+    send, recv = (dev.p2p_send_s, dev.busy_p2p_latency_s) if par.pp > 1 else (0.0, 0.0)
+    fcomm = [fc * n + (send if v < nv - 1 else 0.0) + (recv if v > 0 else 0.0)   # activations on
+             for v, n in enumerate(stages)]
+    bcomm = [bc * n + (send if v > 0 else 0.0) + (recv if v < nv - 1 else 0.0)   # gradients back
+             for v, n in enumerate(stages)]
     fwd = [n * f for n in stages]
     bin_ = [n * bi for n in stages]
     bwt = [n * bw for n in stages]
+    if par.pp > 1:   # CPU host: torch.distributed.pipelining's measured per-chunk bookkeeping
+        cf, cb = dev.parallel_extra_s("pipeline_chunk")
+        fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]
     fwd[-1] += lf                                       # the logits sit on the last virtual stage
     bin_[-1] += lbi
     bwt[-1] += lbw
     rec = [n * rc for n in stages]
-    fcomm = [n * fc for n in stages]
-    bcomm = [n * bc for n in stages]
     gather = [n * 2 * dpc["layer_ag"] for n in stages]
     grad, sync, opt, off = [], [], [], []
     per_params: dict = {}

@@ -162,3 +162,18 @@ def test_executor_activation_formula_matches_the_saved_tensor_hooks():
         want = layers * wl.executor_activation_bytes_per_layer(spec, b=1, s=32) \
             + wl.executor_embedding_activation_bytes(spec, b=1, s=32) + wl.executor_logits_activation_bytes(spec, b=1, s=32)
         assert saved.peak == pytest.approx(want, abs=8)   # the 4-byte scalar loss is not modelled
+
+
+def test_parallel_probe_kernels_are_the_median_of_per_round_ratios():
+    # 10 kernels per layer (4 + 6); round i: plain (4i, 6i) ms, so i ms per kernel; tp adds
+    # (8i, 3i) ms = (8, 3) kernels in that round's units, except round 2 where tp's extra
+    # doubles (a load spike on the wrapped variant only): the median ignores it
+    def rnd(i, spike=1.0):
+        return {"plain": (4e-3 * i, 6e-3 * i), "tp": (4e-3 * i + spike * 8e-3 * i, 6e-3 * i + spike * 3e-3 * i)}
+
+    rows = [{"rounds": [rnd(1), rnd(2, spike=2.0), rnd(3)]}] * 2
+    f, b = cal._round_kernels(rows, "tp", 4, 6)
+    assert f == pytest.approx(8.0) and b == pytest.approx(3.0)
+    # a wrapper faster than plain (noise) clamps to zero extra kernels
+    rows = [{"rounds": [{"plain": (1e-3, 1e-3), "tp": (0.5e-3, 0.9e-3)}]}]
+    assert cal._round_kernels(rows, "tp", 1, 1) == (0.0, 0.0)

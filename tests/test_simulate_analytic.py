@@ -165,3 +165,57 @@ def test_host_optimizer_is_per_tensor_plus_bytes():
     assert sim.step_costs(p).optimizer_per_step_s[0] == pytest.approx(want)
     z1 = sim.step_costs(_tiny(dp=2, zero=1))   # ZeroRedundancyOptimizer: half the tensors, half the bytes
     assert z1.optimizer_per_step_s[0] == pytest.approx(want / 2)
+
+
+def test_cpu_pipeline_send_and_hand_over_block_sender_and_receiver():
+    from simcore import compute as cmp
+    from simcore import workload as wl
+
+    p = _tiny(pp=2)
+    dev = cmp.device_model(p.cluster.node.gpu, "fp32")
+    snd, rcv = dev.p2p_send_s, dev.busy_p2p_latency_s
+    assert snd > 0 and rcv > 0   # the calibrated profile has both
+    c = sim.step_costs(p)
+    # stage 0 sends activations and receives gradients, stage 1 the reverse: per micro-batch
+    assert c.forward_comm_s == pytest.approx((snd, rcv))
+    assert c.backward_comm_s == pytest.approx((rcv, snd))
+    act = wl.ACT_BYTES * 1 * 32 * 64
+    bus = p.cluster.node.gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
+    assert c.p2p_s == pytest.approx(dev.p2p_wake_s + act / bus)
+    # interleaved: 4 virtual stages, the first receives no activation and the last sends none
+    v = sim.step_costs(_tiny(pp=2, vpp=2, schedule="interleaved-1f1b"))
+    assert v.forward_comm_s == pytest.approx((snd,) + (snd + rcv,) * 2 + (rcv,))
+    assert v.backward_comm_s == pytest.approx((rcv,) + (snd + rcv,) * 2 + (snd,))
+
+
+def test_catalog_pipeline_keeps_asynchronous_sends_and_hop_latency():
+    from simcore import collectives as coll
+    from simcore import compute as cmp
+    from simcore import workload as wl
+
+    p = plan(parallel={"tp": 1, "pp": 12, "dp": 16, "zero": 1})
+    dev = cmp.device_model(p.cluster.node.gpu, "bf16")
+    assert dev.p2p_send_s == 0.0 and dev.busy_p2p_latency_s == 0.0 and dev.p2p_wake_s == 0.0
+    c = sim.step_costs(p)
+    assert c.forward_comm_s[-1] == 0.0 and c.backward_comm_s[0] == 0.0   # no TP and no sends
+    net = coll.group_net(p.cluster, dev, 2, p.parallel.dp)
+    act = wl.ACT_BYTES * 2048 * 12288
+    hop = net.inter_hop_s if net.nodes > 1 else net.intra_hop_s
+    assert c.p2p_s == pytest.approx(hop + act / net.bus_bytes_per_s)
+
+
+def test_cpu_pipeline_chunk_cost_is_added_per_virtual_stage():
+    from simcore import compute as cmp
+
+    p = _tiny(pp=2)
+    dev = cmp.device_model(p.cluster.node.gpu, "fp32")
+    cf, cb = dev.parallel_extra_s("pipeline_chunk")
+    m, tr = p.model, p.training
+    f, bi, _, _, _ = sim._layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, tr.recompute, dev)
+    c = sim.step_costs(p)
+    assert c.forward_s[0] == pytest.approx(2 * f + cf)          # two layers and one chunk's bookkeeping
+    assert c.backward_input_s[0] == pytest.approx(2 * bi + cb)
+    one = sim.step_costs(_tiny(dp=2))                               # no pipeline: no chunk cost
+    dev2 = cmp.device_model(_tiny(dp=2).cluster.node.gpu, "fp32")
+    f2 = sim._layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, tr.recompute, dev2)[0]
+    assert one.forward_s[0] == pytest.approx(4 * f2 + sim._logits_times(m, 1, 32, 1, dev2)[0])
