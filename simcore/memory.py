@@ -109,6 +109,16 @@ def in_flight_chunks(plan: Plan, rank: int) -> int:
     return min(m, p - rank)
 
 
+def _in_flight_table(plan: Plan):
+    """``in_flight_chunks(plan, rank)`` as a function of the rank alone (its inputs read once)."""
+    p, v, m = plan.parallel.pp, plan.parallel.vpp, plan.num_microbatches
+    if plan.parallel.schedule == Schedule.GPIPE:
+        return lambda rank: m * v
+    if v > 1:
+        return lambda rank: min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+    return lambda rank: min(m, p - rank)
+
+
 def _executor_activation_terms(plan: Plan) -> tuple[float, float, float, float]:
     """The same four terms for the executor's torch model (``simcore.workload.executor_*``)."""
     m, par, tr = plan.model, plan.parallel, plan.training
@@ -217,12 +227,22 @@ def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
     framework, fragmentation, count_buffers = framework_terms(plan)
     out = []
     states_of: dict[StageParams, tuple] = {}
+    chunks_of = _in_flight_table(plan)
+    per_layer, working, emb, logits = terms
+    pp, scale = plan.parallel.pp, plan.parallel.pp / len(stages)
     for r, sp in enumerate(params):
         if sp not in states_of:   # most ranks hold the same parameters
             states_of[sp] = (model_state_bytes(plan, sp), comm_buffer_bytes(plan, sp))
         states, buffers = states_of[sp]
         mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
-        mem["activations"] = activation_bytes(plan, r, stages, terms)
+        # activation_bytes(plan, r, stages, terms), inlined: the search calls this per layout
+        chunks = chunks_of(r)
+        act = chunks * sum(stages[r::pp]) * scale * per_layer + working
+        if r == 0:
+            act += chunks / plan.parallel.vpp * emb
+        if r == pp - 1:
+            act += logits
+        mem["activations"] = act
         mem["comm_buffers"] = buffers if count_buffers else 0.0
         tensors = sum(mem.values())
         mem["framework"] = framework + fragmentation * tensors

@@ -254,16 +254,19 @@ def step_costs(plan: Plan) -> StepCosts:
     grad, sync, opt, off = [], [], [], []
     per_params: dict = {}
     host_terms = dev.optimizer_bytes_per_s > 0
-    for v in range(nv):
-        sp_r = params[v % par.pp]
-        tensors = param_tensors(plan, v % par.pp) if host_terms else (0, 0)
-        key = (sp_r, tensors)
+    rank_costs = []
+    for r in range(par.pp):
+        tensors = param_tensors(plan, r) if host_terms else (0, 0)
+        key = (params[r], tensors)
         if key not in per_params:   # ranks holding equal parameters cost the same
-            per_params[key] = (_dp_costs(plan, dev, sp_r, dense_l + expert_l),
-                               _optimizer_costs(plan, dev, sp_r, tensors))
-        d, (o, c) = per_params[key]
+            per_params[key] = (_dp_costs(plan, dev, params[r], dense_l + expert_l),
+                               _optimizer_costs(plan, dev, params[r], tensors), tensors)
+        rank_costs.append(per_params[key])
+    mbs = plan.num_microbatches
+    for v in range(nv):
+        d, (o, c), tensors = rank_costs[v % par.pp]
         share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
-        fsdp_rs = plan.num_microbatches * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
+        fsdp_rs = mbs * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
         grad.append((d["grad"] + d["compress"]) * share + fsdp_rs)
         bcast = 0.0
         if host_terms and par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1:
