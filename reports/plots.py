@@ -18,6 +18,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import NullFormatter
 
 from simcore.trace import STREAMS
 from topologies.build import describe
@@ -230,6 +231,8 @@ def predicted_vs_measured_figure(table, *, band: float = 0.10, title: str = "Pre
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):   # minor-tick labels of a narrow log range overlap
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured step time (s)")
