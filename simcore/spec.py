@@ -501,6 +501,8 @@ def check_plan(plan: Plan) -> None:
         (m.top_k <= m.experts, f"model.top_k={m.top_k} exceeds model.experts={m.experts}"),
         (not m.experts or m.top_k >= 1, f"model.top_k must be at least 1 when model.experts={m.experts}"),
         (par.gpus <= cl.gpus, f"plan needs {par.gpus} GPUs (tp*pp*dp*cp) but cluster has {cl.gpus}"),
+        (cl.nodes == 1 or cl.fabric is not None,
+         f"cluster.nodes={cl.nodes} needs a network: cluster.node={cl.node.name} has no fabric, set cluster.fabric"),
         (tr.global_batch % (par.dp * tr.micro_batch) == 0,
          f"training.global_batch={tr.global_batch} is not a multiple of parallel.dp*training.micro_batch"
          f"={par.dp * tr.micro_batch}"),

@@ -92,6 +92,8 @@ def test_uneven_split_spreads_layers():
     ({"parallel": {"tp": 1, "dp": 8, "sequence_parallel": True}}, "parallel.sequence_parallel needs parallel.tp > 1"),
     ({"training": {"precision": "fp8"}}, "training.precision=fp8 is not supported by a100-80gb"),
     ({"model": {"experts": 4, "top_k": 5}}, "model.top_k=5 exceeds model.experts=4"),
+    ({"cluster": {"node": "localhost", "nodes": 2, "gpus_per_node": 8}},
+     "cluster.nodes=2 needs a network: cluster.node=localhost has no fabric, set cluster.fabric"),
 ])
 def test_every_rule_names_field_and_rule(sections, expected):
     assert expected in error_of(doc(**sections))
