@@ -12,8 +12,9 @@ class to ``validation/residuals.yaml`` (kind ``cpu-gloo``), from which
 
     .venv/bin/python bench/validate_local.py [--calibrate] [--steps 8] [--repeats 3] [--only dp2 pp2-1f1b] [--no-write]
 
-Before every run the profile's load-sensitive host figures are re-measured (a few
-seconds: the 1/2/4-rank speed probes, 0.25 s x 3 interleaved rounds, and the busy-rank
+Before every run the profile's load-sensitive host figures are re-measured (~20 s: the
+1/2/4-rank GEMM and layer probes, 0.25 s x 3 interleaved rounds, the executor's own
+1/2/4-rank slowdown, 5 interleaved rounds of 8-step data-parallel runs, and the busy-rank
 pipeline send/hand-over probes; ``--no-refresh`` skips it), since the machine is shared
 and its load moves.
 """

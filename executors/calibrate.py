@@ -21,8 +21,11 @@ What is measured, on the backend a run will use (gloo on CPU, nccl on GPU):
   and bandwidth over message sizes, for group sizes 2 and 4 (one launch: the world and
   a sub-group), fitted as t = a + n/b (Hockney's alpha-beta model) on the bytes each
   rank puts on the wire; send/recv is a ping-pong, half a round trip (the p2p latency);
-- on CPU, throughput per rank when 1, 2, 4 ranks run at once (oversubscription), both
-  for a GEMM and for the overhead-bound tiny layer, ranks started together on a barrier;
+- on CPU, throughput per rank when 1, 2, 4 ranks run at once (oversubscription): the
+  one-rank GEMM and overhead-bound tiny-layer rates, in processes set up as the executor's
+  ranks, scaled by the slowdown of the executor's own step with n ranks (a data-parallel
+  run of the validation tiny model), since a lone GEMM or layer slows less than a real
+  step when ranks share cores;
 - on GPU, host-device copy bandwidth (pinned memory).
 
 Timing follows nanoGPT's bench.py: warm-up discarded, synchronise only at the edges.
@@ -549,43 +552,127 @@ def bench_collectives(backend: str, group_sizes=GROUP_SIZES, nbytes_list=COLLECT
 
 # --------------------------------------------------------------------------- oversubscription
 
-def _oversub_worker(barrier, queue, rank: int, size: int, window_s: float) -> None:
-    torch.set_num_threads(1)
+#: The workload of the executor slowdown probe: the local validation matrix's tiny model
+#: (validation/local.yaml's base; a modelling choice: the workload whose slowdown the
+#: predictions must carry).
+STEP_PROBE_MODEL = dict(name="step-probe", layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=256,
+                        seq_len=32, tied_embeddings=False)
+
+
+def _window_rate(fn, work: float, window_s: float, group) -> float:
+    """Work per second of ``fn`` repeated for ``window_s``, started on a gloo barrier of ``group``."""
+    dist.barrier(group=group)
+    reps, start = 0, time.perf_counter()
+    while reps < 2 or time.perf_counter() - start < window_s:
+        fn()
+        reps += 1
+    return reps * work / (time.perf_counter() - start)
+
+
+def _oversub_rank(rank: int, world: int, device, ranks: tuple[int, ...], size: int, window_s: float,
+                  cycles: int) -> list[dict]:
+    """One rank of the oversubscription probe, in a process set up exactly as the executor
+    sets up its ranks (``executors.launch.spawn``: one intra-op thread, a gloo process group
+    with its background threads): for each rank count n in ``ranks`` (interleaved over
+    ``cycles`` rounds) ranks 0..n-1 run the GEMM and the probe layer, each over a window they
+    start together on a barrier, while the others wait blocked in a barrier (no CPU). Rows
+    of (cycle, n, rates) of this rank."""
+    torch.manual_seed(rank)
     a, b = torch.randn(size, size), torch.randn(size, size)
-    layer = _layer_step(probe_spec(), torch.device("cpu"))
-    a @ b
-    layer()
-    rates = {}
-    for name, fn, work in (("matmul", lambda: a @ b, 2.0 * size**3), ("layer", layer, 1.0)):
-        barrier.wait()
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < window_s:
-            fn()
-            reps += 1
-        rates[name] = reps * work / (time.perf_counter() - start)
-    queue.put((rank, rates))
+    layer = _layer_step(probe_spec(), device)
+    for fn in (lambda: a @ b, layer):   # warm-up
+        fn()
+    groups = {n: None if n == world else dist.new_group(list(range(n))) for n in ranks}
+    rows = []
+    for cycle in range(cycles):
+        for n in ranks:
+            if rank < n:
+                g = groups[n]
+                rows.append({"cycle": cycle, "n": n,
+                             "matmul": _window_rate(lambda: a @ b, 2.0 * size**3, window_s, g),
+                             "layer": _window_rate(layer, 1.0, window_s, g)})
+            dist.barrier()
+    return rows
+
+
+#: Steps (after warm-up) of each executor run of the slowdown probe, and its interleaved
+#: rounds (median kept). A noise choice: on the 2-core validation host one round's 2-rank
+#: forward slowdown read anywhere from 1.05x to 1.73x.
+SLOWDOWN_STEPS, SLOWDOWN_WARMUP, SLOWDOWN_ROUNDS = 8, 2, 5
+#: Executor phases whose time the slowdown probe compares: those with no collective in them
+#: (DDP's gradient all-reduce runs inside ``backward``), so the comm model is not counted twice.
+SLOWDOWN_PHASES = ("forward", "optimizer")
+
+
+def _probe_plan(ranks: int):
+    """A data-parallel plan of ``STEP_PROBE_MODEL`` on ``ranks`` ranks of this host, four
+    micro-batches of one sample per rank per step."""
+    from simcore.spec import plan_from_dict
+
+    model = {k: v for k, v in STEP_PROBE_MODEL.items() if k not in ("kv_heads", "ffn_hidden")}
+    return plan_from_dict({"name": f"slowdown-probe-dp{ranks}", "model": model,
+                           "cluster": {"node": "localhost", "gpus_per_node": max(OVERSUB_RANKS)},
+                           "parallel": {"dp": ranks},
+                           "training": {"global_batch": 4 * ranks, "micro_batch": 1, "precision": "fp32"}},
+                          Path("."))
+
+
+def bench_executor_slowdown(ranks=OVERSUB_RANKS, cycles: int = OVERSUB_CYCLES) -> dict:
+    """Per-rank slowdown of a real training step when ``n`` ranks share this host: the
+    executor itself (``executors.launch.run``, fork, gloo: its threads, DDP, autograd and
+    AdamW as a validation run has them) on ``_probe_plan(n)``, the time of
+    ``SLOWDOWN_PHASES`` per rank with n ranks over that with one, median over ``cycles``
+    interleaved rounds. Returns {n: slowdown} (1.0 for one rank)."""
+    from executors.launch import run
+
+    ratios: dict = {n: [] for n in ranks}
+    for _ in range(cycles):
+        t = {}
+        for n in ranks:
+            m = run(_probe_plan(n), steps=SLOWDOWN_STEPS, warmup=SLOWDOWN_WARMUP, start_method="fork")
+            t[n] = sum(m.time_s.get(k, 0.0) for k in SLOWDOWN_PHASES)
+        for n in ranks:
+            ratios[n].append(t[n] / t[min(ranks)])
+    return {n: max(1.0, statistics.median(v)) for n, v in ratios.items()}
+
+
+def derive_oversubscription(measured: dict) -> dict:
+    """Per-rank tables ``topologies.hardware.scale_for_ranks`` applies: with n ranks, the
+    one-rank GEMM rate and layer rate over the executor's measured slowdown with n ranks
+    (``bench_executor_slowdown``). What slows a run's ranks when they share cores (DDP and
+    gloo threads, the autograd engine, caches and memory bandwidth) is not what slows a lone
+    GEMM or layer: on the 2-core validation host those probes read 1.0-1.35x with 2 ranks
+    while the executor's steps slowed ~1.3x, which left every multi-rank prediction too
+    fast. Without a slowdown figure the measured tables stand."""
+    slow = measured.get("slowdown") or {}
+    if 1 not in slow:
+        return {"matmul": dict(measured["matmul"]), "layer": dict(measured["layer"])}
+    return {kind: {n: measured[kind][1] / slow[n] for n in slow} for kind in ("matmul", "layer")}
 
 
 def bench_oversubscription(ranks=OVERSUB_RANKS, size: int = 256, window_s: float = OVERSUB_WINDOW_S,
                            cycles: int = OVERSUB_CYCLES) -> dict:
-    """Per-rank GEMM FLOP/s and probe-layer steps/s when ``n`` single-threaded ranks run
-    at once (CPU hosts); the ranks are forked and start each probe on a barrier. The rank
-    counts are interleaved over ``cycles`` rounds and the median kept, so that load from
-    other processes that comes and goes biases every count alike."""
-    ctx = multiprocessing.get_context("fork")
-    samples: dict = {"matmul": {n: [] for n in ranks}, "layer": {n: [] for n in ranks}}
-    for _ in range(cycles):
+    """Per-rank GEMM FLOP/s and probe-layer steps/s when ``n`` ranks run at once (CPU hosts),
+    in one fork launch of max(ranks) ranks configured as the executor's ranks
+    (``_oversub_rank``; the rank counts interleaved over ``cycles`` rounds, median kept, so
+    that load from other processes that comes and goes biases every count alike), and the
+    executor's slowdown with n ranks (``bench_executor_slowdown``). Returns the derived
+    tables (``derive_oversubscription``) under "matmul" and "layer", the slowdown under
+    "slowdown" and the measured GEMM and layer rates under "raw"."""
+    from executors.launch import spawn
+
+    ranks = tuple(sorted(ranks))
+    per_rank = spawn(_oversub_rank, max(ranks), (ranks, size, window_s, cycles), timeout_s=180, start_method="fork")
+    samples: dict = {kind: {n: [] for n in ranks} for kind in ("matmul", "layer")}
+    for cycle in range(cycles):
         for n in ranks:
-            barrier, queue = ctx.Barrier(n), ctx.Queue()
-            procs = [ctx.Process(target=_oversub_worker, args=(barrier, queue, r, size, window_s)) for r in range(n)]
-            for p in procs:
-                p.start()
-            results = [queue.get(timeout=60) for _ in procs]
-            for p in procs:
-                p.join()
+            rows = [r for rank_rows in per_rank for r in rank_rows if r["cycle"] == cycle and r["n"] == n]
             for kind in samples:
-                samples[kind][n].append(statistics.mean(r[kind] for _, r in results))
-    return {kind: {n: statistics.median(v) for n, v in by_n.items()} for kind, by_n in samples.items()}
+                samples[kind][n].append(statistics.mean(r[kind] for r in rows))
+    measured = {kind: {n: statistics.median(v) for n, v in by_n.items()} for kind, by_n in samples.items()}
+    measured["slowdown"] = bench_executor_slowdown(ranks, SLOWDOWN_ROUNDS if cycles > 1 else 1)
+    return {**derive_oversubscription(measured), "slowdown": measured["slowdown"],
+            "raw": {"matmul": measured["matmul"], "layer": measured["layer"]}}
 
 
 # --------------------------------------------------------------------------- fitting
@@ -728,7 +815,12 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
         "efficiency": efficiency,
         "oversubscription": {"matmul_flops_per_s_per_rank": _per_rank(oversub.get("matmul", {})),
                              "layer_steps_per_s_per_rank": _per_rank(oversub.get("layer", {})),
-                             "source": f"{source}; n forked single-thread ranks started on a barrier"},
+                             "executor_slowdown": _per_rank(oversub.get("slowdown", {})),
+                             "source": f"{source}; one-rank GEMM and probe-layer rates (one thread, gloo "
+                                       "process group) over the executor's slowdown with n ranks: "
+                                       "forward + optimizer time per rank of a data-parallel run of the "
+                                       "validation tiny model on n ranks over one rank, median of "
+                                       "interleaved rounds"},
         "collectives": fits,
         "raw": {"matmul": matmul, "memory": memory, "collectives": collectives, "h2d_bytes_per_s": h2d,
                 "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel},
@@ -800,9 +892,9 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
 # --------------------------------------------------------------------------- refresh under load
 
 def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycles: int = REFRESH_CYCLES) -> dict:
-    """Re-measure the load-sensitive host figures of a CPU profile now (a few seconds): the
-    oversubscription probes (1, 2, 4 ranks), hence the per-kernel host overhead and the
-    per-rank GEMM rates, and the pipeline point-to-point figures (``bench_p2p``). On a machine shared with other work the speed a rank gets changes
+    """Re-measure the load-sensitive host figures of a CPU profile now (~20 s): the
+    oversubscription probes (1, 2, 4 ranks, the executor's slowdown included), hence the
+    per-kernel host overhead and the per-rank GEMM rates, and the pipeline point-to-point figures (``bench_p2p``). On a machine shared with other work the speed a rank gets changes
     from minute to minute, so a prediction compared with a run should use figures taken
     just before it. The other figures (in units of the host kernel, or fits) are kept."""
     profile = yaml.safe_load(Path(profile_path).read_text())
@@ -822,6 +914,7 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
         profile["device"]["dense_tflops"] = {p: (v * r if v else v) for p, v in profile["device"]["dense_tflops"].items()}
     profile["oversubscription"]["matmul_flops_per_s_per_rank"] = _per_rank(oversub["matmul"])
     profile["oversubscription"]["layer_steps_per_s_per_rank"] = _per_rank(oversub["layer"])
+    profile["oversubscription"]["executor_slowdown"] = _per_rank(oversub.get("slowdown", {}))
     profile["measured_on"]["refreshed"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     atomic_write_text(profile_path, yaml.safe_dump(profile, sort_keys=False))
     return profile

@@ -137,6 +137,7 @@ def test_quick_calibration_end_to_end(tmp_path, monkeypatch):
     fits = prof["collectives"]
     assert set(fits) == set(cal.WIRE_FACTOR) and all(2 in v for v in fits.values())
     assert set(prof["oversubscription"]["layer_steps_per_s_per_rank"]) == {1, 2}
+    assert prof["oversubscription"]["executor_slowdown"][1] == 1.0 and prof["oversubscription"]["executor_slowdown"][2] >= 1.0
     monkeypatch.setenv("TRAINPLAN_PROFILE", str(out))
     pred = simulate(plan_from_dict(DOC))
     assert pred.step_time_s > 0 and math.isfinite(pred.step_time_s)
@@ -177,3 +178,18 @@ def test_parallel_probe_kernels_are_the_median_of_per_round_ratios():
     # a wrapper faster than plain (noise) clamps to zero extra kernels
     rows = [{"rounds": [{"plain": (1e-3, 1e-3), "tp": (0.5e-3, 0.9e-3)}]}]
     assert cal._round_kernels(rows, "tp", 1, 1) == (0.0, 0.0)
+
+
+def test_oversubscription_tables_carry_the_executor_slowdown():
+    # one-rank rates stand; with n ranks each is the one-rank rate over the step's slowdown,
+    # whatever the lone GEMM or layer read with n ranks (here they slowed less: 9/10, 90/100)
+    measured = {"matmul": {1: 10.0, 2: 9.0, 4: 5.0}, "layer": {1: 100.0, 2: 90.0, 4: 40.0},
+                "slowdown": {1: 1.0, 2: 1.25, 4: 2.5}}
+    out = cal.derive_oversubscription(measured)
+    assert out["matmul"] == pytest.approx({1: 10.0, 2: 8.0, 4: 4.0})
+    assert out["layer"] == pytest.approx({1: 100.0, 2: 80.0, 4: 40.0})
+    # without a slowdown figure the measured tables stand
+    assert cal.derive_oversubscription({k: v for k, v in measured.items() if k != "slowdown"})["layer"][2] == 90.0
+    # the probe plan is the validation model, data-parallel on n ranks, 4 micro-batches each
+    plan = cal._probe_plan(2)
+    assert plan.parallel.dp == 2 and plan.model.layers == 4 and plan.num_microbatches == 4

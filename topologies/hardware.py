@@ -363,7 +363,9 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
     On a CPU host the ranks share cores: the profile's oversubscription tables give the
     matmul throughput per rank (which scales the peak) and the eager tiny-layer rate per
     rank (which scales the host and kernel overheads: a rank given half a core issues its
-    kernels half as fast) with 1, 2, 4 ... ranks running, and the collective fits give the
+    kernels half as fast) with 1, 2, 4 ... ranks running (``executors.calibrate`` derives
+    both from the one-rank rates and the slowdown of the executor's own step with n ranks,
+    so peak and host overhead slow alike), and the collective fits give the
     all-reduce bus bandwidth and base latency per group size (the fit's ``base_latency_s``:
     its alpha less the ring's per-hop latencies, which collectives.py adds back). Figures
     between the measured counts are interpolated in log2(ranks); beyond them the end
