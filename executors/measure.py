@@ -319,26 +319,12 @@ def instrument_stage(stage, rec: Recorder) -> None:
 
 # --------------------------------------------------------------------------- summary
 
-def model_flops_per_token(spec, recompute: str = "none") -> float:
-    """Training FLOPs per token: 6 P + 12 L T H (Narayanan et al. 2021, eq. 3 without the
-    vocabulary term folded in; P counts the active matrices, the logits included), plus
-    the recomputed forward: all of it (full) or the attention core 4 L T H (selective)."""
-    hd = spec.head_dim
-    attn = spec.hidden * (2 * spec.heads * hd + 2 * spec.kv_heads * hd)
-    mlp = (3 if spec.gated_mlp else 2) * spec.hidden * spec.ffn_hidden
-    if spec.moe:
-        mlp = spec.top_k * mlp + spec.hidden * spec.experts
-    params = spec.layers * (attn + mlp) + spec.hidden * spec.vocab
-    core = 4.0 * spec.layers * spec.seq_len * spec.hidden
-    extra = {"full": 2.0 * params + core, "selective": core}.get(recompute, 0.0)
-    return 6.0 * params + 3.0 * core + extra
-
-
 def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
     """Per-rank records of ``executors.launch.run_rank`` -> one Measurement. The step time
     is the slowest rank's, averaged over the measured steps; its breakdown is that rank's
     ``split_step``; spans are those of the median measured step on every rank."""
-    from simcore.trace import GIB, MEMORY_KINDS, StepResult, split_step
+    from simcore import workload as wl
+    from simcore.trace import GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
 
     n = len(records[0]["steps"])
     measured = range(min(warmup, n - 1), n)
@@ -357,11 +343,10 @@ def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
     spans = tuple(s for r in records for s in r["steps"][rep]["spans"])
     totals = [sum(r["memory_bytes"].values()) for r in records]
     top = records[max(range(len(records)), key=totals.__getitem__)]["memory_bytes"]
-    tokens = plan.training.global_batch * plan.model.seq_len
     world = len(records)
-    model_f = model_flops_per_token(plan.model) * tokens / step_time / world
-    hw_f = model_flops_per_token(plan.model, plan.training.recompute.value) * tokens / step_time / world
     peak = plan.cluster.node.gpu.peak(plan.training.precision.value) or 0.0
+    model_flops = wl.model_flops_per_step(plan.model, plan.training.global_batch)
+    hardware_flops = wl.hardware_flops_per_step(plan.model, plan.training.global_batch, plan.training.recompute)
     calls = Counter()
     for r in records:
         calls.update(r["steps"][rep]["counts"])
@@ -371,9 +356,8 @@ def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
     if not peak:
         notes.append("mfu and hfu are 0: the device has no calibrated peak (run `trainplan calibrate`)")
     return StepResult(
-        source="measured", plan_name=plan.name, step_time_s=step_time, tokens_per_s=tokens / step_time,
-        model_tflops_per_gpu=model_f / 1e12, hardware_tflops_per_gpu=hw_f / 1e12,
-        mfu=model_f / peak if peak else 0.0, hfu=hw_f / peak if peak else 0.0,
+        source="measured", plan_name=plan.name, step_time_s=step_time,
+        **rate_fields(plan, step_time, model_flops, hardware_flops),   # the simulator's FLOP counting
         compute_s=parts["compute_s"] / k, exposed_comm_s=parts["exposed_comm_s"] / k,
         bubble_s=parts["bubble_s"] / k, offload_s=parts["offload_s"] / k,
         memory_per_gpu_gib=max(totals) / GIB, fits=True,

@@ -74,7 +74,7 @@ import simpy
 from simcore.costs import StepCosts
 from simcore.schedules import Action, Op, build_schedule
 from simcore.spec import ZeroStage
-from simcore.trace import GIB, Span, StepResult, split_step
+from simcore.trace import GIB, Span, StepResult, rate_fields, split_step
 from topologies.placement import rank_grid
 
 GRANULARITIES = ("microbatch", "layer")
@@ -627,10 +627,6 @@ def _result(costs: StepCosts, spans: list[Span], step_s: float, step: _Step, mod
             name = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm"}.get(s.stream, s.kind)
             by_kind[name] += s.duration_s
     by_kind["bubble"] = split["bubble_s"]
-    gpus = plan.parallel.gpus
-    tokens = plan.training.global_batch * plan.model.seq_len
-    model_tflops = costs.model_flops_per_step / step_s / gpus / 1e12
-    hw_tflops = costs.hardware_flops_per_step / step_s / gpus / 1e12
     peak = plan.cluster.node.gpu.peak(plan.training.precision.value)
     notes = list(costs.notes)
     if not peak:
@@ -639,9 +635,8 @@ def _result(costs: StepCosts, spans: list[Span], step_s: float, step: _Step, mod
     memory = max(costs.memory_per_rank_bytes, default=sum(costs.memory_bytes.values()))
     host_ok = costs.time_detail_s.get("host_memory_per_node_bytes", 0.0) <= plan.cluster.node.host_memory_bytes
     return StepResult(
-        source="des", plan_name=plan.name, step_time_s=step_s, tokens_per_s=tokens / step_s,
-        model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hw_tflops,
-        mfu=model_tflops * 1e12 / peak if peak else 0.0, hfu=hw_tflops * 1e12 / peak if peak else 0.0,
+        source="des", plan_name=plan.name, step_time_s=step_s,
+        **rate_fields(plan, step_s, costs.model_flops_per_step, costs.hardware_flops_per_step),
         compute_s=split["compute_s"], exposed_comm_s=split["exposed_comm_s"], bubble_s=split["bubble_s"],
         offload_s=split["offload_s"], memory_per_gpu_gib=memory / GIB,
         fits=memory <= plan.cluster.node.gpu.hbm_bytes and host_ok, memory_bytes=dict(costs.memory_bytes),

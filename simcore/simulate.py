@@ -36,7 +36,7 @@ from simcore import memory as mem
 from simcore import workload as wl
 from simcore.costs import StepCosts
 from simcore.spec import GradCompression, Offload, Plan, PlanError, Precision, Schedule, ZeroStage
-from simcore.trace import GIB, StepResult
+from simcore.trace import GIB, StepResult, rate_fields
 
 #: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
 #: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py).
@@ -369,10 +369,6 @@ def analytic(c: StepCosts) -> StepResult:
     exposed = m * o["comm"] + dp_exposed + sync
     bubble = max(0.0, pipe - m * (o["compute"] + o["comm"]))
     step = compute_s + exposed + bubble + offload_s
-    gpus = par.gpus
-    dev_peak = plan.cluster.node.gpu.peak(tr.precision.value)
-    model_tf = c.model_flops_per_step / step / gpus
-    hw_tf = c.hardware_flops_per_step / step / gpus
     per_rank = c.memory_per_rank_bytes
     fits = max(per_rank) <= plan.cluster.node.gpu.hbm_bytes and \
         c.time_detail_s.get("host_memory_per_node_bytes", 0.0) <= plan.cluster.node.host_memory_bytes
@@ -381,9 +377,8 @@ def analytic(c: StepCosts) -> StepResult:
               "param_sync": sync, "optimizer": opt, "offload": offload_s, "bubble": bubble}
     return StepResult(
         source="analytic", plan_name=plan.name, step_time_s=step,
-        tokens_per_s=tr.global_batch * plan.model.seq_len / step,
-        model_tflops_per_gpu=model_tf / 1e12, hardware_tflops_per_gpu=hw_tf / 1e12,
-        mfu=model_tf / dev_peak, hfu=hw_tf / dev_peak, compute_s=compute_s, exposed_comm_s=exposed,
+        **rate_fields(plan, step, c.model_flops_per_step, c.hardware_flops_per_step),
+        compute_s=compute_s, exposed_comm_s=exposed,
         bubble_s=bubble, offload_s=offload_s, memory_per_gpu_gib=max(per_rank) / GIB, fits=fits,
         memory_bytes=dict(c.memory_bytes), time_s=time_s,
         memory_per_rank_gib=tuple(x / GIB for x in per_rank), notes=c.notes,

@@ -97,6 +97,19 @@ Prediction = StepResult
 Measurement = StepResult
 
 
+def rate_fields(plan, step_s: float, model_flops_per_step: float, hardware_flops_per_step: float) -> dict:
+    """The StepResult fields every path derives the same way from a step time and the step's
+    FLOPs (simcore.workload's counting): tokens/s, TFLOP/s per GPU, and MFU/HFU against the
+    GPU's dense peak for the plan's precision (0 where the device has no such peak)."""
+    gpus = plan.parallel.gpus
+    model_tf = model_flops_per_step / step_s / gpus / 1e12
+    hw_tf = hardware_flops_per_step / step_s / gpus / 1e12
+    peak = plan.cluster.node.gpu.peak(plan.training.precision.value)
+    return {"tokens_per_s": plan.training.global_batch * plan.model.seq_len / step_s,
+            "model_tflops_per_gpu": model_tf, "hardware_tflops_per_gpu": hw_tf,
+            "mfu": model_tf * 1e12 / peak if peak else 0.0, "hfu": hw_tf * 1e12 / peak if peak else 0.0}
+
+
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[tuple[float, float]] = []
     for start, end in sorted(intervals):

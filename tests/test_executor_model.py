@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from executors.measure import model_flops_per_token
 from executors.model import FeedForward, MoE, apply_rope, build_model, count_parameters, loss_fn, rope_tables
 from simcore.spec import ModelSpec, PositionEmbedding
 
@@ -88,8 +87,15 @@ def test_moe_top_k_routing_matches_a_per_token_loop():
 
 
 def test_model_flops_closed_form():
-    # 6 P + 12 L T H, P the matrices that multiply each token (Narayanan et al. 2021)
+    # The executor reports MFU/HFU with the simulator's counting (simcore.workload), which
+    # for this GPT is 6 P + 12 L T H per token (Narayanan et al. 2021), P the matrices that
+    # multiply each token, the logits included
+    from simcore import workload as wl
+    from simcore.spec import Recompute
+
     p = 2 * (4 * 32 * 32 + 2 * 32 * 128) + 32 * 64
-    assert model_flops_per_token(GPT) == 6 * p + 12 * 2 * 16 * 32
-    # full recomputation repeats the forward: 8 P + 16 L T H
-    assert model_flops_per_token(GPT, "full") == 8 * p + 16 * 2 * 16 * 32
+    layers_p = p - 32 * 64
+    tokens = 3 * GPT.seq_len
+    assert wl.model_flops_per_step(GPT, 3) == tokens * (6 * p + 12 * 2 * 16 * 32)
+    # full recomputation repeats the layers' forward (not the logits): 6 P + 2 P_layers + 16 L T H
+    assert wl.hardware_flops_per_step(GPT, 3, Recompute.FULL) == tokens * (6 * p + 2 * layers_p + 16 * 2 * 16 * 32)
