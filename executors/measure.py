@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import DTensor
 
-from simcore.trace import Span
+from simcore.trace import Span, subtract_intervals
 
 #: torch.distributed functions (name -> span kind) that the recorder times.
 _C10D = {"all_reduce": "all_reduce", "all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
@@ -100,23 +100,9 @@ class Recorder:
         out = []
         blocks = sorted(self.blocking)
         for stream, kind, name, start, end, nbytes in self.spans:
-            pieces = _cut(start, end, blocks) if stream == "compute" else [(start, end)]
+            pieces = subtract_intervals([(start, end)], blocks) if stream == "compute" else [(start, end)]
             out.extend(Span(self.rank, stream, kind, name, s, e - s, nbytes) for s, e in pieces if e > s)
         return out
-
-
-def _cut(start: float, end: float, blocks: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """[start, end] minus the sorted intervals ``blocks``."""
-    out, cur = [], start
-    for bs, be in blocks:
-        if be <= cur or bs >= end:
-            continue
-        if bs > cur:
-            out.append((cur, bs))
-        cur = max(cur, be)
-    if cur < end:
-        out.append((cur, end))
-    return out
 
 
 # --------------------------------------------------------------------------- collectives

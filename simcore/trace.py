@@ -125,8 +125,8 @@ def _length(intervals: list[tuple[float, float]]) -> float:
     return sum(e - s for s, e in intervals)
 
 
-def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Parts of the (merged, sorted) intervals ``a`` not covered by the (merged, sorted) ``b``.
+def subtract_intervals(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Parts of the (merged, sorted) intervals ``a`` not covered by ``b`` (sorted by start; may overlap).
 
     A two-pointer sweep: linear in len(a) + len(b)."""
     out, j = [], 0
@@ -151,8 +151,8 @@ def split_step(spans: list[Span] | tuple[Span, ...], rank: int, start_s: float, 
                        if s.rank == rank and s.stream in streams and s.end_s > start_s and s.start_s < end_s])
 
     compute = clip(("compute",))
-    comm = _subtract(clip(COMM_STREAMS), compute)
-    offload = _subtract(_subtract(clip(("copy",)), compute), comm)
+    comm = subtract_intervals(clip(COMM_STREAMS), compute)
+    offload = subtract_intervals(subtract_intervals(clip(("copy",)), compute), comm)
     total = end_s - start_s
     c, x, o = _length(compute), _length(comm), _length(offload)
     return {"compute_s": c, "exposed_comm_s": x, "offload_s": o, "bubble_s": max(0.0, total - c - x - o)}
