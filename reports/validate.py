@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from reports.compare import Comparison, compare
-from simcore.spec import Plan, PlanError, load_plan, plan_from_dict
+from simcore.spec import Plan, PlanError, load_plan, plan_from_dict, read_yaml_file
 from simcore.uncertainty import layout_class
 from topologies.hardware import default_profile_path
 
@@ -34,12 +33,7 @@ def _merge(base: dict, over: dict) -> dict:
 def load_matrix(path: str | os.PathLike) -> list[tuple[str, dict]]:
     """(layout name, Plan document) for every layout of a matrix file."""
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PlanError(f"matrix file {path} cannot be read: {exc.strerror}") from None
-    except yaml.YAMLError:
-        raise PlanError(f"matrix file {path} is not valid YAML") from None
+    doc = read_yaml_file(path, "matrix file")
     if not isinstance(doc, dict) or not isinstance(doc.get("layouts"), dict) or not doc["layouts"]:
         raise PlanError(f"matrix file {path} needs a 'layouts' mapping of name -> plan fields")
     base = doc.get("base") or {}

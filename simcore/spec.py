@@ -465,25 +465,32 @@ def plan_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | No
     return plan
 
 
-def load_plan(path: str | os.PathLike, catalog: Catalog | None = None) -> Plan:
-    """Read a Plan YAML file; raise PlanError with one sentence on any problem."""
+def read_yaml_file(path: str | os.PathLike, what: str):
+    """The parsed document of a YAML file the user names (``what``: "plan file", "sweep
+    file", ...); PlanError with one sentence if it cannot be read, parsed, or is empty."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
-        raise PlanError(f"plan file {path} cannot be read: {exc.strerror or exc}") from None
+        raise PlanError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise PlanError(f"plan file {path} is not a text file") from None
+        raise PlanError(f"{what} {path} is not a text file") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or "syntax error"
-        raise PlanError(f"plan file {path} is not valid YAML{line}: {problem}") from None
+        raise PlanError(f"{what} {path} is not valid YAML{line}: {problem}") from None
     if doc is None:
-        raise PlanError(f"plan file {path} is empty")
-    plan = plan_from_dict(doc, path.parent, catalog)
+        raise PlanError(f"{what} {path} is empty")
+    return doc
+
+
+def load_plan(path: str | os.PathLike, catalog: Catalog | None = None) -> Plan:
+    """Read a Plan YAML file; raise PlanError with one sentence on any problem."""
+    path = Path(path)
+    plan = plan_from_dict(read_yaml_file(path, "plan file"), path.parent, catalog)
     return plan if plan.name else replace(plan, name=path.stem)
 
 

@@ -26,9 +26,8 @@ from itertools import product
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-from simcore.spec import Offload, PlanError, Recompute, Schedule, ZeroStage
+from simcore.spec import Offload, PlanError, Recompute, Schedule, ZeroStage, read_yaml_file
 from topologies.hardware import load_catalog
 
 _CLUSTER_KEYS = ("node", "nodes", "fabric", "storage", "gpus_per_node")
@@ -73,12 +72,7 @@ def _known_axis(key: str) -> bool:
 def load_sweep(path: str | os.PathLike) -> Sweep:
     """Read a sweep YAML file; PlanError with one sentence on a problem."""
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PlanError(f"sweep file {path} cannot be read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise PlanError(f"sweep file {path} is not valid YAML: {exc}") from None
+    doc = read_yaml_file(path, "sweep file")
     if not isinstance(doc, dict):
         raise PlanError(f"sweep file {path} must hold a mapping")
     return sweep_from_dict(doc, default_name=path.stem)
