@@ -174,6 +174,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     catalog = load_catalog()
     t0 = time.perf_counter()
+    missing = [n for n in ("dev_runs.csv", "vtrain_runs.csv") if not (args.validation / n).exists()]
+    if missing:
+        print(f"validate_published: {args.validation / missing[0]} not found; pass --validation DIR "
+              "(the folder holding dev_runs.csv and vtrain_runs.csv, ../shared/validation beside the repo)",
+              file=sys.stderr)
+        return 2
     frames = [validate(args.validation / name, catalog) for name in ("dev_runs.csv", "vtrain_runs.csv")]
     out = pd.concat(frames, ignore_index=True)
     elapsed = time.perf_counter() - t0
