@@ -135,6 +135,61 @@ def bench_matmul(device: torch.device, precisions, sizes=MATMUL_SIZES, progress=
     return rows
 
 
+#: Tokens per micro-batch (rows) and hidden sizes of the layer-shaped GEMMs timed with cold
+#: caches on a CPU host (``bench_layer_gemms``): the shapes eager training runs, T x h times
+#: h x 4h, in the forward's ``F.linear`` form and the backward's dX and dW forms.
+LAYER_GEMM_TOKENS = (32, 128, 512)
+LAYER_GEMM_HIDDEN = (64, 128, 256, 512, 1024)
+#: Bytes of the rotating operand pool of ``bench_layer_gemms``: larger than the last-level
+#: cache (32 MiB on the validation host; ``lscpu``), so every GEMM starts with its operands
+#: out of cache, as inside a training step where the other layers' tensors evicted them.
+COLD_POOL_BYTES = 64 * 1024**2
+
+
+def _cold_rate(make, shapes_bytes: int, pool: torch.Tensor, min_time_s: float) -> float:
+    """Seconds per call of GEMMs whose operands are views at rotating offsets of ``pool``."""
+    per = shapes_bytes // 4
+    calls = [make(pool[i * per:(i + 1) * per]) for i in range(max(1, pool.numel() // per))]
+    for fn in calls[:2]:
+        fn()
+    reps, start = 0, time.perf_counter()
+    while reps < 3 or time.perf_counter() - start < min_time_s:
+        for fn in calls:
+            fn()
+        reps += len(calls)
+    return (time.perf_counter() - start) / reps
+
+
+def bench_layer_gemms(tokens=LAYER_GEMM_TOKENS, hidden=LAYER_GEMM_HIDDEN, min_time_s: float = 0.02) -> list[dict]:
+    """fp32 GEMMs of a transformer layer's shapes on one CPU thread, operands out of cache:
+    x (T, h) against W (4h, h) as ``F.linear`` (forward), dY (T, 4h) @ W (dX) and
+    dY^T @ x (dW). Isolated GEMMs on hot operands run 1.5-2.5x faster than the same
+    GEMMs inside an eager training step on this class of host (the step's other tensors
+    evict them from cache), which the simulator's FLOP-indexed curve cannot know."""
+    import torch.nn.functional as F
+
+    pool = torch.randn(COLD_POOL_BYTES // 4)
+    rows = []
+    for t in tokens:
+        for h in hidden:
+            n = 4 * h
+            nbytes = 4 * (t * h + n * h + t * n)
+
+            def split(buf, t=t, h=h, n=n):
+                return buf[:t * h].view(t, h), buf[t * h:t * h + n * h].view(n, h), buf[t * h + n * h:].view(t, n)
+            forms = {
+                "fwd": lambda buf: (lambda x, w, _: (lambda: F.linear(x, w)))(*split(buf)),
+                "dx": lambda buf: (lambda _, w, dy: (lambda: dy @ w))(*split(buf)),
+                "dw": lambda buf: (lambda x, _, dy: (lambda: dy.t() @ x))(*split(buf)),
+            }
+            for form, make in forms.items():
+                sec = _cold_rate(make, nbytes, pool, min_time_s)
+                flops = 2.0 * t * h * n
+                rows.append({"precision": "fp32", "m": t, "k": h, "n": n, "form": f"layer-{form}", "cold": True,
+                             "flops": flops, "seconds": sec, "flops_per_s": flops / sec})
+    return rows
+
+
 def bench_memory(device: torch.device) -> dict:
     """Streaming bandwidth (copy: read + write) and the fixed cost of a tiny kernel."""
     n = 32 * 1024**2 // 4
@@ -192,17 +247,64 @@ def _layer_step(spec, device: torch.device):
     return step
 
 
+def _checkpointed_step(spec, device: torch.device, recompute: str):
+    """``_layer_step`` of the probe layer wrapped as ``executors.parallel.apply_ac`` wraps a
+    block: the whole block (full) or its attention core (selective)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from executors.model import Block
+
+    block = Block(spec).to(device)
+    if recompute == "full":
+        block = checkpoint_wrapper(block, preserve_rng_state=False)
+    else:
+        block.attention.core = checkpoint_wrapper(block.attention.core, preserve_rng_state=False)
+    x = torch.randn(1, spec.seq_len, spec.hidden, device=device, requires_grad=True)  # (B, T, H)
+    return _wrapped_layer_step(block, x)
+
+
 def bench_host_overhead(device: torch.device, reps: int = 40, warmup: int = 8) -> dict:
     """Eager host cost per modelled kernel: the probe layer's median forward and backward
-    over the kernels the workload model counts for them."""
+    over the kernels the workload model counts for them; and, interleaved with it, the same
+    layer under full and selective activation checkpointing (torch's non-reentrant
+    ``checkpoint_wrapper``, whose saved-tensor hooks and recomputation bookkeeping cost host
+    time of their own)."""
     spec = probe_spec()
-    step = _layer_step(spec, device)
-    times = [step() for _ in range(reps + warmup)][warmup:]
-    fwd_s = statistics.median(t[0] for t in times)
-    bwd_s = statistics.median(t[1] for t in times)
+    steps = {"plain": _layer_step(spec, device), "full": _checkpointed_step(spec, device, "full"),
+             "selective": _checkpointed_step(spec, device, "selective")}
+    times = {k: [] for k in steps}
+    for i in range(reps + warmup):
+        for k, step in steps.items():
+            t = step()
+            if i >= warmup:
+                times[k].append(t)
+    med = {k: (statistics.median(t[0] for t in v), statistics.median(t[1] for t in v)) for k, v in times.items()}
+    fwd_s, bwd_s = med["plain"]
     kf, kb = probe_kernels(spec)
     return {"forward_s": fwd_s, "backward_s": bwd_s, "forward_kernels": kf, "backward_kernels": kb,
-            "per_kernel_s": (fwd_s + bwd_s) / (kf + kb)}
+            "per_kernel_s": (fwd_s + bwd_s) / (kf + kb),
+            "checkpointed": {k: {"forward_s": f, "backward_s": b} for k, (f, b) in med.items() if k != "plain"}}
+
+
+def recompute_kernels(host: dict, peak: float, copy_bytes_per_s: float, efficiency: dict) -> dict:
+    """Host cost of activation checkpointing beyond the recomputed ops, per layer and
+    micro-batch, in units of the probe layer's per-kernel time: the checkpointed layer's
+    forward less the plain one, and its backward less the plain backward and less the
+    recomputation the simulator charges (``simcore.compute.serial_layer_s``)."""
+    from simcore.compute import serial_layer_s
+    from simcore.spec import Recompute
+
+    spec, per_kernel = probe_spec(), host["per_kernel_s"]
+    points, attn = efficiency["matmul"]["points"], float(efficiency["attention"]["forward"])
+    device = sum(serial_layer_s(spec, peak, copy_bytes_per_s, points, attn))
+    dispatch = max(0.0, per_kernel - device / (host["forward_kernels"] + host["backward_kernels"]))
+    out = {}
+    for mode, meas in (host.get("checkpointed") or {}).items():
+        rec = serial_layer_s(spec, peak, copy_bytes_per_s, points, attn, dispatch, Recompute(mode))[0]
+        out[f"recompute_{mode}"] = {
+            "forward_kernels": max(0.0, meas["forward_s"] - host["forward_s"]) / per_kernel,
+            "backward_kernels": max(0.0, meas["backward_s"] - host["backward_s"] - rec) / per_kernel}
+    return out
 
 
 def bench_optimizer(device: torch.device, reps: int = 15) -> dict:
@@ -625,15 +727,74 @@ def bench_executor_slowdown(ranks=OVERSUB_RANKS, cycles: int = OVERSUB_CYCLES) -
     interleaved rounds. Returns {n: slowdown} (1.0 for one rank)."""
     from executors.launch import run
 
+    return _executor_probe(ranks, cycles)[0]
+
+
+def _executor_probe(ranks, cycles: int) -> tuple[dict, dict]:
+    """``bench_executor_slowdown``'s rounds; also returns the one-rank run's compute
+    phases (forward, backward; median over the rounds), which ``anchor_to_executor`` uses."""
+    from executors.launch import run
+
     ratios: dict = {n: [] for n in ranks}
+    one: dict = {"forward": [], "backward": []}
     for _ in range(cycles):
         t = {}
         for n in ranks:
             m = run(_probe_plan(n), steps=SLOWDOWN_STEPS, warmup=SLOWDOWN_WARMUP, start_method="fork")
             t[n] = sum(m.time_s.get(k, 0.0) for k in SLOWDOWN_PHASES)
+            if n == 1:
+                for k in one:
+                    one[k].append(m.time_s.get(k, 0.0))
         for n in ranks:
             ratios[n].append(t[n] / t[min(ranks)])
-    return {n: max(1.0, statistics.median(v)) for n, v in ratios.items()}
+    slowdown = {n: max(1.0, statistics.median(v)) for n, v in ratios.items()}
+    return slowdown, ({k: statistics.median(v) for k, v in one.items()} if one["forward"] else {})
+
+
+def anchor_to_executor(profile: dict, profile_path) -> dict:
+    """Scale a CPU profile's compute figures (per-kernel host, kernel and dispatch times up,
+    the peak down, all by one ratio) so that the executor's own one-rank step of the
+    slowdown probe (``_probe_plan(1)``: same model class, same launch, measured in the same
+    calibration) is predicted as measured. The probe layer and the GEMM grid run in
+    isolation; a training step's forward and backward run among the optimizer's and the
+    other layers' tensors, which on a small shared host cost 10-40% more than the isolated
+    probes predict. The ratio and the step it came from are kept under
+    ``efficiency.executor_anchor``. ``profile_path`` must hold ``profile`` (the plan is
+    resolved from it)."""
+    from simcore.simulate import simulate
+
+    one = (profile.get("raw") or {}).get("executor_one_rank") or {}
+    if not one.get("forward"):
+        return profile
+    old = os.environ.get("TRAINPLAN_PROFILE")
+    os.environ["TRAINPLAN_PROFILE"] = str(profile_path)
+    try:
+        pred = simulate(_probe_plan(1), engine="analytic").time_s
+    finally:
+        if old is None:
+            os.environ.pop("TRAINPLAN_PROFILE", None)
+        else:
+            os.environ["TRAINPLAN_PROFILE"] = old
+    r = (one["forward"] + one["backward"]) / (pred["forward"] + pred["backward"])
+    _scale_compute(profile, r)
+    profile["efficiency"]["executor_anchor"] = {
+        "ratio": r, "measured_s": dict(one),
+        "source": f"forward + backward of the executor's one-rank {_probe_plan(1).name} step ({SLOWDOWN_STEPS - SLOWDOWN_WARMUP} "
+                  f"steps, median of the calibration's rounds) over the profile's prediction before this scaling"}
+    atomic_write_text(profile_path, yaml.safe_dump(profile, sort_keys=False))
+    return profile
+
+
+def _scale_compute(profile: dict, r: float) -> None:
+    """Compute time x r: per-kernel host, kernel and dispatch times times r, peaks and
+    memory bandwidth over r."""
+    eff = profile["efficiency"]
+    for key in ("host_overhead_us", "kernel_overhead_us", "dispatch_us"):
+        if eff.get(key):
+            eff[key] *= r
+    dev = profile["device"]
+    dev["dense_tflops"] = {p: (v / r if v else v) for p, v in dev["dense_tflops"].items()}
+    dev["hbm_tbyte_per_s"] /= r
 
 
 def derive_oversubscription(measured: dict) -> dict:
@@ -670,8 +831,8 @@ def bench_oversubscription(ranks=OVERSUB_RANKS, size: int = 256, window_s: float
             for kind in samples:
                 samples[kind][n].append(statistics.mean(r[kind] for r in rows))
     measured = {kind: {n: statistics.median(v) for n, v in by_n.items()} for kind, by_n in samples.items()}
-    measured["slowdown"] = bench_executor_slowdown(ranks, SLOWDOWN_ROUNDS if cycles > 1 else 1)
-    return {**derive_oversubscription(measured), "slowdown": measured["slowdown"],
+    measured["slowdown"], one_rank = _executor_probe(ranks, SLOWDOWN_ROUNDS if cycles > 1 else 1)
+    return {**derive_oversubscription(measured), "slowdown": measured["slowdown"], "one_rank_step": one_rank,
             "raw": {"matmul": measured["matmul"], "layer": measured["layer"]}}
 
 
@@ -710,10 +871,13 @@ def split_ring_latency(fits: dict) -> tuple[float, dict]:
 
 
 def matmul_curve(rows: list[dict], precision: str, peak: float) -> list[list[float]]:
-    """Efficiency points (GEMM FLOPs, fraction of the measured peak), median per size."""
+    """Efficiency points (GEMM FLOPs, fraction of the measured peak), median per size.
+    Where cold-cache layer-shaped GEMMs were timed (CPU hosts), the curve is theirs alone:
+    the hot square grid only sets the peak."""
+    cold = any(r.get("cold") and r["precision"] == precision for r in rows)
     by_flops: dict[float, list[float]] = {}
     for r in rows:
-        if r["precision"] == precision:
+        if r["precision"] == precision and bool(r.get("cold")) == cold:
             by_flops.setdefault(r["flops"], []).append(r["flops_per_s"] / peak)
     return [[f, round(min(1.0, statistics.median(v)), 4)] for f, v in sorted(by_flops.items())]
 
@@ -765,6 +929,12 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             f"{source}; eager forward+backward of a tiny transformer layer (hidden {PROBE_LAYER['hidden']}, "
             f"seq {PROBE_LAYER['seq_len']}) over the {host['forward_kernels'] + host['backward_kernels']} "
             "kernels simcore.workload counts for it")
+        if cpu:
+            efficiency["dispatch_us"] = _dispatch_s(efficiency, peaks[main_precision], memory["copy_bytes_per_s"]) * 1e6
+            efficiency["dispatch_source"] = (
+                f"{source}; the same probe layer's per-kernel time less its modelled device time (the "
+                "cold-cache matmul curve and copy bandwidth): on a CPU the issuing thread runs each kernel, "
+                "so simcore.compute.phase_s adds this to the device time")
     if optimizer:
         efficiency["optimizer"] = {"per_tensor_us": optimizer["per_tensor_s"] * 1e6,
                                    "param_gbyte_per_s": optimizer["param_bytes_per_s"] / 1e9,
@@ -780,12 +950,15 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
             "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
             **({"pipeline_chunk": dict(parallel["pipeline_chunk"])} if "pipeline_chunk" in parallel else {}),
+            **(recompute_kernels(host, peaks[main_precision], memory["copy_bytes_per_s"], efficiency) if host else {}),
             "source": f"{source}; probe layer on {parallel['ranks']} ranks at once, plain vs DTensor TP "
                       "(executors.parallel's plan, with and without SP) vs FSDP2, in units of the plain "
                       "layer's per-kernel time, median of interleaved rounds; AdamW per plain / DTensor "
                       "tensor; broadcast: its 2-rank alpha; p2p: a two-rank relay of the probe layer, its cost per message less the send call (wake), the sender's blocking send call; "
                       "latency: two busy ranks streaming unwaited sends, the receiver's period less the "
-                      "slower rank's compute (delivery by gloo's thread while both ranks compute)"}
+                      "slower rank's compute (delivery by gloo's thread while both ranks compute); recompute_full/"
+                      "selective: the probe layer under checkpoint_wrapper in one process, beyond the "
+                      "recomputed ops, interleaved with the plain layer"}
     if cpu:
         efficiency["memory"] = {
             "framework_bytes": 0.0, "allocator_fragmentation": 0.0, "comm_buffers": False,
@@ -823,7 +996,8 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                                        "interleaved rounds"},
         "collectives": fits,
         "raw": {"matmul": matmul, "memory": memory, "collectives": collectives, "h2d_bytes_per_s": h2d,
-                "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel},
+                "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel,
+                "executor_one_rank": oversub.get("one_rank_step") or {}},
     }
 
 
@@ -836,6 +1010,18 @@ def _host_overhead_s(host: dict, oversub: dict) -> float:
     if not one:
         return host["per_kernel_s"]
     return 1.0 / (one * (host["forward_kernels"] + host["backward_kernels"]))
+
+
+def _dispatch_s(efficiency: dict, peak: float, copy_bytes_per_s: float) -> float:
+    """Per-kernel host time of a serial (CPU) device: the probe layer's measured per-kernel
+    time (``host_overhead_us``) less its device time under the profile's own curve."""
+    from simcore.compute import serial_layer_s
+
+    spec = probe_spec()
+    f, b = serial_layer_s(spec, peak, copy_bytes_per_s, efficiency["matmul"]["points"],
+                          float(efficiency["attention"]["forward"]))
+    kf, kb = probe_kernels(spec)
+    return max(0.0, efficiency["host_overhead_us"] * 1e-6 - (f + b) / (kf + kb))
 
 
 def _attention_efficiency(rows, precision, peak) -> float:
@@ -862,6 +1048,8 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
     sizes = MATMUL_SIZES[:4] if quick else MATMUL_SIZES
     with tqdm(total=len(precisions) + 7, desc="calibrate", disable=not progress, unit="bench") as bar:
         matmul = bench_matmul(device, precisions, sizes, bar)
+        if device.type == "cpu":
+            matmul += bench_layer_gemms(hidden=LAYER_GEMM_HIDDEN[:3] if quick else LAYER_GEMM_HIDDEN)
         memory = bench_memory(device)
         bar.update(1)
         h2d = bench_host_device(device)
@@ -886,7 +1074,7 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
     profile = build_profile(matmul, memory, collectives, oversub, h2d, device, host=host, optimizer=optimizer,
                             parallel=parallel, seconds=time.perf_counter() - t0)
     atomic_write_text(out, yaml.safe_dump(profile, sort_keys=False))
-    return profile
+    return anchor_to_executor(profile, out)
 
 
 # --------------------------------------------------------------------------- refresh under load
@@ -902,6 +1090,9 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
         return profile   # a GPU's speed does not depend on other processes' CPU load
     oversub = bench_oversubscription(window_s=window_s, cycles=cycles)
     eff = profile["efficiency"]
+    anchor = eff.pop("executor_anchor", None)
+    if anchor:   # back to the probes' own figures; re-anchored below on this refresh's run
+        _scale_compute(profile, 1.0 / anchor["ratio"])
     host = (profile.get("raw") or {}).get("host_overhead")
     if host:
         eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
@@ -912,12 +1103,16 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     if old_one and oversub["matmul"].get(1):   # the one-rank GEMM rate moves the measured peak with it
         r = oversub["matmul"][1] / float(old_one)
         profile["device"]["dense_tflops"] = {p: (v * r if v else v) for p, v in profile["device"]["dense_tflops"].items()}
+    if "dispatch_us" in eff:
+        eff["dispatch_us"] = _dispatch_s(eff, profile["device"]["dense_tflops"]["fp32"] * 1e12,
+                                         profile["device"]["hbm_tbyte_per_s"] * 1e12) * 1e6
     profile["oversubscription"]["matmul_flops_per_s_per_rank"] = _per_rank(oversub["matmul"])
     profile["oversubscription"]["layer_steps_per_s_per_rank"] = _per_rank(oversub["layer"])
     profile["oversubscription"]["executor_slowdown"] = _per_rank(oversub.get("slowdown", {}))
+    profile.setdefault("raw", {})["executor_one_rank"] = oversub.get("one_rank_step") or {}
     profile["measured_on"]["refreshed"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     atomic_write_text(profile_path, yaml.safe_dump(profile, sort_keys=False))
-    return profile
+    return anchor_to_executor(profile, profile_path)
 
 
 # --------------------------------------------------------------------------- refit from a run
@@ -960,14 +1155,11 @@ def refit_profile(profile_path, measured_json_path, plan) -> dict:
     pred_t = simulate(plan, engine="des").time_s
     eff = profile["efficiency"]
     before = {"host_overhead_us": eff.get("host_overhead_us"), "kernel_overhead_us": eff.get("kernel_overhead_us"),
+              "dispatch_us": eff.get("dispatch_us"),
               "dense_tflops": dict(profile["device"]["dense_tflops"]), "collective": dict(eff["collective"])}
     ratios = {k: _phase_ratio(pred_t, meas_t, keys) for k, keys in REFIT_PHASES.items()}
     if ratios["compute"]:
-        r = ratios["compute"]
-        for key in ("host_overhead_us", "kernel_overhead_us"):
-            if eff.get(key):
-                eff[key] *= r
-        profile["device"]["dense_tflops"] = {p: (v / r if v else v) for p, v in profile["device"]["dense_tflops"].items()}
+        _scale_compute(profile, ratios["compute"])
     if ratios["pp"]:
         eff["collective"]["nvlink_hop_latency_us"] *= ratios["pp"]
     if ratios["dp"]:

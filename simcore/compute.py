@@ -42,6 +42,10 @@ class DeviceModel:
     kernel_overhead_s: float
     host_overhead_s: float
     """Host (framework) time to issue one modelled kernel; an eager step cannot run faster."""
+    dispatch_s: float | None = None
+    """On a device whose issuing thread also runs the kernel (a CPU host), the per-kernel
+    host time that adds to the device time (``phase_s``); None where the host issues
+    kernels asynchronously (GPUs), so a phase takes the larger of the two."""
     nvlink_efficiency: float
     nic_efficiency: float
     base_latency_s: float
@@ -134,6 +138,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
         memory_efficiency=float(e["memory_bound"]["efficiency"]),
         kernel_overhead_s=float(e.get("kernel_overhead_us", 0.0)) * 1e-6,
         host_overhead_s=float(e.get("host_overhead_us", 0.0)) * 1e-6,
+        dispatch_s=float(e["dispatch_us"]) * 1e-6 if "dispatch_us" in e else None,
         nvlink_efficiency=float(coll["nvlink_efficiency"]),
         nic_efficiency=float(coll["nic_efficiency"]),
         base_latency_s=float(coll["base_latency_us"]) * 1e-6,
@@ -206,8 +211,35 @@ def op_backward_s(op: Op, dev: DeviceModel) -> tuple[float, float]:
 
 def phase_s(device_s: float, kernels: int, dev: DeviceModel) -> float:
     """A phase of ``kernels`` kernels: device time plus each kernel's fixed overhead, but
-    never less than the host needs to issue them (eager frameworks launch one by one)."""
+    never less than the host needs to issue them (eager frameworks launch one by one).
+    On a serial device (a CPU host: ``dispatch_s`` set) the thread that issues a kernel
+    also runs it, so the host time adds to the device time instead."""
+    if dev.dispatch_s is not None:
+        return device_s + kernels * dev.dispatch_s
     return max(device_s + kernels * dev.kernel_overhead_s, kernels * dev.host_overhead_s)
+
+
+def serial_layer_s(spec, peak_flops: float, hbm_bytes_per_s: float, matmul_points, attention: float,
+                   dispatch_s: float = 0.0, recompute=None) -> tuple[float, float]:
+    """(forward, backward) time of one layer of ``spec`` (micro-batch 1, full sequence) on a
+    serial device given by its calibrated peak, bandwidth, matmul curve and per-kernel
+    dispatch time; with ``recompute`` the forward of the ops that recomputation re-runs
+    instead. With ``dispatch_s=0`` it is the device time alone, which ``executors.calibrate``
+    subtracts from a measured eager layer to get the dispatch time of a CPU host."""
+    from simcore import workload as wl
+
+    dev = DeviceModel(
+        name="calibration", peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s,
+        matmul=EfficiencyCurve(points=tuple((float(a), float(b)) for a, b in matmul_points)),
+        attention_forward=attention, attention_backward=attention, memory_efficiency=1.0,
+        kernel_overhead_s=0.0, host_overhead_s=0.0, dispatch_s=dispatch_s, nvlink_efficiency=1.0,
+        nic_efficiency=1.0, base_latency_s=0.0, nvlink_hop_latency_s=0.0, net_hop_latency_s=0.0,
+        host_memory_bytes_per_s=0.0, adam_host_bytes_per_param=0.0)
+    ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len)
+    if recompute is not None:
+        return ops_time_s(wl.recompute_ops(ops, recompute), dev)[0], 0.0
+    f, bi, bw = ops_time_s(ops, dev)
+    return f, bi + bw
 
 
 def ops_time_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float, float]:

@@ -35,7 +35,7 @@ from simcore import compute as cmp
 from simcore import memory as mem
 from simcore import workload as wl
 from simcore.costs import StepCosts
-from simcore.spec import GradCompression, Offload, Plan, PlanError, Precision, Schedule, ZeroStage
+from simcore.spec import GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroStage
 from simcore.trace import GIB, StepResult, rate_fields
 
 #: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
@@ -249,6 +249,10 @@ def step_costs(plan: Plan) -> StepCosts:
     fwd[-1] += lf                                       # the logits sit on the last virtual stage
     bin_[-1] += lbi
     bwt[-1] += lbw
+    if tr.recompute != Recompute.NONE:   # CPU host: checkpoint_wrapper's measured bookkeeping per layer
+        af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
+        fwd = [x + n * af for x, n in zip(fwd, stages)]
+        rc += ab
     rec = [n * rc for n in stages]
     gather = [n * 2 * dpc["layer_ag"] for n in stages]
     grad, sync, opt, off = [], [], [], []

@@ -93,11 +93,59 @@ def test_profile_round_trip_sets_the_host_floor(synthetic):
     plan = plan_from_dict({**DOC, "parallel": {"dp": 1}, "cluster": {"node": "localhost", "gpus_per_node": 1}})
     dev = cmp.device_model(plan.cluster.node.gpu, "fp32")
     assert dev.host_overhead_s == pytest.approx(eff["host_overhead_us"] * 1e-6)
-    # the tiny layer is overhead-bound: its forward is exactly 12 kernels of host time
+    # a CPU is a serial device: a phase is its device time plus every kernel's dispatch, and
+    # the probe layer (the same shape as this model's layer) comes back at exactly its
+    # measured per-kernel time, 28 kernels of host overhead
     from simcore import workload as wl
 
-    f, _, _ = cmp.ops_time_s(wl.layer_forward_ops(plan.model, b=1, s=32), dev)
-    assert f == pytest.approx(12 * dev.host_overhead_s)
+    assert dev.dispatch_s == pytest.approx(eff["dispatch_us"] * 1e-6) and 0 < dev.dispatch_s < dev.host_overhead_s
+    f, bi, bw = cmp.ops_time_s(wl.layer_forward_ops(plan.model, b=1, s=32), dev)
+    assert f + bi + bw == pytest.approx(28 * dev.host_overhead_s)
+    device_f, _ = cmp.serial_layer_s(cal.probe_spec(), dev.peak_flops, dev.hbm_bytes_per_s, dev.matmul.points,
+                                     dev.attention_forward)
+    assert f == pytest.approx(device_f + 12 * dev.dispatch_s)
+
+
+def test_serial_phase_adds_dispatch_to_device_time_and_async_takes_the_larger():
+    import dataclasses
+
+    plan = plan_from_dict({**DOC, "cluster": {"node": "dgx-a100-80gb", "nodes": 1}, "parallel": {"dp": 1, "pp": 2},
+                          "training": {"global_batch": 4, "micro_batch": 1, "precision": "bf16"}})
+    gpu = cmp.device_model(plan.cluster.node.gpu, "bf16")
+    assert gpu.dispatch_s is None   # catalog GPUs issue kernels asynchronously
+    assert cmp.phase_s(1e-3, 10, gpu) == pytest.approx(max(1e-3 + 10 * gpu.kernel_overhead_s, 10 * gpu.host_overhead_s))
+    serial = dataclasses.replace(gpu, dispatch_s=5e-5)
+    assert cmp.phase_s(1e-3, 10, serial) == pytest.approx(1e-3 + 10 * 5e-5)
+
+
+def test_cold_layer_gemms_alone_make_the_curve_and_hot_squares_set_the_peak():
+    rows = cal.bench_layer_gemms(tokens=(8,), hidden=(16, 32), min_time_s=0.001)
+    assert [r["form"] for r in rows] == ["layer-fwd", "layer-dx", "layer-dw"] * 2
+    assert all(r["cold"] and r["flops"] == 2.0 * 8 * r["k"] * 4 * r["k"] and r["flops_per_s"] > 0 for r in rows)
+    hot = [{"precision": "fp32", "m": 4, "k": 4, "n": 4, "flops": 128.0, "flops_per_s": 2.0}]
+    cold = [{"precision": "fp32", "flops": f, "flops_per_s": v, "cold": True} for f, v in ((128.0, 0.5), (128.0, 1.5), (1024.0, 1.0))]
+    assert cal.matmul_curve(hot + cold, "fp32", 2.0) == [[128.0, 0.5], [1024.0, 0.5]]
+    assert cal.matmul_curve(hot, "fp32", 2.0) == [[128.0, 1.0]]
+
+
+def test_checkpointing_host_cost_is_what_the_recompute_model_does_not_charge(synthetic):
+    from simcore.spec import Recompute
+
+    prof = yaml.safe_load(synthetic.read_text())
+    eff, peak = prof["efficiency"], prof["device"]["dense_tflops"]["fp32"] * 1e12
+    bw = prof["device"]["hbm_tbyte_per_s"] * 1e12
+    host = {"forward_s": 4e-4, "backward_s": 6e-4, "forward_kernels": 12, "backward_kernels": 16,
+            "per_kernel_s": 1e-3 / 28,
+            "checkpointed": {"full": {"forward_s": 6e-4, "backward_s": 1.5e-3},
+                             "selective": {"forward_s": 4e-4, "backward_s": 5e-4}}}
+    out = cal.recompute_kernels(host, peak, bw, eff)
+    device = sum(cmp.serial_layer_s(cal.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"]))
+    dispatch = 1e-3 / 28 - device / 28
+    rec = cmp.serial_layer_s(cal.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"],
+                             dispatch, Recompute.FULL)[0]
+    assert out["recompute_full"]["forward_kernels"] == pytest.approx(2e-4 * 28 / 1e-3)
+    assert out["recompute_full"]["backward_kernels"] == pytest.approx((9e-4 - rec) * 28 / 1e-3)
+    assert out["recompute_selective"] == {"forward_kernels": 0.0, "backward_kernels": 0.0}   # never negative
 
 
 def test_refit_from_a_run_scales_the_figures_by_measured_over_predicted(synthetic, tmp_path):

@@ -219,3 +219,22 @@ def test_cpu_pipeline_chunk_cost_is_added_per_virtual_stage():
     dev2 = cmp.device_model(_tiny(dp=2).cluster.node.gpu, "fp32")
     f2 = sim._layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, tr.recompute, dev2)[0]
     assert one.forward_s[0] == pytest.approx(4 * f2 + sim._logits_times(m, 1, 32, 1, dev2)[0])
+
+
+def test_cpu_checkpointing_host_cost_is_added_per_layer():
+    import dataclasses
+
+    from simcore import compute as cmp
+    from simcore.spec import Recompute
+
+    plain = _tiny(dp=2)
+    dev = cmp.device_model(plain.cluster.node.gpu, "fp32")
+    for mode in (Recompute.FULL, Recompute.SELECTIVE):
+        p = dataclasses.replace(plain, training=dataclasses.replace(plain.training, recompute=mode))
+        af, ab = dev.parallel_extra_s(f"recompute_{mode.value}")
+        assert af > 0 and ab > 0     # the shipped test profile measured both
+        m, tr = p.model, p.training
+        rc = sim._layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, mode, dev)[3]
+        c, c0 = sim.step_costs(p), sim.step_costs(plain)
+        assert c.forward_s[0] == pytest.approx(c0.forward_s[0] + 4 * af)     # four layers, one stage
+        assert c.recompute_s[0] == pytest.approx(4 * (rc + ab))

@@ -383,7 +383,7 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
         gpu = _replace(gpu, peak_flops=tuple((p, None if v is None else v * factor) for p, v in gpu.peak_flops))
     if host and 1 in host:
         slow = host[1] / _interp_log2(host, ranks_per_node)
-        for key in ("host_overhead_us", "kernel_overhead_us"):
+        for key in ("host_overhead_us", "kernel_overhead_us", "dispatch_us"):
             if key in eff:
                 eff[key] = float(eff[key]) * slow
     if fits:
