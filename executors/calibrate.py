@@ -752,8 +752,8 @@ def _executor_probe(ranks, cycles: int) -> tuple[dict, dict]:
 
 
 def anchor_to_executor(profile: dict, profile_path) -> dict:
-    """Scale a CPU profile's compute figures (per-kernel host, kernel and dispatch times up,
-    the peak down, all by one ratio) so that the executor's own one-rank step of the
+    """Scale a CPU profile's compute figures (per-kernel kernel and dispatch times up, the
+    peak and memory bandwidth down, all by one ratio) so that the executor's own one-rank step of the
     slowdown probe (``_probe_plan(1)``: same model class, same launch, measured in the same
     calibration) is predicted as measured. The probe layer and the GEMM grid run in
     isolation; a training step's forward and backward run among the optimizer's and the
@@ -776,7 +776,7 @@ def anchor_to_executor(profile: dict, profile_path) -> dict:
         else:
             os.environ["TRAINPLAN_PROFILE"] = old
     r = (one["forward"] + one["backward"]) / (pred["forward"] + pred["backward"])
-    _scale_compute(profile, r)
+    _scale_compute(profile, r, host_unit=False)
     profile["efficiency"]["executor_anchor"] = {
         "ratio": r, "measured_s": dict(one),
         "source": f"forward + backward of the executor's one-rank {_probe_plan(1).name} step ({SLOWDOWN_STEPS - SLOWDOWN_WARMUP} "
@@ -785,11 +785,16 @@ def anchor_to_executor(profile: dict, profile_path) -> dict:
     return profile
 
 
-def _scale_compute(profile: dict, r: float) -> None:
+def _scale_compute(profile: dict, r: float, *, host_unit: bool = True) -> None:
     """Compute time x r: per-kernel host, kernel and dispatch times times r, peaks and
-    memory bandwidth over r."""
+    memory bandwidth over r. ``host_unit=False`` leaves ``host_overhead_us`` alone: on a
+    serial device it is only the unit of the separately measured parallel-wrapper,
+    checkpointing, optimizer and pipeline host costs, which the plain layer's compute
+    does not move."""
     eff = profile["efficiency"]
     for key in ("host_overhead_us", "kernel_overhead_us", "dispatch_us"):
+        if key == "host_overhead_us" and not host_unit:
+            continue
         if eff.get(key):
             eff[key] *= r
     dev = profile["device"]
@@ -1092,7 +1097,7 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     eff = profile["efficiency"]
     anchor = eff.pop("executor_anchor", None)
     if anchor:   # back to the probes' own figures; re-anchored below on this refresh's run
-        _scale_compute(profile, 1.0 / anchor["ratio"])
+        _scale_compute(profile, 1.0 / anchor["ratio"], host_unit=False)
     host = (profile.get("raw") or {}).get("host_overhead")
     if host:
         eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6

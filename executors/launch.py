@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from simcore.spec import Plan
+from simcore.spec import Plan, ZeroStage
 from simcore.trace import StepResult, write_chrome_trace
 
 #: How often the parent polls its ranks, seconds.
@@ -203,6 +203,8 @@ def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunO
         checkpoint.save(trainer, opts.checkpoint_dir, first + opts.steps)
     memory = measure.state_bytes(trainer.parts, trainer.optimizer)
     memory["activations"] = float(saved.peak)
+    if plan.parallel.zero == ZeroStage.GRADIENTS:   # FSDP2 keeps the unsharded parameters until backward
+        memory["weights"] += saved.unsharded_peak
     if device.type == "cuda":
         memory["framework"] = max(0.0, torch.cuda.max_memory_allocated(device) - sum(memory.values()))
     return {"rank": rank, "steps": steps, "losses": losses, "memory_bytes": memory,

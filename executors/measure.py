@@ -213,7 +213,14 @@ def record_collectives(rec: Recorder):
 # --------------------------------------------------------------------------- memory
 
 class SavedActivations:
-    """Peak bytes of tensors autograd saves for backward (parameters excluded)."""
+    """Peak bytes of tensors autograd saves for backward (parameters excluded).
+
+    FSDP2 computes with unsharded parameters (``nn.Parameter`` objects it all-gathers and
+    registers on the module for the forward and backward): they are parameters, not
+    activations; their peak is kept apart in ``unsharded_peak`` (all of them, since every
+    layer saves its weights), which the caller counts as weights where FSDP2 holds them
+    from forward to backward (``reshard_after_forward=False``, ZeRO-2) and not where it
+    frees each layer's after its forward (ZeRO-3)."""
 
     def __init__(self, params):
         self.param_ptrs = {_storage_ptr(p) for p in params}
@@ -221,6 +228,11 @@ class SavedActivations:
         self.sizes: dict = {}
         self.current = 0
         self.peak = 0
+        self.unsharded: dict = {}
+
+    @property
+    def unsharded_peak(self) -> float:
+        return float(sum(self.unsharded.values()))
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -228,6 +240,9 @@ class SavedActivations:
     def _pack(self, t):
         key = _storage_ptr(t)
         if key is None or key in self.param_ptrs:
+            return t
+        if isinstance(t, torch.nn.Parameter):   # an FSDP2 unsharded parameter
+            self.unsharded[key] = (t._local_tensor if isinstance(t, DTensor) else t).untyped_storage().nbytes()
             return t
         local = t._local_tensor if isinstance(t, DTensor) else t
         if self.live[key] == 0:

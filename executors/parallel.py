@@ -227,8 +227,9 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh,
         Optimizer.SGD: (torch.optim.SGD, {}),
     }[opt]
     if plan.parallel.zero == ZeroStage.OPTIMIZER_STATES and plan.parallel.dp > 1:
+        # bucket view: one broadcast per rank after the step instead of one per tensor
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_mesh.get_group(),
-                                       lr=lr, **kwargs)
+                                       parameters_as_bucket_view=True, lr=lr, **kwargs)
     return cls(params, lr=lr, **kwargs)
 
 

@@ -16,8 +16,10 @@ What each API does, and where torch does it (torch 2.13):
   bytes reach the limit. Ready order is the reverse of first use in forward. The fp16/bf16
   compression hooks (``default_hooks``) all-reduce a half-precision copy of the bucket.
 - ``ZeroRedundancyOptimizer`` (``torch/distributed/optim/zero_redundancy_optimizer.py``,
-  ``parameters_as_bucket_view=False``): after the step, one broadcast per parameter tensor
-  from the rank that owns it; every rank takes part in every broadcast.
+  ``parameters_as_bucket_view=True``): ``_partition_parameters`` sorts the tensors by size,
+  largest first, and gives each to the rank with the fewest elements so far; ``_sync_params``
+  then broadcasts each rank's flat bucket of its tensors from that rank after the step (a
+  one-element dummy for a rank with none): dp broadcasts, every rank in each.
 - FSDP2 ``fully_shard`` (``torch/distributed/fsdp/_fully_shard``): one all-gather and one
   reduce-scatter per FSDP module (each block and the root, which holds the embedding, the
   final norm and the output) with parameters; dim 0 of every parameter is padded to a
@@ -295,9 +297,17 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) 
         return Counter({Call(kind="all_reduce", axis="dp", bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
     out = _ddp_calls(plan, params)
     if par.zero == ZeroStage.OPTIMIZER_STATES:
-        out.update(Call(kind="broadcast", axis="dp", bytes=_numel(p.shape) * PARAM_ELEMENT_BYTES, issuer="zero1")
-                   for p in params)
+        out.update(Call(kind="broadcast", axis="dp", bytes=max(1, n) * PARAM_ELEMENT_BYTES, issuer="zero1")
+                   for n in zero1_buckets([_numel(p.shape) for p in params], par.dp))
     return out
+
+
+def zero1_buckets(numels: list[int], dp: int) -> list[int]:
+    """Elements of each rank's bucket under ``ZeroRedundancyOptimizer``'s greedy partition."""
+    sizes = [0] * dp
+    for n in sorted(numels, reverse=True):
+        sizes[sizes.index(min(sizes))] += n
+    return sizes
 
 
 # --------------------------------------------------------------------------- tensor parallel

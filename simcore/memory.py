@@ -194,6 +194,12 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     shard = sp.dense / nd + sp.expert / nd_e           # parameters this GPU owns
     z = par.zero
     weights = wb * (shard if z >= ZeroStage.WEIGHTS else sp.total)
+    if z == ZeroStage.GRADIENTS and tr.precision == Precision.FP32:
+        # ZeRO-2 in fp32: the optimizer steps a sharded fp32 copy (FSDP2's sharded parameters,
+        # DeepSpeed's fp32 partition) while the full parameters stay gathered from forward to
+        # backward (FSDP2 reshard_after_forward=False); in mixed precision that copy is the
+        # master weights, already in K
+        weights += wb * shard
     grads = wb * (shard if z >= ZeroStage.GRADIENTS else sp.total)
     opt = k * (shard if z >= ZeroStage.OPTIMIZER_STATES else sp.total)
     host = 0.0

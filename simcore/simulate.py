@@ -268,13 +268,13 @@ def step_costs(plan: Plan) -> StepCosts:
         rank_costs.append(per_params[key])
     mbs = plan.num_microbatches
     for v in range(nv):
-        d, (o, c), tensors = rank_costs[v % par.pp]
+        d, (o, c), _ = rank_costs[v % par.pp]
         share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
         fsdp_rs = mbs * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
         grad.append((d["grad"] + d["compress"]) * share + fsdp_rs)
         bcast = 0.0
         if host_terms and par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1:
-            bcast = sum(tensors) * dev.broadcast_latency_s   # ZeroRedundancyOptimizer: one broadcast per tensor
+            bcast = par.dp * dev.broadcast_latency_s   # ZeroRedundancyOptimizer: one bucket broadcast per rank
         sync.append(d["sync"] * share + bcast)
         opt.append(o * share)
         off.append(c * share)

@@ -241,3 +241,21 @@ def test_oversubscription_tables_carry_the_executor_slowdown():
     # the probe plan is the validation model, data-parallel on n ranks, 4 micro-batches each
     plan = cal._probe_plan(2)
     assert plan.parallel.dp == 2 and plan.model.layers == 4 and plan.num_microbatches == 4
+
+
+def test_anchor_makes_the_executor_one_rank_step_predicted_as_measured(synthetic):
+    prof = yaml.safe_load(synthetic.read_text())
+    before = simulate(cal._probe_plan(1), engine="analytic").time_s
+    prof["raw"]["executor_one_rank"] = {"forward": 1.5 * before["forward"], "backward": 1.5 * before["backward"]}
+    host_unit, peak = prof["efficiency"]["host_overhead_us"], prof["device"]["dense_tflops"]["fp32"]
+    dispatch = prof["efficiency"]["dispatch_us"]
+    out = cal.anchor_to_executor(prof, synthetic)
+    assert out["device"]["dense_tflops"]["fp32"] == pytest.approx(peak / 1.5)
+    assert out["efficiency"]["dispatch_us"] == pytest.approx(dispatch * 1.5)
+    assert out["efficiency"]["executor_anchor"]["ratio"] == pytest.approx(1.5)
+    assert out["efficiency"]["host_overhead_us"] == host_unit    # the unit of the parallel host costs stays
+    after = simulate(cal._probe_plan(1), engine="analytic").time_s  # the profile file was rewritten
+    assert after["forward"] + after["backward"] == pytest.approx(1.5 * (before["forward"] + before["backward"]))
+    cal._scale_compute(out, 1 / 1.5, host_unit=False)                 # what a refresh undoes first
+    assert out["device"]["dense_tflops"]["fp32"] == pytest.approx(peak)
+    assert out["efficiency"]["dispatch_us"] == pytest.approx(dispatch)

@@ -83,9 +83,14 @@ def test_fsdp_walk_of_a_1f1b_stage_by_hand():
     assert cp.rank_actions(make_plan(dp=2, pp=2, zero=3), 0) == ops
 
 
+def test_zero1_buckets_follow_the_greedy_largest_first_partition():
+    assert cp.zero1_buckets([1, 5, 3, 3, 2], 2) == [7, 7]          # 5, 3, 3 -> rank 1, 2 -> rank 0, 1 -> rank 1
+    assert cp.zero1_buckets([4, 4, 4], 4) == [4, 4, 4, 0]         # a rank without tensors broadcasts a dummy
+
+
 def test_closed_forms_of_the_tiny_gpt():
     L, n_mb = GPT["layers"], 4
-    assert cp.expected_collectives(make_plan(dp=2, zero=1))[1] == {("all_reduce", "dp"): 1, ("broadcast", "dp"): 36}
+    assert cp.expected_collectives(make_plan(dp=2, zero=1))[1] == {("all_reduce", "dp"): 1, ("broadcast", "dp"): 2}
     assert cp.expected_collectives(make_plan(dp=2, zero=3))[0] == {("all_gather", "dp"): 2 * n_mb * (L + 1),
                                                                   ("reduce_scatter", "dp"): n_mb * (L + 1)}
     assert cp.expected_collectives(make_plan(LLAMA, tp=2))[0] == {("all_reduce", "tp"): 8 * (4 * L + 2),

@@ -30,6 +30,18 @@ def test_zero_model_states_match_rajbhandari(zero):
     assert states["weights"] + states["gradients"] + states["optimizer_states"] == pytest.approx(expected)
 
 
+def test_zero2_in_fp32_keeps_a_sharded_fp32_copy_beside_the_gathered_parameters():
+    # FSDP2 with reshard_after_forward=False (the executor's ZeRO-2) holds its sharded fp32
+    # parameters, which AdamW steps, and the unsharded ones from forward to backward
+    psi, nd = wl.param_counts(plan().model).total, 64
+    for zero, extra in ((2, psi / nd), (1, 0.0), (3, 0.0)):
+        p = plan(parallel={"zero": zero}, training={"precision": "fp32"})
+        s = mem.model_state_bytes(p, mem.stage_params(p)[0])
+        full = psi if zero < 3 else psi / nd
+        assert s["weights"] == pytest.approx(4 * (full + extra))
+        assert s["optimizer_states"] == pytest.approx(8 * (psi / nd if zero >= 1 else psi))
+
+
 def test_optimizer_offload_moves_states_to_host():
     p = plan(parallel={"zero": 1}, training={"offload": "optimizer"})
     r = mem.memory_per_rank(p)[0]
