@@ -216,23 +216,26 @@ class SavedActivations:
     """Peak bytes of tensors autograd saves for backward (parameters excluded).
 
     FSDP2 computes with unsharded parameters (``nn.Parameter`` objects it all-gathers and
-    registers on the module for the forward and backward): they are parameters, not
-    activations; their peak is kept apart in ``unsharded_peak`` (all of them, since every
-    layer saves its weights), which the caller counts as weights where FSDP2 holds them
-    from forward to backward (``reshard_after_forward=False``, ZeRO-2) and not where it
-    frees each layer's after its forward (ZeRO-3)."""
+    registers on the module; a linear saves the transposed view of one): they are
+    parameters, not activations. Their live bytes are tracked apart, with their own peak
+    ``unsharded_peak``, which the caller counts as weights where FSDP2 holds them from
+    forward to backward (``reshard_after_forward=False``, ZeRO-2) and not where it frees
+    each layer's after its forward (ZeRO-3)."""
 
     def __init__(self, params):
         self.param_ptrs = {_storage_ptr(p) for p in params}
         self.live: Counter = Counter()
         self.sizes: dict = {}
-        self.current = 0
-        self.peak = 0
-        self.unsharded: dict = {}
+        self.current = Counter()
+        self.peaks = Counter()
+
+    @property
+    def peak(self) -> float:
+        return float(self.peaks["activations"])
 
     @property
     def unsharded_peak(self) -> float:
-        return float(sum(self.unsharded.values()))
+        return float(self.peaks["unsharded"])
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -241,14 +244,13 @@ class SavedActivations:
         key = _storage_ptr(t)
         if key is None or key in self.param_ptrs:
             return t
-        if isinstance(t, torch.nn.Parameter):   # an FSDP2 unsharded parameter
-            self.unsharded[key] = (t._local_tensor if isinstance(t, DTensor) else t).untyped_storage().nbytes()
-            return t
+        param = isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
         local = t._local_tensor if isinstance(t, DTensor) else t
         if self.live[key] == 0:
-            self.sizes[key] = local.untyped_storage().nbytes()
-            self.current += self.sizes[key]
-            self.peak = max(self.peak, self.current)
+            kind = "unsharded" if param else "activations"
+            self.sizes[key] = (kind, local.untyped_storage().nbytes())
+            self.current[kind] += self.sizes[key][1]
+            self.peaks[kind] = max(self.peaks[kind], self.current[kind])
         self.live[key] += 1
         return (t, _Release(self, key))
 
@@ -259,7 +261,8 @@ class SavedActivations:
     def release(self, key) -> None:
         self.live[key] -= 1
         if self.live[key] == 0:
-            self.current -= self.sizes.pop(key)
+            kind, size = self.sizes.pop(key)
+            self.current[kind] -= size
             del self.live[key]
 
 

@@ -30,6 +30,20 @@ def test_blocking_collectives_are_cut_out_of_compute():
     assert parts == pytest.approx({"compute_s": 0.7, "exposed_comm_s": 0.7, "offload_s": 0.0, "bubble_s": 0.1})
 
 
+def test_parameters_the_tracker_does_not_own_are_kept_apart_from_activations():
+    # FSDP2's unsharded parameters are not the (sharded) parameters the tracker was given;
+    # a linear saves the transposed view of one: counted under unsharded_peak, not peak
+    owned, unsharded = torch.nn.Parameter(torch.randn(8)), torch.nn.Parameter(torch.randn(16, 8))
+    acts = measure.SavedActivations([owned])
+    x = torch.randn(4, 8, requires_grad=True)
+    with acts.hooks():
+        loss = torch.nn.functional.linear(x, unsharded).sum()
+    assert (acts.peak, acts.unsharded_peak) == (4 * 8 * 4, 16 * 8 * 4)
+    loss.backward()
+    del loss
+    assert acts.current["unsharded"] == 0 and acts.current["activations"] == 0
+
+
 def test_saved_activations_peak_and_release():
     w = torch.nn.Parameter(torch.randn(8, 8))
     acts = measure.SavedActivations([w])
@@ -40,7 +54,7 @@ def test_saved_activations_peak_and_release():
     assert acts.peak == 2 * 4 * 8 * 4
     loss.backward()
     del loss, y
-    assert acts.current == 0
+    assert sum(acts.current.values()) == 0
 
 
 def test_state_bytes_of_adamw_are_exact():
