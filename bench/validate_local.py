@@ -10,7 +10,13 @@ class to ``validation/residuals.yaml`` (kind ``cpu-gloo``), from which
 ``simcore.uncertainty`` derives prediction intervals, and the table to
 ``bench/out/validate_local.csv``.
 
-    .venv/bin/python bench/validate_local.py [--calibrate] [--steps 8] [--repeats 3] [--only dp2 pp2-1f1b] [--no-write]
+    .venv/bin/python bench/validate_local.py [--calibrate] [--steps 8] [--seconds 3] [--repeats 3] [--only dp2 pp2-1f1b] [--no-write]
+
+Each layout runs ``--repeats`` times, interleaved with a re-measurement of the host speed;
+each run lasts about ``--seconds`` at its predicted step time (at least ``--steps`` steps),
+and the predicted and measured figures are averaged over the repeats before the error is
+taken: on a host whose speed changes 2x from one second to the next, one short run is a
+sample of a moment, not of the machine.
 
 Before every run the profile's load-sensitive host figures are re-measured (~20 s: the
 1/2/4-rank GEMM and layer probes, 0.25 s x 3 interleaved rounds, the executor's own
@@ -65,7 +71,8 @@ def _commit() -> str:
         return "unknown"
 
 
-def write_residuals(table, steps: int, warmup: int, profile: dict, path: Path = RESIDUALS_PATH) -> None:
+def write_residuals(table, steps: int, warmup: int, profile: dict, path: Path = RESIDUALS_PATH,
+                    seconds: float = 0.0, repeats: int = 1) -> None:
     rows = table.rename(columns={"pred_step_s": "pred_step_time_s", "meas_step_s": "meas_step_time_s",
                                  "pred_mem_gib": "pred_memory_per_gpu_gib", "meas_mem_gib": "meas_memory_per_gpu_gib"})
     res = residual_table(rows.to_dict(orient="records"), ("step_time_s", "memory_per_gpu_gib"))
@@ -74,7 +81,9 @@ def write_residuals(table, steps: int, warmup: int, profile: dict, path: Path = 
         "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
         "how": (f"bench/validate_local.py on {socket.gethostname()}: event-engine prediction on the calibrated "
                 f"profile of {profile.get('measured_on', {}).get('date', '?')} against the executor "
-                f"(gloo, fork), {steps} steps, {warmup} warm-up discarded, mean of the slowest rank; "
+                f"(gloo, fork), at least {steps} measured steps and about {seconds:g} s per run, {warmup} warm-up "
+                f"discarded, mean of the slowest rank; predicted and measured averaged over {repeats} "
+                f"interleaved repeats; "
                 f"commit {_commit()}"),
         "residual": "ln(measured / predicted)",
     }
@@ -92,42 +101,77 @@ def _load() -> str:
         return "load average unknown"
 
 
-def run_matrix(profile_path: Path, steps: int, warmup: int, only, repeats: int, refresh: bool):
+def combine(runs: list) -> dict:
+    """One row from a layout's interleaved repeats: predicted and measured figures averaged
+    separately (each repeat's prediction uses the host speed refreshed just before its run),
+    errors recomputed from the means; the spread of the per-repeat errors is kept."""
+    import math
+
+    row = dict(runs[0])
+    for col in row:
+        if col.startswith(("pred_", "meas_")) or col in ("step_lo_s", "step_hi_s"):
+            row[col] = sum(r[col] for r in runs) / len(runs)
+    row["step_err"] = (row["pred_step_s"] - row["meas_step_s"]) / row["meas_step_s"]
+    row["mem_err"] = (row["pred_mem_gib"] - row["meas_mem_gib"]) / row["meas_mem_gib"]
+    lo, hi = row["step_lo_s"], row["step_hi_s"]
+    row["in_interval"] = bool(not math.isnan(lo) and lo <= row["meas_step_s"] <= hi)
+    row["repeat_errs"] = " ".join(f"{100 * r['step_err']:+.0f}%" for r in runs)
+    return row
+
+
+def steps_for(doc: dict, seconds: float, minimum: int) -> int:
+    """Measured steps so that a run lasts about ``seconds`` at its predicted step time: a
+    handful of 50 ms steps sees one moment of a host whose speed changes by the second."""
+    import math
+
+    from simcore.simulate import simulate
+    from simcore.spec import plan_from_dict
+
+    pred = simulate(plan_from_dict(doc, MATRIX.parent)).step_time_s
+    return max(minimum, math.ceil(seconds / max(pred, 1e-6)))
+
+
+def run_matrix(profile_path: Path, steps: int, warmup: int, only, repeats: int, refresh: bool,
+               seconds: float = 0.0):
     """Every layout ``repeats`` times; before each run the profile's load-sensitive host
     figures are re-measured (``executors.calibrate.refresh_host_speed``), so that the
     prediction and the run see the same machine (others' load changes by the minute).
-    Per layout the run with the median step error is kept."""
+    Per layout the repeats are combined by ``combine``."""
     import pandas as pd
 
     from executors.calibrate import refresh_host_speed
     from reports.validate import load_matrix
 
-    names = [n for n, _ in load_matrix(MATRIX) if not only or n in only]
+    layouts = [(n, d) for n, d in load_matrix(MATRIX) if not only or n in only]
     rows, failures = [], []
-    for name in names:
+    for name, doc in layouts:
         runs = []
         for _ in range(repeats):
             if refresh:
                 refresh_host_speed(profile_path)
-            result = validate_matrix(MATRIX, steps=steps, warmup=warmup, only=[name], progress=False)
+            n = steps_for(doc, seconds, steps) if seconds else steps
+            result = validate_matrix(MATRIX, steps=n + warmup, warmup=warmup, only=[name], progress=False)
             failures += list(result.failures)
             if not result.table.empty:
-                runs.append(result.table.iloc[0])
+                runs.append(result.table.iloc[0].to_dict())
         if runs:
-            runs.sort(key=lambda r: r["step_err"])
-            rows.append(runs[len(runs) // 2])
-            print(f"{name}: step errors {', '.join(f'{100 * r.step_err:+.0f}%' for r in runs)}", flush=True)
+            rows.append(combine(runs))
+            print(f"{name}: step errors {rows[-1]['repeat_errs']} -> {100 * rows[-1]['step_err']:+.0f}% "
+                  f"({len(runs)} runs of {n} steps)", flush=True)
     return pd.DataFrame(rows).reset_index(drop=True), failures
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true", help="recalibrate this host first")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=8, help="measured steps per run, at least")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="measure each run for about this long at its predicted step time (0: exactly --steps)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--no-write", action="store_true", help="do not update residuals.yaml and the CSV")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per layout (the median step error is kept)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved runs per layout (predicted and measured averaged separately)")
     ap.add_argument("--no-refresh", action="store_true",
                     help="do not re-measure the host speed before each layout")
     a = ap.parse_args(argv)
@@ -137,7 +181,8 @@ def main(argv=None) -> int:
 
         calibrate(profile_path)
     print(f"load before: {_load()}")
-    table, failures = run_matrix(profile_path, a.steps, a.warmup, a.only, a.repeats, refresh=not a.no_refresh)
+    table, failures = run_matrix(profile_path, a.steps, a.warmup, a.only, a.repeats, refresh=not a.no_refresh,
+                                 seconds=a.seconds)
     print(f"load after: {_load()}")
     for name, why in failures:
         print(f"FAILED {name}: {why}")
@@ -158,7 +203,8 @@ def main(argv=None) -> int:
         out = ROOT / "bench" / "out" / "validate_local.csv"
         out.parent.mkdir(exist_ok=True)
         atomic_write_text(out, table.to_csv(index=False))
-        write_residuals(table, a.steps, a.warmup, yaml.safe_load(profile_path.read_text()))
+        write_residuals(table, a.steps, a.warmup, yaml.safe_load(profile_path.read_text()),
+                        seconds=a.seconds, repeats=a.repeats)
         print(f"wrote {out.relative_to(ROOT)} and {RESIDUALS_PATH.relative_to(ROOT)}")
     return 0
 
