@@ -956,16 +956,28 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                                    "source": f"{source}; torch.optim.AdamW step over 3 parameter sets"}
     if parallel:
         bc = (fits.get("broadcast") or {}).get(2, {})
+        # the wrapper costs were counted in the probe's own per-kernel time on ``ranks`` ranks;
+        # the simulator charges them in its per-kernel time for that many ranks (the one-rank
+        # figure times the executor-derived slowdown): convert, so the measured seconds return
+        layer = oversub.get("layer") or {}
+        kernels = sum(probe_kernels(probe_spec()))
+        unit = parallel["per_kernel_s"] * layer[parallel["ranks"]] * kernels if parallel["ranks"] in layer else 1.0
+        one = host["per_kernel_s"] * layer[1] * kernels if host and 1 in layer else 1.0
+
+        def conv(d: dict, f: float) -> dict:
+            return {k: v * f for k, v in d.items()}
         efficiency["parallel_host"] = {
-            **{k: dict(parallel[k]) for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")},
-            "optimizer_per_tensor_kernels": parallel["optimizer_per_tensor_kernels"],
-            "optimizer_dtensor_per_tensor_kernels": parallel["optimizer_dtensor_per_tensor_kernels"],
+            **{k: conv(parallel[k], unit) for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")},
+            "optimizer_per_tensor_kernels": parallel["optimizer_per_tensor_kernels"] * unit,
+            "optimizer_dtensor_per_tensor_kernels": parallel["optimizer_dtensor_per_tensor_kernels"] * unit,
             "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
             "p2p_latency_kernels": parallel.get("p2p_latency_kernels", 0.0),
             "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
             "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
-            **({"pipeline_chunk": dict(parallel["pipeline_chunk"])} if "pipeline_chunk" in parallel else {}),
-            **(recompute_kernels(host, peaks[main_precision], memory["copy_bytes_per_s"], efficiency) if host else {}),
+            **({"pipeline_chunk": conv(parallel["pipeline_chunk"], unit)} if "pipeline_chunk" in parallel else {}),
+            **({k: conv(v, one) for k, v in recompute_kernels(host, peaks[main_precision], memory["copy_bytes_per_s"],
+                                                               efficiency).items()} if host else {}),
+            "parallel_unit_factor": unit, "recompute_unit_factor": one,
             "source": f"{source}; probe layer on {parallel['ranks']} ranks at once, plain vs DTensor TP "
                       "(executors.parallel's plan, with and without SP) vs FSDP2, in units of the plain "
                       "layer's per-kernel time, median of interleaved rounds; AdamW per plain / DTensor "
@@ -973,7 +985,9 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                       "latency: two busy ranks streaming unwaited sends, the receiver's period less the "
                       "slower rank's compute (delivery by gloo's thread while both ranks compute); recompute_full/"
                       "selective: the probe layer under checkpoint_wrapper in one process, beyond the "
-                      "recomputed ops, interleaved with the plain layer"}
+                      "recomputed ops, interleaved with the plain layer; *_unit_factor: each probe's "
+                      "per-kernel time over the simulator's for the same rank count, applied to its "
+                      "figures"}
     if cpu:
         efficiency["memory"] = {
             "framework_bytes": 0.0, "allocator_fragmentation": 0.0, "comm_buffers": False,

@@ -259,3 +259,28 @@ def test_anchor_makes_the_executor_one_rank_step_predicted_as_measured(synthetic
     cal._scale_compute(out, 1 / 1.5, host_unit=False)                 # what a refresh undoes first
     assert out["device"]["dense_tflops"]["fp32"] == pytest.approx(peak)
     assert out["efficiency"]["dispatch_us"] == pytest.approx(dispatch)
+
+
+def test_wrapper_host_costs_are_converted_to_the_simulators_per_kernel_unit():
+    # the parallel probe counted TP's extra cost in its own 2-rank per-kernel time (50 us);
+    # the simulator's 2-rank per-kernel time is the one-rank one over the executor-derived
+    # slowdown: 1 / (400 layers/s x 28 kernels) = 89 us, so the count shrinks by 50/89
+    matmul = [{"precision": "fp32", "m": 64, "k": 64, "n": 64, "flops": 2.0 * 64**3, "seconds": 1.0, "flops_per_s": 1e10}]
+    memory = {"copy_bytes_per_s": 1e10, "kernel_overhead_s": 5e-6}
+    coll = [r for op in cal.WIRE_FACTOR for n in (2, 4) for r in _rows(op, n)]
+    oversub = {"matmul": {1: 1e10, 2: 8e9}, "layer": {1: 500.0, 2: 400.0}}
+    host = {"forward_s": 4e-4, "backward_s": 6e-4, "forward_kernels": 12, "backward_kernels": 16,
+            "per_kernel_s": 1e-3 / 28}
+    modes = {k: {"forward_kernels": 10.0, "backward_kernels": 20.0} for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")}
+    parallel = {"ranks": 2, "per_kernel_s": 50e-6, **modes, "optimizer_per_tensor_kernels": 1.0,
+                "optimizer_dtensor_per_tensor_kernels": 4.0}
+    prof = cal.build_profile(matmul, memory, coll, oversub, None, torch.device("cpu"), host=host, parallel=parallel)
+    ph = prof["efficiency"]["parallel_host"]
+    unit = 50e-6 * 400.0 * 28
+    assert ph["parallel_unit_factor"] == pytest.approx(unit)
+    assert ph["tp"] == pytest.approx({"forward_kernels": 10 * unit, "backward_kernels": 20 * unit})
+    assert ph["optimizer_dtensor_per_tensor_kernels"] == pytest.approx(4 * unit)
+    # what the simulator then charges at 2 ranks is the probe's measured seconds
+    per_kernel_2 = prof["efficiency"]["host_overhead_us"] * 1e-6 * 500.0 / 400.0
+    assert ph["tp"]["forward_kernels"] * per_kernel_2 == pytest.approx(10 * 50e-6)
+    assert ph["recompute_unit_factor"] == pytest.approx(1e-3 / 28 * 500.0 * 28)
