@@ -558,7 +558,7 @@ def bench_p2p(reps: int = 10) -> dict:
     return _p2p_kernels(rows, per_kernel)[1]
 
 
-def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS) -> dict:
+def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:
     """The torch-parallel host cost on ``world`` ranks (fork, gloo), in units of the plain
     probe layer's per-kernel cost measured in the same launch (so that load from other
     processes cancels): extra kernels per layer forward and backward for DTensor TP, TP+SP,
@@ -568,7 +568,7 @@ def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS) -> dict
     compute, per message). Ranks' medians are averaged."""
     from executors.launch import spawn
 
-    rows = spawn(_parallel_probe_rank, world, (reps,), timeout_s=240, start_method="fork")
+    rows = spawn(_parallel_probe_rank, world, (reps, rounds), timeout_s=240, start_method="fork")
     kf, kb = probe_kernels(probe_spec())
     keys = [k for k in rows[0] if k not in ("rounds", "p2p", "stream")]
     avg = {k: tuple(statistics.mean(r[k][i] for r in rows) for i in range(2)) if isinstance(rows[0][k], tuple)
@@ -960,24 +960,16 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
         # the simulator charges them in its per-kernel time for that many ranks (the one-rank
         # figure times the executor-derived slowdown): convert, so the measured seconds return
         layer = oversub.get("layer") or {}
-        kernels = sum(probe_kernels(probe_spec()))
-        unit = parallel["per_kernel_s"] * layer[parallel["ranks"]] * kernels if parallel["ranks"] in layer else 1.0
-        one = host["per_kernel_s"] * layer[1] * kernels if host and 1 in layer else 1.0
-
-        def conv(d: dict, f: float) -> dict:
-            return {k: v * f for k, v in d.items()}
+        one = host["per_kernel_s"] * layer[1] * sum(probe_kernels(probe_spec())) if host and 1 in layer else 1.0
         efficiency["parallel_host"] = {
-            **{k: conv(parallel[k], unit) for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")},
-            "optimizer_per_tensor_kernels": parallel["optimizer_per_tensor_kernels"] * unit,
-            "optimizer_dtensor_per_tensor_kernels": parallel["optimizer_dtensor_per_tensor_kernels"] * unit,
+            **wrapper_kernels(parallel, layer),
             "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
             "p2p_latency_kernels": parallel.get("p2p_latency_kernels", 0.0),
             "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
             "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
-            **({"pipeline_chunk": conv(parallel["pipeline_chunk"], unit)} if "pipeline_chunk" in parallel else {}),
-            **({k: conv(v, one) for k, v in recompute_kernels(host, peaks[main_precision], memory["copy_bytes_per_s"],
-                                                               efficiency).items()} if host else {}),
-            "parallel_unit_factor": unit, "recompute_unit_factor": one,
+            **({k: {n: x * one for n, x in v.items()} for k, v in recompute_kernels(
+                host, peaks[main_precision], memory["copy_bytes_per_s"], efficiency).items()} if host else {}),
+            "recompute_unit_factor": one,
             "source": f"{source}; probe layer on {parallel['ranks']} ranks at once, plain vs DTensor TP "
                       "(executors.parallel's plan, with and without SP) vs FSDP2, in units of the plain "
                       "layer's per-kernel time, median of interleaved rounds; AdamW per plain / DTensor "
@@ -1039,6 +1031,23 @@ def _host_overhead_s(host: dict, oversub: dict) -> float:
     if not one:
         return host["per_kernel_s"]
     return 1.0 / (one * (host["forward_kernels"] + host["backward_kernels"]))
+
+
+def wrapper_kernels(parallel: dict, layer: dict) -> dict:
+    """The torch-wrapper host costs of ``bench_parallel_host`` (TP, TP+SP, FSDP2, pipeline
+    chunk, AdamW per tensor) converted from the probe's own per-kernel time on its ranks to
+    the simulator's for that rank count (the one-rank figure over the executor-derived
+    slowdown, 1 / (layer[n] x kernels)), so the seconds the probe measured come back;
+    the factor is kept as ``parallel_unit_factor``."""
+    kernels = sum(probe_kernels(probe_spec()))
+    n = parallel["ranks"]
+    unit = parallel["per_kernel_s"] * layer[n] * kernels if n in layer else 1.0
+    out = {k: {name: v * unit for name, v in parallel[k].items()}
+           for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3", "pipeline_chunk") if k in parallel}
+    out["optimizer_per_tensor_kernels"] = parallel["optimizer_per_tensor_kernels"] * unit
+    out["optimizer_dtensor_per_tensor_kernels"] = parallel["optimizer_dtensor_per_tensor_kernels"] * unit
+    out["parallel_unit_factor"] = unit
+    return out
 
 
 def _dispatch_s(efficiency: dict, peak: float, copy_bytes_per_s: float) -> float:
@@ -1109,9 +1118,12 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
 # --------------------------------------------------------------------------- refresh under load
 
 def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycles: int = REFRESH_CYCLES) -> dict:
-    """Re-measure the load-sensitive host figures of a CPU profile now (~20 s): the
+    """Re-measure the load-sensitive host figures of a CPU profile now (~25 s): the
     oversubscription probes (1, 2, 4 ranks, the executor's slowdown included), hence the
-    per-kernel host overhead and the per-rank GEMM rates, and the pipeline point-to-point figures (``bench_p2p``). On a machine shared with other work the speed a rank gets changes
+    per-kernel host overhead and the per-rank GEMM rates, the pipeline point-to-point
+    figures (``bench_p2p``), and the anchor to the executor's one-rank step. (Re-measuring
+    the torch wrappers' host cost here too, with a shorter ``bench_parallel_host``, was
+    tried: it added as much noise per run as it removed bias; bench/RESULTS.md.) On a machine shared with other work the speed a rank gets changes
     from minute to minute, so a prediction compared with a run should use figures taken
     just before it. The other figures (in units of the host kernel, or fits) are kept."""
     profile = yaml.safe_load(Path(profile_path).read_text())

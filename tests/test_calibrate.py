@@ -276,6 +276,7 @@ def test_wrapper_host_costs_are_converted_to_the_simulators_per_kernel_unit():
                 "optimizer_dtensor_per_tensor_kernels": 4.0}
     prof = cal.build_profile(matmul, memory, coll, oversub, None, torch.device("cpu"), host=host, parallel=parallel)
     ph = prof["efficiency"]["parallel_host"]
+    assert cal.wrapper_kernels(parallel, oversub["layer"]) == {k: ph[k] for k in cal.wrapper_kernels(parallel, oversub["layer"])}
     unit = 50e-6 * 400.0 * 28
     assert ph["parallel_unit_factor"] == pytest.approx(unit)
     assert ph["tp"] == pytest.approx({"forward_kernels": 10 * unit, "backward_kernels": 20 * unit})
