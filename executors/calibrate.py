@@ -305,8 +305,7 @@ def recompute_kernels(host: dict, peak: float, copy_bytes_per_s: float, efficien
 
     spec, per_kernel = probe_spec(), host["per_kernel_s"]
     points, attn = efficiency["matmul"]["points"], float(efficiency["attention"]["forward"])
-    device = sum(serial_layer_s(spec, peak, copy_bytes_per_s, points, attn))
-    dispatch = max(0.0, per_kernel - device / (host["forward_kernels"] + host["backward_kernels"]))
+    dispatch = _probe_dispatch_s(per_kernel, peak, copy_bytes_per_s, efficiency)
     out = {}
     for mode, meas in (host.get("checkpointed") or {}).items():
         rec = serial_layer_s(spec, peak, copy_bytes_per_s, points, attn, dispatch, Recompute(mode))[0]
@@ -716,33 +715,28 @@ SLOWDOWN_STEPS, SLOWDOWN_WARMUP, SLOWDOWN_ROUNDS = 8, 2, 5
 SLOWDOWN_PHASES = ("forward", "optimizer")
 
 
-def _probe_plan(ranks: int):
-    """A data-parallel plan of ``STEP_PROBE_MODEL`` on ``ranks`` ranks of this host, four
-    micro-batches of one sample per rank per step."""
+def _probe_plan(ranks: int, profile=None):
+    """A data-parallel plan of ``STEP_PROBE_MODEL`` on ``ranks`` ranks of this host (with the
+    profile at ``profile``, default this host's cached one), four micro-batches of one
+    sample per rank per step."""
     from simcore.spec import plan_from_dict
 
     model = {k: v for k, v in STEP_PROBE_MODEL.items() if k not in ("kv_heads", "ffn_hidden")}
-    return plan_from_dict({"name": f"slowdown-probe-dp{ranks}", "model": model,
-                           "cluster": {"node": "localhost", "gpus_per_node": max(OVERSUB_RANKS)},
+    cluster = {"node": "localhost", "gpus_per_node": max(OVERSUB_RANKS), **({"profile": str(profile)} if profile else {})}
+    return plan_from_dict({"name": f"slowdown-probe-dp{ranks}", "model": model, "cluster": cluster,
                            "parallel": {"dp": ranks},
                            "training": {"global_batch": 4 * ranks, "micro_batch": 1, "precision": "fp32"}},
                           Path("."))
 
 
-def bench_executor_slowdown(ranks=OVERSUB_RANKS, cycles: int = OVERSUB_CYCLES) -> dict:
+def bench_executor_slowdown(ranks=OVERSUB_RANKS, cycles: int = OVERSUB_CYCLES) -> tuple[dict, dict]:
     """Per-rank slowdown of a real training step when ``n`` ranks share this host: the
     executor itself (``executors.launch.run``, fork, gloo: its threads, DDP, autograd and
     AdamW as a validation run has them) on ``_probe_plan(n)``, the time of
     ``SLOWDOWN_PHASES`` per rank with n ranks over that with one, median over ``cycles``
-    interleaved rounds. Returns {n: slowdown} (1.0 for one rank)."""
-    from executors.launch import run
-
-    return _executor_probe(ranks, cycles)[0]
-
-
-def _executor_probe(ranks, cycles: int) -> tuple[dict, dict]:
-    """``bench_executor_slowdown``'s rounds; also returns the one-rank run's compute
-    phases (forward, backward; median over the rounds), which ``anchor_to_executor`` uses."""
+    interleaved rounds. Returns ({n: slowdown} (1.0 for one rank), the one-rank run's
+    compute phases: forward and backward, median over the rounds, which
+    ``anchor_to_executor`` uses)."""
     from executors.launch import run
 
     ratios: dict = {n: [] for n in ranks}
@@ -776,15 +770,7 @@ def anchor_to_executor(profile: dict, profile_path) -> dict:
     one = (profile.get("raw") or {}).get("executor_one_rank") or {}
     if not one.get("forward"):
         return profile
-    old = os.environ.get("TRAINPLAN_PROFILE")
-    os.environ["TRAINPLAN_PROFILE"] = str(profile_path)
-    try:
-        pred = simulate(_probe_plan(1), engine="analytic").time_s
-    finally:
-        if old is None:
-            os.environ.pop("TRAINPLAN_PROFILE", None)
-        else:
-            os.environ["TRAINPLAN_PROFILE"] = old
+    pred = simulate(_probe_plan(1, profile_path), engine="analytic").time_s
     r = (one["forward"] + one["backward"]) / (pred["forward"] + pred["backward"])
     _scale_compute(profile, r, host_unit=False)
     profile["efficiency"]["executor_anchor"] = {
@@ -846,7 +832,7 @@ def bench_oversubscription(ranks=OVERSUB_RANKS, size: int = 256, window_s: float
             for kind in samples:
                 samples[kind][n].append(statistics.mean(r[kind] for r in rows))
     measured = {kind: {n: statistics.median(v) for n, v in by_n.items()} for kind, by_n in samples.items()}
-    measured["slowdown"], one_rank = _executor_probe(ranks, SLOWDOWN_ROUNDS if cycles > 1 else 1)
+    measured["slowdown"], one_rank = bench_executor_slowdown(ranks, SLOWDOWN_ROUNDS if cycles > 1 else 1)
     return {**derive_oversubscription(measured), "slowdown": measured["slowdown"], "one_rank_step": one_rank,
             "raw": {"matmul": measured["matmul"], "layer": measured["layer"]}}
 
@@ -1050,16 +1036,20 @@ def wrapper_kernels(parallel: dict, layer: dict) -> dict:
     return out
 
 
-def _dispatch_s(efficiency: dict, peak: float, copy_bytes_per_s: float) -> float:
+def _probe_dispatch_s(per_kernel_s: float, peak: float, copy_bytes_per_s: float, efficiency: dict) -> float:
     """Per-kernel host time of a serial (CPU) device: the probe layer's measured per-kernel
-    time (``host_overhead_us``) less its device time under the profile's own curve."""
+    time less its device time per kernel under the profile's own curve."""
     from simcore.compute import serial_layer_s
 
     spec = probe_spec()
     f, b = serial_layer_s(spec, peak, copy_bytes_per_s, efficiency["matmul"]["points"],
                           float(efficiency["attention"]["forward"]))
-    kf, kb = probe_kernels(spec)
-    return max(0.0, efficiency["host_overhead_us"] * 1e-6 - (f + b) / (kf + kb))
+    return max(0.0, per_kernel_s - (f + b) / sum(probe_kernels(spec)))
+
+
+def _dispatch_s(efficiency: dict, peak: float, copy_bytes_per_s: float) -> float:
+    """``_probe_dispatch_s`` of the profile's own per-kernel time (``host_overhead_us``)."""
+    return _probe_dispatch_s(efficiency["host_overhead_us"] * 1e-6, peak, copy_bytes_per_s, efficiency)
 
 
 def _attention_efficiency(rows, precision, peak) -> float:
