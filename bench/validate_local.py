@@ -18,11 +18,11 @@ and the predicted and measured figures are averaged over the repeats before the 
 taken: on a host whose speed changes 2x from one second to the next, one short run is a
 sample of a moment, not of the machine.
 
-Before every run the profile's load-sensitive host figures are re-measured (~20 s: the
+Before every run the profile's load-sensitive host figures are re-measured (~25 s: the
 1/2/4-rank GEMM and layer probes, 0.25 s x 3 interleaved rounds, the executor's own
-1/2/4-rank slowdown, 5 interleaved rounds of 8-step data-parallel runs, and the busy-rank
-pipeline send/hand-over probes; ``--no-refresh`` skips it), since the machine is shared
-and its load moves.
+1/2/4-rank slowdown, 5 interleaved rounds of 8-step data-parallel runs, the busy-rank
+pipeline send/hand-over probes, and the anchor to the one-rank step;
+``--no-refresh`` skips it), since the machine is shared and its load moves.
 """
 from __future__ import annotations
 
@@ -107,12 +107,14 @@ def combine(runs: list) -> dict:
     errors recomputed from the means; the spread of the per-repeat errors is kept."""
     import math
 
+    from reports.compare import relative_error
+
     row = dict(runs[0])
     for col in row:
         if col.startswith(("pred_", "meas_")) or col in ("step_lo_s", "step_hi_s"):
             row[col] = sum(r[col] for r in runs) / len(runs)
-    row["step_err"] = (row["pred_step_s"] - row["meas_step_s"]) / row["meas_step_s"]
-    row["mem_err"] = (row["pred_mem_gib"] - row["meas_mem_gib"]) / row["meas_mem_gib"]
+    row["step_err"] = relative_error(row["pred_step_s"], row["meas_step_s"])
+    row["mem_err"] = relative_error(row["pred_mem_gib"], row["meas_mem_gib"])
     lo, hi = row["step_lo_s"], row["step_hi_s"]
     row["in_interval"] = bool(not math.isnan(lo) and lo <= row["meas_step_s"] <= hi)
     row["repeat_errs"] = " ".join(f"{100 * r['step_err']:+.0f}%" for r in runs)

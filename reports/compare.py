@@ -58,10 +58,14 @@ class Comparison:
         }
 
 
+def relative_error(pred: float, meas: float) -> float:
+    """(predicted - measured) / measured; NaN where nothing was measured."""
+    return (pred - meas) / meas if meas else float("nan")
+
+
 def _row(field: str, unit: str, kind: str, pred: float, meas: float) -> dict:
-    err = (pred - meas) / meas if meas else float("nan")
     return {"field": field, "kind": kind, "unit": unit, "predicted": pred, "measured": meas,
-            "error": err, "abs_diff": pred - meas}
+            "error": relative_error(pred, meas), "abs_diff": pred - meas}
 
 
 def prediction_intervals(plan, predicted: StepResult, tables: dict | None = None) -> dict[str, Interval]:

@@ -68,7 +68,7 @@ class DeviceModel:
     optimizer_bytes_per_s: float = 0.0
     """Measured optimizer throughput over parameter bytes (0: the roofline stream model)."""
     broadcast_latency_s: float = 0.0
-    """Per-call latency of a 2-rank broadcast (ZeroRedundancyOptimizer's per-parameter sync)."""
+    """Per-call latency of a 2-rank broadcast (ZeroRedundancyOptimizer's sync: one bucket per rank)."""
     p2p_latency_kernels: float = 0.0
     """Receiver-side cost of one pipeline message between busy ranks, in host kernels:
     measured on CPU hosts by two ranks streaming the probe layer's activations with unwaited
