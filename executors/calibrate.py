@@ -460,6 +460,63 @@ def _pipeline_chunk(rank: int, world: int, device, spec, reps: int) -> tuple[flo
     return statistics.median(times["f"]), statistics.median(times["b"])
 
 
+def _ends_steps(spec, mesh, device) -> dict:
+    """Step closures of the probe model's ends (``executors.model.Transformer`` with no
+    layers), plain and wrapped as ``executors.parallel`` wraps a whole model: the embedding
+    alone and the head alone (final norm, output projection and loss) under DTensor TP, with
+    and without SP (each end holds its own TP collectives), and both ends together as FSDP2's
+    root group (``fully_shard`` of the model, one gather and reduce-scatter for all of them).
+    Keys: embed, head, tp_embed, tp_head, tp_sp_embed, tp_sp_head, ends, fsdp_zero2_root,
+    fsdp_zero3_root."""
+    from torch.distributed.fsdp import fully_shard
+
+    from executors.model import Transformer, loss_fn
+    from executors.parallel import apply_tp
+
+    s, h, world = spec.seq_len, spec.hidden, mesh.size()
+    ends = probe_spec(layers=0)
+    tokens = torch.randint(0, spec.vocab, (1, s), device=device)
+    labels = torch.randint(0, spec.vocab, (1, s), device=device)
+
+    def model(part: str, wrap=None):
+        m = Transformer(ends).to(device)
+        if part == "embed":
+            m.norm = m.output = None
+        elif part == "head":
+            m.embed = None
+        if wrap:
+            wrap(m)
+        return m
+
+    def step(m, x, head: bool):
+        def run() -> tuple[float, float]:
+            t0 = time.perf_counter()
+            y = m(x)
+            loss = loss_fn(y, labels) if head else y.sum()
+            t1 = time.perf_counter()
+            loss.backward()
+            return t1 - t0, time.perf_counter() - t1
+        return run
+
+    def hidden(sharded: bool):
+        return torch.randn(1, s // world if sharded else s, h, device=device, requires_grad=True)
+
+    out = {"embed": step(model("embed"), tokens, False), "head": step(model("head"), hidden(False), True),
+           "ends": step(model("ends"), tokens, True)}
+    for name, sp in (("tp", False), ("tp_sp", True)):
+        out[f"{name}_embed"] = step(model("embed", lambda m: apply_tp(m, mesh, sp)), tokens, False)
+        out[f"{name}_head"] = step(model("head", lambda m: apply_tp(m, mesh, sp)), hidden(sp), True)
+    for name, reshard in (("fsdp_zero2_root", False), ("fsdp_zero3_root", True)):
+        out[name] = step(model("ends", lambda m: fully_shard(m, mesh=mesh, reshard_after_forward=reshard)),
+                         tokens, True)
+    return out
+
+
+#: Wrapped end of the probe model -> its plain counterpart (``_ends_steps``).
+ENDS_BASE = {"tp_embed": "embed", "tp_head": "head", "tp_sp_embed": "embed", "tp_sp_head": "head",
+             "fsdp_zero2_root": "ends", "fsdp_zero3_root": "ends"}
+
+
 def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:
     """Both ranks at once: the probe layer plain, under DTensor TP (with and without SP,
     ``executors.parallel``'s plan) and under FSDP2 (reshard after forward or not), and
@@ -492,6 +549,7 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int =
         steps[name] = _wrapped_layer_step(block, x)
         if reshard:
             dtensor_params = list(block.parameters())
+    steps.update(_ends_steps(spec, mesh, device))
     per_round = max(2, reps // rounds)
     out: dict = {"rounds": [{k: _median_step(st, per_round, warmup=3 if r == 0 else 1) for k, st in steps.items()}
                             for r in range(rounds)]}
@@ -508,17 +566,19 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int =
     return out
 
 
-def _round_kernels(rows: list[dict], name: str, kf: int, kb: int) -> tuple[float, float]:
+def _round_kernels(rows: list[dict], name: str, kf: int, kb: int, base: str = "plain") -> tuple[float, float]:
     """Median over the interleaved rounds of (forward, backward) extra kernels of ``name``
-    over the plain layer, each round in units of its own plain per-kernel time (ranks averaged)."""
+    over ``base`` (its unwrapped counterpart), each round in units of its own plain layer's
+    per-kernel time (ranks averaged)."""
     fwd, bwd = [], []
     for i in range(len(rows[0]["rounds"])):
         rds = [r["rounds"][i] for r in rows]
         plain = [statistics.mean(rd["plain"][j] for rd in rds) for j in range(2)]
+        ref = [statistics.mean(rd[base][j] for rd in rds) for j in range(2)]
         var = [statistics.mean(rd[name][j] for rd in rds) for j in range(2)]
         per_kernel = sum(plain) / (kf + kb)
-        fwd.append((var[0] - plain[0]) / per_kernel)
-        bwd.append((var[1] - plain[1]) / per_kernel)
+        fwd.append((var[0] - ref[0]) / per_kernel)
+        bwd.append((var[1] - ref[1]) / per_kernel)
     return max(0.0, statistics.median(fwd)), max(0.0, statistics.median(bwd))
 
 
@@ -562,7 +622,9 @@ def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds:
     probe layer's per-kernel cost measured in the same launch (so that load from other
     processes cancels): extra kernels per layer forward and backward for DTensor TP, TP+SP,
     FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included; the median over
-    interleaved rounds), AdamW's cost per parameter tensor, plain and DTensor, and the
+    interleaved rounds), the same for the model's ends (``_ends_steps``: TP's embedding and
+    head, FSDP2's root group, each over its plain counterpart; on the 4-layer validation
+    model they add 12-22% to the layers' wrapper cost), AdamW's cost per parameter tensor, plain and DTensor, and the
     point-to-point latency between busy ranks (the relay's wall time less both ranks'
     compute, per message). Ranks' medians are averaged."""
     from executors.launch import spawn
@@ -575,8 +637,8 @@ def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds:
     per_kernel = sum(avg["plain"]) / (kf + kb)
     out = {"ranks": world, "per_kernel_s": per_kernel, "raw": {k: list(v) if isinstance(v, tuple) else v
                                                                 for k, v in avg.items()}}
-    for name in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3"):
-        f, b = _round_kernels(rows, name, kf, kb)
+    for name, base in (*((n, "plain") for n in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")), *ENDS_BASE.items()):
+        f, b = _round_kernels(rows, name, kf, kb, base)
         out[name] = {"forward_kernels": f, "backward_kernels": b}
     out["optimizer_per_tensor_kernels"] = avg["opt_plain"] / per_kernel
     out["optimizer_dtensor_per_tensor_kernels"] = avg["opt_dtensor"] / per_kernel
@@ -958,7 +1020,9 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             "recompute_unit_factor": one,
             "source": f"{source}; probe layer on {parallel['ranks']} ranks at once, plain vs DTensor TP "
                       "(executors.parallel's plan, with and without SP) vs FSDP2, in units of the plain "
-                      "layer's per-kernel time, median of interleaved rounds; AdamW per plain / DTensor "
+                      "layer's per-kernel time, median of interleaved rounds; *_embed / *_head / *_root: "
+                      "the model's ends (no layers) under TP, and under FSDP2 as the root group, over "
+                      "the same ends plain, per micro-batch; AdamW per plain / DTensor "
                       "tensor; broadcast: its 2-rank alpha; p2p: a two-rank relay of the probe layer, its cost per message less the send call (wake), the sender's blocking send call; "
                       "latency: two busy ranks streaming unwaited sends, the receiver's period less the "
                       "slower rank's compute (delivery by gloo's thread while both ranks compute); recompute_full/"
@@ -1029,7 +1093,7 @@ def wrapper_kernels(parallel: dict, layer: dict) -> dict:
     n = parallel["ranks"]
     unit = parallel["per_kernel_s"] * layer[n] * kernels if n in layer else 1.0
     out = {k: {name: v * unit for name, v in parallel[k].items()}
-           for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3", "pipeline_chunk") if k in parallel}
+           for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3", "pipeline_chunk", *ENDS_BASE) if k in parallel}
     out["optimizer_per_tensor_kernels"] = parallel["optimizer_per_tensor_kernels"] * unit
     out["optimizer_dtensor_per_tensor_kernels"] = parallel["optimizer_dtensor_per_tensor_kernels"] * unit
     out["parallel_unit_factor"] = unit

@@ -58,8 +58,10 @@ class DeviceModel:
     parallel_kernels: tuple[tuple[str, float, float], ...] = ()
     """(mode, forward, backward) extra host kernels per layer and micro-batch that a torch
     parallel wrapper costs over the plain eager layer (mode: tp, tp_sp, fsdp_zero2,
-    fsdp_zero3), collective latency included, and per pipeline chunk (mode pipeline_chunk:
-    a ``PipelineStage``'s forward/backward over the plain layer); measured by ``trainplan
+    fsdp_zero3), collective latency included, per pipeline chunk (mode pipeline_chunk:
+    a ``PipelineStage``'s forward/backward over the plain layer) and per model end (modes
+    tp[_sp]_embed, tp[_sp]_head, fsdp_zero2/3_root: the embedding, the head, FSDP2's root
+    group over the same ends plain, per micro-batch); measured by ``trainplan
     calibrate`` on CPU hosts (``executors.calibrate.bench_parallel_host``), absent from catalog GPUs."""
     optimizer_per_tensor_kernels: float = 0.0
     """Host cost of the optimizer per parameter tensor, in host kernels (eager AdamW)."""

@@ -159,6 +159,28 @@ def _dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_param
     return out
 
 
+def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, fcomm: list[float], bcomm: list[float]) -> None:
+    """CPU host: the measured wrapper cost of the model's ends per micro-batch (``parallel_host``
+    ``*_embed`` / ``*_head`` / ``*_root``), added to the blocking comm of the virtual stages
+    that hold them. TP splits the embedding and the output projection too (each with its own
+    collectives): the embedding's on the first virtual stage, the head's (norm, output, loss)
+    on the last. FSDP2 shards each pipeline rank's model as a root group of its own (the
+    embedding, final norm and output on the ranks that hold them): one root group's cost on
+    each rank's first virtual stage."""
+    par = plan.parallel
+    if par.tp > 1:
+        mode = "tp_sp" if par.sequence_parallel else "tp"
+        for v, part in ((0, "embed"), (-1, "head")):
+            f, b = dev.parallel_extra_s(f"{mode}_{part}")
+            fcomm[v] += f
+            bcomm[v] += b
+    if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:
+        f, b = dev.parallel_extra_s("fsdp_zero3_root" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2_root")
+        for v in range(par.pp):
+            fcomm[v] += f
+            bcomm[v] += b
+
+
 def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
     """(plain, DTensor) parameter tensors pipeline rank ``rank`` holds in the executor's model
     (executors/model.py: bias-free projections, two norms per layer; the embedding on the
@@ -240,6 +262,7 @@ def step_costs(plan: Plan) -> StepCosts:
              for v, n in enumerate(stages)]
     bcomm = [bc * n + (send if v > 0 else 0.0) + (recv if v < nv - 1 else 0.0)   # gradients back
              for v, n in enumerate(stages)]
+    _add_ends_host(plan, dev, fcomm, bcomm)
     fwd = [n * f for n in stages]
     bin_ = [n * bi for n in stages]
     bwt = [n * bw for n in stages]

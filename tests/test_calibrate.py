@@ -226,6 +226,11 @@ def test_parallel_probe_kernels_are_the_median_of_per_round_ratios():
     # a wrapper faster than plain (noise) clamps to zero extra kernels
     rows = [{"rounds": [{"plain": (1e-3, 1e-3), "tp": (0.5e-3, 0.9e-3)}]}]
     assert cal._round_kernels(rows, "tp", 1, 1) == (0.0, 0.0)
+    # a wrapped model end counts over its own plain counterpart, in the plain layer's unit
+    rows = [{"rounds": [{**rnd(i), "head": (1e-3 * i, 2e-3 * i), "tp_head": (3e-3 * i, 2.5e-3 * i)}
+                        for i in (1, 2, 3)]}]
+    f, b = cal._round_kernels(rows, "tp_head", 4, 6, base="head")
+    assert f == pytest.approx(2.0) and b == pytest.approx(0.5)
 
 
 def test_oversubscription_tables_carry_the_executor_slowdown():

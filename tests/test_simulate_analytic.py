@@ -238,3 +238,44 @@ def test_cpu_checkpointing_host_cost_is_added_per_layer():
         c, c0 = sim.step_costs(p), sim.step_costs(plain)
         assert c.forward_s[0] == pytest.approx(c0.forward_s[0] + 4 * af)     # four layers, one stage
         assert c.recompute_s[0] == pytest.approx(4 * (rc + ab))
+
+
+def test_cpu_model_ends_wrapper_cost_sits_on_the_stages_holding_them():
+    # TP splits the embedding and the output projection too; FSDP2 shards each pipeline
+    # rank's model as one root group: the calibrated per-micro-batch cost of each end is
+    # added once, to the virtual stage that holds it, beside the per-layer TP cost
+    from simcore import compute as cmp
+
+    def ends(p):
+        dev = cmp.device_model(p.cluster.node.gpu, "fp32")
+        c, lc = sim.step_costs(p), sim._layer_comm(p, dev)
+        f = [x - n * lc["tp_f"] for x, n in zip(c.forward_comm_s, c.layers)]
+        b = [x - n * lc["tp_b"] for x, n in zip(c.backward_comm_s, c.layers)]
+        return dev, f, b
+
+    dev, f, b = ends(_tiny(tp=2))
+    for mode in ("tp", "tp_sp"):
+        for part in ("embed", "head"):
+            assert sum(dev.parallel_extra_s(f"{mode}_{part}")) > 0   # the shipped test profile measured it
+    (ef, eb), (hf, hb) = dev.parallel_extra_s("tp_embed"), dev.parallel_extra_s("tp_head")
+    assert f == pytest.approx([ef + hf]) and b == pytest.approx([eb + hb])
+    dev, f, b = ends(_tiny(tp=2, sequence_parallel=True))
+    (ef, eb), (hf, hb) = dev.parallel_extra_s("tp_sp_embed"), dev.parallel_extra_s("tp_sp_head")
+    assert f == pytest.approx([ef + hf]) and b == pytest.approx([eb + hb])
+    # two stages: the embedding's cost on the first, the head's on the last, beside the sends
+    pp = _tiny(tp=2, pp=2)
+    dev, f, b = ends(pp)
+    (ef, eb), (hf, hb) = dev.parallel_extra_s("tp_embed"), dev.parallel_extra_s("tp_head")
+    snd, rcv = dev.p2p_send_s, dev.busy_p2p_latency_s
+    assert f == pytest.approx([ef + snd, hf + rcv]) and b == pytest.approx([eb + rcv, hb + snd])
+    # FSDP2: ZeRO-3's root group once per micro-batch, ZeRO-2's its own; plain DP adds none
+    for zero, mode in ((3, "fsdp_zero3_root"), (2, "fsdp_zero2_root")):
+        p = _tiny(dp=2, zero=zero)
+        dev = cmp.device_model(p.cluster.node.gpu, "fp32")
+        lf, lb = dev.parallel_extra_s(mode.replace("_root", ""))
+        rf, rb = dev.parallel_extra_s(mode)
+        assert rf + rb > 0
+        c = sim.step_costs(p)
+        assert c.forward_comm_s == pytest.approx((4 * lf + rf,))
+        assert c.backward_comm_s == pytest.approx((4 * lb + rb,))
+    assert sim.step_costs(_tiny(dp=2)).forward_comm_s == pytest.approx((0.0,))
