@@ -323,6 +323,16 @@ def instrument_stage(stage, rec: Recorder) -> None:
 
 # --------------------------------------------------------------------------- summary
 
+def dp_sync_wait_s(rank_spans: list[list]) -> float:
+    """One step's wait for the last rank at the data-parallel gradient sync: each rank's
+    dp-axis collective spans run from its own launch to the common end, so the mean rank
+    waits its span less the shortest (the last rank's) one; 0 without dp collectives."""
+    per_rank = [sum(s.duration_s for s in spans if s.stream == "dp") for spans in rank_spans]
+    if len(per_rank) < 2 or not any(per_rank):
+        return 0.0
+    return sum(per_rank) / len(per_rank) - min(per_rank)
+
+
 def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
     """Per-rank records of ``executors.launch.run_rank`` -> one Measurement. The step time
     is the slowest rank's, averaged over the measured steps; its breakdown is that rank's
@@ -343,6 +353,7 @@ def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
             times[s.kind if s.stream == "compute" else f"{s.stream}_comm"] += s.duration_s
     k = len(durations)
     step_time = sum(durations) / k
+    waits = [dp_sync_wait_s([r["steps"][i]["spans"] for r in records]) for i in measured]
     rep = list(measured)[sorted(range(k), key=durations.__getitem__)[k // 2]]
     spans = tuple(s for r in records for s in r["steps"][rep]["spans"])
     totals = [sum(r["memory_bytes"].values()) for r in records]
@@ -369,4 +380,5 @@ def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
         time_s={key: v / k for key, v in sorted(times.items())},
         memory_per_rank_gib=tuple(t / GIB for t in totals), spans=spans, notes=tuple(notes),
         extra={"loss_first": records[0]["losses"][0], "loss_last": records[0]["losses"][-1],
+               **({"dp_sync_wait_s": sum(waits) / k} if any(waits) else {}),
                **{f"calls.{kind}.{axis}": float(c) for (kind, axis), c in sorted(calls.items())}})

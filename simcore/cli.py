@@ -414,7 +414,7 @@ def cmd_calibrate(args) -> None:
         print(f"refreshed the host speed figures in {out}")
         return
     if args.from_run:
-        from executors.calibrate import refit_profile
+        from executors.refit import refit_profile
 
         if not args.plan:
             raise UsageError("calibrate --from-run needs --plan, the plan the measured run executed")

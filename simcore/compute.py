@@ -62,7 +62,7 @@ class DeviceModel:
     a ``PipelineStage``'s forward/backward over the plain layer) and per model end (modes
     tp[_sp]_embed, tp[_sp]_head, fsdp_zero2/3_root: the embedding, the head, FSDP2's root
     group over the same ends plain, per micro-batch); measured by ``trainplan
-    calibrate`` on CPU hosts (``executors.calibrate.bench_parallel_host``), absent from catalog GPUs."""
+    calibrate`` on CPU hosts (``executors.parallel_probes.bench_parallel_host``), absent from catalog GPUs."""
     optimizer_per_tensor_kernels: float = 0.0
     """Host cost of the optimizer per parameter tensor, in host kernels (eager AdamW)."""
     optimizer_dtensor_per_tensor_kernels: float = 0.0
@@ -74,17 +74,40 @@ class DeviceModel:
     p2p_latency_kernels: float = 0.0
     """Receiver-side cost of one pipeline message between busy ranks, in host kernels:
     measured on CPU hosts by two ranks streaming the probe layer's activations with unwaited
-    sends (``executors.calibrate._busy_stream``): gloo hands a message over only once the
+    sends (``executors.parallel_probes._busy_stream``): gloo hands a message over only once the
     receiver has posted its receive, and the busy sender's gloo thread then waits for a core,
     so a receiver that is ready later than the send still waits this long (an idle ping-pong,
     0.1-1.4 ms and load-dependent, does not see it); absent from catalog GPUs."""
     p2p_send_kernels: float = 0.0
     """Host time of one blocking pipeline send call (gloo ``isend(...).wait()``) on the
     sender's thread, in host kernels; measured by a two-rank relay of the probe layer
-    (``executors.calibrate._busy_p2p``); absent from catalog GPUs."""
+    (``executors.parallel_probes._busy_p2p``); absent from catalog GPUs."""
     p2p_wake_kernels: float = 0.0
     """The relay's cost per message less the send call: the transit to a receiver already
     blocked in its receive, in host kernels; absent from catalog GPUs."""
+
+    dp_sync_wait: float = 0.0
+    """The mean rank's wait for the last one at the data-parallel gradient sync, as a
+    fraction of the rest of its step: ranks on a shared CPU host run the same work at
+    speeds that differ from step to step (measured by the executor's own data-parallel run
+    at this rank count, ``executors.oversubscription.bench_executor_slowdown``); 0 on
+    catalog GPUs."""
+    lone_all_reduce_kernels: float = 0.0
+    """Time of one latency-bound all-reduce issued right after compute (DDP's gradient
+    all-reduce), in host kernels: a lone gloo call pays its threads' wake-up, which the
+    back-to-back fits do not see; absent from catalog GPUs."""
+    lone_broadcast_kernels: float = 0.0
+    """The same for a broadcast (ZeroRedundancyOptimizer's parameter sync)."""
+
+    @property
+    def lone_all_reduce_s(self) -> float:
+        """The calibrated lone all-reduce latency (0 on catalog GPUs: the fitted alpha stands)."""
+        return self.lone_all_reduce_kernels * self.host_overhead_s
+
+    @property
+    def lone_broadcast_s(self) -> float:
+        """The calibrated lone broadcast latency (0 on catalog GPUs)."""
+        return self.lone_broadcast_kernels * self.host_overhead_s
 
     @property
     def busy_p2p_latency_s(self) -> float:
@@ -149,6 +172,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
         host_memory_bytes_per_s=float(off.get("host_memory_gbyte_per_s", 0.0)) * 1e9,
         adam_host_bytes_per_param=float(off.get("adam_host_bytes_per_param", 32)),
         comm_compute_interference=float(e.get("comm_compute_interference", 1.0)),
+        dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         **_host_terms(e),
     )
 
@@ -167,6 +191,8 @@ def _host_terms(e: dict) -> dict:
         out["p2p_latency_kernels"] = float(ph.get("p2p_latency_kernels", 0.0))
         out["p2p_send_kernels"] = float(ph.get("p2p_send_kernels", 0.0))
         out["p2p_wake_kernels"] = float(ph.get("p2p_wake_kernels", 0.0))
+        out["lone_all_reduce_kernels"] = float(ph.get("lone_all_reduce_kernels", 0.0))
+        out["lone_broadcast_kernels"] = float(ph.get("lone_broadcast_kernels", 0.0))
     if ph and opt.get("param_gbyte_per_s"):
         out["optimizer_bytes_per_s"] = float(opt["param_gbyte_per_s"]) * 1e9
     return out

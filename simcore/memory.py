@@ -100,17 +100,12 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
 
 def in_flight_chunks(plan: Plan, rank: int) -> int:
     """Model chunks (virtual stages' activations) rank ``rank`` keeps at its peak."""
-    p, v, m = plan.parallel.pp, plan.parallel.vpp, plan.num_microbatches
-    sched = plan.parallel.schedule
-    if sched == Schedule.GPIPE:
-        return m * v
-    if v > 1:
-        return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
-    return min(m, p - rank)
+    return _in_flight_table(plan)(rank)
 
 
 def _in_flight_table(plan: Plan):
-    """``in_flight_chunks(plan, rank)`` as a function of the rank alone (its inputs read once)."""
+    """``in_flight_chunks(plan, rank)`` as a function of the rank alone (the plan read once:
+    ``memory_per_rank`` calls it for every rank of every layout the search scores)."""
     p, v, m = plan.parallel.pp, plan.parallel.vpp, plan.num_microbatches
     if plan.parallel.schedule == Schedule.GPIPE:
         return lambda rank: m * v
@@ -153,14 +148,19 @@ def _activation_terms(plan: Plan) -> tuple[float, float, float, float]:
 
 def activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...] | None = None, terms=None) -> float:
     """Activation bytes of pipeline rank ``rank`` at its peak."""
-    par = plan.parallel
     stages = stages if stages is not None else plan.layers_per_stage
-    per_layer, working, emb, logits = terms if terms is not None else _activation_terms(plan)
-    chunks = in_flight_chunks(plan, rank)
-    total = chunks * (sum(stages[rank::par.pp]) * par.pp / len(stages)) * per_layer + working
+    return _rank_activation_bytes(in_flight_chunks(plan, rank), stages, rank, plan.parallel.pp, plan.parallel.vpp,
+                                  terms if terms is not None else _activation_terms(plan))
+
+
+def _rank_activation_bytes(chunks: int, stages: tuple[int, ...], rank: int, pp: int, vpp: int, terms) -> float:
+    """``chunks`` in-flight chunks of rank ``rank``'s layers (``stages`` per virtual stage)
+    at ``terms`` = (per layer, full-recompute working layer, embedding, logits) bytes."""
+    per_layer, working, emb, logits = terms
+    total = chunks * sum(stages[rank::pp]) * pp / len(stages) * per_layer + working
     if rank == 0:
-        total += chunks / par.vpp * emb
-    if rank == par.pp - 1:
+        total += chunks / vpp * emb
+    if rank == pp - 1:
         total += logits
     return total
 
@@ -234,21 +234,13 @@ def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
     out = []
     states_of: dict[StageParams, tuple] = {}
     chunks_of = _in_flight_table(plan)
-    per_layer, working, emb, logits = terms
-    pp, scale = plan.parallel.pp, plan.parallel.pp / len(stages)
+    pp, vpp = plan.parallel.pp, plan.parallel.vpp
     for r, sp in enumerate(params):
         if sp not in states_of:   # most ranks hold the same parameters
             states_of[sp] = (model_state_bytes(plan, sp), comm_buffer_bytes(plan, sp))
         states, buffers = states_of[sp]
         mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
-        # activation_bytes(plan, r, stages, terms), inlined: the search calls this per layout
-        chunks = chunks_of(r)
-        act = chunks * sum(stages[r::pp]) * scale * per_layer + working
-        if r == 0:
-            act += chunks / plan.parallel.vpp * emb
-        if r == pp - 1:
-            act += logits
-        mem["activations"] = act
+        mem["activations"] = _rank_activation_bytes(chunks_of(r), stages, r, pp, vpp, terms)
         mem["comm_buffers"] = buffers if count_buffers else 0.0
         tensors = sum(mem.values())
         mem["framework"] = framework + fragmentation * tensors

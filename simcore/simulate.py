@@ -144,7 +144,14 @@ def _dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_param
             out["compress"] = cmp.stream_s(12.0 * params, dev)
         elif tr.grad_compression != GradCompression.NONE:
             out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
-        if par.zero == ZeroStage.NONE:
+        buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
+        if dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
+            # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),
+            # each a lone call issued after compute, plus the ring's bytes term
+            out["grad"] = buckets * dev.lone_all_reduce_s + 2 * (nd - 1) / nd * gb * params / net.bus_bytes_per_s
+            if par.zero == ZeroStage.OPTIMIZER_STATES:   # the parameter broadcasts' bytes (their calls: step_costs)
+                out["sync"] = (nd - 1) / nd * wb * params / net.bus_bytes_per_s
+        elif par.zero == ZeroStage.NONE:
             out["grad"] = coll.all_reduce_s(gb * params, net)
         elif par.zero < ZeroStage.WEIGHTS:
             out["grad"] = coll.reduce_scatter_s(gb * params, net)
@@ -155,7 +162,7 @@ def _dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_param
             if sum(dev.parallel_extra_s("fsdp_zero3")) > 0:   # latency is in the measured layer cost
                 out["layer_ag"] = (nd - 1) / nd * wb * layer_params / net.bus_bytes_per_s
                 out["layer_rs"] = (nd - 1) / nd * gb * layer_params / net.bus_bytes_per_s
-        out["buckets"] = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
+        out["buckets"] = buckets
     return out
 
 
@@ -294,10 +301,17 @@ def step_costs(plan: Plan) -> StepCosts:
         d, (o, c), _ = rank_costs[v % par.pp]
         share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
         fsdp_rs = mbs * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
-        grad.append((d["grad"] + d["compress"]) * share + fsdp_rs)
+        wait = 0.0
+        if dev.dp_sync_wait > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1:
+            # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
+            # a fraction of the rest of the step (the rank's work between syncs)
+            busy = mbs * (fwd[v] + bin_[v] + bwt[v] + rec[v] + fcomm[v] + bcomm[v]) + o * share
+            wait = dev.dp_sync_wait * busy
+        grad.append((d["grad"] + d["compress"]) * share + fsdp_rs + wait)
         bcast = 0.0
         if host_terms and par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1:
-            bcast = par.dp * dev.broadcast_latency_s   # ZeroRedundancyOptimizer: one bucket broadcast per rank
+            # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
+            bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
         sync.append(d["sync"] * share + bcast)
         opt.append(o * share)
         off.append(c * share)

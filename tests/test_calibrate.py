@@ -1,5 +1,6 @@
-"""executors.calibrate: the fits on synthetic data (closed forms), the profile's round trip
-through the simulator, a quick real calibration, and the refit from a measured run."""
+"""executors.calibrate and its probe modules: the fits on synthetic data (closed forms), the
+profile's round trip through the simulator, a quick real calibration, and the refit from a
+measured run."""
 import json
 import math
 
@@ -8,6 +9,10 @@ import torch
 import yaml
 
 from executors import calibrate as cal
+from executors import collective_probes as cprobes
+from executors import oversubscription as osub
+from executors import parallel_probes as pprobes
+from executors import probes, refit
 from simcore import compute as cmp
 from simcore.simulate import simulate
 from simcore.spec import plan_from_dict
@@ -17,11 +22,11 @@ SIZES = (4096, 65536, 1 << 20)
 
 
 def _rows(op, n, alpha=ALPHA, beta=BETA):
-    return [{"op": op, "ranks": n, "bytes": b, "seconds": alpha + cal.WIRE_FACTOR[op](n) * b / beta} for b in SIZES]
+    return [{"op": op, "ranks": n, "bytes": b, "seconds": alpha + cprobes.WIRE_FACTOR[op](n) * b / beta} for b in SIZES]
 
 
 def test_alpha_beta_fit_recovers_a_noiseless_line():
-    fits = cal.fit_alpha_beta(_rows("all_reduce", 4) + _rows("all_gather", 2, 1e-3, 5e8))
+    fits = cprobes.fit_alpha_beta(_rows("all_reduce", 4) + _rows("all_gather", 2, 1e-3, 5e8))
     assert fits["all_reduce"][4]["alpha_s"] == pytest.approx(ALPHA, rel=1e-6)
     assert fits["all_reduce"][4]["bus_bytes_per_s"] == pytest.approx(BETA, rel=1e-6)
     assert fits["all_gather"][2]["alpha_s"] == pytest.approx(1e-3, rel=1e-6)
@@ -29,8 +34,8 @@ def test_alpha_beta_fit_recovers_a_noiseless_line():
 
 
 def test_ring_latency_split_keeps_the_model_consistent():
-    fits = cal.fit_alpha_beta(_rows("send_recv", 2, 1e-4) + _rows("all_reduce", 2, 5e-4) + _rows("all_reduce", 4, 1e-4))
-    hop, ar = cal.split_ring_latency(fits)
+    fits = cprobes.fit_alpha_beta(_rows("send_recv", 2, 1e-4) + _rows("all_reduce", 2, 5e-4) + _rows("all_reduce", 4, 1e-4))
+    hop, ar = cprobes.split_ring_latency(fits)
     assert hop == pytest.approx(1e-4)
     # ring all-reduce latency = base + 2(n-1) hops (simcore.collectives._ring_latency)
     assert ar[2]["base_latency_s"] == pytest.approx(5e-4 - 2 * 1e-4)
@@ -44,25 +49,25 @@ def test_matmul_curve_is_the_median_per_size_capped_at_one():
 
 
 def test_probe_kernels_match_the_compute_model():
-    spec = cal.probe_spec()
+    spec = probes.probe_spec()
     from simcore import workload as wl
 
     ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len)
-    assert cal.probe_kernels(spec) == (12, 16)     # 4 GEMMs get 2 backward kernels each
+    assert probes.probe_kernels(spec) == (12, 16)     # 4 GEMMs get 2 backward kernels each
     assert sum(o.kernels for o in ops) == 12
 
 
 def test_cpu_half_precision_grid_stops_early():
-    shapes = cal.matmul_shapes("bf16", torch.device("cpu"))
-    assert max(m for m, _, _ in shapes) == cal.CPU_HALF_MAX_SIZE
-    assert max(m for m, _, _ in cal.matmul_shapes("fp32", torch.device("cpu"))) == 1024
+    shapes = probes.matmul_shapes("bf16", torch.device("cpu"))
+    assert max(m for m, _, _ in shapes) == probes.CPU_HALF_MAX_SIZE
+    assert max(m for m, _, _ in probes.matmul_shapes("fp32", torch.device("cpu"))) == 1024
 
 
 def _synthetic_profile():
     matmul = [{"precision": "fp32", "m": s, "k": s, "n": s, "flops": 2.0 * s**3, "seconds": 1.0,
                "flops_per_s": 1e13 * min(1.0, s / 256)} for s in (64, 256, 1024)]
     memory = {"copy_bytes_per_s": 1e12, "kernel_overhead_s": 5e-6}
-    coll = [r for op in cal.WIRE_FACTOR for n in (2, 4) for r in _rows(op, n)]
+    coll = [r for op in cprobes.WIRE_FACTOR for n in (2, 4) for r in _rows(op, n)]
     oversub = {"matmul": {1: 1e10, 2: 1e10}, "layer": {1: 500.0, 2: 500.0}}
     host = {"forward_s": 4e-4, "backward_s": 6e-4, "forward_kernels": 12, "backward_kernels": 16,
             "per_kernel_s": 1e-3 / 28}
@@ -101,7 +106,7 @@ def test_profile_round_trip_sets_the_host_floor(synthetic):
     assert dev.dispatch_s == pytest.approx(eff["dispatch_us"] * 1e-6) and 0 < dev.dispatch_s < dev.host_overhead_s
     f, bi, bw = cmp.ops_time_s(wl.layer_forward_ops(plan.model, b=1, s=32), dev)
     assert f + bi + bw == pytest.approx(28 * dev.host_overhead_s)
-    device_f, _ = cmp.serial_layer_s(cal.probe_spec(), dev.peak_flops, dev.hbm_bytes_per_s, dev.matmul.points,
+    device_f, _ = cmp.serial_layer_s(probes.probe_spec(), dev.peak_flops, dev.hbm_bytes_per_s, dev.matmul.points,
                                      dev.attention_forward)
     assert f == pytest.approx(device_f + 12 * dev.dispatch_s)
 
@@ -119,7 +124,7 @@ def test_serial_phase_adds_dispatch_to_device_time_and_async_takes_the_larger():
 
 
 def test_cold_layer_gemms_alone_make_the_curve_and_hot_squares_set_the_peak():
-    rows = cal.bench_layer_gemms(tokens=(8,), hidden=(16, 32), min_time_s=0.001)
+    rows = probes.bench_layer_gemms(tokens=(8,), hidden=(16, 32), min_time_s=0.001)
     assert [r["form"] for r in rows] == ["layer-fwd", "layer-dx", "layer-dw"] * 2
     assert all(r["cold"] and r["flops"] == 2.0 * 8 * r["k"] * 4 * r["k"] and r["flops_per_s"] > 0 for r in rows)
     hot = [{"precision": "fp32", "m": 4, "k": 4, "n": 4, "flops": 128.0, "flops_per_s": 2.0}]
@@ -138,10 +143,10 @@ def test_checkpointing_host_cost_is_what_the_recompute_model_does_not_charge(syn
             "per_kernel_s": 1e-3 / 28,
             "checkpointed": {"full": {"forward_s": 6e-4, "backward_s": 1.5e-3},
                              "selective": {"forward_s": 4e-4, "backward_s": 5e-4}}}
-    out = cal.recompute_kernels(host, peak, bw, eff)
-    device = sum(cmp.serial_layer_s(cal.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"]))
+    out = probes.recompute_kernels(host, peak, bw, eff)
+    device = sum(cmp.serial_layer_s(probes.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"]))
     dispatch = 1e-3 / 28 - device / 28
-    rec = cmp.serial_layer_s(cal.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"],
+    rec = cmp.serial_layer_s(probes.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"],
                              dispatch, Recompute.FULL)[0]
     assert out["recompute_full"]["forward_kernels"] == pytest.approx(2e-4 * 28 / 1e-3)
     assert out["recompute_full"]["backward_kernels"] == pytest.approx((9e-4 - rec) * 28 / 1e-3)
@@ -156,7 +161,7 @@ def test_refit_from_a_run_scales_the_figures_by_measured_over_predicted(syntheti
     run_json = tmp_path / "measured.json"
     run_json.write_text(json.dumps({"measured": {"breakdown": measured}}))   # `validate --json` shape
     old = yaml.safe_load(synthetic.read_text())
-    new = cal.refit_profile(synthetic, run_json, plan)
+    new = refit.refit_profile(synthetic, run_json, plan)
     assert new["efficiency"]["host_overhead_us"] == pytest.approx(2 * old["efficiency"]["host_overhead_us"])
     assert new["device"]["dense_tflops"]["fp32"] == pytest.approx(old["device"]["dense_tflops"]["fp32"] / 2)
     hop = new["efficiency"]["collective"]["nvlink_hop_latency_us"]
@@ -166,15 +171,15 @@ def test_refit_from_a_run_scales_the_figures_by_measured_over_predicted(syntheti
     assert after["forward"] == pytest.approx(2 * before["forward"], rel=1e-6)   # overhead and FLOPs both x2
     measured["time_s"]["forward"] = 1000 * after["forward"]
     run_json.write_text(json.dumps(measured))
-    clamped = cal.refit_profile(synthetic, run_json, plan_from_dict(DOC))
-    assert clamped["refits"][-1]["ratios"]["compute"] == cal.REFIT_CLAMP
+    clamped = refit.refit_profile(synthetic, run_json, plan_from_dict(DOC))
+    assert clamped["refits"][-1]["ratios"]["compute"] == refit.REFIT_CLAMP
 
 
 def test_refit_needs_a_phase_breakdown(synthetic, tmp_path):
     bad = tmp_path / "m.json"
     bad.write_text(json.dumps({"step_time_s": 1.0}))
     with pytest.raises(ValueError, match="time_s"):
-        cal.refit_profile(synthetic, bad, plan_from_dict(DOC))
+        refit.refit_profile(synthetic, bad, plan_from_dict(DOC))
 
 
 def test_quick_calibration_end_to_end(tmp_path, monkeypatch):
@@ -183,7 +188,7 @@ def test_quick_calibration_end_to_end(tmp_path, monkeypatch):
     assert prof["measured_on"]["calibration_s"] < 60
     assert prof["efficiency"]["host_overhead_us"] > 0 and prof["device"]["dense_tflops"]["fp32"] > 0
     fits = prof["collectives"]
-    assert set(fits) == set(cal.WIRE_FACTOR) and all(2 in v for v in fits.values())
+    assert set(fits) == set(cprobes.WIRE_FACTOR) and all(2 in v for v in fits.values())
     assert set(prof["oversubscription"]["layer_steps_per_s_per_rank"]) == {1, 2}
     assert prof["oversubscription"]["executor_slowdown"][1] == 1.0 and prof["oversubscription"]["executor_slowdown"][2] >= 1.0
     monkeypatch.setenv("TRAINPLAN_PROFILE", str(out))
@@ -221,15 +226,15 @@ def test_parallel_probe_kernels_are_the_median_of_per_round_ratios():
         return {"plain": (4e-3 * i, 6e-3 * i), "tp": (4e-3 * i + spike * 8e-3 * i, 6e-3 * i + spike * 3e-3 * i)}
 
     rows = [{"rounds": [rnd(1), rnd(2, spike=2.0), rnd(3)]}] * 2
-    f, b = cal._round_kernels(rows, "tp", 4, 6)
+    f, b = pprobes._round_kernels(rows, "tp", 4, 6)
     assert f == pytest.approx(8.0) and b == pytest.approx(3.0)
     # a wrapper faster than plain (noise) clamps to zero extra kernels
     rows = [{"rounds": [{"plain": (1e-3, 1e-3), "tp": (0.5e-3, 0.9e-3)}]}]
-    assert cal._round_kernels(rows, "tp", 1, 1) == (0.0, 0.0)
+    assert pprobes._round_kernels(rows, "tp", 1, 1) == (0.0, 0.0)
     # a wrapped model end counts over its own plain counterpart, in the plain layer's unit
     rows = [{"rounds": [{**rnd(i), "head": (1e-3 * i, 2e-3 * i), "tp_head": (3e-3 * i, 2.5e-3 * i)}
                         for i in (1, 2, 3)]}]
-    f, b = cal._round_kernels(rows, "tp_head", 4, 6, base="head")
+    f, b = pprobes._round_kernels(rows, "tp_head", 4, 6, base="head")
     assert f == pytest.approx(2.0) and b == pytest.approx(0.5)
 
 
@@ -238,30 +243,30 @@ def test_oversubscription_tables_carry_the_executor_slowdown():
     # whatever the lone GEMM or layer read with n ranks (here they slowed less: 9/10, 90/100)
     measured = {"matmul": {1: 10.0, 2: 9.0, 4: 5.0}, "layer": {1: 100.0, 2: 90.0, 4: 40.0},
                 "slowdown": {1: 1.0, 2: 1.25, 4: 2.5}}
-    out = cal.derive_oversubscription(measured)
+    out = osub.derive_oversubscription(measured)
     assert out["matmul"] == pytest.approx({1: 10.0, 2: 8.0, 4: 4.0})
     assert out["layer"] == pytest.approx({1: 100.0, 2: 80.0, 4: 40.0})
     # without a slowdown figure the measured tables stand
-    assert cal.derive_oversubscription({k: v for k, v in measured.items() if k != "slowdown"})["layer"][2] == 90.0
+    assert osub.derive_oversubscription({k: v for k, v in measured.items() if k != "slowdown"})["layer"][2] == 90.0
     # the probe plan is the validation model, data-parallel on n ranks, 4 micro-batches each
-    plan = cal._probe_plan(2)
+    plan = osub._probe_plan(2)
     assert plan.parallel.dp == 2 and plan.model.layers == 4 and plan.num_microbatches == 4
 
 
 def test_anchor_makes_the_executor_one_rank_step_predicted_as_measured(synthetic):
     prof = yaml.safe_load(synthetic.read_text())
-    before = simulate(cal._probe_plan(1), engine="analytic").time_s
+    before = simulate(osub._probe_plan(1), engine="analytic").time_s
     prof["raw"]["executor_one_rank"] = {"forward": 1.5 * before["forward"], "backward": 1.5 * before["backward"]}
     host_unit, peak = prof["efficiency"]["host_overhead_us"], prof["device"]["dense_tflops"]["fp32"]
     dispatch = prof["efficiency"]["dispatch_us"]
-    out = cal.anchor_to_executor(prof, synthetic)
+    out = osub.anchor_to_executor(prof, synthetic)
     assert out["device"]["dense_tflops"]["fp32"] == pytest.approx(peak / 1.5)
     assert out["efficiency"]["dispatch_us"] == pytest.approx(dispatch * 1.5)
     assert out["efficiency"]["executor_anchor"]["ratio"] == pytest.approx(1.5)
     assert out["efficiency"]["host_overhead_us"] == host_unit    # the unit of the parallel host costs stays
-    after = simulate(cal._probe_plan(1), engine="analytic").time_s  # the profile file was rewritten
+    after = simulate(osub._probe_plan(1), engine="analytic").time_s  # the profile file was rewritten
     assert after["forward"] + after["backward"] == pytest.approx(1.5 * (before["forward"] + before["backward"]))
-    cal._scale_compute(out, 1 / 1.5, host_unit=False)                 # what a refresh undoes first
+    osub._scale_compute(out, 1 / 1.5, host_unit=False)                 # what a refresh undoes first
     assert out["device"]["dense_tflops"]["fp32"] == pytest.approx(peak)
     assert out["efficiency"]["dispatch_us"] == pytest.approx(dispatch)
 
@@ -272,7 +277,7 @@ def test_wrapper_host_costs_are_converted_to_the_simulators_per_kernel_unit():
     # slowdown: 1 / (400 layers/s x 28 kernels) = 89 us, so the count shrinks by 50/89
     matmul = [{"precision": "fp32", "m": 64, "k": 64, "n": 64, "flops": 2.0 * 64**3, "seconds": 1.0, "flops_per_s": 1e10}]
     memory = {"copy_bytes_per_s": 1e10, "kernel_overhead_s": 5e-6}
-    coll = [r for op in cal.WIRE_FACTOR for n in (2, 4) for r in _rows(op, n)]
+    coll = [r for op in cprobes.WIRE_FACTOR for n in (2, 4) for r in _rows(op, n)]
     oversub = {"matmul": {1: 1e10, 2: 8e9}, "layer": {1: 500.0, 2: 400.0}}
     host = {"forward_s": 4e-4, "backward_s": 6e-4, "forward_kernels": 12, "backward_kernels": 16,
             "per_kernel_s": 1e-3 / 28}
@@ -281,7 +286,7 @@ def test_wrapper_host_costs_are_converted_to_the_simulators_per_kernel_unit():
                 "optimizer_dtensor_per_tensor_kernels": 4.0}
     prof = cal.build_profile(matmul, memory, coll, oversub, None, torch.device("cpu"), host=host, parallel=parallel)
     ph = prof["efficiency"]["parallel_host"]
-    assert cal.wrapper_kernels(parallel, oversub["layer"]) == {k: ph[k] for k in cal.wrapper_kernels(parallel, oversub["layer"])}
+    assert pprobes.wrapper_kernels(parallel, oversub["layer"]) == {k: ph[k] for k in pprobes.wrapper_kernels(parallel, oversub["layer"])}
     unit = 50e-6 * 400.0 * 28
     assert ph["parallel_unit_factor"] == pytest.approx(unit)
     assert ph["tp"] == pytest.approx({"forward_kernels": 10 * unit, "backward_kernels": 20 * unit})
@@ -290,3 +295,35 @@ def test_wrapper_host_costs_are_converted_to_the_simulators_per_kernel_unit():
     per_kernel_2 = prof["efficiency"]["host_overhead_us"] * 1e-6 * 500.0 / 400.0
     assert ph["tp"]["forward_kernels"] * per_kernel_2 == pytest.approx(10 * 50e-6)
     assert ph["recompute_unit_factor"] == pytest.approx(1e-3 / 28 * 500.0 * 28)
+
+
+def test_latency_bound_collective_fit_is_capped_at_the_copy_bandwidth():
+    # three latency-bound sizes whose times fall with size (noise): the unconstrained
+    # slope is negative and 1/slope would run away; the cap holds beta at the host's copy
+    # bandwidth, marks the fit, and alpha is refitted under the capped slope
+    rows = [{"op": "all_reduce", "ranks": 2, "bytes": b, "seconds": t}
+            for b, t in ((4096, 2.1e-4), (65536, 2.0e-4), (1 << 20, 1.9e-4))]
+    fit = cprobes.fit_alpha_beta(rows, max_bytes_per_s=1e10)["all_reduce"][2]
+    assert fit["bus_bytes_per_s"] == 1e10 and fit["capped_at_copy_bandwidth"]
+    assert 0.0 < fit["alpha_s"] < 2.1e-4
+    # a fit below the cap is left alone and unmarked
+    fit = cprobes.fit_alpha_beta(_rows("all_reduce", 4), max_bytes_per_s=1e10)["all_reduce"][4]
+    assert fit["bus_bytes_per_s"] == pytest.approx(BETA, rel=1e-6) and "capped_at_copy_bandwidth" not in fit
+
+
+def test_busy_rank_figures_in_kernel_units():
+    # 60 relay round trips: each rank computes 1 ms per message, a message's transit costs
+    # 0.1 ms of which the send call 0.02 ms; the stream's receiver waits 0.3 ms beyond the
+    # compute per message; the lone collectives take the slower rank's call. Unit: 10 us.
+    r = pprobes.P2P_PROBE_REPS
+    rows = [{"p2p": (r * 2e-3 + 2 * r * 1e-4, r * 1e-3, r * 2e-5), "stream": (r * 1e-3, r * 1e-3),
+             "lone": {"all_reduce": 1.0e-3, "broadcast": 4e-4}},
+            {"p2p": (0.0, r * 1e-3, r * 2e-5), "stream": (r * 1.3e-3, r * 1e-3),
+             "lone": {"all_reduce": 1.5e-3, "broadcast": 3e-4}}]
+    raw, k = pprobes._p2p_kernels(rows, 1e-5)
+    assert raw["p2p_per_message_s"] == pytest.approx(1e-4) and raw["p2p_send_s"] == pytest.approx(2e-5)
+    assert k == pytest.approx({"p2p_send_kernels": 2.0, "p2p_latency_kernels": 30.0, "p2p_wake_kernels": 8.0,
+                               "lone_all_reduce_kernels": 150.0, "lone_broadcast_kernels": 40.0})
+    # a probe that ran no lone collectives (world > 2) gives the pipeline figures alone
+    k = pprobes._p2p_kernels([{kk: v for kk, v in row.items() if kk != "lone"} for row in rows], 1e-5)[1]
+    assert set(k) == {"p2p_send_kernels", "p2p_latency_kernels", "p2p_wake_kernels"}

@@ -150,3 +150,18 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
         assert [s["step"] for s in second[0]["steps"]] == [2, 3]
         assert first[0]["losses"] + second[0]["losses"] == pytest.approx(whole, rel=1e-6), parallel_
         assert whole[3] < whole[0]
+
+
+def test_dp_sync_wait_is_the_mean_ranks_wait_for_the_last():
+    from executors.measure import dp_sync_wait_s
+    from simcore.trace import Span
+
+    def ar(rank, dur):   # a dp-axis all-reduce span from this rank's launch to the common end
+        return Span(rank, "dp", "all_reduce", "all_reduce dp", 1.0 - dur, dur)
+
+    comp = Span(0, "compute", "backward", "B3", 0.0, 0.9)
+    # rank 1 arrived last (its call took 1 ms, the transfer alone); rank 0 waited 5 ms more
+    assert dp_sync_wait_s([[comp, ar(0, 6e-3)], [ar(1, 1e-3)]]) == pytest.approx(2.5e-3)
+    # four ranks: the mean call 4 ms, the shortest 1 ms
+    assert dp_sync_wait_s([[ar(r, d)] for r, d in enumerate((1e-3, 3e-3, 5e-3, 7e-3))]) == pytest.approx(3e-3)
+    assert dp_sync_wait_s([[comp], [comp]]) == 0.0 and dp_sync_wait_s([[ar(0, 1e-3)]]) == 0.0

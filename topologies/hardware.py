@@ -367,7 +367,8 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
     both from the one-rank rates and the slowdown of the executor's own step with n ranks,
     so peak and host overhead slow alike), and the collective fits give the
     all-reduce bus bandwidth and base latency per group size (the fit's ``base_latency_s``:
-    its alpha less the ring's per-hop latencies, which collectives.py adds back). Figures
+    its alpha less the ring's per-hop latencies, which collectives.py adds back), and the
+    data-parallel sync wait table gives ``dp_sync_wait`` for that many ranks. Figures
     between the measured counts are interpolated in log2(ranks); beyond them the end
     values are used. Catalog nodes are returned unchanged.
     """
@@ -377,6 +378,9 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
     table = {int(k): float(v) for k, v in (eff.get("oversubscription") or {}).items()}
     host = {int(k): float(v) for k, v in (eff.get("host_oversubscription") or {}).items()}
     fits = {int(k): v for k, v in (eff.get("all_reduce_fits") or {}).items()}
+    sync = {int(k): float(v) for k, v in (eff.get("dp_sync_wait_fraction") or {}).items()}
+    if sync:   # a rank count's wait at the gradient sync (none for one rank)
+        eff["dp_sync_wait"] = _interp_log2(sync, ranks_per_node) if ranks_per_node > 1 else 0.0
     gpu = node.gpu
     if table and 1 in table:
         factor = _interp_log2(table, ranks_per_node) / table[1]
