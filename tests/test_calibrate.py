@@ -175,6 +175,22 @@ def test_refit_from_a_run_scales_the_figures_by_measured_over_predicted(syntheti
     assert clamped["refits"][-1]["ratios"]["compute"] == refit.REFIT_CLAMP
 
 
+def test_refit_from_the_command_line(synthetic, tmp_path, capsys):
+    from simcore.cli import main
+
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(yaml.safe_dump(DOC))
+    before = simulate(plan_from_dict(DOC), engine="des").time_s
+    run_json = tmp_path / "run.json"
+    run_json.write_text(json.dumps({"time_s": {"forward": 2 * before["forward"], "backward": 2 * before["backward"]}}))
+    assert main(["calibrate", "--out", str(synthetic), "--from-run", str(run_json), "--plan", str(plan_path)]) == 0
+    assert "compute x2" in capsys.readouterr().out
+    assert yaml.safe_load(synthetic.read_text())["refits"][0]["ratios"]["compute"] == pytest.approx(2.0)
+    # the plan the run executed is required, and said so in one sentence
+    assert main(["calibrate", "--out", str(synthetic), "--from-run", str(run_json)]) == 2
+    assert "needs --plan" in capsys.readouterr().err
+
+
 def test_refit_needs_a_phase_breakdown(synthetic, tmp_path):
     bad = tmp_path / "m.json"
     bad.write_text(json.dumps({"step_time_s": 1.0}))
