@@ -67,6 +67,9 @@ from simcore.trace import atomic_write_text
 #: within about 10% (a noise choice, not hardware).
 REFRESH_WINDOW_S = 0.25
 REFRESH_CYCLES = 3
+#: Message sizes of a quick calibration: the smallest (the latency) and the two largest, which
+#: set the bandwidth (with the three smallest alone the slope was lost in the latency noise).
+QUICK_COLLECTIVE_BYTES = (COLLECTIVE_BYTES[0], *COLLECTIVE_BYTES[-2:])
 
 
 def matmul_curve(rows: list[dict], precision: str, peak: float) -> list[list[float]]:
@@ -263,7 +266,7 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
             groups = tuple(n for n in GROUP_SIZES if n <= torch.cuda.device_count())
         else:
             groups = (2,) if quick else GROUP_SIZES
-        collectives = bench_collectives(backend, groups, COLLECTIVE_BYTES[:3] if quick else COLLECTIVE_BYTES)
+        collectives = bench_collectives(backend, groups, QUICK_COLLECTIVE_BYTES if quick else COLLECTIVE_BYTES)
         bar.update(1)
         parallel = bench_parallel_host(reps=4 if quick else PARALLEL_PROBE_REPS) if backend == "gloo" else None
         bar.update(1)
