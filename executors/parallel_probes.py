@@ -2,8 +2,9 @@
 (fork, gloo) in units of the plain probe layer's per-kernel time of the same launch, so that
 load from other processes falls on plain and wrapped alike: DTensor TP (with and without
 SP), FSDP2 (ZeRO-2/3), the model's ends under each, a ``PipelineStage`` chunk's bookkeeping,
-AdamW over plain and DTensor parameters, and the point-to-point hand-over between busy
-ranks as a pipeline runs it.
+AdamW over plain and DTensor parameters, the point-to-point hand-over between busy ranks as
+a pipeline runs it, and a lone all-reduce and broadcast issued right after compute, as DDP
+and ZeroRedundancyOptimizer issue theirs.
 """
 from __future__ import annotations
 
@@ -204,8 +205,9 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int =
     ``executors.parallel``'s plan) and under FSDP2 (reshard after forward or not), and
     AdamW over plain and DTensor (FSDP2-sharded) parameters. The layer variants run in
     ``rounds`` interleaved rounds (each the median of its steps), so that load from other
-    processes, which comes and goes by the second, falls on plain and wrapped alike; last,
-    the busy-rank point-to-point relay (``_busy_p2p``) between ranks 0 and 1."""
+    processes, which comes and goes by the second, falls on plain and wrapped alike, and so
+    do the model's ends (``_ends_steps``); then the busy-rank point-to-point relay and stream
+    between ranks 0 and 1, and on two ranks a pipeline stage's chunk and the lone collectives."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
