@@ -343,3 +343,36 @@ def test_busy_rank_figures_in_kernel_units():
     # a probe that ran no lone collectives (world > 2) gives the pipeline figures alone
     k = pprobes._p2p_kernels([{kk: v for kk, v in row.items() if kk != "lone"} for row in rows], 1e-5)[1]
     assert set(k) == {"p2p_send_kernels", "p2p_latency_kernels", "p2p_wake_kernels"}
+
+
+def test_host_costs_are_pooled_over_this_hosts_last_calibrations():
+    def prof(tp, chunk, date, host="vm"):
+        return {"measured_on": {"host": host, "torch": "2.13.0+cpu", "device": "cpu", "date": date},
+                "efficiency": {"parallel_host": {"tp": {"forward_kernels": tp, "backward_kernels": 2 * tp},
+                                                 "pipeline_chunk": {"forward_kernels": chunk, "backward_kernels": 1.0},
+                                                 "p2p_send_kernels": 3.0, "source": "probe"}}}
+
+    # a first calibration stands alone
+    first = cal.pool_host_costs(prof(100.0, 1.0, "d1"), None)
+    assert first["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 100.0
+    # the next ones take the median per entry and direction over the history kept so far
+    second = cal.pool_host_costs(prof(60.0, 5.0, "d2"), first)
+    third = cal.pool_host_costs(prof(110.0, 2.0, "d3"), second)
+    ph = third["efficiency"]["parallel_host"]
+    assert ph["tp"] == {"forward_kernels": 100.0, "backward_kernels": 200.0}
+    assert ph["pipeline_chunk"]["forward_kernels"] == 2.0 and ph["pooled_calibrations"] == 3
+    assert ph["p2p_send_kernels"] == 3.0                  # re-measured by every refresh: not pooled
+    assert "median over the last 3" in ph["source"] and ph["source"].count("pooled:") == 1
+    # only the last HOST_COST_HISTORY calibrations count
+    cur = third
+    for i in range(cal.HOST_COST_HISTORY):
+        cur = cal.pool_host_costs(prof(10.0, 1.0, f"e{i}"), cur)
+    assert cur["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 10.0
+    assert len(cur["raw"]["host_cost_history"]) == cal.HOST_COST_HISTORY
+    # a profile from before the history counts with its own figures
+    legacy = prof(80.0, 1.0, "d0")
+    assert cal.pool_host_costs(prof(60.0, 1.0, "d1"), legacy)["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 70.0
+    # another host's (or torch's) history is not mixed in
+    other = cal.pool_host_costs(prof(50.0, 1.0, "f1", host="other"), third)
+    assert other["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 50.0
+    assert len(other["raw"]["host_cost_history"]) == 1
