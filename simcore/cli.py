@@ -592,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("calibrate", help="microbenchmark this host into a hardware profile (node: localhost)")
-    p.add_argument("--out", type=Path, help="profile path (default: the cached profile of this host)")
+    p.add_argument("--out", type=Path, help="profile path (default: the cached profile of this host); a full "
+                   "calibration over an earlier one of this host pools the torch-wrapper host costs of the last five")
     p.add_argument("--quick", action="store_true", help="fewer shapes, sizes and group sizes (about 10 s)")
     p.add_argument("--from-run", type=Path, metavar="MEASURED_JSON",
                    help="refit the profile from a measured run (`trainplan run --json` output)")
