@@ -175,10 +175,7 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             "source": "CPU host: no CUDA context or caching allocator; the executor counts the tensors "
                       "a rank owns (executors/measure.py), which DDP's bucket buffers are not, and the "
                       "tensors its torch model saves for backward (simcore.workload.executor_activation_bytes)"}
-        if oversub.get("layer"):
-            efficiency["host_oversubscription"] = {str(k): v for k, v in _per_rank(oversub["layer"]).items()}
-        if oversub.get("dp_sync_wait"):
-            efficiency["dp_sync_wait_fraction"] = {str(k): v for k, v in _per_rank(oversub["dp_sync_wait"]).items()}
+        _rank_tables(efficiency, oversub)
     return {
         "measured_on": {"host": hostname, "date": date, "torch": str(torch.__version__), "device": str(device),
                         "backend": "gloo" if cpu else "nccl", "cpu_cores": cores,
@@ -210,6 +207,15 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                 "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel,
                 "executor_one_rank": oversub.get("one_rank_step") or {}},
     }
+
+
+def _rank_tables(efficiency: dict, oversub: dict) -> None:
+    """The per-rank-count tables ``topologies.hardware.scale_for_ranks`` reads (string keys):
+    the layer rate per rank (``host_oversubscription``) and the wait for the last rank at
+    DDP's sync (``dp_sync_wait_fraction``), where the oversubscription probe measured them."""
+    for key, name in (("layer", "host_oversubscription"), ("dp_sync_wait", "dp_sync_wait_fraction")):
+        if oversub.get(key):
+            efficiency[name] = {str(k): v for k, v in _per_rank(oversub[key]).items()}
 
 
 def _host_overhead_s(host: dict, oversub: dict) -> float:
@@ -305,15 +311,17 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
         return profile
     keys = sorted(k for k, v in ph.items() if isinstance(v, dict) and "forward_kernels" in v)
     me = profile["measured_on"]
-    entry = {"date": me["date"], **{k: [ph[k]["forward_kernels"], ph[k]["backward_kernels"]] for k in keys}}
+
+    def entry(date, costs: dict) -> dict:
+        return {"date": date, **{k: [costs[k]["forward_kernels"], costs[k]["backward_kernels"]] for k in keys}}
+
     history = []
     if previous and all((previous.get("measured_on") or {}).get(f) == me[f] for f in ("host", "torch", "device")):
         history = list((previous.get("raw") or {}).get("host_cost_history") or [])
         old = (previous.get("efficiency") or {}).get("parallel_host") or {}
         if not history and all(k in old for k in keys):   # a profile from before the history: its own figures
-            history = [{"date": previous["measured_on"].get("date"),
-                        **{k: [old[k]["forward_kernels"], old[k]["backward_kernels"]] for k in keys}}]
-    history = (history + [entry])[-keep:]
+            history = [entry(previous["measured_on"].get("date"), old)]
+    history = (history + [entry(me["date"], ph)])[-keep:]
     for k in keys:
         rows = [h[k] for h in history if k in h]
         ph[k] = {"forward_kernels": statistics.median(r[0] for r in rows),
@@ -346,9 +354,7 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     host = (profile.get("raw") or {}).get("host_overhead")
     if host:
         eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
-    eff["host_oversubscription"] = {str(k): v for k, v in _per_rank(oversub["layer"]).items()}
-    if oversub.get("dp_sync_wait"):   # the ranks' spread moves with the load too
-        eff["dp_sync_wait_fraction"] = {str(k): v for k, v in _per_rank(oversub["dp_sync_wait"]).items()}
+    _rank_tables(eff, oversub)   # the per-rank layer rate and the ranks' spread move with the load
     if eff.get("parallel_host"):   # the pipeline hand-over between busy ranks moves with the load
         eff["parallel_host"].update(bench_p2p())
     old_one = (profile["oversubscription"].get("matmul_flops_per_s_per_rank") or {}).get(1)

@@ -266,7 +266,7 @@ def _round_kernels(rows: list[dict], name: str, kf: int, kb: int, base: str = "p
     return max(0.0, statistics.median(fwd)), max(0.0, statistics.median(bwd))
 
 
-def _p2p_kernels(rows: list[dict], per_kernel: float) -> tuple[dict, dict]:
+def _busy_rank_kernels(rows: list[dict], per_kernel: float) -> tuple[dict, dict]:
     """(raw seconds, kernel-unit figures) of the relay and stream probes of ranks 0 and 1,
     and of the lone collectives where they ran."""
     (wall, c0, s0), (_, c1, s1) = rows[0]["p2p"], rows[1]["p2p"]
@@ -305,7 +305,7 @@ def bench_p2p(reps: int = 10) -> dict:
     rows = spawn(_p2p_probe_rank, 2, (reps,), timeout_s=120, start_method="fork")
     kf, kb = probe_kernels(probe_spec())
     per_kernel = statistics.mean(sum(r["plain"]) for r in rows) / (kf + kb)
-    return _p2p_kernels(rows, per_kernel)[1]
+    return _busy_rank_kernels(rows, per_kernel)[1]
 
 
 def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:
@@ -333,7 +333,7 @@ def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds:
         out[name] = {"forward_kernels": f, "backward_kernels": b}
     out["optimizer_per_tensor_kernels"] = avg["opt_plain"] / per_kernel
     out["optimizer_dtensor_per_tensor_kernels"] = avg["opt_dtensor"] / per_kernel
-    raw, kernels = _p2p_kernels(rows, per_kernel)
+    raw, kernels = _busy_rank_kernels(rows, per_kernel)
     out["raw"].update(raw)
     out.update(kernels)
     if "pipeline_chunk" in avg:   # a stage's chunk over the plain layer, both ranks averaged

@@ -297,19 +297,20 @@ def step_costs(plan: Plan) -> StepCosts:
                                _optimizer_costs(plan, dev, params[r], tensors), tensors)
         rank_costs.append(per_params[key])
     mbs = plan.num_microbatches
+    ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1
     for v in range(nv):
         d, (o, c), _ = rank_costs[v % par.pp]
         share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
         fsdp_rs = mbs * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
         wait = 0.0
-        if dev.dp_sync_wait > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1:
+        if ddp and dev.dp_sync_wait > 0:
             # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
             # a fraction of the rest of the step (the rank's work between syncs)
             busy = mbs * (fwd[v] + bin_[v] + bwt[v] + rec[v] + fcomm[v] + bcomm[v]) + o * share
             wait = dev.dp_sync_wait * busy
         grad.append((d["grad"] + d["compress"]) * share + fsdp_rs + wait)
         bcast = 0.0
-        if host_terms and par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1:
+        if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
             # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
             bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
         sync.append(d["sync"] * share + bcast)

@@ -336,12 +336,12 @@ def test_busy_rank_figures_in_kernel_units():
              "lone": {"all_reduce": 1.0e-3, "broadcast": 4e-4}},
             {"p2p": (0.0, r * 1e-3, r * 2e-5), "stream": (r * 1.3e-3, r * 1e-3),
              "lone": {"all_reduce": 1.5e-3, "broadcast": 3e-4}}]
-    raw, k = pprobes._p2p_kernels(rows, 1e-5)
+    raw, k = pprobes._busy_rank_kernels(rows, 1e-5)
     assert raw["p2p_per_message_s"] == pytest.approx(1e-4) and raw["p2p_send_s"] == pytest.approx(2e-5)
     assert k == pytest.approx({"p2p_send_kernels": 2.0, "p2p_latency_kernels": 30.0, "p2p_wake_kernels": 8.0,
                                "lone_all_reduce_kernels": 150.0, "lone_broadcast_kernels": 40.0})
     # a probe that ran no lone collectives (world > 2) gives the pipeline figures alone
-    k = pprobes._p2p_kernels([{kk: v for kk, v in row.items() if kk != "lone"} for row in rows], 1e-5)[1]
+    k = pprobes._busy_rank_kernels([{kk: v for kk, v in row.items() if kk != "lone"} for row in rows], 1e-5)[1]
     assert set(k) == {"p2p_send_kernels", "p2p_latency_kernels", "p2p_wake_kernels"}
 
 
