@@ -53,7 +53,8 @@ import yaml
 from executors.collective_probes import (COLLECTIVE_BYTES, GROUP_SIZES, bench_collectives, fit_alpha_beta,
                                          split_ring_latency)
 from executors.oversubscription import _per_rank, _scale_compute, anchor_to_executor, bench_oversubscription
-from executors.parallel_probes import PARALLEL_PROBE_REPS, bench_p2p, bench_parallel_host, wrapper_kernels
+from executors.parallel_probes import (PARALLEL_PROBE_METHOD, PARALLEL_PROBE_REPS, bench_p2p, bench_parallel_host,
+                                       wrapper_kernels)
 from executors.probes import (GIB, LAYER_GEMM_HIDDEN, MATMUL_SIZES, PROBE_LAYER, _dispatch_s, bench_host_device,
                               bench_host_overhead, bench_layer_gemms, bench_matmul, bench_memory, bench_optimizer,
                               probe_kernels, probe_spec, recompute_kernels)
@@ -145,6 +146,7 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
         layer = oversub.get("layer") or {}
         one = host["per_kernel_s"] * layer[1] * sum(probe_kernels(probe_spec())) if host and 1 in layer else 1.0
         efficiency["parallel_host"] = {
+            "probe_method": PARALLEL_PROBE_METHOD,
             **wrapper_kernels(parallel, layer),
             "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
             "p2p_latency_kernels": parallel.get("p2p_latency_kernels", 0.0),
@@ -156,9 +158,11 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             "recompute_unit_factor": one,
             "source": f"{source}; probe layer on {parallel['ranks']} ranks at once, plain vs DTensor TP "
                       "(executors.parallel's plan, with and without SP) vs FSDP2, in units of the plain "
-                      "layer's per-kernel time, median of interleaved rounds; *_embed / *_head / *_root: "
-                      "the model's ends (no layers) under TP, and under FSDP2 as the root group, over "
-                      "the same ends plain, per micro-batch; AdamW per plain / DTensor "
+                      "layer's per-kernel time, median of interleaved rounds: the probe model wrapped as the "
+                      "executor wraps it, over the same model plain, at 2 and 6 layers, the slope per layer and "
+                      "the intercept for the ends (*_root: FSDP2's root group; TP's *_embed / *_head: split "
+                      "in the ratio of the embedding's and head's costs timed alone), per micro-batch; "
+                      "AdamW per plain / DTensor "
                       "tensor; broadcast: its 2-rank alpha; p2p: a two-rank relay of the probe layer, its cost per message less the send call (wake), the sender's blocking send call; "
                       "latency: two busy ranks streaming unwaited sends, the receiver's period less the "
                       "slower rank's compute (delivery by gloo's thread while both ranks compute); lone_*: a "
@@ -304,23 +308,27 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
     ``keep`` full calibrations of the same host and torch: each is measured in one ~10 s
     probe while the host's state drifts over minutes, so the figures in use are the median
     per entry over this calibration and those kept in ``previous`` (the profile being
-    replaced) under ``raw.host_cost_history``. The counts are in units of each calibration's
-    own per-kernel time, which the refresh rescales to the current speed."""
+    replaced) under ``raw.host_cost_history``; those measured by another probe method
+    (``parallel_host.probe_method``) are dropped. The counts are in units of each
+    calibration's own per-kernel time, which the refresh rescales to the current speed."""
     ph = (profile.get("efficiency") or {}).get("parallel_host")
     if not ph:
         return profile
     keys = sorted(k for k, v in ph.items() if isinstance(v, dict) and "forward_kernels" in v)
     me = profile["measured_on"]
 
+    method = ph.get("probe_method")
+
     def entry(date, costs: dict) -> dict:
-        return {"date": date, **{k: [costs[k]["forward_kernels"], costs[k]["backward_kernels"]] for k in keys}}
+        return {"date": date, "method": method,
+                **{k: [costs[k]["forward_kernels"], costs[k]["backward_kernels"]] for k in keys}}
 
     history = []
     if previous and all((previous.get("measured_on") or {}).get(f) == me[f] for f in ("host", "torch", "device")):
-        history = list((previous.get("raw") or {}).get("host_cost_history") or [])
+        history = [h for h in (previous.get("raw") or {}).get("host_cost_history") or [] if h.get("method") == method]
         old = (previous.get("efficiency") or {}).get("parallel_host") or {}
-        if not history and all(k in old for k in keys):   # a profile from before the history: its own figures
-            history = [entry(previous["measured_on"].get("date"), old)]
+        if not history and old.get("probe_method") == method and all(k in old for k in keys):
+            history = [entry(previous["measured_on"].get("date"), old)]   # a profile from before the history
     history = (history + [entry(me["date"], ph)])[-keep:]
     for k in keys:
         rows = [h[k] for h in history if k in h]

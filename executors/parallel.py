@@ -193,10 +193,7 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
         return model
     if par.zero >= ZeroStage.GRADIENTS:
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
-        reshard = par.zero == ZeroStage.WEIGHTS
-        for block in model.layers.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload)
-        return fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload)
+        return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload)
     if par.tp > 1:  # DDP cannot hold DTensor parameters; torch's FSDP2-based replicate can
         return replicate(model, mesh=dp_mesh)
     ddp = nn.parallel.DistributedDataParallel(
@@ -204,6 +201,16 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
         process_group=dp_mesh.get_group(), find_unused_parameters=plan.model.moe)
     _register_comm_hook(ddp, plan.training.grad_compression, dp_mesh.get_group())
     return ddp
+
+
+def apply_fsdp2(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: bool,
+                offload: OffloadPolicy | None = None) -> Transformer:
+    """FSDP2 as torchtitan applies it: one group per block, the rest (embedding, final norm,
+    output) in the root group."""
+    offload = offload or OffloadPolicy()
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+    return fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
 
 
 def _register_comm_hook(ddp, compression: GradCompression, group) -> None:

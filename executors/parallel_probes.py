@@ -14,8 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from executors.probes import (_layer_step, _median_step, _optimizer_per_tensor_s, _wrapped_layer_step, probe_kernels,
-                              probe_spec)
+from executors.probes import _layer_step, _median_step, _optimizer_per_tensor_s, probe_kernels, probe_spec
 
 
 #: Layer steps per probe variant of the parallel probe (median kept; a modelling choice).
@@ -23,6 +22,19 @@ PARALLEL_PROBE_REPS = 20
 #: Interleaved rounds of the parallel probe's layer variants (median of the per-round ratios;
 #: with 5 the TP figure moved 95-174 kernels between calibrations on the shared 2-core host).
 PARALLEL_PROBE_ROUNDS = 9
+#: The wrappers the parallel probe times on whole models (``_wrapped_model_steps``).
+WRAPPER_MODES = ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")
+#: Depths of the wrapped probe models: the extra cost over the plain model at two depths
+#: gives the cost per layer (the slope) and the ends' (the intercept). Timing one wrapped
+#: block alone read FSDP2's cost per layer 30% under a block's inside a sharded model
+#: (the block alone is its own root group; bench/RESULTS.md). 2 and 6 bracket the local
+#: matrix's 4 layers without being it (a modelling choice).
+WRAPPER_FIT_LAYERS = (2, 6)
+#: The wrappers' entries for the model's ends (``parallel_host_kernels``).
+WRAPPER_ENDS = ("tp_embed", "tp_head", "tp_sp_embed", "tp_sp_head", "fsdp_zero2_root", "fsdp_zero3_root")
+#: Version of the parallel probe's method, kept with the pooled host costs: calibrations
+#: that measured the wrappers another way are not pooled with this one.
+PARALLEL_PROBE_METHOD = 2
 #: Round trips of the busy-rank point-to-point relay (``_busy_p2p``).
 P2P_PROBE_REPS = 60
 #: Calls of each lone collective (``_lone_collectives``) and their size: one latency-bound
@@ -143,97 +155,86 @@ def _pipeline_chunk(rank: int, world: int, device, spec, reps: int) -> tuple[flo
     return statistics.median(times["f"]), statistics.median(times["b"])
 
 
-def _ends_steps(spec, mesh, device) -> dict:
-    """Step closures of the probe model's ends (``executors.model.Transformer`` with no
-    layers), plain and wrapped as ``executors.parallel`` wraps a whole model: the embedding
-    alone and the head alone (final norm, output projection and loss) under DTensor TP, with
-    and without SP (each end holds its own TP collectives), and both ends together as FSDP2's
-    root group (``fully_shard`` of the model, one gather and reduce-scatter for all of them).
-    Keys: embed, head, tp_embed, tp_head, tp_sp_embed, tp_sp_head, ends, fsdp_zero2_root,
-    fsdp_zero3_root."""
-    from torch.distributed.fsdp import fully_shard
+def _model_step(m, x, labels=None):
+    """(fwd_s, bwd_s) closure of one micro-batch through a probe model or one of its ends:
+    the loss on ``labels`` where it ends in the output projection, else the output's sum."""
+    from executors.model import loss_fn
 
-    from executors.model import Transformer, loss_fn
-    from executors.parallel import apply_tp
+    def run() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        y = m(x)
+        loss = loss_fn(y, labels) if labels is not None else y.sum()
+        t1 = time.perf_counter()
+        loss.backward()
+        return t1 - t0, time.perf_counter() - t1
+    return run
 
-    s, h, world = spec.seq_len, spec.hidden, mesh.size()
-    ends = probe_spec(layers=0)
+
+def _wrapped_model_steps(spec, mesh, device) -> tuple[dict, list]:
+    """Step closures of the probe model at each depth of ``WRAPPER_FIT_LAYERS``, plain
+    (``model{L}``) and wrapped as ``executors.parallel`` wraps a whole model (``{mode}{L}``:
+    DTensor TP with and without SP; FSDP2 with a group per block and the root group,
+    resharding after forward or not), and the model's ends (no layers), by which TP's ends
+    are split between the embedding and the head: the embedding alone and the head alone
+    (final norm, output projection and loss), plain and under TP with and without SP. Also
+    the FSDP2-sharded (DTensor) parameters of one block, for the optimizer probe."""
+    from executors.model import Transformer
+    from executors.parallel import apply_fsdp2, apply_tp
+
+    s, world = spec.seq_len, mesh.size()
     tokens = torch.randint(0, spec.vocab, (1, s), device=device)
     labels = torch.randint(0, spec.vocab, (1, s), device=device)
+    wraps = {"tp": lambda m: apply_tp(m, mesh, False), "tp_sp": lambda m: apply_tp(m, mesh, True),
+             "fsdp_zero2": lambda m: apply_fsdp2(m, mesh, False), "fsdp_zero3": lambda m: apply_fsdp2(m, mesh, True)}
 
-    def model(part: str, wrap=None):
-        m = Transformer(ends).to(device)
-        if part == "embed":
+    def model(layers: int, wrap=None, end: str = ""):
+        m = Transformer(probe_spec(layers=layers)).to(device)
+        if end == "embed":
             m.norm = m.output = None
-        elif part == "head":
+        elif end == "head":
             m.embed = None
         if wrap:
             wrap(m)
         return m
 
-    def step(m, x, head: bool):
-        def run() -> tuple[float, float]:
-            t0 = time.perf_counter()
-            y = m(x)
-            loss = loss_fn(y, labels) if head else y.sum()
-            t1 = time.perf_counter()
-            loss.backward()
-            return t1 - t0, time.perf_counter() - t1
-        return run
+    steps = {}
+    for n in WRAPPER_FIT_LAYERS:
+        steps[f"model{n}"] = _model_step(model(n), tokens, labels)
+        for mode in WRAPPER_MODES:
+            steps[f"{mode}{n}"] = _model_step(model(n, wraps[mode]), tokens, labels)
+    sharded = model(1, wraps["fsdp_zero3"])
+    steps["embed"] = _model_step(model(0, end="embed"), tokens)
 
-    def hidden(sharded: bool):
-        return torch.randn(1, s // world if sharded else s, h, device=device, requires_grad=True)
+    def hidden(t: int):   # the last layer's output, whose gradient the head's backward computes
+        return torch.randn(1, t, spec.hidden, device=device, requires_grad=True)   # (B, T, H)
 
-    out = {"embed": step(model("embed"), tokens, False), "head": step(model("head"), hidden(False), True),
-           "ends": step(model("ends"), tokens, True)}
-    for name, sp in (("tp", False), ("tp_sp", True)):
-        out[f"{name}_embed"] = step(model("embed", lambda m: apply_tp(m, mesh, sp)), tokens, False)
-        out[f"{name}_head"] = step(model("head", lambda m: apply_tp(m, mesh, sp)), hidden(sp), True)
-    for name, reshard in (("fsdp_zero2_root", False), ("fsdp_zero3_root", True)):
-        out[name] = step(model("ends", lambda m: fully_shard(m, mesh=mesh, reshard_after_forward=reshard)),
-                         tokens, True)
-    return out
-
-
-#: Wrapped end of the probe model -> its plain counterpart (``_ends_steps``).
-ENDS_BASE = {"tp_embed": "embed", "tp_head": "head", "tp_sp_embed": "embed", "tp_sp_head": "head",
-             "fsdp_zero2_root": "ends", "fsdp_zero3_root": "ends"}
+    steps["head"] = _model_step(model(0, end="head"), hidden(s), labels)
+    for mode in ("tp", "tp_sp"):
+        steps[f"{mode}_embed"] = _model_step(model(0, wraps[mode], "embed"), tokens)
+        steps[f"{mode}_head"] = _model_step(model(0, wraps[mode], "head"), hidden(s // world if mode == "tp_sp" else s),
+                                            labels)
+    return steps, list(sharded.layers["0"].parameters())
 
 
 def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:
-    """Both ranks at once: the probe layer plain, under DTensor TP (with and without SP,
-    ``executors.parallel``'s plan) and under FSDP2 (reshard after forward or not), and
-    AdamW over plain and DTensor (FSDP2-sharded) parameters. The layer variants run in
-    ``rounds`` interleaved rounds (each the median of its steps), so that load from other
-    processes, which comes and goes by the second, falls on plain and wrapped alike, and so
-    do the model's ends (``_ends_steps``); then the busy-rank point-to-point relay and stream
-    between ranks 0 and 1, and on two ranks a pipeline stage's chunk and the lone collectives."""
+    """Both ranks at once: the plain probe layer (the kernel unit) and the probe model at two
+    depths plain and under DTensor TP (with and without SP, ``executors.parallel``'s plan)
+    and FSDP2 (reshard after forward or not), with the model's ends for TP's split
+    (``_wrapped_model_steps``), in ``rounds`` interleaved rounds (each the median of its
+    steps), so that load from other processes, which comes and goes by the second, falls on
+    plain and wrapped alike; AdamW over plain and DTensor (FSDP2-sharded) parameters; then
+    the busy-rank point-to-point relay and stream between ranks 0 and 1, and on two ranks a
+    pipeline stage's chunk and the lone collectives."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import parallelize_module
 
     from executors.model import Block
-    from executors.parallel import _block_tp_plan
 
     torch.manual_seed(0)
     spec = probe_spec()
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("x",))
-    s, h = spec.seq_len, spec.hidden
     steps = {"plain": _layer_step(spec, device)}
-    for name, sp in (("tp", False), ("tp_sp", True)):
-        block = Block(spec).to(device)
-        parallelize_module(block, mesh, _block_tp_plan(block, sp))
-        x = torch.randn(1, s // world if sp else s, h, device=device, requires_grad=True)  # (B, T[/t], H)
-        steps[name] = _wrapped_layer_step(block, x)
-    dtensor_params = []
-    for name, reshard in (("fsdp_zero2", False), ("fsdp_zero3", True)):
-        block = Block(spec).to(device)
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-        x = torch.randn(1, s, h, device=device, requires_grad=True)
-        steps[name] = _wrapped_layer_step(block, x)
-        if reshard:
-            dtensor_params = list(block.parameters())
-    steps.update(_ends_steps(spec, mesh, device))
+    wrapped, dtensor_params = _wrapped_model_steps(spec, mesh, device)
+    steps.update(wrapped)
     per_round = max(2, reps // rounds)
     out: dict = {"rounds": [{k: _median_step(st, per_round, warmup=3 if r == 0 else 1) for k, st in steps.items()}
                             for r in range(rounds)]}
@@ -250,20 +251,59 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int =
     return out
 
 
-def _round_kernels(rows: list[dict], name: str, kf: int, kb: int, base: str = "plain") -> tuple[float, float]:
-    """Median over the interleaved rounds of (forward, backward) extra kernels of ``name``
-    over ``base`` (its unwrapped counterpart), each round in units of its own plain layer's
-    per-kernel time (ranks averaged)."""
-    fwd, bwd = [], []
+def _round_extras(rows: list[dict], name: str, kf: int, kb: int, base: str = "plain") -> list[tuple[float, float]]:
+    """Per interleaved round, the (forward, backward) extra kernels of ``name`` over ``base``
+    (its unwrapped counterpart), in units of that round's plain layer's per-kernel time
+    (ranks averaged)."""
+    out = []
     for i in range(len(rows[0]["rounds"])):
         rds = [r["rounds"][i] for r in rows]
-        plain = [statistics.mean(rd["plain"][j] for rd in rds) for j in range(2)]
-        ref = [statistics.mean(rd[base][j] for rd in rds) for j in range(2)]
-        var = [statistics.mean(rd[name][j] for rd in rds) for j in range(2)]
+        plain, ref, var = ([statistics.mean(rd[k][j] for rd in rds) for j in range(2)] for k in ("plain", base, name))
         per_kernel = sum(plain) / (kf + kb)
-        fwd.append((var[0] - ref[0]) / per_kernel)
-        bwd.append((var[1] - ref[1]) / per_kernel)
-    return max(0.0, statistics.median(fwd)), max(0.0, statistics.median(bwd))
+        out.append(((var[0] - ref[0]) / per_kernel, (var[1] - ref[1]) / per_kernel))
+    return out
+
+
+def _median_kernels(per_round: list[tuple[float, float]]) -> tuple[float, float]:
+    """The median over rounds of (forward, backward) kernels, a negative one (noise) as zero."""
+    return tuple(max(0.0, statistics.median(x[j] for x in per_round)) for j in range(2))
+
+
+def _round_kernels(rows: list[dict], name: str, kf: int, kb: int, base: str = "plain") -> tuple[float, float]:
+    """Median over the interleaved rounds of (forward, backward) extra kernels of ``name``
+    over ``base`` (``_round_extras``)."""
+    return _median_kernels(_round_extras(rows, name, kf, kb, base))
+
+
+def _depth_fit(rows: list[dict], mode: str, kf: int, kb: int,
+               depths: tuple[int, int] = WRAPPER_FIT_LAYERS) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((forward, backward) kernels per layer, the same for the ends) of wrapper ``mode``:
+    per round, its extra cost over the plain model at two depths, a line through them (the
+    slope per layer, the intercept for the ends); the median over rounds of each."""
+    lo, hi = depths
+    at = [_round_extras(rows, f"{mode}{n}", kf, kb, f"model{n}") for n in depths]
+    slope = [tuple((h[j] - l[j]) / (hi - lo) for j in range(2)) for l, h in zip(*at)]
+    ends = [tuple(l[j] - lo * k[j] for j in range(2)) for l, k in zip(at[0], slope)]
+    return _median_kernels(slope), _median_kernels(ends)
+
+
+def parallel_host_kernels(rows: list[dict], kf: int, kb: int) -> dict:
+    """Per wrapper of ``WRAPPER_MODES`` its kernels per layer (``_depth_fit``) and its ends':
+    FSDP2's root group (``fsdp_zero2/3_root``), TP's embedding and head (``tp[_sp]_embed``,
+    ``tp[_sp]_head``: the fitted ends split in the ratio of the embedding's and the head's
+    own extra costs, each timed alone over its plain counterpart)."""
+    out = {}
+    for mode in WRAPPER_MODES:
+        layer, ends = _depth_fit(rows, mode, kf, kb)
+        out[mode] = {"forward_kernels": layer[0], "backward_kernels": layer[1]}
+        if mode.startswith("fsdp"):
+            out[f"{mode}_root"] = {"forward_kernels": ends[0], "backward_kernels": ends[1]}
+            continue
+        embed, head = (_round_kernels(rows, f"{mode}_{e}", kf, kb, e) for e in ("embed", "head"))
+        share = [embed[j] / (embed[j] + head[j]) if embed[j] + head[j] > 0 else 0.5 for j in range(2)]
+        out[f"{mode}_embed"] = {"forward_kernels": ends[0] * share[0], "backward_kernels": ends[1] * share[1]}
+        out[f"{mode}_head"] = {"forward_kernels": ends[0] * (1 - share[0]), "backward_kernels": ends[1] * (1 - share[1])}
+    return out
 
 
 def _busy_rank_kernels(rows: list[dict], per_kernel: float) -> tuple[dict, dict]:
@@ -311,13 +351,13 @@ def bench_p2p(reps: int = 10) -> dict:
 def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:
     """The torch-parallel host cost on ``world`` ranks (fork, gloo), in units of the plain
     probe layer's per-kernel cost measured in the same launch (so that load from other
-    processes cancels): extra kernels per layer forward and backward for DTensor TP, TP+SP,
-    FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included; the median over
-    interleaved rounds), the same for the model's ends (``_ends_steps``: TP's embedding and
-    head, FSDP2's root group, each over its plain counterpart; on the 4-layer validation
-    model they add 12-22% to the layers' wrapper cost), AdamW's cost per parameter tensor, plain and DTensor, and the
-    point-to-point latency between busy ranks (the relay's wall time less both ranks'
-    compute, per message). Ranks' medians are averaged."""
+    processes cancels): extra kernels per layer forward and backward for DTensor TP, TP+SP
+    and FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included) and for the
+    model's ends under each (TP's embedding and head, FSDP2's root group), from the probe
+    model wrapped as the executor wraps it at two depths (``parallel_host_kernels``; the
+    median over interleaved rounds); AdamW's cost per parameter tensor, plain and DTensor;
+    the point-to-point figures between busy ranks; a pipeline stage's chunk; the lone
+    collectives. Ranks' medians are averaged."""
     from executors.launch import spawn
 
     rows = spawn(_parallel_probe_rank, world, (reps, rounds), timeout_s=240, start_method="fork")
@@ -328,9 +368,7 @@ def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds:
     per_kernel = sum(avg["plain"]) / (kf + kb)
     out = {"ranks": world, "per_kernel_s": per_kernel, "raw": {k: list(v) if isinstance(v, tuple) else v
                                                                 for k, v in avg.items()}}
-    for name, base in (*((n, "plain") for n in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")), *ENDS_BASE.items()):
-        f, b = _round_kernels(rows, name, kf, kb, base)
-        out[name] = {"forward_kernels": f, "backward_kernels": b}
+    out.update(parallel_host_kernels(rows, kf, kb))
     out["optimizer_per_tensor_kernels"] = avg["opt_plain"] / per_kernel
     out["optimizer_dtensor_per_tensor_kernels"] = avg["opt_dtensor"] / per_kernel
     raw, kernels = _busy_rank_kernels(rows, per_kernel)
@@ -352,7 +390,7 @@ def wrapper_kernels(parallel: dict, layer: dict) -> dict:
     n = parallel["ranks"]
     unit = parallel["per_kernel_s"] * layer[n] * kernels if n in layer else 1.0
     out = {k: {name: v * unit for name, v in parallel[k].items()}
-           for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3", "pipeline_chunk", *ENDS_BASE) if k in parallel}
+           for k in (*WRAPPER_MODES, *WRAPPER_ENDS, "pipeline_chunk") if k in parallel}
     out["optimizer_per_tensor_kernels"] = parallel["optimizer_per_tensor_kernels"] * unit
     out["optimizer_dtensor_per_tensor_kernels"] = parallel["optimizer_dtensor_per_tensor_kernels"] * unit
     out["parallel_unit_factor"] = unit

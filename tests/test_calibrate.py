@@ -254,6 +254,36 @@ def test_parallel_probe_kernels_are_the_median_of_per_round_ratios():
     assert f == pytest.approx(2.0) and b == pytest.approx(0.5)
 
 
+def test_wrapper_costs_are_a_line_through_two_model_depths():
+    # per round, the plain layer runs (4i, 6i) ms: i ms per kernel. The plain model at depth
+    # L runs L x the layer plus (1, 1) ms of ends; wrapped, each layer costs (5, 8) kernels
+    # more and the ends (3, 4) more, FSDP2's root group or TP's embedding and head together.
+    # TP's embedding alone costs (1, 3) kernels over plain and its head (3, 1): the fitted
+    # ends split in that ratio
+    lo, hi = pprobes.WRAPPER_FIT_LAYERS
+
+    def rnd(i):
+        ms = lambda f, b: (1e-3 * i * f, 1e-3 * i * b)
+        row = {"plain": ms(4, 6), "embed": ms(1, 1), "head": ms(1, 1)}
+        for n in (lo, hi):
+            row[f"model{n}"] = ms(4 * n + 1, 6 * n + 1)
+            for mode in pprobes.WRAPPER_MODES:
+                row[f"{mode}{n}"] = ms(9 * n + 4, 14 * n + 5)
+        for mode in ("tp", "tp_sp"):
+            row[f"{mode}_embed"], row[f"{mode}_head"] = ms(2, 4), ms(4, 2)
+        return row
+
+    rows = [{"rounds": [rnd(i) for i in (1, 2, 3)]}] * 2
+    out = pprobes.parallel_host_kernels(rows, 4, 6)
+    for mode in pprobes.WRAPPER_MODES:
+        assert out[mode] == pytest.approx({"forward_kernels": 5.0, "backward_kernels": 8.0})
+    for zero in (2, 3):
+        assert out[f"fsdp_zero{zero}_root"] == pytest.approx({"forward_kernels": 3.0, "backward_kernels": 4.0})
+    assert out["tp_embed"] == pytest.approx({"forward_kernels": 0.75, "backward_kernels": 3.0})
+    assert out["tp_head"] == pytest.approx({"forward_kernels": 2.25, "backward_kernels": 1.0})
+    assert set(out) == {*pprobes.WRAPPER_MODES, *pprobes.WRAPPER_ENDS}
+
+
 def test_oversubscription_tables_carry_the_executor_slowdown():
     # one-rank rates stand; with n ranks each is the one-rank rate over the step's slowdown,
     # whatever the lone GEMM or layer read with n ranks (here they slowed less: 9/10, 90/100)
@@ -376,3 +406,10 @@ def test_host_costs_are_pooled_over_this_hosts_last_calibrations():
     other = cal.pool_host_costs(prof(50.0, 1.0, "f1", host="other"), third)
     assert other["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 50.0
     assert len(other["raw"]["host_cost_history"]) == 1
+    # nor a history measured by another probe method, nor a legacy profile of one
+    newer = prof(40.0, 1.0, "g1")
+    newer["efficiency"]["parallel_host"]["probe_method"] = pprobes.PARALLEL_PROBE_METHOD
+    pooled = cal.pool_host_costs(newer, third)
+    assert pooled["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 40.0
+    assert pooled["raw"]["host_cost_history"][-1]["method"] == pprobes.PARALLEL_PROBE_METHOD
+    assert cal.pool_host_costs(prof(40.0, 1.0, "g2"), legacy)["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 60.0
