@@ -212,7 +212,7 @@ def cmd_import(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from simcore.interop import export_plan
+    from simcore.exporters import export_plan
 
     print(export_plan(load_plan(args.plan), args.to), end="")
 
@@ -502,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int)
     p.set_defaults(func=cmd_import)
 
-    from simcore.interop import TARGETS
+    from simcore.exporters import TARGETS
 
     p = sub.add_parser("export", help="the Plan as a Megatron command line, ds_config, torchtitan TOML or sbatch script")
     p.add_argument("plan", type=Path)

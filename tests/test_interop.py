@@ -1,4 +1,4 @@
-"""Import from and export to the training stacks (simcore/interop.py).
+"""Import from and export to the training stacks (simcore/interop.py, readers.py, exporters.py).
 
 Golden files live in tests/golden/<plan>.<target>; regenerate them after a deliberate
 change with TRAINPLAN_UPDATE_GOLDEN=1 (and read the diff).
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from simcore import interop
-from simcore.interop import (export_plan, hf_config_from_model, import_plan, load_tool_options,
-                             read_megatron)
+from simcore import readers
+from simcore.exporters import export_plan, hf_config_from_model
+from simcore.interop import import_plan
+from simcore.readers import load_tool_options, read_megatron
 from simcore.spec import Offload, PlanError, Precision, Schedule, ZeroStage, load_plan, plan_from_dict, plan_to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +67,7 @@ def _export_or_refusal(plan, target):
 def _megatron_script_options(text: str) -> tuple[list, list, list]:
     """(sbatch options, launcher options, pretrain_gpt.py options) of an exported script."""
     sbatch = [ln.split()[1].split("=")[0] for ln in text.splitlines() if ln.startswith("#SBATCH")]
-    line = next(ln for ln in interop._logical_lines(text) if "pretrain_gpt.py" in ln)
+    line = next(ln for ln in readers._logical_lines(text) if "pretrain_gpt.py" in ln)
     tokens = shlex.split(line)
     cut = tokens.index("pretrain_gpt.py")
     launch = [t for t in tokens[:cut] if t.startswith("--")]
@@ -82,7 +83,7 @@ def undefined_options(text: str, target: str) -> list[str]:
         bad += [o for o in launch if o not in known["torchrun"]["options"]]
         return bad + [o for o in sbatch if o not in known["sbatch"]["options"]]
     if target == "deepspeed":
-        cfg = json.loads(interop._strip_comments(text))
+        cfg = json.loads(readers._strip_comments(text))
         ds = known["deepspeed"]
         bad = [k for k in cfg if k not in ds["top"]]
         bad += [f"zero_optimization.{k}" for k in cfg.get("zero_optimization", {}) if k not in ds["zero_optimization"]]
