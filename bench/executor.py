@@ -73,7 +73,9 @@ def ddp_step_s(plan, steps, warmup) -> float:
 def executor_step_s(plan, steps, warmup, instrument: bool) -> float:
     opts = launch.RunOptions(steps=steps, warmup=warmup, instrument=instrument)
     records = launch.launch_ranks(plan, opts, "fork")
-    per_step = [max(r["steps"][i]["duration_s"] for r in records) for i in range(warmup, steps)]
+    # an instrumented run records every other measured step: time those (the rest run bare)
+    per_step = [max(r["steps"][i]["duration_s"] for r in records) for i in range(warmup, steps)
+                if records[0]["steps"][i]["instrumented"] == instrument]
     return sum(per_step) / len(per_step)
 
 

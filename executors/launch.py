@@ -185,19 +185,22 @@ def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunO
             tokens, labels = (t.to(device) for t in local_batch(plan, step, opts.seed, dp_rank, opts.data_path))
             dist.barrier()
             rec.counts.clear()
-            rec.enabled = opts.instrument
+            # the recorder's hooks cost host time of their own: measured steps alternate
+            # between recorded and bare ones, and the step time is the bare steps'
+            instrument = opts.instrument and (step - first < opts.warmup or (step - first - opts.warmup) % 2 == 0)
+            rec.enabled = instrument
             rec.start_step()
             # saved-tensor accounting costs a Python call per saved tensor: do it on the last
             # warm-up step only (every step has the same shapes, hence the same peak)
             account = opts.instrument and step - first == max(opts.warmup - 1, 0)
             with saved.hooks() if account else _null():
-                loss = trainer.step(tokens, labels, span=rec.span if opts.instrument else None)
+                loss = trainer.step(tokens, labels, span=rec.span if instrument else None)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             duration = rec.now()
             rec.enabled = False
-            steps.append({"step": step, "duration_s": duration, "spans": rec.step_spans(),
-                          "counts": dict(rec.counts)})
+            steps.append({"step": step, "duration_s": duration, "instrumented": instrument,
+                          "spans": rec.step_spans() if instrument else [], "counts": dict(rec.counts)})
             losses.append(global_loss(plan, loss, device))
     if opts.checkpoint_dir:
         checkpoint.save(trainer, opts.checkpoint_dir, first + opts.steps)

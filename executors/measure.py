@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import statistics
 import threading
 import time
 from collections import Counter
@@ -335,26 +336,35 @@ def dp_sync_wait_s(rank_spans: list[list]) -> float:
 
 def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
     """Per-rank records of ``executors.launch.run_rank`` -> one Measurement. The step time
-    is the slowest rank's, averaged over the measured steps; its breakdown is that rank's
-    ``split_step``; spans are those of the median measured step on every rank."""
+    is the slowest rank's, averaged over the measured bare steps (the recorder's hooks cost
+    host time of their own, 0-10% of a step on a CPU host); its breakdown is that rank's
+    ``split_step`` on the recorded steps, scaled to the bare step time; spans are those of
+    the median recorded step on every rank. Without bare steps the recorded ones give both."""
     from simcore import workload as wl
     from simcore.trace import GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
 
     n = len(records[0]["steps"])
     measured = range(min(warmup, n - 1), n)
+    recorded = [i for i in measured if records[0]["steps"][i].get("instrumented", True)] or list(measured)
+    bare = [i for i in measured if i not in recorded]
+
+    def slowest(i: int) -> int:
+        return max(range(len(records)), key=lambda r: records[r]["steps"][i]["duration_s"])
+
     parts, times, durations = Counter(), Counter(), []
-    for i in measured:
-        steps = [r["steps"][i] for r in records]
-        crit = max(range(len(steps)), key=lambda r: steps[r]["duration_s"])
-        dur = steps[crit]["duration_s"]
+    for i in recorded:
+        crit = slowest(i)
+        dur = records[crit]["steps"][i]["duration_s"]
         durations.append(dur)
-        parts.update(split_step(steps[crit]["spans"], records[crit]["rank"], 0.0, dur))
-        for s in steps[crit]["spans"]:
+        parts.update(split_step(records[crit]["steps"][i]["spans"], records[crit]["rank"], 0.0, dur))
+        for s in records[crit]["steps"][i]["spans"]:
             times[s.kind if s.stream == "compute" else f"{s.stream}_comm"] += s.duration_s
     k = len(durations)
-    step_time = sum(durations) / k
-    waits = [dp_sync_wait_s([r["steps"][i]["spans"] for r in records]) for i in measured]
-    rep = list(measured)[sorted(range(k), key=durations.__getitem__)[k // 2]]
+    recorded_time = sum(durations) / k
+    step_time = statistics.mean(records[slowest(i)]["steps"][i]["duration_s"] for i in bare) if bare else recorded_time
+    scale = step_time / recorded_time if recorded_time > 0 else 1.0
+    waits = [dp_sync_wait_s([r["steps"][i]["spans"] for r in records]) for i in recorded]
+    rep = recorded[sorted(range(k), key=durations.__getitem__)[k // 2]]
     spans = tuple(s for r in records for s in r["steps"][rep]["spans"])
     totals = [sum(r["memory_bytes"].values()) for r in records]
     top = records[max(range(len(records)), key=totals.__getitem__)]["memory_bytes"]
@@ -366,19 +376,22 @@ def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
     for r in records:
         calls.update(r["steps"][rep]["counts"])
     notes = [f"measured on {records[0]['host']} ({records[0]['device']}), {world} ranks, "
-             f"{k} measured steps after {len(measured) and list(measured)[0]} warm-up",
+             f"{len(measured)} measured steps after {len(measured) and list(measured)[0]} warm-up"
+             + (f" ({len(bare)} bare give the step time, {k} recorded the phases, scaled to it: the "
+                f"recorder cost {recorded_time / step_time - 1:+.1%})" if bare else ""),
              "collectives per step (all ranks): " + ", ".join(f"{kind}/{axis}={c}" for (kind, axis), c in sorted(calls.items()))]
     if not peak:
         notes.append("mfu and hfu are 0: the device has no calibrated peak (run `trainplan calibrate`)")
     return StepResult(
         source="measured", plan_name=plan.name, step_time_s=step_time,
         **rate_fields(plan, step_time, model_flops, hardware_flops),   # the simulator's FLOP counting
-        compute_s=parts["compute_s"] / k, exposed_comm_s=parts["exposed_comm_s"] / k,
-        bubble_s=parts["bubble_s"] / k, offload_s=parts["offload_s"] / k,
+        compute_s=parts["compute_s"] / k * scale, exposed_comm_s=parts["exposed_comm_s"] / k * scale,
+        bubble_s=parts["bubble_s"] / k * scale, offload_s=parts["offload_s"] / k * scale,
         memory_per_gpu_gib=max(totals) / GIB, fits=True,
         memory_bytes={kind: float(top.get(kind, 0.0)) for kind in MEMORY_KINDS},
         time_s={key: v / k for key, v in sorted(times.items())},
         memory_per_rank_gib=tuple(t / GIB for t in totals), spans=spans, notes=tuple(notes),
         extra={"loss_first": records[0]["losses"][0], "loss_last": records[0]["losses"][-1],
                **({"dp_sync_wait_s": sum(waits) / k} if any(waits) else {}),
+               **({"recorder_overhead": recorded_time / step_time - 1} if bare else {}),
                **{f"calls.{kind}.{axis}": float(c) for (kind, axis), c in sorted(calls.items())}})

@@ -92,6 +92,29 @@ def test_summarise_takes_the_slowest_rank_of_each_measured_step():
     assert m.tokens_per_s == pytest.approx(8 * 32 / 2.5)
 
 
+def test_summarise_times_the_bare_steps_and_scales_the_recorded_phases_to_them():
+    # measured steps alternate recorded (spans) and bare (none): the step time is the bare
+    # steps', the phases the recorded steps' scaled to it, so they still add up to the step
+    plan = load_plan(PLAN)
+    f = lambda r, a, b: Span(r, "compute", "forward", "F0", a, b - a)  # noqa: E731
+    recs = []
+    for r in range(2):
+        rec = _record(r, [9.0, 2.2, 2.0, 1.8, 2.0], [[f(r, 0, 9)], [f(r, 0, 1.1)], [], [f(r, 0, 0.9)], []])
+        for i, st in enumerate(rec["steps"]):
+            st["instrumented"] = i in (0, 1, 3)
+        recs.append(rec)
+    m = measure.summarise(plan, recs, warmup=1)
+    assert m.step_time_s == pytest.approx(2.0)              # the bare steps 2 and 4
+    assert m.compute_s == pytest.approx(1.0 * 2.0 / 2.0) and m.bubble_s == pytest.approx(1.0)
+    assert m.compute_s + m.exposed_comm_s + m.bubble_s + m.offload_s == pytest.approx(m.step_time_s)
+    assert m.time_s["forward"] == pytest.approx(1.0)        # the spans themselves are not scaled
+    assert m.extra["recorder_overhead"] == pytest.approx(0.0)
+    recs[0]["steps"][1]["duration_s"] = recs[1]["steps"][1]["duration_s"] = 2.6   # recording cost 10%
+    m = measure.summarise(plan, recs, warmup=1)
+    assert m.extra["recorder_overhead"] == pytest.approx(0.1) and m.step_time_s == pytest.approx(2.0)
+    assert "2 bare give the step time" in m.notes[0]
+
+
 def _sleepy(rank, world, device):
     if rank == 1:
         time.sleep(60)
