@@ -82,7 +82,8 @@ def write_residuals(table, steps: int, warmup: int, profile: dict, path: Path = 
         "how": (f"bench/validate_local.py on {socket.gethostname()}: event-engine prediction on the calibrated "
                 f"profile of {profile.get('measured_on', {}).get('date', '?')} against the executor "
                 f"(gloo, fork), at least {steps} measured steps and about {seconds:g} s per run, {warmup} warm-up "
-                f"discarded, mean of the slowest rank; predicted and measured averaged over {repeats} "
+                f"discarded, the step time the mean of the slowest rank over the bare (unrecorded) steps; "
+                f"predicted and measured averaged over {repeats} "
                 f"interleaved repeats; "
                 f"commit {_commit()}"),
         "residual": "ln(measured / predicted)",
