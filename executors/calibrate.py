@@ -358,7 +358,8 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     eff = profile["efficiency"]
     anchor = eff.pop("executor_anchor", None)
     if anchor:   # back to the probes' own figures; re-anchored below on this refresh's run
-        _scale_compute(profile, 1.0 / anchor["ratio"], host_unit=False)
+        _scale_compute(profile, 1.0 / anchor["ratio"], host_unit=False,
+                       device=1.0 / anchor.get("device_ratio", anchor["ratio"]))
     host = (profile.get("raw") or {}).get("host_overhead")
     if host:
         eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6

@@ -30,6 +30,11 @@ OVERSUB_CYCLES = 3
 #: predictions must carry).
 STEP_PROBE_MODEL = dict(name="step-probe", layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=256,
                         seq_len=32, tied_embeddings=False)
+#: A wider model of the same class, run on one rank for the anchor's second equation: at
+#: hidden 64 a step is mostly per-kernel dispatch, at 256 mostly device time (GEMMs, memory),
+#: so the two steps together fix a dispatch ratio and a device ratio (a modelling choice;
+#: neither width is in the local matrix, whose wider layout has hidden 128).
+WIDE_PROBE_MODEL = dict(STEP_PROBE_MODEL, name="step-probe-wide", hidden=256, heads=16, kv_heads=16, ffn_hidden=1024)
 
 
 def _window_rate(fn, work: float, window_s: float, group) -> float:
@@ -77,15 +82,15 @@ SLOWDOWN_STEPS, SLOWDOWN_WARMUP, SLOWDOWN_ROUNDS = 8, 2, 5
 SLOWDOWN_PHASES = ("forward", "optimizer")
 
 
-def _probe_plan(ranks: int, profile=None):
-    """A data-parallel plan of ``STEP_PROBE_MODEL`` on ``ranks`` ranks of this host (with the
-    profile at ``profile``, default this host's cached one), four micro-batches of one
-    sample per rank per step."""
+def _probe_plan(ranks: int, profile=None, spec: dict = STEP_PROBE_MODEL):
+    """A data-parallel plan of ``spec`` (``STEP_PROBE_MODEL`` by default) on ``ranks`` ranks
+    of this host (with the profile at ``profile``, default this host's cached one), four
+    micro-batches of one sample per rank per step."""
     from simcore.spec import plan_from_dict
 
-    model = {k: v for k, v in STEP_PROBE_MODEL.items() if k not in ("kv_heads", "ffn_hidden")}
+    model = {k: v for k, v in spec.items() if k not in ("kv_heads", "ffn_hidden")}
     cluster = {"node": "localhost", "gpus_per_node": max(OVERSUB_RANKS), **({"profile": str(profile)} if profile else {})}
-    return plan_from_dict({"name": f"slowdown-probe-dp{ranks}", "model": model, "cluster": cluster,
+    return plan_from_dict({"name": f"{spec['name']}-dp{ranks}", "model": model, "cluster": cluster,
                            "parallel": {"dp": ranks},
                            "training": {"global_batch": 4 * ranks, "micro_batch": 1, "precision": "fp32"}},
                           Path("."))
@@ -97,7 +102,8 @@ def bench_executor_slowdown(ranks=OVERSUB_RANKS, cycles: int = OVERSUB_CYCLES) -
     AdamW as a validation run has them) on ``_probe_plan(n)``, the time of
     ``SLOWDOWN_PHASES`` per rank with n ranks over that with one, median over ``cycles``
     interleaved rounds. Returns ({n: slowdown} (1.0 for one rank), the one-rank run's
-    compute phases: forward and backward, median over the rounds, which
+    compute phases: forward and backward, and those of ``WIDE_PROBE_MODEL`` on one rank
+    (``wide_forward``, ``wide_backward``), medians over the rounds, which
     ``anchor_to_executor`` uses, {n: the mean rank's wait for the last one at the gradient
     all-reduce (``executors.measure.dp_sync_wait_s``) over the rest of the step, median over
     the rounds} for n > 1). The ranks run the same work, but on a shared host one of them
@@ -106,8 +112,12 @@ def bench_executor_slowdown(ranks=OVERSUB_RANKS, cycles: int = OVERSUB_CYCLES) -
 
     ratios: dict = {n: [] for n in ranks}
     waits: dict = {n: [] for n in ranks if n > 1}
-    one: dict = {"forward": [], "backward": []}
+    one: dict = {"forward": [], "backward": [], "wide_forward": [], "wide_backward": []}
     for _ in range(cycles):
+        wide = run(_probe_plan(1, spec=WIDE_PROBE_MODEL), steps=SLOWDOWN_STEPS, warmup=SLOWDOWN_WARMUP,
+                   start_method="fork")
+        for k in ("forward", "backward"):
+            one[f"wide_{k}"].append(wide.time_s.get(k, 0.0))
         t = {}
         for n in ranks:
             m = run(_probe_plan(n), steps=SLOWDOWN_STEPS, warmup=SLOWDOWN_WARMUP, start_method="fork")
@@ -116,7 +126,7 @@ def bench_executor_slowdown(ranks=OVERSUB_RANKS, cycles: int = OVERSUB_CYCLES) -
                 wait = m.extra.get("dp_sync_wait_s", 0.0)
                 waits[n].append(wait / max(m.step_time_s - wait, 1e-12))
             if n == 1:
-                for k in one:
+                for k in ("forward", "backward"):
                     one[k].append(m.time_s.get(k, 0.0))
         for n in ranks:
             ratios[n].append(t[n] / t[min(ranks)])
@@ -126,37 +136,69 @@ def bench_executor_slowdown(ranks=OVERSUB_RANKS, cycles: int = OVERSUB_CYCLES) -
 
 
 def anchor_to_executor(profile: dict, profile_path) -> dict:
-    """Scale a CPU profile's compute figures (per-kernel kernel and dispatch times up, the
-    peak and memory bandwidth down, all by one ratio) so that the executor's own one-rank step of the
-    slowdown probe (``_probe_plan(1)``: same model class, same launch, measured in the same
-    calibration) is predicted as measured. The probe layer and the GEMM grid run in
-    isolation; a training step's forward and backward run among the optimizer's and the
-    other layers' tensors, which on a small shared host cost 10-40% more than the isolated
-    probes predict. The ratio and the step it came from are kept under
-    ``efficiency.executor_anchor``. ``profile_path`` must hold ``profile`` (the plan is
-    resolved from it)."""
-    from simcore.simulate import simulate
-
+    """Scale a CPU profile's compute figures so that the executor's own one-rank steps of the
+    slowdown probe, measured in the same calibration, are predicted as measured: the
+    per-kernel kernel and dispatch times up by a dispatch ratio, the peak and memory
+    bandwidth down by a device ratio. The probe layer and the GEMM grid run in isolation; a
+    training step's forward and backward run among the optimizer's and the other layers'
+    tensors, which on a small shared host cost 10-50% more than the isolated probes predict,
+    and not alike for dispatch and device time: one ratio fitted at hidden 64 left the
+    one-rank step 7%, 26% and 52% too fast in forward at hidden 64, 128 and 256. Two steps
+    (``_probe_plan(1)``, mostly dispatch, and the ``WIDE_PROBE_MODEL`` one, mostly device
+    time) give two equations, measured = r_dispatch x dispatch + r_device x device, each
+    plan's split predicted by the profile; where they leave a ratio that is not positive (or
+    the wide step was not measured), one ratio for both, from the first step. The ratios and
+    the steps they came from are kept under ``efficiency.executor_anchor``. ``profile_path``
+    must hold ``profile`` (the plans are resolved from it)."""
     one = (profile.get("raw") or {}).get("executor_one_rank") or {}
     if not one.get("forward"):
         return profile
-    pred = simulate(_probe_plan(1, profile_path), engine="analytic").time_s
-    r = (one["forward"] + one["backward"]) / (pred["forward"] + pred["backward"])
-    _scale_compute(profile, r, host_unit=False)
+    base = _dispatch_split(profile, profile_path, STEP_PROBE_MODEL)
+    measured = one["forward"] + one["backward"]
+    r = rd = rg = measured / sum(base)
+    how = "one ratio for both"
+    if one.get("wide_forward"):
+        wide = _dispatch_split(profile, profile_path, WIDE_PROBE_MODEL)
+        measured_wide = one["wide_forward"] + one["wide_backward"]
+        det = base[0] * wide[1] - base[1] * wide[0]
+        if det:
+            d, g = (measured * wide[1] - measured_wide * base[1]) / det, (base[0] * measured_wide - wide[0] * measured) / det
+            if d > 0 and g > 0:
+                rd, rg, how = d, g, "dispatch and device ratios from two widths"
+    _scale_compute(profile, rd, host_unit=False, device=rg)
     profile["efficiency"]["executor_anchor"] = {
-        "ratio": r, "measured_s": dict(one),
-        "source": f"forward + backward of the executor's one-rank {_probe_plan(1).name} step ({SLOWDOWN_STEPS - SLOWDOWN_WARMUP} "
-                  f"steps, median of the calibration's rounds) over the profile's prediction before this scaling"}
+        "ratio": rd, "device_ratio": rg, "single_ratio": r, "measured_s": dict(one),
+        "source": f"forward + backward of the executor's one-rank {_probe_plan(1).name} and "
+                  f"{_probe_plan(1, spec=WIDE_PROBE_MODEL).name} steps ({SLOWDOWN_STEPS - SLOWDOWN_WARMUP} steps, "
+                  f"median of the calibration's rounds) over the profile's prediction before this scaling; {how}"}
     atomic_write_text(profile_path, yaml.safe_dump(profile, sort_keys=False))
     return profile
 
 
-def _scale_compute(profile: dict, r: float, *, host_unit: bool = True) -> None:
+def _dispatch_split(profile: dict, profile_path, spec: dict) -> tuple[float, float]:
+    """(dispatch, device) seconds of the one-rank probe plan of ``spec``'s forward and
+    backward as ``profile`` predicts them: the per-kernel figures doubled add their part once
+    more (``simcore.compute.phase_s`` sums the two)."""
+    from simcore.simulate import simulate
+
+    def predict(p: dict) -> float:
+        atomic_write_text(profile_path, yaml.safe_dump(p, sort_keys=False))
+        t = simulate(_probe_plan(1, profile_path, spec), engine="analytic").time_s
+        return t["forward"] + t["backward"]
+
+    doubled = yaml.safe_load(yaml.safe_dump(profile))
+    _scale_compute(doubled, 2.0, host_unit=False, device=1.0)
+    both, plain = predict(doubled), predict(profile)
+    return both - plain, 2 * plain - both
+
+
+def _scale_compute(profile: dict, r: float, *, host_unit: bool = True, device: float | None = None) -> None:
     """Compute time x r: per-kernel host, kernel and dispatch times times r, peaks and
-    memory bandwidth over r. ``host_unit=False`` leaves ``host_overhead_us`` alone: on a
-    serial device it is only the unit of the separately measured parallel-wrapper,
-    checkpointing, optimizer and pipeline host costs, which the plain layer's compute
-    does not move."""
+    memory bandwidth over ``device`` (default r). ``host_unit=False`` leaves
+    ``host_overhead_us`` alone: on a serial device it is only the unit of the separately
+    measured parallel-wrapper, checkpointing, optimizer and pipeline host costs, which the
+    plain layer's compute does not move."""
+    device = r if device is None else device
     eff = profile["efficiency"]
     for key in ("host_overhead_us", "kernel_overhead_us", "dispatch_us"):
         if key == "host_overhead_us" and not host_unit:
@@ -164,8 +206,8 @@ def _scale_compute(profile: dict, r: float, *, host_unit: bool = True) -> None:
         if eff.get(key):
             eff[key] *= r
     dev = profile["device"]
-    dev["dense_tflops"] = {p: (v / r if v else v) for p, v in dev["dense_tflops"].items()}
-    dev["hbm_tbyte_per_s"] /= r
+    dev["dense_tflops"] = {p: (v / device if v else v) for p, v in dev["dense_tflops"].items()}
+    dev["hbm_tbyte_per_s"] /= device
 
 
 def derive_oversubscription(measured: dict) -> dict:

@@ -317,6 +317,35 @@ def test_anchor_makes_the_executor_one_rank_step_predicted_as_measured(synthetic
     assert out["efficiency"]["dispatch_us"] == pytest.approx(dispatch)
 
 
+def test_anchor_fits_a_dispatch_and_a_device_ratio_from_two_widths(synthetic):
+    # the executor's steps ran 1.5x the predicted dispatch and 2x the predicted device time, at
+    # hidden 64 (mostly dispatch) and at the wide probe's 256 (mostly device): both come back
+    prof = yaml.safe_load(synthetic.read_text())
+    (db, gb), (dw, gw) = (osub._dispatch_split(prof, synthetic, spec) for spec in (osub.STEP_PROBE_MODEL,
+                                                                                   osub.WIDE_PROBE_MODEL))
+    assert db > 0 and gb > 0 and gw / dw > gb / db    # the wide step is the more device-bound
+    peak, dispatch = prof["device"]["dense_tflops"]["fp32"], prof["efficiency"]["dispatch_us"]
+    base, wide = 1.5 * db + 2.0 * gb, 1.5 * dw + 2.0 * gw
+    prof["raw"]["executor_one_rank"] = {"forward": 0.4 * base, "backward": 0.6 * base,
+                                        "wide_forward": 0.3 * wide, "wide_backward": 0.7 * wide}
+    out = osub.anchor_to_executor(prof, synthetic)
+    anchor = out["efficiency"]["executor_anchor"]
+    assert anchor["ratio"] == pytest.approx(1.5) and anchor["device_ratio"] == pytest.approx(2.0)
+    assert out["efficiency"]["dispatch_us"] == pytest.approx(dispatch * 1.5)
+    assert out["device"]["dense_tflops"]["fp32"] == pytest.approx(peak / 2.0)
+    for spec, want in ((osub.STEP_PROBE_MODEL, base), (osub.WIDE_PROBE_MODEL, wide)):
+        t = simulate(osub._probe_plan(1, synthetic, spec), engine="analytic").time_s
+        assert t["forward"] + t["backward"] == pytest.approx(want)
+    # a wide step that leaves a ratio not positive falls back to one ratio from the first step
+    prof = yaml.safe_load(synthetic.read_text())
+    osub._scale_compute(prof, 1 / 1.5, host_unit=False, device=1 / 2.0)
+    prof["raw"]["executor_one_rank"] = {"forward": 0.4 * base, "backward": 0.6 * base,
+                                        "wide_forward": 0.01 * dw, "wide_backward": 0.01 * dw}
+    anchor = osub.anchor_to_executor(prof, synthetic)["efficiency"]["executor_anchor"]
+    assert anchor["ratio"] == anchor["device_ratio"] == pytest.approx(base / (db + gb))
+    assert "one ratio for both" in anchor["source"]
+
+
 def test_wrapper_host_costs_are_converted_to_the_simulators_per_kernel_unit():
     # the parallel probe counted TP's extra cost in its own 2-rank per-kernel time (50 us);
     # the simulator's 2-rank per-kernel time is the one-rank one over the executor-derived
