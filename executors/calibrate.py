@@ -26,11 +26,12 @@ What is measured, on the backend a run will use (gloo on CPU, nccl on GPU), and 
 - ``executors.oversubscription``, on CPU: throughput per rank when 1, 2, 4 ranks run at
   once, scaled by the slowdown of the executor's own step with n ranks (a lone GEMM or
   layer slows less than a real step when ranks share cores), and the anchor of the
-  compute figures to the executor's own one-rank step (``anchor_to_executor``: the
-  isolated probes predict a real step 10-40% off on a small shared host);
+  compute figures to the executor's own one-rank steps at two widths
+  (``anchor_to_executor``: a dispatch and a device ratio; the isolated probes predict a
+  real step 10-50% off on a small shared host);
 - ``executors.parallel_probes``, on CPU: the host cost of DTensor TP, FSDP2 (per layer and
-  for the model's ends), a pipeline stage's chunk and the busy-rank point-to-point
-  hand-over, on two ranks at once.
+  for the model's ends, from whole models wrapped as the executor wraps them), a pipeline
+  stage's chunk and the busy-rank point-to-point hand-over, on two ranks at once.
 
 This module fits the measurements into the profile (``build_profile``), runs the probes
 (``calibrate``) and re-measures the load-sensitive figures before a validation run

@@ -3,8 +3,8 @@ figures to the executor's own step. The one-rank GEMM and tiny-layer rates with 
 ranks running at once (processes set up as the executor's ranks), the executor's own
 slowdown with n ranks (a data-parallel run of the validation tiny model: a lone GEMM or
 layer slows less than a real step), and ``anchor_to_executor``, which scales the compute
-figures so that the executor's one-rank step, measured in the same calibration, is
-predicted as measured.
+figures (dispatch and device time apart) so that the executor's one-rank steps at two
+widths, measured in the same calibration, are predicted as measured.
 """
 from __future__ import annotations
 
