@@ -142,8 +142,8 @@ def anchor_to_executor(profile: dict, profile_path) -> dict:
     bandwidth down by a device ratio. The probe layer and the GEMM grid run in isolation; a
     training step's forward and backward run among the optimizer's and the other layers'
     tensors, which on a small shared host cost 10-50% more than the isolated probes predict,
-    and not alike for dispatch and device time: one ratio fitted at hidden 64 left the
-    one-rank step 7%, 26% and 52% too fast in forward at hidden 64, 128 and 256. Two steps
+    and not alike for dispatch and device time: with one ratio fitted at hidden 64 the
+    one-rank forward ran 11%, 26% and 52% longer than predicted at hidden 64, 128 and 256. Two steps
     (``_probe_plan(1)``, mostly dispatch, and the ``WIDE_PROBE_MODEL`` one, mostly device
     time) give two equations, measured = r_dispatch x dispatch + r_device x device, each
     plan's split predicted by the profile; where they leave a ratio that is not positive (or
@@ -188,7 +188,10 @@ def _dispatch_split(profile: dict, profile_path, spec: dict) -> tuple[float, flo
 
     doubled = yaml.safe_load(yaml.safe_dump(profile))
     _scale_compute(doubled, 2.0, host_unit=False, device=1.0)
-    both, plain = predict(doubled), predict(profile)
+    try:
+        both = predict(doubled)
+    finally:   # the file holds ``profile`` again whatever happened
+        plain = predict(profile)
     return both - plain, 2 * plain - both
 
 
