@@ -9,6 +9,7 @@ widths, measured in the same calibration, are predicted as measured.
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -153,18 +154,23 @@ def anchor_to_executor(profile: dict, profile_path) -> dict:
     one = (profile.get("raw") or {}).get("executor_one_rank") or {}
     if not one.get("forward"):
         return profile
-    base = _dispatch_split(profile, profile_path, STEP_PROBE_MODEL)
-    measured = one["forward"] + one["backward"]
-    r = rd = rg = measured / sum(base)
-    how = "one ratio for both"
-    if one.get("wide_forward"):
-        wide = _dispatch_split(profile, profile_path, WIDE_PROBE_MODEL)
-        measured_wide = one["wide_forward"] + one["wide_backward"]
-        det = base[0] * wide[1] - base[1] * wide[0]
-        if det:
-            d, g = (measured * wide[1] - measured_wide * base[1]) / det, (base[0] * measured_wide - wide[0] * measured) / det
-            if d > 0 and g > 0:
-                rd, rg, how = d, g, "dispatch and device ratios from two widths"
+    doubled = yaml.safe_load(yaml.safe_dump(profile))   # the per-kernel figures twice over
+    _scale_compute(doubled, 2.0, host_unit=False, device=1.0)
+    with tempfile.TemporaryDirectory(prefix="trainplan-anchor-") as tmp:
+        doubled_path = Path(tmp) / "doubled.yaml"
+        atomic_write_text(doubled_path, yaml.safe_dump(doubled, sort_keys=False))
+        base = _dispatch_split(profile_path, doubled_path, STEP_PROBE_MODEL)
+        measured = one["forward"] + one["backward"]
+        r = rd = rg = measured / sum(base)
+        how = "one ratio for both"
+        if one.get("wide_forward"):
+            wide = _dispatch_split(profile_path, doubled_path, WIDE_PROBE_MODEL)
+            measured_wide = one["wide_forward"] + one["wide_backward"]
+            det = base[0] * wide[1] - base[1] * wide[0]
+            if det:
+                d, g = (measured * wide[1] - measured_wide * base[1]) / det, (base[0] * measured_wide - wide[0] * measured) / det
+                if d > 0 and g > 0:
+                    rd, rg, how = d, g, "dispatch and device ratios from two widths"
     _scale_compute(profile, rd, host_unit=False, device=rg)
     profile["efficiency"]["executor_anchor"] = {
         "ratio": rd, "device_ratio": rg, "single_ratio": r, "measured_s": dict(one),
@@ -175,23 +181,18 @@ def anchor_to_executor(profile: dict, profile_path) -> dict:
     return profile
 
 
-def _dispatch_split(profile: dict, profile_path, spec: dict) -> tuple[float, float]:
+def _dispatch_split(profile_path, doubled_path, spec: dict) -> tuple[float, float]:
     """(dispatch, device) seconds of the one-rank probe plan of ``spec``'s forward and
-    backward as ``profile`` predicts them: the per-kernel figures doubled add their part once
-    more (``simcore.compute.phase_s`` sums the two)."""
+    backward as the profile at ``profile_path`` predicts them, from the same profile with
+    its per-kernel figures doubled at ``doubled_path``, which adds their part once more
+    (``simcore.compute.phase_s`` sums the two)."""
     from simcore.simulate import simulate
 
-    def predict(p: dict) -> float:
-        atomic_write_text(profile_path, yaml.safe_dump(p, sort_keys=False))
-        t = simulate(_probe_plan(1, profile_path, spec), engine="analytic").time_s
+    def predict(path) -> float:
+        t = simulate(_probe_plan(1, path, spec), engine="analytic").time_s
         return t["forward"] + t["backward"]
 
-    doubled = yaml.safe_load(yaml.safe_dump(profile))
-    _scale_compute(doubled, 2.0, host_unit=False, device=1.0)
-    try:
-        both = predict(doubled)
-    finally:   # the file holds ``profile`` again whatever happened
-        plain = predict(profile)
+    both, plain = predict(doubled_path), predict(profile_path)
     return both - plain, 2 * plain - both
 
 

@@ -321,8 +321,12 @@ def test_anchor_fits_a_dispatch_and_a_device_ratio_from_two_widths(synthetic):
     # the executor's steps ran 1.5x the predicted dispatch and 2x the predicted device time, at
     # hidden 64 (mostly dispatch) and at the wide probe's 256 (mostly device): both come back
     prof = yaml.safe_load(synthetic.read_text())
-    (db, gb), (dw, gw) = (osub._dispatch_split(prof, synthetic, spec) for spec in (osub.STEP_PROBE_MODEL,
-                                                                                   osub.WIDE_PROBE_MODEL))
+    doubled = yaml.safe_load(synthetic.read_text())
+    osub._scale_compute(doubled, 2.0, host_unit=False, device=1.0)
+    doubled_path = synthetic.parent / "doubled.yaml"
+    doubled_path.write_text(yaml.safe_dump(doubled))
+    (db, gb), (dw, gw) = (osub._dispatch_split(synthetic, doubled_path, spec) for spec in (osub.STEP_PROBE_MODEL,
+                                                                                           osub.WIDE_PROBE_MODEL))
     assert db > 0 and gb > 0 and gw / dw > gb / db    # the wide step is the more device-bound
     peak, dispatch = prof["device"]["dense_tflops"]["fp32"], prof["efficiency"]["dispatch_us"]
     base, wide = 1.5 * db + 2.0 * gb, 1.5 * dw + 2.0 * gw
@@ -341,6 +345,7 @@ def test_anchor_fits_a_dispatch_and_a_device_ratio_from_two_widths(synthetic):
     osub._scale_compute(prof, 1 / 1.5, host_unit=False, device=1 / 2.0)
     prof["raw"]["executor_one_rank"] = {"forward": 0.4 * base, "backward": 0.6 * base,
                                         "wide_forward": 0.01 * dw, "wide_backward": 0.01 * dw}
+    synthetic.write_text(yaml.safe_dump(prof))                         # the file holds the profile
     anchor = osub.anchor_to_executor(prof, synthetic)["efficiency"]["executor_anchor"]
     assert anchor["ratio"] == anchor["device_ratio"] == pytest.approx(base / (db + gb))
     assert "one ratio for both" in anchor["source"]
