@@ -316,9 +316,7 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
     if not ph:
         return profile
     keys = sorted(k for k, v in ph.items() if isinstance(v, dict) and "forward_kernels" in v)
-    me = profile["measured_on"]
-
-    method = ph.get("probe_method")
+    me, method = profile["measured_on"], ph.get("probe_method")
 
     def entry(date, costs: dict) -> dict:
         return {"date": date, "method": method,

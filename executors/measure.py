@@ -353,11 +353,11 @@ def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
 
     parts, times, durations = Counter(), Counter(), []
     for i in recorded:
-        crit = slowest(i)
-        dur = records[crit]["steps"][i]["duration_s"]
-        durations.append(dur)
-        parts.update(split_step(records[crit]["steps"][i]["spans"], records[crit]["rank"], 0.0, dur))
-        for s in records[crit]["steps"][i]["spans"]:
+        crit = records[slowest(i)]
+        step = crit["steps"][i]
+        durations.append(step["duration_s"])
+        parts.update(split_step(step["spans"], crit["rank"], 0.0, step["duration_s"]))
+        for s in step["spans"]:
             times[s.kind if s.stream == "compute" else f"{s.stream}_comm"] += s.duration_s
     k = len(durations)
     recorded_time = sum(durations) / k
