@@ -154,6 +154,7 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
             "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
             **{k: parallel[k] for k in ("lone_all_reduce_kernels", "lone_broadcast_kernels") if k in parallel},
+            **({"comm_share": parallel["comm_share"]} if "comm_share" in parallel else {}),
             **({k: {n: x * one for n, x in v.items()} for k, v in recompute_kernels(
                 host, peaks[main_precision], memory["copy_bytes_per_s"], efficiency).items()} if host else {}),
             "recompute_unit_factor": one,
@@ -172,7 +173,9 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                       "selective: the probe layer under checkpoint_wrapper in one process, beyond the "
                       "recomputed ops, interleaved with the plain layer; *_unit_factor: each probe's "
                       "per-kernel time over the simulator's for the same rank count, applied to its "
-                      "figures"}
+                      "figures; comm_share: per wrapper, [forward, backward] share of its extra time that "
+                      "the executor's recorder counts as exposed communication (the 6-layer probe model, "
+                      "recorded steps apart from the timed ones), the rest host compute"}
     if cpu:
         efficiency["memory"] = {
             "framework_bytes": 0.0, "allocator_fragmentation": 0.0, "comm_buffers": False,
@@ -309,8 +312,8 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
     ``keep`` full calibrations of the same host and torch: each is measured in one ~10 s
     probe while the host's state drifts over minutes, so the figures in use are the median
     per entry over this calibration and those kept in ``previous`` (the profile being
-    replaced) under ``raw.host_cost_history``; those measured by another probe method
-    (``parallel_host.probe_method``) are dropped. The counts are in units of each
+    replaced) under ``raw.host_cost_history`` (the wrappers' communication shares, ``comm_share``,
+    alike); those measured by another probe method (``parallel_host.probe_method``) are dropped. The counts are in units of each
     calibration's own per-kernel time, which the refresh rescales to the current speed."""
     ph = (profile.get("efficiency") or {}).get("parallel_host")
     if not ph:
@@ -320,7 +323,8 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
 
     def entry(date, costs: dict) -> dict:
         return {"date": date, "method": method,
-                **{k: [costs[k]["forward_kernels"], costs[k]["backward_kernels"]] for k in keys}}
+                **{k: [costs[k]["forward_kernels"], costs[k]["backward_kernels"]] for k in keys},
+                **({"comm_share": costs["comm_share"]} if costs.get("comm_share") else {})}
 
     history = []
     if previous and all((previous.get("measured_on") or {}).get(f) == me[f] for f in ("host", "torch", "device")):
@@ -333,6 +337,10 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
         rows = [h[k] for h in history if k in h]
         ph[k] = {"forward_kernels": statistics.median(r[0] for r in rows),
                  "backward_kernels": statistics.median(r[1] for r in rows)}
+    shares = [h["comm_share"] for h in history if h.get("comm_share")]
+    if ph.get("comm_share"):
+        ph["comm_share"] = {m: [statistics.median(sh[m][j] for sh in shares if m in sh) for j in range(2)]
+                            for m in ph["comm_share"]}
     ph["pooled_calibrations"] = len(history)
     ph["source"] = ph.get("source", "").split("; pooled:")[0] + (
         f"; pooled: the kernel counts are the median over the last {len(history)} full calibrations of this host "

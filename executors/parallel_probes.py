@@ -8,6 +8,7 @@ and ZeroRedundancyOptimizer issue theirs.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -32,6 +33,9 @@ WRAPPER_MODES = ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")
 WRAPPER_FIT_LAYERS = (2, 6)
 #: The wrappers' entries for the model's ends (``parallel_host_kernels``).
 WRAPPER_ENDS = ("tp_embed", "tp_head", "tp_sp_embed", "tp_sp_head", "fsdp_zero2_root", "fsdp_zero3_root")
+#: Recorded steps per wrapped model of the communication-share probe (``_recorded_comm``;
+#: median kept; a noise choice: one share read within a few points over 3 steps here).
+COMM_SHARE_REPS = 3
 #: Version of the parallel probe's method, kept with the pooled host costs: calibrations
 #: that measured the wrappers another way are not pooled with this one.
 PARALLEL_PROBE_METHOD = 2
@@ -157,17 +161,47 @@ def _pipeline_chunk(rank: int, world: int, device, spec, reps: int) -> tuple[flo
 
 def _model_step(m, x, labels=None):
     """(fwd_s, bwd_s) closure of one micro-batch through a probe model or one of its ends:
-    the loss on ``labels`` where it ends in the output projection, else the output's sum."""
+    the loss on ``labels`` where it ends in the output projection, else the output's sum.
+    Given an ``executors.measure.Recorder`` the two phases are drawn on its compute stream,
+    as the executor draws a step's."""
     from executors.model import loss_fn
 
-    def run() -> tuple[float, float]:
+    def run(rec=None) -> tuple[float, float]:
         t0 = time.perf_counter()
-        y = m(x)
-        loss = loss_fn(y, labels) if labels is not None else y.sum()
+        with rec.span("forward", "forward") if rec else contextlib.nullcontext():
+            y = m(x)
+            loss = loss_fn(y, labels) if labels is not None else y.sum()
         t1 = time.perf_counter()
-        loss.backward()
+        with rec.span("backward", "backward") if rec else contextlib.nullcontext():
+            loss.backward()
         return t1 - t0, time.perf_counter() - t1
     return run
+
+
+def _recorded_comm(rank: int, mesh, steps: dict, names: list[str], reps: int) -> dict:
+    """Per step closure of ``names``: the median over ``reps`` recorded steps of (forward,
+    backward) seconds and the exposed communication in each, as the executor's recorder
+    sees them (``executors.measure``: collectives timed from call to completion, a blocking
+    one cut out of the compute spans; ``simcore.trace.split_step``). Apart from the timed
+    rounds, since recording costs host time of its own."""
+    from executors import measure
+    from simcore.trace import split_step
+
+    rec = measure.Recorder(rank=rank)
+    out: dict = {}
+    with measure.record_collectives(rec):
+        for name in names:   # the probe mesh's one axis stands for the executor's tp or dp axis
+            rec.axis_of = {frozenset(range(mesh.size())): "tp" if name.startswith("tp") else "dp"}
+            rows = []
+            for i in range(reps + 1):
+                rec.start_step()
+                f, _b = steps[name](rec)
+                end, spans = rec.now(), rec.step_spans()   # the forward ends at ~f: started with the step
+                if i:   # the first is a warm-up
+                    rows.append((f, end - f, split_step(spans, rank, 0.0, f)["exposed_comm_s"],
+                                 split_step(spans, rank, f, end)["exposed_comm_s"]))
+            out[name] = [statistics.median(r[j] for r in rows) for j in range(4)]
+    return out
 
 
 def _wrapped_model_steps(spec, mesh, device) -> tuple[dict, list]:
@@ -240,6 +274,9 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int =
                             for r in range(rounds)]}
     for k in steps:
         out[k] = tuple(statistics.median(rd[k][i] for rd in out["rounds"]) for i in range(2))
+    deep = WRAPPER_FIT_LAYERS[-1]
+    out["recorded"] = _recorded_comm(rank, mesh, steps, [f"model{deep}", *(f"{m}{deep}" for m in WRAPPER_MODES)],
+                                     COMM_SHARE_REPS)
     out["opt_dtensor"] = _optimizer_per_tensor_s(dtensor_params, reps)
     out["opt_plain"] = _optimizer_per_tensor_s(list(Block(spec).to(device).parameters()), reps)
     if rank < 2:
@@ -306,6 +343,24 @@ def parallel_host_kernels(rows: list[dict], kf: int, kb: int) -> dict:
     return out
 
 
+def comm_shares(rows: list[dict]) -> dict:
+    """Per wrapper of ``WRAPPER_MODES``, [forward, backward] share of its extra time over the
+    plain model that the executor's recorder counts as exposed communication (the probe
+    model at the deeper depth, ``_recorded_comm``, ranks averaged), each within [0, 1]; the
+    rest is host compute (DTensor dispatch and redistribution, FSDP2's hooks and copies),
+    which a run measures as compute. All communication (1) where no extra time was seen."""
+    deep = WRAPPER_FIT_LAYERS[-1]
+    out = {}
+    for mode in WRAPPER_MODES:
+        share = []
+        for j in range(2):
+            extra = statistics.mean(r["recorded"][f"{mode}{deep}"][j] - r["recorded"][f"model{deep}"][j] for r in rows)
+            comm = statistics.mean(r["recorded"][f"{mode}{deep}"][2 + j] for r in rows)
+            share.append(min(1.0, max(0.0, comm / extra)) if extra > 0 else 1.0)
+        out[mode] = share
+    return out
+
+
 def _busy_rank_kernels(rows: list[dict], per_kernel: float) -> tuple[dict, dict]:
     """(raw seconds, kernel-unit figures) of the relay and stream probes of ranks 0 and 1,
     and of the lone collectives where they ran."""
@@ -362,13 +417,14 @@ def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds:
 
     rows = spawn(_parallel_probe_rank, world, (reps, rounds), timeout_s=240, start_method="fork")
     kf, kb = probe_kernels(probe_spec())
-    keys = [k for k in rows[0] if k not in ("rounds", "p2p", "stream", "lone")]
+    keys = [k for k in rows[0] if k not in ("rounds", "p2p", "stream", "lone", "recorded")]
     avg = {k: tuple(statistics.mean(r[k][i] for r in rows) for i in range(2)) if isinstance(rows[0][k], tuple)
            else statistics.mean(r[k] for r in rows) for k in keys}
     per_kernel = sum(avg["plain"]) / (kf + kb)
     out = {"ranks": world, "per_kernel_s": per_kernel, "raw": {k: list(v) if isinstance(v, tuple) else v
                                                                 for k, v in avg.items()}}
     out.update(parallel_host_kernels(rows, kf, kb))
+    out["comm_share"] = comm_shares(rows)
     out["optimizer_per_tensor_kernels"] = avg["opt_plain"] / per_kernel
     out["optimizer_dtensor_per_tensor_kernels"] = avg["opt_dtensor"] / per_kernel
     raw, kernels = _busy_rank_kernels(rows, per_kernel)

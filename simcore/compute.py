@@ -63,6 +63,9 @@ class DeviceModel:
     tp[_sp]_embed, tp[_sp]_head, fsdp_zero2/3_root: the embedding, the head, FSDP2's root
     group over the same ends plain, per micro-batch); measured by ``trainplan
     calibrate`` on CPU hosts (``executors.parallel_probes.bench_parallel_host``), absent from catalog GPUs."""
+    parallel_comm_share: tuple[tuple[str, float, float], ...] = ()
+    """(mode, forward, backward) share of a wrapper's ``parallel_kernels`` that a run measures
+    as exposed communication (the rest is host compute: DTensor dispatch, FSDP2's hooks)."""
     optimizer_per_tensor_kernels: float = 0.0
     """Host cost of the optimizer per parameter tensor, in host kernels (eager AdamW)."""
     optimizer_dtensor_per_tensor_kernels: float = 0.0
@@ -131,6 +134,16 @@ class DeviceModel:
                 return f * self.host_overhead_s, b * self.host_overhead_s
         return 0.0, 0.0
 
+    def parallel_split_s(self, mode: str) -> tuple[tuple[float, float], tuple[float, float]]:
+        """``parallel_extra_s(mode)`` split into ((forward, backward) communication, (forward,
+        backward) host compute) by the calibrated share a run measures as exposed communication
+        (an end's, ``*_embed`` / ``*_head`` / ``*_root``, is its wrapper's); all communication
+        where no share was measured."""
+        f, b = self.parallel_extra_s(mode)
+        base = mode.rsplit("_", 1)[0] if mode.endswith(("_embed", "_head", "_root")) else mode
+        sf, sb = next(((x, y) for name, x, y in self.parallel_comm_share if name == base), (1.0, 1.0))
+        return (f * sf, b * sb), (f * (1 - sf), b * (1 - sb))
+
 
 def _entry(gpu: GPU, catalog_root=None) -> dict:
     if gpu.efficiency_json:  # a calibrated profile carries its own entry
@@ -184,7 +197,8 @@ def _host_terms(e: dict) -> dict:
     out = {}
     if ph:
         out["parallel_kernels"] = tuple((k, float(v["forward_kernels"]), float(v["backward_kernels"]))
-                                        for k, v in sorted(ph.items()) if isinstance(v, dict))
+                                        for k, v in sorted(ph.items()) if isinstance(v, dict) and "forward_kernels" in v)
+        out["parallel_comm_share"] = tuple((k, float(f), float(b)) for k, (f, b) in sorted((ph.get("comm_share") or {}).items()))
         out["optimizer_per_tensor_kernels"] = float(ph.get("optimizer_per_tensor_kernels", 0.0))
         out["optimizer_dtensor_per_tensor_kernels"] = float(ph.get("optimizer_dtensor_per_tensor_kernels", 0.0))
         out["broadcast_latency_s"] = float(ph.get("broadcast_latency_us", 0.0)) * 1e-6

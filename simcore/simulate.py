@@ -80,20 +80,22 @@ def _grad_wire_bytes(plan: Plan) -> float:
 
 
 def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
-    """Blocking TP / CP / EP communication of one layer and one micro-batch (seconds)."""
+    """Blocking TP / CP / EP communication of one layer and one micro-batch (seconds), and
+    (CPU host) the host compute TP's DTensor dispatch adds to it (``host_f``, ``host_b``)."""
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     b, s = tr.micro_batch, m.seq_len // par.cp
     act = wl.ACT_BYTES * b * s * m.hidden
-    out = {"tp_f": 0.0, "tp_b": 0.0, "cp": 0.0, "ep_f": 0.0, "ep_b": 0.0}
+    out = {"tp_f": 0.0, "tp_b": 0.0, "cp": 0.0, "ep_f": 0.0, "ep_b": 0.0, "host_f": 0.0, "host_b": 0.0}
     if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS
         net = coll.group_net(cl, dev, par.tp, 1)
         one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
             else coll.all_reduce_s(act, net)
         out["tp_f"] = out["tp_b"] = 2 * one
-        f, b = dev.parallel_extra_s("tp_sp" if par.sequence_parallel else "tp")
-        if f + b > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
+        (f, b), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
+        if f + b + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
             wire = 2 * 2 * (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
             out["tp_f"], out["tp_b"] = f + wire, b + wire
+            out["host_f"], out["host_b"] = hf, hb   # DTensor's dispatch: host compute
     if par.cp > 1:   # ring attention: cp-1 exchanges of the local K and V (Liu et al. 2023)
         net = coll.group_net(cl, dev, par.cp, par.tp)
         kv = 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
@@ -166,26 +168,28 @@ def _dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_param
     return out
 
 
-def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, fcomm: list[float], bcomm: list[float]) -> None:
+def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], list[float]],
+                   compute: tuple[list[float], list[float]]) -> None:
     """CPU host: the measured wrapper cost of the model's ends per micro-batch (``parallel_host``
-    ``*_embed`` / ``*_head`` / ``*_root``), added to the blocking comm of the virtual stages
-    that hold them. TP splits the embedding and the output projection too (each with its own
-    collectives): the embedding's on the first virtual stage, the head's (norm, output, loss)
-    on the last. FSDP2 shards each pipeline rank's model as a root group of its own (the
-    embedding, final norm and output on the ranks that hold them): one root group's cost on
-    each rank's first virtual stage."""
+    ``*_embed`` / ``*_head`` / ``*_root``), added to the (forward, backward) blocking comm and
+    host compute of the virtual stages that hold them, split as a run measures it
+    (``parallel_split_s``). TP splits the embedding and the output projection too (each with
+    its own collectives): the embedding's on the first virtual stage, the head's (norm,
+    output, loss) on the last. FSDP2 shards each pipeline rank's model as a root group of its
+    own (the embedding, final norm and output on the ranks that hold them): one root group's
+    cost on each rank's first virtual stage."""
     par = plan.parallel
+    parts = []
     if par.tp > 1:
         mode = "tp_sp" if par.sequence_parallel else "tp"
-        for v, part in ((0, "embed"), (-1, "head")):
-            f, b = dev.parallel_extra_s(f"{mode}_{part}")
-            fcomm[v] += f
-            bcomm[v] += b
+        parts += [(0, f"{mode}_embed"), (-1, f"{mode}_head")]
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:
-        f, b = dev.parallel_extra_s("fsdp_zero3_root" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2_root")
-        for v in range(par.pp):
-            fcomm[v] += f
-            bcomm[v] += b
+        root = "fsdp_zero3_root" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2_root"
+        parts += [(v, root) for v in range(par.pp)]
+    for v, mode in parts:
+        for lists, pair in zip((comm, compute), dev.parallel_split_s(mode)):
+            lists[0][v] += pair[0]
+            lists[1][v] += pair[1]
 
 
 def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
@@ -252,6 +256,9 @@ def step_costs(plan: Plan) -> StepCosts:
     lc = _layer_comm(plan, dev)
     cp_f = max(0.0, lc["cp"] - core)                   # ring exchange hidden behind the attention core
     rec_comm = lc["tp_f"] + cp_f + lc["ep_f"] if tr.recompute.value == "full" else 0.0
+    host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
+    if tr.recompute.value == "full":   # the recomputed forward dispatches through DTensor again
+        rc += host_f
     stages = plan.layers_per_stage
     nv = len(stages)
     lf, lbi, lbw = _logits_times(m, b, s, par.tp, dev)
@@ -261,18 +268,18 @@ def step_costs(plan: Plan) -> StepCosts:
     fc = lc["tp_f"] + cp_f + lc["ep_f"]
     bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
-        ff, fb = dev.parallel_extra_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
-        fc, bc = fc + ff, bc + fb
+        (ff, fb), (hf, hb) = dev.parallel_split_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
+        fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb
     # CPU host: the sender's blocking send call and the receiver's hand-over wait, per message
     send, recv = (dev.p2p_send_s, dev.busy_p2p_latency_s) if par.pp > 1 else (0.0, 0.0)
     fcomm = [fc * n + (send if v < nv - 1 else 0.0) + (recv if v > 0 else 0.0)   # activations on
              for v, n in enumerate(stages)]
     bcomm = [bc * n + (send if v > 0 else 0.0) + (recv if v < nv - 1 else 0.0)   # gradients back
              for v, n in enumerate(stages)]
-    _add_ends_host(plan, dev, fcomm, bcomm)
-    fwd = [n * f for n in stages]
-    bin_ = [n * bi for n in stages]
+    fwd = [n * (f + host_f) for n in stages]
+    bin_ = [n * (bi + host_b) for n in stages]
     bwt = [n * bw for n in stages]
+    _add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
     if par.pp > 1:   # CPU host: torch.distributed.pipelining's measured per-chunk bookkeeping
         cf, cb = dev.parallel_extra_s("pipeline_chunk")
         fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]

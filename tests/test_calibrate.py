@@ -284,6 +284,25 @@ def test_wrapper_costs_are_a_line_through_two_model_depths():
     assert set(out) == {*pprobes.WRAPPER_MODES, *pprobes.WRAPPER_ENDS}
 
 
+def test_comm_share_is_the_recorded_exposed_comm_over_the_wrappers_extra_time():
+    # recorded steps of the deeper probe model: plain (4, 6) ms; each wrapper adds (10, 20) ms,
+    # of which the recorder saw (4, 15) ms on rank 0 and (6, 5) ms on rank 1 in collectives:
+    # shares (0.5, 0.5), ranks averaged. More comm than extra time (a recorder artefact) caps
+    # at 1; no extra time at all leaves the wrapper's cost all communication (1)
+    deep = pprobes.WRAPPER_FIT_LAYERS[-1]
+
+    def row(cf, cb, extra=(10e-3, 20e-3)):
+        rec = {f"model{deep}": [4e-3, 6e-3, 0.0, 0.0]}
+        rec.update({f"{m}{deep}": [4e-3 + extra[0], 6e-3 + extra[1], cf, cb] for m in pprobes.WRAPPER_MODES})
+        return {"recorded": rec}
+
+    out = pprobes.comm_shares([row(4e-3, 15e-3), row(6e-3, 5e-3)])
+    assert set(out) == set(pprobes.WRAPPER_MODES)
+    assert out["tp"] == pytest.approx([0.5, 0.5])
+    assert pprobes.comm_shares([row(30e-3, 0.0)])["fsdp_zero3"] == pytest.approx([1.0, 0.0])
+    assert pprobes.comm_shares([row(1e-3, 1e-3, extra=(0.0, -1e-3))])["tp_sp"] == [1.0, 1.0]
+
+
 def test_oversubscription_tables_carry_the_executor_slowdown():
     # one-rank rates stand; with n ranks each is the one-rank rate over the step's slowdown,
     # whatever the lone GEMM or layer read with n ranks (here they slowed less: 9/10, 90/100)
@@ -447,3 +466,11 @@ def test_host_costs_are_pooled_over_this_hosts_last_calibrations():
     assert pooled["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 40.0
     assert pooled["raw"]["host_cost_history"][-1]["method"] == pprobes.PARALLEL_PROBE_METHOD
     assert cal.pool_host_costs(prof(40.0, 1.0, "g2"), legacy)["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 60.0
+    # the wrappers' communication shares are pooled alike, over the calibrations that measured them
+    cur = first
+    for share, date in (([0.2, 0.4], "h1"), ([0.6, 0.5], "h2"), ([0.5, 0.9], "h3")):
+        p = prof(100.0, 1.0, date)
+        p["efficiency"]["parallel_host"]["comm_share"] = {"tp": share}
+        cur = cal.pool_host_costs(p, cur)
+    assert cur["efficiency"]["parallel_host"]["comm_share"] == {"tp": [0.5, 0.5]}
+    assert len(cur["raw"]["host_cost_history"]) == 4      # the first had no shares: not in their median

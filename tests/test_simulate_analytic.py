@@ -243,7 +243,8 @@ def test_cpu_checkpointing_host_cost_is_added_per_layer():
 def test_cpu_model_ends_wrapper_cost_sits_on_the_stages_holding_them():
     # TP splits the embedding and the output projection too; FSDP2 shards each pipeline
     # rank's model as one root group: the calibrated per-micro-batch cost of each end is
-    # added once, to the virtual stage that holds it, beside the per-layer TP cost
+    # added once, to the virtual stage that holds it, beside the per-layer TP cost (its
+    # communication share as blocking comm; the rest is host compute, tested below)
     from simcore import compute as cmp
 
     def ends(p):
@@ -253,32 +254,72 @@ def test_cpu_model_ends_wrapper_cost_sits_on_the_stages_holding_them():
         b = [x - n * lc["tp_b"] for x, n in zip(c.backward_comm_s, c.layers)]
         return dev, f, b
 
+    def comm(dev, mode):
+        return dev.parallel_split_s(mode)[0]
+
     dev, f, b = ends(_tiny(tp=2))
     for mode in ("tp", "tp_sp"):
         for part in ("embed", "head"):
             assert sum(dev.parallel_extra_s(f"{mode}_{part}")) > 0   # the shipped test profile measured it
-    (ef, eb), (hf, hb) = dev.parallel_extra_s("tp_embed"), dev.parallel_extra_s("tp_head")
+    (ef, eb), (hf, hb) = comm(dev, "tp_embed"), comm(dev, "tp_head")
     assert f == pytest.approx([ef + hf]) and b == pytest.approx([eb + hb])
     dev, f, b = ends(_tiny(tp=2, sequence_parallel=True))
-    (ef, eb), (hf, hb) = dev.parallel_extra_s("tp_sp_embed"), dev.parallel_extra_s("tp_sp_head")
+    (ef, eb), (hf, hb) = comm(dev, "tp_sp_embed"), comm(dev, "tp_sp_head")
     assert f == pytest.approx([ef + hf]) and b == pytest.approx([eb + hb])
     # two stages: the embedding's cost on the first, the head's on the last, beside the sends
     pp = _tiny(tp=2, pp=2)
     dev, f, b = ends(pp)
-    (ef, eb), (hf, hb) = dev.parallel_extra_s("tp_embed"), dev.parallel_extra_s("tp_head")
+    (ef, eb), (hf, hb) = comm(dev, "tp_embed"), comm(dev, "tp_head")
     snd, rcv = dev.p2p_send_s, dev.busy_p2p_latency_s
     assert f == pytest.approx([ef + snd, hf + rcv]) and b == pytest.approx([eb + rcv, hb + snd])
     # FSDP2: ZeRO-3's root group once per micro-batch, ZeRO-2's its own; plain DP adds none
     for zero, mode in ((3, "fsdp_zero3_root"), (2, "fsdp_zero2_root")):
         p = _tiny(dp=2, zero=zero)
         dev = cmp.device_model(p.cluster.node.gpu, "fp32")
-        lf, lb = dev.parallel_extra_s(mode.replace("_root", ""))
-        rf, rb = dev.parallel_extra_s(mode)
+        lf, lb = comm(dev, mode.replace("_root", ""))
+        rf, rb = comm(dev, mode)
         assert rf + rb > 0
         c = sim.step_costs(p)
         assert c.forward_comm_s == pytest.approx((4 * lf + rf,))
         assert c.backward_comm_s == pytest.approx((4 * lb + rb,))
     assert sim.step_costs(_tiny(dp=2)).forward_comm_s == pytest.approx((0.0,))
+
+
+@pytest.mark.parametrize("over", [dict(tp=2), dict(tp=2, sequence_parallel=True), dict(dp=2, zero=2),
+                                  dict(dp=2, zero=3), dict(tp=2, pp=2)])
+def test_cpu_wrapper_cost_splits_into_comm_and_host_compute_as_a_run_measures_it(over, monkeypatch):
+    # the profile's comm_share says how much of a wrapper's extra time a run's recorder sees
+    # inside collectives; the rest (DTensor dispatch, FSDP2's hooks) is host compute. The
+    # split moves time between compute and exposed comm, never the step time.
+    from simcore import compute as cmp
+
+    p = _tiny(**over)
+    dev = cmp.device_model(p.cluster.node.gpu, "fp32")
+    mode = "tp_sp" if over.get("sequence_parallel") else "tp" if "tp" in over else f"fsdp_zero{over['zero']}"
+    (cf, cb), (hf, hb) = dev.parallel_split_s(mode)
+    (tf, tb), share = dev.parallel_extra_s(mode), dict((n, (x, y)) for n, x, y in dev.parallel_comm_share)[mode]
+    assert 0 < share[0] < 1 and 0 < share[1] < 1          # the shipped test profile measured one
+    assert (cf, cb, hf, hb) == pytest.approx((tf * share[0], tb * share[1], tf * (1 - share[0]), tb * (1 - share[1])))
+    assert dev.parallel_split_s(f"{mode}_{'root' if 'fsdp' in mode else 'head'}")[0][0] == pytest.approx(
+        dev.parallel_extra_s(f"{mode}_{'root' if 'fsdp' in mode else 'head'}")[0] * share[0])   # an end takes its wrapper's
+    all_comm = dataclasses.replace(dev, parallel_comm_share=())
+    assert all_comm.parallel_split_s(mode) == ((tf, tb), (0.0, 0.0))   # no share measured: all comm
+
+    split = sim.step_costs(p)
+    monkeypatch.setattr(cmp, "device_model", lambda *a, **k: all_comm)
+    whole = sim.step_costs(p)
+    for v in range(len(split.layers)):
+        moved_f = whole.forward_comm_s[v] - split.forward_comm_s[v]
+        moved_b = whole.backward_comm_s[v] - split.backward_comm_s[v]
+        assert moved_f > 0 and moved_b > 0
+        assert split.forward_s[v] - whole.forward_s[v] == pytest.approx(moved_f)
+        assert split.backward_input_s[v] - whole.backward_input_s[v] == pytest.approx(moved_b)
+    from simcore.engine import simulate_des
+
+    for run in (sim.analytic, simulate_des):
+        a, b = run(split), run(whole)
+        assert a.step_time_s == pytest.approx(b.step_time_s)
+        assert a.compute_s > b.compute_s and a.exposed_comm_s < b.exposed_comm_s
 
 
 def test_cpu_ddp_all_reduce_and_zero1_broadcasts_are_lone_calls():
