@@ -58,6 +58,18 @@ class StepCosts:
     time_detail_s: dict[str, float] = field(default_factory=dict)
     """Per-kind totals for the report (tp_comm, cp_comm, ep_comm, ...), per step on the critical rank."""
     notes: tuple[str, ...] = ()
+    forward_send_s: tuple[float, ...] = ()
+    """CPU host: the sender's blocking call of one forward pipeline send (gloo), per micro-batch
+    (empty: none, as on GPUs, where sends are asynchronous)."""
+    backward_send_s: tuple[float, ...] = ()
+    """The same for the gradient sent back."""
+    forward_recv_wait_s: tuple[float, ...] = ()
+    """CPU host: the receiving rank's wait for a forward message's hand-over before its chunk
+    runs (gloo moves a message once the receiver posts its receive, and the busy sender's
+    thread then waits for a core). Idle time: the executor, which does not draw receives,
+    measures it as bubble, and so does the simulator."""
+    backward_recv_wait_s: tuple[float, ...] = ()
+    """The same for the gradient received."""
 
     @property
     def stages(self) -> int:
@@ -65,3 +77,9 @@ class StepCosts:
 
     def backward_s(self, v: int) -> float:
         return self.backward_input_s[v] + self.backward_weight_s[v]
+
+    def host_p2p_s(self, v: int, forward: bool) -> tuple[float, float]:
+        """(blocking send call, receive wait) of virtual stage ``v``'s forward or backward chunk."""
+        send, wait = (self.forward_send_s, self.forward_recv_wait_s) if forward else \
+            (self.backward_send_s, self.backward_recv_wait_s)
+        return (send[v] if send else 0.0), (wait[v] if wait else 0.0)

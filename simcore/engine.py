@@ -12,7 +12,9 @@ What runs (per simulated rank):
   action's input (the activation of the previous stage, or the gradient of the next),
   then runs recompute / kernels; blocking TP/CP/EP communication (``forward_comm_s``,
   ``backward_comm_s``) follows the kernels on the ``tp`` stream, since the compute
-  stream waits on it (Megatron's TP all-reduces are synchronous);
+  stream waits on it (Megatron's TP all-reduces are synchronous); on a calibrated CPU
+  host a pipeline chunk also waits for its input's hand-over first (the ``wait`` stream:
+  idle, so bubble, as the executor measures it) and blocks in its send call last (``pp``);
 - **communication streams** (``pp`` send/recv, ``dp`` gathers, ``dp`` reductions,
   ``copy`` host-device) are FIFO ``simpy.Resource`` queues of capacity 1, like a CUDA
   stream holding NCCL kernels in issue order;
@@ -271,13 +273,16 @@ class _CountingEnv(simpy.Environment):
 def _pieces(costs: StepCosts, a: Action, n: int) -> tuple[tuple[str, str, float], ...]:
     """(stream, kind, seconds) run back to back by one of ``n`` chunks of compute action ``a``."""
     v = a.stage
-    if a.op == Op.F:
-        return (("compute", "forward", costs.forward_s[v] / n), ("tp", "all_reduce", costs.forward_comm_s[v] / n))
     if a.op == Op.W:
         return (("compute", "backward_weight", costs.backward_weight_s[v] / n),)
-    kind, work = ("backward", costs.backward_s(v)) if a.op == Op.B else ("backward_input", costs.backward_input_s[v])
-    return (("compute", "recompute", costs.recompute_s[v] / n), ("compute", kind, work / n),
-            ("tp", "all_reduce", costs.backward_comm_s[v] / n))
+    send, wait = costs.host_p2p_s(v, a.op == Op.F)   # CPU host: the receive's hand-over, the send call
+    if a.op == Op.F:
+        work = (("compute", "forward", costs.forward_s[v] / n), ("tp", "all_reduce", costs.forward_comm_s[v] / n))
+    else:
+        kind, t = ("backward", costs.backward_s(v)) if a.op == Op.B else ("backward_input", costs.backward_input_s[v])
+        work = (("compute", "recompute", costs.recompute_s[v] / n), ("compute", kind, t / n),
+                ("tp", "all_reduce", costs.backward_comm_s[v] / n))
+    return (("wait", "recv", wait / n), *work, ("pp", "send", send / n))
 
 
 class _Step:
@@ -624,7 +629,7 @@ def _result(costs: StepCosts, spans: list[Span], step_s: float, step: _Step, mod
     by_kind: dict[str, float] = defaultdict(float)
     for s in spans:
         if s.rank == critical:
-            name = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm"}.get(s.stream, s.kind)
+            name = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm", "wait": "pp_wait"}.get(s.stream, s.kind)
             by_kind[name] += s.duration_s
     by_kind["bubble"] = split["bubble_s"]
     peak = plan.cluster.node.gpu.peak(plan.training.precision.value)

@@ -20,10 +20,13 @@ The analytic step, for the slowest pipeline rank with per-micro-batch time T = C
 On a calibrated CPU host (profile keys catalog GPUs lack, so their predictions do not
 move) a pipeline also pays, per micro-batch and virtual stage, torch.distributed.pipelining's
 per-chunk bookkeeping (``parallel_host.pipeline_chunk``), the sender's blocking gloo send
-call and the receiver's hand-over wait (``p2p_send_kernels``, ``p2p_latency_kernels``: gloo
-moves a message only once the receiver posts its receive, and the busy sender's gloo
-thread then waits for a core); the transit to a receiver already blocked is the relay's
-remainder (``p2p_wake_kernels``). All are measured by ``executors.calibrate``.
+call (pipeline comm) and the receiver's hand-over wait (idle, so bubble, as the executor
+measures it; ``p2p_send_kernels``, ``p2p_latency_kernels``: gloo moves a message only once
+the receiver posts its receive, and the busy sender's gloo thread then waits for a core);
+the transit to a receiver already blocked is the relay's remainder (``p2p_wake_kernels``).
+TP's and FSDP2's wrapper costs are split between blocking comm and host compute by the
+share a run's recorder sees inside collectives (``parallel_host.comm_share``). All are
+measured by ``executors.calibrate``.
 """
 from __future__ import annotations
 
@@ -270,12 +273,15 @@ def step_costs(plan: Plan) -> StepCosts:
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
         (ff, fb), (hf, hb) = dev.parallel_split_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
         fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb
+    fcomm = [fc * n for n in stages]
+    bcomm = [bc * n for n in stages]
     # CPU host: the sender's blocking send call and the receiver's hand-over wait, per message
     send, recv = (dev.p2p_send_s, dev.busy_p2p_latency_s) if par.pp > 1 else (0.0, 0.0)
-    fcomm = [fc * n + (send if v < nv - 1 else 0.0) + (recv if v > 0 else 0.0)   # activations on
-             for v, n in enumerate(stages)]
-    bcomm = [bc * n + (send if v > 0 else 0.0) + (recv if v < nv - 1 else 0.0)   # gradients back
-             for v, n in enumerate(stages)]
+    host_p2p = {}
+    if send + recv > 0:
+        first, last = [float(v > 0) for v in range(nv)], [float(v < nv - 1) for v in range(nv)]
+        host_p2p = {"forward_send_s": tuple(send * x for x in last), "forward_recv_wait_s": tuple(recv * x for x in first),
+                    "backward_send_s": tuple(send * x for x in first), "backward_recv_wait_s": tuple(recv * x for x in last)}
     fwd = [n * (f + host_f) for n in stages]
     bin_ = [n * (bi + host_b) for n in stages]
     bwt = [n * bw for n in stages]
@@ -313,7 +319,8 @@ def step_costs(plan: Plan) -> StepCosts:
         if ddp and dev.dp_sync_wait > 0:
             # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
             # a fraction of the rest of the step (the rank's work between syncs)
-            busy = mbs * (fwd[v] + bin_[v] + bwt[v] + rec[v] + fcomm[v] + bcomm[v]) + o * share
+            p2p_host = sum(x[v] for x in host_p2p.values())
+            busy = mbs * (fwd[v] + bin_[v] + bwt[v] + rec[v] + fcomm[v] + bcomm[v] + p2p_host) + o * share
             wait = dev.dp_sync_wait * busy
         grad.append((d["grad"] + d["compress"]) * share + fsdp_rs + wait)
         bcast = 0.0
@@ -332,7 +339,7 @@ def step_costs(plan: Plan) -> StepCosts:
     return StepCosts(
         plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
         backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
-        backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), param_gather_s=tuple(gather),
+        backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), param_gather_s=tuple(gather), **host_p2p,
         grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple([dpc["buckets"]] * nv),
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
         model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
@@ -356,16 +363,19 @@ def _interference_loss(c: StepCosts) -> float:
 
 def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
     """Per pipeline rank, per micro-batch: compute, blocking comm (with FSDP exposure and
-    PP sends), weight-gradient time, summed over the rank's virtual stages."""
+    PP sends), weight-gradient time, the CPU host's receive waits (idle), summed over the
+    rank's virtual stages."""
     p = c.plan.parallel.pp
     ag = c.time_detail_s.get("fsdp_layer_all_gather_s", 0.0)
     rs = c.time_detail_s.get("fsdp_layer_reduce_scatter_s", 0.0)
     lost = _interference_loss(c)
-    p2p = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
     out = []
     for r in range(p):
         fwd, bin_, bwt = sum(c.forward_s[r::p]), sum(c.backward_input_s[r::p]), sum(c.backward_weight_s[r::p])
         rec = sum(c.recompute_s[r::p])
+        host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] \
+            if c.forward_send_s or c.forward_recv_wait_s else []   # CPU host only
+        p2p = (2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0) + sum(h[0] for h in host)
         comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
         if ag > 0:   # prefetched gathers hide behind the layer compute; the first one cannot
             for v in range(r, c.stages, p):
@@ -373,7 +383,7 @@ def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
                 comm += max(0.0, n * ag - c.forward_s[v]) + max(0.0, n * (ag + rs) - bwd) + ag
                 comm += lost * (min(n * ag, c.forward_s[v]) + min(n * (ag + rs), bwd))
         out.append(dict(compute=fwd + bin_ + bwt + rec, comm=comm, w=bwt, fwd=fwd, bwd=bin_ + bwt,
-                        rec=rec, p2p=p2p))
+                        rec=rec, p2p=p2p, wait=sum(h[1] for h in host)))
     return out
 
 
@@ -381,7 +391,7 @@ def _pipeline_s(c: StepCosts, ranks: list[dict[str, float]], crit: int) -> float
     """Forward/backward span of all micro-batches on the critical rank, bubble included."""
     par = c.plan.parallel
     m, p, v = c.plan.num_microbatches, par.pp, par.vpp
-    t = [o["compute"] + o["comm"] for o in ranks]
+    t = [o["compute"] + o["comm"] + o["wait"] for o in ranks]
     tmax = t[crit]
     if p == 1:
         return m * tmax
@@ -398,7 +408,7 @@ def analytic(c: StepCosts) -> StepResult:
     par, tr = plan.parallel, plan.training
     m = plan.num_microbatches
     ranks = _rank_sums(c)
-    crit = max(range(par.pp), key=lambda r: ranks[r]["compute"] + ranks[r]["comm"])
+    crit = max(range(par.pp), key=lambda r: ranks[r]["compute"] + ranks[r]["comm"] + ranks[r]["wait"])
     pipe = _pipeline_s(c, ranks, crit)
     mine = [v for v in range(c.stages) if v % par.pp == crit]
     o = ranks[crit]
@@ -423,7 +433,7 @@ def analytic(c: StepCosts) -> StepResult:
         c.time_detail_s.get("host_memory_per_node_bytes", 0.0) <= plan.cluster.node.host_memory_bytes
     time_s = {"forward": m * o["fwd"], "backward": m * o["bwd"], "recompute": m * o["rec"],
               "layer_comm": m * (o["comm"] - o["p2p"]), "pp_comm": m * o["p2p"], "dp_comm": dp_exposed,
-              "param_sync": sync, "optimizer": opt, "offload": offload_s, "bubble": bubble}
+              **({"pp_wait": m * o["wait"]} if o["wait"] else {}), "param_sync": sync, "optimizer": opt, "offload": offload_s, "bubble": bubble}
     return StepResult(
         source="analytic", plan_name=plan.name, step_time_s=step,
         **rate_fields(plan, step, c.model_flops_per_step, c.hardware_flops_per_step),

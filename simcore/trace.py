@@ -22,8 +22,10 @@ from pathlib import Path
 
 GIB = 1024**3
 
-#: Streams of a rank. "compute" runs kernels; the others carry communication or copies.
-STREAMS = ("compute", "tp", "cp", "ep", "pp", "dp", "copy")
+#: Streams of a rank. "compute" runs kernels; "wait" holds idle time whose cause the
+#: simulator knows (a CPU host's pipeline receive hand-over), counted as bubble; the others
+#: carry communication or copies.
+STREAMS = ("compute", "tp", "cp", "ep", "pp", "dp", "copy", "wait")
 COMM_STREAMS = ("tp", "cp", "ep", "pp", "dp")
 
 #: Kinds of span. backward_input / backward_weight are the zero-bubble split of backward.
