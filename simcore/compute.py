@@ -139,6 +139,8 @@ class DeviceModel:
         backward) host compute) by the calibrated share a run measures as exposed communication
         (an end's, ``*_embed`` / ``*_head`` / ``*_root``, is its wrapper's); all communication
         where no share was measured."""
+        if not self.parallel_kernels:   # catalog GPUs: no wrapper host costs
+            return (0.0, 0.0), (0.0, 0.0)
         f, b = self.parallel_extra_s(mode)
         base = mode.rsplit("_", 1)[0] if mode.endswith(("_embed", "_head", "_root")) else mode
         sf, sb = next(((x, y) for name, x, y in self.parallel_comm_share if name == base), (1.0, 1.0))

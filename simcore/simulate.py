@@ -183,6 +183,8 @@ def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], li
     cost on each rank's first virtual stage."""
     par = plan.parallel
     parts = []
+    if not dev.parallel_kernels:   # catalog GPUs: no wrapper host costs
+        return
     if par.tp > 1:
         mode = "tp_sp" if par.sequence_parallel else "tp"
         parts += [(0, f"{mode}_embed"), (-1, f"{mode}_head")]
@@ -369,13 +371,14 @@ def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
     ag = c.time_detail_s.get("fsdp_layer_all_gather_s", 0.0)
     rs = c.time_detail_s.get("fsdp_layer_reduce_scatter_s", 0.0)
     lost = _interference_loss(c)
+    hops = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
+    host_p2p = bool(c.forward_send_s or c.forward_recv_wait_s)   # CPU host only
     out = []
     for r in range(p):
         fwd, bin_, bwt = sum(c.forward_s[r::p]), sum(c.backward_input_s[r::p]), sum(c.backward_weight_s[r::p])
         rec = sum(c.recompute_s[r::p])
-        host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] \
-            if c.forward_send_s or c.forward_recv_wait_s else []   # CPU host only
-        p2p = (2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0) + sum(h[0] for h in host)
+        host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] if host_p2p else ()
+        p2p, wait = (hops + sum(h[0] for h in host), sum(h[1] for h in host)) if host else (hops, 0.0)
         comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
         if ag > 0:   # prefetched gathers hide behind the layer compute; the first one cannot
             for v in range(r, c.stages, p):
@@ -383,7 +386,7 @@ def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
                 comm += max(0.0, n * ag - c.forward_s[v]) + max(0.0, n * (ag + rs) - bwd) + ag
                 comm += lost * (min(n * ag, c.forward_s[v]) + min(n * (ag + rs), bwd))
         out.append(dict(compute=fwd + bin_ + bwt + rec, comm=comm, w=bwt, fwd=fwd, bwd=bin_ + bwt,
-                        rec=rec, p2p=p2p, wait=sum(h[1] for h in host)))
+                        rec=rec, p2p=p2p, wait=wait))
     return out
 
 
