@@ -312,8 +312,9 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
     ``keep`` full calibrations of the same host and torch: each is measured in one ~10 s
     probe while the host's state drifts over minutes, so the figures in use are the median
     per entry over this calibration and those kept in ``previous`` (the profile being
-    replaced) under ``raw.host_cost_history`` (the wrappers' communication shares, ``comm_share``,
-    alike); those measured by another probe method (``parallel_host.probe_method``) are dropped. The counts are in units of each
+    replaced) under ``raw.host_cost_history`` (the wrappers' communication shares,
+    ``comm_share``, alike); those measured by another probe method
+    (``parallel_host.probe_method``) are dropped. The counts are in units of each
     calibration's own per-kernel time, which the refresh rescales to the current speed."""
     ph = (profile.get("efficiency") or {}).get("parallel_host")
     if not ph:

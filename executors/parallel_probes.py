@@ -34,7 +34,8 @@ WRAPPER_FIT_LAYERS = (2, 6)
 #: The wrappers' entries for the model's ends (``parallel_host_kernels``).
 WRAPPER_ENDS = ("tp_embed", "tp_head", "tp_sp_embed", "tp_sp_head", "fsdp_zero2_root", "fsdp_zero3_root")
 #: Recorded steps per wrapped model of the communication-share probe (``_recorded_comm``;
-#: median kept; a noise choice: one share read within a few points over 3 steps here).
+#: median kept; a noise choice: the shares read 0.4-0.7 and moved by up to 0.2 between
+#: back-to-back calibrations, which the pooling over calibrations evens out).
 COMM_SHARE_REPS = 3
 #: Version of the parallel probe's method, kept with the pooled host costs: calibrations
 #: that measured the wrappers another way are not pooled with this one.
