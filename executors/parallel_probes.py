@@ -197,8 +197,9 @@ def _recorded_comm(rank: int, mesh, steps: dict, names: list[str], reps: int) ->
             for i in range(reps + 1):
                 rec.start_step()
                 f, _b = steps[name](rec)
-                end, spans = rec.now(), rec.step_spans()   # the forward ends at ~f: started with the step
+                end = rec.now()   # the forward ends at ~f: it started with the step
                 if i:   # the first is a warm-up
+                    spans = rec.step_spans()
                     rows.append((f, end - f, split_step(spans, rank, 0.0, f)["exposed_comm_s"],
                                  split_step(spans, rank, f, end)["exposed_comm_s"]))
             out[name] = [statistics.median(r[j] for r in rows) for j in range(4)]

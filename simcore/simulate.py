@@ -181,10 +181,10 @@ def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], li
     output, loss) on the last. FSDP2 shards each pipeline rank's model as a root group of its
     own (the embedding, final norm and output on the ranks that hold them): one root group's
     cost on each rank's first virtual stage."""
-    par = plan.parallel
-    parts = []
     if not dev.parallel_kernels:   # catalog GPUs: no wrapper host costs
         return
+    par = plan.parallel
+    parts = []
     if par.tp > 1:
         mode = "tp_sp" if par.sequence_parallel else "tp"
         parts += [(0, f"{mode}_embed"), (-1, f"{mode}_head")]
