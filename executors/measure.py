@@ -10,8 +10,12 @@ a collective that blocks the host (a synchronous call) is cut out of the compute
 so that ``simcore.trace.split_step`` sees compute, exposed communication and bubble as
 the simulator defines them. Functional (DTensor) collectives are waited on at once.
 Pipeline receives are counted but not drawn: their wait is the upstream stage's compute,
-i.e. bubble, not transfer. Limits: the host cannot see a wait inside an autograd hook
-(FSDP2's unshard wait, DDP's final bucket) and counts it as compute.
+i.e. bubble, not transfer. An asynchronous collective issued and completed inside one
+compute span was awaited there (DDP's bucket all-reduces, which ``backward`` waits for
+before it returns; ZeroRedundancyOptimizer's broadcasts, which its ``step`` waits for):
+the host waits from the last such call to the last completion, and that interval is cut
+out of the compute span as well. Limits: the host cannot see other waits inside an
+autograd hook (FSDP2's unshard wait) and counts them as compute.
 
 Memory (CPU): the exact bytes of this rank's local parameter, gradient and optimizer
 state tensors (DTensor local shards), and the peak bytes of tensors saved for backward
@@ -68,6 +72,9 @@ class Recorder:
     """frozenset of global ranks -> mesh axis name."""
     spans: list = field(default_factory=list)
     blocking: list = field(default_factory=list)
+    """(start, end) of collectives that blocked the host from call to completion."""
+    issued: list = field(default_factory=list)
+    """(start, end) of asynchronous collectives: call to completion of their future."""
     counts: Counter = field(default_factory=Counter)
     step_start: float = 0.0
     enabled: bool = True
@@ -75,7 +82,7 @@ class Recorder:
     _local: threading.local = field(default_factory=threading.local)
 
     def start_step(self) -> None:
-        self.spans, self.blocking = [], []
+        self.spans, self.blocking, self.issued = [], [], []
         self.step_start = time.perf_counter()
 
     def now(self) -> float:
@@ -95,11 +102,24 @@ class Recorder:
             self.spans.append((axis, kind, f"{kind} {axis}", start, end, nbytes))
             if blocking:
                 self.blocking.append((start, end))
+            elif kind != "send":   # the pipeline schedule never waits on its sends inside a chunk
+                self.issued.append((start, end))
+
+    def awaited(self) -> list[tuple[float, float]]:
+        """Per compute span, the host's wait for the asynchronous collectives it issued and
+        saw complete: from the last call to the last completion (none where it issued none)."""
+        waits = []
+        for stream, _kind, _name, start, end, _nbytes in self.spans:
+            inside = [(s, e) for s, e in self.issued if stream == "compute" and start <= s and e <= end]
+            if inside:
+                waits.append((max(s for s, _ in inside), max(e for _, e in inside)))
+        return [(s, e) for s, e in waits if e > s]
 
     def step_spans(self) -> list[Span]:
-        """This step's spans, compute spans with the host's blocking waits cut out."""
+        """This step's spans, compute spans with the host's waits cut out: blocking
+        collectives and the awaited tail of asynchronous ones."""
         out = []
-        blocks = sorted(self.blocking)
+        blocks = sorted(self.blocking + self.awaited())
         for stream, kind, name, start, end, nbytes in self.spans:
             pieces = subtract_intervals([(start, end)], blocks) if stream == "compute" else [(start, end)]
             out.extend(Span(self.rank, stream, kind, name, s, e - s, nbytes) for s, e in pieces if e > s)

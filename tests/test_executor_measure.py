@@ -30,6 +30,23 @@ def test_blocking_collectives_are_cut_out_of_compute():
     assert parts == pytest.approx({"compute_s": 0.7, "exposed_comm_s": 0.7, "offload_s": 0.0, "bubble_s": 0.1})
 
 
+def test_the_awaited_tail_of_asynchronous_collectives_is_cut_out_of_compute():
+    # DDP issues a bucket's all-reduce as its gradients are ready and backward waits for all
+    # of them before it returns: the host waits from the last call to the last completion
+    rec = measure.Recorder(rank=0)
+    rec.spans = [("compute", "backward", "B0", 0.0, 1.0, 0.0), ("compute", "optimizer", "opt", 1.3, 1.5, 0.0)]
+    rec.comm("all_reduce", "dp", 64.0, 0.3, 0.5, blocking=False)    # bucket 1, done while computing
+    rec.comm("all_reduce", "dp", 64.0, 0.8, 0.95, blocking=False)   # the last bucket: awaited
+    rec.comm("send", "pp", 64.0, 0.6, 0.7, blocking=False)          # a pipeline send is never awaited here
+    rec.comm("all_reduce", "dp", 64.0, 0.9, 1.2, blocking=False)    # outlives the span: not awaited by it
+    assert rec.awaited() == [(0.8, 0.95)]
+    compute = [(s.start_s, s.end_s) for s in rec.step_spans() if s.stream == "compute"]
+    assert compute == [(0.0, 0.8), (0.95, 1.0), (1.3, 1.5)]
+    parts = split_step(rec.step_spans(), 0, 0.0, 1.5)
+    # exposed: the awaited 0.15 and the all-reduce that ran past backward, 1.0..1.2
+    assert parts == pytest.approx({"compute_s": 1.05, "exposed_comm_s": 0.35, "offload_s": 0.0, "bubble_s": 0.1})
+
+
 def test_parameters_the_tracker_does_not_own_are_kept_apart_from_activations():
     # FSDP2's unsharded parameters are not the (sharded) parameters the tracker was given;
     # a linear saves the transposed view of one: counted under unsharded_peak, not peak
@@ -146,6 +163,11 @@ def test_tiny_plan_end_to_end(tmp_path):
     assert m.compute_s > 0 and m.bubble_s > 0  # two pipeline stages: stage 1 waits for stage 0
     # 4 micro-batches per data-parallel rank: each stage sends 4 tensors per step
     assert m.extra["calls.send.pp"] == 4 * 4 and m.extra["calls.all_reduce.dp"] == 4
+    # DDP's one bucket all-reduce per rank is awaited inside the last backward: the compute
+    # span stops where it is called (the host's wait is exposed comm, not compute)
+    for rank in range(4):
+        (ar,) = [s for s in m.spans if s.rank == rank and s.kind == "all_reduce"]
+        assert ar.start_s in {s.end_s for s in m.spans if s.rank == rank and s.stream == "compute"}
     # pipeline stage 0 holds tok (256x64) + pos (32x64) + 2 blocks of 49280 parameters, fp32
     assert m.memory_bytes["weights"] == 4 * (256 * 64 + 32 * 64 + 2 * 49280)
     assert m.memory_bytes["gradients"] == m.memory_bytes["weights"]
