@@ -76,3 +76,33 @@ def test_two_layouts_predicted_and_run():
         assert abs(math.log(p.step_time_s / m.step_time_s)) < math.log(20)
         assert row["step_err"] == pytest.approx((p.step_time_s - m.step_time_s) / m.step_time_s)
         assert comp.error("memory.weights") == pytest.approx(0.0, abs=0.05)
+
+
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "validate_local.py"
+    spec = importlib.util.spec_from_file_location("validate_local_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_benchmark_takes_a_layouts_median_repeat_and_keeps_the_average_beside_it():
+    bench = _bench_module()
+
+    def run(pred, meas):
+        return {"layout": "tp2", "pred_step_s": pred, "meas_step_s": meas, "step_err": (pred - meas) / meas,
+                "step_lo_s": 0.8 * pred, "step_hi_s": 1.2 * pred, "pred_mem_gib": 1.0, "meas_mem_gib": 1.0,
+                "mem_err": 0.0}
+
+    # one disturbed repeat (measured 2.4x its prediction) of three does not decide the layout
+    runs = [run(1.03, 1.0), run(1.0, 2.44), run(1.11, 1.0)]
+    row = bench.combine(runs)
+    assert row["step_err"] == pytest.approx(0.03) and row["meas_step_s"] == 1.0 and row["in_interval"]
+    assert row["mean_step_err"] == pytest.approx((3.14 / 3 - 4.44 / 3) / (4.44 / 3))
+    assert row["repeat_errs"] == "+3% -59% +11%"
+    # an even count averages the middle two
+    row = bench.combine(runs + [run(1.2, 1.0)])
+    assert row["pred_step_s"] == pytest.approx((1.03 + 1.11) / 2) and row["meas_step_s"] == pytest.approx(1.0)
