@@ -70,6 +70,14 @@ class StepCosts:
     measures it as bubble, and so does the simulator."""
     backward_recv_wait_s: tuple[float, ...] = ()
     """The same for the gradient received."""
+    grad_sync_holds_send: bool = False
+    """A stage's backward that reduces its gradients sends its input gradient upstream only
+    once the reduction is complete. torch.distributed.pipelining runs DDP's reduction inside
+    the stage's last backward call (``PipelineStage.backward_maybe_with_nosync``) and DDP's
+    reducer waits for its buckets before ``backward`` returns, so the pipeline's drain passes
+    every stage's gradient sync in turn. Set for DDP under pipelining on a calibrated profile,
+    where trainplan's executor is what runs; catalog hardware keeps the reduction off the
+    pipeline (the published Megatron-LM runs the model is checked against reduce that way)."""
 
     @property
     def stages(self) -> int:

@@ -22,7 +22,9 @@ What runs (per simulated rank):
 - **DDP / FSDP2 gradient reduction** (Li et al. 2020, PyTorch Distributed, Sec. 3.2):
   the per-step reduction of a stage is issued in ``grad_buckets`` equal buckets while
   that stage's last backward runs (gradient accumulation reduces only once per step),
-  and overlaps the rest of the schedule;
+  and overlaps the rest of the schedule; where ``grad_sync_holds_send`` (DDP under
+  torch.distributed.pipelining, on a calibrated profile) that backward sends its input
+  gradient only once the reduction is done;
 - **FSDP2 parameter all-gather** (``param_gather_s``): the gather of the next unit of
   work (action, or layer at layer granularity) is issued when the current one starts,
   torch FSDP2's one-ahead prefetch; the work waits for its own gather;
@@ -487,7 +489,7 @@ class _Step:
     def _rank(self, unit):
         acts = [a for a in self.schedule[unit[0]] if a is not None]
         items = self._items(acts)
-        reductions, gather = [], self._gather(unit, items[0]) if items else None
+        reductions, held, gather = [], [], self._gather(unit, items[0]) if items else None
         for idx, item in enumerate(items):
             a, c, n, reduce = item
             key = self._input_key(a) if c == 0 else None
@@ -500,8 +502,14 @@ class _Step:
                 yield mine
             yield from self._run_chunk(unit, a, n)
             if reduce:
-                reductions += self._reduce(unit, a, c, n)
+                issued = self._reduce(unit, a, c, n)
+                reductions += issued
+                held = (held if c else []) + issued
             if c == n - 1:
+                if reduce and self.costs.grad_sync_holds_send:   # DDP's reducer inside torch's stage backward
+                    for ev in held:
+                        if not ev.triggered:
+                            yield ev
                 self._output(unit, a)
         for ev in reductions:
             if not ev.triggered:

@@ -26,7 +26,10 @@ the receiver posts its receive, and the busy sender's gloo thread then waits for
 the transit to a receiver already blocked is the relay's remainder (``p2p_wake_kernels``).
 TP's and FSDP2's wrapper costs are split between blocking comm and host compute by the
 share a run's recorder sees inside collectives (``parallel_host.comm_share``). All are
-measured by ``executors.calibrate``.
+measured by ``executors.calibrate``. On any calibrated profile, where trainplan's executor
+is what runs, DDP under torch.distributed.pipelining sends a stage's last input gradient
+only after the stage's gradient reduction (``StepCosts.grad_sync_holds_send``): the drain
+waits for every later stage's reduction tail in turn.
 """
 from __future__ import annotations
 
@@ -342,6 +345,7 @@ def step_costs(plan: Plan) -> StepCosts:
         plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
         backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
         backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), param_gather_s=tuple(gather), **host_p2p,
+        grad_sync_holds_send=ddp and par.pp > 1 and plan.cluster.node.gpu.calibrated,
         grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple([dpc["buckets"]] * nv),
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
         model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
@@ -405,6 +409,23 @@ def _pipeline_s(c: StepCosts, ranks: list[dict[str, float]], crit: int) -> float
     return (m - 1) * tmax + sum(t)
 
 
+def _reduce_tail_s(c: StepCosts, v: int) -> float:
+    """Virtual stage ``v``'s gradient reduction left after its last backward: the last
+    bucket, or what the backward could not hide (``dp_exposed`` below, for one stage)."""
+    grad, window = c.grad_reduce_per_step_s[v], c.backward_s(v) + c.recompute_s[v]
+    return max(grad / max(1, c.grad_buckets[v]), grad - window) if grad > 0 else 0.0
+
+
+def _held_sends_s(c: StepCosts) -> float:
+    """The drain's wait where every stage's gradient sync holds its last input-gradient send
+    (``StepCosts.grad_sync_holds_send``): the last micro-batch's backward passes the virtual
+    stages from last to first, each after the previous one's reduction tail. Zero-bubble
+    reduces in its weight-gradient pass, which sends nothing."""
+    if not c.grad_sync_holds_send or c.plan.parallel.schedule == Schedule.ZERO_BUBBLE:
+        return 0.0
+    return sum(_reduce_tail_s(c, v) for v in range(1, c.stages))
+
+
 def analytic(c: StepCosts) -> StepResult:
     """The closed-form step (module docstring) from a StepCosts."""
     plan = c.plan
@@ -412,7 +433,7 @@ def analytic(c: StepCosts) -> StepResult:
     m = plan.num_microbatches
     ranks = _rank_sums(c)
     crit = max(range(par.pp), key=lambda r: ranks[r]["compute"] + ranks[r]["comm"] + ranks[r]["wait"])
-    pipe = _pipeline_s(c, ranks, crit)
+    pipe = _pipeline_s(c, ranks, crit) + _held_sends_s(c)
     mine = [v for v in range(c.stages) if v % par.pp == crit]
     o = ranks[crit]
     grad = sum(c.grad_reduce_per_step_s[v] for v in mine)

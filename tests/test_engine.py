@@ -93,6 +93,27 @@ def test_gradient_buckets_overlap_the_last_backward():
     assert res.exposed_comm_s == 0.5 and res.compute_s == 7.0
 
 
+def test_a_gradient_sync_that_holds_the_send_delays_the_drain_on_both_paths():
+    """pp=2, dp=2, 1F1B, m=2, f=1, b=2, no p2p; each stage reduces 1 s in one bucket issued at
+    the end of its last backward. Stage 1's B1 ends at 7: its reduction runs [7, 8]. Overlapped,
+    stage 0 gets the gradient at 7 (B1 [7, 9], reduction [9, 10]); held as torch's pipelining
+    stage with DDP holds it, at 8 (B1 [8, 10], reduction [10, 11])."""
+    from simcore.simulate import analytic
+
+    costs = _costs(_plan(pp=2, dp=2, global_batch=4), grad_reduce_per_step_s=(1.0, 1.0), memory_per_rank_bytes=(1.0, 1.0))
+    held = dataclasses.replace(costs, grad_sync_holds_send=True)
+    free, hold = simulate_des(costs), simulate_des(held)
+    assert (free.step_time_s, hold.step_time_s) == (10.0, 11.0)
+    b1 = [s.start_s for s in hold.spans if s.name == "0B1"]
+    reduced = [s.end_s for s in hold.spans if s.name == "1REDUCE_GRAD0"]
+    assert b1 == reduced == [8.0]
+    assert hold.bubble_s - free.bubble_s == pytest.approx(1.0)   # stage 0 idles for it
+    assert (analytic(costs).step_time_s, analytic(held).step_time_s) == (10.0, 11.0)
+    # zero-bubble reduces in the weight-gradient pass, which sends nothing: no hold
+    zb = _costs(_plan(pp=2, dp=2, global_batch=4, schedule="zero-bubble"), grad_reduce_per_step_s=(1.0, 1.0))
+    assert simulate_des(dataclasses.replace(zb, grad_sync_holds_send=True)).step_time_s == simulate_des(zb).step_time_s
+
+
 def test_fsdp_gather_is_prefetched_one_action_ahead():
     """pp=1, m=1: F then B, each needing a 0.5 s gather (param_gather_s=1.0 per micro-batch)."""
     res = simulate_des(_costs(_plan(pp=1, global_batch=1), param_gather_s=(1.0,)))

@@ -234,6 +234,23 @@ def test_catalog_pipeline_keeps_asynchronous_sends_and_hop_latency():
     assert c.p2p_s == pytest.approx(hop + act / net.bus_bytes_per_s)
 
 
+def test_ddp_under_pipelining_holds_the_send_only_where_the_executor_runs():
+    # trainplan's executor (torch.distributed.pipelining + DDP) sends a stage's last input
+    # gradient after DDP's reduction: modelled on a calibrated profile, for DDP layouts
+    assert sim.step_costs(_tiny(dp=2, pp=2)).grad_sync_holds_send
+    assert sim.step_costs(_tiny(dp=2, pp=2, zero=1)).grad_sync_holds_send
+    assert not sim.step_costs(_tiny(dp=2, pp=2, zero=2)).grad_sync_holds_send   # FSDP2
+    assert not sim.step_costs(_tiny(pp=2)).grad_sync_holds_send                # nothing to reduce
+    assert not sim.step_costs(_tiny(dp=2)).grad_sync_holds_send                # no pipeline
+    # catalog hardware keeps the reduction off the pipeline, as the published Megatron-LM runs do
+    assert not sim.step_costs(plan(parallel={"tp": 8, "pp": 12, "dp": 16})).grad_sync_holds_send
+    c = sim.step_costs(_tiny(dp=2, pp=2))
+    free = dataclasses.replace(c, grad_sync_holds_send=False)
+    tail = sim._reduce_tail_s(c, 1)          # stage 1's reduction left after its last backward
+    assert tail > 0
+    assert sim.analytic(c).step_time_s == pytest.approx(sim.analytic(free).step_time_s + tail)
+
+
 def test_cpu_pipeline_chunk_cost_is_added_per_virtual_stage():
     from simcore import compute as cmp
 
