@@ -110,7 +110,7 @@ class Recorder:
         saw complete: from the last call to the last completion (none where it issued none)."""
         waits = []
         for stream, _kind, _name, start, end, _nbytes in self.spans:
-            inside = [(s, e) for s, e in self.issued if stream == "compute" and start <= s and e <= end]
+            inside = [(s, e) for s, e in self.issued if start <= s and e <= end] if stream == "compute" else []
             if inside:
                 waits.append((max(s for s, _ in inside), max(e for _, e in inside)))
         return [(s, e) for s, e in waits if e > s]
