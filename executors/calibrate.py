@@ -213,8 +213,7 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
         "collectives": fits,
         "raw": {"matmul": matmul, "memory": memory, "collectives": collectives, "h2d_bytes_per_s": h2d,
                 "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel,
-                "executor_one_rank": oversub.get("one_rank_step") or {},
-                **({"host_unit_reference": ref} if (ref := host_unit_reference(efficiency, oversub)) else {})},
+                "executor_one_rank": oversub.get("one_rank_step") or {}},
     }
 
 
@@ -225,35 +224,6 @@ def _rank_tables(efficiency: dict, oversub: dict) -> None:
     for key, name in (("layer", "host_oversubscription"), ("dp_sync_wait", "dp_sync_wait_fraction")):
         if oversub.get(key):
             efficiency[name] = {str(k): v for k, v in _per_rank(oversub[key]).items()}
-
-
-def _one_rank_step_s(one: dict) -> float:
-    """Forward + backward of the executor's one-rank probe step (0 where not measured)."""
-    return float(one.get("forward", 0.0)) + float(one.get("backward", 0.0))
-
-
-def host_unit_reference(efficiency: dict, oversub: dict) -> dict:
-    """The calibration's host kernel time and the executor's one-rank step taken with it, which
-    a refresh scales the host kernel time by (``refreshed_host_overhead_us``); empty where
-    either is missing (a GPU profile)."""
-    step = _one_rank_step_s(oversub.get("one_rank_step") or {})
-    if not (step and efficiency.get("host_overhead_us")):
-        return {}
-    return {"host_overhead_us": efficiency["host_overhead_us"], "one_rank_step_s": step}
-
-
-def refreshed_host_overhead_us(profile: dict, oversub: dict) -> float | None:
-    """The host kernel time now, the unit of the measured wrapper, checkpointing, optimizer
-    and pipeline host costs: the calibration's, times the executor's one-rank step now over
-    the step measured with it. The isolated probe layer (0.25 s x 3 rounds) read it 1.5x and
-    2.4x its neighbours in two of nine refreshes while the executor's step and the TP runs
-    after it did not move so (bench/RESULTS.md); a profile without the reference re-derives
-    it from that probe, as before."""
-    raw = profile.get("raw") or {}
-    ref, now = raw.get("host_unit_reference") or {}, _one_rank_step_s(oversub.get("one_rank_step") or {})
-    if ref.get("one_rank_step_s") and now:
-        return ref["host_overhead_us"] * now / ref["one_rank_step_s"]
-    return _host_overhead_s(raw["host_overhead"], oversub) * 1e6 if raw.get("host_overhead") else None
 
 
 def _host_overhead_s(host: dict, oversub: dict) -> float:
@@ -383,8 +353,7 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
 def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycles: int = REFRESH_CYCLES) -> dict:
     """Re-measure the load-sensitive host figures of a CPU profile now (~25 s): the
     oversubscription probes (1, 2, 4 ranks, the executor's slowdown included), hence the
-    per-rank GEMM rates and the host kernel time (which follows the executor's one-rank
-    step, ``refreshed_host_overhead_us``), the pipeline point-to-point
+    per-kernel host overhead and the per-rank GEMM rates, the pipeline point-to-point
     figures (``bench_p2p``), and the anchor to the executor's one-rank step. (Re-measuring
     the torch wrappers' host cost here too, with a shorter ``bench_parallel_host``, was
     tried: it added as much noise per run as it removed bias; bench/RESULTS.md.) On a machine shared with other work the speed a rank gets changes
@@ -399,9 +368,9 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     if anchor:   # back to the probes' own figures; re-anchored below on this refresh's run
         _scale_compute(profile, 1.0 / anchor["ratio"], host_unit=False,
                        device=1.0 / anchor.get("device_ratio", anchor["ratio"]))
-    unit = refreshed_host_overhead_us(profile, oversub)
-    if unit:
-        eff["host_overhead_us"] = unit
+    host = (profile.get("raw") or {}).get("host_overhead")
+    if host:
+        eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
     _rank_tables(eff, oversub)   # the per-rank layer rate and the ranks' spread move with the load
     if eff.get("parallel_host"):   # the pipeline hand-over between busy ranks moves with the load
         eff["parallel_host"].update(bench_p2p())

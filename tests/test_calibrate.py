@@ -207,30 +207,9 @@ def test_quick_calibration_end_to_end(tmp_path, monkeypatch):
     assert set(fits) == set(cprobes.WIRE_FACTOR) and all(2 in v for v in fits.values())
     assert set(prof["oversubscription"]["layer_steps_per_s_per_rank"]) == {1, 2}
     assert prof["oversubscription"]["executor_slowdown"][1] == 1.0 and prof["oversubscription"]["executor_slowdown"][2] >= 1.0
-    ref = prof["raw"]["host_unit_reference"]   # what a refresh scales the host kernel time from
-    assert ref["host_overhead_us"] == prof["efficiency"]["host_overhead_us"] and ref["one_rank_step_s"] > 0
     monkeypatch.setenv("TRAINPLAN_PROFILE", str(out))
     pred = simulate(plan_from_dict(DOC))
     assert pred.step_time_s > 0 and math.isfinite(pred.step_time_s)
-
-
-def test_a_refresh_moves_the_host_kernel_time_with_the_executors_one_rank_step():
-    # calibration: 40 us per host kernel while the executor's one-rank step took 20 ms
-    eff = {"host_overhead_us": 40.0}
-    ref = cal.host_unit_reference(eff, {"one_rank_step": {"forward": 0.008, "backward": 0.012}})
-    assert ref == {"host_overhead_us": 40.0, "one_rank_step_s": pytest.approx(0.020)}
-    profile = {"efficiency": eff, "raw": {"host_unit_reference": ref,
-                                          "host_overhead": {"per_kernel_s": 1e-5, "forward_kernels": 40,
-                                                            "backward_kernels": 60}}}
-    # now the step takes 25 ms: 50 us, whatever the isolated probe layer reads this moment
-    spike = {"layer": {1: 100.0, 2: 60.0}, "one_rank_step": {"forward": 0.010, "backward": 0.015}}
-    assert cal.refreshed_host_overhead_us(profile, spike) == pytest.approx(50.0)
-    # no step measured now, or a profile from before the reference: the probe layer's figure
-    # (1 / (100 steps/s x 100 kernels) = 100 us)
-    assert cal.refreshed_host_overhead_us(profile, {"layer": {1: 100.0}}) == pytest.approx(100.0)
-    del profile["raw"]["host_unit_reference"]
-    assert cal.refreshed_host_overhead_us(profile, spike) == pytest.approx(100.0)
-    assert cal.host_unit_reference({"host_overhead_us": 40.0}, {}) == {}   # a GPU profile: none
 
 
 def test_executor_activation_formula_matches_the_saved_tensor_hooks():
