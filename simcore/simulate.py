@@ -409,11 +409,15 @@ def _pipeline_s(c: StepCosts, ranks: list[dict[str, float]], crit: int) -> float
     return (m - 1) * tmax + sum(t)
 
 
+def _reduce_tail(grad: float, buckets: int, window: float) -> float:
+    """A gradient reduction of ``grad`` seconds in ``buckets`` buckets issued during a
+    backward of ``window`` seconds: what is left after it, the last bucket at least."""
+    return max(grad / max(1, buckets), grad - window) if grad > 0 else 0.0
+
+
 def _reduce_tail_s(c: StepCosts, v: int) -> float:
-    """Virtual stage ``v``'s gradient reduction left after its last backward: the last
-    bucket, or what the backward could not hide (``dp_exposed`` below, for one stage)."""
-    grad, window = c.grad_reduce_per_step_s[v], c.backward_s(v) + c.recompute_s[v]
-    return max(grad / max(1, c.grad_buckets[v]), grad - window) if grad > 0 else 0.0
+    """Virtual stage ``v``'s gradient reduction left after its last backward."""
+    return _reduce_tail(c.grad_reduce_per_step_s[v], c.grad_buckets[v], c.backward_s(v) + c.recompute_s[v])
 
 
 def _held_sends_s(c: StepCosts) -> float:
@@ -444,7 +448,7 @@ def analytic(c: StepCosts) -> StepResult:
     copies = sum(c.offload_per_step_s[v] for v in mine)
     buckets = max(c.grad_buckets[v] for v in mine)
     window = o["bwd"] + o["rec"]                   # the last micro-batch's backward
-    dp_exposed = max(grad / buckets, grad - window) if grad > 0 else 0.0
+    dp_exposed = _reduce_tail(grad, buckets, window)
     dp_exposed += _interference_loss(c) * (grad - dp_exposed)   # the hidden part slows the backward
     offloaded = tr.offload != Offload.NONE
     offload_s = max(opt, copies) if offloaded else 0.0
