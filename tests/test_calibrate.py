@@ -474,3 +474,64 @@ def test_host_costs_are_pooled_over_this_hosts_last_calibrations():
         cur = cal.pool_host_costs(p, cur)
     assert cur["efficiency"]["parallel_host"]["comm_share"] == {"tp": [0.5, 0.5]}
     assert len(cur["raw"]["host_cost_history"]) == 4      # the first had no shares: not in their median
+
+
+def test_host_costs_pool_in_a_share_of_the_executors_one_rank_step():
+    def prof(tp, opt, unit_us, step_s, date):
+        return {"measured_on": {"host": "vm", "torch": "2.13.0+cpu", "device": "cpu", "date": date},
+                "efficiency": {"host_overhead_us": unit_us, "host_overhead_source": "probe layer",
+                               "parallel_host": {"tp": {"forward_kernels": tp, "backward_kernels": 2 * tp},
+                                                 "optimizer_per_tensor_kernels": opt,
+                                                 "p2p_send_kernels": 3.0, "source": "probe"}},
+                "raw": {"executor_one_rank": {"forward": step_s / 2, "backward": step_s / 2}}}
+
+    # one calibration: the unit is its own host kernel time, now as a share of its step
+    first = cal.pool_host_costs(prof(100.0, 4.0, 40.0, 0.02, "d1"), None)
+    eff = first["efficiency"]
+    assert eff["host_overhead_per_step"] == pytest.approx(40e-6 / 0.02)
+    assert eff["host_overhead_us"] == pytest.approx(40.0) and eff["parallel_host"]["tp"]["forward_kernels"] == 100.0
+    # a calibration whose probe layer read the host 2x slow against its step counted half the
+    # kernels for the same wrapper seconds: in the pooled unit its counts agree with the first's
+    second = cal.pool_host_costs(prof(50.0, 2.0, 80.0, 0.02, "d2"), first)
+    third = cal.pool_host_costs(prof(100.0, 4.0, 40.0, 0.02, "d3"), second)
+    eff = third["efficiency"]
+    assert eff["host_overhead_per_step"] == pytest.approx(40e-6 / 0.02)     # the median share
+    assert eff["parallel_host"]["tp"] == {"forward_kernels": pytest.approx(100.0), "backward_kernels": pytest.approx(200.0)}
+    assert eff["host_overhead_us"] == pytest.approx(40.0)
+    # the seconds each calibration measured come back: kernels x unit
+    assert second["efficiency"]["parallel_host"]["tp"]["forward_kernels"] * second["efficiency"]["host_overhead_us"] \
+        == pytest.approx(100.0 * 40.0)
+    # this calibration's own unmeasured-by-refresh figures move into the pooled unit; the
+    # refresh's own (p2p) stay
+    assert second["efficiency"]["parallel_host"]["optimizer_per_tensor_kernels"] * \
+        second["efficiency"]["host_overhead_us"] == pytest.approx(2.0 * 80.0)
+    assert third["efficiency"]["parallel_host"]["p2p_send_kernels"] == 3.0
+    assert "executor one-rank step" in eff["parallel_host"]["source"] and "as a share" in eff["host_overhead_source"]
+    # a history without the step (an older calibration) is not mixed with one that has it
+    legacy = cal.pool_host_costs(
+        {k: v for k, v in prof(30.0, 1.0, 40.0, 0.02, "d0").items() if k != "raw"}, None)
+    assert "unit_per_step" not in legacy["raw"]["host_cost_history"][0]
+    fresh = cal.pool_host_costs(prof(100.0, 4.0, 40.0, 0.02, "d4"), legacy)
+    assert len(fresh["raw"]["host_cost_history"]) == 1 and fresh["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 100.0
+
+
+def test_refresh_takes_the_host_kernel_time_from_the_executors_step(tmp_path, monkeypatch):
+    """The refresh's host kernel time is the pooled share of the one-rank step it measures."""
+    prof = {"measured_on": {"device": "cpu"},
+            "device": {"dense_tflops": {"fp32": 0.05}, "hbm_tbyte_per_s": 0.01},
+            "efficiency": {"host_overhead_us": 40.0, "host_overhead_per_step": 2e-3},
+            "oversubscription": {"matmul_flops_per_s_per_rank": {1: 5e10}},
+            "raw": {"host_overhead": {"per_kernel_s": 4e-5, "forward_kernels": 12, "backward_kernels": 16}}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    oversub = {"matmul": {1: 5e10}, "layer": {1: 1000.0, 2: 600.0}, "slowdown": {1: 1.0},
+               "one_rank_step": {"forward": 0.012, "backward": 0.018}}
+    monkeypatch.setattr(cal, "bench_oversubscription", lambda **kw: oversub)
+    monkeypatch.setattr(cal, "anchor_to_executor", lambda p, path: p)
+    out = cal.refresh_host_speed(path)
+    assert out["efficiency"]["host_overhead_us"] == pytest.approx(2e-3 * 0.030 * 1e6)   # 60 us
+    # without the pooled share the probe layer's per-kernel time stands, as before
+    del prof["efficiency"]["host_overhead_per_step"]
+    path.write_text(yaml.safe_dump(prof))
+    out = cal.refresh_host_speed(path)
+    assert out["efficiency"]["host_overhead_us"] == pytest.approx(1e6 / (1000.0 * 28))
