@@ -288,8 +288,36 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
                             parallel=parallel, seconds=time.perf_counter() - t0)
     if not quick:
         pool_host_costs(profile, _previous_profile(out))
+    if parallel:
+        p2p_in_sim_unit(profile["efficiency"], parallel["per_kernel_s"], parallel["ranks"])
     atomic_write_text(out, yaml.safe_dump(profile, sort_keys=False))
     return anchor_to_executor(profile, out)
+
+
+#: The pipeline figures of ``parallel_host`` that the point-to-point probe counts in its own
+#: per-kernel time on its busy ranks, re-measured by every refresh (``bench_p2p``). Its lone
+#: collectives (``lone_*_kernels``) stay in that unit: converted as well, they sent dp2-pp2
+#: 59% over in a check (bench/RESULTS.md).
+P2P_KEYS = ("p2p_latency_kernels", "p2p_send_kernels", "p2p_wake_kernels")
+
+
+def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int) -> None:
+    """Convert the pipeline point-to-point figures of ``efficiency['parallel_host']``
+    (``P2P_KEYS``) from the probe's per-kernel time on ``ranks`` busy ranks to the simulator's
+    for that rank count (``host_overhead_us`` x layer[1] / layer[ranks], as
+    ``topologies.hardware.scale_for_ranks`` charges it), so that the seconds the probe
+    measured come back; the factor is kept as ``p2p_unit_factor`` (1.33 in one refresh: the
+    probe's kernel on two busy ranks is not the simulator's since the host kernel time is a
+    share of the executor's one-rank step)."""
+    ph, layer = efficiency.get("parallel_host"), efficiency.get("host_oversubscription") or {}
+    one, n = layer.get("1"), layer.get(str(ranks))
+    if not ph or not one or not n or not efficiency.get("host_overhead_us") or probe_per_kernel_s <= 0:
+        return
+    factor = probe_per_kernel_s / (efficiency["host_overhead_us"] * 1e-6 * float(one) / float(n))
+    for k in P2P_KEYS:
+        if k in ph:
+            ph[k] *= factor
+    ph["p2p_unit_factor"] = factor
 
 
 #: Calibrations of this host whose wrapper host costs are pooled (``pool_host_costs``). A noise
@@ -419,8 +447,9 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     if host:
         eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
     _rank_tables(eff, oversub)   # the per-rank layer rate and the ranks' spread move with the load
-    if eff.get("parallel_host"):   # the pipeline hand-over between busy ranks moves with the load
-        eff["parallel_host"].update(bench_p2p())
+    p2p = bench_p2p() if eff.get("parallel_host") else None   # the hand-over between busy ranks moves with the load
+    if p2p:
+        eff["parallel_host"].update(p2p["kernels"])
     old_one = (profile["oversubscription"].get("matmul_flops_per_s_per_rank") or {}).get(1)
     if old_one and oversub["matmul"].get(1):   # the one-rank GEMM rate moves the measured peak with it
         r = oversub["matmul"][1] / float(old_one)
@@ -434,6 +463,8 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     profile.setdefault("raw", {})["executor_one_rank"] = oversub.get("one_rank_step") or {}
     if eff.get("host_overhead_per_step") and _one_rank_step_s(profile):   # after dispatch_us, which is the probe's
         eff["host_overhead_us"] = eff["host_overhead_per_step"] * _one_rank_step_s(profile) * 1e6
+    if p2p:   # after host_overhead_us and the rank tables, the simulator's unit
+        p2p_in_sim_unit(eff, p2p["per_kernel_s"], p2p["ranks"])
     profile["measured_on"]["refreshed"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     atomic_write_text(profile_path, yaml.safe_dump(profile, sort_keys=False))
     return anchor_to_executor(profile, profile_path)

@@ -394,15 +394,16 @@ def _p2p_probe_rank(rank: int, world: int, device, reps: int) -> dict:
 
 
 def bench_p2p(reps: int = 10) -> dict:
-    """The pipeline point-to-point and lone-collective figures alone (two ranks, fork, gloo):
-    the kernel-unit ``p2p_*_kernels`` and ``lone_*_kernels`` of ``bench_parallel_host``, for
-    the quick refresh under load."""
+    """The pipeline point-to-point and lone-collective figures alone (two ranks, fork, gloo),
+    for the quick refresh under load: ``kernels``, the kernel-unit ``p2p_*_kernels`` and
+    ``lone_*_kernels`` of ``bench_parallel_host``, in units of ``per_kernel_s``, the plain
+    probe layer's per-kernel time on the ``ranks`` ranks of the same launch."""
     from executors.launch import spawn
 
     rows = spawn(_p2p_probe_rank, 2, (reps,), timeout_s=120, start_method="fork")
     kf, kb = probe_kernels(probe_spec())
     per_kernel = statistics.mean(sum(r["plain"]) for r in rows) / (kf + kb)
-    return _busy_rank_kernels(rows, per_kernel)[1]
+    return {"kernels": _busy_rank_kernels(rows, per_kernel)[1], "per_kernel_s": per_kernel, "ranks": 2}
 
 
 def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:

@@ -3,6 +3,7 @@ profile's round trip through the simulator, a quick real calibration, and the re
 measured run."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -535,3 +536,53 @@ def test_refresh_takes_the_host_kernel_time_from_the_executors_step(tmp_path, mo
     path.write_text(yaml.safe_dump(prof))
     out = cal.refresh_host_speed(path)
     assert out["efficiency"]["host_overhead_us"] == pytest.approx(1e6 / (1000.0 * 28))
+
+
+def test_point_to_point_figures_return_the_probes_seconds_in_a_plan(tmp_path, monkeypatch):
+    """The pipeline point-to-point figures are counted in the probe's own per-kernel time on
+    two busy ranks; converted, a 2-rank plan on the profile charges the seconds the probe
+    measured, whatever the simulator's host kernel time (the refresh converts its own)."""
+    from simcore import compute as cmp
+    from simcore.spec import plan_from_dict
+
+    prof = yaml.safe_load((Path(__file__).parent / "data" / "localhost-profile.yaml").read_text())
+    eff = prof["efficiency"]
+    eff["host_overhead_us"] = 30.0
+    eff["host_oversubscription"] = {"1": 1000.0, "2": 800.0}   # 2 ranks: 37.5 us per kernel
+    probe_kernel_s = 60e-6
+    eff["parallel_host"].update({"p2p_send_kernels": 3.0, "p2p_latency_kernels": 10.0, "p2p_wake_kernels": 1.0,
+                                 "lone_all_reduce_kernels": 20.0, "lone_broadcast_kernels": 5.0})
+    cal.p2p_in_sim_unit(eff, probe_kernel_s, 2)
+    assert eff["parallel_host"]["p2p_unit_factor"] == pytest.approx(60.0 / 37.5)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(path))
+    plan = plan_from_dict({"model": {"name": "tiny", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256,
+                                     "seq_len": 32, "tied_embeddings": False},
+                           "cluster": {"node": "localhost", "gpus_per_node": 2}, "parallel": {"dp": 1, "pp": 2},
+                           "training": {"global_batch": 8, "micro_batch": 1, "precision": "fp32"}})
+    dev = cmp.device_model(plan.cluster.node.gpu, "fp32")
+    assert dev.p2p_send_s == pytest.approx(3.0 * probe_kernel_s)
+    assert dev.busy_p2p_latency_s == pytest.approx(10.0 * probe_kernel_s)
+    assert dev.p2p_wake_s == pytest.approx(1.0 * probe_kernel_s)
+    # the lone collectives stay in the probe's unit (converted, they sent dp2-pp2 59% over)
+    assert dev.lone_all_reduce_s == pytest.approx(20.0 * 37.5e-6)
+    assert dev.lone_broadcast_s == pytest.approx(5.0 * 37.5e-6)
+
+    # the refresh converts the figures it re-measures with the unit it sets
+    refreshed = {"measured_on": {"device": "cpu"},
+                 "device": {"dense_tflops": {"fp32": 0.05}, "hbm_tbyte_per_s": 0.01},
+                 "efficiency": {"host_overhead_us": 40.0, "host_overhead_per_step": 2e-3,
+                                "parallel_host": {"p2p_send_kernels": 99.0}},
+                 "oversubscription": {"matmul_flops_per_s_per_rank": {1: 5e10}},
+                 "raw": {"host_overhead": {"per_kernel_s": 4e-5, "forward_kernels": 12, "backward_kernels": 16}}}
+    path.write_text(yaml.safe_dump(refreshed))
+    monkeypatch.setattr(cal, "bench_oversubscription", lambda **kw: {
+        "matmul": {1: 5e10}, "layer": {1: 1000.0, 2: 600.0}, "slowdown": {1: 1.0},
+        "one_rank_step": {"forward": 0.012, "backward": 0.018}})
+    monkeypatch.setattr(cal, "bench_p2p", lambda: {"kernels": {"p2p_send_kernels": 3.0}, "per_kernel_s": 80e-6,
+                                                   "ranks": 2})
+    monkeypatch.setattr(cal, "anchor_to_executor", lambda p, path: p)
+    out = cal.refresh_host_speed(path)["efficiency"]
+    unit_2 = out["host_overhead_us"] * 1e-6 * 1000.0 / 600.0   # 60 us x 5/3: the simulator's 2-rank kernel
+    assert out["parallel_host"]["p2p_send_kernels"] * unit_2 == pytest.approx(3.0 * 80e-6)
