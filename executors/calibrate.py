@@ -53,13 +53,15 @@ import yaml
 
 from executors.collective_probes import (COLLECTIVE_BYTES, GROUP_SIZES, bench_collectives, fit_alpha_beta,
                                          split_ring_latency)
-from executors.oversubscription import _per_rank, _scale_compute, anchor_to_executor, bench_oversubscription
+from executors.oversubscription import (_per_rank, _scale_compute, anchor_to_executor, bench_oversubscription,
+                                        one_rank_step_s)
 from executors.parallel_probes import (PARALLEL_PROBE_METHOD, PARALLEL_PROBE_REPS, bench_p2p, bench_parallel_host,
                                        wrapper_kernels)
 from executors.probes import (GIB, LAYER_GEMM_HIDDEN, MATMUL_SIZES, PROBE_LAYER, _dispatch_s, bench_host_device,
                               bench_host_overhead, bench_layer_gemms, bench_matmul, bench_memory, bench_optimizer,
                               probe_kernels, probe_spec, recompute_kernels)
 from simcore.trace import atomic_write_text
+from topologies.hardware import host_slowdown
 
 
 #: Window and rounds of the quick re-measurement before each validation run
@@ -310,10 +312,10 @@ def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int) -> 
     probe's kernel on two busy ranks is not the simulator's since the host kernel time is a
     share of the executor's one-rank step)."""
     ph, layer = efficiency.get("parallel_host"), efficiency.get("host_oversubscription") or {}
-    one, n = layer.get("1"), layer.get(str(ranks))
-    if not ph or not one or not n or not efficiency.get("host_overhead_us") or probe_per_kernel_s <= 0:
+    if not ph or "1" not in layer or str(ranks) not in layer or not efficiency.get("host_overhead_us") \
+            or probe_per_kernel_s <= 0:
         return
-    factor = probe_per_kernel_s / (efficiency["host_overhead_us"] * 1e-6 * float(one) / float(n))
+    factor = probe_per_kernel_s / (efficiency["host_overhead_us"] * 1e-6 * host_slowdown(efficiency, ranks))
     for k in P2P_KEYS:
         if k in ph:
             ph[k] *= factor
@@ -332,13 +334,6 @@ def _previous_profile(path) -> dict | None:
         return yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return None
-
-
-def _one_rank_step_s(profile: dict) -> float:
-    """Forward + backward of the executor's one-rank probe step kept in ``profile`` (0 where
-    it was not measured: a GPU profile, a quick calibration)."""
-    one = (profile.get("raw") or {}).get("executor_one_rank") or {}
-    return float(one.get("forward", 0.0)) + float(one.get("backward", 0.0))
 
 
 #: The per-kernel figures of ``parallel_host`` that one calibration measures in its host kernel
@@ -373,7 +368,7 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
         return profile
     keys = sorted(k for k, v in ph.items() if isinstance(v, dict) and "forward_kernels" in v)
     me, method = profile["measured_on"], ph.get("probe_method")
-    step = _one_rank_step_s(profile)
+    step = one_rank_step_s(profile)
     per_step = eff["host_overhead_us"] * 1e-6 / step if step and eff.get("host_overhead_us") else None
 
     def entry(date, costs: dict) -> dict:
@@ -461,8 +456,9 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     profile["oversubscription"]["layer_steps_per_s_per_rank"] = _per_rank(oversub["layer"])
     profile["oversubscription"]["executor_slowdown"] = _per_rank(oversub.get("slowdown", {}))
     profile.setdefault("raw", {})["executor_one_rank"] = oversub.get("one_rank_step") or {}
-    if eff.get("host_overhead_per_step") and _one_rank_step_s(profile):   # after dispatch_us, which is the probe's
-        eff["host_overhead_us"] = eff["host_overhead_per_step"] * _one_rank_step_s(profile) * 1e6
+    step = one_rank_step_s(profile)
+    if eff.get("host_overhead_per_step") and step:   # after dispatch_us, which is the probe's
+        eff["host_overhead_us"] = eff["host_overhead_per_step"] * step * 1e6
     if p2p:   # after host_overhead_us and the rank tables, the simulator's unit
         p2p_in_sim_unit(eff, p2p["per_kernel_s"], p2p["ranks"])
     profile["measured_on"]["refreshed"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

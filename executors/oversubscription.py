@@ -160,7 +160,7 @@ def anchor_to_executor(profile: dict, profile_path) -> dict:
         doubled_path = Path(tmp) / "doubled.yaml"
         atomic_write_text(doubled_path, yaml.safe_dump(doubled, sort_keys=False))
         base = _dispatch_split(profile_path, doubled_path, STEP_PROBE_MODEL)
-        measured = one["forward"] + one["backward"]
+        measured = one_rank_step_s(profile)
         r = rd = rg = measured / sum(base)
         how = "one ratio for both"
         if one.get("wide_forward"):
@@ -179,6 +179,13 @@ def anchor_to_executor(profile: dict, profile_path) -> dict:
                   f"median of the calibration's rounds) over the profile's prediction before this scaling; {how}"}
     atomic_write_text(profile_path, yaml.safe_dump(profile, sort_keys=False))
     return profile
+
+
+def one_rank_step_s(profile: dict) -> float:
+    """Forward + backward of the executor's one-rank probe step kept in ``profile`` (0 where
+    it was not measured: a GPU profile, a quick calibration)."""
+    one = (profile.get("raw") or {}).get("executor_one_rank") or {}
+    return float(one.get("forward", 0.0)) + float(one.get("backward", 0.0))
 
 
 def _dispatch_split(profile_path, doubled_path, spec: dict) -> tuple[float, float]:

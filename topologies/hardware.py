@@ -376,7 +376,6 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
         return node
     eff = json.loads(node.gpu.efficiency_json)
     table = {int(k): float(v) for k, v in (eff.get("oversubscription") or {}).items()}
-    host = {int(k): float(v) for k, v in (eff.get("host_oversubscription") or {}).items()}
     fits = {int(k): v for k, v in (eff.get("all_reduce_fits") or {}).items()}
     sync = {int(k): float(v) for k, v in (eff.get("dp_sync_wait_fraction") or {}).items()}
     if sync:   # a rank count's wait at the gradient sync (none for one rank)
@@ -385,8 +384,8 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
     if table and 1 in table:
         factor = _interp_log2(table, ranks_per_node) / table[1]
         gpu = _replace(gpu, peak_flops=tuple((p, None if v is None else v * factor) for p, v in gpu.peak_flops))
-    if host and 1 in host:
-        slow = host[1] / _interp_log2(host, ranks_per_node)
+    slow = host_slowdown(eff, ranks_per_node)
+    if slow != 1.0:
         for key in ("host_overhead_us", "kernel_overhead_us", "dispatch_us"):
             if key in eff:
                 eff[key] = float(eff[key]) * slow
@@ -397,6 +396,14 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
         gpu = _replace(gpu, intra_link_bytes_per_s=fits[n]["bus_bytes_per_s"])
     gpu = _replace(gpu, efficiency_json=json.dumps(eff, sort_keys=True))
     return _replace(node, gpu=gpu)
+
+
+def host_slowdown(efficiency: dict, ranks: int) -> float:
+    """The factor by which a calibrated CPU profile's per-kernel host times grow with ``ranks``
+    ranks running at once: the one-rank layer rate over the per-rank rate with ``ranks``
+    (``host_oversubscription``, interpolated in log2(ranks)); 1 without the table."""
+    host = {int(k): float(v) for k, v in (efficiency.get("host_oversubscription") or {}).items()}
+    return host[1] / _interp_log2(host, ranks) if 1 in host else 1.0
 
 
 def _interp_log2(table: dict[int, float], n: int) -> float:
