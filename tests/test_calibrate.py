@@ -517,13 +517,18 @@ def test_host_costs_pool_in_a_share_of_the_executors_one_rank_step():
     assert len(fresh["raw"]["host_cost_history"]) == 1 and fresh["efficiency"]["parallel_host"]["tp"]["forward_kernels"] == 100.0
 
 
-def test_refresh_takes_the_host_kernel_time_from_the_executors_step(tmp_path, monkeypatch):
-    """The refresh's host kernel time is the pooled share of the one-rank step it measures."""
-    prof = {"measured_on": {"device": "cpu"},
+def _refreshable_profile(**efficiency) -> dict:
+    """The CPU profile figures ``refresh_host_speed`` reads, the host kernel time a share of the step."""
+    return {"measured_on": {"device": "cpu"},
             "device": {"dense_tflops": {"fp32": 0.05}, "hbm_tbyte_per_s": 0.01},
-            "efficiency": {"host_overhead_us": 40.0, "host_overhead_per_step": 2e-3},
+            "efficiency": {"host_overhead_us": 40.0, "host_overhead_per_step": 2e-3, **efficiency},
             "oversubscription": {"matmul_flops_per_s_per_rank": {1: 5e10}},
             "raw": {"host_overhead": {"per_kernel_s": 4e-5, "forward_kernels": 12, "backward_kernels": 16}}}
+
+
+def test_refresh_takes_the_host_kernel_time_from_the_executors_step(tmp_path, monkeypatch):
+    """The refresh's host kernel time is the pooled share of the one-rank step it measures."""
+    prof = _refreshable_profile()
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(prof))
     oversub = {"matmul": {1: 5e10}, "layer": {1: 1000.0, 2: 600.0}, "slowdown": {1: 1.0},
@@ -542,11 +547,7 @@ def test_refresh_takes_the_host_kernel_time_from_the_executors_step(tmp_path, mo
 def test_refresh_pools_the_last_refreshes_figure_by_figure(tmp_path, monkeypatch):
     """A refresh writes the median of each figure over itself and the two refreshes before
     it, if recent: one probe that reads the host three times slower moves nothing."""
-    prof = {"measured_on": {"device": "cpu"},
-            "device": {"dense_tflops": {"fp32": 0.05}, "hbm_tbyte_per_s": 0.01},
-            "efficiency": {"host_overhead_us": 40.0, "host_overhead_per_step": 2e-3},
-            "oversubscription": {"matmul_flops_per_s_per_rank": {1: 5e10}},
-            "raw": {"host_overhead": {"per_kernel_s": 4e-5, "forward_kernels": 12, "backward_kernels": 16}}}
+    prof = _refreshable_profile()
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(prof))
     steps = iter([0.030, 0.090, 0.030, 0.036])   # the executor's one-rank step each refresh reads
@@ -616,12 +617,7 @@ def test_point_to_point_figures_return_the_probes_seconds_in_a_plan(tmp_path, mo
     assert dev.lone_broadcast_s == pytest.approx(5.0 * 37.5e-6)
 
     # the refresh converts the figures it re-measures with the unit it sets
-    refreshed = {"measured_on": {"device": "cpu"},
-                 "device": {"dense_tflops": {"fp32": 0.05}, "hbm_tbyte_per_s": 0.01},
-                 "efficiency": {"host_overhead_us": 40.0, "host_overhead_per_step": 2e-3,
-                                "parallel_host": {"p2p_send_kernels": 99.0}},
-                 "oversubscription": {"matmul_flops_per_s_per_rank": {1: 5e10}},
-                 "raw": {"host_overhead": {"per_kernel_s": 4e-5, "forward_kernels": 12, "backward_kernels": 16}}}
+    refreshed = _refreshable_profile(parallel_host={"p2p_send_kernels": 99.0})
     path.write_text(yaml.safe_dump(refreshed))
     monkeypatch.setattr(cal, "bench_oversubscription", lambda **kw: {
         "matmul": {1: 5e10}, "layer": {1: 1000.0, 2: 600.0}, "slowdown": {1: 1.0},
