@@ -71,14 +71,6 @@ from topologies.hardware import host_slowdown
 #: within about 10% (a noise choice, not hardware).
 REFRESH_WINDOW_S = 0.25
 REFRESH_CYCLES = 3
-#: Refreshes pooled (the median, figure by figure) into the figures a refresh writes, and the
-#: age past which an earlier one is dropped. On the 2-core validation host one refresh read
-#: the executor's one-rank step 21-39 ms and its 2-rank slowdown 1.0-1.5x within three
-#: minutes, and tp2's prediction 542-919 ms, while runs of tp2 between refreshes read 779-835
-#: ms: one refresh's probes scatter more than the host's speed moves in minutes (a noise
-#: choice, not hardware; bench/RESULTS.md).
-REFRESH_POOL = 3
-REFRESH_POOL_S = 600.0
 #: Message sizes of a quick calibration: the smallest (the latency) and the two largest, which
 #: set the bandwidth (with the three smallest alone the slope was lost in the latency noise).
 QUICK_COLLECTIVE_BYTES = (COLLECTIVE_BYTES[0], *COLLECTIVE_BYTES[-2:])
@@ -425,44 +417,7 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
     return profile
 
 
-def median_tree(trees: list):
-    """The element-wise median of nested dicts and lists of numbers shaped like the last of
-    ``trees``; a key or item the others lack comes from those that have it."""
-    last = trees[-1]
-    if isinstance(last, dict):
-        return {k: median_tree([t[k] for t in trees if isinstance(t, dict) and k in t]) for k in last}
-    if isinstance(last, list):
-        same = [t for t in trees if isinstance(t, list) and len(t) == len(last)]
-        return [median_tree([t[i] for t in same]) for i in range(len(last))]
-    if isinstance(last, (int, float)) and not isinstance(last, bool):
-        return statistics.median(t for t in trees if isinstance(t, (int, float)) and not isinstance(t, bool))
-    return last
-
-
-def pool_refreshes(profile: dict, oversub: dict, p2p: dict | None, now: float, *, pool: int = REFRESH_POOL,
-                   max_age_s: float = REFRESH_POOL_S) -> tuple[dict, dict | None]:
-    """This refresh's measurements (``bench_oversubscription``'s and ``bench_p2p``'s) pooled
-    with those of up to ``pool - 1`` earlier refreshes of the profile no older than
-    ``max_age_s`` (kept in ``raw.refresh_history``): the median of each figure. The
-    point-to-point figures are pooled in seconds (each refresh counts them in its own probe
-    kernel) and returned in the pooled kernel."""
-    entry = {"at": now, "oversub": oversub}
-    if p2p:
-        entry["p2p_s"] = {k: v * p2p["per_kernel_s"] for k, v in p2p["kernels"].items()}
-        entry["p2p_per_kernel_s"] = p2p["per_kernel_s"]
-    raw = profile.setdefault("raw", {})
-    earlier = [h for h in raw.get("refresh_history") or [] if 0 <= now - h.get("at", -1e18) <= max_age_s]
-    history = (earlier[-(pool - 1):] if pool > 1 else []) + [entry]
-    raw["refresh_history"] = history
-    pooled = median_tree(history)
-    if p2p:
-        unit = pooled["p2p_per_kernel_s"]
-        p2p = {**p2p, "per_kernel_s": unit, "kernels": {k: s / unit for k, s in pooled["p2p_s"].items()}}
-    return pooled["oversub"], p2p
-
-
-def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycles: int = REFRESH_CYCLES,
-                       pool: int = REFRESH_POOL) -> dict:
+def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycles: int = REFRESH_CYCLES) -> dict:
     """Re-measure the load-sensitive host figures of a CPU profile now (~25 s): the
     oversubscription probes (1, 2, 4 ranks, the executor's slowdown included), hence the
     per-kernel dispatch and the per-rank GEMM rates, the host kernel time (the unit of the
@@ -473,16 +428,12 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     the torch wrappers' host cost here too, with a shorter ``bench_parallel_host``, was
     tried: it added as much noise per run as it removed bias; bench/RESULTS.md.) On a machine shared with other work the speed a rank gets changes
     from minute to minute, so a prediction compared with a run should use figures taken
-    just before it; each figure is the median over this refresh and up to ``pool - 1``
-    earlier ones of the last ``REFRESH_POOL_S`` (``pool_refreshes``), since one refresh's
-    short probes scatter more than the speed moves in minutes. The other figures (in units
-    of the host kernel, or fits) are kept."""
+    just before it. The other figures (in units of the host kernel, or fits) are kept."""
     profile = yaml.safe_load(Path(profile_path).read_text())
     if (profile.get("measured_on") or {}).get("device") != "cpu":
         return profile   # a GPU's speed does not depend on other processes' CPU load
+    oversub = bench_oversubscription(window_s=window_s, cycles=cycles)
     eff = profile["efficiency"]
-    oversub, p2p = pool_refreshes(profile, bench_oversubscription(window_s=window_s, cycles=cycles),
-                                  bench_p2p() if eff.get("parallel_host") else None, time.time(), pool=pool)
     anchor = eff.pop("executor_anchor", None)
     if anchor:   # back to the probes' own figures; re-anchored below on this refresh's run
         _scale_compute(profile, 1.0 / anchor["ratio"], host_unit=False,
@@ -491,7 +442,8 @@ def refresh_host_speed(profile_path, *, window_s: float = REFRESH_WINDOW_S, cycl
     if host:
         eff["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
     _rank_tables(eff, oversub)   # the per-rank layer rate and the ranks' spread move with the load
-    if p2p:   # the hand-over between busy ranks moves with the load
+    p2p = bench_p2p() if eff.get("parallel_host") else None   # the hand-over between busy ranks moves with the load
+    if p2p:
         eff["parallel_host"].update(p2p["kernels"])
     old_one = (profile["oversubscription"].get("matmul_flops_per_s_per_rank") or {}).get(1)
     if old_one and oversub["matmul"].get(1):   # the one-rank GEMM rate moves the measured peak with it

@@ -599,8 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refit the profile from a measured run (`trainplan run --json` output)")
     p.add_argument("--plan", type=Path, help="the plan the measured run executed (with --from-run)")
     p.add_argument("--refresh", action="store_true",
-                   help="re-measure only the load-sensitive host speed (about 25 s on a CPU host) in the existing profile; "
-                        "each figure is the median with the refreshes of the last 10 minutes (up to 3)")
+                   help="re-measure only the load-sensitive host speed (about 25 s on a CPU host) in the existing profile")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)
     return parser

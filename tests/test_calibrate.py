@@ -3,7 +3,6 @@ profile's round trip through the simulator, a quick real calibration, and the re
 measured run."""
 import json
 import math
-import types
 from pathlib import Path
 
 import pytest
@@ -542,47 +541,6 @@ def test_refresh_takes_the_host_kernel_time_from_the_executors_step(tmp_path, mo
     path.write_text(yaml.safe_dump(prof))
     out = cal.refresh_host_speed(path)
     assert out["efficiency"]["host_overhead_us"] == pytest.approx(1e6 / (1000.0 * 28))
-
-
-def test_refresh_pools_the_last_refreshes_figure_by_figure(tmp_path, monkeypatch):
-    """A refresh writes the median of each figure over itself and the two refreshes before
-    it, if recent: one probe that reads the host three times slower moves nothing."""
-    prof = _refreshable_profile()
-    path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(prof))
-    steps = iter([0.030, 0.090, 0.030, 0.036])   # the executor's one-rank step each refresh reads
-    clock = iter([0.0, 60.0, 120.0, 180.0 + cal.REFRESH_POOL_S])
-
-    def oversub(**kw):
-        s = next(steps)
-        return {"matmul": {1: 5e10}, "layer": {1: 1000.0, 2: 600.0}, "slowdown": {1: 1.0, 2: 1.3},
-                "one_rank_step": {"forward": s / 2, "backward": s / 2}}
-
-    monkeypatch.setattr(cal, "bench_oversubscription", oversub)
-    monkeypatch.setattr(cal, "anchor_to_executor", lambda p, path: p)
-    monkeypatch.setattr(cal, "time", types.SimpleNamespace(time=lambda: next(clock)))
-    host_us = [cal.refresh_host_speed(path)["efficiency"]["host_overhead_us"] for _ in range(4)]
-    # 2e-3 x the median step: 30 ms; (30 + 90) / 2; median(30, 90, 30); the fourth alone
-    # (the three before it are older than REFRESH_POOL_S)
-    assert host_us == pytest.approx([60.0, 120.0, 60.0, 72.0])
-    assert len(yaml.safe_load(path.read_text())["raw"]["refresh_history"]) == 1
-    # pool=1 is the single refresh
-    assert cal.pool_refreshes({}, {"a": {1: 2.0}}, None, 0.0, pool=1) == ({"a": {1: 2.0}}, None)
-
-
-def test_point_to_point_figures_pool_in_seconds():
-    """Each refresh counts its point-to-point figures in its own probe kernel: the pool takes
-    the median in seconds and returns them in the median kernel."""
-    profile: dict = {}
-    runs = [(3.0, 50e-6), (2.0, 100e-6), (4.0, 40e-6)]   # 150, 200, 160 us
-    for i, (kernels, unit) in enumerate(runs):
-        _, p2p = cal.pool_refreshes(profile, {"slowdown": {1: 1.0}},
-                                    {"kernels": {"p2p_send_kernels": kernels}, "per_kernel_s": unit, "ranks": 2},
-                                    float(i))
-    assert p2p["per_kernel_s"] == pytest.approx(50e-6)
-    assert p2p["kernels"]["p2p_send_kernels"] * p2p["per_kernel_s"] == pytest.approx(160e-6)
-    assert cal.median_tree([{"x": [1.0, 5.0], "n": "a"}, {"x": [3.0, 1.0], "n": "b"}, {"x": [2.0, 2.0], "y": 7.0, "n": "c"}]) \
-        == {"x": [2.0, 2.0], "y": 7.0, "n": "c"}
 
 
 def test_point_to_point_figures_return_the_probes_seconds_in_a_plan(tmp_path, monkeypatch):
