@@ -311,8 +311,9 @@ def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int) -> 
     measured come back; the factor is kept as ``p2p_unit_factor`` (1.33 in one refresh: the
     probe's kernel on two busy ranks is not the simulator's since the host kernel time is a
     share of the executor's one-rank step)."""
-    ph, layer = efficiency.get("parallel_host"), efficiency.get("host_oversubscription") or {}
-    if not ph or "1" not in layer or str(ranks) not in layer or not efficiency.get("host_overhead_us") \
+    ph = efficiency.get("parallel_host")
+    layer = {int(k) for k in efficiency.get("host_oversubscription") or {}}   # host_slowdown's keys
+    if not ph or 1 not in layer or ranks not in layer or not efficiency.get("host_overhead_us") \
             or probe_per_kernel_s <= 0:
         return
     factor = probe_per_kernel_s / (efficiency["host_overhead_us"] * 1e-6 * host_slowdown(efficiency, ranks))
