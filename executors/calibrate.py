@@ -155,6 +155,7 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
             "p2p_latency_kernels": parallel.get("p2p_latency_kernels", 0.0),
             "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
             "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
+            "p2p_post_kernels": parallel.get("p2p_post_kernels", 0.0),
             **{k: parallel[k] for k in ("lone_all_reduce_kernels", "lone_broadcast_kernels") if k in parallel},
             **({"comm_share": parallel["comm_share"]} if "comm_share" in parallel else {}),
             **({k: {n: x * one for n, x in v.items()} for k, v in recompute_kernels(
@@ -167,7 +168,8 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                       "the intercept for the ends (*_root: FSDP2's root group; TP's *_embed / *_head: split "
                       "in the ratio of the embedding's and head's costs timed alone), per micro-batch; "
                       "AdamW per plain / DTensor "
-                      "tensor; broadcast: its 2-rank alpha; p2p: a two-rank relay of the probe layer, its cost per message less the send call (wake), the sender's blocking send call; "
+                      "tensor; broadcast: its 2-rank alpha; p2p: a two-rank relay of the probe layer, its cost per message less the send call (wake), the sender's blocking send call, "
+                      "the irecv call that posts a receive (post); "
                       "latency: two busy ranks streaming unwaited sends, the receiver's period less the "
                       "slower rank's compute (delivery by gloo's thread while both ranks compute); lone_*: a "
                       "4 KB all-reduce / broadcast issued right after both ranks ran the probe layer "
@@ -300,7 +302,7 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
 #: per-kernel time on its busy ranks, re-measured by every refresh (``bench_p2p``). Its lone
 #: collectives (``lone_*_kernels``) stay in that unit: converted as well, they sent dp2-pp2
 #: 59% over in a check (bench/RESULTS.md).
-P2P_KEYS = ("p2p_latency_kernels", "p2p_send_kernels", "p2p_wake_kernels")
+P2P_KEYS = ("p2p_latency_kernels", "p2p_send_kernels", "p2p_wake_kernels", "p2p_post_kernels")
 
 
 def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int) -> None:

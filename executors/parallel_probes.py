@@ -51,27 +51,36 @@ PIPELINE_PROBE_REPS = 8
 PIPELINE_PROBE_MICROBATCHES = 4
 
 
-def _busy_p2p(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[float, float, float]:
+def _busy_p2p(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[float, float, float, float]:
     """A two-rank relay as a pipeline runs it: rank 0 computes (the probe layer's forward and
     backward), sends its activation to rank 1, which was blocked in its receive, computes and
     sends back. Returns (wall time of the relay on this rank, this rank's compute in it, the
-    time this rank spent in its sends)."""
+    time this rank spent in its sends, the time it spent posting its receives: the ``irecv``
+    call before its wait)."""
     buf = torch.zeros(shape)
     peer = 1 - rank
-    compute = send = 0.0
+    compute = send = post = 0.0
+
+    def receive() -> float:
+        t = time.perf_counter()
+        work = dist.irecv(buf, src=peer)
+        posted = time.perf_counter() - t
+        work.wait()
+        return posted
+
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(reps):
         if rank == 1:
-            dist.irecv(buf, src=peer).wait()
+            post += receive()
         c = time.perf_counter()
         step()
         d = time.perf_counter()
         dist.isend(buf, dst=peer).wait()
         compute, send = compute + d - c, send + time.perf_counter() - d
         if rank == 0:
-            dist.irecv(buf, src=peer).wait()
-    return time.perf_counter() - t0, compute, send
+            post += receive()
+    return time.perf_counter() - t0, compute, send, post
 
 
 def _busy_stream(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[float, float]:
@@ -366,14 +375,16 @@ def comm_shares(rows: list[dict]) -> dict:
 def _busy_rank_kernels(rows: list[dict], per_kernel: float) -> tuple[dict, dict]:
     """(raw seconds, kernel-unit figures) of the relay and stream probes of ranks 0 and 1,
     and of the lone collectives where they ran."""
-    (wall, c0, s0), (_, c1, s1) = rows[0]["p2p"], rows[1]["p2p"]
+    (wall, c0, s0, p0), (_, c1, s1, p1) = rows[0]["p2p"], rows[1]["p2p"]
     per_message = max(0.0, (wall - c0 - c1) / (2 * P2P_PROBE_REPS))
     send = min(per_message, (s0 + s1) / (2 * P2P_PROBE_REPS))
     (_, sc0), (wall1, sc1) = rows[0]["stream"], rows[1]["stream"]
     stream_delay = max(0.0, (wall1 - max(sc0, sc1)) / P2P_PROBE_REPS)
-    raw = {"p2p_per_message_s": per_message, "p2p_send_s": send, "p2p_stream_delay_s": stream_delay}
+    post = min(stream_delay, (p0 + p1) / (2 * P2P_PROBE_REPS))   # the receive wait holds a post
+    raw = {"p2p_per_message_s": per_message, "p2p_send_s": send, "p2p_stream_delay_s": stream_delay,
+           "p2p_post_s": post}
     kernels = {"p2p_send_kernels": send / per_kernel, "p2p_latency_kernels": stream_delay / per_kernel,
-               "p2p_wake_kernels": (per_message - send) / per_kernel}
+               "p2p_wake_kernels": (per_message - send) / per_kernel, "p2p_post_kernels": post / per_kernel}
     if "lone" in rows[0]:   # the slower rank's call is the collective's time
         for op in ("all_reduce", "broadcast"):
             raw[f"lone_{op}_s"] = max(r["lone"][op] for r in rows)

@@ -106,8 +106,10 @@ def summary_row(name: str, c: Comparison, plan: Plan | None = None) -> dict:
 
 
 def validate_matrix(path: str | os.PathLike, *, steps: int = 8, warmup: int = 3, only: list[str] | None = None,
-                    progress: bool = True, start_method: str | None = None) -> MatrixResult:
-    """Validate every layout of a matrix file (or the ``only`` ones); a failing layout is reported, not fatal."""
+                    progress: bool = True, start_method: str | None = None,
+                    trace_dir: str | os.PathLike | None = None) -> MatrixResult:
+    """Validate every layout of a matrix file (or the ``only`` ones); a failing layout is reported, not fatal.
+    With ``trace_dir``, each layout's predicted and measured Chrome traces go there, named by the layout."""
     from tqdm import tqdm
 
     layouts = load_matrix(path)
@@ -122,7 +124,7 @@ def validate_matrix(path: str | os.PathLike, *, steps: int = 8, warmup: int = 3,
     for name, doc in tqdm(layouts, desc="validate", disable=not progress, unit="layout"):
         try:
             plan = plan_from_dict(doc, Path(path).parent)
-            comp = validate_plan(plan, steps=steps, warmup=warmup, start_method=start_method)
+            comp = validate_plan(plan, steps=steps, warmup=warmup, start_method=start_method, trace_dir=trace_dir)
         except (PlanError, ValueError, RuntimeError) as exc:
             failures.append((name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
             continue

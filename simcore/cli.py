@@ -274,7 +274,7 @@ def cmd_validate(args) -> None:
             _print_comparison(comp)
         return
     result = validate_matrix(args.matrix, steps=args.steps, warmup=args.warmup, only=args.only,
-                             progress=not args.json)
+                             progress=not args.json, trace_dir=args.trace_dir)
     if args.json:
         _print_json({"layouts": result.table.to_dict(orient="records"), "failures": dict(result.failures)})
         return

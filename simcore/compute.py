@@ -88,6 +88,9 @@ class DeviceModel:
     p2p_wake_kernels: float = 0.0
     """The relay's cost per message less the send call: the transit to a receiver already
     blocked in its receive, in host kernels; absent from catalog GPUs."""
+    p2p_post_kernels: float = 0.0
+    """Host time of the call that posts one pipeline receive (gloo ``irecv``, before its
+    wait), timed in the same relay, in host kernels; absent from catalog GPUs."""
 
     dp_sync_wait: float = 0.0
     """The mean rank's wait for the last one at the data-parallel gradient sync, as a
@@ -121,6 +124,11 @@ class DeviceModel:
     def p2p_wake_s(self) -> float:
         """The calibrated transit to a blocked receiver (0 on catalog GPUs: the hop latency)."""
         return self.p2p_wake_kernels * self.host_overhead_s
+
+    @property
+    def p2p_post_s(self) -> float:
+        """The calibrated call that posts one pipeline receive (0 on catalog GPUs)."""
+        return self.p2p_post_kernels * self.host_overhead_s
 
     @property
     def p2p_send_s(self) -> float:
@@ -207,6 +215,7 @@ def _host_terms(e: dict) -> dict:
         out["p2p_latency_kernels"] = float(ph.get("p2p_latency_kernels", 0.0))
         out["p2p_send_kernels"] = float(ph.get("p2p_send_kernels", 0.0))
         out["p2p_wake_kernels"] = float(ph.get("p2p_wake_kernels", 0.0))
+        out["p2p_post_kernels"] = float(ph.get("p2p_post_kernels", 0.0))
         out["lone_all_reduce_kernels"] = float(ph.get("lone_all_reduce_kernels", 0.0))
         out["lone_broadcast_kernels"] = float(ph.get("lone_broadcast_kernels", 0.0))
     if ph and opt.get("param_gbyte_per_s"):

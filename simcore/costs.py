@@ -70,6 +70,11 @@ class StepCosts:
     measures it as bubble, and so does the simulator."""
     backward_recv_wait_s: tuple[float, ...] = ()
     """The same for the gradient received."""
+    p2p_post_s: float = 0.0
+    """CPU host: the call that posts one receive (gloo). Where torch issues it together with
+    a send (``schedules.fused_p2p``: Schedule1F1B's steady phase) it runs on the sender
+    right after the send and is comm, as the executor's recorder times the joint call; the
+    receive wait above, which holds a post, is that much shorter for a receive posted so."""
     grad_sync_holds_send: bool = False
     """A stage's backward that reduces its gradients sends its input gradient upstream only
     once the reduction is complete. torch.distributed.pipelining runs DDP's reduction inside

@@ -76,7 +76,7 @@ import numpy as np
 import simpy
 
 from simcore.costs import StepCosts
-from simcore.schedules import Action, Op, build_schedule
+from simcore.schedules import Action, Op, build_schedule, fused_p2p
 from simcore.spec import ZeroStage
 from simcore.trace import GIB, Span, StepResult, rate_fields, split_step
 from topologies.placement import rank_grid
@@ -272,12 +272,15 @@ class _CountingEnv(simpy.Environment):
         super().schedule(event, priority, delay)
 
 
-def _pieces(costs: StepCosts, a: Action, n: int) -> tuple[tuple[str, str, float], ...]:
-    """(stream, kind, seconds) run back to back by one of ``n`` chunks of compute action ``a``."""
+def _pieces(costs: StepCosts, a: Action, n: int, posted: bool = False) -> tuple[tuple[str, str, float], ...]:
+    """(stream, kind, seconds) run back to back by one of ``n`` chunks of compute action ``a``;
+    ``posted``: its receive was posted with an earlier send (``schedules.fused_p2p``)."""
     v = a.stage
     if a.op == Op.W:
         return (("compute", "backward_weight", costs.backward_weight_s[v] / n),)
     send, wait = costs.host_p2p_s(v, a.op == Op.F)   # CPU host: the receive's hand-over, the send call
+    if posted:   # the post ran on this rank after that send (``_Step._post``)
+        wait = max(0.0, wait - costs.p2p_post_s)
     if a.op == Op.F:
         work = (("compute", "forward", costs.forward_s[v] / n), ("tp", "all_reduce", costs.forward_comm_s[v] / n))
     else:
@@ -465,14 +468,29 @@ class _Step:
             self._send(unit, dst, key + (unit[1],), name)
 
     @functools.cache  # noqa: B019
-    def _pieces(self, op: Op, stage: int, n: int) -> tuple:
-        return tuple(p for p in _pieces(self.costs, Action(stage, op), n) if p[2] > 0)
+    def _pieces(self, op: Op, stage: int, n: int, posted: bool) -> tuple:
+        return tuple(p for p in _pieces(self.costs, Action(stage, op), n, posted) if p[2] > 0)
+
+    def _fused(self, a: Action) -> tuple[bool, bool]:
+        """``schedules.fused_p2p`` of ``a`` where the costs carry a receive post (CPU host)."""
+        if self.costs.p2p_post_s <= 0:
+            return False, False
+        return fused_p2p(self.costs.plan.parallel.schedule, self.pp, self.m, a)
+
+    def _post(self, unit, a: Action):
+        """The receive torch posts in the same call as ``a``'s send: on the sender, after the
+        message left (``_output``), so that it can hide in the wait for the reply."""
+        if self._fused(a)[0]:
+            t = self.env.now
+            yield self.env.timeout(self.costs.p2p_post_s)
+            self.spans.append((self.label[unit], "pp", "recv", f"{a}POST", t, self.costs.p2p_post_s))
 
     def _run_chunk(self, unit, a: Action, n: int):
         rank, factor = self.label[unit], self.factor.get(unit, 1.0)
         if self.jitter:
             factor *= float(self.rng.lognormal(-self.jitter**2 / 2, self.jitter))
-        pieces = [(s, k, d * factor if s == "compute" else d) for s, k, d in self._pieces(a.op, a.stage, n)]
+        pieces = [(s, k, d * factor if s == "compute" else d)
+                  for s, k, d in self._pieces(a.op, a.stage, n, self._fused(a)[1])]
         name = str(a)
         t = self.env.now
         if self.net.slowdown == 1.0 or not self.dp_busy[rank]:  # nothing slows it: one event
@@ -511,6 +529,7 @@ class _Step:
                         if not ev.triggered:
                             yield ev
                 self._output(unit, a)
+                yield from self._post(unit, a)
         for ev in reductions:
             if not ev.triggered:
                 yield ev

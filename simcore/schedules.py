@@ -229,6 +229,27 @@ def build_schedule(kind: Schedule | str, pp: int, microbatches: int, vpp: int = 
     return _add_bubbles(out, pp * vpp) if zb else out
 
 
+def fused_p2p(kind: Schedule | str, pp: int, microbatches: int, a: Action) -> tuple[bool, bool]:
+    """(its send goes out with the post of a later receive, its own receive was posted early)
+    for compute action ``a`` as torch runs schedule ``kind``.
+
+    ``Schedule1F1B._step_microbatches`` (torch 2.13) fires a stage's sends and receives in
+    one ``batch_isend_irecv`` in its steady phase: with ``w = min(m, pp - stage)`` warm-up
+    forwards, the send of forward ``i >= w - 1`` goes with the post of backward
+    ``i - w + 1``'s receive, the send of backward ``j < m - w`` with the post of forward
+    ``j + w``'s. Every other send and receive of it, and of the other schedules (GPipe,
+    ``_PipelineScheduleRuntime``'s SEND/RECV actions), is issued alone, a receive right
+    before its wait."""
+    if Schedule(kind) != Schedule.ONE_F_ONE_B or pp == 1:
+        return False, False
+    s, m, w = a.stage, microbatches, min(microbatches, pp - a.stage)
+    if a.op == Op.F:
+        return s < pp - 1 and a.microbatch >= w - 1, s > 0 and a.microbatch >= w
+    if a.op == Op.B:
+        return s > 0 and a.microbatch < m - w, s < pp - 1 and a.microbatch <= m - w
+    return False, False
+
+
 # --------------------------------------------------------------------------- lowering passes
 
 def stage_to_rank(stage: int, pp: int) -> int:

@@ -41,6 +41,7 @@ from simcore import compute as cmp
 from simcore import memory as mem
 from simcore import workload as wl
 from simcore.costs import StepCosts
+from simcore.schedules import Action, Op, fused_p2p
 from simcore.spec import GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroStage
 from simcore.trace import GIB, StepResult, rate_fields
 
@@ -345,6 +346,7 @@ def step_costs(plan: Plan) -> StepCosts:
         plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
         backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
         backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), param_gather_s=tuple(gather), **host_p2p,
+        p2p_post_s=dev.p2p_post_s if host_p2p else 0.0,
         grad_sync_holds_send=ddp and par.pp > 1 and plan.cluster.node.gpu.calibrated,
         grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple([dpc["buckets"]] * nv),
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
@@ -367,6 +369,23 @@ def _interference_loss(c: StepCosts) -> float:
     return 1.0 - 1.0 / k
 
 
+def _fused_posts(c: StepCosts, r: int) -> tuple[float, float]:
+    """Per micro-batch on pipeline rank ``r`` (CPU host): the receive posts that go out with a
+    send (``schedules.fused_p2p``), comm, and the receive wait they take off, idle."""
+    par, m = c.plan.parallel, c.plan.num_microbatches
+    if c.p2p_post_s <= 0 or par.pp == 1:
+        return 0.0, 0.0
+    posts = saved = 0.0
+    for v in range(r, c.stages, par.pp):
+        for op in (Op.F, Op.B):
+            wait = c.host_p2p_s(v, op == Op.F)[1]
+            for i in range(m):
+                sent, posted = fused_p2p(par.schedule, par.pp, m, Action(v, op, i))
+                posts += sent * c.p2p_post_s
+                saved += posted * min(wait, c.p2p_post_s)
+    return posts / m, saved / m
+
+
 def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
     """Per pipeline rank, per micro-batch: compute, blocking comm (with FSDP exposure and
     PP sends), weight-gradient time, the CPU host's receive waits (idle), summed over the
@@ -383,6 +402,8 @@ def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
         rec = sum(c.recompute_s[r::p])
         host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] if host_p2p else ()
         p2p, wait = (hops + sum(h[0] for h in host), sum(h[1] for h in host)) if host else (hops, 0.0)
+        posts, saved = _fused_posts(c, r)
+        p2p, wait = p2p + posts, wait - saved
         comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
         if ag > 0:   # prefetched gathers hide behind the layer compute; the first one cannot
             for v in range(r, c.stages, p):

@@ -413,20 +413,26 @@ def test_latency_bound_collective_fit_is_capped_at_the_copy_bandwidth():
 
 def test_busy_rank_figures_in_kernel_units():
     # 60 relay round trips: each rank computes 1 ms per message, a message's transit costs
-    # 0.1 ms of which the send call 0.02 ms; the stream's receiver waits 0.3 ms beyond the
-    # compute per message; the lone collectives take the slower rank's call. Unit: 10 us.
+    # 0.1 ms of which the send call 0.02 ms; posting a receive takes rank 0 0.04 ms and
+    # rank 1 0.06 ms; the stream's receiver waits 0.3 ms beyond the compute per message; the
+    # lone collectives take the slower rank's call. Unit: 10 us.
     r = pprobes.P2P_PROBE_REPS
-    rows = [{"p2p": (r * 2e-3 + 2 * r * 1e-4, r * 1e-3, r * 2e-5), "stream": (r * 1e-3, r * 1e-3),
+    rows = [{"p2p": (r * 2e-3 + 2 * r * 1e-4, r * 1e-3, r * 2e-5, r * 4e-5), "stream": (r * 1e-3, r * 1e-3),
              "lone": {"all_reduce": 1.0e-3, "broadcast": 4e-4}},
-            {"p2p": (0.0, r * 1e-3, r * 2e-5), "stream": (r * 1.3e-3, r * 1e-3),
+            {"p2p": (0.0, r * 1e-3, r * 2e-5, r * 6e-5), "stream": (r * 1.3e-3, r * 1e-3),
              "lone": {"all_reduce": 1.5e-3, "broadcast": 3e-4}}]
     raw, k = pprobes._busy_rank_kernels(rows, 1e-5)
     assert raw["p2p_per_message_s"] == pytest.approx(1e-4) and raw["p2p_send_s"] == pytest.approx(2e-5)
+    assert raw["p2p_post_s"] == pytest.approx(5e-5)
     assert k == pytest.approx({"p2p_send_kernels": 2.0, "p2p_latency_kernels": 30.0, "p2p_wake_kernels": 8.0,
-                               "lone_all_reduce_kernels": 150.0, "lone_broadcast_kernels": 40.0})
+                               "p2p_post_kernels": 5.0, "lone_all_reduce_kernels": 150.0,
+                               "lone_broadcast_kernels": 40.0})
     # a probe that ran no lone collectives (world > 2) gives the pipeline figures alone
     k = pprobes._busy_rank_kernels([{kk: v for kk, v in row.items() if kk != "lone"} for row in rows], 1e-5)[1]
-    assert set(k) == {"p2p_send_kernels", "p2p_latency_kernels", "p2p_wake_kernels"}
+    assert set(k) == {"p2p_send_kernels", "p2p_latency_kernels", "p2p_wake_kernels", "p2p_post_kernels"}
+    # the receive wait holds the post: a post read longer than the wait is capped by it
+    rows[1]["stream"] = (r * 1.02e-3, r * 1e-3)
+    assert pprobes._busy_rank_kernels(rows, 1e-5)[1]["p2p_post_kernels"] == pytest.approx(2.0)
 
 
 def test_host_costs_are_pooled_over_this_hosts_last_calibrations():
@@ -556,7 +562,8 @@ def test_point_to_point_figures_return_the_probes_seconds_in_a_plan(tmp_path, mo
     eff["host_oversubscription"] = {"1": 1000.0, "2": 800.0}   # 2 ranks: 37.5 us per kernel
     probe_kernel_s = 60e-6
     eff["parallel_host"].update({"p2p_send_kernels": 3.0, "p2p_latency_kernels": 10.0, "p2p_wake_kernels": 1.0,
-                                 "lone_all_reduce_kernels": 20.0, "lone_broadcast_kernels": 5.0})
+                                 "p2p_post_kernels": 0.5, "lone_all_reduce_kernels": 20.0,
+                                 "lone_broadcast_kernels": 5.0})
     cal.p2p_in_sim_unit(eff, probe_kernel_s, 2)
     assert eff["parallel_host"]["p2p_unit_factor"] == pytest.approx(60.0 / 37.5)
     path = tmp_path / "p.yaml"
@@ -570,6 +577,9 @@ def test_point_to_point_figures_return_the_probes_seconds_in_a_plan(tmp_path, mo
     assert dev.p2p_send_s == pytest.approx(3.0 * probe_kernel_s)
     assert dev.busy_p2p_latency_s == pytest.approx(10.0 * probe_kernel_s)
     assert dev.p2p_wake_s == pytest.approx(1.0 * probe_kernel_s)
+    assert dev.p2p_post_s == pytest.approx(0.5 * probe_kernel_s)
+    from simcore.simulate import step_costs
+    assert step_costs(plan).p2p_post_s == pytest.approx(0.5 * probe_kernel_s)   # 1F1B: the engine fuses it
     # the lone collectives stay in the probe's unit (converted, they sent dp2-pp2 59% over)
     assert dev.lone_all_reduce_s == pytest.approx(20.0 * 37.5e-6)
     assert dev.lone_broadcast_s == pytest.approx(5.0 * 37.5e-6)

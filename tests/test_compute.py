@@ -73,14 +73,15 @@ def test_a_phase_is_never_faster_than_the_host_issues_it():
 
 def test_cpu_p2p_terms_are_host_kernels_and_absent_from_catalog_gpus():
     d = dev()
-    assert d.p2p_send_s == 0.0 and d.busy_p2p_latency_s == 0.0
+    assert d.p2p_send_s == 0.0 and d.busy_p2p_latency_s == 0.0 and d.p2p_post_s == 0.0
     cpu = dataclasses.replace(d, host_overhead_s=50e-6, p2p_send_kernels=4.0, p2p_latency_kernels=10.0,
-                              p2p_wake_kernels=1.0)
+                              p2p_wake_kernels=1.0, p2p_post_kernels=2.0)
     assert cpu.p2p_send_s == pytest.approx(200e-6) and cpu.p2p_wake_s == pytest.approx(50e-6)
-    assert cpu.busy_p2p_latency_s == pytest.approx(500e-6)
+    assert cpu.busy_p2p_latency_s == pytest.approx(500e-6) and cpu.p2p_post_s == pytest.approx(100e-6)
     entry = {"parallel_host": {"tp": {"forward_kernels": 1.0, "backward_kernels": 2.0},
-                               "p2p_latency_kernels": 10.0, "p2p_send_kernels": 4.0, "p2p_wake_kernels": 1.0}}
+                               "p2p_latency_kernels": 10.0, "p2p_send_kernels": 4.0, "p2p_wake_kernels": 1.0,
+                               "p2p_post_kernels": 2.0}}
     terms = cmp._host_terms(entry)
     assert terms["p2p_latency_kernels"] == 10.0 and terms["p2p_send_kernels"] == 4.0
-    assert terms["p2p_wake_kernels"] == 1.0
+    assert terms["p2p_wake_kernels"] == 1.0 and terms["p2p_post_kernels"] == 2.0
     assert cmp._host_terms({}) == {}

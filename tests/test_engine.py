@@ -82,6 +82,43 @@ def test_two_stages_two_microbatches_span_log():
     assert (res.extra["critical_rank"], res.compute_s, res.exposed_comm_s, res.bubble_s) == (0, 6.0, 1.5, 2.5)
 
 
+def test_a_receive_posted_with_a_send_runs_on_the_sender_after_the_message_left():
+    """1F1B, pp=2, m=2, f=1, b=2, transfer 0.5, CPU-host send call 0.25, receive wait 0.5,
+    receive post 0.125, worked by hand. torch fuses stage 0's F1 send with the post of B0's
+    receive and stage 1's B0 send with the post of F1's receive (schedules.fused_p2p): each
+    post runs after its send call, once the message is on its way, and those two receives
+    wait 0.375 instead of 0.5."""
+    host = dict(p2p_s=0.5, forward_send_s=(0.25, 0.0), backward_send_s=(0.0, 0.25),
+                forward_recv_wait_s=(0.0, 0.5), backward_recv_wait_s=(0.5, 0.0))
+    res = simulate_des(_costs(_plan(), **host, p2p_post_s=0.125))
+    got = [(s.rank, s.stream, s.kind, s.name, s.start_s, s.duration_s) for s in res.spans
+           if s.stream == "wait" or s.name.endswith("POST") or s.name[1:] in ("F1", "B0")]
+    assert got == [
+        (0, "compute", "forward", "0F1", 1.25, 1.0),
+        (0, "pp", "send", "0F1", 2.25, 0.25),
+        (0, "pp", "recv", "0F1POST", 2.5, 0.125),     # F1's message left at 2.5 (arrives 3.0)
+        (0, "wait", "recv", "0B0", 6.0, 0.375),        # B0's gradient arrived at 6.0
+        (0, "compute", "backward", "0B0", 6.375, 2.0),
+        (0, "wait", "recv", "0B1", 9.75, 0.5),         # posted alone: the whole wait
+        (1, "wait", "recv", "1F0", 1.75, 0.5),
+        (1, "compute", "backward", "1B0", 3.25, 2.0),
+        (1, "pp", "send", "1B0", 5.25, 0.25),
+        (1, "pp", "recv", "1B0POST", 5.5, 0.125),
+        (1, "wait", "recv", "1F1", 5.625, 0.375),
+        (1, "compute", "forward", "1F1", 6.0, 1.0),
+    ]
+    assert res.step_time_s == pytest.approx(12.25)
+    # without the post the same waits are whole; here both posts hid in idle time
+    plain = simulate_des(_costs(_plan(), **host))
+    assert plain.step_time_s == pytest.approx(12.25)
+    assert res.time_s["pp_comm"] == pytest.approx(plain.time_s["pp_comm"] + 0.125)   # critical rank 0
+    assert res.time_s["pp_wait"] == pytest.approx(plain.time_s["pp_wait"] - 0.125)
+    # a GPipe step posts every receive alone
+    gpipe = simulate_des(_costs(_plan(schedule="gpipe"), **host, p2p_post_s=0.125))
+    assert not [s for s in gpipe.spans if s.name.endswith("POST")]
+    assert {s.duration_s for s in gpipe.spans if s.stream == "wait"} == {0.5}
+
+
 def test_gradient_buckets_overlap_the_last_backward():
     """One stage, two micro-batches; the last backward (2 s) issues 2 buckets of 0.5 s."""
     res = simulate_des(_costs(_plan(pp=1), grad_reduce_per_step_s=(1.0,), grad_buckets=(2,),

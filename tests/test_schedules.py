@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from simcore.schedules import (Action, Op, add_communication, add_unshard_reshard, build_schedule, format_grid,
+                               fused_p2p,
                                lower)
 from simcore.spec import Schedule
 
@@ -137,3 +138,32 @@ def test_multi_stage_schedules_match_torch_element_by_element(kind, pp, m, vpp):
     assert lower(ours, pp, m, vpp) == _ours(torch_sched.pipeline_order_with_comms)
     fmt = pytest.importorskip("torch.distributed.pipelining.schedules")._format_pipeline_order
     assert format_grid(ours, by="step") == fmt(torch_sched.pipeline_order)
+
+
+def test_1f1b_fuses_steady_sends_with_the_next_receives_post_as_torch_does():
+    # Schedule1F1B._step_microbatches, pp=3, m=4. Stage 0 (w=3 warm-up forwards): F0 and F1
+    # send alone, F2 and F3 with the post of B0's and B1's receive; B2 and B3 post alone.
+    # Stage 1 (w=2): F1..F3 send with a post (F1 with B0's), B0 and B1 with F2's and F3's.
+    # Stage 2 (w=1): receives F1..F3 posted early, sends B0..B2 with them, B3 alone.
+    def table(stage, op):
+        return [fused_p2p(Schedule.ONE_F_ONE_B, 3, 4, Action(stage, op, i)) for i in range(4)]
+    T, F = True, False
+    assert table(0, Op.F) == [(F, F), (F, F), (T, F), (T, F)]
+    assert table(0, Op.B) == [(F, T), (F, T), (F, F), (F, F)]
+    assert table(1, Op.F) == [(F, F), (T, F), (T, T), (T, T)]
+    assert table(1, Op.B) == [(T, T), (T, T), (F, T), (F, F)]
+    assert table(2, Op.F) == [(F, F), (F, T), (F, T), (F, T)]
+    assert table(2, Op.B) == [(T, F), (T, F), (T, F), (F, F)]
+    # every fused send posts exactly one receive of the same stage
+    for s in range(3):
+        sent = sum(fused_p2p("1f1b", 3, 4, Action(s, op, i))[0] for op in (Op.F, Op.B) for i in range(4))
+        posted = sum(fused_p2p("1f1b", 3, 4, Action(s, op, i))[1] for op in (Op.F, Op.B) for i in range(4))
+        assert sent == posted
+    # fewer micro-batches than stages: the warm-up takes them all
+    assert [fused_p2p("1f1b", 4, 2, Action(0, Op.F, i)) for i in range(2)] == [(F, F), (T, F)]
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "interleaved-1f1b", "zero-bubble"])
+def test_other_schedules_send_and_receive_alone(kind):
+    assert not any(any(fused_p2p(kind, 2, 4, Action(s, op, i))) for s in range(2) for op in (Op.F, Op.B)
+                   for i in range(4))

@@ -218,6 +218,26 @@ def test_cpu_pipeline_receive_wait_is_bubble_and_the_send_call_is_comm():
     assert len(sends) == 2 * m                                     # one blocking call per message
 
 
+def test_analytic_moves_a_fused_receive_post_from_the_wait_to_pipeline_comm():
+    # 1F1B, pp=2, m=8: stage 0 sends F1..F7 with the posts of B0..B6's receives, stage 1
+    # B0..B6 with F1..F7's (schedules.fused_p2p): 7 posts a step on each rank, each taken
+    # off a receive wait. The closed form adds no overlap, so the step does not move.
+    p = _tiny(pp=2)
+    c = sim.step_costs(p)
+    post = 0.25 * c.host_p2p_s(1, True)[1]
+    base, fused = sim.analytic(c), sim.analytic(dataclasses.replace(c, p2p_post_s=post))
+    assert p.num_microbatches == 8
+    assert fused.time_s["pp_comm"] == pytest.approx(base.time_s["pp_comm"] + 7 * post)
+    assert fused.time_s["pp_wait"] == pytest.approx(base.time_s["pp_wait"] - 7 * post)
+    assert fused.step_time_s == pytest.approx(base.step_time_s)
+    # a post longer than the wait it belongs to takes only the wait off
+    big = sim.analytic(dataclasses.replace(c, p2p_post_s=4 * post * 2))
+    assert big.time_s["pp_wait"] == pytest.approx(base.time_s["pp_wait"] - 7 * 4 * post)
+    # GPipe posts every receive alone
+    g = sim.step_costs(_tiny(pp=2, schedule="gpipe"))
+    assert sim.analytic(dataclasses.replace(g, p2p_post_s=post)).time_s == pytest.approx(sim.analytic(g).time_s)
+
+
 def test_catalog_pipeline_keeps_asynchronous_sends_and_hop_latency():
     from simcore import collectives as coll
     from simcore import compute as cmp
