@@ -15,6 +15,9 @@ What runs (per simulated rank):
   stream waits on it (Megatron's TP all-reduces are synchronous); on a calibrated CPU
   host a pipeline chunk also waits for its input's hand-over first (the ``wait`` stream:
   idle, so bubble, as the executor measures it) and blocks in its send call last (``pp``);
+  where torch posts a later receive in the same call (1F1B's steady phase,
+  ``schedules.fused_p2p``) the post follows once the message is on its way (``pp``),
+  and that receive's hand-over wait is shorter by it;
 - **communication streams** (``pp`` send/recv, ``dp`` gathers, ``dp`` reductions,
   ``copy`` host-device) are FIFO ``simpy.Resource`` queues of capacity 1, like a CUDA
   stream holding NCCL kernels in issue order;

@@ -24,6 +24,9 @@ call (pipeline comm) and the receiver's hand-over wait (idle, so bubble, as the 
 measures it; ``p2p_send_kernels``, ``p2p_latency_kernels``: gloo moves a message only once
 the receiver posts its receive, and the busy sender's gloo thread then waits for a core);
 the transit to a receiver already blocked is the relay's remainder (``p2p_wake_kernels``).
+Where torch posts a receive in the same call as a send (Schedule1F1B's steady phase,
+``schedules.fused_p2p``), the post (``p2p_post_kernels``) is the sender's comm after the
+message left, and the wait of the receive it posts is that much shorter.
 TP's and FSDP2's wrapper costs are split between blocking comm and host compute by the
 share a run's recorder sees inside collectives (``parallel_host.comm_share``). All are
 measured by ``executors.calibrate``. On any calibrated profile, where trainplan's executor

@@ -62,12 +62,15 @@ def test_compare_carries_intervals_from_residual_tables():
     assert "memory_per_gpu_gib" not in c.intervals        # no memory residuals in the table
 
 
-def test_two_layouts_predicted_and_run():
+def test_two_layouts_predicted_and_run(tmp_path):
     """CI: the loop closes on dp2 and pp2-1f1b (few steps). The bound is generous (a factor
     of 20 on the step, 5% on the weights): this checks the machinery, not the accuracy
-    (that is bench/validate_local.py)."""
-    result = validate_matrix(MATRIX, only=["dp2", "pp2-1f1b"], steps=3, warmup=1, progress=False)
+    (that is bench/validate_local.py). Each layout's two traces go to the trace folder."""
+    result = validate_matrix(MATRIX, only=["dp2", "pp2-1f1b"], steps=3, warmup=1, progress=False,
+                             trace_dir=tmp_path / "traces")
     assert result.failures == ()
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == [
+        f"{n}-{k}.json" for n in ("dp2", "pp2-1f1b") for k in ("measured", "predicted")]
     assert list(result.table["layout"]) == ["dp2", "pp2-1f1b"]
     assert list(result.table["class"]) == ["dp", "pp"]
     for comp, row in zip(result.comparisons, result.table.to_dict(orient="records")):
