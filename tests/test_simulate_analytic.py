@@ -224,15 +224,16 @@ def test_analytic_moves_a_fused_receive_post_from_the_wait_to_pipeline_comm():
     # off a receive wait. The closed form adds no overlap, so the step does not move.
     p = _tiny(pp=2)
     c = sim.step_costs(p)
-    post = 0.25 * c.host_p2p_s(1, True)[1]
+    wait = c.host_p2p_s(1, True)[1]   # one receive's hand-over wait
+    post = 0.25 * wait
     base, fused = sim.analytic(c), sim.analytic(dataclasses.replace(c, p2p_post_s=post))
     assert p.num_microbatches == 8
     assert fused.time_s["pp_comm"] == pytest.approx(base.time_s["pp_comm"] + 7 * post)
     assert fused.time_s["pp_wait"] == pytest.approx(base.time_s["pp_wait"] - 7 * post)
     assert fused.step_time_s == pytest.approx(base.step_time_s)
     # a post longer than the wait it belongs to takes only the wait off
-    big = sim.analytic(dataclasses.replace(c, p2p_post_s=4 * post * 2))
-    assert big.time_s["pp_wait"] == pytest.approx(base.time_s["pp_wait"] - 7 * 4 * post)
+    big = sim.analytic(dataclasses.replace(c, p2p_post_s=2 * wait))
+    assert big.time_s["pp_wait"] == pytest.approx(base.time_s["pp_wait"] - 7 * wait)
     # GPipe posts every receive alone
     g = sim.step_costs(_tiny(pp=2, schedule="gpipe"))
     assert sim.analytic(dataclasses.replace(g, p2p_post_s=post)).time_s == pytest.approx(sim.analytic(g).time_s)
