@@ -12,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from executors.launch import idle_gloo_transport
 from executors.probes import _sync
 
 
@@ -81,6 +82,7 @@ def _collective_rank(rank: int, world: int, device, sizes: tuple[int, ...], nbyt
     rows = []
     for n in sizes:
         group = None if n == world else dist.new_group(list(range(n)))
+        idle_gloo_transport()
         if rank < n:
             for op in WIRE_FACTOR:
                 for nbytes in nbytes_list:

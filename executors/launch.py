@@ -73,7 +73,38 @@ def init_distributed(rank: int, world: int, timeout_s: float) -> torch.device:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
+    idle_gloo_transport()
     return device
+
+
+#: The name Linux gives gloo's TCP transport thread (one per process group).
+GLOO_TRANSPORT_THREAD = "gloo_tcp_loop"
+
+
+def idle_gloo_transport() -> int:
+    """Run this process's gloo transport threads at ``SCHED_IDLE``: on a core no rank needs.
+
+    Each gloo process group has a thread that moves its socket's bytes. While messages flow
+    it re-polls ``epoll_wait`` in a tight loop (533k calls in a 30-step pp2-interleaved run
+    on the 2-core validation host), so on a host with fewer cores than busy threads it takes
+    cores from the ranks' compute, and a rank woken from a blocked receive can wait a
+    scheduler tick behind it: a two-rank gloo round trip read a 0.18 ms median, p90 3.9 ms,
+    p99 8 ms. At ``SCHED_IDLE`` the same round trip read max 0.45 ms and the local matrix's
+    steps 0-40% faster (ZeRO-3 160 -> 108 ms). The threads still run whenever a core is
+    free, which is when a rank waits for them. Call it after creating process groups
+    (``init_distributed``, ``executors.parallel.build_mesh``, the probes' ``new_group``);
+    a no-op for nccl and off Linux. Returns how many threads it set."""
+    if not (hasattr(os, "SCHED_IDLE") and dist.is_initialized() and dist.get_backend() == "gloo"):
+        return 0
+    done = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == GLOO_TRANSPORT_THREAD:
+                os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
+                done += 1
+        except OSError:   # the thread ended meanwhile
+            continue
+    return done
 
 
 def _entry(rank, fn, world, port, outdir, timeout_s, args):

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from executors.launch import idle_gloo_transport
 from executors.probes import _layer_step, probe_spec
 from simcore.trace import atomic_write_text
 
@@ -62,6 +63,7 @@ def _oversub_rank(rank: int, world: int, device, ranks: tuple[int, ...], size: i
     for fn in (lambda: a @ b, layer):   # warm-up
         fn()
     groups = {n: None if n == world else dist.new_group(list(range(n))) for n in ranks}
+    idle_gloo_transport()
     rows = []
     for cycle in range(cycles):
         for n in ranks:

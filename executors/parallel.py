@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
+from executors.launch import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
 from simcore.spec import GradCompression, Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
 from topologies.placement import AXES
@@ -90,7 +91,9 @@ def check_executable(plan: Plan, device_type: str) -> None:
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
     """The (pp, dp, cp, tp) mesh; rank r sits at ``rank_grid(...).coords(r)``."""
     par = plan.parallel
-    return init_device_mesh(device_type, (par.pp, par.dp, par.cp, par.tp), mesh_dim_names=AXES)
+    mesh = init_device_mesh(device_type, (par.pp, par.dp, par.cp, par.tp), mesh_dim_names=AXES)
+    idle_gloo_transport()   # the mesh's groups' transport threads, as the default group's
+    return mesh
 
 
 # --------------------------------------------------------------------------- pipeline split

@@ -15,6 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from executors.launch import idle_gloo_transport
 from executors.probes import _layer_step, _median_step, _optimizer_per_tensor_s, probe_kernels, probe_spec
 
 
@@ -277,6 +278,7 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int =
     torch.manual_seed(0)
     spec = probe_spec()
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("x",))
+    idle_gloo_transport()
     steps = {"plain": _layer_step(spec, device)}
     wrapped, dtensor_params = _wrapped_model_steps(spec, mesh, device)
     steps.update(wrapped)

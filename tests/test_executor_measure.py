@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import time
 
 import pytest
@@ -169,6 +170,25 @@ def test_forked_ranks_leave_the_inherited_heap_to_the_parent():
     for frozen, tracked in launch.spawn(_collector_view, 2, timeout_s=60, start_method="fork"):
         assert frozen > 0 and not tracked
     assert gc.get_freeze_count() == 0   # the parent's objects are collectable again
+
+
+def _transport_policies(rank, world, device, plan):
+    """The scheduling policy of each gloo transport thread and of the rank's own thread,
+    after the rank joined the default group and built the plan's mesh."""
+    parallel.build_mesh(plan, device.type)
+    tasks = [t for t in os.listdir("/proc/self/task")
+             if open(f"/proc/self/task/{t}/comm").read().strip() == launch.GLOO_TRANSPORT_THREAD]
+    return [os.sched_getscheduler(int(t)) for t in tasks], os.sched_getscheduler(0)
+
+
+def test_gloo_transport_threads_run_only_on_free_cores():
+    plan = plan_from_dict({"model": {"name": "m", "layers": 2, "hidden": 32, "heads": 2, "vocab": 64, "seq_len": 8},
+                           "cluster": {"node": "localhost", "gpus_per_node": 2},
+                           "parallel": {"dp": 1, "pp": 2}, "training": {"global_batch": 2}})
+    for transport, own in launch.spawn(_transport_policies, 2, (plan,), timeout_s=60, start_method="fork"):
+        # one thread for the default group and one per mesh group, none left at the default policy
+        assert len(transport) >= 2 and set(transport) == {os.SCHED_IDLE}
+        assert own == os.SCHED_OTHER
 
 
 @pytest.mark.slow
