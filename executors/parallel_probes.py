@@ -39,8 +39,10 @@ WRAPPER_ENDS = ("tp_embed", "tp_head", "tp_sp_embed", "tp_sp_head", "fsdp_zero2_
 #: back-to-back calibrations, which the pooling over calibrations evens out).
 COMM_SHARE_REPS = 3
 #: Version of the parallel probe's method, kept with the pooled host costs: calibrations
-#: that measured the wrappers another way are not pooled with this one.
-PARALLEL_PROBE_METHOD = 2
+#: that measured the wrappers another way are not pooled with this one. 3: gloo's transport
+#: threads at SCHED_IDLE (``executors.launch.idle_gloo_transport``), which made the wrapped
+#: layers cheaper than the method-2 calibrations read them.
+PARALLEL_PROBE_METHOD = 3
 #: Round trips of the busy-rank point-to-point relay (``_busy_p2p``).
 P2P_PROBE_REPS = 60
 #: Calls of each lone collective (``_lone_collectives``) and their size: one latency-bound
