@@ -1,10 +1,10 @@
 """Benchmark: the executor's step time against plain torch on the same model and ranks.
 
-    .venv/bin/python bench/executor.py [PLAN] [--steps 30] [--warmup 5]
+    .venv/bin/python bench/executor.py [PLAN] [--steps 65] [--warmup 5]
 
-Prints four step times for PLAN's model and global batch: the executor with its
-instrumentation (spans, collective hooks, saved-tensor accounting), the executor without
-it, a plain single-process torch loop, and torch's DDP over the same number of ranks.
+Prints four step times for PLAN's model and global batch: the executor's recorded steps
+(spans, collective hooks) and its bare ones, which alternate within one run, a plain
+single-process torch loop, and torch's DDP over the same number of ranks.
 Target: instrumentation costs under 3% of the step time. Warm-up steps are discarded
 and ranks synchronise only at step edges (nanoGPT's bench.py discipline).
 """
@@ -70,24 +70,27 @@ def ddp_step_s(plan, steps, warmup) -> float:
     return max(launch.spawn(_ddp_rank, world, (plan, steps, warmup), start_method="fork"))
 
 
-def executor_step_s(plan, steps, warmup, instrument: bool) -> float:
-    opts = launch.RunOptions(steps=steps, warmup=warmup, instrument=instrument)
-    records = launch.launch_ranks(plan, opts, "fork")
-    # an instrumented run records every other measured step: time those (the rest run bare)
-    per_step = [max(r["steps"][i]["duration_s"] for r in records) for i in range(warmup, steps)
-                if records[0]["steps"][i]["instrumented"] == instrument]
-    return sum(per_step) / len(per_step)
+def executor_step_s(plan, steps, warmup) -> tuple[float, float]:
+    """(instrumented, bare) mean step time of one executor run: its measured steps alternate
+    between recorded and bare ones, so both come from the same ranks in the same minute (two
+    separate launches on the shared 2-core host differ by more than the recorder costs)."""
+    records = launch.launch_ranks(plan, launch.RunOptions(steps=steps, warmup=warmup), "fork")
+
+    def mean(instrumented: bool) -> float:
+        per_step = [max(r["steps"][i]["duration_s"] for r in records) for i in range(warmup, steps)
+                    if records[0]["steps"][i]["instrumented"] == instrumented]
+        return sum(per_step) / len(per_step)
+    return mean(True), mean(False)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("plan", nargs="?", default="plans/tiny-localhost.yaml")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=65)
     ap.add_argument("--warmup", type=int, default=5)
     a = ap.parse_args()
     plan = load_plan(a.plan)
-    on = executor_step_s(plan, a.steps, a.warmup, True)
-    off = executor_step_s(plan, a.steps, a.warmup, False)
+    on, off = executor_step_s(plan, a.steps, a.warmup)
     rows = [("executor, instrumented", on), ("executor, bare", off),
             ("plain torch, 1 process", plain_step_s(plan, a.steps, a.warmup)),
             (f"torch DDP, {plan.parallel.gpus} ranks", ddp_step_s(plan, a.steps, a.warmup))]
