@@ -91,7 +91,9 @@ def idle_gloo_transport() -> int:
     scheduler tick behind it: a two-rank gloo round trip read a 0.18 ms median, p90 3.9 ms,
     p99 8 ms. At ``SCHED_IDLE`` the same round trip read max 0.45 ms and the local matrix's
     steps 0-40% faster (ZeRO-3 160 -> 108 ms). The threads still run whenever a core is
-    free, which is when a rank waits for them. Call it after creating process groups
+    free: with no more busy ranks than cores, that is when a rank waits for them; with more
+    (four ranks on two cores) they wait until ranks block, and those layouts' communication
+    is slower than the two-rank probes read (bench/RESULTS.md). Call it after creating groups
     (``init_distributed``, ``executors.parallel.build_mesh``, the probes' ``new_group``);
     a no-op for nccl and off Linux. Returns how many threads it set."""
     if not (hasattr(os, "SCHED_IDLE") and dist.is_initialized() and dist.get_backend() == "gloo"):
