@@ -156,6 +156,31 @@ def test_a_hung_or_failed_rank_ends_the_run_with_its_name():
     assert time.monotonic() - t < 20
 
 
+class _FuturelessWork:
+    """A work whose ``get_future`` raises, as gloo's point-to-point works do."""
+    asked = 0
+
+    def get_future(self):
+        type(self).asked += 1
+        raise RuntimeError("Work::getFuture not implemented.")
+
+
+def test_a_work_kind_without_futures_is_asked_once():
+    done = []
+    for i in range(3):
+        measure._on_done(_FuturelessWork(), lambda i=i: done.append(i), ("p2p", "a test backend"))
+    assert done == [0, 1, 2] and _FuturelessWork.asked == 1   # each send done at once, asked once
+    fut = torch.futures.Future()
+
+    class Work:
+        def get_future(self):
+            return fut
+    measure._on_done(Work(), lambda: done.append("later"), ("p2p", "a test backend with futures"))
+    assert done == [0, 1, 2]
+    fut.set_result(None)
+    assert done == [0, 1, 2, "later"]
+
+
 _INHERITED = [["a container the ranks inherit"]]
 
 
