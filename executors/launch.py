@@ -99,14 +99,26 @@ def idle_gloo_transport() -> int:
     if not (hasattr(os, "SCHED_IDLE") and dist.is_initialized() and dist.get_backend() == "gloo"):
         return 0
     done = 0
-    for task in Path("/proc/self/task").iterdir():
+    for tid in gloo_transport_threads():
         try:
-            if (task / "comm").read_text().strip() == GLOO_TRANSPORT_THREAD:
-                os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
-                done += 1
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            done += 1
         except OSError:   # the thread ended meanwhile
             continue
     return done
+
+
+def gloo_transport_threads() -> list[int]:
+    """Thread ids of this process's gloo transport threads (Linux; none elsewhere)."""
+    tids = []
+    tasks = Path("/proc/self/task")
+    for task in tasks.iterdir() if tasks.is_dir() else ():
+        try:
+            if (task / "comm").read_text().strip() == GLOO_TRANSPORT_THREAD:
+                tids.append(int(task.name))
+        except OSError:   # the thread ended meanwhile
+            continue
+    return tids
 
 
 def _entry(rank, fn, world, port, outdir, timeout_s, args):

@@ -6,7 +6,6 @@ import gc
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -202,9 +201,7 @@ def _transport_policies(rank, world, device, plan):
     """The scheduling policy of each gloo transport thread and of the rank's own thread,
     after the rank joined the default group and built the plan's mesh."""
     parallel.build_mesh(plan, device.type)
-    tasks = [t for t in Path("/proc/self/task").iterdir()
-             if (t / "comm").read_text().strip() == launch.GLOO_TRANSPORT_THREAD]
-    return [os.sched_getscheduler(int(t.name)) for t in tasks], os.sched_getscheduler(0)
+    return [os.sched_getscheduler(t) for t in launch.gloo_transport_threads()], os.sched_getscheduler(0)
 
 
 def test_gloo_transport_threads_run_only_on_free_cores():
