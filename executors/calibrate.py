@@ -55,8 +55,8 @@ from executors.collective_probes import (COLLECTIVE_BYTES, GROUP_SIZES, bench_co
                                          split_ring_latency)
 from executors.oversubscription import (_per_rank, _scale_compute, anchor_to_executor, bench_oversubscription,
                                         one_rank_step_s)
-from executors.parallel_probes import (PARALLEL_PROBE_METHOD, PARALLEL_PROBE_REPS, bench_p2p, bench_parallel_host,
-                                       wrapper_kernels)
+from executors.parallel_probes import (GROUPED_PROBE_MODES, GROUPED_PROBE_RANKS, PARALLEL_PROBE_METHOD,
+                                       PARALLEL_PROBE_REPS, bench_p2p, bench_parallel_host, wrapper_kernels)
 from executors.probes import (GIB, LAYER_GEMM_HIDDEN, MATMUL_SIZES, PROBE_LAYER, _dispatch_s, bench_host_device,
                               bench_host_overhead, bench_layer_gemms, bench_matmul, bench_memory, bench_optimizer,
                               probe_kernels, probe_spec, recompute_kernels)
@@ -90,8 +90,9 @@ def matmul_curve(rows: list[dict], precision: str, peak: float) -> list[list[flo
 
 def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.device, *,
                   host: dict | None = None, optimizer: dict | None = None, parallel: dict | None = None,
-                  seconds: float = 0.0) -> dict:
-    """The profile document from the raw measurements."""
+                  grouped: dict | None = None, seconds: float = 0.0) -> dict:
+    """The profile document from the raw measurements (``grouped``: the parallel probe on more
+    ranks, whose figures are kept under ``name@ranks``, ``at_ranks``)."""
     hostname = socket.gethostname()
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     source = f"measured by trainplan calibrate on {hostname}, {date}"
@@ -150,14 +151,18 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
         one = host["per_kernel_s"] * layer[1] * sum(probe_kernels(probe_spec())) if host and 1 in layer else 1.0
         efficiency["parallel_host"] = {
             "probe_method": PARALLEL_PROBE_METHOD,
+            "probe_ranks": parallel["ranks"],
             **wrapper_kernels(parallel, layer),
+            **(at_ranks(grouped, layer) if grouped else {}),
             "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
             "p2p_latency_kernels": parallel.get("p2p_latency_kernels", 0.0),
             "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
             "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
             "p2p_post_kernels": parallel.get("p2p_post_kernels", 0.0),
             **{k: parallel[k] for k in ("lone_all_reduce_kernels", "lone_broadcast_kernels") if k in parallel},
-            **({"comm_share": parallel["comm_share"]} if "comm_share" in parallel else {}),
+            **({"comm_share": {**parallel["comm_share"], **{f"{m}@{grouped['ranks']}": v for m, v in
+                                                             (grouped or {}).get("comm_share", {}).items()}}}
+               if "comm_share" in parallel else {}),
             **({k: {n: x * one for n, x in v.items()} for k, v in recompute_kernels(
                 host, peaks[main_precision], memory["copy_bytes_per_s"], efficiency).items()} if host else {}),
             "recompute_unit_factor": one,
@@ -179,7 +184,9 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                       "per-kernel time over the simulator's for the same rank count, applied to its "
                       "figures; comm_share: per wrapper, [forward, backward] share of its extra time that "
                       "the executor's recorder counts as exposed communication (the 6-layer probe model, "
-                      "recorded steps apart from the timed ones), the rest host compute"}
+                      "recorded steps apart from the timed ones), the rest host compute; name@n: the same "
+                      "figure from the probe on n ranks at once (groups of probe_ranks side by side), which "
+                      "topologies.hardware.scale_for_ranks uses for runs nearer n ranks"}
     if cpu:
         efficiency["memory"] = {
             "framework_bytes": 0.0, "allocator_fragmentation": 0.0, "comm_buffers": False,
@@ -219,6 +226,19 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
                 "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel,
                 "executor_one_rank": oversub.get("one_rank_step") or {}},
     }
+
+
+def at_ranks(grouped: dict, layer: dict) -> dict:
+    """The grouped parallel probe's wrapper costs (in the simulator's unit for its rank count,
+    ``wrapper_kernels``) and pipeline point-to-point figures (in the probe's unit until
+    ``p2p_in_sim_unit``), each under ``name@ranks``; none where the oversubscription probe
+    measured no slowdown for that rank count to convert them by."""
+    n = grouped["ranks"]
+    if n not in layer:
+        return {}
+    out = {f"{k}@{n}": v for k, v in wrapper_kernels(grouped, layer).items()}
+    out.update({f"{k}@{n}": grouped[k] for k in P2P_KEYS if k in grouped})
+    return out
 
 
 def _rank_tables(efficiency: dict, oversub: dict) -> None:
@@ -263,7 +283,7 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     precisions = ["bf16", "fp16"] if device.type == "cuda" else ["fp32", "bf16"]
     sizes = MATMUL_SIZES[:4] if quick else MATMUL_SIZES
-    with tqdm(total=len(precisions) + 7, desc="calibrate", disable=not progress, unit="bench") as bar:
+    with tqdm(total=len(precisions) + 8, desc="calibrate", disable=not progress, unit="bench") as bar:
         matmul = bench_matmul(device, precisions, sizes, bar)
         if device.type == "cpu":
             matmul += bench_layer_gemms(hidden=LAYER_GEMM_HIDDEN[:3] if quick else LAYER_GEMM_HIDDEN)
@@ -288,12 +308,17 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
         bar.update(1)
         parallel = bench_parallel_host(reps=4 if quick else PARALLEL_PROBE_REPS) if backend == "gloo" else None
         bar.update(1)
+        # four ranks on the cores (the quick calibration measures no four-rank slowdown to convert it by)
+        grouped = bench_parallel_host(world=GROUPED_PROBE_RANKS, modes=GROUPED_PROBE_MODES) \
+            if parallel and not quick else None
+        bar.update(1)
     profile = build_profile(matmul, memory, collectives, oversub, h2d, device, host=host, optimizer=optimizer,
-                            parallel=parallel, seconds=time.perf_counter() - t0)
+                            parallel=parallel, grouped=grouped, seconds=time.perf_counter() - t0)
     if not quick:
         pool_host_costs(profile, _previous_profile(out))
-    if parallel:
-        p2p_in_sim_unit(profile["efficiency"], parallel["per_kernel_s"], parallel["ranks"])
+    for probe in (p for p in (parallel, grouped) if p):
+        p2p_in_sim_unit(profile["efficiency"], probe["per_kernel_s"], probe["ranks"],
+                        "" if probe is parallel else f"@{probe['ranks']}")
     atomic_write_text(out, yaml.safe_dump(profile, sort_keys=False))
     return anchor_to_executor(profile, out)
 
@@ -305,9 +330,10 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
 P2P_KEYS = ("p2p_latency_kernels", "p2p_send_kernels", "p2p_wake_kernels", "p2p_post_kernels")
 
 
-def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int) -> None:
+def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int, suffix: str = "") -> None:
     """Convert the pipeline point-to-point figures of ``efficiency['parallel_host']``
-    (``P2P_KEYS``) from the probe's per-kernel time on ``ranks`` busy ranks to the simulator's
+    (``P2P_KEYS``, each with ``suffix``: ``@n`` for a grouped probe's) from the probe's
+    per-kernel time on ``ranks`` busy ranks to the simulator's
     for that rank count (``host_overhead_us`` x layer[1] / layer[ranks], as
     ``topologies.hardware.scale_for_ranks`` charges it), so that the seconds the probe
     measured come back; the factor is kept as ``p2p_unit_factor`` (1.33 in one refresh: the
@@ -320,9 +346,9 @@ def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int) -> 
         return
     factor = probe_per_kernel_s / (efficiency["host_overhead_us"] * 1e-6 * host_slowdown(efficiency, ranks))
     for k in P2P_KEYS:
-        if k in ph:
-            ph[k] *= factor
-    ph["p2p_unit_factor"] = factor
+        if k + suffix in ph:
+            ph[k + suffix] *= factor
+    ph["p2p_unit_factor" + suffix] = factor
 
 
 #: Calibrations of this host whose wrapper host costs are pooled (``pool_host_costs``). A noise

@@ -26,6 +26,16 @@ PARALLEL_PROBE_REPS = 20
 PARALLEL_PROBE_ROUNDS = 9
 #: The wrappers the parallel probe times on whole models (``_wrapped_model_steps``).
 WRAPPER_MODES = ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")
+#: Ranks per wrapped group of the parallel probe (the local matrix's tp2 and dp2); a probe on
+#: more ranks runs several such groups side by side.
+PROBE_GROUP = 2
+#: Ranks and wrappers of the grouped probe (``bench_parallel_host(world=GROUPED_PROBE_RANKS)``):
+#: two TP pairs side by side, as the local matrix's tp2-pp2 puts four ranks on the cores. On
+#: the 2-core validation host a TP all-reduce read 2.2-2.6 ms in that run and 2.3 ms in this
+#: probe, where the two-rank figures scaled by the one-rank slowdown tables gave 1.45 ms
+#: (bench/RESULTS.md). FSDP2 is left out to keep the calibration short (4 s a wrapper).
+GROUPED_PROBE_RANKS = 4
+GROUPED_PROBE_MODES = ("tp", "tp_sp")
 #: Depths of the wrapped probe models: the extra cost over the plain model at two depths
 #: gives the cost per layer (the slope) and the ends' (the intercept). Timing one wrapped
 #: block alone read FSDP2's cost per layer 30% under a block's inside a sharded model
@@ -55,13 +65,13 @@ PIPELINE_PROBE_MICROBATCHES = 4
 
 
 def _busy_p2p(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[float, float, float, float]:
-    """A two-rank relay as a pipeline runs it: rank 0 computes (the probe layer's forward and
-    backward), sends its activation to rank 1, which was blocked in its receive, computes and
-    sends back. Returns (wall time of the relay on this rank, this rank's compute in it, the
-    time this rank spent in its sends, the time it spent posting its receives: the ``irecv``
-    call before its wait)."""
+    """A two-rank relay as a pipeline runs it, in pairs of ranks (0, 1), (2, 3) ... at once:
+    the even rank computes (the probe layer's forward and backward), sends its activation to
+    the odd one, which was blocked in its receive, computes and sends back. Returns (wall
+    time of the relay on this rank, this rank's compute in it, the time this rank spent in
+    its sends, the time it spent posting its receives: the ``irecv`` call before its wait)."""
     buf = torch.zeros(shape)
-    peer = 1 - rank
+    peer, role = rank ^ 1, rank % 2   # pairs (0, 1), (2, 3), ...: all pairs at once
     compute = send = post = 0.0
 
     def receive() -> float:
@@ -74,35 +84,36 @@ def _busy_p2p(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[float
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(reps):
-        if rank == 1:
+        if role == 1:
             post += receive()
         c = time.perf_counter()
         step()
         d = time.perf_counter()
         dist.isend(buf, dst=peer).wait()
         compute, send = compute + d - c, send + time.perf_counter() - d
-        if rank == 0:
+        if role == 0:
             post += receive()
     return time.perf_counter() - t0, compute, send, post
 
 
 def _busy_stream(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[float, float]:
-    """Two busy ranks in a stream, as GPipe's forward phase runs them: rank 0 computes and
-    posts an asynchronous send it does not wait for (gloo's thread must deliver it while both
-    ranks compute), rank 1 waits for each message, then computes. Returns (wall time, compute)
-    of this rank; rank 1's period less the slower rank's compute is the delivery delay."""
+    """Two busy ranks in a stream, as GPipe's forward phase runs them, in pairs as
+    ``_busy_p2p``: the even rank computes and posts an asynchronous send it does not wait for
+    (gloo's thread must deliver it while both ranks compute), the odd one waits for each
+    message, then computes. Returns (wall time, compute) of this rank; the odd rank's period
+    less the slower rank's compute is the delivery delay."""
     bufs = [torch.zeros(shape) for _ in range(reps)]
-    peer = 1 - rank
+    peer, role = rank ^ 1, rank % 2
     compute, works = 0.0, []
     dist.barrier()
     t0 = time.perf_counter()
     for i in range(reps):
-        if rank == 1:
+        if role == 1:
             dist.irecv(bufs[i], src=peer).wait()
         c = time.perf_counter()
         step()
         compute += time.perf_counter() - c
-        if rank == 0:
+        if role == 0:
             works.append(dist.isend(bufs[i], dst=peer))
     wall = time.perf_counter() - t0
     for w in works:
@@ -111,7 +122,7 @@ def _busy_stream(rank: int, step, reps: int, shape: tuple[int, ...]) -> tuple[fl
 
 
 def _handover_probes(rank: int, step, spec) -> dict:
-    """The relay and the stream of ranks 0 and 1, busy with ``step`` (the plain probe layer)
+    """The relay and the stream of each pair of ranks, busy with ``step`` (the plain probe layer)
     between messages of one micro-batch's activations."""
     shape = (1, spec.seq_len, spec.hidden)
     return {"p2p": _busy_p2p(rank, step, P2P_PROBE_REPS, shape), "stream": _busy_stream(rank, step, P2P_PROBE_REPS, shape)}
@@ -201,10 +212,11 @@ def _recorded_comm(rank: int, mesh, steps: dict, names: list[str], reps: int) ->
     from simcore.trace import split_step
 
     rec = measure.Recorder(rank=rank)
+    group = frozenset(dist.get_process_group_ranks(mesh.get_group()))
     out: dict = {}
     with measure.record_collectives(rec):
         for name in names:   # the probe mesh's one axis stands for the executor's tp or dp axis
-            rec.axis_of = {frozenset(range(mesh.size())): "tp" if name.startswith("tp") else "dp"}
+            rec.axis_of = {group: "tp" if name.startswith("tp") else "dp"}
             rows = []
             for i in range(reps + 1):
                 rec.start_step()
@@ -218,14 +230,15 @@ def _recorded_comm(rank: int, mesh, steps: dict, names: list[str], reps: int) ->
     return out
 
 
-def _wrapped_model_steps(spec, mesh, device) -> tuple[dict, list]:
+def _wrapped_model_steps(spec, mesh, device, modes: tuple[str, ...] = WRAPPER_MODES) -> tuple[dict, list | None]:
     """Step closures of the probe model at each depth of ``WRAPPER_FIT_LAYERS``, plain
     (``model{L}``) and wrapped as ``executors.parallel`` wraps a whole model (``{mode}{L}``:
     DTensor TP with and without SP; FSDP2 with a group per block and the root group,
     resharding after forward or not), and the model's ends (no layers), by which TP's ends
     are split between the embedding and the head: the embedding alone and the head alone
     (final norm, output projection and loss), plain and under TP with and without SP. Also
-    the FSDP2-sharded (DTensor) parameters of one block, for the optimizer probe."""
+    the FSDP2-sharded (DTensor) parameters of one block, for the optimizer probe (None
+    without FSDP2 among ``modes``, the wrappers timed)."""
     from executors.model import Transformer
     from executors.parallel import apply_fsdp2, apply_tp
 
@@ -248,55 +261,65 @@ def _wrapped_model_steps(spec, mesh, device) -> tuple[dict, list]:
     steps = {}
     for n in WRAPPER_FIT_LAYERS:
         steps[f"model{n}"] = _model_step(model(n), tokens, labels)
-        for mode in WRAPPER_MODES:
+        for mode in modes:
             steps[f"{mode}{n}"] = _model_step(model(n, wraps[mode]), tokens, labels)
-    sharded = model(1, wraps["fsdp_zero3"])
+    sharded = model(1, wraps["fsdp_zero3"]) if "fsdp_zero3" in modes else None
     steps["embed"] = _model_step(model(0, end="embed"), tokens)
 
     def hidden(t: int):   # the last layer's output, whose gradient the head's backward computes
         return torch.randn(1, t, spec.hidden, device=device, requires_grad=True)   # (B, T, H)
 
     steps["head"] = _model_step(model(0, end="head"), hidden(s), labels)
-    for mode in ("tp", "tp_sp"):
+    for mode in (m for m in ("tp", "tp_sp") if m in modes):
         steps[f"{mode}_embed"] = _model_step(model(0, wraps[mode], "embed"), tokens)
         steps[f"{mode}_head"] = _model_step(model(0, wraps[mode], "head"), hidden(s // world if mode == "tp_sp" else s),
                                             labels)
-    return steps, list(sharded.layers["0"].parameters())
+    return steps, list(sharded.layers["0"].parameters()) if sharded else None
 
 
-def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:
-    """Both ranks at once: the plain probe layer (the kernel unit) and the probe model at two
-    depths plain and under DTensor TP (with and without SP, ``executors.parallel``'s plan)
-    and FSDP2 (reshard after forward or not), with the model's ends for TP's split
-    (``_wrapped_model_steps``), in ``rounds`` interleaved rounds (each the median of its
-    steps), so that load from other processes, which comes and goes by the second, falls on
-    plain and wrapped alike; AdamW over plain and DTensor (FSDP2-sharded) parameters; then
-    the busy-rank point-to-point relay and stream between ranks 0 and 1, and on two ranks a
-    pipeline stage's chunk and the lone collectives."""
+def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int = PARALLEL_PROBE_ROUNDS,
+                         modes: tuple[str, ...] = WRAPPER_MODES) -> dict:
+    """All ranks at once, in groups of two (pairs (0, 1), (2, 3) ... side by side where
+    ``world`` is more than 2): the plain probe layer (the kernel unit) and the probe model at
+    two depths plain and under the wrappers of ``modes`` (DTensor TP with and without SP,
+    ``executors.parallel``'s plan; FSDP2, reshard after forward or not), with the model's
+    ends for TP's split (``_wrapped_model_steps``), in ``rounds`` interleaved rounds (each
+    the median of its steps), so that load from other processes, which comes and goes by the
+    second, falls on plain and wrapped alike; AdamW over plain and DTensor (FSDP2-sharded)
+    parameters where FSDP2 is timed; then the busy-rank point-to-point relay and stream of
+    each pair, and on two ranks a pipeline stage's chunk and the lone collectives."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from executors.model import Block
 
     torch.manual_seed(0)
     spec = probe_spec()
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("x",))
+    if world == PROBE_GROUP:
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("x",))
+    else:
+        mesh = init_device_mesh(device.type, (world // PROBE_GROUP, PROBE_GROUP), mesh_dim_names=("pairs", "x"))["x"]
     idle_gloo_transport()
     steps = {"plain": _layer_step(spec, device)}
-    wrapped, dtensor_params = _wrapped_model_steps(spec, mesh, device)
+    wrapped, dtensor_params = _wrapped_model_steps(spec, mesh, device, modes)
     steps.update(wrapped)
     per_round = max(2, reps // rounds)
-    out: dict = {"rounds": [{k: _median_step(st, per_round, warmup=3 if r == 0 else 1) for k, st in steps.items()}
-                            for r in range(rounds)]}
+
+    def timed(step, r: int) -> tuple[float, float]:
+        if world > PROBE_GROUP:   # groups side by side start each variant together, as a run's ranks run
+            dist.barrier()        # theirs (one group's own collectives keep its ranks together)
+        return _median_step(step, per_round, warmup=3 if r == 0 else 1)
+
+    out: dict = {"rounds": [{k: timed(st, r) for k, st in steps.items()} for r in range(rounds)]}
     for k in steps:
         out[k] = tuple(statistics.median(rd[k][i] for rd in out["rounds"]) for i in range(2))
     deep = WRAPPER_FIT_LAYERS[-1]
-    out["recorded"] = _recorded_comm(rank, mesh, steps, [f"model{deep}", *(f"{m}{deep}" for m in WRAPPER_MODES)],
+    out["recorded"] = _recorded_comm(rank, mesh, steps, [f"model{deep}", *(f"{m}{deep}" for m in modes)],
                                      COMM_SHARE_REPS)
-    out["opt_dtensor"] = _optimizer_per_tensor_s(dtensor_params, reps)
-    out["opt_plain"] = _optimizer_per_tensor_s(list(Block(spec).to(device).parameters()), reps)
-    if rank < 2:
-        out.update(_handover_probes(rank, steps["plain"], spec))
-    if world == 2:
+    if dtensor_params:
+        out["opt_dtensor"] = _optimizer_per_tensor_s(dtensor_params, reps)
+        out["opt_plain"] = _optimizer_per_tensor_s(list(Block(spec).to(device).parameters()), reps)
+    out.update(_handover_probes(rank, steps["plain"], spec))
+    if world == PROBE_GROUP:
         out["pipeline_chunk"] = _pipeline_chunk(rank, world, device, spec, PIPELINE_PROBE_REPS)
         out["lone"] = _lone_collectives(steps["plain"], LONE_COLLECTIVE_REPS)
     dist.barrier()
@@ -339,13 +362,13 @@ def _depth_fit(rows: list[dict], mode: str, kf: int, kb: int,
     return _median_kernels(slope), _median_kernels(ends)
 
 
-def parallel_host_kernels(rows: list[dict], kf: int, kb: int) -> dict:
-    """Per wrapper of ``WRAPPER_MODES`` its kernels per layer (``_depth_fit``) and its ends':
+def parallel_host_kernels(rows: list[dict], kf: int, kb: int, modes: tuple[str, ...] = WRAPPER_MODES) -> dict:
+    """Per wrapper of ``modes`` its kernels per layer (``_depth_fit``) and its ends':
     FSDP2's root group (``fsdp_zero2/3_root``), TP's embedding and head (``tp[_sp]_embed``,
     ``tp[_sp]_head``: the fitted ends split in the ratio of the embedding's and the head's
     own extra costs, each timed alone over its plain counterpart)."""
     out = {}
-    for mode in WRAPPER_MODES:
+    for mode in modes:
         layer, ends = _depth_fit(rows, mode, kf, kb)
         out[mode] = {"forward_kernels": layer[0], "backward_kernels": layer[1]}
         if mode.startswith("fsdp"):
@@ -358,15 +381,15 @@ def parallel_host_kernels(rows: list[dict], kf: int, kb: int) -> dict:
     return out
 
 
-def comm_shares(rows: list[dict]) -> dict:
-    """Per wrapper of ``WRAPPER_MODES``, [forward, backward] share of its extra time over the
+def comm_shares(rows: list[dict], modes: tuple[str, ...] = WRAPPER_MODES) -> dict:
+    """Per wrapper of ``modes``, [forward, backward] share of its extra time over the
     plain model that the executor's recorder counts as exposed communication (the probe
     model at the deeper depth, ``_recorded_comm``, ranks averaged), each within [0, 1]; the
     rest is host compute (DTensor dispatch and redistribution, FSDP2's hooks and copies),
     which a run measures as compute. All communication (1) where no extra time was seen."""
     deep = WRAPPER_FIT_LAYERS[-1]
     out = {}
-    for mode in WRAPPER_MODES:
+    for mode in modes:
         share = []
         for j in range(2):
             extra = statistics.mean(r["recorded"][f"{mode}{deep}"][j] - r["recorded"][f"model{deep}"][j] for r in rows)
@@ -377,14 +400,18 @@ def comm_shares(rows: list[dict]) -> dict:
 
 
 def _busy_rank_kernels(rows: list[dict], per_kernel: float) -> tuple[dict, dict]:
-    """(raw seconds, kernel-unit figures) of the relay and stream probes of ranks 0 and 1,
-    and of the lone collectives where they ran."""
-    (wall, c0, s0, p0), (_, c1, s1, p1) = rows[0]["p2p"], rows[1]["p2p"]
-    per_message = max(0.0, (wall - c0 - c1) / (2 * P2P_PROBE_REPS))
-    send = min(per_message, (s0 + s1) / (2 * P2P_PROBE_REPS))
-    (_, sc0), (wall1, sc1) = rows[0]["stream"], rows[1]["stream"]
-    stream_delay = max(0.0, (wall1 - max(sc0, sc1)) / P2P_PROBE_REPS)
-    post = min(stream_delay, (p0 + p1) / (2 * P2P_PROBE_REPS))   # the receive wait holds a post
+    """(raw seconds, kernel-unit figures) of the relay and stream probes (each pair of ranks'
+    figures, averaged over the pairs), and of the lone collectives where they ran."""
+    pairs = []
+    for even, odd in zip(rows[::2], rows[1::2]):
+        (wall, c0, s0, p0), (_, c1, s1, p1) = even["p2p"], odd["p2p"]
+        per_message = max(0.0, (wall - c0 - c1) / (2 * P2P_PROBE_REPS))
+        send = min(per_message, (s0 + s1) / (2 * P2P_PROBE_REPS))
+        (_, sc0), (wall1, sc1) = even["stream"], odd["stream"]
+        stream_delay = max(0.0, (wall1 - max(sc0, sc1)) / P2P_PROBE_REPS)
+        post = min(stream_delay, (p0 + p1) / (2 * P2P_PROBE_REPS))   # the receive wait holds a post
+        pairs.append((per_message, send, stream_delay, post))
+    per_message, send, stream_delay, post = (statistics.mean(p[j] for p in pairs) for j in range(4))
     raw = {"p2p_per_message_s": per_message, "p2p_send_s": send, "p2p_stream_delay_s": stream_delay,
            "p2p_post_s": post}
     kernels = {"p2p_send_kernels": send / per_kernel, "p2p_latency_kernels": stream_delay / per_kernel,
@@ -421,19 +448,23 @@ def bench_p2p(reps: int = 10) -> dict:
     return {"kernels": _busy_rank_kernels(rows, per_kernel)[1], "per_kernel_s": per_kernel, "ranks": 2}
 
 
-def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds: int = PARALLEL_PROBE_ROUNDS) -> dict:
-    """The torch-parallel host cost on ``world`` ranks (fork, gloo), in units of the plain
+def bench_parallel_host(world: int = PROBE_GROUP, reps: int = PARALLEL_PROBE_REPS, rounds: int = PARALLEL_PROBE_ROUNDS,
+                        modes: tuple[str, ...] = WRAPPER_MODES) -> dict:
+    """The torch-parallel host cost on ``world`` ranks (fork, gloo; groups of two side by side
+    where ``world`` is more than 2, so that their ranks share the cores), in units of the plain
     probe layer's per-kernel cost measured in the same launch (so that load from other
-    processes cancels): extra kernels per layer forward and backward for DTensor TP, TP+SP
-    and FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included) and for the
+    processes cancels): extra kernels per layer forward and backward for the wrappers of
+    ``modes``, DTensor TP, TP+SP and FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included) and for the
     model's ends under each (TP's embedding and head, FSDP2's root group), from the probe
     model wrapped as the executor wraps it at two depths (``parallel_host_kernels``; the
     median over interleaved rounds); AdamW's cost per parameter tensor, plain and DTensor;
-    the point-to-point figures between busy ranks; a pipeline stage's chunk; the lone
-    collectives. Ranks' medians are averaged."""
+    the point-to-point figures between busy ranks; on two ranks a pipeline stage's chunk and
+    the lone collectives. Ranks' medians are averaged."""
     from executors.launch import spawn
 
-    rows = spawn(_parallel_probe_rank, world, (reps, rounds), timeout_s=240, start_method="fork")
+    if world < PROBE_GROUP or world % PROBE_GROUP:
+        raise ValueError(f"world={world}: the parallel probe runs groups of {PROBE_GROUP} ranks")
+    rows = spawn(_parallel_probe_rank, world, (reps, rounds, modes), timeout_s=240, start_method="fork")
     kf, kb = probe_kernels(probe_spec())
     keys = [k for k in rows[0] if k not in ("rounds", "p2p", "stream", "lone", "recorded")]
     avg = {k: tuple(statistics.mean(r[k][i] for r in rows) for i in range(2)) if isinstance(rows[0][k], tuple)
@@ -441,10 +472,11 @@ def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds:
     per_kernel = sum(avg["plain"]) / (kf + kb)
     out = {"ranks": world, "per_kernel_s": per_kernel, "raw": {k: list(v) if isinstance(v, tuple) else v
                                                                 for k, v in avg.items()}}
-    out.update(parallel_host_kernels(rows, kf, kb))
-    out["comm_share"] = comm_shares(rows)
-    out["optimizer_per_tensor_kernels"] = avg["opt_plain"] / per_kernel
-    out["optimizer_dtensor_per_tensor_kernels"] = avg["opt_dtensor"] / per_kernel
+    out.update(parallel_host_kernels(rows, kf, kb, modes))
+    out["comm_share"] = comm_shares(rows, modes)
+    if "opt_plain" in avg:
+        out["optimizer_per_tensor_kernels"] = avg["opt_plain"] / per_kernel
+        out["optimizer_dtensor_per_tensor_kernels"] = avg["opt_dtensor"] / per_kernel
     raw, kernels = _busy_rank_kernels(rows, per_kernel)
     out["raw"].update(raw)
     out.update(kernels)
@@ -456,7 +488,7 @@ def bench_parallel_host(world: int = 2, reps: int = PARALLEL_PROBE_REPS, rounds:
 
 def wrapper_kernels(parallel: dict, layer: dict) -> dict:
     """The torch-wrapper host costs of ``bench_parallel_host`` (TP, TP+SP, FSDP2, pipeline
-    chunk, AdamW per tensor) converted from the probe's own per-kernel time on its ranks to
+    chunk, AdamW per tensor, where measured) converted from the probe's own per-kernel time on its ranks to
     the simulator's for that rank count (the one-rank figure over the executor-derived
     slowdown, 1 / (layer[n] x kernels)), so the seconds the probe measured come back;
     the factor is kept as ``parallel_unit_factor``."""
@@ -465,7 +497,8 @@ def wrapper_kernels(parallel: dict, layer: dict) -> dict:
     unit = parallel["per_kernel_s"] * layer[n] * kernels if n in layer else 1.0
     out = {k: {name: v * unit for name, v in parallel[k].items()}
            for k in (*WRAPPER_MODES, *WRAPPER_ENDS, "pipeline_chunk") if k in parallel}
-    out["optimizer_per_tensor_kernels"] = parallel["optimizer_per_tensor_kernels"] * unit
-    out["optimizer_dtensor_per_tensor_kernels"] = parallel["optimizer_dtensor_per_tensor_kernels"] * unit
+    for k in ("optimizer_per_tensor_kernels", "optimizer_dtensor_per_tensor_kernels"):
+        if k in parallel:
+            out[k] = parallel[k] * unit
     out["parallel_unit_factor"] = unit
     return out

@@ -433,6 +433,24 @@ def test_busy_rank_figures_in_kernel_units():
     # the receive wait holds the post: a post read longer than the wait is capped by it
     rows[1]["stream"] = (r * 1.02e-3, r * 1e-3)
     assert pprobes._busy_rank_kernels(rows, 1e-5)[1]["p2p_post_kernels"] == pytest.approx(2.0)
+    # four ranks relay in two pairs at once: each pair's figures, averaged over the pairs
+    slow = [dict(rows[0], p2p=(r * 2e-3 + 2 * r * 3e-4, r * 1e-3, r * 2e-5, r * 4e-5)), rows[1]]
+    raw = pprobes._busy_rank_kernels(rows + slow, 1e-5)[0]
+    assert raw["p2p_per_message_s"] == pytest.approx(2e-4) and raw["p2p_send_s"] == pytest.approx(2e-5)
+
+
+def test_grouped_parallel_probe_runs_two_pairs_side_by_side():
+    """Four real ranks: two TP pairs, each wrapping its own model and relaying between its
+    own two ranks; the wrapper costs more than the plain model, and a world that does not
+    split into pairs is refused."""
+    out = pprobes.bench_parallel_host(world=4, reps=4, rounds=1, modes=("tp",))
+    assert out["ranks"] == 4 and set(out["comm_share"]) == {"tp"}
+    assert out["tp"]["forward_kernels"] > 0 and out["tp"]["backward_kernels"] > 0
+    assert {"tp_embed", "tp_head"} <= set(out) and "tp_sp" not in out and "fsdp_zero3" not in out
+    assert "optimizer_per_tensor_kernels" not in out and "pipeline_chunk" not in out
+    assert out["p2p_send_kernels"] > 0 and out["raw"]["p2p_per_message_s"] > 0
+    with pytest.raises(ValueError, match="groups of 2"):
+        pprobes.bench_parallel_host(world=3)
 
 
 def test_host_costs_are_pooled_over_this_hosts_last_calibrations():
@@ -596,3 +614,80 @@ def test_point_to_point_figures_return_the_probes_seconds_in_a_plan(tmp_path, mo
     out = cal.refresh_host_speed(path)["efficiency"]
     unit_2 = out["host_overhead_us"] * 1e-6 * 1000.0 / 600.0   # 60 us x 5/3: the simulator's 2-rank kernel
     assert out["parallel_host"]["p2p_send_kernels"] * unit_2 == pytest.approx(3.0 * 80e-6)
+
+
+def test_grouped_probe_figures_stand_for_runs_nearer_its_rank_count(tmp_path, monkeypatch):
+    """The parallel probe on four ranks (two TP pairs side by side) keeps its figures as
+    ``name@4``: a plan with four ranks on the host is charged them, one with two the
+    two-rank probe's, and neither sees the other's entries."""
+    from simcore import compute as cmp
+    from simcore.spec import plan_from_dict
+    from topologies.hardware import parallel_host_for_ranks
+
+    prof = yaml.safe_load((Path(__file__).parent / "data" / "localhost-profile.yaml").read_text())
+    eff = prof["efficiency"]
+    eff["host_oversubscription"] = {"1": 1000.0, "2": 800.0, "4": 500.0}
+    ph = eff["parallel_host"]
+    ph.update({"probe_ranks": 2, "tp@4": {"forward_kernels": 300.0, "backward_kernels": 400.0},
+               "p2p_send_kernels@4": 7.0})
+    ph["comm_share"]["tp@4"] = [0.9, 0.8]
+    for n, tp, share, send in ((1, ph["tp"], ph["comm_share"]["tp"], ph["p2p_send_kernels"]),
+                               (2, ph["tp"], ph["comm_share"]["tp"], ph["p2p_send_kernels"]),
+                               (3, ph["tp@4"], [0.9, 0.8], 7.0), (4, ph["tp@4"], [0.9, 0.8], 7.0),
+                               (8, ph["tp@4"], [0.9, 0.8], 7.0)):
+        got = parallel_host_for_ranks(ph, n)
+        assert got["tp"] == tp and got["comm_share"]["tp"] == share and got["p2p_send_kernels"] == send, n
+        assert not any("@" in k for k in [*got, *got["comm_share"]])
+        assert got["fsdp_zero3"] == ph["fsdp_zero3"]   # not probed on four ranks: the two-rank figure
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(path))
+    doc = {"model": {"name": "tiny", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32,
+                     "tied_embeddings": False},
+           "cluster": {"node": "localhost", "gpus_per_node": 4},
+           "training": {"global_batch": 8, "micro_batch": 1, "precision": "fp32"}}
+    four = cmp.device_model(plan_from_dict({**doc, "parallel": {"tp": 2, "pp": 2, "dp": 1}}).cluster.node.gpu, "fp32")
+    two = cmp.device_model(plan_from_dict({**doc, "parallel": {"tp": 2, "dp": 1}}).cluster.node.gpu, "fp32")
+    assert four.host_overhead_s == pytest.approx(two.host_overhead_s * 800.0 / 500.0)
+    assert four.parallel_extra_s("tp") == pytest.approx((300.0 * four.host_overhead_s, 400.0 * four.host_overhead_s))
+    assert two.parallel_extra_s("tp") == pytest.approx((ph["tp"]["forward_kernels"] * two.host_overhead_s,
+                                                        ph["tp"]["backward_kernels"] * two.host_overhead_s))
+    assert four.parallel_split_s("tp")[0] == pytest.approx((0.9 * 300.0 * four.host_overhead_s,
+                                                            0.8 * 400.0 * four.host_overhead_s))
+    assert four.p2p_send_kernels == 7.0 and two.p2p_send_kernels == ph["p2p_send_kernels"]
+    assert not any("@" in name for name, *_ in four.parallel_kernels)
+
+
+def test_grouped_probe_figures_are_kept_in_the_simulators_unit_for_their_rank_count():
+    """A grouped probe's wrapper costs are converted with the four-rank slowdown and kept
+    under ``@4`` beside the two-rank ones; its point-to-point figures come back as the
+    seconds it measured once ``p2p_in_sim_unit`` has run on them."""
+    matmul = [{"precision": "fp32", "m": 64, "k": 64, "n": 64, "flops": 2.0 * 64**3, "seconds": 1.0, "flops_per_s": 1e10}]
+    memory = {"copy_bytes_per_s": 1e10, "kernel_overhead_s": 5e-6}
+    coll = [r for op in cprobes.WIRE_FACTOR for n in (2, 4) for r in _rows(op, n)]
+    oversub = {"matmul": {1: 1e10, 2: 8e9, 4: 4e9}, "layer": {1: 500.0, 2: 400.0, 4: 250.0}}
+    host = {"forward_s": 4e-4, "backward_s": 6e-4, "forward_kernels": 12, "backward_kernels": 16,
+            "per_kernel_s": 1e-3 / 28}
+    modes = {k: {"forward_kernels": 10.0, "backward_kernels": 20.0} for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")}
+    parallel = {"ranks": 2, "per_kernel_s": 50e-6, **modes, "optimizer_per_tensor_kernels": 1.0,
+                "optimizer_dtensor_per_tensor_kernels": 4.0, "comm_share": {"tp": [0.4, 0.3]}}
+    grouped = {"ranks": 4, "per_kernel_s": 60e-6, "tp": {"forward_kernels": 30.0, "backward_kernels": 40.0},
+               "comm_share": {"tp": [0.7, 0.6]}, "p2p_send_kernels": 2.0, "p2p_latency_kernels": 20.0}
+    prof = cal.build_profile(matmul, memory, coll, oversub, None, torch.device("cpu"), host=host,
+                             parallel=parallel, grouped=grouped)
+    eff = prof["efficiency"]
+    ph = eff["parallel_host"]
+    assert ph["probe_ranks"] == 2 and ph["comm_share"] == {"tp": [0.4, 0.3], "tp@4": [0.7, 0.6]}
+    unit_4 = 60e-6 * 250.0 * 28
+    assert ph["parallel_unit_factor@4"] == pytest.approx(unit_4)
+    assert ph["tp@4"] == pytest.approx({"forward_kernels": 30 * unit_4, "backward_kernels": 40 * unit_4})
+    assert ph["tp"] == pytest.approx({"forward_kernels": 10 * 50e-6 * 400.0 * 28, "backward_kernels": 20 * 50e-6 * 400.0 * 28})
+    per_kernel_4 = eff["host_overhead_us"] * 1e-6 * 500.0 / 250.0   # the simulator's, four ranks running
+    assert ph["tp@4"]["forward_kernels"] * per_kernel_4 == pytest.approx(30 * 60e-6)
+    assert "optimizer_per_tensor_kernels@4" not in ph   # the grouped probe times no optimizer
+    cal.p2p_in_sim_unit(eff, 60e-6, 4, "@4")
+    assert ph["p2p_send_kernels@4"] * per_kernel_4 == pytest.approx(2.0 * 60e-6)
+    assert ph["p2p_latency_kernels@4"] * per_kernel_4 == pytest.approx(20.0 * 60e-6)
+    assert "p2p_unit_factor" not in ph and ph["p2p_unit_factor@4"] == pytest.approx(60e-6 / per_kernel_4)
+    # a slowdown table without four ranks (the quick calibration's) has nothing to convert by
+    assert cal.at_ranks(grouped, {1: 500.0, 2: 400.0}) == {}

@@ -368,9 +368,10 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
     so peak and host overhead slow alike), and the collective fits give the
     all-reduce bus bandwidth and base latency per group size (the fit's ``base_latency_s``:
     its alpha less the ring's per-hop latencies, which collectives.py adds back), and the
-    data-parallel sync wait table gives ``dp_sync_wait`` for that many ranks. Figures
-    between the measured counts are interpolated in log2(ranks); beyond them the end
-    values are used. Catalog nodes are returned unchanged.
+    data-parallel sync wait table gives ``dp_sync_wait`` for that many ranks, and the
+    torch-parallel host costs are those probed on the nearest rank count
+    (``parallel_host_for_ranks``). Figures between the measured counts are interpolated in
+    log2(ranks); beyond them the end values are used. Catalog nodes are returned unchanged.
     """
     if not node.gpu.efficiency_json:
         return node
@@ -380,6 +381,8 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
     sync = {int(k): float(v) for k, v in (eff.get("dp_sync_wait_fraction") or {}).items()}
     if sync:   # a rank count's wait at the gradient sync (none for one rank)
         eff["dp_sync_wait"] = _interp_log2(sync, ranks_per_node) if ranks_per_node > 1 else 0.0
+    if eff.get("parallel_host"):
+        eff["parallel_host"] = parallel_host_for_ranks(eff["parallel_host"], ranks_per_node)
     gpu = node.gpu
     if table and 1 in table:
         factor = _interp_log2(table, ranks_per_node) / table[1]
@@ -390,12 +393,47 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
             if key in eff:
                 eff[key] = float(eff[key]) * slow
     if fits:
-        n = min(fits, key=lambda k: (abs(math.log2(k) - math.log2(max(ranks_per_node, 1))), -k))
+        n = _nearest_log2(fits, ranks_per_node)
         base = fits[n].get("base_latency_s", fits[n]["alpha_s"])
         eff["collective"] = {**eff["collective"], "base_latency_us": base * 1e6}
         gpu = _replace(gpu, intra_link_bytes_per_s=fits[n]["bus_bytes_per_s"])
     gpu = _replace(gpu, efficiency_json=json.dumps(eff, sort_keys=True))
     return _replace(node, gpu=gpu)
+
+
+def _nearest_log2(counts, n: int) -> int:
+    """The count of ``counts`` nearest ``n`` in log2 (the larger on a tie)."""
+    return min(counts, key=lambda k: (abs(math.log2(k) - math.log2(max(n, 1))), -k))
+
+
+def parallel_host_for_ranks(ph: dict, ranks: int) -> dict:
+    """The torch-parallel host costs of a CPU profile (``efficiency.parallel_host``) for
+    ``ranks`` ranks at once: the calibration's parallel probe ran on ``probe_ranks`` ranks,
+    and a grouped probe on n ranks kept its figures as ``name@n`` (its communication shares
+    likewise in ``comm_share``); the figures of the count nearest ``ranks`` in log2 stand
+    under the plain names, and the ``@n`` entries are dropped. (Those kernel counts are in
+    the simulator's per-kernel time, which ``host_slowdown`` scales on from that count.)"""
+    def split(d: dict) -> tuple[dict, dict]:
+        plain = {k: v for k, v in d.items() if "@" not in k}
+        at = {}
+        for k, v in d.items():
+            if "@" in k:
+                name, n = k.rsplit("@", 1)
+                at.setdefault(int(n), {})[name] = v
+        return plain, at
+
+    out, at = split(ph)
+    shares, share_at = split(ph.get("comm_share") or {})
+    if shares or share_at:
+        out["comm_share"] = shares
+    counts = set(at) | set(share_at)
+    if not counts:
+        return out
+    n = _nearest_log2({int(ph.get("probe_ranks", 2)), *counts}, ranks)   # (profiles before probe_ranks: 2)
+    out.update(at.get(n, {}))
+    if n in share_at:
+        out["comm_share"] = {**shares, **share_at[n]}
+    return out
 
 
 def host_slowdown(efficiency: dict, ranks: int) -> float:
