@@ -378,8 +378,10 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
     probe while the host's state drifts over minutes, so the figures in use are the median
     per entry over this calibration and those kept in ``previous`` (the profile being
     replaced) under ``raw.host_cost_history`` (the wrappers' communication shares,
-    ``comm_share``, alike); those measured by another probe method
-    (``parallel_host.probe_method``) are dropped.
+    ``comm_share``, alike, and the grouped probe's point-to-point figures, ``p2p_*@n``, which
+    no refresh re-measures: in a day's calibrations the four-rank delivery delay read
+    0.11-1.15 ms); those measured by another probe method (``parallel_host.probe_method``)
+    are dropped.
 
     The counts are in units of each calibration's host kernel time. Where the calibration
     measured the executor's one-rank step (a CPU host), the unit becomes a fixed share of
@@ -396,6 +398,7 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
     if not ph:
         return profile
     keys = sorted(k for k, v in ph.items() if isinstance(v, dict) and "forward_kernels" in v)
+    grouped_p2p = sorted(k for k in ph if k.split("@")[0] in P2P_KEYS and "@" in k)   # no refresh re-measures them
     me, method = profile["measured_on"], ph.get("probe_method")
     step = one_rank_step_s(profile)
     per_step = eff["host_overhead_us"] * 1e-6 / step if step and eff.get("host_overhead_us") else None
@@ -403,6 +406,7 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
     def entry(date, costs: dict) -> dict:
         return {"date": date, "method": method,
                 **{k: [costs[k]["forward_kernels"], costs[k]["backward_kernels"]] for k in keys},
+                **{k: costs[k] for k in grouped_p2p if k in costs},
                 **({"comm_share": costs["comm_share"]} if costs.get("comm_share") else {}),
                 **({"unit_per_step": per_step} if per_step else {})}
 
@@ -423,6 +427,8 @@ def pool_host_costs(profile: dict, previous: dict | None, keep: int = HOST_COST_
         rows = [h for h in history if k in h]
         ph[k] = {"forward_kernels": statistics.median(h[k][0] * in_unit(h) for h in rows),
                  "backward_kernels": statistics.median(h[k][1] * in_unit(h) for h in rows)}
+    for k in grouped_p2p:   # in each probe's own per-kernel time, converted after (``p2p_in_sim_unit``)
+        ph[k] = statistics.median(h[k] for h in history if k in h)
     shares = [h["comm_share"] for h in history if h.get("comm_share")]
     if ph.get("comm_share"):
         ph["comm_share"] = {m: [statistics.median(sh[m][j] for sh in shares if m in sh) for j in range(2)]

@@ -498,6 +498,15 @@ def test_host_costs_are_pooled_over_this_hosts_last_calibrations():
         p["efficiency"]["parallel_host"]["comm_share"] = {"tp": share}
         cur = cal.pool_host_costs(p, cur)
     assert cur["efficiency"]["parallel_host"]["comm_share"] == {"tp": [0.5, 0.5]}
+    # the grouped probe's point-to-point figures, which no refresh re-measures, are pooled too
+    cur = first
+    for lat, date in ((30.0, "k1"), (25.0, "k2"), (4.0, "k3")):
+        p = prof(100.0, 1.0, date)
+        p["efficiency"]["parallel_host"].update({"p2p_latency_kernels@4": lat, "p2p_latency_kernels": lat})
+        cur = cal.pool_host_costs(p, cur)
+    assert cur["efficiency"]["parallel_host"]["p2p_latency_kernels@4"] == 25.0
+    assert cur["efficiency"]["parallel_host"]["p2p_latency_kernels"] == 4.0   # this calibration's own
+    assert [h.get("p2p_latency_kernels@4") for h in cur["raw"]["host_cost_history"]] == [None, 30.0, 25.0, 4.0]
     assert len(cur["raw"]["host_cost_history"]) == 4      # the first had no shares: not in their median
 
 
