@@ -149,20 +149,21 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
         # figure times the executor-derived slowdown): convert, so the measured seconds return
         layer = oversub.get("layer") or {}
         one = host["per_kernel_s"] * layer[1] * sum(probe_kernels(probe_spec())) if host and 1 in layer else 1.0
+        more = at_ranks(grouped, layer) if grouped else {}
+        shares = {**parallel.get("comm_share", {}),
+                  **({f"{m}@{grouped['ranks']}": v for m, v in grouped.get("comm_share", {}).items()} if more else {})}
         efficiency["parallel_host"] = {
             "probe_method": PARALLEL_PROBE_METHOD,
             "probe_ranks": parallel["ranks"],
             **wrapper_kernels(parallel, layer),
-            **(at_ranks(grouped, layer) if grouped else {}),
+            **more,
             "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
             "p2p_latency_kernels": parallel.get("p2p_latency_kernels", 0.0),
             "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
             "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
             "p2p_post_kernels": parallel.get("p2p_post_kernels", 0.0),
             **{k: parallel[k] for k in ("lone_all_reduce_kernels", "lone_broadcast_kernels") if k in parallel},
-            **({"comm_share": {**parallel["comm_share"], **{f"{m}@{grouped['ranks']}": v for m, v in
-                                                             (grouped or {}).get("comm_share", {}).items()}}}
-               if "comm_share" in parallel else {}),
+            **({"comm_share": shares} if shares else {}),
             **({k: {n: x * one for n, x in v.items()} for k, v in recompute_kernels(
                 host, peaks[main_precision], memory["copy_bytes_per_s"], efficiency).items()} if host else {}),
             "recompute_unit_factor": one,
@@ -333,8 +334,8 @@ P2P_KEYS = ("p2p_latency_kernels", "p2p_send_kernels", "p2p_wake_kernels", "p2p_
 def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int, suffix: str = "") -> None:
     """Convert the pipeline point-to-point figures of ``efficiency['parallel_host']``
     (``P2P_KEYS``, each with ``suffix``: ``@n`` for a grouped probe's) from the probe's
-    per-kernel time on ``ranks`` busy ranks to the simulator's
-    for that rank count (``host_overhead_us`` x layer[1] / layer[ranks], as
+    per-kernel time on ``ranks`` busy ranks to the simulator's for that rank count
+    (``host_overhead_us`` x layer[1] / layer[ranks], as
     ``topologies.hardware.scale_for_ranks`` charges it), so that the seconds the probe
     measured come back; the factor is kept as ``p2p_unit_factor`` (1.33 in one refresh: the
     probe's kernel on two busy ranks is not the simulator's since the host kernel time is a

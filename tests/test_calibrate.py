@@ -648,6 +648,9 @@ def test_grouped_probe_figures_stand_for_runs_nearer_its_rank_count(tmp_path, mo
         assert got["tp"] == tp and got["comm_share"]["tp"] == share and got["p2p_send_kernels"] == send, n
         assert not any("@" in k for k in [*got, *got["comm_share"]])
         assert got["fsdp_zero3"] == ph["fsdp_zero3"]   # not probed on four ranks: the two-rank figure
+    from topologies.hardware import CatalogError
+    with pytest.raises(CatalogError, match=r"parallel_host.tp@four: what follows '@' must be a rank count"):
+        parallel_host_for_ranks({**ph, "tp@four": ph["tp"]}, 4)
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(prof))
     monkeypatch.setenv("TRAINPLAN_PROFILE", str(path))

@@ -419,6 +419,8 @@ def parallel_host_for_ranks(ph: dict, ranks: int) -> dict:
         for k, v in d.items():
             if "@" in k:
                 name, n = k.rsplit("@", 1)
+                if not n.isdigit() or int(n) < 1:
+                    raise CatalogError(f"profile parallel_host.{k}: what follows '@' must be a rank count")
                 at.setdefault(int(n), {})[name] = v
         return plain, at
 
