@@ -31,7 +31,8 @@ What is measured, on the backend a run will use (gloo on CPU, nccl on GPU), and 
   real step 10-50% off on a small shared host);
 - ``executors.parallel_probes``, on CPU: the host cost of DTensor TP, FSDP2 (per layer and
   for the model's ends, from whole models wrapped as the executor wraps them), a pipeline
-  stage's chunk and the busy-rank point-to-point hand-over, on two ranks at once.
+  stage's chunk and the busy-rank point-to-point hand-over, on two ranks at once (TP and
+  the hand-over on four ranks too, two pairs side by side: kept as ``name@4``).
 
 This module fits the measurements into the profile (``build_profile``), runs the probes
 (``calibrate``) and re-measures the load-sensitive figures before a validation run

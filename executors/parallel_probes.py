@@ -4,7 +4,9 @@ load from other processes falls on plain and wrapped alike: DTensor TP (with and
 SP), FSDP2 (ZeRO-2/3), the model's ends under each, a ``PipelineStage`` chunk's bookkeeping,
 AdamW over plain and DTensor parameters, the point-to-point hand-over between busy ranks as
 a pipeline runs it, and a lone all-reduce and broadcast issued right after compute, as DDP
-and ZeroRedundancyOptimizer issue theirs.
+and ZeroRedundancyOptimizer issue theirs. TP and the hand-over are measured on four ranks
+too (two pairs side by side, ``GROUPED_PROBE_RANKS``), where the ranks outnumber a small
+host's cores.
 """
 from __future__ import annotations
 
@@ -454,8 +456,8 @@ def bench_parallel_host(world: int = PROBE_GROUP, reps: int = PARALLEL_PROBE_REP
     where ``world`` is more than 2, so that their ranks share the cores), in units of the plain
     probe layer's per-kernel cost measured in the same launch (so that load from other
     processes cancels): extra kernels per layer forward and backward for the wrappers of
-    ``modes``, DTensor TP, TP+SP and FSDP2 ZeRO-2/3 (their collectives' latency and dispatch included) and for the
-    model's ends under each (TP's embedding and head, FSDP2's root group), from the probe
+    ``modes``, DTensor TP, TP+SP and FSDP2 ZeRO-2/3 (their collectives' latency and dispatch
+    included) and for the model's ends under each (TP's embedding and head, FSDP2's root group), from the probe
     model wrapped as the executor wraps it at two depths (``parallel_host_kernels``; the
     median over interleaved rounds); AdamW's cost per parameter tensor, plain and DTensor;
     the point-to-point figures between busy ranks; on two ranks a pipeline stage's chunk and
@@ -488,10 +490,10 @@ def bench_parallel_host(world: int = PROBE_GROUP, reps: int = PARALLEL_PROBE_REP
 
 def wrapper_kernels(parallel: dict, layer: dict) -> dict:
     """The torch-wrapper host costs of ``bench_parallel_host`` (TP, TP+SP, FSDP2, pipeline
-    chunk, AdamW per tensor, where measured) converted from the probe's own per-kernel time on its ranks to
-    the simulator's for that rank count (the one-rank figure over the executor-derived
-    slowdown, 1 / (layer[n] x kernels)), so the seconds the probe measured come back;
-    the factor is kept as ``parallel_unit_factor``."""
+    chunk, AdamW per tensor, where measured) converted from the probe's own per-kernel time
+    on its ranks to the simulator's for that rank count (the one-rank figure over the
+    executor-derived slowdown, 1 / (layer[n] x kernels)), so the seconds the probe measured
+    come back; the factor is kept as ``parallel_unit_factor``."""
     kernels = sum(probe_kernels(probe_spec()))
     n = parallel["ranks"]
     unit = parallel["per_kernel_s"] * layer[n] * kernels if n in layer else 1.0
