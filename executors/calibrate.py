@@ -318,9 +318,10 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
                             parallel=parallel, grouped=grouped, seconds=time.perf_counter() - t0)
     if not quick:
         pool_host_costs(profile, _previous_profile(out))
-    for probe in (p for p in (parallel, grouped) if p):
-        p2p_in_sim_unit(profile["efficiency"], probe["per_kernel_s"], probe["ranks"],
-                        "" if probe is parallel else f"@{probe['ranks']}")
+    if parallel:
+        p2p_in_sim_unit(profile["efficiency"], parallel["per_kernel_s"], parallel["ranks"])
+    if grouped:
+        p2p_in_sim_unit(profile["efficiency"], grouped["per_kernel_s"], grouped["ranks"], f"@{grouped['ranks']}")
     atomic_write_text(out, yaml.safe_dump(profile, sort_keys=False))
     return anchor_to_executor(profile, out)
 
