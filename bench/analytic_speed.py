@@ -4,7 +4,7 @@
 
 GPT-3 175B on 1536 A100s (192 DGX A100 80GB): every (tp, pp, dp, micro-batch, ZeRO,
 recompute) layout that passes the Plan checks is derived with dataclasses.replace, as
-simcore/search.py does, and simulated with ``simulate(plan)``; caches start cold.
+simcore/planner/search.py does, and simulated with ``simulate(plan)``; caches start cold.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simcore.simulate import simulate  # noqa: E402
-from simcore.spec import PlanError, Recompute, ZeroStage, check_plan, plan_from_dict  # noqa: E402
+from simcore.model.simulate import simulate  # noqa: E402
+from simcore.plan.spec import PlanError, Recompute, ZeroStage, check_plan, plan_from_dict  # noqa: E402
 
 BASE = {"model": "gpt3-175b", "cluster": {"node": "dgx-a100-80gb", "nodes": 192},
         "parallel": {"tp": 8, "pp": 12, "dp": 16, "zero": 1},

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simcore.search import search  # noqa: E402
+from simcore.planner.search import search  # noqa: E402
 
 TARGET_S = 30.0
 

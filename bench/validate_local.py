@@ -7,7 +7,7 @@ prints the per-layout errors. Targets (issue 7; a benchmark, not a timed test):
 - memory per rank within 10% on every layout.
 It then writes the step-time and memory residuals (ln measured/predicted) per layout
 class to ``validation/residuals.yaml`` (kind ``cpu-gloo``), from which
-``simcore.uncertainty`` derives prediction intervals, and the table to
+``simcore.planner.uncertainty`` derives prediction intervals, and the table to
 ``bench/out/validate_local.csv``.
 
     .venv/bin/python bench/validate_local.py [--calibrate] [--steps 8] [--seconds 3] [--repeats 3] [--only dp2 pp2-1f1b] [--no-write]
@@ -41,9 +41,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reports.validate import validate_matrix  # noqa: E402
-from simcore.trace import atomic_write_text  # noqa: E402
-from simcore.uncertainty import RESIDUALS_PATH, merge_residuals, residual_table  # noqa: E402
+from trainplan.validate import validate_matrix  # noqa: E402
+from simcore.results import atomic_write_text  # noqa: E402
+from simcore.planner.uncertainty import RESIDUALS_PATH, merge_residuals, residual_table  # noqa: E402
 from topologies.hardware import default_profile_path  # noqa: E402
 
 MATRIX = ROOT / "validation" / "local.yaml"
@@ -92,7 +92,7 @@ def write_residuals(table, steps: int, warmup: int, profile: dict, path: Path = 
     doc = yaml.safe_load(path.read_text()) if path.exists() else {}
     doc = merge_residuals(doc or {}, "cpu-gloo", res, measured)
     header = "# Residuals ln(measured/predicted) per hardware kind and layout class, written by the benches\n" \
-             "# (bench/validate_local.py); simcore/uncertainty.py turns them into prediction intervals.\n"
+             "# (bench/validate_local.py); simcore/planner/uncertainty.py turns them into prediction intervals.\n"
     atomic_write_text(path, header + yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -135,8 +135,8 @@ def steps_for(doc: dict, seconds: float, minimum: int) -> int:
     handful of 50 ms steps sees one moment of a host whose speed changes by the second."""
     import math
 
-    from simcore.simulate import simulate
-    from simcore.spec import plan_from_dict
+    from simcore.model.simulate import simulate
+    from simcore.plan.spec import plan_from_dict
 
     pred = simulate(plan_from_dict(doc, MATRIX.parent)).step_time_s
     return max(minimum, math.ceil(seconds / max(pred, 1e-6)))
@@ -145,13 +145,13 @@ def steps_for(doc: dict, seconds: float, minimum: int) -> int:
 def run_matrix(profile_path: Path, steps: int, warmup: int, only, repeats: int, refresh: bool,
                seconds: float = 0.0):
     """Every layout ``repeats`` times; before each run the profile's load-sensitive host
-    figures are re-measured (``executors.calibrate.refresh_host_speed``), so that the
+    figures are re-measured (``executors.calibrate.profile.refresh_host_speed``), so that the
     prediction and the run see the same machine (others' load changes by the minute).
     Per layout the repeats are combined by ``combine``."""
     import pandas as pd
 
-    from executors.calibrate import refresh_host_speed
-    from reports.validate import load_matrix
+    from executors.calibrate.profile import refresh_host_speed
+    from trainplan.validate import load_matrix
 
     layouts = [(n, d) for n, d in load_matrix(MATRIX) if not only or n in only]
     rows, failures = [], []
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     profile_path = default_profile_path()
     if a.calibrate or not profile_path.exists():
-        from executors.calibrate import calibrate
+        from executors.calibrate.profile import calibrate
 
         calibrate(profile_path)
     print(f"load before: {_load()}")

@@ -44,10 +44,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simcore.simulate import simulate  # noqa: E402
-from simcore.spec import PlanError, plan_from_dict  # noqa: E402
-from simcore.trace import atomic_write_text  # noqa: E402
-from simcore.uncertainty import hardware_kind, layout_class, load_residuals, merge_residuals, residual_table  # noqa: E402
+from simcore.model.simulate import simulate  # noqa: E402
+from simcore.plan.spec import PlanError, plan_from_dict  # noqa: E402
+from simcore.results import atomic_write_text  # noqa: E402
+from simcore.planner.uncertainty import hardware_kind, layout_class, load_residuals, merge_residuals, residual_table  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402
 
 NODE_OF_GPU = {"a100-80gb": "dgx-a100-80gb", "a100-40gb": "dgx-a100-40gb", "a100": "dgx-a100-80gb",
@@ -228,7 +228,7 @@ def write_residuals(out: pd.DataFrame) -> None:
                    f"published step time (commit {commit})", "residual": "ln(measured / predicted)"})
     header = ("# Residuals ln(measured/predicted) per hardware kind and layout class, written by the benches\n"
               "# (bench/validate_local.py, bench/validate_published.py --write-residuals);\n"
-              "# simcore/uncertainty.py turns them into prediction intervals.\n")
+              "# simcore/planner/uncertainty.py turns them into prediction intervals.\n")
     atomic_write_text(path, header + yaml.safe_dump(doc, sort_keys=False))
     print(f"residuals written to {path}")
 

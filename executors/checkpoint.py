@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (_init_optim_state, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
-from simcore.trace import atomic_write_text
+from simcore.results import atomic_write_text
 
 
 def _is_zero1(optimizer) -> bool:

@@ -35,8 +35,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from simcore.spec import Plan, ZeroStage
-from simcore.trace import StepResult, write_chrome_trace
+from simcore.plan.spec import Plan, ZeroStage
+from simcore.results import StepResult, write_chrome_trace
 
 #: How often the parent polls its ranks, seconds.
 POLL_S = 0.2
@@ -350,7 +350,7 @@ def run(plan: Plan, *, steps: int = 20, warmup: int = 5, seed: int = 0, trace_pa
 def main(argv: list[str] | None = None) -> int:
     """Entry point under torchrun: every rank runs; rank 0 prints the Measurement."""
     from executors.measure import summarise
-    from simcore.spec import load_plan
+    from simcore.plan.spec import load_plan
 
     ap = argparse.ArgumentParser(prog="python -m executors.launch")
     ap.add_argument("plan")

@@ -1,4 +1,4 @@
-"""Measure a training step in the simulator's schema (``simcore.trace``).
+"""Measure a training step in the simulator's schema (``simcore.results``).
 
 Per rank and step the recorder keeps spans on the streams the simulator uses:
 "compute" (forward / backward per micro-batch, optimizer step) and one communication
@@ -7,7 +7,7 @@ entry points (``torch.distributed`` and ``torch.distributed._functional_collecti
 the functions DDP's comm hooks, FSDP2, ZeroRedundancyOptimizer, DTensor and the
 pipelining schedules call), from the call to the completion of their ``Work`` future;
 a collective that blocks the host (a synchronous call) is cut out of the compute spans,
-so that ``simcore.trace.split_step`` sees compute, exposed communication and bubble as
+so that ``simcore.results.split_step`` sees compute, exposed communication and bubble as
 the simulator defines them. Functional (DTensor) collectives are waited on at once.
 Pipeline receives are counted but not drawn: their wait is the upstream stage's compute,
 i.e. bubble, not transfer. An asynchronous collective issued and completed inside one
@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import DTensor
 
-from simcore.trace import Span, subtract_intervals
+from simcore.results import Span, subtract_intervals
 
 #: torch.distributed functions (name -> span kind) that the recorder times.
 _C10D = {"all_reduce": "all_reduce", "all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
@@ -372,8 +372,8 @@ def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
     host time of their own, 0-10% of a step on a CPU host); its breakdown is that rank's
     ``split_step`` on the recorded steps, scaled to the bare step time; spans are those of
     the median recorded step on every rank. Without bare steps the recorded ones give both."""
-    from simcore import workload as wl
-    from simcore.trace import GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
+    from simcore.model import workload as wl
+    from simcore.results import GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
 
     n = len(records[0]["steps"])
     measured = range(min(warmup, n - 1), n)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simcore.spec import ModelSpec, PositionEmbedding
+from simcore.plan.spec import ModelSpec, PositionEmbedding
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:

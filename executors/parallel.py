@@ -38,7 +38,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from executors.launch import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
-from simcore.spec import GradCompression, Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
+from simcore.plan.spec import GradCompression, Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
 from topologies.placement import AXES
 
 #: Optimizer hyper-parameters (not hardware figures): GPT-3's AdamW betas and weight

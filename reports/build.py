@@ -10,7 +10,7 @@ import pandas as pd
 
 from reports.plots import memory_figure, predicted_vs_measured_figure
 from reports.render import Report, Section
-from simcore.spec import Plan
+from simcore.plan.spec import Plan
 from topologies.hardware import load_catalog
 
 
@@ -38,7 +38,7 @@ def hardware_assumptions(plan: Plan) -> list[tuple[str, str]]:
 
 
 def validate_report(result, *, title: str = "Predicted against measured", profile: dict | None = None) -> Report:
-    """The validation report of a matrix run (``reports.validate.MatrixResult``)."""
+    """The validation report of a matrix run (``trainplan.validate.MatrixResult``)."""
     table: pd.DataFrame = result.table
     sections, summary = [], []
     if len(table):
@@ -99,7 +99,7 @@ def biggest_loss(result) -> str:
 def plan_report(res, cost, prediction, memory: dict, *, cluster_figure=None, tokens: float) -> Report:
     """The planning report: the recommended layout first, then why, what it costs, and its assumptions.
 
-    ``res`` is a ``simcore.search.SearchResult``; ``cost`` the ``runcost.RunCost`` of the best
+    ``res`` is a ``simcore.planner.search.SearchResult``; ``cost`` the ``runcost.RunCost`` of the best
     plan; ``prediction`` its event-engine StepResult (with spans); ``memory`` its memory_report."""
     from reports.planning_plots import breakdown_bars, pareto_figure
     from reports.plots import gantt_figure
@@ -165,7 +165,7 @@ def _price_assumptions(plan: Plan, cost) -> list[tuple[str, str]]:
 
 
 def whatif_report(res) -> Report:
-    """The procurement report of a what-if sweep (``simcore.whatif.WhatIfResult``)."""
+    """The procurement report of a what-if sweep (``simcore.planner.whatif.WhatIfResult``)."""
     ok = res.table[res.table["fits"]]
     summary = []
     if len(ok):

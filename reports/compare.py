@@ -7,7 +7,7 @@ absolute difference only.
 
 With the Plan at hand, the prediction's step time carries a 90% interval from the
 residuals of earlier validations on the same kind of hardware and layout
-(``simcore.uncertainty``), and the comparison says whether the measurement fell in it.
+(``simcore.planner.uncertainty``), and the comparison says whether the measurement fell in it.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from simcore.trace import StepResult
-from simcore.uncertainty import Interval, prediction_interval
+from simcore.results import StepResult
+from simcore.planner.uncertainty import Interval, prediction_interval
 
 #: Predicted fields given an interval when residuals exist.
 INTERVAL_FIELDS = ("step_time_s", "memory_per_gpu_gib")
@@ -41,7 +41,7 @@ class Comparison:
     table: pd.DataFrame
     """One row per field and per phase: predicted, measured, error (relative), abs_diff."""
     intervals: dict = field(default_factory=dict)
-    """field -> ``simcore.uncertainty.Interval`` of the prediction (where residuals exist)."""
+    """field -> ``simcore.planner.uncertainty.Interval`` of the prediction (where residuals exist)."""
 
     def error(self, field: str) -> float:
         row = self.table[self.table["field"] == field]

@@ -1,7 +1,7 @@
 """Figures of the planner: Pareto front of cost against time, what-if heat maps, step breakdowns.
 
-Each function takes a pandas DataFrame (the ``table`` of ``simcore.search.SearchResult`` or
-of ``simcore.whatif.WhatIfResult``) and returns a ``matplotlib.figure.Figure`` built
+Each function takes a pandas DataFrame (the ``table`` of ``simcore.planner.search.SearchResult`` or
+of ``simcore.planner.whatif.WhatIfResult``) and returns a ``matplotlib.figure.Figure`` built
 without pyplot (``Figure()`` directly), so it works under any backend, Agg included, and
 leaves no global state behind.
 """

@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter
 
-from simcore.trace import STREAMS
+from simcore.results import STREAMS
 from topologies.build import describe
 
 DETAILED_MAX_NODES = 4
@@ -182,7 +182,7 @@ LABEL_MAX_BARS = 64
 
 
 def gantt_figure(spans, title: str = "", width_in: float = 12.0) -> Figure:
-    """A Gantt chart of ``spans`` (``simcore.trace.Span``); returns the Figure."""
+    """A Gantt chart of ``spans`` (``simcore.results.Span``); returns the Figure."""
     lanes: dict[tuple[int, int], dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     names: dict[tuple[int, int], list[tuple[float, float, str]]] = defaultdict(list)
     for s in spans:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from simcore.trace import atomic_write_text
+from simcore.results import atomic_write_text
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;

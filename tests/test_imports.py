@@ -31,7 +31,7 @@ def test_simulator_packages_never_import_torch():
 def test_only_the_engine_imports_simpy():
     importers = {str(p.relative_to(ROOT)) for pkg in ("simcore", "topologies", "reports", "executors")
                  for p in python_files(pkg) if "simpy" in imported_modules(p)}
-    assert importers <= {"simcore/engine.py"}
+    assert importers <= {"simcore/engine/des.py"}
 
 
 def test_the_reader_sees_imports(tmp_path):

@@ -239,7 +239,7 @@ def add_storage(g: nx.Graph, cluster) -> None:
 # --------------------------------------------------------------------------- the cluster
 
 def build_cluster(cluster) -> nx.Graph:
-    """The whole cluster of a ``simcore.spec.ClusterSpec`` as an undirected ``nx.Graph``.
+    """The whole cluster of a ``simcore.plan.spec.ClusterSpec`` as an undirected ``nx.Graph``.
 
     Graph attributes: ``nodes``, ``gpus_per_node``, ``description``.
     """

@@ -161,7 +161,7 @@ class Catalog:
     storage: dict[str, Storage]
     prices: Prices
     models: dict[str, dict]
-    """Raw model entries; ``simcore.spec`` turns them into ModelSpec."""
+    """Raw model entries; ``simcore.plan.spec`` turns them into ModelSpec."""
     efficiency: dict[str, dict] = field(default_factory=dict)
     """Per-GPU efficiency curves (``efficiency.yaml``), used by the compute model."""
 
@@ -363,7 +363,7 @@ def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:
     On a CPU host the ranks share cores: the profile's oversubscription tables give the
     matmul throughput per rank (which scales the peak) and the eager tiny-layer rate per
     rank (which scales the host and kernel overheads: a rank given half a core issues its
-    kernels half as fast) with 1, 2, 4 ... ranks running (``executors.calibrate`` derives
+    kernels half as fast) with 1, 2, 4 ... ranks running (``executors.calibrate.profile`` derives
     both from the one-rank rates and the slowdown of the executor's own step with n ranks,
     so peak and host overhead slow alike), and the collective fits give the
     all-reduce bus bandwidth and base latency per group size (the fit's ``base_latency_s``:

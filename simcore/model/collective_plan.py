@@ -1,0 +1,426 @@
+"""The collectives each rank issues in one steady-state optimizer step, at torch's granularity.
+
+A Plan is executed by ``executors/parallel.py`` with torch's own parallel APIs; this module
+predicts, without torch, every call those APIs make on each rank in one step (after the
+first, which infers pipeline shapes and lets DDP rebuild its buckets), named as
+``executors/measure.py`` records them: kind (``all_reduce``, ``all_gather``,
+``reduce_scatter``, ``broadcast``, ``send``, ``recv``) and mesh axis (``dp``, ``tp``, ``pp``).
+What each API does, and where torch does it (torch 2.13):
+
+- DDP (``torch/nn/parallel/distributed.py``, ``torch/csrc/distributed/c10d/reducer.cpp``):
+  one all-reduce per gradient bucket, after the last micro-batch (``no_sync`` before it,
+  and pipelining's ``backward_maybe_with_nosync``). After the first iteration the reducer
+  rebuilds its buckets in gradient-ready order with limits ``[first_bucket_bytes,
+  bucket_bytes_cap]`` (1 MiB, then 25 MiB: ``dist._DEFAULT_FIRST_BUCKET_BYTES``,
+  ``_DEFAULT_BUCKET_CAP_MB``); ``compute_bucket_assignment_by_size`` closes a bucket once its
+  bytes reach the limit. Ready order is the reverse of first use in forward. The fp16/bf16
+  compression hooks (``default_hooks``) all-reduce a half-precision copy of the bucket.
+- ``ZeroRedundancyOptimizer`` (``torch/distributed/optim/zero_redundancy_optimizer.py``,
+  ``parameters_as_bucket_view=True``): ``_partition_parameters`` sorts the tensors by size,
+  largest first, and gives each to the rank with the fewest elements so far; ``_sync_params``
+  then broadcasts each rank's flat bucket of its tensors from that rank after the step (a
+  one-element dummy for a rank with none): dp broadcasts, every rank in each.
+- FSDP2 ``fully_shard`` (``torch/distributed/fsdp/_fully_shard``): one all-gather and one
+  reduce-scatter per FSDP module (each block and the root, which holds the embedding, the
+  final norm and the output) with parameters; dim 0 of every parameter is padded to a
+  multiple of dp. Without pipelining each micro-batch all-gathers in forward (ZeRO-3:
+  reshard after forward, so again in backward) and reduce-scatters after its backward.
+  With pipelining (``torch/distributed/pipelining/stage.py``) backwards keep parameters
+  unsharded and skip gradient sync; ``perform_reduce_grad`` (the REDUCE_GRAD action)
+  reduce-scatters once per step; the multi-stage schedules also UNSHARD and RESHARD stages
+  (``_add_unshard_reshard``). ``fsdp_unit_calls`` walks these rules over the rank's actions.
+- FSDP2-based ``replicate`` (zero 0 with TP): like a single FSDP unit holding every
+  parameter, with an all-reduce instead of a reduce-scatter and no all-gather.
+- DTensor tensor parallel (``torch/distributed/tensor/parallel/style.py``; the plan in
+  ``executors.parallel.apply_tp``, Megatron's f/g operators, Shoeybi et al. 2019, and
+  sequence parallelism, Korthikanti et al. 2022): per micro-batch and block, without SP
+  2 all-reduces in forward (wo, w2 outputs) and 2 in backward (attention and MLP inputs);
+  with SP an all-gather and a reduce-scatter in their place, each way. The vocabulary-
+  parallel embedding all-reduces its output; the output projection's input gradient is
+  all-reduced (SP: all-gathered input, reduce-scattered gradient) and its logits are
+  all-gathered. Under SP the norm weights are Replicate DTensors with Partial gradients:
+  one all-reduce each when the gradients are reduced (per FSDP/replicate reduction, else
+  else at the optimizer step, where every DTensor op that reads a Partial gradient
+  all-reduces it: once for SGD, three times for Adam/AdamW, whose ``_single_tensor_adam``
+  reads it in ``exp_avg.lerp_(grad)`` and ``addcmul_(grad, grad)``). Full recomputation
+  re-runs a block's forward collectives except the last (w2's output), since
+  non-reentrant ``torch.utils.checkpoint`` stops recomputing once the tensors backward
+  needs are rebuilt (its early stop).
+- ``torch.distributed.pipelining``: one send and one receive per activation and per input
+  gradient that crosses ranks, from ``simcore.model.schedules`` lowered as torch lowers it.
+
+Bytes per call: the whole buffer (all-gather output, reduce-scatter input), in the
+executor's dtypes: parameters and gradients fp32 (autocast keeps fp32 parameters),
+activations in the plan's precision (approximate under autocast, where some backward
+gradients stay fp32). Not modelled (ValueError): MoE, cp/ep > 1, PowerSGD compression.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from simcore.model.schedules import Action, Op, add_communication, add_reduce_grad, add_unshard_reshard, build_schedule
+from simcore.plan.spec import GradCompression, ModelSpec, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
+from topologies.placement import rank_grid
+
+#: torch's DDP defaults: ``_DEFAULT_BUCKET_CAP_MB = 25`` (torch/nn/parallel/distributed.py)
+#: and ``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB for the rebuilt first bucket.
+DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+#: Parameters and gradients are fp32 in the executor (``executors/model.py`` builds fp32 and
+#: mixed precision is autocast); the fp16/bf16 DDP hooks halve the all-reduced bucket.
+PARAM_ELEMENT_BYTES = 4
+_ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1}
+#: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``;
+#: adam.py ``exp_avg.lerp_(grad)``, ``exp_avg_sq.mul_().addcmul_(grad, grad)``).
+OPTIMIZER_GRAD_READS = {Optimizer.SGD: 1, Optimizer.ADAM: 3, Optimizer.ADAMW: 3}
+_RUNTIME_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Call:
+    """One kind of collective call: what, on which mesh axis, how big, issued by which API."""
+
+    kind: str
+    axis: str
+    bytes: int
+    """The whole buffer: all-gather output, reduce-scatter input, the all-reduced tensor."""
+    issuer: str
+    """``ddp``, ``replicate``, ``zero1``, ``fsdp2``, ``dtensor`` or ``pipelining``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamTensor:
+    """One parameter tensor of ``executors.model.Transformer``."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None = None
+    """Tensor dim that tensor parallelism shards (0 column/vocab-parallel, 1 row-parallel)."""
+    norm: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagePart:
+    """One model chunk held by a pipeline rank (the whole model without pipelining)."""
+
+    stage: int
+    layers: tuple[int, ...]
+    embed: bool
+    head: bool
+
+
+# --------------------------------------------------------------------------- model structure
+
+def block_params(spec: ModelSpec, i: int) -> list[ParamTensor]:
+    """Block ``i``'s parameters in forward-use order (registration order differs only in
+    that w3 is registered after w2)."""
+    p, h, hd = f"layers.{i}.", spec.hidden, spec.head_dim
+    out = [ParamTensor(name=p + "attention_norm.weight", shape=(h,), norm=True),
+           ParamTensor(name=p + "attention.wq.weight", shape=(spec.heads * hd, h), tp_dim=0),
+           ParamTensor(name=p + "attention.wk.weight", shape=(spec.kv_heads * hd, h), tp_dim=0),
+           ParamTensor(name=p + "attention.wv.weight", shape=(spec.kv_heads * hd, h), tp_dim=0),
+           ParamTensor(name=p + "attention.wo.weight", shape=(h, spec.heads * hd), tp_dim=1),
+           ParamTensor(name=p + "ffn_norm.weight", shape=(h,), norm=True)]
+    if spec.moe:
+        out.append(ParamTensor(name=p + "feed_forward.router.weight", shape=(spec.experts, h)))
+        prefixes = [f"{p}feed_forward.experts.{e}." for e in range(spec.experts)]
+    else:
+        prefixes = [p + "feed_forward."]
+    for q in prefixes:
+        out.append(ParamTensor(name=q + "w1.weight", shape=(spec.ffn_hidden, h), tp_dim=0))
+        if spec.gated_mlp:
+            out.append(ParamTensor(name=q + "w3.weight", shape=(spec.ffn_hidden, h), tp_dim=0))
+        out.append(ParamTensor(name=q + "w2.weight", shape=(h, spec.ffn_hidden), tp_dim=1))
+    return out
+
+
+def embed_params(spec: ModelSpec) -> list[ParamTensor]:
+    out = [ParamTensor(name="embed.tok.weight", shape=(spec.vocab, spec.hidden), tp_dim=0)]
+    if spec.position_embedding.value == "learned":
+        out.append(ParamTensor(name="embed.pos.weight", shape=(spec.seq_len, spec.hidden)))
+    return out
+
+
+def head_params(spec: ModelSpec) -> list[ParamTensor]:
+    """Final norm and output projection (none when tied to the token embedding)."""
+    out = [ParamTensor(name="norm.weight", shape=(spec.hidden,), norm=True)]
+    if not spec.tied_embeddings:
+        out.append(ParamTensor(name="output.weight", shape=(spec.vocab, spec.hidden), tp_dim=0))
+    return out
+
+
+def part_params(spec: ModelSpec, part: StagePart) -> list[ParamTensor]:
+    """A chunk's parameters in forward-use order (``model.parameters()`` deduplicates a tied one)."""
+    out = embed_params(spec) if part.embed else []
+    for i in part.layers:
+        out += block_params(spec, i)
+    return out + (head_params(spec) if part.head else [])
+
+
+def num_parameter_tensors(spec: ModelSpec) -> int:
+    """``sum(1 for _ in build_model(spec).parameters())``."""
+    return len(part_params(spec, StagePart(stage=0, layers=tuple(range(spec.layers)), embed=True, head=True)))
+
+
+def stage_parts(plan: Plan, pp_rank: int) -> list[StagePart]:
+    """The chunks of one pipeline rank, loop style (``executors.parallel.stage_ids``)."""
+    par, sizes = plan.parallel, plan.layers_per_stage
+    ids = [pp_rank + k * par.pp for k in range(par.vpp)] if par.pp > 1 else [0]
+    out = []
+    for s in ids:
+        start = sum(sizes[:s])
+        out.append(StagePart(stage=s, layers=tuple(range(start, start + sizes[s])), embed=s == 0,
+                             head=s == len(sizes) - 1))
+    return out
+
+
+def local_shape(p: ParamTensor, tp: int, tp_rank: int) -> tuple[int, ...]:
+    """The shape this TP rank holds (DTensor ``Shard`` follows ``torch.chunk``)."""
+    if tp == 1 or p.tp_dim is None:
+        return p.shape
+    n = p.shape[p.tp_dim]
+    chunk = math.ceil(n / tp)
+    shape = list(p.shape)
+    shape[p.tp_dim] = max(0, min(chunk, n - tp_rank * chunk))
+    return tuple(shape)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def fsdp_padded_numel(shape: tuple[int, ...], dp: int) -> int:
+    """FSDP2 shards dim 0 with ``torch.chunk`` and pads every shard to the first one's size."""
+    return math.ceil(shape[0] / dp) * dp * _numel(shape[1:])
+
+
+# --------------------------------------------------------------------------- data parallel
+
+def ddp_buckets(ready_bytes: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
+                cap: int = DDP_BUCKET_CAP_BYTES) -> list[int]:
+    """Bytes of each DDP bucket from gradient sizes in ready order (reducer.cpp
+    ``compute_bucket_assignment_by_size``: a bucket closes once it reaches its limit; the
+    first limit is ``first_cap``, every later one ``cap``)."""
+    buckets, size, limit = [], 0, first_cap
+    for b in ready_bytes:
+        size += b
+        if size >= limit:
+            buckets.append(size)
+            size, limit = 0, cap
+    return buckets + ([size] if size else [])
+
+
+def _ddp_calls(plan: Plan, params: list[ParamTensor]) -> Counter:
+    ready = [_numel(p.shape) * PARAM_ELEMENT_BYTES for p in reversed(params)]
+    compression = plan.training.grad_compression
+    if compression == GradCompression.POWERSGD:
+        raise ValueError("training.grad_compression=powersgd: its steady-state collectives are not modelled")
+    half = compression in (GradCompression.FP16, GradCompression.BF16)
+    return Counter(Call(kind="all_reduce", axis="dp", bytes=b // 2 if half else b, issuer="ddp")
+                   for b in ddp_buckets(ready))
+
+
+def _fsdp_units(spec: ModelSpec, part: StagePart) -> list[list[ParamTensor]]:
+    """One FSDP module per block, then the root with what is left (embed, norm, output)."""
+    root = (embed_params(spec) if part.embed else []) + (head_params(spec) if part.head else [])
+    units = [block_params(spec, i) for i in part.layers] + [root]
+    return [u for u in units if u]  # a root with no parameters has no FSDP param group
+
+
+def fsdp_unit_calls(actions: list[Action], stage: int, reshard_after_forward: bool,
+                    pipelined: bool) -> tuple[int, int]:
+    """(all-gathers, reduce-scatters) of one FSDP module of ``stage`` over a rank's actions.
+
+    FSDP2 all-gathers whenever a forward, backward or UNSHARD finds the module sharded;
+    it reshards after forward (ZeRO-3), at RESHARD, and after backward when not
+    pipelined (then also reduce-scattering); pipelined, REDUCE_GRAD reduce-scatters."""
+    sharded, gathers, scatters = True, 0, 0
+    for a in actions:
+        if a.stage != stage:
+            continue
+        if a.op in (Op.UNSHARD, Op.F, Op.B, Op.I):
+            gathers += sharded
+            sharded = False
+        if a.op == Op.RESHARD or (a.op == Op.F and reshard_after_forward):
+            sharded = True
+        elif (a.op == Op.B and not pipelined) or a.op == Op.REDUCE_GRAD:
+            scatters += 1
+            sharded = True
+    return gathers, scatters
+
+
+def rank_actions(plan: Plan, pp_rank: int) -> list[Action]:
+    """This pipeline rank's actions in one step, with FSDP's lowering where torch applies it
+    (only the multi-stage runtime schedules add UNSHARD/RESHARD); without pipelining,
+    F and B of every micro-batch."""
+    par, m = plan.parallel, plan.num_microbatches
+    if par.pp == 1:
+        return [Action(0, op, i) for i in range(m) for op in (Op.F, Op.B)]
+    acts = build_schedule(par.schedule, par.pp, m, par.vpp)[pp_rank]
+    if par.schedule in _RUNTIME_SCHEDULES:
+        acts = add_unshard_reshard(acts)
+    return [a for a in add_reduce_grad(acts, m) if a is not None]
+
+
+def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:
+    par, out = plan.parallel, Counter()
+    for unit in _fsdp_units(plan.model, part):
+        nbytes = sum(fsdp_padded_numel(local_shape(p, par.tp, tp_rank), par.dp) for p in unit) * PARAM_ELEMENT_BYTES
+        gathers, scatters = fsdp_unit_calls(actions, part.stage, par.zero == ZeroStage.WEIGHTS, par.pp > 1)
+        out[Call(kind="all_gather", axis="dp", bytes=nbytes, issuer="fsdp2")] += gathers
+        out[Call(kind="reduce_scatter", axis="dp", bytes=nbytes, issuer="fsdp2")] += scatters
+    return +out
+
+
+def grad_reductions(plan: Plan) -> int:
+    """Gradient reductions per step by an FSDP-based wrapper: once per micro-batch without
+    pipelining (the executor does not disable their gradient sync), else at REDUCE_GRAD."""
+    return 1 if plan.parallel.pp > 1 else plan.num_microbatches
+
+
+def _fsdp_based(plan: Plan) -> bool:
+    par = plan.parallel
+    return par.dp > 1 and (par.zero >= ZeroStage.GRADIENTS or (par.zero == ZeroStage.NONE and par.tp > 1))
+
+
+def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:
+    par = plan.parallel
+    params = part_params(plan.model, part)
+    if par.dp == 1:
+        return Counter()
+    if par.zero >= ZeroStage.GRADIENTS:
+        return _fsdp_calls(plan, part, actions, tp_rank)
+    if par.tp > 1:  # replicate: one param group, all-reduced per reduction
+        nbytes = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params) * PARAM_ELEMENT_BYTES
+        return Counter({Call(kind="all_reduce", axis="dp", bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
+    out = _ddp_calls(plan, params)
+    if par.zero == ZeroStage.OPTIMIZER_STATES:
+        out.update(Call(kind="broadcast", axis="dp", bytes=max(1, n) * PARAM_ELEMENT_BYTES, issuer="zero1")
+                   for n in zero1_buckets([_numel(p.shape) for p in params], par.dp))
+    return out
+
+
+def zero1_buckets(numels: list[int], dp: int) -> list[int]:
+    """Elements of each rank's bucket under ``ZeroRedundancyOptimizer``'s greedy partition."""
+    sizes = [0] * dp
+    for n in sorted(numels, reverse=True):
+        sizes[sizes.index(min(sizes))] += n
+    return sizes
+
+
+# --------------------------------------------------------------------------- tensor parallel
+
+def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
+    """DTensor collectives of one chunk in one step (see the module docstring)."""
+    par, m, tr = plan.parallel, plan.model, plan.training
+    if par.tp == 1:
+        return Counter()
+    n_mb, blocks = plan.num_microbatches, len(part.layers)
+    redo = tr.recompute == Recompute.FULL  # recomputation re-runs the attention's collectives
+    act = tr.micro_batch * m.seq_len * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
+    logits = tr.micro_batch * m.seq_len * m.vocab * _ACT_ELEMENT_BYTES[tr.precision]
+
+    def call(kind: str, nbytes: int) -> Call:
+        return Call(kind=kind, axis="tp", bytes=nbytes, issuer="dtensor")
+
+    out: Counter = Counter()
+    if par.sequence_parallel:
+        # per block: forward gathers (attention, MLP inputs) and scatters (wo, w2 outputs),
+        # the transposes in backward; recomputation gathers both inputs and scatters wo's
+        out[call("all_gather", act)] += n_mb * ((4 + 2 * redo) * blocks + part.embed + part.head)
+        out[call("reduce_scatter", act)] += n_mb * ((4 + redo) * blocks + part.head)
+        out[call("all_reduce", act)] += n_mb * part.embed
+        reductions = grad_reductions(plan) if _fsdp_based(plan) else OPTIMIZER_GRAD_READS[tr.optimizer]
+        for p in part_params(m, part):
+            out[call("all_reduce", _numel(p.shape) * PARAM_ELEMENT_BYTES)] += reductions * p.norm
+    else:
+        out[call("all_reduce", act)] += n_mb * ((4 + redo) * blocks + part.embed + part.head)
+    if part.head:
+        out[call("all_gather", logits)] += n_mb
+    return +out
+
+
+# --------------------------------------------------------------------------- pipeline
+
+def _pp_calls(plan: Plan, pp_rank: int, tp_rank: int) -> Counter:
+    par, m, tr = plan.parallel, plan.model, plan.training
+    if par.pp == 1:
+        return Counter()
+    schedule = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp)
+    lowered = add_communication(schedule, par.pp, par.vpp)[pp_rank]
+    # under SP a stage's output is a sequence shard, and the stage sends its local tensor
+    seq = math.ceil(m.seq_len / par.tp) if par.sequence_parallel else m.seq_len
+    act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
+    kinds = {Op.SEND_F: "send", Op.SEND_B: "send", Op.RECV_F: "recv", Op.RECV_B: "recv"}
+    return Counter(Call(kind=kinds[a.op], axis="pp", bytes=act, issuer="pipelining")
+                   for a in lowered if a.op in kinds)
+
+
+# --------------------------------------------------------------------------- per rank
+
+def _check_modelled(plan: Plan) -> None:
+    par = plan.parallel
+    rules = [(par.cp == 1, f"parallel.cp={par.cp}: context parallelism is not modelled at torch's granularity"),
+             (par.ep == 1, f"parallel.ep={par.ep}: expert parallelism is not modelled at torch's granularity"),
+             (not plan.model.moe, f"model.experts={plan.model.experts}: MoE collectives are not modelled "
+                                  "at torch's granularity")]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)
+
+
+def expected_calls(plan: Plan, rank: int) -> Counter:
+    """Counter of ``Call`` -> calls that global ``rank`` issues in one steady-state step."""
+    _check_modelled(plan)
+    par = plan.parallel
+    coords = rank_grid(par.pp, par.dp, par.cp, par.tp).coords(rank)
+    actions = rank_actions(plan, coords["pp"])
+    out = _pp_calls(plan, coords["pp"], coords["tp"])
+    for part in stage_parts(plan, coords["pp"]):
+        out.update(_tp_calls(plan, part, coords["tp"]))
+        out.update(_dp_calls(plan, part, actions, coords["tp"]))
+    return +out
+
+
+def by_kind_axis(calls: Counter) -> Counter:
+    """Collapse a Counter of ``Call`` to (kind, axis) -> count, as the executor records."""
+    out: Counter = Counter()
+    for c, n in calls.items():
+        out[(c.kind, c.axis)] += n
+    return out
+
+
+def expected_collectives(plan: Plan) -> dict[int, Counter]:
+    """(kind, axis) -> calls per step, for every global rank of the plan (ranks with the same
+    pipeline and tensor-parallel coordinates share one Counter)."""
+    par = plan.parallel
+    grid = rank_grid(par.pp, par.dp, par.cp, par.tp)
+    firsts = {grid.rank(pp=i, tp=t): (i, t) for i in range(par.pp) for t in range(par.tp)}
+    counts = {key: by_kind_axis(expected_calls(plan, r)) for r, key in firsts.items()}
+    return {r: counts[(c["pp"], c["tp"])] for r in range(par.gpus) for c in [grid.coords(r)]}
+
+
+def format_collectives(plan: Plan) -> str:
+    """A table per pipeline stage (its first rank): axis, kind, calls per step, bytes per
+    call (range when they differ) and bytes per step."""
+    par = plan.parallel
+    grid = rank_grid(par.pp, par.dp, par.cp, par.tp)
+    lines = []
+    for pp_rank in range(par.pp):
+        rank = grid.rank(pp=pp_rank)
+        calls = expected_calls(plan, rank)
+        rows: dict[tuple[str, str], list] = {}
+        for c, n in calls.items():
+            rows.setdefault((c.axis, c.kind), []).append((c.bytes, n))
+        lines.append(f"rank {rank} (pipeline stage {pp_rank}), {plan.num_microbatches} micro-batches per step")
+        lines.append(f"  {'axis':<5}{'kind':<15}{'calls/step':>11}  {'bytes/call':>29}  {'bytes/step':>19}")
+        for (axis, kind), items in sorted(rows.items()):
+            sizes = sorted({b for b, _ in items})
+            per_call = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}"
+            count, total = sum(n for _, n in items), sum(b * n for b, n in items)
+            lines.append(f"  {axis:<5}{kind:<15}{count:>11,}  {per_call:>29}  {total:>19,}")
+        if not rows:
+            lines.append("  (no collectives)")
+    return "\n".join(lines) + "\n"

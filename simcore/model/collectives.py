@@ -1,0 +1,167 @@
+"""Collective cost: alpha-beta on the route a group's ring takes through the cluster.
+
+Time = latency + (bytes each rank moves) / (bus bandwidth), the model of Thakur,
+Rabenseifner and Gropp, "Optimization of Collective Communication Operations in MPICH"
+(IJHPCA 2005), with NCCL's conventions (nccl-tests ``doc/PERFORMANCE.md``): a ring
+all-reduce moves 2(n-1)/n of the buffer through every rank, all-gather and
+reduce-scatter (n-1)/n of the full buffer; NCCL's latency model
+(``src/graph/tuning.cc``): a base latency plus one hop latency per ring step, network
+hops for the steps that cross nodes, tree latency 2*log2(nodes) network hops.
+
+The bus bandwidth of a group comes in closed form from the ClusterSpec (no graph):
+inside a node the GPU's NVLink rate; across nodes, the node's NICs shared by every group
+of the same axis that runs at the same time (e.g. the DP rings of the 8 TP ranks of a
+node share its 8 NICs), divided by the fabric's oversubscription once a group spans more
+nodes than one leaf switch serves. Achieved fractions of the link rates (nccl-tests
+busbw / link rate) come from the GPU's ``efficiency.yaml`` entry.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simcore.model.compute import DeviceModel
+from simcore.plan.spec import ClusterSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupNet:
+    """The route of one communication group: its size, its nodes and its bus bandwidth."""
+
+    ranks: int
+    nodes: int
+    """Nodes the group spans."""
+    bus_bytes_per_s: float
+    """Achieved per-rank bandwidth of the ring's slowest link."""
+    intra_bytes_per_s: float
+    """Achieved NVLink (intra-node) bandwidth, for the hierarchical algorithm."""
+    base_latency_s: float
+    intra_hop_s: float
+    inter_hop_s: float
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(1, self.ranks // self.nodes)
+
+
+def nodes_per_leaf(cluster: ClusterSpec) -> int:
+    """Nodes one leaf switch serves without going up a level: half its ports face down;
+    rail-optimized fabrics give every node one port on each rail's leaf."""
+    fab = cluster.fabric
+    down = max(1, fab.switch_radix // 2)
+    if fab.topology.startswith("rail"):
+        return down
+    return max(1, down // max(1, cluster.node.nics_per_node))
+
+
+def group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -> GroupNet:
+    """Route of a group of ``ranks`` ranks spaced ``stride`` apart (TP: 1, CP: tp,
+    DP: tp*cp, PP: tp*cp*dp), every GPU of a node being in one such group."""
+    gpn = cluster.gpus_per_node
+    gpu = cluster.node.gpu
+    intra = gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
+    common = dict(ranks=ranks, intra_bytes_per_s=intra, base_latency_s=dev.base_latency_s,
+                  intra_hop_s=dev.nvlink_hop_latency_s, inter_hop_s=dev.net_hop_latency_s)
+    if ranks <= 1 or stride * ranks <= gpn or cluster.nodes == 1:
+        return GroupNet(nodes=1, bus_bytes_per_s=intra, **common)
+    per_node = max(1, min(ranks, gpn // stride))          # members of one group in one node
+    nodes = max(1, ranks // per_node)
+    concurrent = max(1, gpn // per_node)                  # groups sharing this node's NICs
+    fab = cluster.fabric
+    if fab is None or cluster.node.nics_per_node == 0:
+        raise ValueError(f"cluster.node={cluster.node.name} has no fabric, but a group spans {nodes} nodes")
+    nic = cluster.node.nics_per_node * fab.nic_bytes_per_s * dev.nic_efficiency / concurrent
+    if nodes > nodes_per_leaf(cluster):
+        nic /= fab.oversubscription
+    bus = min(intra, nic) if per_node > 1 else nic
+    return GroupNet(nodes=nodes, bus_bytes_per_s=bus, **common)
+
+
+def _ring_latency(net: GroupNet, steps: int, inter_steps: int) -> float:
+    return net.base_latency_s + (steps - inter_steps) * net.intra_hop_s + inter_steps * net.inter_hop_s
+
+
+def ring_all_reduce_s(size_bytes: float, net: GroupNet) -> float:
+    """Ring all-reduce: reduce-scatter then all-gather, 2(n-1)/n of the buffer per rank."""
+    n = net.ranks
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    lat = _ring_latency(net, 2 * (n - 1), 2 * (net.nodes - 1))
+    return lat + 2 * (n - 1) / n * size_bytes / net.bus_bytes_per_s
+
+
+def tree_all_reduce_s(size_bytes: float, net: GroupNet) -> float:
+    """NCCL double binary tree: algorithm bandwidth half the bus bandwidth (tuning.cc
+    ``ratio = .5``, busBw * 0.9), latency 2*((ranks per node - 1) intra + log2(nodes) inter hops)."""
+    if net.ranks <= 1 or size_bytes <= 0:
+        return 0.0
+    lat = net.base_latency_s + 2 * ((net.ranks_per_node - 1) * net.intra_hop_s
+                                    + math.log2(max(1, net.nodes)) * net.inter_hop_s)
+    return lat + size_bytes / (0.5 * 0.9 * net.bus_bytes_per_s)
+
+
+def hierarchical_all_reduce_s(size_bytes: float, net: GroupNet) -> float:
+    """Intra-node reduce-scatter, inter-node ring all-reduce of 1/k of the buffer over the
+    node's share of NICs, intra-node all-gather (k = ranks per node)."""
+    k = net.ranks_per_node
+    if net.nodes <= 1 or k <= 1:
+        return ring_all_reduce_s(size_bytes, net)
+    hops = dict(intra_bytes_per_s=net.intra_bytes_per_s, base_latency_s=net.base_latency_s,
+                intra_hop_s=net.intra_hop_s, inter_hop_s=net.inter_hop_s)
+    intra = GroupNet(ranks=k, nodes=1, bus_bytes_per_s=net.intra_bytes_per_s, **hops)
+    # k sub-rings (one per local rank) run at once and split the group's NIC share
+    inter = GroupNet(ranks=net.nodes, nodes=net.nodes, bus_bytes_per_s=net.bus_bytes_per_s / k, **hops)
+    return (reduce_scatter_s(size_bytes, intra) + ring_all_reduce_s(size_bytes / k, inter)
+            + all_gather_s(size_bytes, intra))
+
+
+def all_reduce_s(size_bytes: float, net: GroupNet, algorithm: str = "auto") -> float:
+    """All-reduce by ``algorithm``: ring, tree, hierarchical, or auto (the fastest of
+    ring and tree, as NCCL's tuner picks)."""
+    if algorithm == "ring":
+        return ring_all_reduce_s(size_bytes, net)
+    if algorithm == "tree":
+        return tree_all_reduce_s(size_bytes, net)
+    if algorithm == "hierarchical":
+        return hierarchical_all_reduce_s(size_bytes, net)
+    if algorithm == "auto":
+        return min(ring_all_reduce_s(size_bytes, net), tree_all_reduce_s(size_bytes, net))
+    raise ValueError(f"unknown all-reduce algorithm {algorithm!r} (known: ring, tree, hierarchical, auto)")
+
+
+def all_gather_s(size_bytes: float, net: GroupNet) -> float:
+    """Ring all-gather of a ``size_bytes`` OUTPUT buffer: (n-1)/n of it through every rank."""
+    n = net.ranks
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return _ring_latency(net, n - 1, net.nodes - 1) + (n - 1) / n * size_bytes / net.bus_bytes_per_s
+
+
+def reduce_scatter_s(size_bytes: float, net: GroupNet) -> float:
+    """Ring reduce-scatter of a ``size_bytes`` INPUT buffer (the mirror of all-gather)."""
+    return all_gather_s(size_bytes, net)
+
+
+def all_to_all_s(size_bytes: float, net: GroupNet) -> float:
+    """All-to-all of ``size_bytes`` per rank: (n-1)/n of it leaves every rank, one
+    message per peer (pairwise exchange; latency one hop per peer)."""
+    n = net.ranks
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    hop = net.inter_hop_s if net.nodes > 1 else net.intra_hop_s
+    return net.base_latency_s + (n - 1) * hop + (n - 1) / n * size_bytes / net.bus_bytes_per_s
+
+
+def broadcast_s(size_bytes: float, net: GroupNet) -> float:
+    """Pipelined ring broadcast: the whole buffer through every link once."""
+    n = net.ranks
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return _ring_latency(net, n - 1, net.nodes - 1) + size_bytes / net.bus_bytes_per_s
+
+
+def send_recv_s(size_bytes: float, bytes_per_s: float, latency_s: float) -> float:
+    """Point-to-point: latency plus size over the link's achieved bandwidth."""
+    if size_bytes <= 0:
+        return 0.0
+    return latency_s + size_bytes / bytes_per_s

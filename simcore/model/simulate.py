@@ -1,0 +1,526 @@
+"""Plan -> Prediction: the per-stage costs of a step, and the analytic step time.
+
+``step_costs`` reduces a Plan to ``StepCosts`` (simcore/model/costs.py) from the pure models
+(workload, compute, collectives, memory). ``simulate`` turns them into a ``StepResult``,
+by closed forms (``engine="analytic"``) or by the SimPy engine (``engine="des"``).
+
+The analytic step, for the slowest pipeline rank with per-micro-batch time T = C + X
+(compute C, blocking TP/CP/EP/PP communication X):
+- 1F1B and GPipe: (m - 1) T_max + sum_r T_r, i.e. (m + p - 1) T for uniform stages
+  (Narayanan et al. 2021, Sec. 2.2.1: bubble fraction (p - 1)/m);
+- interleaved 1F1B: m T_max + (sum_r T_r - T_max) / v (Sec. 2.2.2: bubble (p - 1)/(m v));
+- zero-bubble (ZB-H1, Qi et al. 2024, arXiv 2401.10241): bubble (p - 1)(T_F + T_B - T_W) / v;
+- data-parallel gradient reduction overlapped with the last micro-batch's backward up
+  to the compute available (torch DDP buckets, Li et al. 2020, VLDB, Sec. 3.2.3), the
+  last bucket always exposed; ZeRO-1/2 parameter all-gather after the step exposed;
+  FSDP2/ZeRO-3 per-layer all-gathers and reduce-scatters hidden behind the layer's
+  compute by prefetching, the excess exposed;
+- offload: PCIe copies overlapped with the host optimizer step; the longer one counts.
+
+On a calibrated CPU host (profile keys catalog GPUs lack, so their predictions do not
+move) a pipeline also pays, per micro-batch and virtual stage, torch.distributed.pipelining's
+per-chunk bookkeeping (``parallel_host.pipeline_chunk``), the sender's blocking gloo send
+call (pipeline comm) and the receiver's hand-over wait (idle, so bubble, as the executor
+measures it; ``p2p_send_kernels``, ``p2p_latency_kernels``: gloo moves a message only once
+the receiver posts its receive, and the busy sender's gloo thread then waits for a core);
+the transit to a receiver already blocked is the relay's remainder (``p2p_wake_kernels``).
+Where torch posts a receive in the same call as a send (Schedule1F1B's steady phase,
+``schedules.fused_p2p``), the post (``p2p_post_kernels``) is the sender's comm after the
+message left, and the wait of the receive it posts is that much shorter.
+TP's and FSDP2's wrapper costs are split between blocking comm and host compute by the
+share a run's recorder sees inside collectives (``parallel_host.comm_share``). All are
+measured by ``executors.calibrate.profile``. On any calibrated profile, where trainplan's executor
+is what runs, DDP under torch.distributed.pipelining sends a stage's last input gradient
+only after the stage's gradient reduction (``StepCosts.grad_sync_holds_send``): the drain
+waits for every later stage's reduction tail in turn.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from simcore.model import collectives as coll
+from simcore.model import compute as cmp
+from simcore.model import memory as mem
+from simcore.model import workload as wl
+from simcore.model.costs import StepCosts
+from simcore.model.schedules import Action, Op, fused_p2p
+from simcore.plan.spec import GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroStage
+from simcore.results import GIB, StepResult, rate_fields
+
+#: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
+#: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py).
+POWERSGD_RANK = 1
+
+
+def _check_device(plan: Plan) -> None:
+    if plan.cluster.node.gpu.name == "uncalibrated-host":
+        raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev) -> tuple[float, float, float, float, float]:
+    """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer."""
+    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash)
+    f, bi, bw = cmp.ops_time_s(ops, dev)
+    r = cmp.ops_time_s(wl.recompute_ops(ops, recompute), dev)[0]
+    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash))
+    return f, bi, bw, r, core
+
+
+@functools.lru_cache(maxsize=1024)
+def _logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
+    return cmp.ops_time_s(wl.logits_forward_ops(model, b=b, s=s, tp=tp), dev)
+
+
+def _grad_wire_bytes(plan: Plan) -> float:
+    """Bytes per gradient element on the wire. torch DDP under autocast reduces the fp32
+    gradients of its fp32 parameters (4 B) unless a fp16/bf16 comm hook halves them; with
+    sharded optimizer states the gradients are the 16-bit ones of the memory model (ZeRO's
+    2 + 2 + K bytes per parameter): Megatron's distributed optimizer
+    (``DistributedDataParallelConfig.grad_reduce_in_fp32=False``), DeepSpeed
+    (``communication_data_type`` = the model's dtype) and FSDP2 (``reduce_dtype`` = the
+    16-bit param dtype) reduce 2 B."""
+    if plan.training.precision == Precision.FP32:
+        return 4.0
+    if plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES:
+        return 2.0
+    gc = plan.training.grad_compression
+    return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
+
+
+def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
+    """Blocking TP / CP / EP communication of one layer and one micro-batch (seconds), and
+    (CPU host) the host compute TP's DTensor dispatch adds to it (``host_f``, ``host_b``)."""
+    m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
+    b, s = tr.micro_batch, m.seq_len // par.cp
+    act = wl.ACT_BYTES * b * s * m.hidden
+    out = {"tp_f": 0.0, "tp_b": 0.0, "cp": 0.0, "ep_f": 0.0, "ep_b": 0.0, "host_f": 0.0, "host_b": 0.0}
+    if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS
+        net = coll.group_net(cl, dev, par.tp, 1)
+        one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
+            else coll.all_reduce_s(act, net)
+        out["tp_f"] = out["tp_b"] = 2 * one
+        (f, b), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
+        if f + b + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
+            wire = 2 * 2 * (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
+            out["tp_f"], out["tp_b"] = f + wire, b + wire
+            out["host_f"], out["host_b"] = hf, hb   # DTensor's dispatch: host compute
+    if par.cp > 1:   # ring attention: cp-1 exchanges of the local K and V (Liu et al. 2023)
+        net = coll.group_net(cl, dev, par.cp, par.tp)
+        kv = 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
+        out["cp"] = (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, net.base_latency_s)
+    if m.moe and par.ep > 1:  # dispatch and combine all-to-alls (Lepikhin et al. 2021, GShard)
+        net = coll.group_net(cl, dev, par.ep, par.tp * par.cp)
+        routed = act * m.top_k * m.capacity_factor / (par.tp if par.sequence_parallel else 1)
+        out["ep_f"] = out["ep_b"] = 2 * coll.all_to_all_s(routed, net)
+    return out
+
+
+def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
+    """One micro-batch's activations to the next stage; with tp > 1 each TP rank sends
+    1/t of it (Megatron's scatter/gather optimisation, Narayanan et al. Sec. 4.1). The
+    latency is the ring hop's, or on a calibrated CPU host the relay's transit to a blocked
+    receiver (the send call and the hand-over wait are blocking costs, in step_costs)."""
+    m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
+    if par.pp == 1:
+        return 0.0
+    bytes_ = wl.ACT_BYTES * tr.micro_batch * (m.seq_len // par.cp) * m.hidden / par.tp
+    stride = par.tp * par.cp * par.dp
+    net = coll.group_net(cl, dev, 2, stride)
+    hop = net.inter_hop_s if net.nodes > 1 else net.intra_hop_s
+    if dev.p2p_send_s > 0:   # CPU host: the transit to a blocked receiver (calibrate's relay)
+        hop = dev.p2p_wake_s
+    return coll.send_recv_s(bytes_, net.bus_bytes_per_s, hop)
+
+
+def _pcie_bytes_per_s(plan: Plan) -> float:
+    """Host-link bandwidth per GPU: GPUs behind one PCIe switch share its uplink."""
+    node = plan.cluster.node
+    share = min(1.0, node.pcie_switches / plan.cluster.gpus_per_node) if node.pcie_switches else 1.0
+    return node.gpu.pcie_bytes_per_s * share
+
+
+def _dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params: float) -> dict[str, float]:
+    """Per-step gradient reduction, parameter sync, per-micro-batch FSDP gathers, optimizer, offload."""
+    par, tr, cl = plan.parallel, plan.training, plan.cluster
+    nd = par.dp * par.cp
+    wb = mem.weight_bytes_per_param(tr.precision)
+    gb = _grad_wire_bytes(plan)
+    out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, buckets=1, compress=0.0)
+    if nd > 1:
+        net = coll.group_net(cl, dev, nd, par.tp)
+        params = sp.total
+        if tr.grad_compression == GradCompression.POWERSGD:
+            gb = 4.0 * 2 * POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
+            out["compress"] = cmp.stream_s(12.0 * params, dev)
+        elif tr.grad_compression != GradCompression.NONE:
+            out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
+        buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
+        if dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
+            # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),
+            # each a lone call issued after compute, plus the ring's bytes term
+            out["grad"] = buckets * dev.lone_all_reduce_s + 2 * (nd - 1) / nd * gb * params / net.bus_bytes_per_s
+            if par.zero == ZeroStage.OPTIMIZER_STATES:   # the parameter broadcasts' bytes (their calls: step_costs)
+                out["sync"] = (nd - 1) / nd * wb * params / net.bus_bytes_per_s
+        elif par.zero == ZeroStage.NONE:
+            out["grad"] = coll.all_reduce_s(gb * params, net)
+        elif par.zero < ZeroStage.WEIGHTS:
+            out["grad"] = coll.reduce_scatter_s(gb * params, net)
+            out["sync"] = coll.all_gather_s(wb * params, net)
+        else:
+            out["layer_ag"] = coll.all_gather_s(wb * layer_params, net)
+            out["layer_rs"] = coll.reduce_scatter_s(gb * layer_params, net)
+            if sum(dev.parallel_extra_s("fsdp_zero3")) > 0:   # latency is in the measured layer cost
+                out["layer_ag"] = (nd - 1) / nd * wb * layer_params / net.bus_bytes_per_s
+                out["layer_rs"] = (nd - 1) / nd * gb * layer_params / net.bus_bytes_per_s
+        out["buckets"] = buckets
+    return out
+
+
+def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], list[float]],
+                   compute: tuple[list[float], list[float]]) -> None:
+    """CPU host: the measured wrapper cost of the model's ends per micro-batch (``parallel_host``
+    ``*_embed`` / ``*_head`` / ``*_root``), added to the (forward, backward) blocking comm and
+    host compute of the virtual stages that hold them, split as a run measures it
+    (``parallel_split_s``). TP splits the embedding and the output projection too (each with
+    its own collectives): the embedding's on the first virtual stage, the head's (norm,
+    output, loss) on the last. FSDP2 shards each pipeline rank's model as a root group of its
+    own (the embedding, final norm and output on the ranks that hold them): one root group's
+    cost on each rank's first virtual stage."""
+    if not dev.parallel_kernels:   # catalog GPUs: no wrapper host costs
+        return
+    par = plan.parallel
+    parts = []
+    if par.tp > 1:
+        mode = "tp_sp" if par.sequence_parallel else "tp"
+        parts += [(0, f"{mode}_embed"), (-1, f"{mode}_head")]
+    if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:
+        root = "fsdp_zero3_root" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2_root"
+        parts += [(v, root) for v in range(par.pp)]
+    for v, mode in parts:
+        for lists, pair in zip((comm, compute), dev.parallel_split_s(mode)):
+            lists[0][v] += pair[0]
+            lists[1][v] += pair[1]
+
+
+def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
+    """(plain, DTensor) parameter tensors pipeline rank ``rank`` holds in the executor's model
+    (executors/model.py: bias-free projections, two norms per layer; the embedding on the
+    first stage, the final norm and output on the last). FSDP2 and TP+DP (``replicate``)
+    make every parameter a DTensor; TP alone its split matrices and embeddings, and with
+    sequence parallel the norms too (torch/distributed/tensor/parallel/style.py)."""
+    m, par = plan.model, plan.parallel
+    layers = sum(plan.layers_per_stage[rank::par.pp])
+    mats = 4 + (m.experts * wl.mlp_matrices(m) + 1 if m.moe else wl.mlp_matrices(m))
+    matrices, norms, plain_emb = layers * mats, layers * 2, 0
+    if rank == 0:
+        matrices += 1
+        plain_emb += 1 if m.position_embedding.value == "learned" else 0
+    if rank == par.pp - 1:
+        matrices += 0 if m.tied_embeddings and par.pp == 1 else 1
+        norms += 1
+    total = matrices + norms + plain_emb
+    if (par.zero >= ZeroStage.GRADIENTS and par.dp > 1) or (par.tp > 1 and par.dp > 1):
+        return 0, total
+    if par.tp > 1:
+        dt = matrices + (norms if par.sequence_parallel else 0)
+        return total - dt, dt
+    return total, 0
+
+
+def _host_optimizer_s(plan: Plan, dev: cmp.DeviceModel, owned: float, tensors: tuple[int, int]) -> float:
+    """Eager optimizer on a calibrated CPU host: per-tensor host cost (plain or DTensor,
+    ZeroRedundancyOptimizer steps 1/N_d of the tensors) plus the bytes at the measured rate."""
+    par = plan.parallel
+    share = 1.0 / (par.dp * par.cp) if par.zero == ZeroStage.OPTIMIZER_STATES else 1.0
+    per_tensor = share * (tensors[0] * dev.optimizer_per_tensor_kernels
+                          + tensors[1] * dev.optimizer_dtensor_per_tensor_kernels) * dev.host_overhead_s
+    return per_tensor + owned * mem.weight_bytes_per_param(plan.training.precision) / dev.optimizer_bytes_per_s
+
+
+def _optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
+                     tensors: tuple[int, int] = (0, 0)) -> tuple[float, float]:
+    """(optimizer on the GPU or host, offload copies) per step for this rank's shard."""
+    par, tr = plan.parallel, plan.training
+    nd = par.dp * par.cp
+    owned = sp.total / nd if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
+    k = mem.optimizer_bytes_per_param(tr.precision, tr.optimizer)
+    wb = mem.weight_bytes_per_param(tr.precision)
+    if tr.offload == Offload.NONE and dev.optimizer_bytes_per_s > 0:
+        return _host_optimizer_s(plan, dev, owned, tensors), 0.0
+    if tr.offload == Offload.NONE:   # read grad, states; write states and the 16-bit copy
+        return cmp.stream_s(owned * (2 * k + 2 * wb), dev), 0.0
+    host_bw = dev.host_memory_bytes_per_s / plan.cluster.gpus_per_node
+    host = owned * dev.adam_host_bytes_per_param / host_bw if host_bw > 0 else math.inf
+    copies = 2 * wb * owned / _pcie_bytes_per_s(plan)       # gradients down, parameters up
+    return host, copies
+
+
+def step_costs(plan: Plan) -> StepCosts:
+    """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
+    _check_device(plan)
+    m, par, tr = plan.model, plan.parallel, plan.training
+    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value)
+    b, s = tr.micro_batch, m.seq_len // par.cp
+    f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
+                                       tr.flash_attention, tr.recompute, dev)
+    lc = _layer_comm(plan, dev)
+    cp_f = max(0.0, lc["cp"] - core)                   # ring exchange hidden behind the attention core
+    rec_comm = lc["tp_f"] + cp_f + lc["ep_f"] if tr.recompute.value == "full" else 0.0
+    host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
+    if tr.recompute.value == "full":   # the recomputed forward dispatches through DTensor again
+        rc += host_f
+    stages = plan.layers_per_stage
+    nv = len(stages)
+    lf, lbi, lbw = _logits_times(m, b, s, par.tp, dev)
+    params = mem.stage_params(plan, stages)
+    dense_l, expert_l = mem.layer_params_per_gpu(plan)
+    dpc = _dp_costs(plan, dev, params[0], dense_l + expert_l)
+    fc = lc["tp_f"] + cp_f + lc["ep_f"]
+    bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
+    if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
+        (ff, fb), (hf, hb) = dev.parallel_split_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
+        fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb
+    fcomm = [fc * n for n in stages]
+    bcomm = [bc * n for n in stages]
+    # CPU host: the sender's blocking send call and the receiver's hand-over wait, per message
+    send, recv = (dev.p2p_send_s, dev.busy_p2p_latency_s) if par.pp > 1 else (0.0, 0.0)
+    host_p2p = {}
+    if send + recv > 0:
+        first, last = [float(v > 0) for v in range(nv)], [float(v < nv - 1) for v in range(nv)]
+        host_p2p = {"forward_send_s": tuple(send * x for x in last), "forward_recv_wait_s": tuple(recv * x for x in first),
+                    "backward_send_s": tuple(send * x for x in first), "backward_recv_wait_s": tuple(recv * x for x in last)}
+    fwd = [n * (f + host_f) for n in stages]
+    bin_ = [n * (bi + host_b) for n in stages]
+    bwt = [n * bw for n in stages]
+    _add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
+    if par.pp > 1:   # CPU host: torch.distributed.pipelining's measured per-chunk bookkeeping
+        cf, cb = dev.parallel_extra_s("pipeline_chunk")
+        fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]
+    fwd[-1] += lf                                       # the logits sit on the last virtual stage
+    bin_[-1] += lbi
+    bwt[-1] += lbw
+    if tr.recompute != Recompute.NONE:   # CPU host: checkpoint_wrapper's measured bookkeeping per layer
+        af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
+        fwd = [x + n * af for x, n in zip(fwd, stages)]
+        rc += ab
+    rec = [n * rc for n in stages]
+    gather = [n * 2 * dpc["layer_ag"] for n in stages]
+    grad, sync, opt, off = [], [], [], []
+    per_params: dict = {}
+    host_terms = dev.optimizer_bytes_per_s > 0
+    rank_costs = []
+    for r in range(par.pp):
+        tensors = param_tensors(plan, r) if host_terms else (0, 0)
+        key = (params[r], tensors)
+        if key not in per_params:   # ranks holding equal parameters cost the same
+            per_params[key] = (_dp_costs(plan, dev, params[r], dense_l + expert_l),
+                               _optimizer_costs(plan, dev, params[r], tensors), tensors)
+        rank_costs.append(per_params[key])
+    mbs = plan.num_microbatches
+    ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1
+    for v in range(nv):
+        d, (o, c), _ = rank_costs[v % par.pp]
+        share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
+        fsdp_rs = mbs * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
+        wait = 0.0
+        if ddp and dev.dp_sync_wait > 0:
+            # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
+            # a fraction of the rest of the step (the rank's work between syncs)
+            p2p_host = sum(x[v] for x in host_p2p.values())
+            busy = mbs * (fwd[v] + bin_[v] + bwt[v] + rec[v] + fcomm[v] + bcomm[v] + p2p_host) + o * share
+            wait = dev.dp_sync_wait * busy
+        grad.append((d["grad"] + d["compress"]) * share + fsdp_rs + wait)
+        bcast = 0.0
+        if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
+            # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
+            bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
+        sync.append(d["sync"] * share + bcast)
+        opt.append(o * share)
+        off.append(c * share)
+    per_rank = mem.memory_per_rank(plan, stages, params)
+    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["total"])
+    detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
+              "ep_comm_per_layer_s": lc["ep_f"] + lc["ep_b"], "fsdp_layer_all_gather_s": dpc["layer_ag"],
+              "fsdp_layer_reduce_scatter_s": dpc["layer_rs"], "host_memory_per_node_bytes":
+              mem.host_bytes_per_node(plan, per_rank), "comm_compute_interference": dev.comm_compute_interference}
+    return StepCosts(
+        plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
+        backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
+        backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), param_gather_s=tuple(gather), **host_p2p,
+        p2p_post_s=dev.p2p_post_s if host_p2p else 0.0,
+        grad_sync_holds_send=ddp and par.pp > 1 and plan.cluster.node.gpu.calibrated,
+        grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple([dpc["buckets"]] * nv),
+        param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
+        model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
+        hardware_flops_per_step=wl.hardware_flops_per_step(m, tr.global_batch, tr.recompute),
+        memory_bytes={k: per_rank[worst][k] for k in ("weights", "gradients", "optimizer_states",
+                                                      "activations", "comm_buffers", "framework")},
+        memory_per_rank_bytes=tuple(r["total"] for r in per_rank),
+        time_detail_s=detail,
+    )
+
+
+# --------------------------------------------------------------------------- analytic path
+
+def _interference_loss(c: StepCosts) -> float:
+    """Compute time lost per second of overlapped communication: compute runs at 1/k of
+    its rate while a NCCL kernel shares the SMs and HBM (k = the GPU's
+    ``comm_compute_interference``), so hiding T seconds of communication costs T (1 - 1/k)."""
+    k = c.time_detail_s.get("comm_compute_interference", 1.0)
+    return 1.0 - 1.0 / k
+
+
+def _fused_posts(c: StepCosts, r: int) -> tuple[float, float]:
+    """Per micro-batch on pipeline rank ``r`` (CPU host): the receive posts that go out with a
+    send (``schedules.fused_p2p``), comm, and the receive wait they take off, idle."""
+    par, m = c.plan.parallel, c.plan.num_microbatches
+    if c.p2p_post_s <= 0 or par.pp == 1:
+        return 0.0, 0.0
+    posts = saved = 0.0
+    for v in range(r, c.stages, par.pp):
+        for op in (Op.F, Op.B):
+            wait = c.host_p2p_s(v, op == Op.F)[1]
+            for i in range(m):
+                sent, posted = fused_p2p(par.schedule, par.pp, m, Action(v, op, i))
+                posts += sent * c.p2p_post_s
+                saved += posted * min(wait, c.p2p_post_s)
+    return posts / m, saved / m
+
+
+def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
+    """Per pipeline rank, per micro-batch: compute, blocking comm (with FSDP exposure and
+    PP sends), weight-gradient time, the CPU host's receive waits (idle), summed over the
+    rank's virtual stages."""
+    p = c.plan.parallel.pp
+    ag = c.time_detail_s.get("fsdp_layer_all_gather_s", 0.0)
+    rs = c.time_detail_s.get("fsdp_layer_reduce_scatter_s", 0.0)
+    lost = _interference_loss(c)
+    hops = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
+    host_p2p = bool(c.forward_send_s or c.forward_recv_wait_s)   # CPU host only
+    out = []
+    for r in range(p):
+        fwd, bin_, bwt = sum(c.forward_s[r::p]), sum(c.backward_input_s[r::p]), sum(c.backward_weight_s[r::p])
+        rec = sum(c.recompute_s[r::p])
+        host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] if host_p2p else ()
+        p2p, wait = (hops + sum(h[0] for h in host), sum(h[1] for h in host)) if host else (hops, 0.0)
+        posts, saved = _fused_posts(c, r)
+        p2p, wait = p2p + posts, wait - saved
+        comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
+        if ag > 0:   # prefetched gathers hide behind the layer compute; the first one cannot
+            for v in range(r, c.stages, p):
+                n, bwd = c.layers[v], c.backward_s(v) + c.recompute_s[v]
+                comm += max(0.0, n * ag - c.forward_s[v]) + max(0.0, n * (ag + rs) - bwd) + ag
+                comm += lost * (min(n * ag, c.forward_s[v]) + min(n * (ag + rs), bwd))
+        out.append(dict(compute=fwd + bin_ + bwt + rec, comm=comm, w=bwt, fwd=fwd, bwd=bin_ + bwt,
+                        rec=rec, p2p=p2p, wait=wait))
+    return out
+
+
+def _pipeline_s(c: StepCosts, ranks: list[dict[str, float]], crit: int) -> float:
+    """Forward/backward span of all micro-batches on the critical rank, bubble included."""
+    par = c.plan.parallel
+    m, p, v = c.plan.num_microbatches, par.pp, par.vpp
+    t = [o["compute"] + o["comm"] + o["wait"] for o in ranks]
+    tmax = t[crit]
+    if p == 1:
+        return m * tmax
+    if par.schedule == Schedule.ZERO_BUBBLE:   # ZB-H1: the weight gradients fill the bubble
+        return m * tmax + (p - 1) * max(0.0, tmax - ranks[crit]["w"]) / v
+    if v > 1:
+        return m * tmax + (sum(t) - tmax) / v
+    return (m - 1) * tmax + sum(t)
+
+
+def _reduce_tail(grad: float, buckets: int, window: float) -> float:
+    """A gradient reduction of ``grad`` seconds in ``buckets`` buckets issued during a
+    backward of ``window`` seconds: what is left after it, the last bucket at least."""
+    return max(grad / max(1, buckets), grad - window) if grad > 0 else 0.0
+
+
+def _reduce_tail_s(c: StepCosts, v: int) -> float:
+    """Virtual stage ``v``'s gradient reduction left after its last backward."""
+    return _reduce_tail(c.grad_reduce_per_step_s[v], c.grad_buckets[v], c.backward_s(v) + c.recompute_s[v])
+
+
+def _held_sends_s(c: StepCosts) -> float:
+    """The drain's wait where every stage's gradient sync holds its last input-gradient send
+    (``StepCosts.grad_sync_holds_send``): the last micro-batch's backward passes the virtual
+    stages from last to first, each after the previous one's reduction tail. Zero-bubble
+    reduces in its weight-gradient pass, which sends nothing."""
+    if not c.grad_sync_holds_send or c.plan.parallel.schedule == Schedule.ZERO_BUBBLE:
+        return 0.0
+    return sum(_reduce_tail_s(c, v) for v in range(1, c.stages))
+
+
+def analytic(c: StepCosts) -> StepResult:
+    """The closed-form step (module docstring) from a StepCosts."""
+    plan = c.plan
+    par, tr = plan.parallel, plan.training
+    m = plan.num_microbatches
+    ranks = _rank_sums(c)
+    crit = max(range(par.pp), key=lambda r: ranks[r]["compute"] + ranks[r]["comm"] + ranks[r]["wait"])
+    pipe = _pipeline_s(c, ranks, crit) + _held_sends_s(c)
+    mine = [v for v in range(c.stages) if v % par.pp == crit]
+    o = ranks[crit]
+    grad = sum(c.grad_reduce_per_step_s[v] for v in mine)
+    if par.zero >= ZeroStage.WEIGHTS:              # FSDP2's reduce-scatters: per layer, in _rank_sums
+        grad = 0.0
+    sync = sum(c.param_sync_per_step_s[v] for v in mine)
+    opt = sum(c.optimizer_per_step_s[v] for v in mine)
+    copies = sum(c.offload_per_step_s[v] for v in mine)
+    buckets = max(c.grad_buckets[v] for v in mine)
+    window = o["bwd"] + o["rec"]                   # the last micro-batch's backward
+    dp_exposed = _reduce_tail(grad, buckets, window)
+    dp_exposed += _interference_loss(c) * (grad - dp_exposed)   # the hidden part slows the backward
+    offloaded = tr.offload != Offload.NONE
+    offload_s = max(opt, copies) if offloaded else 0.0
+    compute_s = m * o["compute"] + (0.0 if offloaded else opt)
+    exposed = m * o["comm"] + dp_exposed + sync
+    bubble = max(0.0, pipe - m * (o["compute"] + o["comm"]))
+    step = compute_s + exposed + bubble + offload_s
+    per_rank = c.memory_per_rank_bytes
+    fits = max(per_rank) <= plan.cluster.node.gpu.hbm_bytes and \
+        c.time_detail_s.get("host_memory_per_node_bytes", 0.0) <= plan.cluster.node.host_memory_bytes
+    time_s = {"forward": m * o["fwd"], "backward": m * o["bwd"], "recompute": m * o["rec"],
+              "layer_comm": m * (o["comm"] - o["p2p"]), "pp_comm": m * o["p2p"], "dp_comm": dp_exposed,
+              **({"pp_wait": m * o["wait"]} if o["wait"] else {}), "param_sync": sync, "optimizer": opt, "offload": offload_s, "bubble": bubble}
+    return StepResult(
+        source="analytic", plan_name=plan.name, step_time_s=step,
+        **rate_fields(plan, step, c.model_flops_per_step, c.hardware_flops_per_step),
+        compute_s=compute_s, exposed_comm_s=exposed,
+        bubble_s=bubble, offload_s=offload_s, memory_per_gpu_gib=max(per_rank) / GIB, fits=fits,
+        memory_bytes=dict(c.memory_bytes), time_s=time_s,
+        memory_per_rank_gib=tuple(x / GIB for x in per_rank), notes=c.notes,
+    )
+
+
+def simulate(plan: Plan, engine: str = "analytic", **kwargs) -> StepResult:
+    """Predict one training step of ``plan`` by the analytic closed forms or the event engine."""
+    if engine == "analytic":
+        return analytic(step_costs(plan))
+    if engine == "des":
+        try:
+            from simcore.engine.des import simulate_des
+        except ImportError as exc:
+            raise ValueError(f"the event engine is not available (simcore.engine.des: {exc})") from None
+        return simulate_des(step_costs(plan), **kwargs)
+    raise ValueError(f"unknown engine {engine!r} (known: analytic, des)")
+
+
+def memory_report(plan: Plan) -> dict:
+    """Bytes per GPU by kind on every pipeline rank, host memory for offload, HBM, fits."""
+    _check_device(plan)
+    per_rank = mem.memory_per_rank(plan)
+    host_node = mem.host_bytes_per_node(plan, per_rank)
+    return {
+        "plan": plan.name,
+        "hbm_bytes": plan.cluster.node.gpu.hbm_bytes,
+        "host_memory_bytes_per_node": plan.cluster.node.host_memory_bytes,
+        "host_offload_bytes_per_node": host_node,
+        "ranks": [{"pp_rank": r, **{k: v for k, v in d.items()}} for r, d in enumerate(per_rank)],
+        "max_gpu_bytes": max(d["total"] for d in per_rank),
+        "memory_per_gpu_gib": max(d["total"] for d in per_rank) / GIB,
+        "fits": mem.fits(plan, per_rank),
+    }

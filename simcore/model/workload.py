@@ -1,0 +1,351 @@
+"""The work of one transformer layer: parameters, FLOPs, HBM bytes, activation memory.
+
+Sources:
+- FLOPs of every matmul follow Narayanan et al., "Efficient Large-Scale Language Model
+  Training on GPU Clusters Using Megatron-LM", SC'21 (arXiv 2104.04473), Sec. 5.1 and
+  Appendix: a forward layer is 24*b*s*h^2 + 4*b*s^2*h FLOPs (4h MLP, multi-head
+  attention), the backward twice that, full recomputation one more forward, the logits
+  2*b*s*h*V forward; so one step is 96*B*s*L*h^2*(1 + s/6h + V/16Lh) with full
+  recompute (their Eq. 3). Grouped-query attention (K/V projections of width g*d),
+  gated MLPs (three matrices) and top-k MoE generalise the same terms as Megatron-Core's
+  ``num_floating_point_operations`` (megatron/training/training.py) does. No causal
+  halving in the counted FLOPs (as both sources).
+- Activation memory follows Korthikanti et al., "Reducing Activation Recomputation in
+  Large Transformer Models", MLSys 2023 (arXiv 2205.05198), Sec. 4: per layer
+  s*b*h*(34 + 5*a*s/h) bytes in 16-bit training, s*b*h*(10 + 24/t + 5*a*s/(h*t)) with
+  tensor parallel, s*b*h/t*(34 + 5*a*s/h) with tensor + sequence parallel, the 5*a*s/h
+  term dropped by selective recomputation (and by flash attention, which never stores
+  the s x s scores), and 2*s*b*h (/t with SP) with full recomputation.
+
+All sizes are for ONE micro-batch on ONE GPU: ``b`` sequences of ``s`` tokens (``s`` is
+the sequence per context-parallel rank), matrices split over ``tp`` ranks.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from simcore.plan.spec import ModelSpec, PositionEmbedding, Recompute
+
+#: Bytes per element of 16-bit activations (the mixed-precision case all sources model).
+ACT_BYTES = 2
+#: Fraction of the s x s attention block a causal FlashAttention kernel computes: it skips
+#: the fully masked tiles (Dao 2023, "FlashAttention-2", Sec. 3.1.1 "causal masking").
+CAUSAL_FLASH_FRACTION = 0.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One kernel (or ``count`` identical kernels) of one micro-batch on one GPU."""
+
+    name: str
+    flops: float
+    """FLOPs of one instance (counted, no causal halving)."""
+    bytes: float
+    """HBM bytes one instance reads and writes."""
+    matmul: bool
+    count: int = 1
+    exec_fraction: float = 1.0
+    """Fraction of ``flops`` the kernel really executes (causal flash attention: 0.5)."""
+    batched: bool = False
+    """The ``count`` instances run as ONE batched kernel (attention bmm over b x heads)."""
+
+    @property
+    def kernels(self) -> int:
+        return 1 if self.batched else self.count
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamCounts:
+    """Parameters of the model, by part (counts, not bytes)."""
+
+    attention: int
+    """One layer's attention: QKV and output projections (and biases)."""
+    mlp: int
+    """One layer's dense MLP, or ALL experts of an MoE layer plus the router."""
+    norms: int
+    """One layer's layer norms."""
+    embedding: int
+    """Token (and learned position) embeddings."""
+    output: int
+    """Untied output projection (0 when tied) plus the final norm."""
+    layers: int
+
+    @property
+    def per_layer(self) -> int:
+        return self.attention + self.mlp + self.norms
+
+    @property
+    def total(self) -> int:
+        return self.layers * self.per_layer + self.embedding + self.output
+
+
+def _biases(m: ModelSpec) -> bool:
+    """GPT-style models (learned positions) carry biases and LayerNorm; Llama-style
+    (rotary) models have neither biases nor LayerNorm shifts (RMSNorm)."""
+    return m.position_embedding == PositionEmbedding.LEARNED
+
+
+def kv_width(m: ModelSpec) -> int:
+    """Width of the K (or V) projection: kv_heads * head_dim (grouped-query attention)."""
+    return m.kv_heads * m.head_dim
+
+
+def mlp_matrices(m: ModelSpec) -> int:
+    return 3 if m.gated_mlp else 2
+
+
+@functools.lru_cache(maxsize=256)
+def param_counts(m: ModelSpec) -> ParamCounts:
+    """Parameter counts; GPT-3 175B gives 174.6e9, Llama-3 70B 70.6e9."""
+    h, f, bias = m.hidden, m.ffn_hidden, _biases(m)
+    qkv_out = h + 2 * kv_width(m)
+    attention = h * qkv_out + h * h + (qkv_out + h if bias else 0)
+    expert = mlp_matrices(m) * h * f + ((f + h) if bias else 0)
+    mlp = expert * m.experts + h * m.experts if m.moe else expert
+    norms = 2 * (2 * h if bias else h)
+    embedding = m.vocab * h + (m.seq_len * h if m.position_embedding == PositionEmbedding.LEARNED else 0)
+    final_norm = 2 * h if bias else h
+    output = (0 if m.tied_embeddings else m.vocab * h) + final_norm
+    return ParamCounts(attention=attention, mlp=mlp, norms=norms, embedding=embedding,
+                       output=output, layers=m.layers)
+
+
+def active_params_per_token(m: ModelSpec) -> float:
+    """Parameters one token touches (MoE: top_k experts of each layer)."""
+    pc = param_counts(m)
+    if not m.moe:
+        return pc.total
+    expert = (pc.mlp - m.hidden * m.experts) / m.experts
+    per_layer = pc.attention + pc.norms + m.top_k * expert + m.hidden * m.experts
+    return m.layers * per_layer + pc.embedding + pc.output
+
+
+def _gemm(name: str, m_: float, n: float, k: float, count: int = 1, batched: bool = False) -> Op:
+    """A (m x k) @ (k x n) matmul: 2mnk FLOPs, reads both inputs and writes the output."""
+    return Op(name=name, flops=2.0 * m_ * n * k, bytes=ACT_BYTES * (m_ * k + k * n + m_ * n),
+              matmul=True, count=count, batched=batched)
+
+
+def _eltwise(name: str, elements: float, passes: float) -> Op:
+    """A memory-bound kernel moving ``passes`` 16-bit tensors of ``elements`` each."""
+    return Op(name=name, flops=0.0, bytes=ACT_BYTES * elements * passes, matmul=False)
+
+
+def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bool) -> list[Op]:
+    """Scores Q K^T and context P V of one layer (the s^2 terms), and their softmax.
+
+    With context parallel the local ``s`` queries attend over all ``s * cp`` keys.
+    """
+    heads, d, s_kv = m.heads // tp, m.head_dim, s * cp
+    if flash:
+        kv_local = max(1, m.kv_heads // tp)
+        io = ACT_BYTES * b * (2 * s * heads * d + 2 * s_kv * kv_local * d)   # read Q, K, V; write O
+        return [Op(name="flash_attention", flops=4.0 * b * heads * s * s_kv * d, bytes=io, matmul=True,
+                   exec_fraction=CAUSAL_FLASH_FRACTION)]
+    scores = b * heads * s * s_kv
+    return [
+        _gemm("attn_scores", s, s_kv, d, count=b * heads, batched=True),
+        # fused scale-mask-softmax (read, write) and dropout (read, write, 1-byte mask)
+        _eltwise("softmax_dropout", scores, 4.5),
+        _gemm("attn_context", s, d, s_kv, count=b * heads, batched=True),
+    ]
+
+
+def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int) -> list[Op]:
+    """The dense MLP, or the router and the experts of an MoE layer."""
+    h, f, tokens = m.hidden, m.ffn_hidden // tp, b * s
+    if not m.moe:
+        first = _gemm("mlp_in", tokens, f * (mlp_matrices(m) - 1), h)
+        return [first, _eltwise("activation", tokens * f, 3 if m.gated_mlp else 2),
+                _gemm("mlp_out", tokens, h, f)]
+    routed = tokens * m.top_k * m.capacity_factor      # token copies this rank computes
+    local_experts = max(1, m.experts // ep)
+    per_expert = routed / local_experts
+    return [
+        _gemm("router", tokens, m.experts, h),
+        _gemm("expert_in", per_expert, f * (mlp_matrices(m) - 1), h, count=local_experts),
+        _eltwise("expert_activation", routed * f, 3 if m.gated_mlp else 2),
+        _gemm("expert_out", per_expert, h, f, count=local_experts),
+    ]
+
+
+def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1, ep: int = 1,
+                      sequence_parallel: bool = False, flash: bool = False) -> list[Op]:
+    """Every kernel of one layer's forward for one micro-batch on one GPU.
+
+    Elementwise kernels follow Megatron's fused set: two LayerNorms, the QKV/MLP bias
+    activations, two bias-dropout-add kernels (read x and residual, write out, 1-byte mask).
+    LayerNorms and dropout-adds work on s/t tokens with sequence parallel, else on all s.
+    """
+    h, tokens = m.hidden, b * s
+    norm_tokens = tokens / tp if sequence_parallel else tokens
+    qkv = (h + 2 * kv_width(m)) // tp
+    ops = [
+        _eltwise("layernorm_1", norm_tokens * h, 2),
+        _gemm("qkv", tokens, qkv, h),
+        *attention_core_ops(m, b, s, tp, cp, flash),
+        _gemm("attn_proj", tokens, h, h // tp),
+        _eltwise("dropout_add_1", norm_tokens * h, 3.5),
+        _eltwise("layernorm_2", norm_tokens * h, 2),
+        *mlp_ops(m, b, s, tp, ep),
+        _eltwise("dropout_add_2", norm_tokens * h, 3.5),
+    ]
+    return ops
+
+
+def logits_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
+    """The output layer (vocabulary-parallel over TP) and its fp32 cross entropy."""
+    tokens, v = b * s, m.vocab / tp
+    return [_gemm("logits", tokens, v, m.hidden),
+            _eltwise("cross_entropy", tokens * v, 2 * 3)]  # fp32 logits: read, softmax, write
+
+
+def recompute_ops(forward: list[Op], recompute: Recompute) -> list[Op]:
+    """Ops re-run before the backward: the whole layer (full) or its attention core
+    (selective, Korthikanti et al. Sec. 5: QK^T, softmax, dropout, attention over V)."""
+    if recompute == Recompute.FULL:
+        return list(forward)
+    if recompute == Recompute.SELECTIVE:
+        return [op for op in forward if op.name in ("attn_scores", "softmax_dropout", "attn_context")]
+    return []
+
+
+def flops_of(ops: list[Op]) -> float:
+    return sum(op.flops * op.count for op in ops)
+
+
+# --------------------------------------------------------------------------- model totals
+
+def forward_flops_per_layer(m: ModelSpec, tokens: float, s: int) -> float:
+    """Counted forward FLOPs of one layer for ``tokens`` tokens of sequences of ``s``
+    (whole model, no parallel split): 2*tokens*(params touched) + 4*tokens*s*h."""
+    h, f = m.hidden, m.ffn_hidden
+    attn = 2 * tokens * h * (h + 2 * kv_width(m)) + 2 * tokens * h * h + 4 * tokens * s * h
+    dense = 2 * tokens * mlp_matrices(m) * h * f
+    mlp = m.top_k * dense + 2 * tokens * h * m.experts if m.moe else dense
+    return attn + mlp
+
+
+def model_flops_per_step(m: ModelSpec, global_batch: int) -> float:
+    """Model FLOPs of one optimizer step: forward + backward (3x), logits included, no
+    recompute (the MFU convention of Chowdhery et al. 2022, PaLM, Appendix B)."""
+    tokens = global_batch * m.seq_len
+    fwd = m.layers * forward_flops_per_layer(m, tokens, m.seq_len) + 2 * tokens * m.hidden * m.vocab
+    return 3 * fwd
+
+
+def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: Recompute) -> float:
+    """Model FLOPs plus the recomputed forward (full: the layers again; selective: the
+    attention core, 4*tokens*s*h per layer)."""
+    tokens = global_batch * m.seq_len
+    extra = 0.0
+    if recompute == Recompute.FULL:
+        extra = m.layers * forward_flops_per_layer(m, tokens, m.seq_len)
+    elif recompute == Recompute.SELECTIVE:
+        extra = m.layers * 4 * tokens * m.seq_len * m.hidden
+    return model_flops_per_step(m, global_batch) + extra
+
+
+def megatron_flops_per_step(m: ModelSpec, global_batch: int) -> float:
+    """Narayanan et al. 2021 Eq. 3 (full recompute, 4h MLP, MHA): 96 B s l h^2 (1 + s/6h + V/16lh)."""
+    b, s, l, h, v = global_batch, m.seq_len, m.layers, m.hidden, m.vocab
+    return 96.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+
+
+# --------------------------------------------------------------------------- activations
+
+def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False,
+                               recompute: Recompute = Recompute.NONE, flash: bool = False) -> float:
+    """Bytes one layer keeps for the backward of one micro-batch (Korthikanti et al. Sec. 4.1).
+
+    Generalised term by term: attention keeps its input (2sbh), Q (2sbh), K and V
+    (2sb*g*d each), the projection input (2sbh), a dropout mask (sbh) and, unless flash
+    attention or selective recompute drops it, 5*a*s^2*b for softmax, its dropout mask and
+    output; the MLP keeps its input (2sbh), the activation input and output (2sbf each,
+    three such with a gated MLP) and a mask (sbh); the two LayerNorms 4sbh. With
+    ``s`` = 2048, MHA, f = 4h this is sbh(34 + 5as/h). Tensor parallel splits all but the
+    10sbh of layer inputs, masks and norms; sequence parallel splits those too.
+    """
+    h, f, sb = m.hidden, m.ffn_hidden, s * b
+    if recompute == Recompute.FULL:  # only the layer input (Korthikanti et al. Sec. 5)
+        return ACT_BYTES * sb * h / (tp if sequence_parallel else 1)
+    replicated = 10 * sb * h                                # LN inputs, block inputs, dropout masks
+    attn_split = ACT_BYTES * sb * (h + 2 * kv_width(m))     # Q, K, V
+    attn_split += ACT_BYTES * sb * h                         # projection input
+    mlp_acts = (3 if m.gated_mlp else 2) * ACT_BYTES * sb * f
+    if m.moe:
+        mlp_acts *= m.top_k * m.capacity_factor
+    split = attn_split + mlp_acts
+    if flash:
+        split += 4 * b * m.heads * s                         # fp32 log-sum-exp per query and head
+    elif recompute != Recompute.SELECTIVE:
+        split += 5 * m.heads * s * s * b                     # softmax out, dropout mask, dropout out
+    if sequence_parallel:
+        return (replicated + split) / tp
+    return replicated + split / tp
+
+
+def embedding_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> float:
+    """First stage: the embedding dropout mask (sbh, /t with SP); Korthikanti et al. Eq. 3."""
+    return s * b * m.hidden / (tp if sequence_parallel else 1)
+
+
+def logits_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Last stage: final norm and logits input (4sbh, /t with SP) and the fp32 logits 4sbV/t."""
+    return 4 * s * b * m.hidden / (tp if sequence_parallel else 1) + 4 * s * b * m.vocab / tp
+
+
+# --------------------------------------------------------------------------- the executor's model
+
+#: Bytes of a saved int64 index tensor element (token ids, labels, position ids).
+INDEX_BYTES = 8
+#: Bytes of an fp32 statistic (norm mean / rstd, attention log-sum-exp), whatever the precision.
+STAT_BYTES = 4
+
+
+def executor_activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1,
+                                        sequence_parallel: bool = False, recompute: Recompute = Recompute.NONE,
+                                        elem_bytes: int = 4) -> float:
+    """Bytes one layer of ``executors.model.Block`` saves for backward, tensor by tensor, as
+    ``executors.measure.SavedActivations`` counts them (storages once, parameters excluded).
+
+    The executor is not Megatron: no dropout (no masks), PyTorch's fused SDPA (saves Q, K,
+    V, its output, which is also the projection's input, and an fp32 log-sum-exp per query
+    and head; never the s x s scores), norms keep fp32 statistics (LayerNorm mean and rstd,
+    RMSNorm rstd), and every tensor is ``elem_bytes`` wide (4 in fp32). Per layer: the two
+    norm inputs and outputs (4sbh), Q (sbh), K and V (2sb*g*d), the attention output (sbh),
+    the MLP's two (GeLU) or four (SwiGLU) sbf tensors. DTensor TP splits Q, K, V, the output
+    and the MLP tensors; with sequence parallel the norm inputs are sharded but the
+    all-gathered inputs of QKV and the MLP are saved whole (the colwise linear saves them).
+    Selective recompute drops the log-sum-exp (the core is rebuilt); full keeps the layer input.
+    """
+    h, f, sb = m.hidden, m.ffn_hidden, s * b
+    if recompute == Recompute.FULL:
+        return elem_bytes * sb * h / (tp if sequence_parallel else 1)
+    stats = 2 * (1 if m.gated_mlp else 2) * STAT_BYTES * sb           # two norms
+    mlp = (4 if m.gated_mlp else 2) * f * (m.top_k if m.moe else 1)
+    split = elem_bytes * sb * (2 * h + 2 * kv_width(m) + mlp) / tp
+    lse = 0.0 if recompute == Recompute.SELECTIVE else STAT_BYTES * b * m.heads * s / tp
+    if sequence_parallel:
+        norms = elem_bytes * sb * (2 * h / tp + 2 * h) + stats / tp
+    else:
+        norms = elem_bytes * sb * 4 * h + stats
+    return norms + split + lse
+
+
+def executor_embedding_activation_bytes(m: ModelSpec, *, b: int, s: int) -> float:
+    """The executor's first stage: the token ids (and position ids) the embeddings save."""
+    learned = m.position_embedding == PositionEmbedding.LEARNED
+    return INDEX_BYTES * (b * s + (s if learned else 0))
+
+
+def executor_logits_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1,
+                                     sequence_parallel: bool = False, elem_bytes: int = 4) -> float:
+    """The executor's last stage: final norm input, its statistics and output (gathered whole
+    under SP), the fp32 log-softmax of the full vocabulary (the output layer's logits are
+    replicated, ``ColwiseParallel(output_layouts=Replicate())``), and the labels."""
+    sb = s * b
+    norm = elem_bytes * sb * m.hidden * ((1 / tp + 1) if sequence_parallel else 2)
+    stats = (1 if m.gated_mlp else 2) * STAT_BYTES * sb / (tp if sequence_parallel else 1)
+    return norm + stats + STAT_BYTES * sb * m.vocab + INDEX_BYTES * sb

@@ -1,0 +1,23 @@
+"""Human-facing summaries of a Plan (what `trainplan check` prints)."""
+from __future__ import annotations
+
+from simcore.plan.spec import Plan, plan_to_dict
+
+
+def plan_summary(plan: Plan) -> dict:
+    """The resolved Plan document plus the figures derived from it."""
+    par, cl = plan.parallel, plan.cluster
+    derived = {
+        "gpus_used": par.gpus,
+        "gpus_in_cluster": cl.gpus,
+        "gpu": cl.node.gpu.name,
+        "node": f"{cl.node.name} x {cl.nodes} ({cl.gpus_per_node} GPUs per node)",
+        "fabric": cl.fabric.name if cl.fabric else "none",
+        "storage": cl.storage.name,
+        "micro_batches_per_step": plan.num_microbatches,
+        "layers_per_virtual_stage": list(plan.layers_per_stage),
+        "tokens_per_step": plan.training.global_batch * plan.model.seq_len,
+    }
+    if not cl.node.calibrated and cl.node.gpu.name == "uncalibrated-host":
+        derived["note"] = "localhost has no calibrated profile yet: run `trainplan calibrate` to simulate it"
+    return {"plan": plan_to_dict(plan), "derived": derived}

@@ -1,0 +1,202 @@
+"""Speak the training stacks' languages: import model configs and launch files into a
+Plan document (here, with the readers in ``simcore.plan.readers``), and export a Plan to
+Megatron-LM, DeepSpeed, torchtitan and Slurm (``simcore.plan.writers``).
+
+Pure functions: text in, a Plan-document dict (for ``simcore.plan.spec.plan_from_dict``) or
+text out; nothing here writes files or imports torch. Every option name written is one
+the tool defines: ``tool_options.yaml`` keeps the lists with the repository, file and
+commit they were read from, and ``tests/test_interop.py`` checks each export against
+them, so a misspelt option fails the build.
+
+Import merges several inputs (``--hf`` + ``--megatron`` + ``--deepspeed`` + ...): a
+field given by two inputs with two values is one clear ``PlanError``; a field an input
+holds but the Plan has no place for is listed in one warning line. Export refuses
+(``ValueError`` naming the field) a value the target tool has no option for, and leaves
+out what the format never holds (DeepSpeed does not hold TP/PP degrees: Megatron-
+DeepSpeed or the model code sets them).
+
+The mappings, with the tools' own semantics:
+- Megatron-LM: the world is ``torchrun --nnodes x --nproc-per-node``; data parallel =
+  world / (TP*PP*CP) (``validate_args``). ZeRO-1 is ``--use-distributed-optimizer``;
+  ZeRO-2/3 are Megatron-FSDP's ``--data-parallel-sharding-strategy optim_grads`` /
+  ``optim_grads_params`` (docs/discussions/megatron-fsdp-user-guide). ``--optimizer
+  adam`` is AdamW (decoupled weight decay). Interleaving is
+  ``--num-virtual-stages-per-pipeline-rank``; GPipe and zero-bubble have no option.
+- DeepSpeed: train_batch_size = micro * gradient_accumulation_steps * dp
+  (``deepspeed/runtime/config.py``); ZeRO stage and offload in ``zero_optimization``;
+  ``communication_data_type`` is the gradient all-reduce dtype. DeepSpeed reads the
+  file with hjson, so the ``//`` header comments are legal.
+- torchtitan: dp = data_parallel_replicate_degree * data_parallel_shard_degree; shard
+  > 1 is FSDP2 (ZeRO-3, or ZeRO-2 when ``fsdp_reshard_after_forward = "never"``);
+  TP always shards the sequence (its TP plan uses SequenceParallel); with PP,
+  ``local_batch_size / pipeline_parallel_microbatch_size`` micro-batches run per step.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_megatron, read_torchtitan
+from simcore.plan.spec import PlanError, even_split
+from topologies.hardware import CatalogError, load_catalog
+
+
+def _merge(readings: list[Reading]) -> tuple[dict, dict]:
+    """Merged fields (a field two inputs give differently is a PlanError) and hints."""
+    values: dict = {}
+    origin: dict = {}
+    for r in readings:
+        for key, value in {**r.fields, **r.hints}.items():
+            if value is None:
+                continue
+            if key in values and values[key] != value:
+                raise PlanError(f"{key} conflicts: {origin[key]} gives {values[key]!r} "
+                                f"but {r.source} gives {value!r}")
+            values.setdefault(key, value)
+            origin.setdefault(key, r.source)
+    for r in readings:
+        for key, value in r.defaults.items():
+            if value is not None:
+                values.setdefault(key, value)
+    hints = {k: values.pop(k) for k in list(values) if k.split(".")[0] not in
+             ("model", "parallel", "training", "name")}
+    return values, hints
+
+
+def _read_input(value: str, base: Path, what: str) -> str:
+    """A path to a file (relative to ``base``) or the text itself."""
+    if "\n" not in value and len(value) < 4096:
+        path = base / value
+        if path.is_file():
+            return path.read_text()
+        if re.fullmatch(r"[\w./~-]+\.(json|toml|sh|txt)", value.strip()):
+            raise PlanError(f"{what} file {path} cannot be read: no such file")
+    return value
+
+
+def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, cluster=None,
+                nodes=None, base_dir=".") -> tuple[dict, list[str]]:
+    """A Plan document from the given inputs, and warning lines (fields not mapped,
+    values assumed). ``cluster`` is a catalog node type; ``nodes`` the cluster size."""
+    base = Path(base_dir)
+    readings = []
+    if hf is not None:
+        readings.append(read_hf(base / hf))
+    if megatron is not None:
+        readings.append(read_megatron(_read_input(megatron, base, "megatron")))
+    if deepspeed is not None:
+        readings.append(read_deepspeed(_read_input(deepspeed, base, "deepspeed")))
+    if torchtitan is not None:
+        readings.append(read_torchtitan(_read_input(torchtitan, base, "torchtitan")))
+    if not readings:
+        raise PlanError("import needs at least one input: hf, megatron, deepspeed or torchtitan")
+    values, hints = _merge(readings)
+    notes: list[str] = []
+    cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
+    _resolve_layout(values, hints, world, notes)
+    doc = _document(values, cluster_doc, hints)
+    ignored = "; ".join(f"{r.source}: {', '.join(r.ignored)}" for r in readings if r.ignored)
+    warnings = [f"not mapped to the plan: {ignored}"] if ignored else []
+    if notes:
+        warnings.append("assumed: " + "; ".join(notes))
+    return doc, warnings
+
+
+def _import_cluster(name, nodes, values: dict, hints: dict) -> tuple[dict, int]:
+    if name is None:
+        raise PlanError("import needs cluster= (a catalog node type such as dgx-h100): "
+                        "none of the inputs names the hardware")
+    cat = load_catalog()
+    if name not in cat.nodes:
+        raise PlanError(f"unknown node '{name}' for cluster (known: {', '.join(sorted(cat.nodes))})")
+    try:
+        per_node = cat.node(name).gpus_per_node
+    except CatalogError as exc:
+        raise PlanError(f"cluster={name}: {exc}") from None
+    gpn = hints.get("world.gpus_per_node", per_node)
+    model_par = math.prod(values.get(f"parallel.{k}") or 1 for k in ("tp", "pp", "cp"))
+    needed = model_par * values["parallel.dp"] if "parallel.dp" in values else gpn
+    run_nodes = hints.get("world.nnodes") or (nodes if gpn == per_node and nodes else None)
+    run_nodes = run_nodes or max(1, math.ceil(needed / gpn))
+    doc = {"node": name, "nodes": nodes or run_nodes}
+    if gpn != per_node:
+        doc["gpus_per_node"] = gpn
+    return doc, run_nodes * gpn
+
+
+def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> None:
+    """Fill what the inputs leave to the world size: dp, ZeRO under torchtitan,
+    virtual stages, the global batch."""
+    g = lambda k, default=1: values.get(k) if values.get(k) is not None else default  # noqa: E731
+    model_par = g("parallel.tp") * g("parallel.pp") * g("parallel.cp")
+    if "parallel.dp" not in values:
+        if world % model_par:
+            raise PlanError(f"the world of {world} GPUs is not a multiple of tp*pp*cp={model_par}")
+        values["parallel.dp"] = world // model_par
+    if "torchtitan.dp" in hints:
+        replicate, shard, reshard = hints["torchtitan.dp"]
+        shard = values["parallel.dp"] // replicate if shard == -1 else shard
+        values["parallel.dp"] = replicate * shard
+        never = reshard == "never" or (reshard == "default" and g("parallel.pp") > 1)
+        values["parallel.zero"] = 0 if shard == 1 else (2 if never else 3)
+        if replicate > 1 and shard > 1:
+            notes.append(f"torchtitan HSDP ({replicate} replicas x {shard} shards) taken as zero over all dp")
+    layers = values.get("model.layers")
+    per_stage = hints.get("torchtitan.layers_per_stage") or hints.get("megatron.layers_per_virtual_stage")
+    if per_stage and layers:
+        values["parallel.vpp"] = layers // (g("parallel.pp") * per_stage)
+    if "megatron.first_last" in hints and layers:
+        values["parallel.stage_layers"] = _first_last_split(layers, g("parallel.pp"), *hints["megatron.first_last"])
+    stages = values.get("parallel.stage_layers")
+    if stages and layers and list(stages) == list(even_split(layers, g("parallel.pp") * g("parallel.vpp"))):
+        del values["parallel.stage_layers"]
+    micro = values.setdefault("training.micro_batch", 1)
+    if values.get("training.global_batch") is None:
+        accum = hints.get("batch.accumulation") or 1
+        per_rank = hints.get("batch.local", micro * accum)
+        values["training.global_batch"] = per_rank * values["parallel.dp"]
+        if "batch.accumulation" not in hints and "batch.local" not in hints:
+            notes.append(f"training.global_batch={values['training.global_batch']} "
+                         "(one micro-batch per data-parallel rank: no input gives the global batch)")
+
+
+def _first_last_split(layers: int, pp: int, first, last) -> list[int]:
+    """Megatron's uneven split: given first/last stage sizes, the rest spread evenly."""
+    middle_stages = pp - (first is not None) - (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    if middle_stages <= 0 or rest % middle_stages:
+        raise PlanError(f"megatron --decoder-first/last-pipeline-num-layers leave {rest} layers that do "
+                        f"not split evenly over {max(middle_stages, 0)} middle stages")
+    middle = [rest // middle_stages] * middle_stages
+    return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
+
+
+_SECTION_ORDER = {
+    "model": ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
+              "gated_mlp", "experts", "top_k", "capacity_factor", "tied_embeddings", "position_embedding"),
+    "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "sequence_parallel", "schedule"),
+    "training": ("global_batch", "micro_batch", "precision", "recompute", "offload", "flash_attention",
+                 "optimizer", "grad_compression"),
+}
+
+
+def _document(values: dict, cluster_doc: dict, hints: dict) -> dict:
+    model = {k: values[f"model.{k}"] for k in _SECTION_ORDER["model"] if values.get(f"model.{k}") is not None}
+    if "layers" not in model:
+        flavor = hints.get("torchtitan.flavor")
+        why = f"torchtitan model {flavor} is not a llama3 flavor known here" if flavor else "no input gives it"
+        raise PlanError(f"the model's shape is missing ({why}): pass hf= (a Hugging Face config.json)")
+    for key in ("hidden", "heads", "vocab", "seq_len"):
+        if key not in model:
+            raise PlanError(f"model.{key} is not given by any input (pass hf= or the tool's option for it)")
+    doc = {"name": values["name"]} if values.get("name") else {}
+    doc["model"] = model
+    doc["cluster"] = cluster_doc
+    for section in ("parallel", "training"):
+        doc[section] = {k: values[f"{section}.{k}"] for k in _SECTION_ORDER[section]
+                        if values.get(f"{section}.{k}") is not None}
+    if "stage_layers" in doc["parallel"]:
+        doc["parallel"]["stage_layers"] = list(doc["parallel"]["stage_layers"])
+    return doc
+

@@ -1,0 +1,185 @@
+"""Prediction intervals from the residuals measured on validation sets.
+
+A residual is the log ratio ``ln(measured / predicted)`` of one field of one validated
+layout: multiplicative errors, so a 10% under-prediction of a 1 s step and of a 100 s
+step count alike. The residuals are kept per hardware kind (``cpu-gloo`` for a calibrated
+CPU host, the GPU's catalog name otherwise) and per layout class (which parallel axes a
+layout uses, e.g. ``dp+pp``) in ``validation/residuals.yaml``, written by the benches
+(``bench/validate_local.py``) together with how they were measured.
+
+The interval of a prediction p from residuals r_1..r_n at level L is
+p * exp(q), q over the residual distribution:
+- n >= EMPIRICAL_MIN_N: the empirical (1-L)/2 and (1+L)/2 quantiles (linear interpolation,
+  Hyndman & Fan 1996, type 7, numpy's default);
+- 2 <= n < EMPIRICAL_MIN_N: a normal prediction interval in log space,
+  mean +- z * sd * sqrt(1 + 1/n) (the prediction interval of a new draw from a sample of n).
+The residuals of the layout's own class are used when there are at least MIN_CLASS_N of
+them, else those of every class on that hardware kind; the interval names what it used.
+Pure: no torch, no clock; the loader is the only I/O.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+#: Where the benches keep the residual tables (relative to the repository root).
+RESIDUALS_PATH = Path(__file__).resolve().parents[2] / "validation" / "residuals.yaml"
+#: Smallest sample for empirical quantiles; below it the normal form is used.
+EMPIRICAL_MIN_N = 20
+#: Smallest per-class sample used on its own; below it the hardware kind's pooled sample.
+MIN_CLASS_N = 3
+#: The default two-sided level of an interval.
+DEFAULT_LEVEL = 0.9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interval:
+    """A two-sided interval around one predicted field, with the residuals it came from."""
+
+    field: str
+    """StepResult field, e.g. ``step_time_s``."""
+    value: float
+    lo: float
+    hi: float
+    level: float
+    """Two-sided coverage, e.g. 0.9."""
+    n: int
+    """Residuals used."""
+    source: str
+    """Which residuals: hardware kind, layout class, validation set and how it was measured."""
+
+    def to_json(self) -> dict:
+        return {"interval": [self.lo, self.hi], "level": self.level, "n": self.n, "source": self.source}
+
+
+def residual(predicted: float, measured: float) -> float:
+    """ln(measured / predicted); NaN when either is not positive."""
+    if predicted <= 0 or measured <= 0:
+        return math.nan
+    return math.log(measured / predicted)
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """Type-7 sample quantile (linear interpolation between order statistics)."""
+    s = sorted(xs)
+    h = (len(s) - 1) * q
+    lo = math.floor(h)
+    return s[lo] + (h - lo) * (s[min(lo + 1, len(s) - 1)] - s[lo])
+
+
+def log_bounds(residuals: list[float], level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """(lower, upper) log-ratio bounds of a ``level`` interval from the residuals."""
+    rs = [r for r in residuals if math.isfinite(r)]
+    if len(rs) < 2:
+        raise ValueError(f"an interval needs at least 2 residuals, got {len(rs)}")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level} must lie strictly between 0 and 1")
+    if len(rs) >= EMPIRICAL_MIN_N:
+        return quantile(rs, (1 - level) / 2), quantile(rs, (1 + level) / 2)
+    mu, sd = statistics.mean(rs), statistics.stdev(rs)
+    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+    half = z * sd * math.sqrt(1 + 1 / len(rs))
+    return mu - half, mu + half
+
+
+def interval(value: float, residuals: list[float], level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """(lo, hi) around ``value``: value * exp(log bounds)."""
+    lo, hi = log_bounds(residuals, level)
+    return value * math.exp(lo), value * math.exp(hi)
+
+
+def layout_class(parallel) -> str:
+    """The parallel axes a layout uses, joined in a fixed order (``single`` for none):
+    e.g. ``dp``, ``dp+pp``, ``tp+pp``, ``zero3`` (FSDP-style sharding), ``dp+recompute``."""
+    parts = [axis for axis in ("tp", "cp", "ep") if getattr(parallel, axis, 1) > 1]
+    if getattr(parallel, "dp", 1) > 1:
+        parts.insert(0, "zero3" if int(getattr(parallel, "zero", 0)) >= 3 else "dp")
+    if getattr(parallel, "pp", 1) > 1:
+        parts.append("pp")
+    return "+".join(parts) or "single"
+
+
+def hardware_kind(node) -> str:
+    """``cpu-gloo`` for a calibrated CPU host, else the GPU's name (catalog or profile)."""
+    gpu = node.gpu
+    if getattr(gpu, "vendor", "") == "cpu" or gpu.name.startswith("cpu-"):
+        return "cpu-gloo"
+    return gpu.name
+
+
+def load_residuals(path: str | os.PathLike | None = None) -> dict:
+    """The residual tables (empty when the file does not exist yet)."""
+    path = Path(path) if path else RESIDUALS_PATH
+    if not path.exists():
+        return {}
+    doc = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"residuals file {path} must be a mapping of hardware kind -> tables")
+    return doc.get("kinds", {})
+
+
+def pick_residuals(tables: dict, kind: str, cls: str, field: str) -> tuple[list[float], str] | None:
+    """The residuals for (kind, class, field), or the kind's pooled ones, with a description."""
+    entry = tables.get(kind)
+    if not entry:
+        return None
+    by_class = entry.get("residuals") or {}
+    how = entry.get("measured", {})
+    where = f"{how.get('set', 'validation set')}, {how.get('when', 'date unknown')}"
+    own = [r for r in (by_class.get(cls) or {}).get(field, []) if math.isfinite(r)]
+    if len(own) >= MIN_CLASS_N:
+        return own, f"{len(own)} residuals of {field} on {kind}, layout class {cls} ({where})"
+    pooled = [r for c in by_class.values() for r in (c or {}).get(field, []) if math.isfinite(r)]
+    if len(pooled) >= 2:
+        return pooled, (f"{len(pooled)} residuals of {field} on {kind}, all layout classes pooled "
+                        f"(class {cls} has {len(own)}) ({where})")
+    return None
+
+
+def prediction_interval(plan, value: float, field: str = "step_time_s", level: float = DEFAULT_LEVEL,
+                        tables: dict | None = None) -> Interval | None:
+    """The ``level`` interval of ``value`` (a predicted ``field`` of ``plan``), or None when
+    no residuals exist for the plan's hardware kind."""
+    tables = load_residuals() if tables is None else tables
+    kind, cls = hardware_kind(plan.cluster.node), layout_class(plan.parallel)
+    picked = pick_residuals(tables, kind, cls, field)
+    if picked is None:
+        return None
+    rs, source = picked
+    lo, hi = interval(value, rs, level)
+    return Interval(field=field, value=value, lo=lo, hi=hi, level=level, n=len(rs), source=source)
+
+
+def residual_table(rows: list[dict], fields: tuple[str, ...]) -> dict:
+    """{layout class: {field: [residuals]}} from rows with ``class`` and
+    ``pred_<field>`` / ``meas_<field>`` keys (one row per validated layout)."""
+    out: dict = {}
+    for row in rows:
+        for f in fields:
+            r = residual(row[f"pred_{f}"], row[f"meas_{f}"])
+            if math.isfinite(r):
+                out.setdefault(row["class"], {}).setdefault(f, []).append(round(r, 5))
+    return out
+
+
+def merge_residuals(doc: dict, kind: str, table: dict, measured: dict) -> dict:
+    """A residuals document with ``kind``'s tables replaced by ``table`` (new dict)."""
+    kinds = dict(doc.get("kinds", {}))
+    kinds[kind] = {"measured": dict(measured), "residuals": table}
+    return {**doc, "kinds": kinds}
+
+
+def interval_fields(plan, prediction, level: float = DEFAULT_LEVEL, tables: dict | None = None) -> dict:
+    """The JSON fields ``trainplan simulate`` prints: ``interval_s`` ([lo, hi] of the step
+    time, or None), ``interval_level`` and ``interval_source`` (which residuals, or why none)."""
+    iv = prediction_interval(plan, prediction.step_time_s, "step_time_s", level, tables)
+    if iv is None:
+        kind, cls = hardware_kind(plan.cluster.node), layout_class(plan.parallel)
+        return {"interval_s": None, "interval_level": level,
+                "interval_source": f"no validation residuals for hardware kind {kind} (layout class {cls})"}
+    return {"interval_s": [iv.lo, iv.hi], "interval_level": level, "interval_source": iv.source}

@@ -1,0 +1,106 @@
+"""What-if sweeps: the grid, exact price and GPU axes, figures, the report, the shipped example."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from reports.planning_plots import breakdown_bars, pareto_figure, whatif_heatmap  # noqa: E402
+from simcore.planner.search import search  # noqa: E402
+from simcore.plan.spec import PlanError  # noqa: E402
+from simcore.planner.whatif import cells, load_sweep, node_for_gpu, run_whatif, sweep_from_dict  # noqa: E402
+from topologies.hardware import load_catalog  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sweep(**over):
+    doc = {"name": "t", "model": "gpt-1.7b", "cluster": {"node": "dgx-h100", "nodes": 1},
+           "global_batch": 64, "tokens": 1e10, "grid": {"gpu": ["a100-80gb", "h100-sxm"], "nodes": [1, 2]},
+           "space": {"tp": [1, 2], "pp": [1], "cp": [1], "zero": [1], "micro_batch": [2]},
+           "failures": False}
+    doc.update(over)
+    return sweep_from_dict(doc)
+
+
+@pytest.fixture(scope="module")
+def grid():
+    return run_whatif(sweep(), progress=False)
+
+
+def test_cells_are_the_product_of_the_axes():
+    assert cells(sweep()) == [{"gpu": "a100-80gb", "nodes": 1}, {"gpu": "a100-80gb", "nodes": 2},
+                              {"gpu": "h100-sxm", "nodes": 1}, {"gpu": "h100-sxm", "nodes": 2}]
+    assert node_for_gpu("h200") == "hgx-h200"
+
+
+def test_grid_over_gpu_and_nodes(grid):
+    t = grid.table.set_index(["gpu", "nodes"])
+    assert list(t["node"]) == ["dgx-a100-80gb", "dgx-a100-80gb", "dgx-h100", "dgx-h100"]
+    prices = load_catalog().prices.gpus
+    for (gpu, nodes), row in t.iterrows():
+        assert row.gpus == 8 * nodes
+        # no failures: the cost is exactly GPU-hours x the catalog's on-demand price
+        assert row.usd == pytest.approx(row.gpu_hours * prices[gpu].on_demand_usd, rel=1e-12)
+    for nodes in (1, 2):   # H100 has 3.2x the A100's dense bf16 peak: it must be faster
+        assert t.loc[("h100-sxm", nodes), "days"] < t.loc[("a100-80gb", nodes), "days"]
+    assert any("Oracle Cloud" in a for a in grid.assumptions)
+    assert any(a.startswith("GPU h100-sxm:") for a in grid.assumptions)
+
+
+def test_price_axis_scales_dollars_only():
+    res = run_whatif(sweep(grid={"price.on_demand_usd": [1.0, 3.0]}), progress=False)
+    a, b = res.table.iloc[0], res.table.iloc[1]
+    assert a.days == b.days and a.layout == b.layout
+    assert b.usd == pytest.approx(3 * a.usd, rel=1e-12)
+
+
+def test_slower_network_is_never_faster():
+    res = run_whatif(sweep(grid={"fabric.nic_gbit_per_s": [400, 25]},
+                           cluster={"node": "dgx-h100", "nodes": 4}), progress=False)
+    fast, slow = res.table.iloc[0], res.table.iloc[1]
+    assert slow.step_time_s > fast.step_time_s and slow.exposed_comm_s > fast.exposed_comm_s
+
+
+def test_bad_sweeps_are_one_sentence():
+    with pytest.raises(PlanError, match="unknown sweep axis 'grid.colour'"):
+        sweep(grid={"colour": ["red"]})
+    with pytest.raises(PlanError, match="needs 'tokens'"):
+        sweep_from_dict({"model": "gpt-1.7b", "cluster": {"node": "dgx-h100"}, "global_batch": 8})
+    with pytest.raises(PlanError, match="no catalog node has GPU 'v100-32gb'"):
+        node_for_gpu("v100-32gb")
+
+
+def test_figures_are_agg_safe(grid, tmp_path):
+    heat = whatif_heatmap(grid.table, "days")
+    assert isinstance(heat, Figure)
+    image = heat.axes[0].get_images()[0].get_array()
+    assert image.shape == (2, 2)                           # GPU type x node count
+    assert image[1, 0] == grid.table.set_index(["gpu", "nodes"]).loc[("h100-sxm", 1), "days"]
+    assert isinstance(pareto_figure(grid.table), Figure)
+    res = search("gpt-1.7b", {"node": "dgx-h100", "nodes": 1}, 32, top_k=0, progress=False)
+    bars = breakdown_bars(res.table, top=5)
+    widths = [p.get_width() for p in bars.axes[0].patches[:5]]
+    assert widths == pytest.approx(list(res.table["compute_s"].head(5)))
+    files = grid.write_report(tmp_path / "report")
+    names = sorted(p.name for p in files)
+    assert names == ["heatmap_days.png", "heatmap_usd.png", "pareto.png", "summary.md", "table.csv"]
+    assert len(pd.read_csv(tmp_path / "report" / "table.csv")) == 4
+    assert "## Assumptions and sources" in (tmp_path / "report" / "summary.md").read_text()
+
+
+def test_shipped_example_sweep():
+    sw = load_sweep(ROOT / "sweeps" / "example.yaml")
+    assert sw.grid == {"gpu": ["a100-80gb", "h100-sxm", "h200"], "nodes": [16, 32, 64]}
+    res = run_whatif(sw, progress=False)
+    t = res.table
+    assert len(t) == 9 and t["fits"].all()
+    for gpu in sw.grid["gpu"]:   # more nodes, fewer days
+        days = t[t.gpu == gpu].sort_values("nodes")["days"].tolist()
+        assert days == sorted(days, reverse=True)
