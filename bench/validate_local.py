@@ -135,7 +135,7 @@ def steps_for(doc: dict, seconds: float, minimum: int) -> int:
     handful of 50 ms steps sees one moment of a host whose speed changes by the second."""
     import math
 
-    from simcore.model.simulate import simulate
+    from simcore.engine.predict import simulate
     from simcore.plan.spec import plan_from_dict
 
     pred = simulate(plan_from_dict(doc, MATRIX.parent)).step_time_s

@@ -44,7 +44,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simcore.model.simulate import simulate  # noqa: E402
+from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.spec import PlanError, plan_from_dict  # noqa: E402
 from simcore.results import atomic_write_text  # noqa: E402
 from simcore.planner.uncertainty import hardware_kind, layout_class, load_residuals, merge_residuals, residual_table  # noqa: E402

@@ -110,7 +110,7 @@ def print_prediction(result) -> None:
 
 
 def cmd_simulate(args) -> None:
-    from simcore.model.simulate import simulate
+    from simcore.engine.predict import simulate
 
     plan = load_plan(args.plan)
     kwargs = {}
@@ -176,7 +176,7 @@ def _parse_stragglers(items: list[str], flag: str = "--slow") -> dict[int, float
 
 
 def cmd_memory(args) -> None:
-    from simcore.model.simulate import memory_report
+    from simcore.model.step_costs import memory_report
 
     plan = load_plan(args.plan)
     report = memory_report(plan)
@@ -329,7 +329,7 @@ def cmd_plan(args) -> None:
 
 def cmd_cost(args) -> None:
     from simcore.planner.runcost import run_cost, summary_lines
-    from simcore.model.simulate import simulate
+    from simcore.engine.predict import simulate
 
     plan = load_plan(args.plan)
     rc = run_cost(plan, simulate(plan), args.tokens, prices=_parse_prices(args.price), storage=args.storage,

@@ -32,7 +32,8 @@ def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens:
     from reports.plots import topology_figure
     from simcore.planner.runcost import run_cost
     from simcore.planner.search import search
-    from simcore.model.simulate import memory_report, simulate
+    from simcore.engine.predict import simulate
+    from simcore.model.step_costs import memory_report
     from simcore.plan.spec import dump_plan
     from simcore.results import atomic_write_text
     from topologies.build import build_cluster

@@ -66,7 +66,7 @@ def validate_plan(plan: Plan, *, steps: int = 10, warmup: int = 3, engine: str =
                   trace_dir: str | os.PathLike | None = None, start_method: str | None = None) -> Comparison:
     """Predict (event engine) and run (executor) one plan; compare them."""
     from executors.launch import run
-    from simcore.model.simulate import simulate
+    from simcore.engine.predict import simulate
     from simcore.results import write_chrome_trace
 
     predicted = simulate(plan, engine=engine)

@@ -195,7 +195,7 @@ def _dispatch_split(profile_path, doubled_path, spec: dict) -> tuple[float, floa
     backward as the profile at ``profile_path`` predicts them, from the same profile with
     its per-kernel figures doubled at ``doubled_path``, which adds their part once more
     (``simcore.model.compute.phase_s`` sums the two)."""
-    from simcore.model.simulate import simulate
+    from simcore.engine.predict import simulate
 
     def predict(path) -> float:
         t = simulate(_probe_plan(1, path, spec), engine="analytic").time_s

@@ -42,7 +42,7 @@ def refit_profile(profile_path, measured_json_path, plan) -> dict:
     (``trainplan run --json`` / ``validate --json`` output): each figure is scaled by the
     ratio of measured to predicted time of the phase it drives. Writes the profile back
     (atomically, the old figures kept under ``refits``) and returns it."""
-    from simcore.model.simulate import simulate
+    from simcore.engine.predict import simulate
 
     profile = yaml.safe_load(Path(profile_path).read_text())
     measured = _load_measured(measured_json_path)

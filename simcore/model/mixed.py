@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simcore.model.costs import StepCosts
-from simcore.model.simulate import step_costs
+from simcore.model.step_costs import step_costs
 from simcore.plan.spec import Plan, PlanError
 from topologies.hardware import load_catalog
 

@@ -283,7 +283,8 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
     it. The rules of ``check_plan`` do not depend on recompute, so each offload setting
     is checked once. ``cache`` (per batch of layouts) reuses activation bytes and a
     zero-bubble layout's 1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls."""
-    from simcore.model.simulate import analytic, step_costs
+    from simcore.engine.analytic import analytic
+    from simcore.model.step_costs import step_costs
 
     cache = {} if cache is None else cache
     nrc = len(space.recompute)
@@ -437,7 +438,7 @@ def _layout_of(row) -> Layout:
 
 
 def _des(args) -> dict:
-    from simcore.model.simulate import simulate
+    from simcore.engine.predict import simulate
 
     base, lay = args
     res = simulate(lay.apply(base, True), engine="des")

@@ -135,7 +135,7 @@ def test_a_gradient_sync_that_holds_the_send_delays_the_drain_on_both_paths():
     the end of its last backward. Stage 1's B1 ends at 7: its reduction runs [7, 8]. Overlapped,
     stage 0 gets the gradient at 7 (B1 [7, 9], reduction [9, 10]); held as torch's pipelining
     stage with DDP holds it, at 8 (B1 [8, 10], reduction [10, 11])."""
-    from simcore.model.simulate import analytic
+    from simcore.engine.analytic import analytic
 
     costs = _costs(_plan(pp=2, dp=2, global_batch=4), grad_reduce_per_step_s=(1.0, 1.0), memory_per_rank_bytes=(1.0, 1.0))
     held = dataclasses.replace(costs, grad_sync_holds_send=True)
@@ -349,7 +349,7 @@ def test_interference_stretches_the_overlapped_backward():
 
 
 def _real(model, node, nodes, parallel, training):
-    from simcore.model.simulate import step_costs
+    from simcore.model.step_costs import step_costs
 
     return step_costs(plan_from_dict({"model": model, "cluster": {"node": node, "nodes": nodes}, "parallel": parallel,
                                       "training": {"flash_attention": True, **training}}, "."))
@@ -366,7 +366,7 @@ def _real(model, node, nodes, parallel, training):
 def test_engine_agrees_with_the_analytic_path_with_interference(name, args):
     """Both paths charge hidden data-parallel communication T (1 - k^-1) of compute, from the
     same catalog figure k; with no pipeline they schedule the same work and must agree."""
-    from simcore.model.simulate import analytic
+    from simcore.engine.analytic import analytic
 
     costs = _real(*args)
     k = costs.time_detail_s["comm_compute_interference"]

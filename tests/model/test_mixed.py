@@ -5,7 +5,7 @@ import pytest
 
 from simcore.engine.des import simulate_des, stage_stragglers
 from simcore.model.mixed import mixed_costs
-from simcore.model.simulate import step_costs
+from simcore.model.step_costs import step_costs
 from simcore.plan.spec import PlanError, plan_from_dict
 
 

@@ -3,7 +3,9 @@ import dataclasses
 
 import pytest
 
-from simcore.model import simulate as sim
+from simcore.engine import analytic as ana
+from simcore.engine.predict import simulate
+from simcore.model import step_costs as sim
 from simcore.plan.spec import PlanError, Recompute, Schedule, plan_from_dict
 
 
@@ -17,18 +19,18 @@ def plan(**over):
 
 
 def test_json_has_the_contract_fields():
-    out = sim.simulate(plan()).to_json()
+    out = simulate(plan()).to_json()
     for key in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                 "compute_s", "exposed_comm_s", "bubble_s", "offload_s", "memory_per_gpu_gib", "fits", "breakdown"):
         assert key in out
     assert set(out["breakdown"]["memory_bytes"]) == {"weights", "gradients", "optimizer_states", "activations",
                                                      "comm_buffers", "framework"}
-    r = sim.simulate(plan())
+    r = simulate(plan())
     assert r.step_time_s == pytest.approx(r.compute_s + r.exposed_comm_s + r.bubble_s + r.offload_s)
 
 
 def test_mfu_uses_model_flops_and_hfu_recompute():
-    r = sim.simulate(plan())
+    r = simulate(plan())
     c = sim.step_costs(plan())
     assert r.mfu == pytest.approx(c.model_flops_per_step / r.step_time_s / 1536 / 312e12)
     assert r.hfu / r.mfu == pytest.approx(c.hardware_flops_per_step / c.model_flops_per_step)
@@ -43,48 +45,48 @@ def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     c = dataclasses.replace(c, forward_s=(c.forward_s[0],) * n, backward_input_s=(c.backward_input_s[0],) * n,
                             backward_weight_s=(c.backward_weight_s[0],) * n, p2p_s=0.0,
                             grad_reduce_per_step_s=(0.0,) * n, optimizer_per_step_s=(0.0,) * n)
-    r = sim.analytic(c)
+    r = ana.analytic(c)
     m, pp = p.num_microbatches, 12
     assert r.bubble_s / (r.step_time_s - r.offload_s) == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)
 
 
 def test_interleaving_shrinks_the_bubble_by_vpp():
-    a = sim.simulate(plan(parallel={"pp": 12}))
-    b = sim.simulate(plan(parallel={"pp": 12, "vpp": 2, "schedule": "interleaved-1f1b"}))
+    a = simulate(plan(parallel={"pp": 12}))
+    b = simulate(plan(parallel={"pp": 12, "vpp": 2, "schedule": "interleaved-1f1b"}))
     assert b.bubble_s == pytest.approx(a.bubble_s / 2, rel=0.05)
 
 
 def test_zero_bubble_beats_1f1b():
-    a = sim.simulate(plan())
-    z = sim.simulate(plan(parallel={"schedule": "zero-bubble"}))
+    a = simulate(plan())
+    z = simulate(plan(parallel={"schedule": "zero-bubble"}))
     assert z.bubble_s < a.bubble_s
 
 
 def test_recompute_costs_time_and_saves_memory():
-    full = sim.simulate(plan())
-    sel = sim.simulate(plan(training={"recompute": "selective"}))
+    full = simulate(plan())
+    sel = simulate(plan(training={"recompute": "selective"}))
     assert sel.step_time_s < full.step_time_s
     assert sel.memory_per_gpu_gib > full.memory_per_gpu_gib
 
 
 def test_slower_fabric_exposes_more_dp_comm():
-    fast = sim.simulate(plan(parallel={"tp": 8, "pp": 1, "dp": 192, "zero": 0}, training={"micro_batch": 8,
+    fast = simulate(plan(parallel={"tp": 8, "pp": 1, "dp": 192, "zero": 0}, training={"micro_batch": 8,
                                                                                            "global_batch": 1536}))
-    slow = sim.simulate(plan(cluster={"fabric": "eth-100"}, parallel={"tp": 8, "pp": 1, "dp": 192, "zero": 0},
+    slow = simulate(plan(cluster={"fabric": "eth-100"}, parallel={"tp": 8, "pp": 1, "dp": 192, "zero": 0},
                              training={"micro_batch": 8}))
     assert slow.exposed_comm_s > fast.exposed_comm_s
 
 
 def test_grad_compression_cuts_exposed_dp_comm():
     base = dict(cluster={"fabric": "eth-100"}, parallel={"tp": 8, "pp": 1, "dp": 192, "zero": 0})
-    plain = sim.simulate(plan(**base))
-    comp = sim.simulate(plan(**base, training={"grad_compression": "bf16"}))
+    plain = simulate(plan(**base))
+    comp = simulate(plan(**base, training={"grad_compression": "bf16"}))
     assert comp.time_s["dp_comm"] < plain.time_s["dp_comm"]
 
 
 def test_offload_reports_host_time_and_memory():
     p = plan(parallel={"zero": 1}, training={"offload": "optimizer"})
-    r = sim.simulate(p)
+    r = simulate(p)
     assert r.offload_s > 0 and r.memory_bytes["optimizer_states"] == 0
     rep = sim.memory_report(p)
     assert rep["host_offload_bytes_per_node"] > 0 and len(rep["ranks"]) == 12
@@ -102,14 +104,14 @@ def test_localhost_without_profile_is_refused(tmp_path, monkeypatch):
                         "cluster": {"node": "localhost", "nodes": 1}, "parallel": {"dp": 1},
                         "training": {"global_batch": 1}})
     with pytest.raises(PlanError, match="calibrate"):
-        sim.simulate(p)
+        simulate(p)
     with pytest.raises(PlanError, match="calibrate"):
         sim.memory_report(p)
 
 
 def test_unknown_engine():
     with pytest.raises(ValueError, match="engine"):
-        sim.simulate(plan(), engine="magic")
+        simulate(plan(), engine="magic")
 
 
 def test_step_costs_shapes():
@@ -131,7 +133,7 @@ def test_hidden_fsdp_comm_costs_compute_by_the_interference_factor():
     bwd = c.backward_s(0) + c.recompute_s[0]
     hidden = min(n * ag, f) + min(n * (ag + rs), bwd)
     m = p.num_microbatches
-    extra = sim.analytic(c).exposed_comm_s - sim.analytic(none).exposed_comm_s
+    extra = ana.analytic(c).exposed_comm_s - ana.analytic(none).exposed_comm_s
     assert extra == pytest.approx(m * hidden * (1 - 1 / k), rel=1e-6)
 
 
@@ -201,11 +203,11 @@ def test_cpu_pipeline_receive_wait_is_bubble_and_the_send_call_is_comm():
     c = sim.step_costs(p)
     snd, rcv = c.host_p2p_s(0, True)[0], c.host_p2p_s(1, True)[1]
     m = p.num_microbatches
-    for res in (sim.analytic(c), simulate_des(c)):
+    for res in (ana.analytic(c), simulate_des(c)):
         assert res.time_s["pp_wait"] == pytest.approx(m * rcv)      # each rank receives m messages
         assert res.bubble_s >= m * rcv
         without = dataclasses.replace(c, forward_recv_wait_s=(), backward_recv_wait_s=())
-        again = sim.analytic(without) if res.source == "analytic" else simulate_des(without)
+        again = ana.analytic(without) if res.source == "analytic" else simulate_des(without)
         assert res.step_time_s > again.step_time_s
         if res.source == "analytic":
             assert res.exposed_comm_s == pytest.approx(again.exposed_comm_s)
@@ -226,17 +228,17 @@ def test_analytic_moves_a_fused_receive_post_from_the_wait_to_pipeline_comm():
     c = sim.step_costs(p)
     wait = c.host_p2p_s(1, True)[1]   # one receive's hand-over wait
     post = 0.25 * wait
-    base, fused = sim.analytic(c), sim.analytic(dataclasses.replace(c, p2p_post_s=post))
+    base, fused = ana.analytic(c), ana.analytic(dataclasses.replace(c, p2p_post_s=post))
     assert p.num_microbatches == 8
     assert fused.time_s["pp_comm"] == pytest.approx(base.time_s["pp_comm"] + 7 * post)
     assert fused.time_s["pp_wait"] == pytest.approx(base.time_s["pp_wait"] - 7 * post)
     assert fused.step_time_s == pytest.approx(base.step_time_s)
     # a post longer than the wait it belongs to takes only the wait off
-    big = sim.analytic(dataclasses.replace(c, p2p_post_s=2 * wait))
+    big = ana.analytic(dataclasses.replace(c, p2p_post_s=2 * wait))
     assert big.time_s["pp_wait"] == pytest.approx(base.time_s["pp_wait"] - 7 * wait)
     # GPipe posts every receive alone
     g = sim.step_costs(_tiny(pp=2, schedule="gpipe"))
-    assert sim.analytic(dataclasses.replace(g, p2p_post_s=post)).time_s == pytest.approx(sim.analytic(g).time_s)
+    assert ana.analytic(dataclasses.replace(g, p2p_post_s=post)).time_s == pytest.approx(ana.analytic(g).time_s)
 
 
 def test_catalog_pipeline_keeps_asynchronous_sends_and_hop_latency():
@@ -267,9 +269,9 @@ def test_ddp_under_pipelining_holds_the_send_only_where_the_executor_runs():
     assert not sim.step_costs(plan(parallel={"tp": 8, "pp": 12, "dp": 16})).grad_sync_holds_send
     c = sim.step_costs(_tiny(dp=2, pp=2))
     free = dataclasses.replace(c, grad_sync_holds_send=False)
-    tail = sim._reduce_tail_s(c, 1)          # stage 1's reduction left after its last backward
+    tail = ana._reduce_tail_s(c, 1)          # stage 1's reduction left after its last backward
     assert tail > 0
-    assert sim.analytic(c).step_time_s == pytest.approx(sim.analytic(free).step_time_s + tail)
+    assert ana.analytic(c).step_time_s == pytest.approx(ana.analytic(free).step_time_s + tail)
 
 
 def test_cpu_pipeline_chunk_cost_is_added_per_virtual_stage():
@@ -383,7 +385,7 @@ def test_cpu_wrapper_cost_splits_into_comm_and_host_compute_as_a_run_measures_it
         assert split.backward_input_s[v] - whole.backward_input_s[v] == pytest.approx(moved_b)
     from simcore.engine.des import simulate_des
 
-    for run in (sim.analytic, simulate_des):
+    for run in (ana.analytic, simulate_des):
         a, b = run(split), run(whole)
         assert a.step_time_s == pytest.approx(b.step_time_s)
         assert a.compute_s > b.compute_s and a.exposed_comm_s < b.exposed_comm_s

@@ -11,7 +11,7 @@ import pytest
 from simcore.model import memory as mem
 from simcore.planner.search import (Layout, base_plan, derive_space, families, memory_table, pareto_front,
                             search)
-from simcore.model.simulate import simulate
+from simcore.engine.predict import simulate
 from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage, check_plan
 
 SMALL = ("gpt-1.7b", {"node": "dgx-h100", "nodes": 2}, 64)
@@ -150,7 +150,7 @@ def test_zero_bubble_layouts_share_their_1f1b_twins_step_costs():
     """The search reuses a 1F1B layout's StepCosts for its ZB-H1 twin (search._twin): that is
     only sound if step_costs gives the same numbers for both."""
     from simcore.planner.search import _twin
-    from simcore.model.simulate import step_costs
+    from simcore.model.step_costs import step_costs
 
     base = base_plan("gpt3-175b", {"node": "dgx-a100-80gb", "nodes": 192}, 1536)
     zb = [f for f in families(base, derive_space(base), base.cluster.gpus) if _twin(f) is not None]

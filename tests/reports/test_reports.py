@@ -79,7 +79,7 @@ def test_render_tables_and_assumptions(tmp_path):
 
 def test_memory_section_text():
     from simcore.plan.spec import plan_from_dict
-    from simcore.model.simulate import memory_report
+    from simcore.model.step_costs import memory_report
 
     plan = plan_from_dict({"name": "m", "model": "llama3-8b", "cluster": {"node": "dgx-h100"},
                            "parallel": {"dp": 8, "zero": 3},
@@ -109,7 +109,8 @@ def small_plan_report(tmp_path_factory):
     from reports.build import plan_report
     from simcore.planner.runcost import run_cost
     from simcore.planner.search import SearchSpace, search
-    from simcore.model.simulate import memory_report, simulate
+    from simcore.engine.predict import simulate
+    from simcore.model.step_costs import memory_report
     from simcore.plan.spec import Recompute, Schedule, ZeroStage
 
     space = SearchSpace(tp=(1, 2), pp=(1, 2), cp=(1,), zero=(ZeroStage.OPTIMIZER_STATES,), micro_batch=(1, 2),

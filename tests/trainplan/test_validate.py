@@ -8,7 +8,7 @@ import pytest
 
 from reports.compare import compare
 from trainplan.validate import load_matrix, validate_matrix
-from simcore.model.simulate import simulate
+from simcore.engine.predict import simulate
 from simcore.plan.spec import PlanError, plan_from_dict
 
 MATRIX = Path(__file__).resolve().parents[2] / "validation" / "local.yaml"

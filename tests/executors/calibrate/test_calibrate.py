@@ -15,7 +15,7 @@ from executors.calibrate import oversubscription as osub
 from executors.calibrate import parallel_probes as pprobes
 from executors.calibrate import probes, refit
 from simcore.model import compute as cmp
-from simcore.model.simulate import simulate
+from simcore.engine.predict import simulate
 from simcore.plan.spec import plan_from_dict
 
 ALPHA, BETA = 2e-4, 1e9
@@ -605,7 +605,7 @@ def test_point_to_point_figures_return_the_probes_seconds_in_a_plan(tmp_path, mo
     assert dev.busy_p2p_latency_s == pytest.approx(10.0 * probe_kernel_s)
     assert dev.p2p_wake_s == pytest.approx(1.0 * probe_kernel_s)
     assert dev.p2p_post_s == pytest.approx(0.5 * probe_kernel_s)
-    from simcore.model.simulate import step_costs
+    from simcore.model.step_costs import step_costs
     assert step_costs(plan).p2p_post_s == pytest.approx(0.5 * probe_kernel_s)   # 1F1B: the engine fuses it
     # the lone collectives stay in the probe's unit (converted, they sent dp2-pp2 59% over)
     assert dev.lone_all_reduce_s == pytest.approx(20.0 * 37.5e-6)

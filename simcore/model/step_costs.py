@@ -1,21 +1,8 @@
-"""Plan -> Prediction: the per-stage costs of a step, and the analytic step time.
+"""Plan -> StepCosts: the per-stage costs of one training step, and the memory report.
 
 ``step_costs`` reduces a Plan to ``StepCosts`` (simcore/model/costs.py) from the pure models
-(workload, compute, collectives, memory). ``simulate`` turns them into a ``StepResult``,
-by closed forms (``engine="analytic"``) or by the SimPy engine (``engine="des"``).
-
-The analytic step, for the slowest pipeline rank with per-micro-batch time T = C + X
-(compute C, blocking TP/CP/EP/PP communication X):
-- 1F1B and GPipe: (m - 1) T_max + sum_r T_r, i.e. (m + p - 1) T for uniform stages
-  (Narayanan et al. 2021, Sec. 2.2.1: bubble fraction (p - 1)/m);
-- interleaved 1F1B: m T_max + (sum_r T_r - T_max) / v (Sec. 2.2.2: bubble (p - 1)/(m v));
-- zero-bubble (ZB-H1, Qi et al. 2024, arXiv 2401.10241): bubble (p - 1)(T_F + T_B - T_W) / v;
-- data-parallel gradient reduction overlapped with the last micro-batch's backward up
-  to the compute available (torch DDP buckets, Li et al. 2020, VLDB, Sec. 3.2.3), the
-  last bucket always exposed; ZeRO-1/2 parameter all-gather after the step exposed;
-  FSDP2/ZeRO-3 per-layer all-gathers and reduce-scatters hidden behind the layer's
-  compute by prefetching, the excess exposed;
-- offload: PCIe copies overlapped with the host optimizer step; the longer one counts.
+(workload, compute, collectives, memory); the engines (``simcore.engine.analytic``, the closed
+forms, and ``simcore.engine.des``, the SimPy engine) turn them into a ``StepResult``.
 
 On a calibrated CPU host (profile keys catalog GPUs lack, so their predictions do not
 move) a pipeline also pays, per micro-batch and virtual stage, torch.distributed.pipelining's
@@ -44,9 +31,8 @@ from simcore.model import compute as cmp
 from simcore.model import memory as mem
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.model.schedules import Action, Op, fused_p2p
-from simcore.plan.spec import GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroStage
-from simcore.results import GIB, StepResult, rate_fields
+from simcore.plan.spec import GradCompression, Offload, Plan, PlanError, Precision, Recompute, ZeroStage
+from simcore.results import GIB
 
 #: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
 #: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py).
@@ -360,153 +346,6 @@ def step_costs(plan: Plan) -> StepCosts:
         memory_per_rank_bytes=tuple(r["total"] for r in per_rank),
         time_detail_s=detail,
     )
-
-
-# --------------------------------------------------------------------------- analytic path
-
-def _interference_loss(c: StepCosts) -> float:
-    """Compute time lost per second of overlapped communication: compute runs at 1/k of
-    its rate while a NCCL kernel shares the SMs and HBM (k = the GPU's
-    ``comm_compute_interference``), so hiding T seconds of communication costs T (1 - 1/k)."""
-    k = c.time_detail_s.get("comm_compute_interference", 1.0)
-    return 1.0 - 1.0 / k
-
-
-def _fused_posts(c: StepCosts, r: int) -> tuple[float, float]:
-    """Per micro-batch on pipeline rank ``r`` (CPU host): the receive posts that go out with a
-    send (``schedules.fused_p2p``), comm, and the receive wait they take off, idle."""
-    par, m = c.plan.parallel, c.plan.num_microbatches
-    if c.p2p_post_s <= 0 or par.pp == 1:
-        return 0.0, 0.0
-    posts = saved = 0.0
-    for v in range(r, c.stages, par.pp):
-        for op in (Op.F, Op.B):
-            wait = c.host_p2p_s(v, op == Op.F)[1]
-            for i in range(m):
-                sent, posted = fused_p2p(par.schedule, par.pp, m, Action(v, op, i))
-                posts += sent * c.p2p_post_s
-                saved += posted * min(wait, c.p2p_post_s)
-    return posts / m, saved / m
-
-
-def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
-    """Per pipeline rank, per micro-batch: compute, blocking comm (with FSDP exposure and
-    PP sends), weight-gradient time, the CPU host's receive waits (idle), summed over the
-    rank's virtual stages."""
-    p = c.plan.parallel.pp
-    ag = c.time_detail_s.get("fsdp_layer_all_gather_s", 0.0)
-    rs = c.time_detail_s.get("fsdp_layer_reduce_scatter_s", 0.0)
-    lost = _interference_loss(c)
-    hops = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
-    host_p2p = bool(c.forward_send_s or c.forward_recv_wait_s)   # CPU host only
-    out = []
-    for r in range(p):
-        fwd, bin_, bwt = sum(c.forward_s[r::p]), sum(c.backward_input_s[r::p]), sum(c.backward_weight_s[r::p])
-        rec = sum(c.recompute_s[r::p])
-        host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] if host_p2p else ()
-        p2p, wait = (hops + sum(h[0] for h in host), sum(h[1] for h in host)) if host else (hops, 0.0)
-        posts, saved = _fused_posts(c, r)
-        p2p, wait = p2p + posts, wait - saved
-        comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
-        if ag > 0:   # prefetched gathers hide behind the layer compute; the first one cannot
-            for v in range(r, c.stages, p):
-                n, bwd = c.layers[v], c.backward_s(v) + c.recompute_s[v]
-                comm += max(0.0, n * ag - c.forward_s[v]) + max(0.0, n * (ag + rs) - bwd) + ag
-                comm += lost * (min(n * ag, c.forward_s[v]) + min(n * (ag + rs), bwd))
-        out.append(dict(compute=fwd + bin_ + bwt + rec, comm=comm, w=bwt, fwd=fwd, bwd=bin_ + bwt,
-                        rec=rec, p2p=p2p, wait=wait))
-    return out
-
-
-def _pipeline_s(c: StepCosts, ranks: list[dict[str, float]], crit: int) -> float:
-    """Forward/backward span of all micro-batches on the critical rank, bubble included."""
-    par = c.plan.parallel
-    m, p, v = c.plan.num_microbatches, par.pp, par.vpp
-    t = [o["compute"] + o["comm"] + o["wait"] for o in ranks]
-    tmax = t[crit]
-    if p == 1:
-        return m * tmax
-    if par.schedule == Schedule.ZERO_BUBBLE:   # ZB-H1: the weight gradients fill the bubble
-        return m * tmax + (p - 1) * max(0.0, tmax - ranks[crit]["w"]) / v
-    if v > 1:
-        return m * tmax + (sum(t) - tmax) / v
-    return (m - 1) * tmax + sum(t)
-
-
-def _reduce_tail(grad: float, buckets: int, window: float) -> float:
-    """A gradient reduction of ``grad`` seconds in ``buckets`` buckets issued during a
-    backward of ``window`` seconds: what is left after it, the last bucket at least."""
-    return max(grad / max(1, buckets), grad - window) if grad > 0 else 0.0
-
-
-def _reduce_tail_s(c: StepCosts, v: int) -> float:
-    """Virtual stage ``v``'s gradient reduction left after its last backward."""
-    return _reduce_tail(c.grad_reduce_per_step_s[v], c.grad_buckets[v], c.backward_s(v) + c.recompute_s[v])
-
-
-def _held_sends_s(c: StepCosts) -> float:
-    """The drain's wait where every stage's gradient sync holds its last input-gradient send
-    (``StepCosts.grad_sync_holds_send``): the last micro-batch's backward passes the virtual
-    stages from last to first, each after the previous one's reduction tail. Zero-bubble
-    reduces in its weight-gradient pass, which sends nothing."""
-    if not c.grad_sync_holds_send or c.plan.parallel.schedule == Schedule.ZERO_BUBBLE:
-        return 0.0
-    return sum(_reduce_tail_s(c, v) for v in range(1, c.stages))
-
-
-def analytic(c: StepCosts) -> StepResult:
-    """The closed-form step (module docstring) from a StepCosts."""
-    plan = c.plan
-    par, tr = plan.parallel, plan.training
-    m = plan.num_microbatches
-    ranks = _rank_sums(c)
-    crit = max(range(par.pp), key=lambda r: ranks[r]["compute"] + ranks[r]["comm"] + ranks[r]["wait"])
-    pipe = _pipeline_s(c, ranks, crit) + _held_sends_s(c)
-    mine = [v for v in range(c.stages) if v % par.pp == crit]
-    o = ranks[crit]
-    grad = sum(c.grad_reduce_per_step_s[v] for v in mine)
-    if par.zero >= ZeroStage.WEIGHTS:              # FSDP2's reduce-scatters: per layer, in _rank_sums
-        grad = 0.0
-    sync = sum(c.param_sync_per_step_s[v] for v in mine)
-    opt = sum(c.optimizer_per_step_s[v] for v in mine)
-    copies = sum(c.offload_per_step_s[v] for v in mine)
-    buckets = max(c.grad_buckets[v] for v in mine)
-    window = o["bwd"] + o["rec"]                   # the last micro-batch's backward
-    dp_exposed = _reduce_tail(grad, buckets, window)
-    dp_exposed += _interference_loss(c) * (grad - dp_exposed)   # the hidden part slows the backward
-    offloaded = tr.offload != Offload.NONE
-    offload_s = max(opt, copies) if offloaded else 0.0
-    compute_s = m * o["compute"] + (0.0 if offloaded else opt)
-    exposed = m * o["comm"] + dp_exposed + sync
-    bubble = max(0.0, pipe - m * (o["compute"] + o["comm"]))
-    step = compute_s + exposed + bubble + offload_s
-    per_rank = c.memory_per_rank_bytes
-    fits = max(per_rank) <= plan.cluster.node.gpu.hbm_bytes and \
-        c.time_detail_s.get("host_memory_per_node_bytes", 0.0) <= plan.cluster.node.host_memory_bytes
-    time_s = {"forward": m * o["fwd"], "backward": m * o["bwd"], "recompute": m * o["rec"],
-              "layer_comm": m * (o["comm"] - o["p2p"]), "pp_comm": m * o["p2p"], "dp_comm": dp_exposed,
-              **({"pp_wait": m * o["wait"]} if o["wait"] else {}), "param_sync": sync, "optimizer": opt, "offload": offload_s, "bubble": bubble}
-    return StepResult(
-        source="analytic", plan_name=plan.name, step_time_s=step,
-        **rate_fields(plan, step, c.model_flops_per_step, c.hardware_flops_per_step),
-        compute_s=compute_s, exposed_comm_s=exposed,
-        bubble_s=bubble, offload_s=offload_s, memory_per_gpu_gib=max(per_rank) / GIB, fits=fits,
-        memory_bytes=dict(c.memory_bytes), time_s=time_s,
-        memory_per_rank_gib=tuple(x / GIB for x in per_rank), notes=c.notes,
-    )
-
-
-def simulate(plan: Plan, engine: str = "analytic", **kwargs) -> StepResult:
-    """Predict one training step of ``plan`` by the analytic closed forms or the event engine."""
-    if engine == "analytic":
-        return analytic(step_costs(plan))
-    if engine == "des":
-        try:
-            from simcore.engine.des import simulate_des
-        except ImportError as exc:
-            raise ValueError(f"the event engine is not available (simcore.engine.des: {exc})") from None
-        return simulate_des(step_costs(plan), **kwargs)
-    raise ValueError(f"unknown engine {engine!r} (known: analytic, des)")
 
 
 def memory_report(plan: Plan) -> dict:
