@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from executors import launch
+from executors import launch, procs
 from executors.model import build_model, loss_fn
 from executors.parallel import LEARNING_RATE
 from simcore.plan.spec import load_plan
@@ -67,7 +67,7 @@ def ddp_step_s(plan, steps, warmup) -> float:
     world = plan.parallel.gpus
     if plan.training.global_batch % world:
         return float("nan")
-    return max(launch.spawn(_ddp_rank, world, (plan, steps, warmup), start_method="fork"))
+    return max(procs.spawn(_ddp_rank, world, (plan, steps, warmup), start_method="fork"))
 
 
 def executor_step_s(plan, steps, warmup) -> tuple[float, float]:

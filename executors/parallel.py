@@ -22,7 +22,6 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -36,7 +35,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
-from executors.launch import idle_gloo_transport
+from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
 from simcore.plan.spec import GradCompression, Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
 from topologies.placement import AXES

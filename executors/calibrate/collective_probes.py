@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from executors.launch import idle_gloo_transport
+from executors.procs import idle_gloo_transport
 from executors.calibrate.probes import _sync
 
 
@@ -95,7 +95,7 @@ def _collective_rank(rank: int, world: int, device, sizes: tuple[int, ...], nbyt
 
 def bench_collectives(backend: str, group_sizes=GROUP_SIZES, nbytes_list=COLLECTIVE_BYTES) -> list[dict]:
     """One launch of max(group_sizes) ranks (fork on CPU); rank 0's rows."""
-    from executors.launch import spawn
+    from executors.procs import spawn
 
     method = "fork" if backend == "gloo" else "spawn"
     world = max(group_sizes)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from executors.launch import idle_gloo_transport
+from executors.procs import idle_gloo_transport
 from executors.calibrate.probes import _layer_step, probe_spec
 from simcore.results import atomic_write_text
 
@@ -52,7 +52,7 @@ def _window_rate(fn, work: float, window_s: float, group) -> float:
 def _oversub_rank(rank: int, world: int, device, ranks: tuple[int, ...], size: int, window_s: float,
                   cycles: int) -> list[dict]:
     """One rank of the oversubscription probe, in a process set up exactly as the executor
-    sets up its ranks (``executors.launch.spawn``: one intra-op thread, a gloo process group
+    sets up its ranks (``executors.procs.spawn``: one intra-op thread, a gloo process group
     with its background threads): for each rank count n in ``ranks`` (interleaved over
     ``cycles`` rounds) ranks 0..n-1 run the GEMM and the probe layer, each over a window they
     start together on a barrier, while the others wait blocked in a barrier (no CPU). Rows
@@ -247,7 +247,7 @@ def bench_oversubscription(ranks=OVERSUB_RANKS, size: int = 256, window_s: float
     tables (``derive_oversubscription``) under "matmul" and "layer", the slowdown under
     "slowdown", the gradient-sync wait fractions under "dp_sync_wait" and the measured GEMM
     and layer rates under "raw"."""
-    from executors.launch import spawn
+    from executors.procs import spawn
 
     ranks = tuple(sorted(ranks))
     per_rank = spawn(_oversub_rank, max(ranks), (ranks, size, window_s, cycles), timeout_s=180, start_method="fork")

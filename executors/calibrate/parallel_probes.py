@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from executors.launch import idle_gloo_transport
+from executors.procs import idle_gloo_transport
 from executors.calibrate.probes import _layer_step, _median_step, _optimizer_per_tensor_s, probe_kernels, probe_spec
 
 
@@ -52,7 +52,7 @@ WRAPPER_ENDS = ("tp_embed", "tp_head", "tp_sp_embed", "tp_sp_head", "fsdp_zero2_
 COMM_SHARE_REPS = 3
 #: Version of the parallel probe's method, kept with the pooled host costs: calibrations
 #: that measured the wrappers another way are not pooled with this one. 3: gloo's transport
-#: threads at SCHED_IDLE (``executors.launch.idle_gloo_transport``), which made the wrapped
+#: threads at SCHED_IDLE (``executors.procs.idle_gloo_transport``), which made the wrapped
 #: layers cheaper than the method-2 calibrations read them.
 PARALLEL_PROBE_METHOD = 3
 #: Round trips of the busy-rank point-to-point relay (``_busy_p2p``).
@@ -442,7 +442,7 @@ def bench_p2p(reps: int = 10) -> dict:
     for the quick refresh under load: ``kernels``, the kernel-unit ``p2p_*_kernels`` and
     ``lone_*_kernels`` of ``bench_parallel_host``, in units of ``per_kernel_s``, the plain
     probe layer's per-kernel time on the ``ranks`` ranks of the same launch."""
-    from executors.launch import spawn
+    from executors.procs import spawn
 
     rows = spawn(_p2p_probe_rank, 2, (reps,), timeout_s=120, start_method="fork")
     kf, kb = probe_kernels(probe_spec())
@@ -462,7 +462,7 @@ def bench_parallel_host(world: int = PROBE_GROUP, reps: int = PARALLEL_PROBE_REP
     median over interleaved rounds); AdamW's cost per parameter tensor, plain and DTensor;
     the point-to-point figures between busy ranks; on two ranks a pipeline stage's chunk and
     the lone collectives. Ranks' medians are averaged."""
-    from executors.launch import spawn
+    from executors.procs import spawn
 
     if world < PROBE_GROUP or world % PROBE_GROUP:
         raise ValueError(f"world={world}: the parallel probe runs groups of {PROBE_GROUP} ranks")

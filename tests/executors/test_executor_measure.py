@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.testing  # noqa: F401  (imported before ranks fork)
 
-from executors import launch, measure, parallel  # noqa: F401
+from executors import launch, measure, parallel, procs  # noqa: F401
 from executors.model import build_model
 from simcore.plan.spec import load_plan, plan_from_dict
 from simcore.results import GIB, Span, split_step
@@ -149,9 +149,9 @@ def _broken(rank, world, device):
 def test_a_hung_or_failed_rank_ends_the_run_with_its_name():
     t = time.monotonic()
     with pytest.raises(RuntimeError, match="rank 1 did not finish within 3 s"):
-        launch.spawn(_sleepy, 2, timeout_s=3, start_method="fork")
+        procs.spawn(_sleepy, 2, timeout_s=3, start_method="fork")
     with pytest.raises(RuntimeError, match="rank 1 failed: RuntimeError: disk on fire"):
-        launch.spawn(_broken, 2, timeout_s=30, start_method="fork")
+        procs.spawn(_broken, 2, timeout_s=30, start_method="fork")
     assert time.monotonic() - t < 20
 
 
@@ -192,7 +192,7 @@ def test_forked_ranks_leave_the_inherited_heap_to_the_parent():
     # a full collection in a forked rank would walk (and copy) the whole inherited heap:
     # 260-300 ms stalls inside measured steps on the 2-core host
     assert gc.get_freeze_count() == 0 and any(o is _INHERITED for o in gc.get_objects())
-    for frozen, tracked in launch.spawn(_collector_view, 2, timeout_s=60, start_method="fork"):
+    for frozen, tracked in procs.spawn(_collector_view, 2, timeout_s=60, start_method="fork"):
         assert frozen > 0 and not tracked
     assert gc.get_freeze_count() == 0   # the parent's objects are collectable again
 
@@ -201,14 +201,14 @@ def _transport_policies(rank, world, device, plan):
     """The scheduling policy of each gloo transport thread and of the rank's own thread,
     after the rank joined the default group and built the plan's mesh."""
     parallel.build_mesh(plan, device.type)
-    return [os.sched_getscheduler(t) for t in launch.gloo_transport_threads()], os.sched_getscheduler(0)
+    return [os.sched_getscheduler(t) for t in procs.gloo_transport_threads()], os.sched_getscheduler(0)
 
 
 def test_gloo_transport_threads_run_only_on_free_cores():
     plan = plan_from_dict({"model": {"name": "m", "layers": 2, "hidden": 32, "heads": 2, "vocab": 64, "seq_len": 8},
                            "cluster": {"node": "localhost", "gpus_per_node": 2},
                            "parallel": {"dp": 1, "pp": 2}, "training": {"global_batch": 2}})
-    for transport, own in launch.spawn(_transport_policies, 2, (plan,), timeout_s=60, start_method="fork"):
+    for transport, own in procs.spawn(_transport_policies, 2, (plan,), timeout_s=60, start_method="fork"):
         # one thread for the default group and one per mesh group, none left at the default policy
         assert len(transport) >= 2 and set(transport) == {os.SCHED_IDLE}
         assert own == os.SCHED_OTHER

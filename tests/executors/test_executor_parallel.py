@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.testing  # noqa: F401  (imported before the ranks fork, like everything they use)
 
-from executors import launch, measure, parallel
+from executors import launch, measure, parallel, procs
 from executors.model import build_model, loss_fn
 from simcore.plan.spec import Offload, Precision, plan_from_dict
 
@@ -117,7 +117,7 @@ def check_against_reference(plan, results, rtol=RTOL, atol=ATOL, loss_rtol=1e-5)
 
 
 def run_layouts(world, plans):
-    results = launch.spawn(train_steps, world, (plans,), timeout_s=240, start_method="fork")
+    results = procs.spawn(train_steps, world, (plans,), timeout_s=240, start_method="fork")
     return [[results[r][i] for r in range(world)] for i in range(len(plans))]
 
 

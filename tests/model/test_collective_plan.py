@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 import torch.distributed as dist
 
-from executors import launch, measure, parallel
+from executors import launch, measure, parallel, procs
 from executors.model import build_model
 from simcore.model import collective_plan as cp
 from simcore.model.schedules import Action, Op
@@ -188,7 +188,7 @@ def test_ddp_with_zero_bubble_is_refused():
 
 
 def _run(world, layouts):
-    results = launch.spawn(record_step, world, (list(layouts.values()),), timeout_s=240, start_method="fork")
+    results = procs.spawn(record_step, world, (list(layouts.values()),), timeout_s=240, start_method="fork")
     return {name: [results[r][i] for r in range(world)] for i, name in enumerate(layouts)}
 
 
