@@ -166,6 +166,8 @@ def _price_assumptions(plan: Plan, cost) -> list[tuple[str, str]]:
 
 def whatif_report(res) -> Report:
     """The procurement report of a what-if sweep (``simcore.planner.whatif.WhatIfResult``)."""
+    from reports.planning_plots import whatif_figures
+
     ok = res.table[res.table["fits"]]
     summary = []
     if len(ok):
@@ -176,7 +178,7 @@ def whatif_report(res) -> Report:
         summary = [("cells", f"{len(ok)} of {len(res.table)} fit"),
                    ("fastest", f"{label(fastest)}: {fastest['days']:,.0f} days"),
                    ("cheapest", f"{label(cheapest)}: {_money(cheapest['usd'])}")]
-    figs = res.figures()
+    figs = whatif_figures(res)
     sections = [Section(name.replace("_", " "), figure=fig, name=name) for name, fig in figs.items()]
     cols = [c for c in (*res.sweep.grid, "layout", "step_time_s", "mfu", "days", "usd", "usd_spot",
                         "energy_kwh", "goodput") if c in res.table]

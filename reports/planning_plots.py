@@ -140,3 +140,27 @@ def save_figure_atomic(fig: Figure, path: str | os.PathLike, dpi: int = 120) -> 
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def whatif_figures(result) -> dict:
+    """name -> Figure for a what-if result (``simcore.planner.whatif.WhatIfResult``): heat maps
+    of days and $ over the first two axes, and cost against time with the Pareto front."""
+    ok = result.table[result.table["fits"]]
+    if ok.empty:
+        return {}
+    return {"heatmap_days": whatif_heatmap(ok, "days"), "heatmap_usd": whatif_heatmap(ok, "usd"),
+            "pareto": pareto_figure(ok)}
+
+
+def write_whatif(result, out_dir: str | os.PathLike) -> list[Path]:
+    """table.csv, summary.md and one PNG per figure of a what-if result under ``out_dir``
+    (each written whole)."""
+    from simcore.results import atomic_write_text
+
+    out = Path(out_dir)
+    written = [out / "table.csv", out / "summary.md"]
+    atomic_write_text(written[0], result.table.to_csv(index=False))
+    atomic_write_text(written[1], result.summary_markdown())
+    for name, fig in whatif_figures(result).items():
+        written.append(save_figure_atomic(fig, out / f"{name}.png"))
+    return written

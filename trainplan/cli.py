@@ -345,7 +345,9 @@ def cmd_whatif(args) -> None:
 
     res = run_whatif(args.sweep, progress=sys.stderr.isatty() and not args.json)
     if args.report:
-        res.write_report(args.report)
+        from reports.planning_plots import write_whatif
+
+        write_whatif(res, args.report)
     if args.json:
         _print_json({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions})
         return

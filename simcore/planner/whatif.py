@@ -213,30 +213,6 @@ class WhatIfResult:
     """One row per cell: the axes, the best layout, time, $, energy, goodput."""
     assumptions: list[str]
 
-    def figures(self) -> dict:
-        """name -> matplotlib Figure: heat maps of days and $ over the first two axes, and
-        cost against time with the Pareto front."""
-        from reports.planning_plots import pareto_figure, whatif_heatmap
-
-        ok = self.table[self.table["fits"]]
-        if ok.empty:
-            return {}
-        return {"heatmap_days": whatif_heatmap(ok, "days"), "heatmap_usd": whatif_heatmap(ok, "usd"),
-                "pareto": pareto_figure(ok)}
-
-    def write_report(self, out_dir: str | os.PathLike) -> list[Path]:
-        """table.csv, summary.md and one PNG per figure under ``out_dir`` (each written whole)."""
-        from reports.planning_plots import save_figure_atomic
-        from simcore.results import atomic_write_text
-
-        out = Path(out_dir)
-        written = [out / "table.csv", out / "summary.md"]
-        atomic_write_text(written[0], self.table.to_csv(index=False))
-        atomic_write_text(written[1], self.summary_markdown())
-        for name, fig in self.figures().items():
-            written.append(save_figure_atomic(fig, out / f"{name}.png"))
-        return written
-
     def summary_markdown(self) -> str:
         cols = [c for c in (*self.sweep.grid, "layout", "step_time_s", "mfu", "days", "usd", "usd_spot",
                             "energy_kwh", "goodput") if c in self.table]

@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from reports.planning_plots import breakdown_bars, pareto_figure, whatif_heatmap  # noqa: E402
+from reports.planning_plots import breakdown_bars, pareto_figure, whatif_heatmap, write_whatif  # noqa: E402
 from simcore.planner.search import search  # noqa: E402
 from simcore.plan.spec import PlanError  # noqa: E402
 from simcore.planner.whatif import cells, load_sweep, node_for_gpu, run_whatif, sweep_from_dict  # noqa: E402
@@ -88,7 +88,7 @@ def test_figures_are_agg_safe(grid, tmp_path):
     bars = breakdown_bars(res.table, top=5)
     widths = [p.get_width() for p in bars.axes[0].patches[:5]]
     assert widths == pytest.approx(list(res.table["compute_s"].head(5)))
-    files = grid.write_report(tmp_path / "report")
+    files = write_whatif(grid, tmp_path / "report")
     names = sorted(p.name for p in files)
     assert names == ["heatmap_days.png", "heatmap_usd.png", "pareto.png", "summary.md", "table.csv"]
     assert len(pd.read_csv(tmp_path / "report" / "table.csv")) == 4
