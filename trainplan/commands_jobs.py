@@ -1,0 +1,197 @@
+"""The commands that run, search, price and report: run, validate, plan, cost, whatif, report,
+demo, calibrate. Each takes argparse's namespace, calls one job, and prints."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from simcore.plan.spec import dump_plan, load_plan
+from trainplan.common import RunFailed, UsageError, print_json, print_prediction
+
+
+def cmd_run(args) -> None:
+    from executors.launch import run
+
+    plan = load_plan(args.plan)
+    try:
+        result = run(plan, steps=args.steps, warmup=args.warmup, seed=args.seed, trace_path=args.trace,
+                     checkpoint_dir=args.checkpoint_dir, resume=args.resume, timeout_s=args.timeout,
+                     data_path=args.data)
+    except RuntimeError as exc:
+        raise RunFailed(str(exc).splitlines()[0] if str(exc) else "the run failed") from None
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print_prediction(result)
+
+
+def _print_comparison(comp) -> None:
+    print(f"{comp.plan_name}: predicted ({comp.predicted.source}) against measured")
+    print(f"  {'field':<28} {'predicted':>12} {'measured':>12} {'error':>8}")
+    for r in comp.table.to_dict(orient="records"):
+        err = "" if r["error"] != r["error"] else f"{r['error']:+.1%}"
+        print(f"  {r['field']:<28} {r['predicted']:>12.4g} {r['measured']:>12.4g} {err:>8}")
+
+
+def cmd_validate(args) -> None:
+    from trainplan.validate import load_plan_for_validate, validate_matrix, validate_plan
+
+    if bool(args.plan) == bool(args.matrix):
+        raise UsageError("validate needs either a PLAN or --matrix FILE")
+    if args.plan:
+        plan = load_plan_for_validate(args.plan, progress=not args.json)
+        try:
+            comp = validate_plan(plan, steps=args.steps, warmup=args.warmup, trace_dir=args.trace_dir)
+        except RuntimeError as exc:
+            raise RunFailed(str(exc).splitlines()[0] if str(exc) else "the run failed") from None
+        if args.json:
+            print_json(comp.to_json())
+        else:
+            _print_comparison(comp)
+        return
+    result = validate_matrix(args.matrix, steps=args.steps, warmup=args.warmup, only=args.only,
+                             progress=not args.json, trace_dir=args.trace_dir)
+    if args.json:
+        print_json({"layouts": result.table.to_dict(orient="records"), "failures": dict(result.failures)})
+        return
+    if len(result.table):
+        print(result.table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        errs = result.table["step_err"].abs()
+        print(f"step time: median |error| {errs.median():.1%}, max {errs.max():.1%} over {len(errs)} layouts")
+    for name, why in result.failures:
+        print(f"  {name}: not run: {why}")
+
+
+def _parse_prices(items: list[str] | None) -> dict[str, float]:
+    out = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--price {item!r} must be KEY=NUMBER, e.g. on_demand_usd=2.5") from None
+    return out
+
+
+def cmd_plan(args) -> None:
+    from simcore.planner.search import search, summary_table
+    from simcore.plan.spec import plan_to_dict
+    from simcore.results import atomic_write_text
+
+    model = {"name": args.model}
+    if args.seq_len:
+        model["seq_len"] = args.seq_len
+    cluster = {"node": args.cluster, "nodes": args.nodes}
+    if args.fabric:
+        cluster["fabric"] = args.fabric
+    if args.storage:
+        cluster["storage"] = args.storage
+    res = search(model, cluster, args.global_batch, objective=args.objective, top_k=args.top_k, jobs=args.jobs,
+                 tokens=args.tokens, progress=sys.stderr.isatty() and not args.json,
+                 allow_fewer_gpus=args.allow_fewer_gpus)
+    out = args.out or Path(f"{res.best.name}.yaml")
+    atomic_write_text(out, dump_plan(res.best))
+    if args.json:
+        print_json({"best": plan_to_dict(res.best), "best_plan_file": str(out),
+                     "table": res.table.head(args.rows).to_dict(orient="records"),
+                     "pareto": res.pareto.to_dict(orient="records"), "explanations": res.explanations})
+        return
+    print(summary_table(res, args.rows))
+    print()
+    for line in res.explanations:
+        print(f"- {line}")
+    print(f"\nbest plan written to {out}")
+
+
+def cmd_cost(args) -> None:
+    from simcore.planner.runcost import run_cost, summary_lines
+    from simcore.engine.predict import simulate
+
+    plan = load_plan(args.plan)
+    rc = run_cost(plan, simulate(plan), args.tokens, prices=_parse_prices(args.price), storage=args.storage,
+                  monte_carlo=args.monte_carlo, seed=args.seed, tiered_checkpoints=args.tiered_checkpoints)
+    if args.json:
+        print_json(rc.to_json())
+    else:
+        print("\n".join(summary_lines(rc)))
+
+
+def cmd_whatif(args) -> None:
+    from simcore.planner.whatif import run_whatif
+
+    res = run_whatif(args.sweep, progress=sys.stderr.isatty() and not args.json)
+    if args.report:
+        from reports.planning_plots import write_whatif
+
+        write_whatif(res, args.report)
+    if args.json:
+        print_json({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions})
+        return
+    print(res.table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if args.report:
+        print(f"\nreport written to {args.report}")
+
+
+def cmd_report(args) -> None:
+    from trainplan.jobs import open_hint, plan_job, validate_job, whatif_job
+
+    progress = sys.stderr.isatty()
+    if args.kind == "plan":
+        if not (args.model and args.cluster and args.tokens):
+            raise UsageError("report plan needs --model, --cluster and --tokens")
+        html = plan_job(model=args.model, cluster=args.cluster, nodes=args.nodes, global_batch=args.global_batch,
+                        seq_len=args.seq_len, tokens=args.tokens, out=args.out, top_k=args.top_k, jobs=args.jobs,
+                        progress=progress)
+    elif args.kind == "whatif":
+        if not args.sweep:
+            raise UsageError("report whatif needs a SWEEP file")
+        html = whatif_job(args.sweep, args.out, progress=progress)
+    else:
+        if not args.matrix:
+            raise UsageError("report validate needs --matrix FILE")
+        html = validate_job(args.matrix, args.out, steps=args.steps, warmup=args.warmup, only=args.only,
+                            progress=progress)
+    print(f"wrote {html} and {html.parent / 'report.md'}; open {open_hint(html)}")
+
+
+def cmd_demo(args) -> None:
+    from trainplan.jobs import demo, open_hint
+
+    reports = demo(args.out)
+    print("\nreports:")
+    for name, html in reports.items():
+        print(f"  {name:>9}: {open_hint(html)}")
+
+
+def cmd_calibrate(args) -> None:
+    from executors.calibrate.profile import calibrate
+    from topologies.hardware import default_profile_path
+
+    out = args.out or default_profile_path()
+    if args.refresh:
+        from executors.calibrate.profile import refresh_host_speed
+
+        if not Path(out).exists():
+            raise UsageError(f"no profile at {out} to refresh; run `trainplan calibrate` first")
+        refresh_host_speed(out)
+        print(f"refreshed the host speed figures in {out}")
+        return
+    if args.from_run:
+        from executors.calibrate.refit import refit_profile
+
+        if not args.plan:
+            raise UsageError("calibrate --from-run needs --plan, the plan the measured run executed")
+        if not Path(out).exists():
+            raise UsageError(f"no profile at {out} to refit; run `trainplan calibrate` first")
+        profile = refit_profile(out, args.from_run, load_plan(args.plan))
+        ratios = profile.get("refits", [{}])[-1].get("ratios", {})
+        print(f"refitted {out} from {args.from_run}: " + ", ".join(f"{k} x{v:.3g}" for k, v in ratios.items()))
+        return
+    profile = calibrate(out, quick=args.quick, progress=not args.json)
+    if args.json:
+        print_json({"profile": str(out), "device": profile["device"]})
+    else:
+        dev = profile["device"]
+        peaks = ", ".join(f"{k} {v:.3f}" for k, v in dev["dense_tflops"].items() if v)
+        print(f"wrote {out}: {dev['name']}, peak TFLOP/s {peaks}, "
+              f"memory {dev['hbm_tbyte_per_s'] * 1e3:.1f} GB/s, link {dev['intra_link_gbyte_per_s_bidir'] / 2:.2f} GB/s")

@@ -1,0 +1,200 @@
+"""The commands on one Plan file and the model: catalog, check, topology, simulate, memory,
+schedule, collectives, import, export. Each parses nothing: it takes argparse's namespace,
+calls one function of simcore/topologies/reports, and prints."""
+from __future__ import annotations
+
+import sys
+
+from simcore.plan.spec import dump_plan, load_plan
+from topologies.hardware import load_catalog
+from trainplan.common import UsageError, fmt_s, print_json, print_prediction
+
+
+def cmd_catalog(args) -> None:
+    from reports.tables import catalog_tables
+
+    tables = catalog_tables(load_catalog())
+    kinds = [args.kind] if args.kind else list(tables)
+    if args.json:
+        print_json({k: tables[k].to_dict(orient="records") for k in kinds})
+        return
+    for kind in kinds:
+        table = tables[kind]
+        print(f"== {kind} ==")
+        print(table.drop(columns=["source"]).to_string(index=False))
+        print("sources:")
+        for name, source in zip(table.iloc[:, 0], table["source"]):
+            print(f"  {name}: {source}")
+        print()
+
+
+def cmd_check(args) -> None:
+    from simcore.plan.describe import plan_summary
+
+    plan = load_plan(args.plan)
+    summary = plan_summary(plan)
+    if args.json:
+        print_json(summary)
+        return
+    print(f"# {args.plan}: valid")
+    print(dump_plan(plan), end="")
+    print("# derived")
+    for key, value in summary["derived"].items():
+        print(f"#   {key}: {value}")
+
+
+def cmd_topology(args) -> None:
+    from topologies.build import build_cluster
+    from topologies.routes import cluster_summary
+
+    plan = load_plan(args.plan)
+    graph = build_cluster(plan.cluster)
+    summary = cluster_summary(graph, plan.cluster)
+    if args.draw:
+        from reports.plots import save_figure, topology_figure
+
+        summary["drawing"] = str(save_figure(topology_figure(graph, plan.cluster), args.draw))
+    if args.json:
+        print_json(summary)
+    else:
+        for key, value in summary.items():
+            print(f"{key:>32}: {value}")
+
+
+def cmd_simulate(args) -> None:
+    from simcore.engine.predict import simulate
+
+    plan = load_plan(args.plan)
+    kwargs = {}
+    if args.engine == "des":
+        kwargs = {"granularity": args.granularity, "mode": args.mode}
+        if args.slow:
+            kwargs["stragglers"] = _parse_stragglers(args.slow)
+        if args.slow_stage:
+            from simcore.engine.des import stage_stragglers
+
+            kwargs["stragglers"] = {**kwargs.get("stragglers", {}),
+                                    **stage_stragglers(plan, _parse_stragglers(args.slow_stage, "--slow-stage"))}
+    elif args.trace or args.gantt or args.slow or args.slow_stage or args.stage_gpu:
+        raise UsageError("--trace, --gantt, --slow, --slow-stage and --stage-gpu need --engine des "
+                         "(the analytic path has no timeline)")
+    if args.stage_gpu:
+        from simcore.engine.des import simulate_des
+        from simcore.model.mixed import mixed_costs
+
+        stage_gpus = {}
+        for item in args.stage_gpu:
+            stage, _, gpu = item.partition("=")
+            if not stage.isdigit() or not gpu:
+                raise UsageError(f"--stage-gpu {item!r} must be STAGE=GPU, e.g. 0=a100-80gb")
+            stage_gpus[int(stage)] = gpu
+        result = simulate_des(mixed_costs(plan, stage_gpus), **kwargs)
+    else:
+        result = simulate(plan, engine=args.engine, **kwargs)
+    from simcore.planner.uncertainty import interval_fields
+
+    interval = interval_fields(plan, result)
+    if args.trace:
+        from simcore.results import write_chrome_trace
+
+        write_chrome_trace(result.spans, args.trace, f"{plan.name} predicted")
+    if args.gantt:
+        from reports.plots import gantt_figure, save_figure
+
+        save_figure(gantt_figure(result.spans, f"{plan.name}: predicted step ({args.engine})"), args.gantt)
+    if args.json:
+        print_json({**result.to_json(), **interval})
+    else:
+        print_prediction(result)
+        if interval["interval_s"]:
+            lo, hi = interval["interval_s"]
+            print(f"  {interval['interval_level']:.0%} interval of the step time: {fmt_s(lo)} - {fmt_s(hi)} "
+                  f"({interval['interval_source']})")
+        else:
+            print(f"  no interval: {interval['interval_source']}")
+
+
+def _parse_stragglers(items: list[str], flag: str = "--slow") -> dict[int, float]:
+    out = {}
+    for item in items:
+        rank, _, factor = item.partition("=")
+        try:
+            out[int(rank)] = float(factor)
+        except ValueError:
+            raise UsageError(f"{flag} {item!r} must be INDEX=FACTOR, e.g. 3=1.5") from None
+        if out[int(rank)] <= 0:
+            raise UsageError(f"{flag} {item!r}: the factor must be positive")
+    return out
+
+
+def cmd_memory(args) -> None:
+    from simcore.model.step_costs import memory_report
+
+    plan = load_plan(args.plan)
+    report = memory_report(plan)
+    if args.json:
+        print_json(report)
+        return
+    gib = 1024**3
+    kinds = ["weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework", "total"]
+    print(f"{plan.name}: bytes per GPU by kind (GiB), per pipeline rank; HBM {report['hbm_bytes'] / gib:.1f} GiB")
+    print(f"  {'pp rank':>8} " + " ".join(f"{k:>16}" for k in kinds))
+    for r in report["ranks"]:
+        print(f"  {r['pp_rank']:>8} " + " ".join(f"{r[k] / gib:>16.2f}" for k in kinds))
+    if report.get("host_offload_bytes_per_node"):
+        print(f"  host memory for offload per node: {report['host_offload_bytes_per_node'] / gib:.1f} GiB "
+              f"of {report['host_memory_bytes_per_node'] / gib:.0f} GiB")
+    print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB)")
+
+
+def cmd_import(args) -> None:
+    import yaml
+
+    from simcore.plan.interop import import_plan
+    from simcore.plan.spec import plan_from_dict
+
+    if not any((args.hf, args.megatron, args.deepspeed, args.torchtitan)):
+        raise UsageError("import needs at least one of --hf, --megatron, --deepspeed, --torchtitan")
+    doc, warnings = import_plan(hf=args.hf, megatron=args.megatron, deepspeed=args.deepspeed,
+                                torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes, base_dir=".")
+    plan_from_dict(doc, ".")
+    for line in warnings:
+        print(f"trainplan: warning: {line}", file=sys.stderr)
+    print(yaml.safe_dump(doc, sort_keys=False), end="")
+
+
+def cmd_export(args) -> None:
+    from simcore.plan.writers import export_plan
+
+    print(export_plan(load_plan(args.plan), args.to), end="")
+
+
+def cmd_schedule(args) -> None:
+    from simcore.model.schedules import build_schedule, format_grid, lower
+
+    plan = load_plan(args.plan)
+    par = plan.parallel
+    sched = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp)
+    if args.lowered:
+        sched = lower(sched, par.pp, plan.num_microbatches, par.vpp)
+    if args.json:
+        print_json({str(r): [str(a) if a else "" for a in acts] for r, acts in sched.items()})
+    else:
+        print(f"{plan.name}: {par.schedule.value}, pp={par.pp}, vpp={par.vpp}, "
+              f"{plan.num_microbatches} micro-batches")
+        print(format_grid(sched, by=args.by))
+
+
+def cmd_collectives(args) -> None:
+    from simcore.model.collective_plan import expected_collectives, format_collectives
+    from topologies.placement import rank_grid
+
+    plan = load_plan(args.plan)
+    if args.json:
+        par = plan.parallel
+        grid = rank_grid(par.pp, par.dp, par.cp, par.tp)
+        firsts = {grid.rank(pp=i) for i in range(par.pp)}
+        counts = expected_collectives(plan)
+        print_json({str(r): {f"{k}/{a}": n for (k, a), n in sorted(counts[r].items())} for r in sorted(firsts)})
+    else:
+        print(format_collectives(plan))
