@@ -11,8 +11,9 @@ import pytest
 from simcore.planner import runcost as rcm
 from simcore.model import workload as wl
 from simcore.engine.des import monte_carlo_runs, simulate_training_run
-from simcore.planner.runcost import (checkpoint_bytes, daly_interval_s, expected_wall_s, plan_checkpoints, run_cost,
-                             storage_bytes_per_s, young_interval_s)
+from simcore.planner.failures import (checkpoint_bytes, daly_interval_s, expected_wall_s, plan_checkpoints,
+                                      storage_bytes_per_s, young_interval_s)
+from simcore.planner.runcost import run_cost
 from simcore.plan.spec import PlanError, plan_from_dict
 from topologies.hardware import load_catalog
 

@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 
 from simcore.model import memory as mem
-from simcore.planner.search import (Layout, base_plan, derive_space, families, memory_table, pareto_front,
-                            search)
+from simcore.planner.evaluate import memory_table
+from simcore.planner.search import pareto_front, search
+from simcore.planner.space import Layout, base_plan, derive_space, families
 from simcore.engine.predict import simulate
 from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage, check_plan
 
@@ -147,9 +148,9 @@ def test_gpt3_175b_ranks_the_megatron_layout_on_top():
 
 
 def test_zero_bubble_layouts_share_their_1f1b_twins_step_costs():
-    """The search reuses a 1F1B layout's StepCosts for its ZB-H1 twin (search._twin): that is
-    only sound if step_costs gives the same numbers for both."""
-    from simcore.planner.search import _twin
+    """The search reuses a 1F1B layout's StepCosts for its ZB-H1 twin (evaluate._twin): that
+    is only sound if step_costs gives the same numbers for both."""
+    from simcore.planner.evaluate import _twin
     from simcore.model.step_costs import step_costs
 
     base = base_plan("gpt3-175b", {"node": "dgx-a100-80gb", "nodes": 192}, 1536)

@@ -1,0 +1,189 @@
+"""Evaluating layout families: the rules, the memory and dominance pruning, the analytic ranking.
+
+``evaluate_family`` turns one layout family (``simcore.planner.space.families``) into at
+most one row of the search's table: ``check_plan`` rejects what breaks a rule,
+``memory_table`` / ``fits_memory`` what does not fit, dominance what needs more recompute
+or offload than it must; the survivor is timed by the analytic path. ``Tally`` counts
+what happened to the candidates; ``_evaluate_chunk`` is the worker of one batch of
+families (one process of a parallel search).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from simcore.model import memory as mem
+from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule, check_plan
+from simcore.planner.space import Layout, SearchSpace
+
+
+# --------------------------------------------------------------------------- pruning
+
+def _peak_ranks(plan: Plan) -> list[int]:
+    """Pipeline ranks that can hold the most bytes: the first (embedding, most micro-batches
+    in flight), the last (logits, output layer), the first with the most layers."""
+    pp, stages = plan.parallel.pp, plan.layers_per_stage
+    layers = [sum(stages[v] for v in range(r, len(stages), pp)) for r in range(pp)]
+    return sorted({0, pp - 1, layers.index(max(layers))})
+
+
+def _activation_key(plan: Plan) -> tuple:
+    """What a rank's activation bytes depend on (``memory.activation_bytes``): not the ZeRO
+    stage, the offload or the recompute (a key of its own), so layouts share them. Within
+    one search every plan holds the base plan's model object, hence its id."""
+    par, tr = plan.parallel, plan.training
+    interleaved = par.vpp > 1 or par.schedule == Schedule.GPIPE    # memory.in_flight_chunks' cases
+    return (id(plan.model), par.tp, par.pp, par.cp, par.vpp, par.schedule if interleaved else None,
+            par.sequence_parallel, tr.micro_batch, tr.flash_attention, plan.num_microbatches, plan.layers_per_stage)
+
+
+def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
+                 ) -> dict[tuple[Offload, Recompute], tuple[float, float]]:
+    """(GPU bytes of the fullest rank, host offload bytes per node) of ``plan`` under each
+    offload x recompute setting: ``memory.memory_per_rank``'s sums, evaluated once for
+    the parts the settings share and only on the ranks that can be fullest. ``cache``
+    (one per batch of layouts of one base plan) keeps the activation bytes for the next
+    layout that differs only in ZeRO stage or schedule twin."""
+    params, ranks, stages = mem.stage_params(plan), _peak_ranks(plan), plan.layers_per_stage
+    buffers = {r: mem.comm_buffer_bytes(plan, params[r]) for r in ranks}
+    framework, fragmentation, count_buffers = mem.framework_terms(plan)
+    acts = {}
+    for rc in recomputes:
+        key = (_activation_key(plan), rc, tuple(ranks)) if cache is not None else None
+        if key is None or key not in cache:
+            p_rc = replace(plan, training=replace(plan.training, recompute=rc))
+            terms = mem._activation_terms(p_rc)
+            value = {r: mem.activation_bytes(p_rc, r, stages, terms) for r in ranks}
+            if key is None:
+                acts[rc] = value
+                continue
+            cache[key] = value
+        acts[rc] = cache[key]
+    out = {}
+    for off in offloads:
+        p_off = replace(plan, training=replace(plan.training, offload=off))
+        states = {r: mem.model_state_bytes(p_off, params[r]) for r in ranks}
+        host = max(states[r]["host"] for r in ranks) * plan.cluster.gpus_per_node
+        for rc in recomputes:
+            peak = max((states[r]["weights"] + states[r]["gradients"] + states[r]["optimizer_states"]
+                        + acts[rc][r] + (buffers[r] if count_buffers else 0.0)) * (1 + fragmentation)
+                       for r in ranks)
+            out[off, rc] = (peak + framework, host)
+    return out
+
+
+def fits_memory(plan: Plan, peak_bytes: float, host_bytes_per_node: float) -> bool:
+    node = plan.cluster.node
+    return peak_bytes <= node.gpu.hbm_bytes and host_bytes_per_node <= node.host_memory_bytes
+
+
+@dataclass(slots=True)
+class Tally:
+    """What happened to the candidates (the search's accounting)."""
+
+    candidates: int = 0
+    broke_rule: int = 0
+    no_fit: int = 0
+    dominated: int = 0
+    simulated: int = 0
+    rules: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: "Tally") -> None:
+        self.candidates += other.candidates
+        self.broke_rule += other.broke_rule
+        self.no_fit += other.no_fit
+        self.dominated += other.dominated
+        self.simulated += other.simulated
+        for k, v in other.rules.items():
+            self.rules[k] = self.rules.get(k, 0) + v
+
+
+def _rule_key(message: str) -> str:
+    """A PlanError message without its numbers, to count rules broken by kind."""
+    return " ".join(w for w in message.split() if not any(ch.isdigit() for ch in w))
+
+
+def _valid(plan: Plan) -> bool:
+    try:
+        check_plan(plan)
+    except PlanError:
+        return False
+    return True
+
+
+def _rejected(plan: Plan, tally: Tally, count: int = 1) -> bool:
+    """Count (``count`` times) a candidate that breaks a rule of ``check_plan``."""
+    try:
+        check_plan(plan)
+    except PlanError as exc:
+        tally.broke_rule += count
+        key = _rule_key(str(exc))
+        tally.rules[key] = tally.rules.get(key, 0) + count
+        return True
+    return False
+
+
+def _twin(family: Layout) -> Layout | None:
+    """The 1F1B layout whose StepCosts a zero-bubble layout shares: ``step_costs`` reads the
+    schedule only through the stages and the memory model's in-flight chunks, which are the
+    same for 1F1B and ZB-H1 with one chunk per rank (``memory.in_flight_chunks``); only the
+    analytic path's pipeline term tells them apart."""
+    if family.schedule == Schedule.ZERO_BUBBLE and family.vpp == 1:
+        return replace(family, schedule=Schedule.ONE_F_ONE_B)
+    return None
+
+
+def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally,
+                    cache: dict | None = None) -> list[dict]:
+    """Rows for one layout: for each offload setting, the lightest recompute that fits
+    (heavier recompute only adds time). Offload is tried only when nothing fits without
+    it. The rules of ``check_plan`` do not depend on recompute, so each offload setting
+    is checked once. ``cache`` (per batch of layouts) reuses activation bytes and a
+    zero-bubble layout's 1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls."""
+    from simcore.engine.analytic import analytic
+    from simcore.model.step_costs import step_costs
+
+    cache = {} if cache is None else cache
+    nrc = len(space.recompute)
+    tally.candidates += nrc * len(space.offload)
+    valid = []
+    for off in space.offload:
+        plan = replace(family, offload=off, recompute=space.recompute[0]).apply(base, True)
+        if not _rejected(plan, tally, nrc):
+            valid.append(off)
+    if not valid:
+        return []
+    table = memory_table(plan, valid, space.recompute, cache)
+    for k, off in enumerate(valid):
+        for i, rc in enumerate(space.recompute):
+            lay = replace(family, recompute=rc, offload=off)
+            if not fits_memory(base, *table[off, rc]):
+                tally.no_fit += 1
+                continue
+            tally.simulated += 1
+            tally.dominated += nrc - i - 1 + nrc * (len(valid) - k - 1)
+            plan = lay.apply(base, True)
+            twin = _twin(lay)
+            costs = cache.pop(("costs", twin), None) if twin is not None else None
+            costs = step_costs(plan) if costs is None else replace(costs, plan=plan)
+            if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
+                cache["costs", lay] = costs
+            return [_row(lay, analytic(costs))]
+    return []
+
+
+def _row(lay: Layout, res) -> dict:
+    return {"layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
+            "vpp": lay.vpp, "zero": int(lay.zero), "schedule": lay.schedule.value,
+            "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute.value, "offload": lay.offload.value,
+            "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
+            "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
+            "compute_s": res.compute_s, "exposed_comm_s": res.exposed_comm_s, "bubble_s": res.bubble_s,
+            "offload_s": res.offload_s, "memory_per_gpu_gib": res.memory_per_gpu_gib, "fits": res.fits}
+
+
+def _evaluate_chunk(args) -> tuple[list[dict], Tally]:
+    base, chunk, space = args
+    tally, rows, cache = Tally(), [], {}
+    for fam in chunk:
+        rows += evaluate_family(base, fam, space, tally, cache)
+    return rows, tally

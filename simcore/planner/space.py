@@ -1,0 +1,176 @@
+"""The space of layouts the search walks: its axes, one point (``Layout``), the candidates.
+
+``SearchSpace`` holds the values each axis may take (``derive_space`` fills it from the
+divisibility rules of a model and cluster); ``families`` enumerates the layouts of a GPU
+count with recompute and offload left open; ``base_plan`` is the Plan every layout derives
+from, and ``Layout.apply`` the Plan of one layout.
+
+Sequence parallelism is switched on with every tp > 1 by default (it moves the same bytes
+as TP's all-reduces and divides the activations by tp, Korthikanti et al. 2022, Sec.
+4.2.2); ``SearchSpace.sequence_parallel`` can search it too.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from itertools import product
+
+from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage, even_split, plan_from_dict
+
+#: Candidate values of the axes the search does not derive from the model.
+MICRO_BATCHES = (1, 2, 4, 8)
+CONTEXT_PARALLEL = (1, 2, 4, 8, 16)
+VIRTUAL_STAGES = (2, 3, 4, 6, 8)
+RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+OFFLOAD_ORDER = (Offload.NONE, Offload.OPTIMIZER)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    """The values each axis may take; ``derive_space`` fills it for a model and cluster."""
+
+    tp: tuple[int, ...]
+    pp: tuple[int, ...]
+    cp: tuple[int, ...]
+    ep: tuple[int, ...] = (1,)
+    vpp: tuple[int, ...] = VIRTUAL_STAGES
+    zero: tuple[ZeroStage, ...] = tuple(ZeroStage)
+    micro_batch: tuple[int, ...] = MICRO_BATCHES
+    schedule: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
+    """GPipe is left out by default: the same bubble as 1F1B with all m micro-batches in
+    flight instead of p (Narayanan et al. 2021, Sec. 2.2.1), so 1F1B dominates it."""
+    recompute: tuple[Recompute, ...] = RECOMPUTE_ORDER
+    offload: tuple[Offload, ...] = OFFLOAD_ORDER
+    sequence_parallel: tuple[bool, ...] = (True,)
+    """Sequence parallelism with tp > 1 (where the sequence splits over tp)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """One point of the search: the fields of a Plan the search changes."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    vpp: int
+    zero: ZeroStage
+    schedule: Schedule
+    micro_batch: int
+    recompute: Recompute = Recompute.NONE
+    offload: Offload = Offload.NONE
+    sequence_parallel: bool = False
+
+    def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
+        """The Plan of this layout. ``explicit_stages`` writes the default even split into
+        ``stage_layers`` (the same Plan, with the split computed once: faster to evaluate)."""
+        stages = _split(base.model.layers, self.pp * self.vpp) if explicit_stages else None
+        par = replace(base.parallel, tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
+                      vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
+                      sequence_parallel=self.sequence_parallel)
+        tr = replace(base.training, micro_batch=self.micro_batch, recompute=self.recompute,
+                     offload=self.offload)
+        cluster = base.cluster
+        gpus = self.tp * self.pp * self.dp * self.cp
+        if gpus < cluster.gpus and gpus % cluster.gpus_per_node == 0:   # a smaller booking
+            cluster = replace(cluster, nodes=gpus // cluster.gpus_per_node)
+        return replace(base, cluster=cluster, parallel=par, training=tr, name=self.label())
+
+    def label(self) -> str:
+        sched = self.schedule.value + (f"x{self.vpp}" if self.vpp > 1 else "")
+        return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}" + (f"-ep{self.ep}" if self.ep > 1 else "")
+                + ("-sp" if self.sequence_parallel else "") + f"-z{int(self.zero)}-mb{self.micro_batch}-{sched}-rc:{self.recompute.value}"
+                + (f"-off:{self.offload.value}" if self.offload != Offload.NONE else ""))
+
+
+@functools.lru_cache(maxsize=1024)
+def _split(layers: int, stages: int) -> tuple[int, ...]:
+    return even_split(layers, stages)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def derive_space(base: Plan, *, uneven_pp: bool = False, max_tp: int | None = None) -> SearchSpace:
+    """tp: divisors of heads, KV heads and FFN width up to the GPUs of a node; pp:
+    divisors of the layers (every count up to the layers with ``uneven_pp``); cp: powers
+    of two dividing the sequence; ep: divisors of the experts (MoE only)."""
+    m = base.model
+    g = math.gcd(m.heads, math.gcd(m.kv_heads, m.ffn_hidden))
+    limit = max_tp or base.cluster.gpus_per_node
+    pp = tuple(range(1, m.layers + 1)) if uneven_pp else tuple(_divisors(m.layers))
+    return SearchSpace(
+        tp=tuple(d for d in _divisors(g) if d <= limit),
+        pp=pp,
+        cp=tuple(c for c in CONTEXT_PARALLEL if m.seq_len % c == 0),
+        ep=tuple(_divisors(m.experts)) if m.moe else (1,),
+    )
+
+
+def _schedules(space: SearchSpace, pp: int, layers: int) -> list[tuple[Schedule, int]]:
+    """(schedule, vpp) pairs for ``pp`` stages: with pp = 1 the schedule does not matter."""
+    if pp == 1:
+        return [(Schedule.ONE_F_ONE_B, 1)]
+    out = [(s, 1) for s in space.schedule if s != Schedule.INTERLEAVED_1F1B]
+    if Schedule.INTERLEAVED_1F1B in space.schedule:
+        out += [(Schedule.INTERLEAVED_1F1B, v) for v in space.vpp if layers % (pp * v) == 0]
+    return out
+
+
+def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
+    """Every layout with recompute / offload left open (``evaluate_family`` picks them)."""
+    m, gb = base.model, base.training.global_batch
+    out = []
+    for tp, pp, cp in product(space.tp, space.pp, space.cp):
+        if gpus % (tp * pp * cp):
+            continue
+        dp = gpus // (tp * pp * cp)
+        eps = [e for e in space.ep if (dp * cp) % e == 0]
+        zeros = space.zero if dp * cp > 1 else (ZeroStage.NONE,)
+        sps = sorted({s and tp > 1 and (m.seq_len // cp) % tp == 0 for s in space.sequence_parallel})
+        for ep, zero, mb, (sched, vpp), sp in product(eps, zeros, space.micro_batch,
+                                                      _schedules(space, pp, m.layers), sps):
+            if gb % (dp * mb):
+                continue
+            out.append(Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
+                              micro_batch=mb, sequence_parallel=sp))
+    return out
+
+
+def base_plan(model, cluster_doc, global_batch: int, training: dict | None = None) -> Plan:
+    """The Plan every layout derives from: ``model`` is a catalog name, a Plan ``model``
+    section or a ModelSpec; ``cluster_doc`` a Plan ``cluster`` section (or a ClusterSpec)."""
+    from simcore.plan.spec import ClusterSpec, ModelSpec
+
+    model_doc = {"name": model} if isinstance(model, str) else model
+    spec = None
+    if isinstance(model, ModelSpec):
+        spec, model_doc = model, {"name": "gpt-1.7b"}
+    cluster = None
+    if isinstance(cluster_doc, ClusterSpec):
+        cluster, cluster_doc = cluster_doc, {"node": cluster_doc.node.name, "nodes": 1}
+    doc = {"model": model_doc, "cluster": cluster_doc, "parallel": {"tp": 1, "pp": 1, "dp": 1},
+           "training": {"global_batch": global_batch, "flash_attention": True, **(training or {})}}
+    plan = plan_from_dict(doc)
+    if spec is not None:
+        plan = replace(plan, model=spec)
+    if cluster is not None:
+        plan = replace(plan, cluster=cluster)
+    return plan
+
+
+def _gpu_counts(plan: Plan, allow_fewer_gpus: bool) -> list[int]:
+    """All the cluster's GPUs, or also halves of the nodes down to one node."""
+    cl = plan.cluster
+    if not allow_fewer_gpus:
+        return [cl.gpus]
+    nodes, out = cl.nodes, []
+    while nodes >= 1:
+        out.append(nodes * cl.gpus_per_node)
+        if nodes % 2:
+            break
+        nodes //= 2
+    return out
