@@ -102,14 +102,6 @@ def _rule_key(message: str) -> str:
     return " ".join(w for w in message.split() if not any(ch.isdigit() for ch in w))
 
 
-def _valid(plan: Plan) -> bool:
-    try:
-        check_plan(plan)
-    except PlanError:
-        return False
-    return True
-
-
 def _rejected(plan: Plan, tally: Tally, count: int = 1) -> bool:
     """Count (``count`` times) a candidate that breaks a rule of ``check_plan``."""
     try:

@@ -144,7 +144,7 @@ def _cluster_of(sweep: Sweep, cell: dict):
 
 
 def _space_of(base, sweep: Sweep, cell: dict):
-    from simcore.planner.search import derive_space
+    from simcore.planner.space import derive_space
 
     space = derive_space(base)
     pins = {k: v for k, v in sweep.space.items()}
@@ -169,7 +169,8 @@ def _prediction_of(row):
 def run_cell(sweep: Sweep, cell: dict) -> tuple[dict, object | None]:
     """Search the cell's best layout and price its run: (table row, RunCost or None)."""
     from simcore.planner.runcost import run_cost
-    from simcore.planner.search import base_plan, search
+    from simcore.planner.search import search
+    from simcore.planner.space import base_plan
 
     model = dict(sweep.model, **{k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")})
     training = dict(sweep.training, **{k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("training.")})

@@ -108,7 +108,8 @@ def test_matrix_file_errors(tmp_path):
 def small_plan_report(tmp_path_factory):
     from reports.build import plan_report
     from simcore.planner.runcost import run_cost
-    from simcore.planner.search import SearchSpace, search
+    from simcore.planner.search import search
+    from simcore.planner.space import SearchSpace
     from simcore.engine.predict import simulate
     from simcore.model.step_costs import memory_report
     from simcore.plan.spec import Recompute, Schedule, ZeroStage
