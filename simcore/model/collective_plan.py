@@ -3,7 +3,7 @@
 A Plan is executed by ``executors/parallel.py`` with torch's own parallel APIs; this module
 predicts, without torch, every call those APIs make on each rank in one step (after the
 first, which infers pipeline shapes and lets DDP rebuild its buckets), named as
-``executors/measure.py`` records them: kind (``all_reduce``, ``all_gather``,
+``executors/record.py`` records them: kind (``all_reduce``, ``all_gather``,
 ``reduce_scatter``, ``broadcast``, ``send``, ``recv``) and mesh axis (``dp``, ``tp``, ``pp``).
 What each API does, and where torch does it (torch 2.13):
 
@@ -60,6 +60,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
+                                        fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
 from simcore.model.schedules import Action, Op, add_communication, add_reduce_grad, add_unshard_reshard, build_schedule
 from simcore.plan.spec import GradCompression, ModelSpec, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
 from topologies.placement import rank_grid
@@ -88,112 +90,6 @@ class Call:
     """The whole buffer: all-gather output, reduce-scatter input, the all-reduced tensor."""
     issuer: str
     """``ddp``, ``replicate``, ``zero1``, ``fsdp2``, ``dtensor`` or ``pipelining``."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParamTensor:
-    """One parameter tensor of ``executors.model.Transformer``."""
-
-    name: str
-    shape: tuple[int, ...]
-    tp_dim: int | None = None
-    """Tensor dim that tensor parallelism shards (0 column/vocab-parallel, 1 row-parallel)."""
-    norm: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StagePart:
-    """One model chunk held by a pipeline rank (the whole model without pipelining)."""
-
-    stage: int
-    layers: tuple[int, ...]
-    embed: bool
-    head: bool
-
-
-# --------------------------------------------------------------------------- model structure
-
-def block_params(spec: ModelSpec, i: int) -> list[ParamTensor]:
-    """Block ``i``'s parameters in forward-use order (registration order differs only in
-    that w3 is registered after w2)."""
-    p, h, hd = f"layers.{i}.", spec.hidden, spec.head_dim
-    out = [ParamTensor(name=p + "attention_norm.weight", shape=(h,), norm=True),
-           ParamTensor(name=p + "attention.wq.weight", shape=(spec.heads * hd, h), tp_dim=0),
-           ParamTensor(name=p + "attention.wk.weight", shape=(spec.kv_heads * hd, h), tp_dim=0),
-           ParamTensor(name=p + "attention.wv.weight", shape=(spec.kv_heads * hd, h), tp_dim=0),
-           ParamTensor(name=p + "attention.wo.weight", shape=(h, spec.heads * hd), tp_dim=1),
-           ParamTensor(name=p + "ffn_norm.weight", shape=(h,), norm=True)]
-    if spec.moe:
-        out.append(ParamTensor(name=p + "feed_forward.router.weight", shape=(spec.experts, h)))
-        prefixes = [f"{p}feed_forward.experts.{e}." for e in range(spec.experts)]
-    else:
-        prefixes = [p + "feed_forward."]
-    for q in prefixes:
-        out.append(ParamTensor(name=q + "w1.weight", shape=(spec.ffn_hidden, h), tp_dim=0))
-        if spec.gated_mlp:
-            out.append(ParamTensor(name=q + "w3.weight", shape=(spec.ffn_hidden, h), tp_dim=0))
-        out.append(ParamTensor(name=q + "w2.weight", shape=(h, spec.ffn_hidden), tp_dim=1))
-    return out
-
-
-def embed_params(spec: ModelSpec) -> list[ParamTensor]:
-    out = [ParamTensor(name="embed.tok.weight", shape=(spec.vocab, spec.hidden), tp_dim=0)]
-    if spec.position_embedding.value == "learned":
-        out.append(ParamTensor(name="embed.pos.weight", shape=(spec.seq_len, spec.hidden)))
-    return out
-
-
-def head_params(spec: ModelSpec) -> list[ParamTensor]:
-    """Final norm and output projection (none when tied to the token embedding)."""
-    out = [ParamTensor(name="norm.weight", shape=(spec.hidden,), norm=True)]
-    if not spec.tied_embeddings:
-        out.append(ParamTensor(name="output.weight", shape=(spec.vocab, spec.hidden), tp_dim=0))
-    return out
-
-
-def part_params(spec: ModelSpec, part: StagePart) -> list[ParamTensor]:
-    """A chunk's parameters in forward-use order (``model.parameters()`` deduplicates a tied one)."""
-    out = embed_params(spec) if part.embed else []
-    for i in part.layers:
-        out += block_params(spec, i)
-    return out + (head_params(spec) if part.head else [])
-
-
-def num_parameter_tensors(spec: ModelSpec) -> int:
-    """``sum(1 for _ in build_model(spec).parameters())``."""
-    return len(part_params(spec, StagePart(stage=0, layers=tuple(range(spec.layers)), embed=True, head=True)))
-
-
-def stage_parts(plan: Plan, pp_rank: int) -> list[StagePart]:
-    """The chunks of one pipeline rank, loop style (``executors.parallel.stage_ids``)."""
-    par, sizes = plan.parallel, plan.layers_per_stage
-    ids = [pp_rank + k * par.pp for k in range(par.vpp)] if par.pp > 1 else [0]
-    out = []
-    for s in ids:
-        start = sum(sizes[:s])
-        out.append(StagePart(stage=s, layers=tuple(range(start, start + sizes[s])), embed=s == 0,
-                             head=s == len(sizes) - 1))
-    return out
-
-
-def local_shape(p: ParamTensor, tp: int, tp_rank: int) -> tuple[int, ...]:
-    """The shape this TP rank holds (DTensor ``Shard`` follows ``torch.chunk``)."""
-    if tp == 1 or p.tp_dim is None:
-        return p.shape
-    n = p.shape[p.tp_dim]
-    chunk = math.ceil(n / tp)
-    shape = list(p.shape)
-    shape[p.tp_dim] = max(0, min(chunk, n - tp_rank * chunk))
-    return tuple(shape)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
-def fsdp_padded_numel(shape: tuple[int, ...], dp: int) -> int:
-    """FSDP2 shards dim 0 with ``torch.chunk`` and pads every shard to the first one's size."""
-    return math.ceil(shape[0] / dp) * dp * _numel(shape[1:])
 
 
 # --------------------------------------------------------------------------- data parallel

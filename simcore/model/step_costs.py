@@ -243,6 +243,67 @@ def _optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
     return host, copies
 
 
+def _host_p2p(dev: cmp.DeviceModel, pp: int, nv: int) -> dict[str, tuple[float, ...]]:
+    """``StepCosts``' per-virtual-stage send calls and receive waits (none where the device
+    has no such costs)."""
+    # CPU host: the sender's blocking send call and the receiver's hand-over wait, per message
+    send, recv = (dev.p2p_send_s, dev.busy_p2p_latency_s) if pp > 1 else (0.0, 0.0)
+    host_p2p = {}
+    if send + recv > 0:
+        first, last = [float(v > 0) for v in range(nv)], [float(v < nv - 1) for v in range(nv)]
+        host_p2p = {"forward_send_s": tuple(send * x for x in last), "forward_recv_wait_s": tuple(recv * x for x in first),
+                    "backward_send_s": tuple(send * x for x in first), "backward_recv_wait_s": tuple(recv * x for x in last)}
+    return host_p2p
+
+
+def _rank_costs(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams, ...], layer_params: float,
+                host_terms: bool) -> list[tuple[dict[str, float], tuple[float, float], tuple[int, int]]]:
+    """Per pipeline rank: its ``_dp_costs``, its ``_optimizer_costs`` and its (plain, DTensor)
+    parameter tensors (counted only where ``host_terms``, the host optimizer's per-tensor cost)."""
+    per_params: dict = {}
+    rank_costs = []
+    for r in range(plan.parallel.pp):
+        tensors = param_tensors(plan, r) if host_terms else (0, 0)
+        key = (params[r], tensors)
+        if key not in per_params:   # ranks holding equal parameters cost the same
+            per_params[key] = (_dp_costs(plan, dev, params[r], layer_params),
+                               _optimizer_costs(plan, dev, params[r], tensors), tensors)
+        rank_costs.append(per_params[key])
+    return rank_costs
+
+
+def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tuple[list[float], ...],
+                    host_p2p: dict[str, tuple[float, ...]], ddp: bool,
+                    host_terms: bool) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per virtual stage: (gradient reduction, parameter sync, optimizer, offload) per step,
+    from its rank's ``rank_costs`` and its per-micro-batch ``work`` (forward, backward-input,
+    backward-weight, recompute, forward comm, backward comm)."""
+    par, stages = plan.parallel, plan.layers_per_stage
+    fwd, bin_, bwt, rec, fcomm, bcomm = work
+    grad, sync, opt, off = [], [], [], []
+    mbs = plan.num_microbatches
+    for v in range(len(stages)):
+        d, (o, c), _ = rank_costs[v % par.pp]
+        share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
+        fsdp_rs = mbs * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
+        wait = 0.0
+        if ddp and dev.dp_sync_wait > 0:
+            # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
+            # a fraction of the rest of the step (the rank's work between syncs)
+            p2p_host = sum(x[v] for x in host_p2p.values())
+            busy = mbs * (fwd[v] + bin_[v] + bwt[v] + rec[v] + fcomm[v] + bcomm[v] + p2p_host) + o * share
+            wait = dev.dp_sync_wait * busy
+        grad.append((d["grad"] + d["compress"]) * share + fsdp_rs + wait)
+        bcast = 0.0
+        if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
+            # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
+            bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
+        sync.append(d["sync"] * share + bcast)
+        opt.append(o * share)
+        off.append(c * share)
+    return grad, sync, opt, off
+
+
 def step_costs(plan: Plan) -> StepCosts:
     """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
     _check_device(plan)
@@ -270,13 +331,7 @@ def step_costs(plan: Plan) -> StepCosts:
         fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb
     fcomm = [fc * n for n in stages]
     bcomm = [bc * n for n in stages]
-    # CPU host: the sender's blocking send call and the receiver's hand-over wait, per message
-    send, recv = (dev.p2p_send_s, dev.busy_p2p_latency_s) if par.pp > 1 else (0.0, 0.0)
-    host_p2p = {}
-    if send + recv > 0:
-        first, last = [float(v > 0) for v in range(nv)], [float(v < nv - 1) for v in range(nv)]
-        host_p2p = {"forward_send_s": tuple(send * x for x in last), "forward_recv_wait_s": tuple(recv * x for x in first),
-                    "backward_send_s": tuple(send * x for x in first), "backward_recv_wait_s": tuple(recv * x for x in last)}
+    host_p2p = _host_p2p(dev, par.pp, nv)
     fwd = [n * (f + host_f) for n in stages]
     bin_ = [n * (bi + host_b) for n in stages]
     bwt = [n * bw for n in stages]
@@ -293,38 +348,11 @@ def step_costs(plan: Plan) -> StepCosts:
         rc += ab
     rec = [n * rc for n in stages]
     gather = [n * 2 * dpc["layer_ag"] for n in stages]
-    grad, sync, opt, off = [], [], [], []
-    per_params: dict = {}
     host_terms = dev.optimizer_bytes_per_s > 0
-    rank_costs = []
-    for r in range(par.pp):
-        tensors = param_tensors(plan, r) if host_terms else (0, 0)
-        key = (params[r], tensors)
-        if key not in per_params:   # ranks holding equal parameters cost the same
-            per_params[key] = (_dp_costs(plan, dev, params[r], dense_l + expert_l),
-                               _optimizer_costs(plan, dev, params[r], tensors), tensors)
-        rank_costs.append(per_params[key])
-    mbs = plan.num_microbatches
+    rank_costs = _rank_costs(plan, dev, params, dense_l + expert_l, host_terms)
     ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1
-    for v in range(nv):
-        d, (o, c), _ = rank_costs[v % par.pp]
-        share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
-        fsdp_rs = mbs * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
-        wait = 0.0
-        if ddp and dev.dp_sync_wait > 0:
-            # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
-            # a fraction of the rest of the step (the rank's work between syncs)
-            p2p_host = sum(x[v] for x in host_p2p.values())
-            busy = mbs * (fwd[v] + bin_[v] + bwt[v] + rec[v] + fcomm[v] + bcomm[v] + p2p_host) + o * share
-            wait = dev.dp_sync_wait * busy
-        grad.append((d["grad"] + d["compress"]) * share + fsdp_rs + wait)
-        bcast = 0.0
-        if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
-            # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
-            bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
-        sync.append(d["sync"] * share + bcast)
-        opt.append(o * share)
-        off.append(c * share)
+    grad, sync, opt, off = _per_step_costs(plan, dev, rank_costs, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
+                                           ddp, host_terms)
     per_rank = mem.memory_per_rank(plan, stages, params)
     worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["total"])
     detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],

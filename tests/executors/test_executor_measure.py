@@ -1,5 +1,6 @@
-"""Measurement (executors/measure.py), launch and checkpoint (executors/launch.py,
-executors/checkpoint.py): hand-worked spans and bytes, then the tiny plan end to end."""
+"""Recording and measurement (executors/record.py, executors/measure.py), launch and
+checkpoint (executors/launch.py, executors/checkpoint.py): hand-worked spans and bytes,
+then the tiny plan end to end."""
 from __future__ import annotations
 
 import gc
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.testing  # noqa: F401  (imported before ranks fork)
 
-from executors import launch, measure, parallel, procs  # noqa: F401
+from executors import launch, measure, parallel, procs, record  # noqa: F401
 from executors.model import build_model
 from simcore.plan.spec import load_plan, plan_from_dict
 from simcore.results import GIB, Span, split_step
@@ -20,7 +21,7 @@ PLAN = "plans/tiny-localhost.yaml"
 
 
 def test_blocking_collectives_are_cut_out_of_compute():
-    rec = measure.Recorder(rank=0)
+    rec = record.Recorder(rank=0)
     rec.spans = [("compute", "forward", "F0", 0.0, 1.0, 0.0), ("tp", "all_reduce", "ar", 0.2, 0.5, 64.0),
                  ("dp", "all_reduce", "ar", 0.9, 1.4, 64.0)]
     rec.blocking = [(0.2, 0.5)]
@@ -35,7 +36,7 @@ def test_blocking_collectives_are_cut_out_of_compute():
 def test_the_awaited_tail_of_asynchronous_collectives_is_cut_out_of_compute():
     # DDP issues a bucket's all-reduce as its gradients are ready and backward waits for all
     # of them before it returns: the host waits from the last call to the last completion
-    rec = measure.Recorder(rank=0)
+    rec = record.Recorder(rank=0)
     rec.spans = [("compute", "backward", "B0", 0.0, 1.0, 0.0), ("compute", "optimizer", "opt", 1.3, 1.5, 0.0)]
     rec.comm("all_reduce", "dp", 64.0, 0.3, 0.5, blocking=False)    # bucket 1, done while computing
     rec.comm("all_reduce", "dp", 64.0, 0.8, 0.95, blocking=False)   # the last bucket: awaited
@@ -167,14 +168,14 @@ class _FuturelessWork:
 def test_a_work_kind_without_futures_is_asked_once():
     done = []
     for i in range(3):
-        measure._on_done(_FuturelessWork(), lambda i=i: done.append(i), ("p2p", "a test backend"))
+        record._on_done(_FuturelessWork(), lambda i=i: done.append(i), ("p2p", "a test backend"))
     assert done == [0, 1, 2] and _FuturelessWork.asked == 1   # each send done at once, asked once
     fut = torch.futures.Future()
 
     class Work:
         def get_future(self):
             return fut
-    measure._on_done(Work(), lambda: done.append("later"), ("p2p", "a test backend with futures"))
+    record._on_done(Work(), lambda: done.append("later"), ("p2p", "a test backend with futures"))
     assert done == [0, 1, 2]
     fut.set_result(None)
     assert done == [0, 1, 2, "later"]

@@ -3,7 +3,7 @@
 ``simcore.model.collective_plan`` predicts from the Plan alone, without torch, every collective
 each rank issues in one steady-state step; here the executor runs the same Plans on 2 and
 4 gloo ranks (forked, several layouts per launch, as in tests/test_executor_parallel.py)
-and records its calls with ``executors.measure.record_collectives``. Per rank, the
+and records its calls with ``executors.record.record_collectives``. Per rank, the
 (kind, axis) counts must be equal exactly, and so must the multiset of recorded bytes
 per call. Pure tests pin the model structure (parameter tensors against
 ``executors.model``), DDP's bucketing and FSDP2's all-gather walk on hand-worked cases.
@@ -15,9 +15,10 @@ from collections import Counter
 import pytest
 import torch.distributed as dist
 
-from executors import launch, measure, parallel, procs
+from executors import launch, parallel, procs, record
 from executors.model import build_model
 from simcore.model import collective_plan as cp
+from simcore.model import param_layout as pl
 from simcore.model.schedules import Action, Op
 from tests.executors.test_executor_parallel import GPT, LLAMA, STEPS, make_plan
 
@@ -45,17 +46,17 @@ def _spec(fields):
 def test_parameter_tensors_match_the_torch_model(name):
     spec = _spec(SPECS[name])
     model = build_model(spec)
-    assert cp.num_parameter_tensors(spec) == sum(1 for _ in model.parameters())
-    full = cp.StagePart(stage=0, layers=tuple(range(spec.layers)), embed=True, head=True)
-    predicted = {p.name: p.shape for p in cp.part_params(spec, full)}
+    assert pl.num_parameter_tensors(spec) == sum(1 for _ in model.parameters())
+    full = pl.StagePart(stage=0, layers=tuple(range(spec.layers)), embed=True, head=True)
+    predicted = {p.name: p.shape for p in pl.part_params(spec, full)}
     assert predicted == {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
 def test_gpt_tensor_count_by_hand():
     # per block 2 norms, wq wk wv wo, w1 w2; plus tok, pos, norm, output (tied: no output)
-    assert cp.num_parameter_tensors(_spec(GPT)) == 4 * 8 + 4
-    assert cp.num_parameter_tensors(_spec(dict(GPT, tied_embeddings=True))) == 4 * 8 + 3
-    assert cp.num_parameter_tensors(_spec(LLAMA)) == 4 * 9 + 3  # w3, no position embedding
+    assert pl.num_parameter_tensors(_spec(GPT)) == 4 * 8 + 4
+    assert pl.num_parameter_tensors(_spec(dict(GPT, tied_embeddings=True))) == 4 * 8 + 3
+    assert pl.num_parameter_tensors(_spec(LLAMA)) == 4 * 9 + 3  # w3, no position embedding
 
 
 def test_ddp_buckets_close_when_they_reach_their_limit():
@@ -123,8 +124,8 @@ def record_step(rank, world, device, plans):
     for plan in plans:
         mesh = parallel.build_mesh(plan, "cpu")
         trainer = parallel.build_trainer(plan, mesh, device, seed=0, lr=0.5)
-        rec = measure.Recorder(rank=rank, axis_of=measure.axis_map(mesh))
-        with measure.record_collectives(rec):
+        rec = record.Recorder(rank=rank, axis_of=record.axis_map(mesh))
+        with record.record_collectives(rec):
             for step in range(STEPS):
                 tokens, labels = launch.local_batch(plan, step, 0, mesh.get_local_rank("dp"))
                 rec.counts.clear()
@@ -140,7 +141,7 @@ def record_step(rank, world, device, plans):
 
 
 def recorded_bytes(plan, calls: Counter) -> Counter:
-    """The sizes ``executors.measure`` records: a call's first tensor argument, i.e. the shard
+    """The sizes ``executors.record`` records: a call's first tensor argument, i.e. the shard
     for c10d reduce-scatter (FSDP2's output) and functional all-gather (DTensor's input);
     receives are counted but not drawn."""
     sizes = {"dp": plan.parallel.dp, "tp": plan.parallel.tp, "pp": plan.parallel.pp}
