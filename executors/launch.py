@@ -71,7 +71,7 @@ def local_batch(plan: Plan, step: int, seed: int, dp_rank: int, data_path: str |
 
 def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunOptions) -> dict:
     """Build this rank's trainer, run ``opts.steps`` steps and return its record."""
-    from executors import checkpoint, measure
+    from executors import checkpoint, measure, record
     from executors.parallel import LEARNING_RATE, build_mesh, build_trainer
 
     if world != plan.parallel.gpus:
@@ -79,13 +79,13 @@ def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunO
     mesh = build_mesh(plan, device.type)
     trainer = build_trainer(plan, mesh, device, opts.seed, opts.lr or LEARNING_RATE)
     first = checkpoint.load(trainer, opts.checkpoint_dir) if opts.resume else 0
-    rec = measure.Recorder(rank=rank, axis_of=measure.axis_map(mesh), enabled=False)
+    rec = record.Recorder(rank=rank, axis_of=record.axis_map(mesh), enabled=False)
     for stage in trainer.stages:
-        measure.instrument_stage(stage, rec)
+        record.instrument_stage(stage, rec)
     saved = measure.SavedActivations([p for part in trainer.parts for p in part.parameters()])
     dp_rank = mesh.get_local_rank("dp")
     steps, losses = [], []
-    with measure.record_collectives(rec):
+    with record.record_collectives(rec):
         for step in range(first, first + opts.steps):
             tokens, labels = (t.to(device) for t in local_batch(plan, step, opts.seed, dp_rank, opts.data_path))
             dist.barrier()

@@ -5,7 +5,7 @@ parameter's update must equal the single-process run of the same model on the sa
 batch (picotron's tests/test_tensor_parallel.py does this for one layer; here for the whole
 model and torch's own wrappers). Plans use SGD so that the update is lr * gradient and the
 comparison checks gradients exactly. The collectives each layout issues are counted
-(executors.measure.record_collectives) and checked against hand-worked counts.
+(executors.record.record_collectives) and checked against hand-worked counts.
 
 Ranks are forked from this process (torch already imported), which keeps a batch of layouts
 to a few seconds on two cores; several layouts share one launch.
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.testing  # noqa: F401  (imported before the ranks fork, like everything they use)
 
-from executors import launch, measure, parallel, procs
+from executors import launch, parallel, procs, record
 from executors.model import build_model, loss_fn
 from simcore.plan.spec import Offload, Precision, plan_from_dict
 
@@ -71,9 +71,9 @@ def train_steps(rank, world, device, plans):
     for plan in plans:
         mesh = parallel.build_mesh(plan, "cpu")
         trainer = parallel.build_trainer(plan, mesh, device, seed=0, lr=LR)
-        rec = measure.Recorder(rank=rank, axis_of=measure.axis_map(mesh))
+        rec = record.Recorder(rank=rank, axis_of=record.axis_map(mesh))
         losses = []
-        with measure.record_collectives(rec):
+        with record.record_collectives(rec):
             for step in range(STEPS):
                 tokens, labels = launch.local_batch(plan, step, 0, mesh.get_local_rank("dp"))
                 rec.counts.clear()
