@@ -34,8 +34,9 @@ What is measured, on the backend a run will use (gloo on CPU, nccl on GPU), and 
   stage's chunk and the busy-rank point-to-point hand-over, on two ranks at once (TP and
   the hand-over on four ranks too, two pairs side by side: kept as ``name@4``).
 
-This module fits the measurements into the profile (``build_profile``), runs the probes
-(``calibrate``) and re-measures the load-sensitive figures before a validation run
+This module runs the probes (``calibrate``), which ``executors.calibrate.build.build_profile``
+fits into the profile, pools the one-shot host costs over this host's past calibrations
+(``pool_host_costs``) and re-measures the load-sensitive figures before a validation run
 (``refresh_host_speed``). ``executors.calibrate.refit.refit_profile`` refits a profile from a
 measured run (``trainplan calibrate --from-run``).
 """
@@ -43,8 +44,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import platform
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -52,15 +51,16 @@ from pathlib import Path
 import torch
 import yaml
 
-from executors.calibrate.collective_probes import (COLLECTIVE_BYTES, GROUP_SIZES, bench_collectives, fit_alpha_beta,
-                                         split_ring_latency)
+from executors.calibrate.build import _host_overhead_s, _rank_tables, build_profile
+from executors.calibrate.collective_probes import COLLECTIVE_BYTES, GROUP_SIZES, bench_collectives
+from executors.calibrate.handover_probes import P2P_KEYS, bench_p2p
 from executors.calibrate.oversubscription import (_per_rank, _scale_compute, anchor_to_executor, bench_oversubscription,
-                                        one_rank_step_s)
-from executors.calibrate.parallel_probes import (GROUPED_PROBE_MODES, GROUPED_PROBE_RANKS, PARALLEL_PROBE_METHOD,
-                                       PARALLEL_PROBE_REPS, bench_p2p, bench_parallel_host, wrapper_kernels)
-from executors.calibrate.probes import (GIB, LAYER_GEMM_HIDDEN, MATMUL_SIZES, PROBE_LAYER, _dispatch_s, bench_host_device,
-                              bench_host_overhead, bench_layer_gemms, bench_matmul, bench_memory, bench_optimizer,
-                              probe_kernels, probe_spec, recompute_kernels)
+                                                  one_rank_step_s)
+from executors.calibrate.parallel_probes import (GROUPED_PROBE_MODES, GROUPED_PROBE_RANKS, PARALLEL_PROBE_REPS,
+                                                 bench_parallel_host)
+from executors.calibrate.probes import (LAYER_GEMM_HIDDEN, MATMUL_SIZES, _dispatch_s, bench_host_device,
+                                        bench_host_overhead, bench_layer_gemms, bench_matmul, bench_memory,
+                                        bench_optimizer)
 from simcore.results import atomic_write_text
 from topologies.hardware import host_slowdown
 
@@ -75,205 +75,6 @@ REFRESH_CYCLES = 3
 #: Message sizes of a quick calibration: the smallest (the latency) and the two largest, which
 #: set the bandwidth (with the three smallest alone the slope was lost in the latency noise).
 QUICK_COLLECTIVE_BYTES = (COLLECTIVE_BYTES[0], *COLLECTIVE_BYTES[-2:])
-
-
-def matmul_curve(rows: list[dict], precision: str, peak: float) -> list[list[float]]:
-    """Efficiency points (GEMM FLOPs, fraction of the measured peak), median per size.
-    Where cold-cache layer-shaped GEMMs were timed (CPU hosts), the curve is theirs alone:
-    the hot square grid only sets the peak."""
-    cold = any(r.get("cold") and r["precision"] == precision for r in rows)
-    by_flops: dict[float, list[float]] = {}
-    for r in rows:
-        if r["precision"] == precision and bool(r.get("cold")) == cold:
-            by_flops.setdefault(r["flops"], []).append(r["flops_per_s"] / peak)
-    return [[f, round(min(1.0, statistics.median(v)), 4)] for f, v in sorted(by_flops.items())]
-
-
-def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.device, *,
-                  host: dict | None = None, optimizer: dict | None = None, parallel: dict | None = None,
-                  grouped: dict | None = None, seconds: float = 0.0) -> dict:
-    """The profile document from the raw measurements (``grouped``: the parallel probe on more
-    ranks, whose figures are kept under ``name@ranks``, ``at_ranks``)."""
-    hostname = socket.gethostname()
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    source = f"measured by trainplan calibrate on {hostname}, {date}"
-    peaks = {p: max(r["flops_per_s"] for r in matmul if r["precision"] == p)
-             for p in {r["precision"] for r in matmul}}
-    fits = fit_alpha_beta(collectives, memory["copy_bytes_per_s"])
-    hop, ar = split_ring_latency(fits)
-    ring = ar[max(ar)]
-    cpu = device.type == "cpu"
-    if not cpu:
-        props = torch.cuda.get_device_properties(device)
-        name, hbm_gib = props.name.lower().replace(" ", "-"), props.total_memory / GIB
-    else:
-        name, hbm_gib = f"cpu-{platform.machine()}", _host_memory_gib()
-    main_precision = "bf16" if "bf16" in peaks and not cpu else "fp32"
-    cores = os.cpu_count() or 1
-    efficiency = {
-        "matmul": {"points": matmul_curve(matmul, main_precision, peaks[main_precision]),
-                   "source": f"{source}; GEMM grid of {len(matmul)} shapes"},
-        "attention": {"forward": _attention_efficiency(matmul, main_precision, peaks[main_precision]),
-                      "backward": _attention_efficiency(matmul, main_precision, peaks[main_precision]),
-                      "source": f"{source}; no fused attention kernel on this device: its matmul efficiency"},
-        "memory_bound": {"efficiency": 1.0, "source": f"{source}; the measured copy bandwidth is the peak"},
-        "kernel_overhead_us": memory["kernel_overhead_s"] * 1e6,
-        "kernel_overhead_source": f"{source}; one-element add",
-        "collective": {
-            "nvlink_efficiency": 1.0, "nic_efficiency": 1.0,
-            "base_latency_us": ring["base_latency_s"] * 1e6, "nvlink_hop_latency_us": hop * 1e6,
-            "net_hop_latency_us": 0.0,
-            "source": f"{source}; alpha-beta fit of all_reduce on {max(ar)} ranks; hop latency: half a "
-                      f"send/recv round trip on {min(fits['send_recv'])} ranks",
-        },
-    }
-    if host:
-        efficiency["host_overhead_us"] = _host_overhead_s(host, oversub) * 1e6
-        efficiency["host_overhead_source"] = (
-            f"{source}; eager forward+backward of a tiny transformer layer (hidden {PROBE_LAYER['hidden']}, "
-            f"seq {PROBE_LAYER['seq_len']}) over the {host['forward_kernels'] + host['backward_kernels']} "
-            "kernels simcore.model.workload counts for it")
-        if cpu:
-            efficiency["dispatch_us"] = _dispatch_s(efficiency, peaks[main_precision], memory["copy_bytes_per_s"]) * 1e6
-            efficiency["dispatch_source"] = (
-                f"{source}; the same probe layer's per-kernel time less its modelled device time (the "
-                "cold-cache matmul curve and copy bandwidth): on a CPU the issuing thread runs each kernel, "
-                "so simcore.model.compute.phase_s adds this to the device time")
-    if optimizer:
-        efficiency["optimizer"] = {"per_tensor_us": optimizer["per_tensor_s"] * 1e6,
-                                   "param_gbyte_per_s": optimizer["param_bytes_per_s"] / 1e9,
-                                   "source": f"{source}; torch.optim.AdamW step over 3 parameter sets"}
-    if parallel:
-        bc = (fits.get("broadcast") or {}).get(2, {})
-        # the wrapper costs were counted in the probe's own per-kernel time on ``ranks`` ranks;
-        # the simulator charges them in its per-kernel time for that many ranks (the one-rank
-        # figure times the executor-derived slowdown): convert, so the measured seconds return
-        layer = oversub.get("layer") or {}
-        one = host["per_kernel_s"] * layer[1] * sum(probe_kernels(probe_spec())) if host and 1 in layer else 1.0
-        more = at_ranks(grouped, layer) if grouped else {}
-        shares = {**parallel.get("comm_share", {}),
-                  **({f"{m}@{grouped['ranks']}": v for m, v in grouped.get("comm_share", {}).items()} if more else {})}
-        efficiency["parallel_host"] = {
-            "probe_method": PARALLEL_PROBE_METHOD,
-            "probe_ranks": parallel["ranks"],
-            **wrapper_kernels(parallel, layer),
-            **more,
-            "broadcast_latency_us": bc.get("alpha_s", 0.0) * 1e6,
-            "p2p_latency_kernels": parallel.get("p2p_latency_kernels", 0.0),
-            "p2p_send_kernels": parallel.get("p2p_send_kernels", 0.0),
-            "p2p_wake_kernels": parallel.get("p2p_wake_kernels", 0.0),
-            "p2p_post_kernels": parallel.get("p2p_post_kernels", 0.0),
-            **{k: parallel[k] for k in ("lone_all_reduce_kernels", "lone_broadcast_kernels") if k in parallel},
-            **({"comm_share": shares} if shares else {}),
-            **({k: {n: x * one for n, x in v.items()} for k, v in recompute_kernels(
-                host, peaks[main_precision], memory["copy_bytes_per_s"], efficiency).items()} if host else {}),
-            "recompute_unit_factor": one,
-            "source": f"{source}; probe layer on {parallel['ranks']} ranks at once, plain vs DTensor TP "
-                      "(executors.parallel's plan, with and without SP) vs FSDP2, in units of the plain "
-                      "layer's per-kernel time, median of interleaved rounds: the probe model wrapped as the "
-                      "executor wraps it, over the same model plain, at 2 and 6 layers, the slope per layer and "
-                      "the intercept for the ends (*_root: FSDP2's root group; TP's *_embed / *_head: split "
-                      "in the ratio of the embedding's and head's costs timed alone), per micro-batch; "
-                      "AdamW per plain / DTensor "
-                      "tensor; broadcast: its 2-rank alpha; p2p: a two-rank relay of the probe layer, its cost per message less the send call (wake), the sender's blocking send call, "
-                      "the irecv call that posts a receive (post); "
-                      "latency: two busy ranks streaming unwaited sends, the receiver's period less the "
-                      "slower rank's compute (delivery by gloo's thread while both ranks compute); lone_*: a "
-                      "4 KB all-reduce / broadcast issued right after both ranks ran the probe layer "
-                      "(the slower rank's median), as DDP and ZeroRedundancyOptimizer issue theirs; recompute_full/"
-                      "selective: the probe layer under checkpoint_wrapper in one process, beyond the "
-                      "recomputed ops, interleaved with the plain layer; *_unit_factor: each probe's "
-                      "per-kernel time over the simulator's for the same rank count, applied to its "
-                      "figures; comm_share: per wrapper, [forward, backward] share of its extra time that "
-                      "the executor's recorder counts as exposed communication (the 6-layer probe model, "
-                      "recorded steps apart from the timed ones), the rest host compute; name@n: the same "
-                      "figure from the probe on n ranks at once (groups of probe_ranks side by side), which "
-                      "topologies.hardware.scale_for_ranks uses for runs nearer n ranks"}
-    if cpu:
-        efficiency["memory"] = {
-            "framework_bytes": 0.0, "allocator_fragmentation": 0.0, "comm_buffers": False,
-            "executor_activations": True,
-            "source": "CPU host: no CUDA context or caching allocator; the executor counts the tensors "
-                      "a rank owns (executors/measure.py), which DDP's bucket buffers are not, and the "
-                      "tensors its torch model saves for backward (simcore.model.workload.executor_activation_bytes)"}
-        _rank_tables(efficiency, oversub)
-    return {
-        "measured_on": {"host": hostname, "date": date, "torch": str(torch.__version__), "device": str(device),
-                        "backend": "gloo" if cpu else "nccl", "cpu_cores": cores,
-                        "calibration_s": round(seconds, 1)},
-        "device": {
-            "name": name, "description": f"{name} on {hostname} (calibrated)", "vendor": device.type,
-            "dense_tflops": {p: (peaks[p] / 1e12 if p in peaks else None) for p in ("fp32", "tf32", "bf16", "fp16", "fp8")},
-            "hbm_gib": round(hbm_gib, 3),
-            "hbm_tbyte_per_s": memory["copy_bytes_per_s"] / 1e12,
-            "intra_link": "shared-memory" if cpu else "pcie",
-            "intra_link_gbyte_per_s_bidir": 2 * ring["bus_bytes_per_s"] / 1e9,
-            "pcie_gen": 0,
-            "pcie_gbyte_per_s_bidir": 2 * (h2d or memory["copy_bytes_per_s"]) / 1e9,
-            "tdp_w": 0.0,
-            "source": source,
-        },
-        "node": {"cpu_cores": cores, "host_memory_gib": round(_host_memory_gib(), 3)},
-        "efficiency": efficiency,
-        "oversubscription": {"matmul_flops_per_s_per_rank": _per_rank(oversub.get("matmul", {})),
-                             "layer_steps_per_s_per_rank": _per_rank(oversub.get("layer", {})),
-                             "executor_slowdown": _per_rank(oversub.get("slowdown", {})),
-                             "source": f"{source}; one-rank GEMM and probe-layer rates (one thread, gloo "
-                                       "process group) over the executor's slowdown with n ranks: "
-                                       "forward + optimizer time per rank of a data-parallel run of the "
-                                       "validation tiny model on n ranks over one rank, median of "
-                                       "interleaved rounds"},
-        "collectives": fits,
-        "raw": {"matmul": matmul, "memory": memory, "collectives": collectives, "h2d_bytes_per_s": h2d,
-                "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel,
-                "executor_one_rank": oversub.get("one_rank_step") or {}},
-    }
-
-
-def at_ranks(grouped: dict, layer: dict) -> dict:
-    """The grouped parallel probe's wrapper costs (in the simulator's unit for its rank count,
-    ``wrapper_kernels``) and pipeline point-to-point figures (in the probe's unit until
-    ``p2p_in_sim_unit``), each under ``name@ranks``; none where the oversubscription probe
-    measured no slowdown for that rank count to convert them by."""
-    n = grouped["ranks"]
-    if n not in layer:
-        return {}
-    out = {f"{k}@{n}": v for k, v in wrapper_kernels(grouped, layer).items()}
-    out.update({f"{k}@{n}": grouped[k] for k in P2P_KEYS if k in grouped})
-    return out
-
-
-def _rank_tables(efficiency: dict, oversub: dict) -> None:
-    """The per-rank-count tables ``topologies.hardware.scale_for_ranks`` reads (string keys):
-    the layer rate per rank (``host_oversubscription``) and the wait for the last rank at
-    DDP's sync (``dp_sync_wait_fraction``), where the oversubscription probe measured them."""
-    for key, name in (("layer", "host_oversubscription"), ("dp_sync_wait", "dp_sync_wait_fraction")):
-        if oversub.get(key):
-            efficiency[name] = {str(k): v for k, v in _per_rank(oversub[key]).items()}
-
-
-def _host_overhead_s(host: dict, oversub: dict) -> float:
-    """Per-kernel host cost. On a CPU host, from the one-rank oversubscription probe (the
-    same layer), so that ``topologies.hardware.scale_for_ranks``, which multiplies it by
-    layer[1] / layer[n], gives exactly the per-rank cost measured with n ranks running;
-    elsewhere the main-process probe."""
-    one = (oversub.get("layer") or {}).get(1)
-    if not one:
-        return host["per_kernel_s"]
-    return 1.0 / (one * (host["forward_kernels"] + host["backward_kernels"]))
-
-
-def _attention_efficiency(rows, precision, peak) -> float:
-    """Attention on a device without a fused kernel runs as batched GEMMs of size s x s x d."""
-    mid = [r for r in rows if r["precision"] == precision and r["m"] == 256]
-    return round(statistics.median(r["flops_per_s"] for r in mid) / peak, 4) if mid else 0.5
-
-
-def _host_memory_gib() -> float:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    except (ValueError, OSError, AttributeError):
-        return 0.0
 
 
 def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = True) -> dict:
@@ -324,13 +125,6 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
         p2p_in_sim_unit(profile["efficiency"], grouped["per_kernel_s"], grouped["ranks"], f"@{grouped['ranks']}")
     atomic_write_text(out, yaml.safe_dump(profile, sort_keys=False))
     return anchor_to_executor(profile, out)
-
-
-#: The pipeline figures of ``parallel_host`` that the point-to-point probe counts in its own
-#: per-kernel time on its busy ranks, re-measured by every refresh (``bench_p2p``). Its lone
-#: collectives (``lone_*_kernels``) stay in that unit: converted as well, they sent dp2-pp2
-#: 59% over in a check (bench/RESULTS.md).
-P2P_KEYS = ("p2p_latency_kernels", "p2p_send_kernels", "p2p_wake_kernels", "p2p_post_kernels")
 
 
 def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int, suffix: str = "") -> None:
