@@ -7,7 +7,8 @@ import pytest
 import simpy
 
 from simcore.model.costs import StepCosts
-from simcore.engine.des import FairShareLinks, simulate_des, stage_stragglers
+from simcore.engine.des import simulate_des, stage_stragglers
+from simcore.engine.links import FairShareLinks
 from simcore.plan.spec import plan_from_dict
 from simcore.results import Span
 
