@@ -17,7 +17,6 @@ from collections import Counter
 import torch
 from torch.distributed.tensor import DTensor
 
-from executors.record import Recorder, axis_map, instrument_stage, record_collectives  # noqa: F401
 from executors.record import tensor_bytes
 
 

@@ -46,7 +46,7 @@ import math
 import networkx as nx
 
 from topologies.hardware import Fabric, Node
-from topologies.placement import device_of, rank_grid  # noqa: F401  (re-exported)
+from topologies.placement import device_of
 
 SHARED_STORAGE = ("storage", "shared")
 TOPOLOGIES = ("rail-optimized-fat-tree", "fat-tree", "leaf-spine", "dragonfly+")

@@ -119,7 +119,7 @@ def _lone_collectives(step, reps: int, nbytes: int = LONE_COLLECTIVE_BYTES) -> d
 def _pipeline_chunk(rank: int, world: int, device, spec, reps: int) -> tuple[float, float]:
     """(forward, backward) median seconds of one ``PipelineStage`` chunk of the probe layer
     (torch.distributed.pipelining, a GPipe schedule over all ranks, timed as
-    ``executors.measure.instrument_stage`` times a run's chunks): the probe layer plus the
+    ``executors.record.instrument_stage`` times a run's chunks): the probe layer plus the
     stage's per-chunk bookkeeping (argument flattening, detaching, gradient hand-over)."""
     from torch.distributed import pipelining
 

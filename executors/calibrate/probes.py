@@ -1,4 +1,4 @@
-"""Single-process probes of the device at hand (``executors.calibrate.profile`` fits them into a
+"""Single-process probes of the device at hand (``executors.calibrate.build`` fits them into a
 profile): GEMM throughput over a grid of shapes and precisions (on a CPU also a transformer
 layer's GEMM shapes with their operands out of cache), memory-bound copy bandwidth and the
 fixed cost of a tiny kernel, pinned host-device copy bandwidth on a GPU, the eager host cost

@@ -37,7 +37,7 @@ COMM_SHARE_REPS = 3
 def _model_step(m, x, labels=None):
     """(fwd_s, bwd_s) closure of one micro-batch through a probe model or one of its ends:
     the loss on ``labels`` where it ends in the output projection, else the output's sum.
-    Given an ``executors.measure.Recorder`` the two phases are drawn on its compute stream,
+    Given an ``executors.record.Recorder`` the two phases are drawn on its compute stream,
     as the executor draws a step's."""
     from executors.model import loss_fn
 
@@ -56,16 +56,16 @@ def _model_step(m, x, labels=None):
 def _recorded_comm(rank: int, mesh, steps: dict, names: list[str], reps: int) -> dict:
     """Per step closure of ``names``: the median over ``reps`` recorded steps of (forward,
     backward) seconds and the exposed communication in each, as the executor's recorder
-    sees them (``executors.measure``: collectives timed from call to completion, a blocking
+    sees them (``executors.record``: collectives timed from call to completion, a blocking
     one cut out of the compute spans; ``simcore.results.split_step``). Apart from the timed
     rounds, since recording costs host time of its own."""
-    from executors import measure
+    from executors import record
     from simcore.results import split_step
 
-    rec = measure.Recorder(rank=rank)
+    rec = record.Recorder(rank=rank)
     group = frozenset(dist.get_process_group_ranks(mesh.get_group()))
     out: dict = {}
-    with measure.record_collectives(rec):
+    with record.record_collectives(rec):
         for name in names:   # the probe mesh's one axis stands for the executor's tp or dp axis
             rec.axis_of = {group: "tp" if name.startswith("tp") else "dp"}
             rows = []

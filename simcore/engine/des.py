@@ -65,7 +65,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from simcore.engine.runs import monte_carlo_runs, percentile, simulate_training_run  # noqa: F401  (re-exported)
 from simcore.engine.step import _Step
 from simcore.model.costs import StepCosts
 from simcore.results import GIB, Span, StepResult, rate_fields, split_step

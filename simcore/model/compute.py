@@ -77,14 +77,14 @@ class DeviceModel:
     p2p_latency_kernels: float = 0.0
     """Receiver-side cost of one pipeline message between busy ranks, in host kernels:
     measured on CPU hosts by two ranks streaming the probe layer's activations with unwaited
-    sends (``executors.calibrate.parallel_probes._busy_stream``): gloo hands a message over only once the
+    sends (``executors.calibrate.handover_probes._busy_stream``): gloo hands a message over only once the
     receiver has posted its receive, and the busy sender's gloo thread then waits for a core,
     so a receiver that is ready later than the send still waits this long (an idle ping-pong,
     0.1-1.4 ms and load-dependent, does not see it); absent from catalog GPUs."""
     p2p_send_kernels: float = 0.0
     """Host time of one blocking pipeline send call (gloo ``isend(...).wait()``) on the
     sender's thread, in host kernels; measured by a two-rank relay of the probe layer
-    (``executors.calibrate.parallel_probes._busy_p2p``); absent from catalog GPUs."""
+    (``executors.calibrate.handover_probes._busy_p2p``); absent from catalog GPUs."""
     p2p_wake_kernels: float = 0.0
     """The relay's cost per message less the send call: the transit to a receiver already
     blocked in its receive, in host kernels; absent from catalog GPUs."""

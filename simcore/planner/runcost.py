@@ -122,7 +122,7 @@ def _monte_carlo(s: Scenario, work_s: float, ck: CheckpointPlan, recover_s: floa
     """p50/p90 of days and $ over SimPy runs of the whole training (simcore.engine.des).
     Runs are capped so that all of them together see about MC_INTERRUPTION_BUDGET
     interruptions (at least MC_MIN_RUNS runs); ``runs`` in the answer says how many ran."""
-    from simcore.engine.des import monte_carlo_runs, percentile
+    from simcore.engine.runs import monte_carlo_runs, percentile
 
     runs = min(runs, max(MC_MIN_RUNS, int(MC_INTERRUPTION_BUDGET / max(1.0, s.expected_interruptions))))
     interval = ck.interval_s if math.isfinite(ck.interval_s) else work_s

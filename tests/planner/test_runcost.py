@@ -10,7 +10,7 @@ import pytest
 
 from simcore.planner import runcost as rcm
 from simcore.model import workload as wl
-from simcore.engine.des import monte_carlo_runs, simulate_training_run
+from simcore.engine.runs import monte_carlo_runs, simulate_training_run
 from simcore.planner.failures import (checkpoint_bytes, daly_interval_s, expected_wall_s, plan_checkpoints,
                                       storage_bytes_per_s, young_interval_s)
 from simcore.planner.runcost import run_cost

@@ -19,7 +19,7 @@ from topologies.routes import (
     bisection_bytes_per_s, bottleneck, cluster_summary, concurrent_ring_bandwidths, group_ring_bandwidths,
     path, ring_bus_bandwidth, ring_flows, ring_order, shared_links,
 )
-from topologies.build import rank_grid
+from topologies.placement import rank_grid
 
 NIC = 25e9  # ib-hdr: 200 Gb/s per direction
 
