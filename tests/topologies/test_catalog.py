@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from topologies.hardware import GIB, CatalogError, EfficiencyCurve, load_catalog
+from topologies.components import GIB, CatalogError, EfficiencyCurve
+from topologies.hardware import load_catalog
 
 REQUIRED = {
     "gpus": {"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi250x", "mi300x", "l40s"},

@@ -13,7 +13,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 from reports.plots import save_figure, topology_figure
-from simcore.plan.spec import plan_from_dict
+from simcore.plan.load import plan_from_dict
 from topologies.build import build_cluster, gpu_id
 from topologies.routes import (
     bisection_bytes_per_s, bottleneck, cluster_summary, concurrent_ring_bandwidths, group_ring_bandwidths,

@@ -1,0 +1,339 @@
+"""Plan documents to and from ``Plan`` values.
+
+``plan_from_dict`` parses a Plan document (YAML, schema in DESIGN.md "The Plan file")
+section by section, resolving catalog names, Hugging Face ``config.json`` models and the
+calibrated localhost profile, and checks it with ``check_plan``; ``load_plan`` is the only
+reader of Plan YAML (``read_yaml_file`` reads any YAML file the user names).
+``plan_to_dict`` and ``dump_plan`` write a Plan back as a document.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+
+import yaml
+
+from simcore.plan.rules import check_plan
+from simcore.plan.values import (
+    ClusterSpec, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
+    Precision, Recompute, Schedule, TrainingSpec, ZeroStage,
+)
+from topologies.components import CatalogError
+from topologies.hardware import Catalog, load_catalog
+from topologies.profile import scale_for_ranks
+
+# --------------------------------------------------------------------------- parsing
+
+_SECTIONS = ("model", "cluster", "parallel", "training")
+_TOP_KEYS = set(_SECTIONS) | {"name", "description"}
+_MODEL_KEYS = {f.name for f in fields(ModelSpec)} | {"hf_config"}
+_CLUSTER_KEYS = {"node", "nodes", "fabric", "gpus_per_node", "storage", "price_per_gpu_hour", "profile"}
+_PARALLEL_KEYS = {f.name for f in fields(ParallelSpec)}
+_TRAINING_KEYS = {f.name for f in fields(TrainingSpec)}
+
+
+def _check_keys(doc: dict, known: set[str], where: str) -> None:
+    for key in doc:
+        if key not in known:
+            raise PlanError(f"unknown field '{where}.{key}' (known: {', '.join(sorted(known))})")
+
+
+def _int(doc: dict, key: str, where: str, default=None, minimum: int = 1) -> int:
+    value = doc.get(key, default)
+    if value is None:
+        raise PlanError(f"{where}.{key} is required")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanError(f"{where}.{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise PlanError(f"{where}.{key}={value} must be at least {minimum}")
+    return value
+
+
+def _float(doc: dict, key: str, where: str, default=None, positive: bool = True) -> float | None:
+    value = doc.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PlanError(f"{where}.{key} must be a number, got {value!r}")
+    if positive and value <= 0:
+        raise PlanError(f"{where}.{key}={value} must be positive")
+    return float(value)
+
+
+def _bool(doc: dict, key: str, where: str, default: bool) -> bool:
+    value = doc.get(key, default)
+    if not isinstance(value, bool):
+        raise PlanError(f"{where}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _str(doc: dict, key: str, where: str, default=None) -> str | None:
+    value = doc.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise PlanError(f"{where}.{key} must be a string, got {value!r}")
+    return value
+
+
+def _mapping(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise PlanError(f"{where} must be a mapping of fields, got {type(value).__name__}")
+    return value
+
+
+def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
+    if isinstance(value, str):
+        value = {"hf_config": value} if value.endswith(".json") else {"name": value}
+    doc = dict(_mapping(value, "model"))
+    _check_keys(doc, _MODEL_KEYS, "model")
+    fields_: dict = {}
+    if "hf_config" in doc:
+        hf = _str(doc, "hf_config", "model")
+        doc.pop("hf_config")
+        if hf is not None:
+            fields_.update(hf_config_fields(_resolve(hf, base_dir)))
+    name = _str(doc, "name", "model")
+    if name is not None and name in cat.models:
+        fields_ = {**dict(cat.models[name]), **fields_}
+    elif name is not None and not fields_ and "layers" not in doc:
+        raise PlanError(f"unknown model '{name}' (known: {', '.join(sorted(cat.models))}); "
+                        "give a catalog name, a config.json path or the model's fields")
+    fields_.update(doc)
+    where = "model"
+    hidden, heads = _int(fields_, "hidden", where), _int(fields_, "heads", where)
+    experts = _int(fields_, "experts", where, 0, minimum=0)
+    pos = PositionEmbedding.parse(_str(fields_, "position_embedding", where, "learned"),
+                                  "model.position_embedding")
+    return ModelSpec(
+        name=name or fields_.get("name") or "custom",
+        layers=_int(fields_, "layers", where),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=_int(fields_, "kv_heads", where, heads),
+        ffn_hidden=_int(fields_, "ffn_hidden", where, 4 * hidden),
+        vocab=_int(fields_, "vocab", where),
+        seq_len=_int(fields_, "seq_len", where),
+        gated_mlp=_bool(fields_, "gated_mlp", where, False),
+        experts=experts,
+        top_k=_int(fields_, "top_k", where, 2 if experts else 0, minimum=0),
+        capacity_factor=_float(fields_, "capacity_factor", where, 1.0),
+        tied_embeddings=_bool(fields_, "tied_embeddings", where, True),
+        position_embedding=pos,
+        source=str(fields_.get("source", "")),
+    )
+
+
+def _resolve(path: str, base_dir: Path) -> Path:
+    p = Path(os.path.expanduser(path))
+    return p if p.is_absolute() else base_dir / p
+
+
+def hf_config_fields(path: Path) -> dict:
+    """Map a Hugging Face ``config.json`` onto ModelSpec fields.
+
+    Covers the field names of Llama 2/3, Mistral, Mixtral, Qwen2 (``num_hidden_layers``,
+    ``num_key_value_heads``, ``num_local_experts``, ...), GPT-2 (``n_layer``, ``n_embd``)
+    and GPT-NeoX.
+    """
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except OSError as exc:
+        raise PlanError(f"model config {path} cannot be read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"model config {path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    if not isinstance(cfg, dict):
+        raise PlanError(f"model config {path} must hold a JSON object")
+    mtype = str(cfg.get("model_type", "")).lower()
+
+    def pick(*keys):
+        for k in keys:
+            if cfg.get(k) is not None:
+                return cfg[k]
+        return None
+
+    out = {
+        "name": cfg.get("_name_or_path") or path.parent.name or mtype or "hf-model",
+        "layers": pick("num_hidden_layers", "n_layer"),
+        "hidden": pick("hidden_size", "n_embd"),
+        "heads": pick("num_attention_heads", "n_head"),
+        "kv_heads": pick("num_key_value_heads", "num_attention_heads", "n_head"),
+        "ffn_hidden": pick("intermediate_size", "n_inner", "ffn_dim"),
+        "vocab": pick("vocab_size"),
+        "seq_len": pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+        "experts": pick("num_local_experts", "num_experts") or 0,
+        "top_k": pick("num_experts_per_tok") or 0,
+        "source": f"Hugging Face config {path}",
+    }
+    if mtype == "gpt2":
+        out.update(gated_mlp=False, tied_embeddings=cfg.get("tie_word_embeddings", True),
+                   position_embedding="learned")
+    else:  # Llama, Mistral, Mixtral, Qwen2 use SwiGLU and rotary; NeoX is ungated
+        out.update(gated_mlp=mtype != "gpt_neox",
+                   tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                   position_embedding="rope")
+    missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq_len") if out[k] is None]
+    if missing:
+        raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _cluster(value, cat: Catalog, base_dir: Path) -> ClusterSpec:
+    doc = _mapping(value, "cluster")
+    _check_keys(doc, _CLUSTER_KEYS, "cluster")
+    node_name = _str(doc, "node", "cluster")
+    if node_name is None:
+        raise PlanError("cluster.node is required (a catalog node type, or localhost)")
+    if node_name not in cat.nodes:
+        raise PlanError(f"unknown node '{node_name}' for cluster.node (known: {', '.join(sorted(cat.nodes))})")
+    profile = _str(doc, "profile", "cluster")
+    try:
+        node = cat.node(node_name, _resolve(profile, base_dir) if profile else None)
+    except CatalogError as exc:
+        raise PlanError(f"cluster.node={node_name}: {exc}") from None
+    fabric_name = _str(doc, "fabric", "cluster", node.fabric)
+    if fabric_name is not None and fabric_name not in cat.fabrics:
+        raise PlanError(f"unknown fabric '{fabric_name}' for cluster.fabric (known: {', '.join(sorted(cat.fabrics))})")
+    storage_name = _str(doc, "storage", "cluster", node.storage)
+    if storage_name not in cat.storage:
+        raise PlanError(f"unknown storage '{storage_name}' for cluster.storage (known: {', '.join(sorted(cat.storage))})")
+    return ClusterSpec(
+        node=node,
+        nodes=_int(doc, "nodes", "cluster", 1),
+        fabric=cat.fabrics[fabric_name] if fabric_name else None,
+        storage=cat.storage[storage_name],
+        gpus_per_node=_int(doc, "gpus_per_node", "cluster", node.gpus_per_node),
+        price_per_gpu_hour=_float(doc, "price_per_gpu_hour", "cluster"),
+    )
+
+
+def _parallel(value, cluster_gpus: int) -> ParallelSpec:
+    doc = _mapping(value or {}, "parallel")
+    _check_keys(doc, _PARALLEL_KEYS, "parallel")
+    w = "parallel"
+    tp, pp, cp = _int(doc, "tp", w, 1), _int(doc, "pp", w, 1), _int(doc, "cp", w, 1)
+    dp = doc.get("dp")
+    if dp is None:  # fill the cluster with data parallel ranks
+        dp = max(1, cluster_gpus // (tp * pp * cp))
+    stage_layers = doc.get("stage_layers")
+    if stage_layers is not None:
+        if not isinstance(stage_layers, list) or not stage_layers:
+            raise PlanError("parallel.stage_layers must be a non-empty list of layer counts")
+        stage_layers = tuple(_int({"v": v}, "v", "parallel.stage_layers[]") for v in stage_layers)
+    zero = _int(doc, "zero", w, 0, minimum=0)
+    if zero > 3:
+        raise PlanError(f"parallel.zero={zero} is not one of: 0, 1, 2, 3")
+    return ParallelSpec(
+        tp=tp, pp=pp, dp=_int({"dp": dp}, "dp", w), cp=cp,
+        ep=_int(doc, "ep", w, 1), vpp=_int(doc, "vpp", w, 1),
+        stage_layers=stage_layers,
+        zero=ZeroStage(zero),
+        sequence_parallel=_bool(doc, "sequence_parallel", w, False),
+        schedule=Schedule.parse(doc.get("schedule", "1f1b"), "parallel.schedule"),
+    )
+
+
+def _training(value) -> TrainingSpec:
+    doc = _mapping(value, "training")
+    _check_keys(doc, _TRAINING_KEYS, "training")
+    w = "training"
+    return TrainingSpec(
+        global_batch=_int(doc, "global_batch", w),
+        micro_batch=_int(doc, "micro_batch", w, 1),
+        precision=Precision.parse(doc.get("precision", "bf16"), "training.precision"),
+        recompute=Recompute.parse(doc.get("recompute", "none"), "training.recompute"),
+        offload=Offload.parse(doc.get("offload", "none"), "training.offload"),
+        flash_attention=_bool(doc, "flash_attention", w, False),
+        optimizer=Optimizer.parse(doc.get("optimizer", "adamw"), "training.optimizer"),
+        grad_compression=GradCompression.parse(doc.get("grad_compression", "none"),
+                                               "training.grad_compression"),
+    )
+
+
+def plan_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | None = None) -> Plan:
+    """Build and check a Plan from a parsed Plan document."""
+    cat = catalog or load_catalog()
+    doc = _mapping(doc, "the plan")
+    _check_keys(doc, _TOP_KEYS, "plan")
+    for section in ("model", "cluster", "training"):
+        if section not in doc:
+            raise PlanError(f"the plan needs a '{section}' section")
+    base = Path(base_dir)
+    cluster = _cluster(doc["cluster"], cat, base)
+    parallel = _parallel(doc.get("parallel"), cluster.gpus)
+    if cluster.node.calibrated:  # ranks sharing this host's cores see less of it each
+        ranks_per_node = min(parallel.gpus, cluster.gpus_per_node)
+        cluster = replace(cluster, node=scale_for_ranks(cluster.node, ranks_per_node))
+    plan = Plan(
+        model=_model(doc["model"], cat, base),
+        cluster=cluster,
+        parallel=parallel,
+        training=_training(doc["training"]),
+        name=str(doc.get("name", "")),
+    )
+    check_plan(plan)
+    return plan
+
+
+def read_yaml_file(path: str | os.PathLike, what: str):
+    """The parsed document of a YAML file the user names (``what``: "plan file", "sweep
+    file", ...); PlanError with one sentence if it cannot be read, parsed, or is empty."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{what} {path} is not a text file") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise PlanError(f"{what} {path} is not valid YAML{line}: {problem}") from None
+    if doc is None:
+        raise PlanError(f"{what} {path} is empty")
+    return doc
+
+
+def load_plan(path: str | os.PathLike, catalog: Catalog | None = None) -> Plan:
+    """Read a Plan YAML file; raise PlanError with one sentence on any problem."""
+    path = Path(path)
+    plan = plan_from_dict(read_yaml_file(path, "plan file"), path.parent, catalog)
+    return plan if plan.name else replace(plan, name=path.stem)
+
+
+# --------------------------------------------------------------------------- output
+
+def plan_to_dict(plan: Plan) -> dict:
+    """The Plan as a Plan-file document (catalog names for hardware, fields for the model)."""
+    model = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.model).items()}
+    model.pop("source", None)
+    par = plan.parallel
+    parallel = {
+        "tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "vpp": par.vpp,
+        "zero": int(par.zero), "sequence_parallel": par.sequence_parallel, "schedule": par.schedule.value,
+    }
+    if par.stage_layers is not None:
+        parallel["stage_layers"] = list(par.stage_layers)
+    cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,
+               "gpus_per_node": plan.cluster.gpus_per_node, "storage": plan.cluster.storage.name}
+    if plan.cluster.fabric is not None:
+        cluster["fabric"] = plan.cluster.fabric.name
+    if plan.cluster.price_per_gpu_hour is not None:
+        cluster["price_per_gpu_hour"] = plan.cluster.price_per_gpu_hour
+    training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()}
+    doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}
+    if plan.name:
+        doc = {"name": plan.name, **doc}
+    return doc
+
+
+def dump_plan(plan: Plan) -> str:
+    return yaml.safe_dump(plan_to_dict(plan), sort_keys=False)

@@ -1,0 +1,62 @@
+"""The cross-field rules of a Plan: ``check_plan`` raises PlanError naming the first one
+broken (``simcore.plan.load`` applies it to every Plan it builds)."""
+from __future__ import annotations
+
+from simcore.plan.values import GradCompression, Offload, Plan, PlanError, Schedule, ZeroStage
+
+
+def check_plan(plan: Plan) -> None:
+    """Every cross-field rule of a Plan; raises PlanError naming the first one broken."""
+    m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
+    rules = [
+        (m.heads % m.kv_heads == 0, f"model.kv_heads={m.kv_heads} does not divide model.heads={m.heads}"),
+        (m.hidden % m.heads == 0, f"model.heads={m.heads} does not divide model.hidden={m.hidden}"),
+        (m.heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.heads={m.heads}"),
+        (m.kv_heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.kv_heads={m.kv_heads}"),
+        (m.ffn_hidden % par.tp == 0, f"parallel.tp={par.tp} does not divide model.ffn_hidden={m.ffn_hidden}"),
+        (m.top_k <= m.experts, f"model.top_k={m.top_k} exceeds model.experts={m.experts}"),
+        (not m.experts or m.top_k >= 1, f"model.top_k must be at least 1 when model.experts={m.experts}"),
+        (par.gpus <= cl.gpus, f"plan needs {par.gpus} GPUs (tp*pp*dp*cp) but cluster has {cl.gpus}"),
+        (cl.nodes == 1 or cl.fabric is not None,
+         f"cluster.nodes={cl.nodes} needs a network: cluster.node={cl.node.name} has no fabric, set cluster.fabric"),
+        (tr.global_batch % (par.dp * tr.micro_batch) == 0,
+         f"training.global_batch={tr.global_batch} is not a multiple of parallel.dp*training.micro_batch"
+         f"={par.dp * tr.micro_batch}"),
+        (m.seq_len % par.cp == 0, f"parallel.cp={par.cp} does not divide model.seq_len={m.seq_len}"),
+        (not par.sequence_parallel or par.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1"),
+        (not par.sequence_parallel or (m.seq_len // par.cp) % par.tp == 0,
+         f"parallel.tp={par.tp} does not divide the sequence per context rank ({m.seq_len // par.cp}) "
+         "as sequence_parallel needs"),
+        (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),
+        (par.ep == 1 or m.experts % par.ep == 0,
+         f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
+        (par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
+         f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
+        (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE),
+         f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
+         f"not {par.schedule.value}"),
+        (par.vpp == 1 or par.pp > 1, "parallel.vpp > 1 needs parallel.pp > 1"),
+        (m.layers >= par.pp * par.vpp,
+         f"model.layers={m.layers} gives fewer than one layer per virtual stage (pp*vpp={par.pp * par.vpp})"),
+        (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or plan.num_microbatches % par.pp == 0,
+         f"the interleaved schedule needs the micro-batches per step ({plan.num_microbatches}) "
+         f"to be a multiple of parallel.pp={par.pp}"),
+        (tr.offload != Offload.OPTIMIZER_PARAMS or par.zero == ZeroStage.WEIGHTS,
+         "training.offload=optimizer+params needs parallel.zero=3 (FSDP2 offloads sharded parameters)"),
+        (tr.grad_compression == GradCompression.NONE or par.zero == ZeroStage.NONE,
+         f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0 "
+         "(it is a DDP communication hook)"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise PlanError(message)
+    if par.stage_layers is not None:
+        stages = par.pp * par.vpp
+        if len(par.stage_layers) != stages:
+            raise PlanError(f"parallel.stage_layers has {len(par.stage_layers)} entries but pp*vpp={stages}")
+        if sum(par.stage_layers) != m.layers:
+            raise PlanError(f"parallel.stage_layers adds up to {sum(par.stage_layers)}, "
+                            f"not model.layers={m.layers}")
+    gpu = cl.node.gpu
+    if gpu.name != "uncalibrated-host" and gpu.peak(tr.precision.value) is None:
+        raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name}")

@@ -1,0 +1,266 @@
+"""The hardware of the catalog as dataclasses (GPU, Node, Fabric, Storage, prices) and
+how one catalog entry becomes one.
+
+The catalog (``topologies/catalog/*.yaml``) keeps every figure in its datasheet unit
+(``nic_gbit_per_s``, ``hbm_tbyte_per_s``, ...) next to its ``source:``. The entry readers
+here (``_gpu``, ``_node``, ...) convert each figure once into SI units (bytes, bytes/s,
+FLOP/s, seconds, watts) so that nothing downstream deals with bits versus bytes again.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+GIB = 1024**3
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+class CatalogError(ValueError):
+    """A catalog or profile file is missing, malformed or names something unknown."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EfficiencyCurve:
+    """Achieved fraction of peak as a function of work size, piecewise linear in log10(size).
+
+    ``points`` are ``(size, efficiency)`` pairs sorted by size; sizes below the first
+    or above the last point take the end values.
+    """
+
+    points: tuple[tuple[float, float], ...]
+    source: str = ""
+
+    def at(self, size: float) -> float:
+        pts = self.points
+        if size <= pts[0][0]:
+            return pts[0][1]
+        if size >= pts[-1][0]:
+            return pts[-1][1]
+        x = math.log10(size)
+        for (s0, e0), (s1, e1) in zip(pts, pts[1:]):
+            if size <= s1:
+                x0, x1 = math.log10(s0), math.log10(s1)
+                return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
+        return pts[-1][1]  # unreachable: size < pts[-1][0] here
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPU:
+    """One accelerator (or, for ``localhost``, the calibrated host device)."""
+
+    name: str
+    description: str
+    vendor: str
+    peak_flops: tuple[tuple[str, float | None], ...]
+    """Dense peak FLOP/s per precision name; None where the device does not support it."""
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    intra_link: str
+    intra_link_bytes_per_s: float
+    """GPU-to-GPU link bandwidth per GPU, per direction."""
+    pcie_gen: int
+    pcie_bytes_per_s: float
+    """Host link bandwidth per direction."""
+    tdp_w: float
+    source: str
+    calibrated: bool = False
+    efficiency_json: str = ""
+    """A calibrated profile's efficiency entry (JSON text, so the GPU stays hashable);
+    empty for catalog GPUs, whose entry lives in ``efficiency.yaml``."""
+
+    def peak(self, precision: str) -> float | None:
+        return dict(self.peak_flops).get(precision)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fabric:
+    """The inter-node compute network."""
+
+    name: str
+    description: str
+    nic_bytes_per_s: float
+    """Per NIC, per direction."""
+    latency_s: float
+    topology: str
+    oversubscription: float
+    switch_radix: int
+    source: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Storage:
+    """A storage tier: local NVMe (figures per node), a parallel file system or an object store."""
+
+    name: str
+    description: str
+    kind: str
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    per_client_bytes_per_s: float
+    latency_s: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """A server: its GPUs, how they are joined, and its NICs and host."""
+
+    name: str
+    description: str
+    gpu: GPU
+    gpus_per_node: int
+    intra: str
+    fabric: str | None
+    nics_per_node: int
+    pcie_switches: int
+    host_memory_bytes: float
+    cpu_cores: int
+    system_power_w: float
+    storage: str
+    source: str
+    calibrated: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuPrice:
+    on_demand_usd: float
+    reserved_usd: float
+    spot_usd: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prices:
+    """Editable price, energy and failure defaults."""
+
+    gpus: dict[str, GpuPrice]
+    usd_per_kwh: float
+    pue: float
+    energy_source: str
+    interruptions_per_gpu_hour: float
+    restart_s: float
+    spot_preemptions_per_hour: float
+    failures_source: str
+
+
+def _num(entry: dict, key: str, where: str, *, allow_none: bool = False) -> float | None:
+    value = entry.get(key)
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CatalogError(f"{where}.{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _gpu(name: str, e: dict, calibrated: bool = False, efficiency: dict | None = None) -> GPU:
+    where = f"gpus.{name}"
+    tflops = e.get("dense_tflops") or {}
+    peaks = tuple((p, None if tflops.get(p) is None else float(tflops[p]) * 1e12) for p in PRECISIONS)
+    return GPU(
+        name=name,
+        description=str(e.get("description", name)),
+        vendor=str(e.get("vendor", "")),
+        peak_flops=peaks,
+        hbm_bytes=_num(e, "hbm_gib", where) * GIB,
+        hbm_bytes_per_s=_num(e, "hbm_tbyte_per_s", where) * 1e12,
+        intra_link=str(e.get("intra_link", "pcie")),
+        intra_link_bytes_per_s=_num(e, "intra_link_gbyte_per_s_bidir", where) * 1e9 / 2,
+        pcie_gen=int(e.get("pcie_gen") or 0),
+        pcie_bytes_per_s=_num(e, "pcie_gbyte_per_s_bidir", where) * 1e9 / 2,
+        tdp_w=_num(e, "tdp_w", where),
+        source=str(e.get("source", "")),
+        calibrated=calibrated,
+        efficiency_json=json.dumps(efficiency, sort_keys=True) if efficiency else "",
+    )
+
+
+def _node(name: str, e: dict, gpus: dict[str, GPU], gpu: GPU | None = None) -> Node:
+    where = f"nodes.{name}"
+    if gpu is None:
+        if e.get("gpu") not in gpus:
+            raise CatalogError(f"{where}.gpu '{e.get('gpu')}' is not in gpus.yaml")
+        gpu = gpus[e["gpu"]]
+    return Node(
+        name=name,
+        description=str(e.get("description", name)),
+        gpu=gpu,
+        gpus_per_node=int(e["gpus_per_node"]),
+        intra=str(e.get("intra", "pcie")),
+        fabric=e.get("fabric"),
+        nics_per_node=int(e.get("nics_per_node") or 0),
+        pcie_switches=int(e.get("pcie_switches") or 0),
+        host_memory_bytes=(_num(e, "host_memory_gib", where, allow_none=True) or 0.0) * GIB,
+        cpu_cores=int(e.get("cpu_cores") or 0),
+        system_power_w=_num(e, "system_power_w", where, allow_none=True) or 0.0,
+        storage=str(e.get("storage", "local-nvme")),
+        source=str(e.get("source", "")),
+        calibrated=bool(e.get("calibrated", False)),
+    )
+
+
+def _fabric(name: str, e: dict) -> Fabric:
+    where = f"fabrics.{name}"
+    return Fabric(
+        name=name,
+        description=str(e.get("description", name)),
+        nic_bytes_per_s=_num(e, "nic_gbit_per_s", where) * 1e9 / 8,
+        latency_s=_num(e, "latency_us", where) * 1e-6,
+        topology=str(e.get("topology", "fat-tree")),
+        oversubscription=_num(e, "oversubscription", where),
+        switch_radix=int(e.get("switch_radix") or 64),
+        source=str(e.get("source", "")),
+    )
+
+
+def _storage(name: str, e: dict) -> Storage:
+    where = f"storage.{name}"
+    return Storage(
+        name=name,
+        description=str(e.get("description", name)),
+        kind=str(e.get("kind")),
+        read_bytes_per_s=_num(e, "read_gbyte_per_s", where) * 1e9,
+        write_bytes_per_s=_num(e, "write_gbyte_per_s", where) * 1e9,
+        per_client_bytes_per_s=_num(e, "per_client_gbyte_per_s", where) * 1e9,
+        latency_s=_num(e, "latency_ms", where) * 1e-3,
+        source=str(e.get("source", "")),
+    )
+
+
+def _prices(e: dict) -> Prices:
+    energy, failures = e.get("energy", {}), e.get("failures", {})
+    gpus = {
+        name: GpuPrice(
+            on_demand_usd=float(p["on_demand_usd"]),
+            reserved_usd=float(p["reserved_usd"]),
+            spot_usd=float(p["spot_usd"]),
+            source=str(p.get("source", "")),
+        )
+        for name, p in (e.get("gpus") or {}).items()
+    }
+    return Prices(
+        gpus=gpus,
+        usd_per_kwh=_num(energy, "usd_per_kwh", "prices.energy"),
+        pue=_num(energy, "pue", "prices.energy"),
+        energy_source=str(energy.get("source", "")),
+        interruptions_per_gpu_hour=_num(failures, "interruptions_per_gpu_hour", "prices.failures"),
+        restart_s=_num(failures, "restart_minutes", "prices.failures") * 60,
+        spot_preemptions_per_hour=_num(failures, "spot_preemptions_per_hour", "prices.failures"),
+        failures_source=str(failures.get("source", "")),
+    )
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise CatalogError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise CatalogError(f"{path} must hold a mapping at the top level")
+    return data
