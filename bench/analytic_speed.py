@@ -18,7 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simcore.engine.predict import simulate  # noqa: E402
-from simcore.plan.spec import PlanError, Recompute, ZeroStage, check_plan, plan_from_dict  # noqa: E402
+from simcore.plan.load import plan_from_dict  # noqa: E402
+from simcore.plan.rules import check_plan  # noqa: E402
+from simcore.plan.spec import PlanError, Recompute, ZeroStage  # noqa: E402
 
 BASE = {"model": "gpt3-175b", "cluster": {"node": "dgx-a100-80gb", "nodes": 192},
         "parallel": {"tp": 8, "pp": 12, "dp": 16, "zero": 1},

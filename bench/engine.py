@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simcore.engine.des import simulate_des  # noqa: E402
 from simcore.model.step_costs import step_costs  # noqa: E402
-from simcore.plan.spec import plan_from_dict  # noqa: E402
+from simcore.plan.load import plan_from_dict  # noqa: E402
 
 
 def gpt3_plan(global_batch: int):

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from executors import launch, procs
 from executors.model import build_model, loss_fn
 from executors.parallel import LEARNING_RATE
-from simcore.plan.spec import load_plan
+from simcore.plan.load import load_plan
 
 TARGET_OVERHEAD = 0.03
 

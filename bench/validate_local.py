@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from trainplan.validate import validate_matrix  # noqa: E402
 from simcore.results import atomic_write_text  # noqa: E402
 from simcore.planner.uncertainty import RESIDUALS_PATH, merge_residuals, residual_table  # noqa: E402
-from topologies.hardware import default_profile_path  # noqa: E402
+from topologies.profile import default_profile_path  # noqa: E402
 
 MATRIX = ROOT / "validation" / "local.yaml"
 STEP_MEDIAN_TARGET = 0.10
@@ -136,7 +136,7 @@ def steps_for(doc: dict, seconds: float, minimum: int) -> int:
     import math
 
     from simcore.engine.predict import simulate
-    from simcore.plan.spec import plan_from_dict
+    from simcore.plan.load import plan_from_dict
 
     pred = simulate(plan_from_dict(doc, MATRIX.parent)).step_time_s
     return max(minimum, math.ceil(seconds / max(pred, 1e-6)))

@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simcore.engine.predict import simulate  # noqa: E402
-from simcore.plan.spec import PlanError, plan_from_dict  # noqa: E402
+from simcore.plan.load import plan_from_dict  # noqa: E402
+from simcore.plan.spec import PlanError  # noqa: E402
 from simcore.results import atomic_write_text  # noqa: E402
 from simcore.planner.uncertainty import hardware_kind, layout_class, load_residuals, merge_residuals, residual_table  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402

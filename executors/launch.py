@@ -188,7 +188,7 @@ def run(plan: Plan, *, steps: int = 20, warmup: int = 5, seed: int = 0, trace_pa
 def main(argv: list[str] | None = None) -> int:
     """Entry point under torchrun: every rank runs; rank 0 prints the Measurement."""
     from executors.measure import summarise
-    from simcore.plan.spec import load_plan
+    from simcore.plan.load import load_plan
 
     ap = argparse.ArgumentParser(prog="python -m executors.launch")
     ap.add_argument("plan")

@@ -37,7 +37,9 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
-from simcore.plan.spec import GradCompression, Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
+from simcore.plan.spec import (
+    GradCompression, Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
+)
 from topologies.placement import AXES
 
 #: Optimizer hyper-parameters (not hardware figures): GPT-3's AdamW betas and weight

@@ -45,7 +45,7 @@ import math
 
 import networkx as nx
 
-from topologies.hardware import Fabric, Node
+from topologies.components import Fabric, Node
 from topologies.placement import device_of
 
 SHARED_STORAGE = ("storage", "shared")

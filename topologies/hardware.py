@@ -4,9 +4,6 @@ once from its datasheet unit into SI units.
 
 The machine at hand (node ``localhost``) has no datasheet: its figures come from a
 profile measured by ``trainplan calibrate`` (see ``topologies.profile.load_profile``).
-
-The dataclasses and the profile functions are re-exported here from
-``topologies.components`` and ``topologies.profile``.
 """
 from __future__ import annotations
 
@@ -16,16 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from topologies.components import (
-    GIB, GPU, PRECISIONS, CatalogError, EfficiencyCurve, Fabric, GpuPrice, Node, Prices, Storage, _fabric, _gpu, _node,
+    GPU, CatalogError, Fabric, Node, Prices, Storage, _fabric, _gpu, _node,
     _prices, _read_yaml, _storage,
 )
-from topologies.profile import default_profile_path, host_slowdown, load_profile, parallel_host_for_ranks, scale_for_ranks
-
-__all__ = [
-    "CATALOG_DIR", "GIB", "PRECISIONS", "Catalog", "CatalogError", "EfficiencyCurve", "Fabric", "GPU", "GpuPrice",
-    "Node", "Prices", "Storage", "default_profile_path", "host_slowdown", "load_catalog", "load_profile",
-    "parallel_host_for_ranks", "scale_for_ranks",
-]
+from topologies.profile import default_profile_path, load_profile
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 

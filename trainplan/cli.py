@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from simcore.plan.spec import PlanError
-from topologies.hardware import CatalogError
+from topologies.components import CatalogError
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
 from trainplan.common import UsageError

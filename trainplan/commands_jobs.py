@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from simcore.plan.spec import dump_plan, load_plan
+from simcore.plan.load import dump_plan, load_plan
 from trainplan.common import RunFailed, UsageError, print_json, print_prediction
 
 
@@ -75,7 +75,7 @@ def _parse_prices(items: list[str] | None) -> dict[str, float]:
 
 def cmd_plan(args) -> None:
     from simcore.planner.search import search, summary_table
-    from simcore.plan.spec import plan_to_dict
+    from simcore.plan.load import plan_to_dict
     from simcore.results import atomic_write_text
 
     model = {"name": args.model}
@@ -165,7 +165,7 @@ def cmd_demo(args) -> None:
 
 def cmd_calibrate(args) -> None:
     from executors.calibrate.profile import calibrate
-    from topologies.hardware import default_profile_path
+    from topologies.profile import default_profile_path
 
     out = args.out or default_profile_path()
     if args.refresh:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from simcore.plan.spec import dump_plan, load_plan
+from simcore.plan.load import dump_plan, load_plan
 from topologies.hardware import load_catalog
 from trainplan.common import UsageError, fmt_s, print_json, print_prediction
 
@@ -151,7 +151,7 @@ def cmd_import(args) -> None:
     import yaml
 
     from simcore.plan.interop import import_plan
-    from simcore.plan.spec import plan_from_dict
+    from simcore.plan.load import plan_from_dict
 
     if not any((args.hf, args.megatron, args.deepspeed, args.torchtitan)):
         raise UsageError("import needs at least one of --hf, --megatron, --deepspeed, --torchtitan")

@@ -34,7 +34,7 @@ def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens:
     from simcore.planner.search import search
     from simcore.engine.predict import simulate
     from simcore.model.step_costs import memory_report
-    from simcore.plan.spec import dump_plan
+    from simcore.plan.load import dump_plan
     from simcore.results import atomic_write_text
     from topologies.build import build_cluster
 
@@ -70,7 +70,7 @@ def validate_job(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, pro
     from reports.build import validate_report
     from trainplan.validate import validate_matrix
     from simcore.results import atomic_write_text
-    from topologies.hardware import default_profile_path
+    from topologies.profile import default_profile_path
 
     result = validate_matrix(matrix, steps=steps, warmup=warmup, only=list(only) if only else None,
                              progress=progress)

@@ -15,9 +15,10 @@ from pathlib import Path
 import pandas as pd
 
 from reports.compare import Comparison, compare
-from simcore.plan.spec import Plan, PlanError, load_plan, plan_from_dict, read_yaml_file
+from simcore.plan.load import load_plan, plan_from_dict, read_yaml_file
+from simcore.plan.spec import Plan, PlanError
 from simcore.planner.uncertainty import layout_class
-from topologies.hardware import default_profile_path
+from topologies.profile import default_profile_path
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -199,7 +199,7 @@ def _parallel_host(parallel: dict, grouped: dict | None, host: dict | None, over
                   "the executor's recorder counts as exposed communication (the 6-layer probe model, "
                   "recorded steps apart from the timed ones), the rest host compute; name@n: the same "
                   "figure from the probe on n ranks at once (groups of probe_ranks side by side), which "
-                  "topologies.hardware.scale_for_ranks uses for runs nearer n ranks"}
+                  "topologies.profile.scale_for_ranks uses for runs nearer n ranks"}
 
 
 def _oversubscription(oversub: dict, source: str) -> dict:
@@ -229,7 +229,7 @@ def at_ranks(grouped: dict, layer: dict) -> dict:
 
 
 def _rank_tables(efficiency: dict, oversub: dict) -> None:
-    """The per-rank-count tables ``topologies.hardware.scale_for_ranks`` reads (string keys):
+    """The per-rank-count tables ``topologies.profile.scale_for_ranks`` reads (string keys):
     the layer rate per rank (``host_oversubscription``) and the wait for the last rank at
     DDP's sync (``dp_sync_wait_fraction``), where the oversubscription probe measured them."""
     for key, name in (("layer", "host_oversubscription"), ("dp_sync_wait", "dp_sync_wait_fraction")):
@@ -239,7 +239,7 @@ def _rank_tables(efficiency: dict, oversub: dict) -> None:
 
 def _host_overhead_s(host: dict, oversub: dict) -> float:
     """Per-kernel host cost. On a CPU host, from the one-rank oversubscription probe (the
-    same layer), so that ``topologies.hardware.scale_for_ranks``, which multiplies it by
+    same layer), so that ``topologies.profile.scale_for_ranks``, which multiplies it by
     layer[1] / layer[n], gives exactly the per-rank cost measured with n ranks running;
     elsewhere the main-process probe."""
     one = (oversub.get("layer") or {}).get(1)

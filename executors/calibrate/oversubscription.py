@@ -89,7 +89,7 @@ def _probe_plan(ranks: int, profile=None, spec: dict = STEP_PROBE_MODEL):
     """A data-parallel plan of ``spec`` (``STEP_PROBE_MODEL`` by default) on ``ranks`` ranks
     of this host (with the profile at ``profile``, default this host's cached one), four
     micro-batches of one sample per rank per step."""
-    from simcore.plan.spec import plan_from_dict
+    from simcore.plan.load import plan_from_dict
 
     model = {k: v for k, v in spec.items() if k not in ("kv_heads", "ffn_hidden")}
     cluster = {"node": "localhost", "gpus_per_node": max(OVERSUB_RANKS), **({"profile": str(profile)} if profile else {})}
@@ -224,7 +224,7 @@ def _scale_compute(profile: dict, r: float, *, host_unit: bool = True, device: f
 
 
 def derive_oversubscription(measured: dict) -> dict:
-    """Per-rank tables ``topologies.hardware.scale_for_ranks`` applies: with n ranks, the
+    """Per-rank tables ``topologies.profile.scale_for_ranks`` applies: with n ranks, the
     one-rank GEMM rate and layer rate over the executor's measured slowdown with n ranks
     (``bench_executor_slowdown``). What slows a run's ranks when they share cores (DDP and
     gloo threads, the autograd engine, caches and memory bandwidth) is not what slows a lone

@@ -62,7 +62,7 @@ from executors.calibrate.probes import (LAYER_GEMM_HIDDEN, MATMUL_SIZES, _dispat
                                         bench_host_overhead, bench_layer_gemms, bench_matmul, bench_memory,
                                         bench_optimizer)
 from simcore.results import atomic_write_text
-from topologies.hardware import host_slowdown
+from topologies.profile import host_slowdown
 
 
 #: Window and rounds of the quick re-measurement before each validation run
@@ -132,7 +132,7 @@ def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int, suf
     (``P2P_KEYS``, each with ``suffix``: ``@n`` for a grouped probe's) from the probe's
     per-kernel time on ``ranks`` busy ranks to the simulator's for that rank count
     (``host_overhead_us`` x layer[1] / layer[ranks], as
-    ``topologies.hardware.scale_for_ranks`` charges it), so that the seconds the probe
+    ``topologies.profile.scale_for_ranks`` charges it), so that the seconds the probe
     measured come back; the factor is kept as ``p2p_unit_factor`` (1.33 in one refresh: the
     probe's kernel on two busy ranks is not the simulator's since the host kernel time is a
     share of the executor's one-rank step)."""

@@ -63,7 +63,9 @@ from dataclasses import dataclass
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
 from simcore.model.schedules import Action, Op, add_communication, add_reduce_grad, add_unshard_reshard, build_schedule
-from simcore.plan.spec import GradCompression, ModelSpec, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
+from simcore.plan.spec import (
+    GradCompression, ModelSpec, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
+)
 from topologies.placement import rank_grid
 
 #: torch's DDP defaults: ``_DEFAULT_BUCKET_CAP_MB = 25`` (torch/nn/parallel/distributed.py)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from simcore.plan.spec import PlanError
 from simcore.model.workload import Op
-from topologies.hardware import GPU, EfficiencyCurve, load_catalog
+from topologies.components import GPU, EfficiencyCurve
+from topologies.hardware import load_catalog
 
 #: FLOP ratio of a FlashAttention backward to its forward: 5 matmuls against 2
 #: (Dao 2023, FlashAttention-2, Sec. 3.1.2; the backward also recomputes the scores).

@@ -1,7 +1,8 @@
 """Human-facing summaries of a Plan (what `trainplan check` prints)."""
 from __future__ import annotations
 
-from simcore.plan.spec import Plan, plan_to_dict
+from simcore.plan.load import plan_to_dict
+from simcore.plan.spec import Plan
 
 
 def plan_summary(plan: Plan) -> dict:

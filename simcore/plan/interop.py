@@ -2,7 +2,7 @@
 Plan document (here, with the readers in ``simcore.plan.readers``), and export a Plan to
 Megatron-LM, DeepSpeed, torchtitan and Slurm (``simcore.plan.writers``).
 
-Pure functions: text in, a Plan-document dict (for ``simcore.plan.spec.plan_from_dict``) or
+Pure functions: text in, a Plan-document dict (for ``simcore.plan.load.plan_from_dict``) or
 text out; nothing here writes files or imports torch. Every option name written is one
 the tool defines: ``tool_options.yaml`` keeps the lists with the repository, file and
 commit they were read from, and ``tests/test_interop.py`` checks each export against
@@ -39,7 +39,8 @@ from pathlib import Path
 
 from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_megatron, read_torchtitan
 from simcore.plan.spec import PlanError, even_split
-from topologies.hardware import CatalogError, load_catalog
+from topologies.components import CatalogError
+from topologies.hardware import load_catalog
 
 
 def _merge(readings: list[Reading]) -> tuple[dict, dict]:

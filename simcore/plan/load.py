@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from simcore.plan.rules import check_plan
-from simcore.plan.values import (
+from simcore.plan.spec import (
     ClusterSpec, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
     Precision, Recompute, Schedule, TrainingSpec, ZeroStage,
 )

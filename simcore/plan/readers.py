@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from simcore.plan.spec import PlanError, hf_config_fields
+from simcore.plan.load import hf_config_fields
+from simcore.plan.spec import PlanError
 
 TOOL_OPTIONS_PATH = Path(__file__).parent / "tool_options.yaml"
 

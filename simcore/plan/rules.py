@@ -2,7 +2,7 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
-from simcore.plan.values import GradCompression, Offload, Plan, PlanError, Schedule, ZeroStage
+from simcore.plan.spec import GradCompression, Offload, Plan, PlanError, Schedule, ZeroStage
 
 
 def check_plan(plan: Plan) -> None:

@@ -1,20 +1,210 @@
-"""The Plan's public names, re-exported from the modules that hold them: the value types
-from ``simcore.plan.values``, ``check_plan`` from ``simcore.plan.rules``, and reading and
-writing Plan documents from ``simcore.plan.load``.
+"""The Plan: one immutable, validated value that every stage of trainplan consumes.
+
+A Plan file (YAML, schema in DESIGN.md "The Plan file") has four sections: ``model``,
+``cluster``, ``parallel`` and ``training``. ``load_plan`` is the only reader of Plan
+YAML; everything downstream takes the ``Plan`` dataclass. Every wrong input raises
+``PlanError`` with one sentence that names the field and the rule.
+
+This module holds the value: PlanError, the enumerated choices, the four section
+dataclasses and ``Plan``, with ``even_split`` (the default spread of layers over
+pipeline stages). Building a Plan from a document is ``simcore.plan.load``; the
+cross-field rules it must satisfy are ``simcore.plan.rules``.
 """
 from __future__ import annotations
 
-from simcore.plan.load import (
-    dump_plan, hf_config_fields, load_plan, plan_from_dict, plan_to_dict, read_yaml_file,
-)
-from simcore.plan.rules import check_plan
-from simcore.plan.values import (
-    ClusterSpec, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
-    Precision, Recompute, Schedule, TrainingSpec, ZeroStage, even_split,
-)
+import enum
+from dataclasses import dataclass
 
-__all__ = [
-    "ClusterSpec", "GradCompression", "ModelSpec", "Offload", "Optimizer", "ParallelSpec", "Plan", "PlanError",
-    "PositionEmbedding", "Precision", "Recompute", "Schedule", "TrainingSpec", "ZeroStage", "check_plan", "dump_plan",
-    "even_split", "hf_config_fields", "load_plan", "plan_from_dict", "plan_to_dict", "read_yaml_file",
-]
+from topologies.components import Fabric, Node, Storage
+
+
+class PlanError(ValueError):
+    """A Plan is malformed or breaks a rule; the message is one sentence naming the field."""
+
+
+class _Choice(str, enum.Enum):
+    @classmethod
+    def parse(cls, value, where: str):
+        for member in cls:
+            if value == member.value:
+                return member
+        known = ", ".join(m.value for m in cls)
+        raise PlanError(f"{where}={value!r} is not one of: {known}")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Schedule(_Choice):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZERO_BUBBLE = "zero-bubble"
+
+
+class Precision(_Choice):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+class Recompute(_Choice):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Offload(_Choice):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_PARAMS = "optimizer+params"
+
+
+class GradCompression(_Choice):
+    NONE = "none"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWERSGD = "powersgd"
+
+
+class Optimizer(_Choice):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+class ZeroStage(enum.IntEnum):
+    """ZeRO stages are cumulative (DeepSpeed's convention): compare with >=."""
+
+    NONE = 0
+    OPTIMIZER_STATES = 1
+    GRADIENTS = 2
+    WEIGHTS = 3
+
+
+class PositionEmbedding(_Choice):
+    LEARNED = "learned"
+    ROPE = "rope"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer (plan key ``model``)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    """Key/value heads; fewer than ``heads`` means grouped-query attention."""
+    ffn_hidden: int
+    vocab: int
+    seq_len: int
+    """Tokens per sequence."""
+    gated_mlp: bool = False
+    """SwiGLU-style MLP with three matrices."""
+    experts: int = 0
+    """Experts per MoE layer (0: dense)."""
+    top_k: int = 0
+    capacity_factor: float = 1.0
+    tied_embeddings: bool = True
+    position_embedding: PositionEmbedding = PositionEmbedding.LEARNED
+    source: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """The hardware (plan key ``cluster``), resolved from the catalog."""
+
+    node: Node
+    nodes: int
+    fabric: Fabric | None
+    storage: Storage
+    gpus_per_node: int
+    price_per_gpu_hour: float | None = None
+    """Overrides the catalog's on-demand price, $ per GPU-hour."""
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelSpec:
+    """The parallel layout (plan key ``parallel``). GPUs used = tp * pp * dp * cp.
+
+    Expert parallel does not multiply the GPUs: as in Megatron-Core and torchtitan,
+    the ``ep`` ranks of an MoE layer are carved out of the data (x context) parallel ranks.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    """Virtual stages (model chunks) per pipeline rank, for the interleaved schedule."""
+    stage_layers: tuple[int, ...] | None = None
+    """Layers per virtual stage, in model order; None spreads them as evenly as possible."""
+    zero: ZeroStage = ZeroStage.NONE
+    sequence_parallel: bool = False
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    """How one optimizer step is run (plan key ``training``)."""
+
+    global_batch: int
+    """Sequences per optimizer step."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    precision: Precision = Precision.BF16
+    recompute: Recompute = Recompute.NONE
+    offload: Offload = Offload.NONE
+    flash_attention: bool = False
+    optimizer: Optimizer = Optimizer.ADAMW
+    grad_compression: GradCompression = GradCompression.NONE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    model: ModelSpec
+    cluster: ClusterSpec
+    parallel: ParallelSpec
+    training: TrainingSpec
+    name: str = ""
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step (gradient accumulation steps without PP)."""
+        return self.training.global_batch // (self.parallel.dp * self.training.micro_batch)
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        """Layers of each virtual stage (pp * vpp of them), in model order."""
+        if self.parallel.stage_layers is not None:
+            return self.parallel.stage_layers
+        return even_split(self.model.layers, self.parallel.pp * self.parallel.vpp)
+
+
+def even_split(layers: int, stages: int) -> tuple[int, ...]:
+    """Spread ``layers`` over ``stages`` as evenly as possible; the extra layers go to
+    the middle stages, since the first and last stages also hold the embedding and
+    the logits (the choice Llama 3 405B made: 126 layers on 16 stages)."""
+    base, extra = divmod(layers, stages)
+    start = (stages - extra) // 2
+    return tuple(base + (start <= i < start + extra) for i in range(stages))

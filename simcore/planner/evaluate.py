@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from simcore.model import memory as mem
-from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule, check_plan
+from simcore.plan.rules import check_plan
+from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule
 from simcore.planner.space import Layout, SearchSpace
 
 

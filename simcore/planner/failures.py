@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from simcore.model import memory as mem
 from simcore.model import workload as wl
 from simcore.plan.spec import Plan
-from topologies.hardware import Storage
+from topologies.components import Storage
 
 
 # --------------------------------------------------------------------------- storage

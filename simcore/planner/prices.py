@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from simcore.plan.spec import Plan, PlanError
-from topologies.hardware import GpuPrice, load_catalog
+from topologies.components import GpuPrice
+from topologies.hardware import load_catalog
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,8 @@ from simcore.model import memory as mem
 from simcore.plan.spec import Offload, Plan, PlanError
 from simcore.planner.failures import CheckpointPlan, Scenario, _scenario, plan_checkpoints, storage_bytes_per_s
 from simcore.planner.prices import PriceSheet, resolve_prices
-from topologies.hardware import Storage, load_catalog
+from topologies.components import Storage
+from topologies.hardware import load_catalog
 
 #: Share of TDP a GPU draws idle. Assumption: nvidia-smi shows ~60 W of 400 W for an
 #: idle A100 SXM and ~70-100 W of 700 W for an idle H100 SXM (NVIDIA DCGM power

@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass, replace
 from itertools import product
 
-from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage, even_split, plan_from_dict
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage, even_split
 
 #: Candidate values of the axes the search does not derive from the model.
 MICRO_BATCHES = (1, 2, 4, 8)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage, read_yaml_file
+from simcore.plan.load import read_yaml_file
+from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage
 from topologies.hardware import load_catalog
 
 _CLUSTER_KEYS = ("node", "nodes", "fabric", "storage", "gpus_per_node")
@@ -123,7 +124,7 @@ def cells(sweep: Sweep) -> list[dict]:
 
 def _cluster_of(sweep: Sweep, cell: dict):
     """The cell's ClusterSpec: base cluster, cell's cluster fields, then changed figures."""
-    from simcore.plan.spec import plan_from_dict
+    from simcore.plan.load import plan_from_dict
 
     doc = dict(sweep.cluster)
     if "gpu" in cell:

@@ -9,7 +9,7 @@ import simpy
 from simcore.model.costs import StepCosts
 from simcore.engine.des import simulate_des, stage_stragglers
 from simcore.engine.links import FairShareLinks
-from simcore.plan.spec import plan_from_dict
+from simcore.plan.load import plan_from_dict
 from simcore.results import Span
 
 

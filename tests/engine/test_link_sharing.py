@@ -12,7 +12,7 @@ import pytest
 
 from simcore.model.collectives import group_net
 from simcore.model.compute import device_model
-from simcore.plan.spec import plan_from_dict
+from simcore.plan.load import plan_from_dict
 from topologies.build import build_cluster
 from topologies.placement import rank_grid
 from topologies.routes import group_ring_bandwidths

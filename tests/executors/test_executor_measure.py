@@ -14,7 +14,7 @@ import torch.testing  # noqa: F401  (imported before ranks fork)
 
 from executors import launch, measure, parallel, procs, record  # noqa: F401
 from executors.model import build_model
-from simcore.plan.spec import load_plan, plan_from_dict
+from simcore.plan.load import load_plan, plan_from_dict
 from simcore.results import GIB, Span, split_step
 
 PLAN = "plans/tiny-localhost.yaml"

@@ -22,7 +22,8 @@ import torch.testing  # noqa: F401  (imported before the ranks fork, like everyt
 
 from executors import launch, parallel, procs, record
 from executors.model import build_model, loss_fn
-from simcore.plan.spec import Offload, Precision, plan_from_dict
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import Offload, Precision
 
 LR = 0.5
 #: fp32 sums in another order: relative error of the updates well under 1e-4.

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from executors.launch import MAX_CPU_RANKS_PER_CORE, check_one_host
-from simcore.plan.spec import plan_from_dict
+from simcore.plan.load import plan_from_dict
 
 TINY = {"name": "t", "layers": 2, "hidden": 32, "heads": 2, "vocab": 64, "seq_len": 8, "tied_embeddings": False}
 

@@ -5,7 +5,7 @@ import pytest
 
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
-from simcore.plan.spec import plan_from_dict
+from simcore.plan.load import plan_from_dict
 
 
 def cluster(nodes=2, node="dgx-a100-80gb", **kw):

@@ -5,7 +5,8 @@ import pytest
 
 from simcore.model import memory as mem
 from simcore.model import workload as wl
-from simcore.plan.spec import Offload, Recompute, Schedule, ZeroStage, plan_from_dict
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import Offload, Recompute, Schedule, ZeroStage
 
 
 def plan(**over):

@@ -6,7 +6,8 @@ import pytest
 from simcore.engine.des import simulate_des, stage_stragglers
 from simcore.model.mixed import mixed_costs
 from simcore.model.step_costs import step_costs
-from simcore.plan.spec import PlanError, plan_from_dict
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import PlanError
 
 
 def plan(**par):

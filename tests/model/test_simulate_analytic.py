@@ -7,7 +7,8 @@ import pytest
 from simcore.engine import analytic as ana
 from simcore.engine.predict import simulate
 from simcore.model import step_costs as sim
-from simcore.plan.spec import PlanError, Recompute, Schedule, plan_from_dict
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import PlanError, Recompute, Schedule
 
 
 def plan(**over):

@@ -8,7 +8,7 @@ import pytest
 
 from simcore.engine import analytic as ana
 from simcore.model import step_costs as sim
-from simcore.plan.spec import plan_from_dict
+from simcore.plan.load import plan_from_dict
 from tests.model.test_simulate_analytic import plan
 
 

@@ -17,7 +17,8 @@ from simcore.plan import readers
 from simcore.plan.writers import export_plan, hf_config_from_model
 from simcore.plan.interop import import_plan
 from simcore.plan.readers import load_tool_options, read_megatron
-from simcore.plan.spec import Offload, PlanError, Precision, Schedule, ZeroStage, load_plan, plan_from_dict, plan_to_dict
+from simcore.plan.load import load_plan, plan_from_dict, plan_to_dict
+from simcore.plan.spec import Offload, PlanError, Precision, Schedule, ZeroStage
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted((ROOT / "plans").glob("*.yaml"))

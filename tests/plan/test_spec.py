@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simcore.plan.load import dump_plan, load_plan, plan_from_dict, plan_to_dict
-from simcore.plan.values import PlanError, Schedule, ZeroStage, even_split
+from simcore.plan.spec import PlanError, Schedule, ZeroStage, even_split
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {

@@ -14,7 +14,8 @@ from simcore.engine.runs import monte_carlo_runs, simulate_training_run
 from simcore.planner.failures import (checkpoint_bytes, daly_interval_s, expected_wall_s, plan_checkpoints,
                                       storage_bytes_per_s, young_interval_s)
 from simcore.planner.runcost import run_cost
-from simcore.plan.spec import PlanError, plan_from_dict
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import PlanError
 from topologies.hardware import load_catalog
 
 

@@ -13,7 +13,8 @@ from simcore.planner.evaluate import memory_table
 from simcore.planner.search import pareto_front, search
 from simcore.planner.space import Layout, base_plan, derive_space, families
 from simcore.engine.predict import simulate
-from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage, check_plan
+from simcore.plan.rules import check_plan
+from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage
 
 SMALL = ("gpt-1.7b", {"node": "dgx-h100", "nodes": 2}, 64)
 

@@ -78,7 +78,7 @@ def test_render_tables_and_assumptions(tmp_path):
 
 
 def test_memory_section_text():
-    from simcore.plan.spec import plan_from_dict
+    from simcore.plan.load import plan_from_dict
     from simcore.model.step_costs import memory_report
 
     plan = plan_from_dict({"name": "m", "model": "llama3-8b", "cluster": {"node": "dgx-h100"},

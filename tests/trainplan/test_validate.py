@@ -9,7 +9,8 @@ import pytest
 from reports.compare import compare
 from trainplan.validate import load_matrix, validate_matrix
 from simcore.engine.predict import simulate
-from simcore.plan.spec import PlanError, plan_from_dict
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import PlanError
 
 MATRIX = Path(__file__).resolve().parents[2] / "validation" / "local.yaml"
 

@@ -138,7 +138,7 @@ def test_point_to_point_figures_return_the_probes_seconds_in_a_plan(tmp_path, mo
     two busy ranks; converted, a 2-rank plan on the profile charges the seconds the probe
     measured, whatever the simulator's host kernel time (the refresh converts its own)."""
     from simcore.model import compute as cmp
-    from simcore.plan.spec import plan_from_dict
+    from simcore.plan.load import plan_from_dict
 
     prof = yaml.safe_load((Path(__file__).resolve().parents[2] / "data" / "localhost-profile.yaml").read_text())
     eff = prof["efficiency"]

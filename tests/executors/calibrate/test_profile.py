@@ -15,7 +15,7 @@ from executors.calibrate import probes
 from executors.calibrate import wrapper_probes as wprobes
 from simcore.model import compute as cmp
 from simcore.engine.predict import simulate
-from simcore.plan.spec import plan_from_dict
+from simcore.plan.load import plan_from_dict
 from tests.executors.calibrate.synthetic import ALPHA, DOC, alpha_beta_rows
 
 
@@ -98,8 +98,8 @@ def test_grouped_probe_figures_stand_for_runs_nearer_its_rank_count(tmp_path, mo
     ``name@4``: a plan with four ranks on the host is charged them, one with two the
     two-rank probe's, and neither sees the other's entries."""
     from simcore.model import compute as cmp
-    from simcore.plan.spec import plan_from_dict
-    from topologies.hardware import parallel_host_for_ranks
+    from simcore.plan.load import plan_from_dict
+    from topologies.profile import parallel_host_for_ranks
 
     prof = yaml.safe_load((Path(__file__).resolve().parents[2] / "data" / "localhost-profile.yaml").read_text())
     eff = prof["efficiency"]
@@ -116,7 +116,7 @@ def test_grouped_probe_figures_stand_for_runs_nearer_its_rank_count(tmp_path, mo
         assert got["tp"] == tp and got["comm_share"]["tp"] == share and got["p2p_send_kernels"] == send, n
         assert not any("@" in k for k in [*got, *got["comm_share"]])
         assert got["fsdp_zero3"] == ph["fsdp_zero3"]   # not probed on four ranks: the two-rank figure
-    from topologies.hardware import CatalogError
+    from topologies.components import CatalogError
     with pytest.raises(CatalogError, match=r"parallel_host.tp@four: what follows '@' must be a rank count"):
         parallel_host_for_ranks({**ph, "tp@four": ph["tp"]}, 4)
     path = tmp_path / "p.yaml"

@@ -7,7 +7,7 @@ import yaml
 
 from executors.calibrate import refit
 from simcore.engine.predict import simulate
-from simcore.plan.spec import plan_from_dict
+from simcore.plan.load import plan_from_dict
 from tests.executors.calibrate.synthetic import DOC
 
 
