@@ -8,16 +8,18 @@ The analytic step, for the slowest pipeline rank with per-micro-batch time T = C
 - zero-bubble (ZB-H1, Qi et al. 2024, arXiv 2401.10241): bubble (p - 1)(T_F + T_B - T_W) / v;
 - data-parallel gradient reduction overlapped with the last micro-batch's backward up
   to the compute available (torch DDP buckets, Li et al. 2020, VLDB, Sec. 3.2.3), the
-  last bucket always exposed; ZeRO-1/2 parameter all-gather after the step exposed;
-  FSDP2/ZeRO-3 per-layer all-gathers and reduce-scatters hidden behind the layer's
-  compute by prefetching, the excess exposed;
+  last bucket always exposed; ZeRO-1 parameter all-gather after the step exposed;
+  FSDP2 (ZeRO-2/3) per-layer all-gathers, as many as torch issues
+  (``fsdp_calls.fsdp_stage_calls``), and, without pipelining, its per-micro-batch
+  reduce-scatters hidden behind the layer's compute by prefetching, the excess exposed;
+  pipelined, FSDP2 reduce-scatters once after the stage's last backward, as DDP reduces;
 - offload: PCIe copies overlapped with the host optimizer step; the longer one counts.
 """
 from __future__ import annotations
 
 from simcore.model.costs import StepCosts
 from simcore.model.schedules import Action, Op, fused_p2p
-from simcore.plan.spec import Offload, Schedule, ZeroStage
+from simcore.plan.spec import Offload, Schedule
 from simcore.results import GIB, StepResult, rate_fields
 
 
@@ -50,9 +52,7 @@ def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
     """Per pipeline rank, per micro-batch: compute, blocking comm (with FSDP exposure and
     PP sends), weight-gradient time, the CPU host's receive waits (idle), summed over the
     rank's virtual stages."""
-    p = c.plan.parallel.pp
-    ag = c.time_detail_s.get("fsdp_layer_all_gather_s", 0.0)
-    rs = c.time_detail_s.get("fsdp_layer_reduce_scatter_s", 0.0)
+    p, m = c.plan.parallel.pp, c.plan.num_microbatches
     lost = _interference_loss(c)
     hops = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
     host_p2p = bool(c.forward_send_s or c.forward_recv_wait_s)   # CPU host only
@@ -65,11 +65,13 @@ def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
         posts, saved = _fused_posts(c, r)
         p2p, wait = p2p + posts, wait - saved
         comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
-        if ag > 0:   # prefetched gathers hide behind the layer compute; the first one cannot
-            for v in range(r, c.stages, p):
-                n, bwd = c.layers[v], c.backward_s(v) + c.recompute_s[v]
-                comm += max(0.0, n * ag - c.forward_s[v]) + max(0.0, n * (ag + rs) - bwd) + ag
-                comm += lost * (min(n * ag, c.forward_s[v]) + min(n * (ag + rs), bwd))
+        for v in range(r, c.stages, p):   # FSDP2: prefetched gathers hide behind the layer compute,
+            fg, bg = c.forward_gather_s[v], c.backward_gather_s[v]   # the first one cannot
+            rs = c.grad_reduce_per_step_s[v] / m if c.grad_reduce_per_microbatch else 0.0
+            if fg + bg + rs > 0:
+                n, bwd = max(1, c.layers[v]), c.backward_s(v) + c.recompute_s[v]
+                comm += max(0.0, fg - c.forward_s[v]) + max(0.0, bg + rs - bwd) + fg / n
+                comm += lost * (min(fg, c.forward_s[v]) + min(bg + rs, bwd))
         out.append(dict(compute=fwd + bin_ + bwt + rec, comm=comm, w=bwt, fwd=fwd, bwd=bin_ + bwt,
                         rec=rec, p2p=p2p, wait=wait))
     return out
@@ -122,7 +124,7 @@ def analytic(c: StepCosts) -> StepResult:
     mine = [v for v in range(c.stages) if v % par.pp == crit]
     o = ranks[crit]
     grad = sum(c.grad_reduce_per_step_s[v] for v in mine)
-    if par.zero >= ZeroStage.WEIGHTS:              # FSDP2's reduce-scatters: per layer, in _rank_sums
+    if c.grad_reduce_per_microbatch:               # FSDP2's reduce-scatters: per layer, in _rank_sums
         grad = 0.0
     sync = sum(c.param_sync_per_step_s[v] for v in mine)
     opt = sum(c.optimizer_per_step_s[v] for v in mine)

@@ -24,25 +24,27 @@ What runs (per simulated rank):
 - **p2p sends** are asynchronous (torch's ``isend``): the sender goes on computing;
 - **DDP / FSDP2 gradient reduction** (Li et al. 2020, PyTorch Distributed, Sec. 3.2):
   the per-step reduction of a stage is issued in ``grad_buckets`` equal buckets while
-  that stage's last backward runs (gradient accumulation reduces only once per step),
-  and overlaps the rest of the schedule; where ``grad_sync_holds_send`` (DDP under
+  that stage's last backward runs (gradient accumulation reduces only once per step;
+  FSDP2 without pipelining, ``grad_reduce_per_microbatch``, reduce-scatters in every
+  backward instead), and overlaps the rest of the schedule; where ``grad_sync_holds_send`` (DDP under
   torch.distributed.pipelining, on a calibrated profile) that backward sends its input
   gradient only once the reduction is done;
-- **FSDP2 parameter all-gather** (``param_gather_s``): the gather of the next unit of
+- **FSDP2 parameter all-gather** (``forward_gather_s``, ``backward_gather_s``: ZeRO-2
+  gathers in the forward only, ZeRO-3 in both): the gather of the next unit of
   work (action, or layer at layer granularity) is issued when the current one starts,
   torch FSDP2's one-ahead prefetch; the work waits for its own gather;
 - then the optimizer step, with optimizer-offload copies over PCIe (gradients down
-  before, parameters up after) and the ZeRO-1/2 parameter all-gather.
+  before, parameters up after) and the ZeRO-1 parameter all-gather.
 
 Links: every transfer is a *fluid flow* over named links, each active flow given its
 max-min fair share of every link it crosses (``simcore.engine.links``).
 
 Compute shares the GPU with communication kernels: while a data-parallel collective
-(DDP/ZeRO gradient reduction, FSDP2 or ZeRO-1/2 parameter all-gather) runs on a rank, that
+(DDP/ZeRO gradient reduction, FSDP2 or ZeRO-1 parameter all-gather) runs on a rank, that
 rank's compute kernels progress at ``1/k`` of their speed, k = the GPU's
 ``comm_compute_interference`` (catalog ``efficiency.yaml``, carried in
 ``StepCosts.time_detail_s``), so hiding T seconds of such communication costs T (1 - 1/k)
-of compute: the same physics as the analytic path (``simulate._interference_loss``).
+of compute: the same physics as the analytic path (``analytic._interference_loss``).
 Pipeline sends and the blocking TP/CP/EP collectives do not slow compute, as there.
 
 Speed: a chunk of compute on a rank with no data-parallel collective in flight is one

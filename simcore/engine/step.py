@@ -42,9 +42,10 @@ class _Step(_StepComm):
 
     # ---- the compute stream of one rank
     def _items(self, acts: list[Action]) -> list[tuple[Action, int, int, bool]]:
-        """(action, chunk, chunks, issues-reduction) in order. DDP / ZeRO-1/2: the last B/W
-        of a stage carries its gradient buckets; FSDP2 (ZeRO-3): every B/W reduce-scatters
-        its micro-batch's gradients layer by layer (gradient accumulation does not skip it)."""
+        """(action, chunk, chunks, issues-reduction) in order. DDP, ZeRO-1 and pipelined
+        FSDP2: the last B/W of a stage carries its gradient buckets; FSDP2 alone (ZeRO-2/3,
+        ``grad_reduce_per_microbatch``): every B/W reduce-scatters its micro-batch's
+        gradients layer by layer (gradient accumulation does not skip it)."""
         last = {}
         for k, a in enumerate(acts):
             if a.op in (Op.B, Op.W):
@@ -118,7 +119,7 @@ class _Step(_StepComm):
         yield from self._optimizer(unit)
 
     def _optimizer(self, unit):
-        """Offload copy down, optimizer step, copy up, ZeRO-1/2 parameter all-gather."""
+        """Offload copy down, optimizer step, copy up, ZeRO-1 parameter all-gather."""
         local = range(unit[0], self.stages, self.pp)
         c, rank = self.costs, self.label[unit]
         copy_s = sum(c.offload_per_step_s[v] for v in local)

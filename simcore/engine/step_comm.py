@@ -41,7 +41,7 @@ class _StepState:
         self.jitter, self.rng = jitter, np.random.default_rng(seed)
         self.gpus_per_node = plan.cluster.gpus_per_node
         self.streams = {(u, s): _Fifo() for u in self.units for s in ("pp", "dp_gather", "dp_reduce", "copy")}
-        self.fsdp = par.zero >= ZeroStage.WEIGHTS
+        self.fsdp = costs.grad_reduce_per_microbatch   # FSDP2 alone: each backward reduce-scatters
         self.dp_busy: dict[int, int] = defaultdict(int)   # data-parallel collectives issued, not done
         self.open_reduce: dict = {}                       # unit -> the reduction last issued, mergeable
         self.arrived: dict = {}
@@ -192,10 +192,10 @@ class _StepComm(_StepState):
 
     def _gather(self, unit, item):
         a, _c, n, _r = item
-        if a.op == Op.W or self.costs.param_gather_s[a.stage] <= 0:
+        gathers = self.costs.forward_gather_s if a.op == Op.F else self.costs.backward_gather_s
+        if a.op == Op.W or gathers[a.stage] <= 0:
             return None
-        work = self.costs.param_gather_s[a.stage] / 2 / n  # half forward, half backward
-        return self._collective(unit, "dp_gather", "all_gather", f"{a.stage}UNSHARD", work)
+        return self._collective(unit, "dp_gather", "all_gather", f"{a.stage}UNSHARD", gathers[a.stage] / n)
 
     def _reduce(self, unit, a: Action, c: int, n: int) -> list[simpy.Event]:
         """The gradient reduction that chunk ``c`` of ``n`` of action ``a`` completes: FSDP2's

@@ -28,7 +28,7 @@ What each API does, and where torch does it (torch 2.13):
   With pipelining (``torch/distributed/pipelining/stage.py``) backwards keep parameters
   unsharded and skip gradient sync; ``perform_reduce_grad`` (the REDUCE_GRAD action)
   reduce-scatters once per step; the multi-stage schedules also UNSHARD and RESHARD stages
-  (``_add_unshard_reshard``). ``fsdp_unit_calls`` walks these rules over the rank's actions.
+  (``_add_unshard_reshard``). ``simcore.model.fsdp_calls`` walks these rules over the rank's actions.
 - FSDP2-based ``replicate`` (zero 0 with TP): like a single FSDP unit holding every
   parameter, with an all-reduce instead of a reduce-scatter and no all-gather.
 - DTensor tensor parallel (``torch/distributed/tensor/parallel/style.py``; the plan in
@@ -60,11 +60,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
-from simcore.model.schedules import Action, Op, add_communication, add_reduce_grad, add_unshard_reshard, build_schedule
+from simcore.model.schedules import Action, Op, add_communication, build_schedule
 from simcore.plan.spec import (
-    GradCompression, ModelSpec, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
+    GradCompression, ModelSpec, Optimizer, Plan, Precision, Recompute, ZeroStage,
 )
 from topologies.placement import rank_grid
 
@@ -79,7 +80,6 @@ _ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, P
 #: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``;
 #: adam.py ``exp_avg.lerp_(grad)``, ``exp_avg_sq.mul_().addcmul_(grad, grad)``).
 OPTIMIZER_GRAD_READS = {Optimizer.SGD: 1, Optimizer.ADAM: 3, Optimizer.ADAMW: 3}
-_RUNTIME_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,41 +125,6 @@ def _fsdp_units(spec: ModelSpec, part: StagePart) -> list[list[ParamTensor]]:
     root = (embed_params(spec) if part.embed else []) + (head_params(spec) if part.head else [])
     units = [block_params(spec, i) for i in part.layers] + [root]
     return [u for u in units if u]  # a root with no parameters has no FSDP param group
-
-
-def fsdp_unit_calls(actions: list[Action], stage: int, reshard_after_forward: bool,
-                    pipelined: bool) -> tuple[int, int]:
-    """(all-gathers, reduce-scatters) of one FSDP module of ``stage`` over a rank's actions.
-
-    FSDP2 all-gathers whenever a forward, backward or UNSHARD finds the module sharded;
-    it reshards after forward (ZeRO-3), at RESHARD, and after backward when not
-    pipelined (then also reduce-scattering); pipelined, REDUCE_GRAD reduce-scatters."""
-    sharded, gathers, scatters = True, 0, 0
-    for a in actions:
-        if a.stage != stage:
-            continue
-        if a.op in (Op.UNSHARD, Op.F, Op.B, Op.I):
-            gathers += sharded
-            sharded = False
-        if a.op == Op.RESHARD or (a.op == Op.F and reshard_after_forward):
-            sharded = True
-        elif (a.op == Op.B and not pipelined) or a.op == Op.REDUCE_GRAD:
-            scatters += 1
-            sharded = True
-    return gathers, scatters
-
-
-def rank_actions(plan: Plan, pp_rank: int) -> list[Action]:
-    """This pipeline rank's actions in one step, with FSDP's lowering where torch applies it
-    (only the multi-stage runtime schedules add UNSHARD/RESHARD); without pipelining,
-    F and B of every micro-batch."""
-    par, m = plan.parallel, plan.num_microbatches
-    if par.pp == 1:
-        return [Action(0, op, i) for i in range(m) for op in (Op.F, Op.B)]
-    acts = build_schedule(par.schedule, par.pp, m, par.vpp)[pp_rank]
-    if par.schedule in _RUNTIME_SCHEDULES:
-        acts = add_unshard_reshard(acts)
-    return [a for a in add_reduce_grad(acts, m) if a is not None]
 
 
 def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:

@@ -35,12 +35,19 @@ class StepCosts:
     """Blocking TP/CP/EP communication inside the backward (and recompute) of one micro-batch."""
     p2p_s: float
     """Send one micro-batch's activations (or their gradients) to the next pipeline stage."""
-    param_gather_s: tuple[float, ...]
-    """ZeRO-3 / FSDP2 parameter all-gather per micro-batch (forward + backward), overlappable."""
+    forward_gather_s: tuple[float, ...]
+    """FSDP2 (ZeRO-2/3) parameter all-gathers in the forward, per micro-batch (the step's
+    gathers spread over its micro-batches), prefetched layer by layer behind the compute."""
+    backward_gather_s: tuple[float, ...]
+    """The same in the backward (ZeRO-3 resharded the forward's parameters; ZeRO-2 kept them)."""
     grad_reduce_per_step_s: tuple[float, ...]
     """Gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO >= 1) per step, overlappable with backward."""
     grad_buckets: tuple[int, ...]
     """Buckets the gradient reduction is issued in (DDP buckets / FSDP2 layers)."""
+    grad_reduce_per_microbatch: bool = False
+    """FSDP2 without pipelining: every micro-batch's backward reduce-scatters its gradients
+    layer by layer (``grad_reduce_per_step_s`` is the sum over the step's micro-batches);
+    otherwise the reduction follows the stage's last backward."""
     param_sync_per_step_s: tuple[float, ...]
     """ZeRO-1/2 all-gather of updated parameters after the optimizer step (not overlapped)."""
     optimizer_per_step_s: tuple[float, ...]

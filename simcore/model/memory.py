@@ -184,6 +184,18 @@ def comm_buffer_bytes(plan: Plan, sp: StageParams) -> float:
     return total
 
 
+def sharded_gradients(plan: Plan) -> bool:
+    """Whether a rank holds only its shard of the gradients through the step. FSDP2
+    (``parallel.zero`` 2 or 3) reduce-scatters each block's gradients right after its
+    backward, every micro-batch, when it runs alone; under torch.distributed.pipelining a
+    stage skips gradient sync until its last backward (``PipelineStage`` with
+    ``set_requires_gradient_sync(False)``, then ``perform_reduce_grad``), so it accumulates
+    whole unsharded gradients and reduce-scatters once per step, as DDP keeps whole
+    gradients for ZeRO 0-1 (``simcore.model.fsdp_calls.fsdp_phase_calls`` counts the
+    calls). A ZeRO-2 that shards gradients pays a reduce-scatter per micro-batch for it."""
+    return plan.parallel.zero >= ZeroStage.GRADIENTS and plan.parallel.pp == 1
+
+
 def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     """Weights, gradients and optimizer states on one GPU, and the host bytes of offload."""
     par, tr = plan.parallel, plan.training
@@ -200,7 +212,7 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
         # backward (FSDP2 reshard_after_forward=False); in mixed precision that copy is the
         # master weights, already in K
         weights += wb * shard
-    grads = wb * (shard if z >= ZeroStage.GRADIENTS else sp.total)
+    grads = wb * (shard if sharded_gradients(plan) else sp.total)
     opt = k * (shard if z >= ZeroStage.OPTIMIZER_STATES else sp.total)
     host = 0.0
     if tr.offload != Offload.NONE:

@@ -315,21 +315,28 @@ def add_communication(schedule: dict[int, RankActions], pp: int, vpp: int = 1) -
     return out
 
 
-def add_unshard_reshard(actions: RankActions, max_active_stages: int = 3) -> list[Action]:
+#: Stages torch keeps unsharded at once on a rank (``_add_unshard_reshard``'s
+#: ``max_active_stages``, torch/distributed/pipelining/schedules.py).
+MAX_ACTIVE_STAGES = 3
+
+
+def add_unshard_reshard(actions: RankActions, max_active_stages: int = MAX_ACTIVE_STAGES) -> list[Action]:
     """FSDP lowering of one rank (torch ``_add_unshard_reshard``): before each compute action,
     UNSHARD (all-gather) the next ``max_active_stages`` distinct stages about to compute and
     RESHARD (free) the stages that are not among them; idle slots are dropped."""
+    ahead: list[list[int]] = [[] for _ in actions]   # the next distinct stages from each slot on
+    nxt: list[int] = []
+    for i in range(len(actions) - 1, -1, -1):
+        a = actions[i]
+        if a is not None:
+            nxt = [a.stage] + [s for s in nxt if s != a.stage][:max_active_stages - 1]
+        ahead[i] = nxt
     active: list[int] = []
     out: list[Action] = []
     for i, a in enumerate(actions):
         if a is None:
             continue
-        upcoming: list[int] = []
-        for b in actions[i:]:
-            if b is not None and b.stage not in upcoming:
-                upcoming.append(b.stage)
-                if len(upcoming) == max_active_stages:
-                    break
+        upcoming = ahead[i]
         for s in [s for s in active if s not in upcoming]:
             active.remove(s)
             out.append(Action(s, Op.RESHARD))

@@ -24,20 +24,15 @@ waits for every later stage's reduction tail in turn.
 from __future__ import annotations
 
 import functools
-import math
 
+from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
 from simcore.model import memory as mem
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import GradCompression, Offload, Plan, PlanError, Precision, Recompute, ZeroStage
+from simcore.plan.spec import Plan, PlanError, Recompute, ZeroStage
 from simcore.results import GIB
-
-#: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
-#: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py).
-POWERSGD_RANK = 1
-
 
 def _check_device(plan: Plan) -> None:
     if plan.cluster.node.gpu.name == "uncalibrated-host":
@@ -57,22 +52,6 @@ def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev) -> tuple[fl
 @functools.lru_cache(maxsize=1024)
 def _logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
     return cmp.ops_time_s(wl.logits_forward_ops(model, b=b, s=s, tp=tp), dev)
-
-
-def _grad_wire_bytes(plan: Plan) -> float:
-    """Bytes per gradient element on the wire. torch DDP under autocast reduces the fp32
-    gradients of its fp32 parameters (4 B) unless a fp16/bf16 comm hook halves them; with
-    sharded optimizer states the gradients are the 16-bit ones of the memory model (ZeRO's
-    2 + 2 + K bytes per parameter): Megatron's distributed optimizer
-    (``DistributedDataParallelConfig.grad_reduce_in_fp32=False``), DeepSpeed
-    (``communication_data_type`` = the model's dtype) and FSDP2 (``reduce_dtype`` = the
-    16-bit param dtype) reduce 2 B."""
-    if plan.training.precision == Precision.FP32:
-        return 4.0
-    if plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES:
-        return 2.0
-    gc = plan.training.grad_compression
-    return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
 
 
 def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
@@ -120,50 +99,6 @@ def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     return coll.send_recv_s(bytes_, net.bus_bytes_per_s, hop)
 
 
-def _pcie_bytes_per_s(plan: Plan) -> float:
-    """Host-link bandwidth per GPU: GPUs behind one PCIe switch share its uplink."""
-    node = plan.cluster.node
-    share = min(1.0, node.pcie_switches / plan.cluster.gpus_per_node) if node.pcie_switches else 1.0
-    return node.gpu.pcie_bytes_per_s * share
-
-
-def _dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params: float) -> dict[str, float]:
-    """Per-step gradient reduction, parameter sync, per-micro-batch FSDP gathers, optimizer, offload."""
-    par, tr, cl = plan.parallel, plan.training, plan.cluster
-    nd = par.dp * par.cp
-    wb = mem.weight_bytes_per_param(tr.precision)
-    gb = _grad_wire_bytes(plan)
-    out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, buckets=1, compress=0.0)
-    if nd > 1:
-        net = coll.group_net(cl, dev, nd, par.tp)
-        params = sp.total
-        if tr.grad_compression == GradCompression.POWERSGD:
-            gb = 4.0 * 2 * POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
-            out["compress"] = cmp.stream_s(12.0 * params, dev)
-        elif tr.grad_compression != GradCompression.NONE:
-            out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
-        buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
-        if dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
-            # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),
-            # each a lone call issued after compute, plus the ring's bytes term
-            out["grad"] = buckets * dev.lone_all_reduce_s + 2 * (nd - 1) / nd * gb * params / net.bus_bytes_per_s
-            if par.zero == ZeroStage.OPTIMIZER_STATES:   # the parameter broadcasts' bytes (their calls: step_costs)
-                out["sync"] = (nd - 1) / nd * wb * params / net.bus_bytes_per_s
-        elif par.zero == ZeroStage.NONE:
-            out["grad"] = coll.all_reduce_s(gb * params, net)
-        elif par.zero < ZeroStage.WEIGHTS:
-            out["grad"] = coll.reduce_scatter_s(gb * params, net)
-            out["sync"] = coll.all_gather_s(wb * params, net)
-        else:
-            out["layer_ag"] = coll.all_gather_s(wb * layer_params, net)
-            out["layer_rs"] = coll.reduce_scatter_s(gb * layer_params, net)
-            if sum(dev.parallel_extra_s("fsdp_zero3")) > 0:   # latency is in the measured layer cost
-                out["layer_ag"] = (nd - 1) / nd * wb * layer_params / net.bus_bytes_per_s
-                out["layer_rs"] = (nd - 1) / nd * gb * layer_params / net.bus_bytes_per_s
-        out["buckets"] = buckets
-    return out
-
-
 def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], list[float]],
                    compute: tuple[list[float], list[float]]) -> None:
     """CPU host: the measured wrapper cost of the model's ends per micro-batch (``parallel_host``
@@ -190,59 +125,6 @@ def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], li
             lists[1][v] += pair[1]
 
 
-def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
-    """(plain, DTensor) parameter tensors pipeline rank ``rank`` holds in the executor's model
-    (executors/model.py: bias-free projections, two norms per layer; the embedding on the
-    first stage, the final norm and output on the last). FSDP2 and TP+DP (``replicate``)
-    make every parameter a DTensor; TP alone its split matrices and embeddings, and with
-    sequence parallel the norms too (torch/distributed/tensor/parallel/style.py)."""
-    m, par = plan.model, plan.parallel
-    layers = sum(plan.layers_per_stage[rank::par.pp])
-    mats = 4 + (m.experts * wl.mlp_matrices(m) + 1 if m.moe else wl.mlp_matrices(m))
-    matrices, norms, plain_emb = layers * mats, layers * 2, 0
-    if rank == 0:
-        matrices += 1
-        plain_emb += 1 if m.position_embedding.value == "learned" else 0
-    if rank == par.pp - 1:
-        matrices += 0 if m.tied_embeddings and par.pp == 1 else 1
-        norms += 1
-    total = matrices + norms + plain_emb
-    if (par.zero >= ZeroStage.GRADIENTS and par.dp > 1) or (par.tp > 1 and par.dp > 1):
-        return 0, total
-    if par.tp > 1:
-        dt = matrices + (norms if par.sequence_parallel else 0)
-        return total - dt, dt
-    return total, 0
-
-
-def _host_optimizer_s(plan: Plan, dev: cmp.DeviceModel, owned: float, tensors: tuple[int, int]) -> float:
-    """Eager optimizer on a calibrated CPU host: per-tensor host cost (plain or DTensor,
-    ZeroRedundancyOptimizer steps 1/N_d of the tensors) plus the bytes at the measured rate."""
-    par = plan.parallel
-    share = 1.0 / (par.dp * par.cp) if par.zero == ZeroStage.OPTIMIZER_STATES else 1.0
-    per_tensor = share * (tensors[0] * dev.optimizer_per_tensor_kernels
-                          + tensors[1] * dev.optimizer_dtensor_per_tensor_kernels) * dev.host_overhead_s
-    return per_tensor + owned * mem.weight_bytes_per_param(plan.training.precision) / dev.optimizer_bytes_per_s
-
-
-def _optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
-                     tensors: tuple[int, int] = (0, 0)) -> tuple[float, float]:
-    """(optimizer on the GPU or host, offload copies) per step for this rank's shard."""
-    par, tr = plan.parallel, plan.training
-    nd = par.dp * par.cp
-    owned = sp.total / nd if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
-    k = mem.optimizer_bytes_per_param(tr.precision, tr.optimizer)
-    wb = mem.weight_bytes_per_param(tr.precision)
-    if tr.offload == Offload.NONE and dev.optimizer_bytes_per_s > 0:
-        return _host_optimizer_s(plan, dev, owned, tensors), 0.0
-    if tr.offload == Offload.NONE:   # read grad, states; write states and the 16-bit copy
-        return cmp.stream_s(owned * (2 * k + 2 * wb), dev), 0.0
-    host_bw = dev.host_memory_bytes_per_s / plan.cluster.gpus_per_node
-    host = owned * dev.adam_host_bytes_per_param / host_bw if host_bw > 0 else math.inf
-    copies = 2 * wb * owned / _pcie_bytes_per_s(plan)       # gradients down, parameters up
-    return host, copies
-
-
 def _host_p2p(dev: cmp.DeviceModel, pp: int, nv: int) -> dict[str, tuple[float, ...]]:
     """``StepCosts``' per-virtual-stage send calls and receive waits (none where the device
     has no such costs)."""
@@ -263,21 +145,22 @@ def _rank_costs(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams,
     per_params: dict = {}
     rank_costs = []
     for r in range(plan.parallel.pp):
-        tensors = param_tensors(plan, r) if host_terms else (0, 0)
+        tensors = dpm.param_tensors(plan, r) if host_terms else (0, 0)
         key = (params[r], tensors)
         if key not in per_params:   # ranks holding equal parameters cost the same
-            per_params[key] = (_dp_costs(plan, dev, params[r], layer_params),
-                               _optimizer_costs(plan, dev, params[r], tensors), tensors)
+            per_params[key] = (dpm.dp_costs(plan, dev, params[r], layer_params),
+                               dpm.optimizer_costs(plan, dev, params[r], tensors), tensors)
         rank_costs.append(per_params[key])
     return rank_costs
 
 
 def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tuple[list[float], ...],
-                    host_p2p: dict[str, tuple[float, ...]], ddp: bool,
-                    host_terms: bool) -> tuple[list[float], list[float], list[float], list[float]]:
+                    host_p2p: dict[str, tuple[float, ...]], ddp: bool, host_terms: bool,
+                    fsdp: list[tuple[int, int, int]]) -> tuple[list[float], list[float], list[float], list[float]]:
     """Per virtual stage: (gradient reduction, parameter sync, optimizer, offload) per step,
-    from its rank's ``rank_costs`` and its per-micro-batch ``work`` (forward, backward-input,
-    backward-weight, recompute, forward comm, backward comm)."""
+    from its rank's ``rank_costs``, its per-micro-batch ``work`` (forward, backward-input,
+    backward-weight, recompute, forward comm, backward comm) and its FSDP2 calls per step
+    (``fsdp``: forward gathers, backward gathers, reduce-scatters per block)."""
     par, stages = plan.parallel, plan.layers_per_stage
     fwd, bin_, bwt, rec, fcomm, bcomm = work
     grad, sync, opt, off = [], [], [], []
@@ -285,7 +168,7 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tu
     for v in range(len(stages)):
         d, (o, c), _ = rank_costs[v % par.pp]
         share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
-        fsdp_rs = mbs * stages[v] * d["layer_rs"]   # FSDP2 reduces every micro-batch
+        fsdp_rs = fsdp[v][2] * stages[v] * d["layer_rs"]   # FSDP2: per micro-batch, or once pipelined
         wait = 0.0
         if ddp and dev.dp_sync_wait > 0:
             # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
@@ -323,7 +206,7 @@ def step_costs(plan: Plan) -> StepCosts:
     lf, lbi, lbw = _logits_times(m, b, s, par.tp, dev)
     params = mem.stage_params(plan, stages)
     dense_l, expert_l = mem.layer_params_per_gpu(plan)
-    dpc = _dp_costs(plan, dev, params[0], dense_l + expert_l)
+    dpc = dpm.dp_costs(plan, dev, params[0], dense_l + expert_l)
     fc = lc["tp_f"] + cp_f + lc["ep_f"]
     bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
@@ -347,12 +230,16 @@ def step_costs(plan: Plan) -> StepCosts:
         fwd = [x + n * af for x, n in zip(fwd, stages)]
         rc += ab
     rec = [n * rc for n in stages]
-    gather = [n * 2 * dpc["layer_ag"] for n in stages]
+    fsdp = dpm.fsdp_calls(plan, nv)
+    mbs = plan.num_microbatches
+    gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
+               [n * dpc["layer_ag"] * f[1] / mbs for n, f in zip(stages, fsdp)])
     host_terms = dev.optimizer_bytes_per_s > 0
     rank_costs = _rank_costs(plan, dev, params, dense_l + expert_l, host_terms)
     ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1
     grad, sync, opt, off = _per_step_costs(plan, dev, rank_costs, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
-                                           ddp, host_terms)
+                                           ddp, host_terms, fsdp)
+    buckets = [max(1, n) if f[2] else dpc["buckets"] for n, f in zip(stages, fsdp)]   # FSDP2: one per block
     per_rank = mem.memory_per_rank(plan, stages, params)
     worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["total"])
     detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
@@ -362,10 +249,12 @@ def step_costs(plan: Plan) -> StepCosts:
     return StepCosts(
         plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
         backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
-        backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), param_gather_s=tuple(gather), **host_p2p,
+        backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), forward_gather_s=tuple(gathers[0]),
+        backward_gather_s=tuple(gathers[1]), **host_p2p,
         p2p_post_s=dev.p2p_post_s if host_p2p else 0.0,
         grad_sync_holds_send=ddp and par.pp > 1 and plan.cluster.node.gpu.calibrated,
-        grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple([dpc["buckets"]] * nv),
+        grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple(buckets),
+        grad_reduce_per_microbatch=mem.sharded_gradients(plan) and any(f[2] for f in fsdp),
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
         model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
         hardware_flops_per_step=wl.hardware_flops_per_step(m, tr.global_batch, tr.recompute),

@@ -25,7 +25,7 @@ def _costs(plan, f=1.0, b=2.0, **over) -> StepCosts:
     zero = (0.0,) * n
     fields = dict(plan=plan, layers=plan.layers_per_stage, forward_s=(f,) * n, backward_input_s=(b / 2,) * n,
                   backward_weight_s=(b / 2,) * n, recompute_s=zero, forward_comm_s=zero, backward_comm_s=zero,
-                  p2p_s=0.0, param_gather_s=zero, grad_reduce_per_step_s=zero, grad_buckets=(1,) * n,
+                  p2p_s=0.0, forward_gather_s=zero, backward_gather_s=zero, grad_reduce_per_step_s=zero, grad_buckets=(1,) * n,
                   param_sync_per_step_s=zero, optimizer_per_step_s=zero, offload_per_step_s=zero,
                   model_flops_per_step=1e15, hardware_flops_per_step=1e15)
     fields.update(over)
@@ -153,8 +153,8 @@ def test_a_gradient_sync_that_holds_the_send_delays_the_drain_on_both_paths():
 
 
 def test_fsdp_gather_is_prefetched_one_action_ahead():
-    """pp=1, m=1: F then B, each needing a 0.5 s gather (param_gather_s=1.0 per micro-batch)."""
-    res = simulate_des(_costs(_plan(pp=1, global_batch=1), param_gather_s=(1.0,)))
+    """pp=1, m=1: F then B, each needing a 0.5 s gather (ZeRO-3: one in each phase)."""
+    res = simulate_des(_costs(_plan(pp=1, global_batch=1), forward_gather_s=(0.5,), backward_gather_s=(0.5,)))
     got = [(s.stream, s.name, s.start_s, s.duration_s) for s in res.spans]
     assert got == [("dp", "0UNSHARD", 0.0, 0.5), ("compute", "0F0", 0.5, 1.0),
                    ("dp", "0UNSHARD", 0.5, 0.5), ("compute", "0B0", 1.5, 2.0)]
@@ -220,7 +220,7 @@ def test_compute_slows_while_communication_shares_the_gpu():
 def _busy_costs(plan):
     n = plan.parallel.pp
     return _costs(plan, p2p_s=0.3, grad_reduce_per_step_s=(2.0,) * n, grad_buckets=(3,) * n,
-                  param_gather_s=(0.4,) * n, optimizer_per_step_s=(0.5,) * n, param_sync_per_step_s=(0.2,) * n,
+                  forward_gather_s=(0.2,) * n, backward_gather_s=(0.2,) * n, optimizer_per_step_s=(0.5,) * n, param_sync_per_step_s=(0.2,) * n,
                   forward_comm_s=(0.1,) * n, backward_comm_s=(0.2,) * n)
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from executors import launch, parallel, procs, record
 from executors.model import build_model
 from simcore.model import collective_plan as cp
+from simcore.model import fsdp_calls as fc
 from simcore.model import param_layout as pl
 from simcore.model.schedules import Action, Op
 from tests.executors.test_executor_parallel import GPT, LLAMA, STEPS, make_plan
@@ -79,9 +80,9 @@ def test_fsdp_walk_of_a_1f1b_stage_by_hand():
     # Each forward reshards; backwards keep the unit gathered; F0, F1, B0, B1, B2 gather.
     ops = [Action(0, Op.F, 0), Action(0, Op.F, 1), Action(0, Op.B, 0), Action(0, Op.F, 2), Action(0, Op.B, 1),
            Action(0, Op.F, 3), Action(0, Op.B, 2), Action(0, Op.B, 3), Action(0, Op.REDUCE_GRAD)]
-    assert cp.fsdp_unit_calls(ops, 0, reshard_after_forward=True, pipelined=True) == (5, 1)
-    assert cp.fsdp_unit_calls(ops, 0, reshard_after_forward=False, pipelined=True) == (1, 1)
-    assert cp.rank_actions(make_plan(dp=2, pp=2, zero=3), 0) == ops
+    assert fc.fsdp_unit_calls(ops, 0, reshard_after_forward=True, pipelined=True) == (5, 1)
+    assert fc.fsdp_unit_calls(ops, 0, reshard_after_forward=False, pipelined=True) == (1, 1)
+    assert fc.rank_actions(make_plan(dp=2, pp=2, zero=3), 0) == ops
 
 
 def test_zero1_buckets_follow_the_greedy_largest_first_partition():

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from simcore.engine import analytic as ana
+from simcore.model import dp_costs as dpm
 from simcore.model import step_costs as sim
 from simcore.plan.load import plan_from_dict
 from tests.model.test_simulate_analytic import plan
@@ -22,12 +23,12 @@ def _tiny(**par):
 
 def test_executor_parameter_tensors_plain_and_dtensor():
     # per layer 2 norms + wq, wk, wv, wo + w1, w2; token and position embeddings; final norm, output
-    assert sim.param_tensors(_tiny(dp=2), 0) == (4 * 8 + 4, 0)
-    assert sim.param_tensors(_tiny(dp=2, zero=3), 0) == (0, 36)            # FSDP2: all DTensor
-    assert sim.param_tensors(_tiny(tp=2), 0) == (4 * 2 + 1 + 1, 4 * 6 + 2)  # TP splits the matrices
-    assert sim.param_tensors(_tiny(tp=2, sequence_parallel=True), 0) == (1, 35)
-    assert sim.param_tensors(_tiny(pp=2), 0) == (2 * 8 + 2, 0)
-    assert sim.param_tensors(_tiny(pp=2), 1) == (2 * 8 + 2, 0)
+    assert dpm.param_tensors(_tiny(dp=2), 0) == (4 * 8 + 4, 0)
+    assert dpm.param_tensors(_tiny(dp=2, zero=3), 0) == (0, 36)            # FSDP2: all DTensor
+    assert dpm.param_tensors(_tiny(tp=2), 0) == (4 * 2 + 1 + 1, 4 * 6 + 2)  # TP splits the matrices
+    assert dpm.param_tensors(_tiny(tp=2, sequence_parallel=True), 0) == (1, 35)
+    assert dpm.param_tensors(_tiny(pp=2), 0) == (2 * 8 + 2, 0)
+    assert dpm.param_tensors(_tiny(pp=2), 1) == (2 * 8 + 2, 0)
 
 
 def test_host_optimizer_is_per_tensor_plus_bytes():
@@ -270,7 +271,7 @@ def test_cpu_ddp_all_reduce_and_zero1_broadcasts_are_lone_calls():
     wire = 4 * params / net.bus_bytes_per_s          # 2 (n-1)/n of the fp32 gradients, n = 2
     buckets = math.ceil(4 * params / mem.DDP_BUCKET_BYTES)
     def dp_costs(q):
-        return sim._dp_costs(q, dev, mem.stage_params(q)[0], sum(mem.layer_params_per_gpu(q)))
+        return dpm.dp_costs(q, dev, mem.stage_params(q)[0], sum(mem.layer_params_per_gpu(q)))
 
     assert dp_costs(p)["grad"] == pytest.approx(buckets * dev.lone_all_reduce_s + wire)
     assert dp_costs(_tiny(dp=2, zero=1))["grad"] == pytest.approx(dp_costs(p)["grad"])

@@ -1,0 +1,141 @@
+"""The data-parallel side of a step, per rank: gradient reduction (DDP buckets, ZeRO-1's
+reduce-scatter and parameter all-gather, FSDP2's per-block gathers and reduce-scatters, as
+many as torch issues), gradient compression, the optimizer step and offload copies."""
+from __future__ import annotations
+
+import math
+
+from simcore.model import fsdp_calls as fc
+from simcore.model import collectives as coll
+from simcore.model import compute as cmp
+from simcore.model import memory as mem
+from simcore.model import workload as wl
+from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroStage
+
+#: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
+#: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py).
+POWERSGD_RANK = 1
+
+
+def _grad_wire_bytes(plan: Plan) -> float:
+    """Bytes per gradient element on the wire. torch DDP under autocast reduces the fp32
+    gradients of its fp32 parameters (4 B) unless a fp16/bf16 comm hook halves them; with
+    sharded optimizer states the gradients are the 16-bit ones of the memory model (ZeRO's
+    2 + 2 + K bytes per parameter): Megatron's distributed optimizer
+    (``DistributedDataParallelConfig.grad_reduce_in_fp32=False``), DeepSpeed
+    (``communication_data_type`` = the model's dtype) and FSDP2 (``reduce_dtype`` = the
+    16-bit param dtype) reduce 2 B."""
+    if plan.training.precision == Precision.FP32:
+        return 4.0
+    if plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES:
+        return 2.0
+    gc = plan.training.grad_compression
+    return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
+
+
+def _pcie_bytes_per_s(plan: Plan) -> float:
+    """Host-link bandwidth per GPU: GPUs behind one PCIe switch share its uplink."""
+    node = plan.cluster.node
+    share = min(1.0, node.pcie_switches / plan.cluster.gpus_per_node) if node.pcie_switches else 1.0
+    return node.gpu.pcie_bytes_per_s * share
+
+
+def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params: float) -> dict[str, float]:
+    """Per-step gradient reduction, parameter sync, per-micro-batch FSDP gathers, optimizer, offload."""
+    par, tr, cl = plan.parallel, plan.training, plan.cluster
+    nd = par.dp * par.cp
+    wb = mem.weight_bytes_per_param(tr.precision)
+    gb = _grad_wire_bytes(plan)
+    out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, buckets=1, compress=0.0)
+    if nd > 1:
+        net = coll.group_net(cl, dev, nd, par.tp)
+        params = sp.total
+        if tr.grad_compression == GradCompression.POWERSGD:
+            gb = 4.0 * 2 * POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
+            out["compress"] = cmp.stream_s(12.0 * params, dev)
+        elif tr.grad_compression != GradCompression.NONE:
+            out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
+        buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
+        if dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
+            # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),
+            # each a lone call issued after compute, plus the ring's bytes term
+            out["grad"] = buckets * dev.lone_all_reduce_s + 2 * (nd - 1) / nd * gb * params / net.bus_bytes_per_s
+            if par.zero == ZeroStage.OPTIMIZER_STATES:   # the parameter broadcasts' bytes (their calls: step_costs)
+                out["sync"] = (nd - 1) / nd * wb * params / net.bus_bytes_per_s
+        elif par.zero == ZeroStage.NONE:
+            out["grad"] = coll.all_reduce_s(gb * params, net)
+        elif par.zero == ZeroStage.OPTIMIZER_STATES:
+            out["grad"] = coll.reduce_scatter_s(gb * params, net)
+            out["sync"] = coll.all_gather_s(wb * params, net)
+        else:   # FSDP2, ZeRO-2 and 3: per block, as often as fsdp_calls.fsdp_stage_calls counts
+            out["layer_ag"] = coll.all_gather_s(wb * layer_params, net)
+            out["layer_rs"] = coll.reduce_scatter_s(gb * layer_params, net)
+            mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
+            if sum(dev.parallel_extra_s(mode)) > 0:   # latency is in the measured layer cost
+                out["layer_ag"] = (nd - 1) / nd * wb * layer_params / net.bus_bytes_per_s
+                out["layer_rs"] = (nd - 1) / nd * gb * layer_params / net.bus_bytes_per_s
+        out["buckets"] = buckets
+    return out
+
+
+def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
+    """(plain, DTensor) parameter tensors pipeline rank ``rank`` holds in the executor's model
+    (executors/model.py: bias-free projections, two norms per layer; the embedding on the
+    first stage, the final norm and output on the last). FSDP2 and TP+DP (``replicate``)
+    make every parameter a DTensor; TP alone its split matrices and embeddings, and with
+    sequence parallel the norms too (torch/distributed/tensor/parallel/style.py)."""
+    m, par = plan.model, plan.parallel
+    layers = sum(plan.layers_per_stage[rank::par.pp])
+    mats = 4 + (m.experts * wl.mlp_matrices(m) + 1 if m.moe else wl.mlp_matrices(m))
+    matrices, norms, plain_emb = layers * mats, layers * 2, 0
+    if rank == 0:
+        matrices += 1
+        plain_emb += 1 if m.position_embedding.value == "learned" else 0
+    if rank == par.pp - 1:
+        matrices += 0 if m.tied_embeddings and par.pp == 1 else 1
+        norms += 1
+    total = matrices + norms + plain_emb
+    if (par.zero >= ZeroStage.GRADIENTS and par.dp > 1) or (par.tp > 1 and par.dp > 1):
+        return 0, total
+    if par.tp > 1:
+        dt = matrices + (norms if par.sequence_parallel else 0)
+        return total - dt, dt
+    return total, 0
+
+
+def _host_optimizer_s(plan: Plan, dev: cmp.DeviceModel, owned: float, tensors: tuple[int, int]) -> float:
+    """Eager optimizer on a calibrated CPU host: per-tensor host cost (plain or DTensor,
+    ZeroRedundancyOptimizer steps 1/N_d of the tensors) plus the bytes at the measured rate."""
+    par = plan.parallel
+    share = 1.0 / (par.dp * par.cp) if par.zero == ZeroStage.OPTIMIZER_STATES else 1.0
+    per_tensor = share * (tensors[0] * dev.optimizer_per_tensor_kernels
+                          + tensors[1] * dev.optimizer_dtensor_per_tensor_kernels) * dev.host_overhead_s
+    return per_tensor + owned * mem.weight_bytes_per_param(plan.training.precision) / dev.optimizer_bytes_per_s
+
+
+def optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
+                     tensors: tuple[int, int] = (0, 0)) -> tuple[float, float]:
+    """(optimizer on the GPU or host, offload copies) per step for this rank's shard."""
+    par, tr = plan.parallel, plan.training
+    nd = par.dp * par.cp
+    owned = sp.total / nd if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
+    k = mem.optimizer_bytes_per_param(tr.precision, tr.optimizer)
+    wb = mem.weight_bytes_per_param(tr.precision)
+    if tr.offload == Offload.NONE and dev.optimizer_bytes_per_s > 0:
+        return _host_optimizer_s(plan, dev, owned, tensors), 0.0
+    if tr.offload == Offload.NONE:   # read grad, states; write states and the 16-bit copy
+        return cmp.stream_s(owned * (2 * k + 2 * wb), dev), 0.0
+    host_bw = dev.host_memory_bytes_per_s / plan.cluster.gpus_per_node
+    host = owned * dev.adam_host_bytes_per_param / host_bw if host_bw > 0 else math.inf
+    copies = 2 * wb * owned / _pcie_bytes_per_s(plan)       # gradients down, parameters up
+    return host, copies
+
+
+def fsdp_calls(plan: Plan, stages: int) -> list[tuple[int, int, int]]:
+    """Per virtual stage, FSDP2's (forward all-gathers, backward all-gathers, reduce-scatters)
+    per block and step: the calls ``trainplan collectives`` lists, so that the prediction
+    charges each one (none without FSDP2 or data parallelism)."""
+    par = plan.parallel
+    if par.zero < ZeroStage.GRADIENTS or par.dp * par.cp == 1:
+        return [(0, 0, 0)] * stages
+    return [fc.fsdp_stage_calls(plan, v) for v in range(stages)]

@@ -1,0 +1,131 @@
+"""Each pipeline rank's actions in one step as torch lowers them for FSDP2, and the calls
+FSDP2 makes over them: per block, its all-gathers in forward and backward and its
+reduce-scatters (``fsdp_phase_calls``). ``simcore.model.collective_plan`` lists them and
+``simcore.model.dp_costs`` charges them, so the two agree by construction.
+"""
+from __future__ import annotations
+
+import functools
+
+from simcore.model.schedules import MAX_ACTIVE_STAGES, Action, Op, add_reduce_grad, add_unshard_reshard, build_schedule
+from simcore.plan.spec import Plan, Schedule, ZeroStage
+
+#: The schedules torch runs as multi-stage runtime schedules (UNSHARD/RESHARD lowering).
+_RUNTIME_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
+
+
+def fsdp_unit_calls(actions: list[Action], stage: int, reshard_after_forward: bool,
+                    pipelined: bool) -> tuple[int, int]:
+    """(all-gathers, reduce-scatters) of one FSDP module of ``stage`` over a rank's actions
+    (``fsdp_phase_calls``, the gathers of both phases summed)."""
+    forward, backward, scatters = fsdp_phase_calls(actions, stage, reshard_after_forward, pipelined)
+    return forward + backward, scatters
+
+
+def fsdp_phase_calls(actions: list[Action], stage: int, reshard_after_forward: bool,
+                     pipelined: bool) -> tuple[int, int, int]:
+    """(forward all-gathers, backward all-gathers, reduce-scatters) of one FSDP module of
+    ``stage`` over a rank's actions.
+
+    FSDP2 all-gathers whenever a forward, backward or UNSHARD finds the module sharded (an
+    UNSHARD precedes a forward: it counts as one); it reshards after forward (ZeRO-3), at
+    RESHARD, and after backward when not pipelined (then also reduce-scattering);
+    pipelined, REDUCE_GRAD reduce-scatters."""
+    return _phase_calls_by_stage(actions, reshard_after_forward, pipelined).get(stage, (0, 0, 0))
+
+
+def _phase_calls_by_stage(actions, reshard_after_forward: bool, pipelined: bool) -> dict[int, tuple[int, int, int]]:
+    """``fsdp_phase_calls`` of every stage in ``actions``, in one pass."""
+    sharded: dict[int, bool] = {}
+    calls: dict[int, list[int]] = {}
+    gathers = {Op.UNSHARD: 0, Op.F: 0, Op.B: 1, Op.I: 1}   # op -> the phase its gather counts in
+    for a in actions:
+        op, stage = a.op, a.stage
+        c = calls.get(stage)
+        if c is None:
+            c = calls[stage] = [0, 0, 0]
+        phase = gathers.get(op)
+        if phase is not None:
+            if sharded.get(stage, True):
+                c[phase] += 1
+            sharded[stage] = False
+        if op == Op.RESHARD or (op == Op.F and reshard_after_forward):
+            sharded[stage] = True
+        elif (op == Op.B and not pipelined) or op == Op.REDUCE_GRAD:
+            c[2] += 1
+            sharded[stage] = True
+    return {stage: (c[0], c[1], c[2]) for stage, c in calls.items()}
+
+
+def fsdp_stage_calls(plan: Plan, stage: int) -> tuple[int, int, int]:
+    """Per step, (forward all-gathers, backward all-gathers, reduce-scatters) of each block
+    of virtual stage ``stage`` under FSDP2 (``parallel.zero`` 2 or 3), as the executor's
+    torch issues them (``fsdp_phase_calls`` over the rank's actions)."""
+    par = plan.parallel
+    return _fsdp_stage_calls(par.schedule, par.pp, plan.num_microbatches, par.vpp,
+                             par.zero == ZeroStage.WEIGHTS, stage)
+
+
+@functools.lru_cache(maxsize=65536)
+def _fsdp_stage_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_after_forward: bool,
+                      stage: int) -> tuple[int, int, int]:
+    """``fsdp_stage_calls`` by the only fields it reads (the layout search asks for thousands
+    of schedule shapes): closed forms where the walk over the actions has one
+    (``tests/model/test_fsdp_calls.py`` holds them to it), else the walk.
+
+    Alone, every micro-batch gathers in forward (ZeRO-3: again in backward) and
+    reduce-scatters. Pipelined, REDUCE_GRAD reduce-scatters once; ZeRO-2 gathers once (a
+    multi-stage schedule keeps up to ``MAX_ACTIVE_STAGES`` stages unsharded, so all of a
+    rank's stages when it has no more); ZeRO-3 gathers at each action after a forward of
+    the stage, as the forward reshards and the backward does not: GPipe's forwards each,
+    then its first backward; 1F1B's ``w = min(m, pp - rank)`` leading forwards, then every
+    backward but the cool-down's first-to-last run of ``w - 1``."""
+    if pp == 1:
+        return m, (m if reshard_after_forward else 0), m
+    if not reshard_after_forward and (schedule not in _RUNTIME_SCHEDULES or vpp <= MAX_ACTIVE_STAGES):
+        return 1, 0, 1
+    if schedule not in _RUNTIME_SCHEDULES:
+        lead = m if schedule == Schedule.GPIPE else min(m, pp - stage)
+        return lead, m - lead + 1, 1
+    return _fsdp_rank_calls(schedule, pp, m, vpp, reshard_after_forward, stage % pp).get(stage, (0, 0, 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _fsdp_rank_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_after_forward: bool,
+                     pp_rank: int) -> dict[int, tuple[int, int, int]]:
+    if vpp > MAX_ACTIVE_STAGES:
+        return _phase_calls_by_stage(_lowered_actions(schedule, pp, m, vpp)[pp_rank], reshard_after_forward, True)
+    # every stage of the rank stays active: the lowering's UNSHARD takes the place of the first
+    # gather and its RESHARD comes last, REDUCE_GRAD once: the compute actions give the counts
+    acts = [a for a in _compute_actions(schedule, pp, m, vpp)[pp_rank] if a is not None]
+    return {v: (f, b, 1) for v, (f, b, _) in _phase_calls_by_stage(acts, reshard_after_forward, True).items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _compute_actions(schedule: Schedule, pp: int, m: int, vpp: int):
+    return build_schedule(schedule, pp, m, vpp)
+
+
+def rank_actions(plan: Plan, pp_rank: int) -> list[Action]:
+    """This pipeline rank's actions in one step, with FSDP's lowering where torch applies it
+    (only the multi-stage runtime schedules add UNSHARD/RESHARD); without pipelining,
+    F and B of every micro-batch."""
+    par = plan.parallel
+    return _schedule_actions(par.schedule, par.pp, plan.num_microbatches, par.vpp, pp_rank)
+
+
+def _schedule_actions(schedule: Schedule, pp: int, m: int, vpp: int, pp_rank: int) -> list[Action]:
+    return list(_lowered_actions(schedule, pp, m, vpp)[pp_rank])
+
+
+@functools.lru_cache(maxsize=1024)
+def _lowered_actions(schedule: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[Action, ...], ...]:
+    """Every pipeline rank's actions, lowered as torch lowers them for FSDP (read-only: cached)."""
+    if pp == 1:
+        return (tuple(Action(0, op, i) for i in range(m) for op in (Op.F, Op.B)),)
+    out, sched = [], build_schedule(schedule, pp, m, vpp)
+    for acts in (sched[r] for r in range(pp)):
+        if schedule in _RUNTIME_SCHEDULES:
+            acts = add_unshard_reshard(acts)
+        out.append(tuple(a for a in add_reduce_grad(acts, m) if a is not None))
+    return tuple(out)
