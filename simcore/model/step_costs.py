@@ -66,10 +66,10 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
         one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
             else coll.all_reduce_s(act, net)
         out["tp_f"] = out["tp_b"] = 2 * one
-        (f, b), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
-        if f + b + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
+        (tf, tb), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
+        if tf + tb + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
             wire = 2 * 2 * (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
-            out["tp_f"], out["tp_b"] = f + wire, b + wire
+            out["tp_f"], out["tp_b"] = tf + wire, tb + wire
             out["host_f"], out["host_b"] = hf, hb   # DTensor's dispatch: host compute
     if par.cp > 1:   # ring attention: cp-1 exchanges of the local K and V (Liu et al. 2023)
         net = coll.group_net(cl, dev, par.cp, par.tp)

@@ -8,7 +8,7 @@ from simcore.engine import analytic as ana
 from simcore.engine.predict import simulate
 from simcore.model import step_costs as sim
 from simcore.plan.load import plan_from_dict
-from simcore.plan.spec import PlanError, Recompute, Schedule
+from simcore.plan.spec import PlanError
 
 
 def plan(**over):
@@ -153,3 +153,15 @@ def test_catalog_pipeline_keeps_asynchronous_sends_and_hop_latency():
     act = wl.ACT_BYTES * 2048 * 12288
     hop = net.inter_hop_s if net.nodes > 1 else net.intra_hop_s
     assert c.p2p_s == pytest.approx(hop + act / net.bus_bytes_per_s)
+
+
+def test_context_parallel_exchanges_kv_whatever_the_tensor_parallel_size():
+    """Ring attention sends the local K/V cp - 1 times a layer, 1/tp of them per rank: with
+    tp > 1 too (the TP branch once overwrote the micro-batch size, so cp traffic was 0)."""
+    def cp_comm(tp, micro_batch=1):
+        plan = plan_from_dict({"model": "llama3-8b", "cluster": {"node": "dgx-h100", "nodes": 2},
+                               "parallel": {"tp": tp, "cp": 2, "dp": 8 // tp},
+                               "training": {"global_batch": 64, "micro_batch": micro_batch}})
+        return sim.step_costs(plan).time_detail_s["cp_comm_per_layer_s"]
+    assert cp_comm(1) > 0 and cp_comm(2) > 0 and cp_comm(4) > 0
+    assert cp_comm(2, micro_batch=2) > cp_comm(2)
