@@ -88,6 +88,36 @@ def pareto_front(df: pd.DataFrame, time_col: str = "step_time_s", cost_col: str 
     return ordered.loc[keep]
 
 
+#: Significant digits to which two layouts' step time and memory are the same answer: the
+#: model's own arithmetic agrees to far more; the published runs it is checked against, to
+#: a few per cent (bench/RESULTS.md).
+TIE_DIGITS = 6
+
+
+def _complexity(df: pd.DataFrame) -> pd.DataFrame:
+    """What makes a layout harder to run, most important first: parallel dimensions in use,
+    ZeRO stage, then the context-parallel, virtual-stage, expert, tensor and pipeline sizes."""
+    axes = sum((df[a] > 1).astype(int) for a in ("tp", "pp", "dp", "cp", "ep")) + (df["vpp"] > 1).astype(int)
+    return pd.DataFrame({"axes": axes, "zero": df["zero"], "cp": df["cp"], "vpp": df["vpp"], "ep": df["ep"],
+                         "tp": df["tp"], "pp": df["pp"], "micro_batch": df["micro_batch"]}, index=df.index)
+
+
+def merge_ties(df: pd.DataFrame) -> pd.DataFrame:
+    """Layouts whose predictions are the same answer (step time and memory to ``TIE_DIGITS``
+    significant digits, on the same GPUs) are one row: the simplest of them (``_complexity``),
+    with ``ties`` (how many others) and ``tied_with`` (their names). Rows keep their order."""
+    key = pd.DataFrame({c: df[c].map(lambda x: float(f"{x:.{TIE_DIGITS}g}")) for c in
+                        ("step_time_s", "memory_per_gpu_gib")}).assign(gpus=df["gpus"])
+    group = key.groupby(list(key.columns), sort=False).ngroup()
+    simple = _complexity(df).assign(_g=group).sort_values(["_g", *_complexity(df).columns], kind="stable")
+    keep = simple.groupby("_g", sort=False).head(1).index
+    names = df["layout"].groupby(group).agg(list)
+    out = df.loc[sorted(keep)].copy()
+    out["ties"] = [len(names[g]) - 1 for g in group[out.index]]
+    out["tied_with"] = [", ".join(n for n in names[g] if n != lay) for g, lay in zip(group[out.index], out["layout"])]
+    return out
+
+
 def _objective_order(df: pd.DataFrame, objective: str) -> pd.DataFrame:
     if objective == "time":
         return df.sort_values(["step_time_s", "memory_per_gpu_gib"], kind="stable")
@@ -161,7 +191,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     if not rows:
         raise PlanError(f"no layout of {base.model.name} fits {base.cluster.gpus} x {base.cluster.node.gpu.name} "
                         f"with training.global_batch={global_batch} ({_tally_sentence(tally)})")
-    df = _objective_order(_add_cost(pd.DataFrame(rows), base, tokens), objective).reset_index(drop=True)
+    df = _objective_order(merge_ties(_add_cost(pd.DataFrame(rows), base, tokens)), objective).reset_index(drop=True)
     df = _engine_rerank(df, base, top_k, jobs, progress, objective)
     df.insert(0, "rank", range(1, len(df) + 1))
     best = _layout_of(df.iloc[0]).apply(base)
@@ -232,8 +262,10 @@ def explain_ranking(df: pd.DataFrame, tally: Tally, explain: int = 5) -> list[st
     """Why the runners-up lose: the top ``explain`` after the best, then the best layout of
     each tp and pp value that is not among them."""
     best = df.iloc[0]
+    ties = f"; {best['ties']} more complex layouts give the same answer ({best['tied_with']})" \
+        if best.get("ties", 0) else ""
     out = [_tally_sentence(tally), f"best: {best['layout']} at {best['step_time_s']:.2f} s per step (analytic), "
-                                   f"MFU {best['mfu']:.1%}, {best['memory_per_gpu_gib']:.1f} GiB per GPU"]
+                                   f"MFU {best['mfu']:.1%}, {best['memory_per_gpu_gib']:.1f} GiB per GPU{ties}"]
     shown = set(range(1, min(len(df), explain + 1)))
     out += [f"#{i + 1} {why_slower(df.iloc[i], best)}" for i in sorted(shown)]
     for axis in ("tp", "pp", "cp"):
@@ -247,7 +279,7 @@ def explain_ranking(df: pd.DataFrame, tally: Tally, explain: int = 5) -> list[st
 
 #: Columns the CLI prints for ``trainplan plan`` (the table has more).
 TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "cp", "vpp", "zero", "recompute", "micro_batch", "schedule", "offload",
-                 "step_time_s", "des_step_time_s", "mfu", "memory_per_gpu_gib", "days", "usd", "usd_per_mtok")
+                 "step_time_s", "des_step_time_s", "mfu", "memory_per_gpu_gib", "days", "usd", "usd_per_mtok", "ties")
 
 
 def summary_table(result: SearchResult, rows: int = 20) -> str:

@@ -77,4 +77,3 @@ def test_the_prediction_charges_every_gather_and_scatter_the_collectives_list_na
         # the same counts as the per-rank list of `trainplan collectives` (one call per block)
         acts = cp.rank_actions(plan, v % pp)
         assert cp.fsdp_unit_calls(acts, v, zero == 3, pp > 1) == (forward + backward, scatters)
-

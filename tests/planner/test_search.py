@@ -161,3 +161,28 @@ def test_zero_bubble_layouts_share_their_1f1b_twins_step_costs():
             mine = replace(fam, recompute=rc).apply(base, True)
             twin = replace(_twin(fam), recompute=rc).apply(base, True)
             assert replace(step_costs(twin), plan=mine) == step_costs(mine)
+
+
+def test_layouts_with_the_same_answer_are_one_row_the_simplest():
+    """Context parallel that only trades dp for cp (and the micro-batch with it) predicts the
+    same step and memory: one row, the layout with fewer parallel dimensions (then the lower
+    ZeRO stage), the others named."""
+    from simcore.planner.search import TIE_DIGITS, merge_ties
+
+    def row(layout, cp, dp, zero=1, t=6.7769211, mem=77.5):
+        return {"layout": layout, "tp": 1, "pp": 1, "dp": dp, "cp": cp, "ep": 1, "vpp": 1, "zero": zero,
+                "micro_batch": cp, "step_time_s": t, "memory_per_gpu_gib": mem, "gpus": 32}
+    df = pd.DataFrame([row("cp4", 4, 8), row("cp1", 1, 32), row("cp2", 2, 16, t=6.7769211 * (1 + 1e-9)),
+                       row("zero2", 1, 32, zero=2), row("slower", 1, 32, t=6.9)])
+    out = merge_ties(df)
+    assert list(out["layout"]) == ["cp1", "slower"]   # fewer dimensions, then the lower ZeRO stage
+    assert list(out["ties"]) == [3, 0]
+    assert out["tied_with"].iloc[0] == "cp4, cp2, zero2"
+    assert TIE_DIGITS >= 4
+
+    res = search({"name": "llama3-8b", "seq_len": 8192}, {"node": "dgx-h100", "nodes": 4}, 256, top_k=0,
+                 progress=False)
+    key = res.table[["step_time_s", "memory_per_gpu_gib"]].map(lambda x: float(f"{x:.{TIE_DIGITS}g}"))
+    assert not key.assign(gpus=res.table["gpus"]).duplicated().any()
+    assert len(res.table) + res.table["ties"].sum() == res.tally.simulated
+    assert res.table["ties"].max() > 0 and res.table.iloc[0]["cp"] == 1
