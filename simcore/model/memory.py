@@ -167,7 +167,7 @@ def _rank_activation_bytes(chunks: int, stages: tuple[int, ...], rank: int, pp: 
 
 def comm_buffer_bytes(plan: Plan, sp: StageParams) -> float:
     """Communication buffers: DDP/ZeRO buckets, FSDP2's unsharded layers, PP send/recv
-    buffers, the sequence-parallel all-gather output."""
+    buffers, the sequence-parallel all-gather output, ring attention's K/V in flight."""
     m, par, tr = plan.model, plan.parallel, plan.training
     wb = weight_bytes_per_param(tr.precision)
     b, s = tr.micro_batch, m.seq_len // par.cp
@@ -181,6 +181,8 @@ def comm_buffer_bytes(plan: Plan, sp: StageParams) -> float:
         total += 4 * wl.ACT_BYTES * b * s * m.hidden / (par.tp if par.sequence_parallel else 1)
     if par.sequence_parallel:
         total += wl.ACT_BYTES * b * s * m.hidden
+    if par.cp > 1:   # ring attention: the K/V chunk in flight and the one received (context_parallel.py)
+        total += 2 * 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
     return total
 
 

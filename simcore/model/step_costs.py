@@ -187,6 +187,32 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tu
     return grad, sync, opt, off
 
 
+def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict, float, float, float, float, float]:
+    """Per layer and micro-batch: ``_layer_comm``, (forward, backward) blocking communication, (forward,
+    backward) host compute of the wrappers (CPU host), and the host compute a full
+    recomputation repeats; ``core`` is the layer's attention-core forward time."""
+    par, tr = plan.parallel, plan.training
+    lc = _layer_comm(plan, dev)
+    # Ring attention (Megatron-Core through Transformer Engine's P2P context parallel,
+    # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+    # flash_attn_p2p_communicate: K/V forward, K/V and dK/dV backward, twice the bytes over
+    # twice the core time): each exchange overlaps the attention of the chunk at hand; what
+    # the core cannot hide is exposed, and the part it hides slows the core as any overlapped
+    # NCCL kernel does (the GPU's comm_compute_interference, as for data-parallel traffic)
+    lost = 1.0 - 1.0 / dev.comm_compute_interference
+    cp_f = max(0.0, lc["cp"] - core) + lost * min(lc["cp"], core)
+    full = tr.recompute.value == "full"
+    rec_comm = lc["tp_f"] + cp_f + lc["ep_f"] if full else 0.0
+    host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
+    rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
+    fc = lc["tp_f"] + cp_f + lc["ep_f"]
+    bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
+    if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
+        (ff, fb), (hf, hb) = dev.parallel_split_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
+        fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb
+    return lc, fc, bc, host_f, host_b, rec_host
+
+
 def step_costs(plan: Plan) -> StepCosts:
     """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
     _check_device(plan)
@@ -195,23 +221,14 @@ def step_costs(plan: Plan) -> StepCosts:
     b, s = tr.micro_batch, m.seq_len // par.cp
     f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
                                        tr.flash_attention, tr.recompute, dev)
-    lc = _layer_comm(plan, dev)
-    cp_f = max(0.0, lc["cp"] - core)                   # ring exchange hidden behind the attention core
-    rec_comm = lc["tp_f"] + cp_f + lc["ep_f"] if tr.recompute.value == "full" else 0.0
-    host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
-    if tr.recompute.value == "full":   # the recomputed forward dispatches through DTensor again
-        rc += host_f
+    lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core)
+    rc += rec_host
     stages = plan.layers_per_stage
     nv = len(stages)
     lf, lbi, lbw = _logits_times(m, b, s, par.tp, dev)
     params = mem.stage_params(plan, stages)
     dense_l, expert_l = mem.layer_params_per_gpu(plan)
     dpc = dpm.dp_costs(plan, dev, params[0], dense_l + expert_l)
-    fc = lc["tp_f"] + cp_f + lc["ep_f"]
-    bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
-    if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
-        (ff, fb), (hf, hb) = dev.parallel_split_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
-        fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb
     fcomm = [fc * n for n in stages]
     bcomm = [bc * n for n in stages]
     host_p2p = _host_p2p(dev, par.pp, nv)

@@ -1,0 +1,69 @@
+"""No strategy wins for nothing: properties over layouts that the prediction must hold,
+whatever the model, the GPU or the layout (hypothesis draws them)."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simcore.engine.predict import simulate
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import PlanError
+
+MODELS = ("gpt-1.7b", "llama3-8b", "llama2-13b", "llama3-70b")
+NODES = ("dgx-a100-80gb", "dgx-h100", "dgx-h200")
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+
+
+def _plan(model, node, *, tp=1, pp=1, dp=8, cp=1, zero=1, micro_batch=1, recompute="none", seq_len=8192):
+    return plan_from_dict({"model": {"name": model, "seq_len": seq_len}, "cluster": {"node": node, "nodes": 8},
+                           "parallel": {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "zero": zero,
+                                        "sequence_parallel": tp > 1},
+                           "training": {"global_batch": 512, "micro_batch": micro_batch, "recompute": recompute,
+                                        "flash_attention": True}})
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 2, 4, 8]),
+       pp=st.sampled_from([1, 2]), cp=st.sampled_from([2, 4, 8]), zero=st.sampled_from([0, 1]))
+def test_context_parallel_costs_more_than_the_data_parallel_it_replaces(model, node, tp, pp, cp, zero):
+    """cp ranks in place of cp data-parallel replicas, each micro-batch cp times longer so that
+    every rank runs the same tokens: the same compute, plus the K/V ring (time and buffers)."""
+    gpus = 64
+    dp = gpus // (tp * pp * cp)
+    try:
+        with_cp = _plan(model, node, tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, micro_batch=cp)
+        without = _plan(model, node, tp=tp, pp=pp, dp=dp * cp, cp=1, zero=zero, micro_batch=1)
+    except PlanError:
+        return
+    a, b = simulate(with_cp), simulate(without)
+    assert a.step_time_s > b.step_time_s
+    assert a.memory_per_gpu_gib > b.memory_per_gpu_gib
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 2, 8]),
+       pp=st.sampled_from([1, 2, 4]), zero=st.sampled_from([0, 1, 2, 3]), micro_batch=st.sampled_from([1, 2]))
+def test_more_recomputation_never_takes_less_time(model, node, tp, pp, zero, micro_batch):
+    times = []
+    for recompute in ("none", "selective", "full"):
+        try:
+            plan = _plan(model, node, tp=tp, pp=pp, dp=64 // (tp * pp), zero=zero, micro_batch=micro_batch,
+                         recompute=recompute)
+        except PlanError:
+            return
+        times.append(simulate(plan).step_time_s)
+    assert times[0] <= times[1] * (1 + 1e-9) and times[1] <= times[2] * (1 + 1e-9)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 2, 8]),
+       micro_batch=st.sampled_from([1, 2]))
+def test_zero2_cannot_be_as_fast_as_zero1_and_hold_a_shard_of_the_gradients(model, node, tp, micro_batch):
+    """With gradient accumulation (here 512 / (64 / tp) / micro_batch >= 4 micro-batches)."""
+    try:
+        z1, z2 = (_plan(model, node, tp=tp, dp=64 // tp, zero=z, micro_batch=micro_batch) for z in (1, 2))
+    except PlanError:
+        return
+    assert z2.num_microbatches >= 4
+    a, b = simulate(z1), simulate(z2)
+    assert not (b.step_time_s <= a.step_time_s and b.memory_bytes["gradients"] < a.memory_bytes["gradients"])
