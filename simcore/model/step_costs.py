@@ -188,9 +188,9 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tu
 
 
 def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict, float, float, float, float, float]:
-    """Per layer and micro-batch: ``_layer_comm``, (forward, backward) blocking communication, (forward,
-    backward) host compute of the wrappers (CPU host), and the host compute a full
-    recomputation repeats; ``core`` is the layer's attention-core forward time."""
+    """Per layer and micro-batch: ``_layer_comm``'s figures, the (forward, backward) blocking
+    communication, the (forward, backward) host compute of the wrappers (CPU host), and the
+    host compute a full recomputation repeats; ``core`` is the attention core's forward time."""
     par, tr = plan.parallel, plan.training
     lc = _layer_comm(plan, dev)
     # Ring attention (Megatron-Core through Transformer Engine's P2P context parallel,
