@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 from simcore.plan.spec import PlanError
+from simcore.model import workload as wl
 from simcore.model.workload import Op
 from topologies.components import GPU, EfficiencyCurve
 from topologies.hardware import load_catalog
@@ -56,6 +57,15 @@ class DeviceModel:
     adam_host_bytes_per_param: float
     comm_compute_interference: float = 1.0
     """Factor by which compute slows while an overlapped NCCL kernel shares the GPU (>= 1)."""
+    fp8_matmul_ratio: float = 1.0
+    """An FP8 GEMM's achieved fraction of the FP8 peak relative to a 16-bit GEMM's of its peak
+    at the same size (catalog ``fp8_matmul_ratio``, per GPU; 1 where none is given)."""
+    linear_peak_flops: float = 0.0
+    """Peak of the transformer blocks' linear layers (``workload.FP8_LINEAR_OPS``) where it
+    differs from ``peak_flops``: under an FP8 recipe only they run in FP8 (Transformer
+    Engine's ``te.Linear``/``LayerNormLinear``/``LayerNormMLP`` inside ``fp8_autocast``;
+    torchao's ``convert_to_float8_training`` swaps ``nn.Linear`` only), while attention,
+    softmax, norms, the output layer and all communication stay 16-bit (``peak_flops``)."""
     parallel_kernels: tuple[tuple[str, float, float], ...] = ()
     """(mode, forward, backward) extra host kernels per layer and micro-batch that a torch
     parallel wrapper costs over the plain eager layer (mode: tp, tp_sp, fsdp_zero2,
@@ -174,6 +184,9 @@ def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
     peak = gpu.peak(precision)
     if peak is None:
         raise PlanError(f"training.precision={precision} is not supported by {gpu.name}")
+    linear_peak = 0.0
+    if precision == "fp8":   # FP8 linear layers, everything else in bf16 (DeviceModel.linear_peak_flops)
+        peak, linear_peak = gpu.peak("bf16") or peak, peak
     e = _entry(gpu, catalog_root)
     coll, off = e["collective"], e.get("offload", {})
     return DeviceModel(
@@ -196,6 +209,8 @@ def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
         host_memory_bytes_per_s=float(off.get("host_memory_gbyte_per_s", 0.0)) * 1e9,
         adam_host_bytes_per_param=float(off.get("adam_host_bytes_per_param", 32)),
         comm_compute_interference=float(e.get("comm_compute_interference", 1.0)),
+        linear_peak_flops=linear_peak,
+        fp8_matmul_ratio=float(e.get("fp8_matmul_ratio", 1.0)),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         **_host_terms(e),
     )
@@ -224,9 +239,10 @@ def _host_terms(e: dict) -> dict:
     return out
 
 
-def roofline_s(flops: float, bytes_: float, dev: DeviceModel, efficiency: float) -> float:
-    """max(compute-bound, memory-bound) time of one kernel (no fixed overhead)."""
-    return max(flops / (dev.peak_flops * efficiency),
+def roofline_s(flops: float, bytes_: float, dev: DeviceModel, efficiency: float, peak: float = 0.0) -> float:
+    """max(compute-bound, memory-bound) time of one kernel (no fixed overhead) at ``peak``
+    (default: the device's)."""
+    return max(flops / ((peak or dev.peak_flops) * efficiency),
                bytes_ / (dev.hbm_bytes_per_s * dev.memory_efficiency))
 
 
@@ -240,7 +256,10 @@ def _efficiency(op: Op, dev: DeviceModel) -> float:
 
 def op_forward_s(op: Op, dev: DeviceModel) -> float:
     """Device time of ``op.count`` forward kernels (fixed per-kernel overhead excluded)."""
-    return op.count * roofline_s(op.flops * op.exec_fraction, op.bytes, dev, _efficiency(op, dev))
+    peak, eff = 0.0, _efficiency(op, dev)
+    if dev.linear_peak_flops and op.name in wl.FP8_LINEAR_OPS:
+        peak, eff = dev.linear_peak_flops, eff * dev.fp8_matmul_ratio
+    return op.count * roofline_s(op.flops * op.exec_fraction, op.bytes, dev, eff, peak)
 
 
 def op_backward_s(op: Op, dev: DeviceModel) -> tuple[float, float]:
@@ -280,8 +299,6 @@ def serial_layer_s(spec, peak_flops: float, hbm_bytes_per_s: float, matmul_point
     dispatch time; with ``recompute`` the forward of the ops that recomputation re-runs
     instead. With ``dispatch_s=0`` it is the device time alone, which ``executors.calibrate.profile``
     subtracts from a measured eager layer to get the dispatch time of a CPU host."""
-    from simcore.model import workload as wl
-
     dev = DeviceModel(
         name="calibration", peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s,
         matmul=EfficiencyCurve(points=tuple((float(a), float(b)) for a, b in matmul_points)),

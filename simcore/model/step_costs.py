@@ -43,6 +43,8 @@ def _check_device(plan: Plan) -> None:
 def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev) -> tuple[float, float, float, float, float]:
     """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer."""
     ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash)
+    if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
+        ops += wl.fp8_cast_ops(model, b, s, tp)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(wl.recompute_ops(ops, recompute), dev)[0]
     core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash))

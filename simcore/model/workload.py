@@ -121,6 +121,27 @@ def active_params_per_token(m: ModelSpec) -> float:
     return m.layers * per_layer + pc.embedding + pc.output
 
 
+#: The GEMMs an FP8 recipe runs in FP8: the linear layers of the transformer blocks
+#: (Transformer Engine's te.Linear / LayerNormLinear / LayerNormMLP under fp8_autocast, as
+#: Megatron-Core's --fp8-format uses them; torchao's float8 training converts nn.Linear).
+#: The router, the attention core and the output layer stay 16-bit.
+FP8_LINEAR_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out", "expert_in", "expert_out"})
+
+
+def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int) -> list[Op]:
+    """The casts an FP8 recipe adds to a layer: each FP8 GEMM's input is quantized and
+    transposed for the backward (Transformer Engine's fused cast-transpose: read 16-bit,
+    write FP8 and its FP8 transpose, 4 bytes an element; its backward casts the incoming
+    gradient the same way). Amax and scale updates are one small reduction each."""
+    h, f, tokens = m.hidden, m.ffn_hidden // tp, b * s
+    inputs = tokens * h + tokens * h // tp                       # qkv and attention-projection inputs
+    if m.moe:
+        inputs += tokens * m.top_k * m.capacity_factor * (h + f)   # the token copies the experts run (mlp_ops)
+    else:
+        inputs += tokens * (h + f)                               # the MLP's two inputs
+    return [_eltwise("fp8_cast_transpose", inputs, 2)]
+
+
 def _gemm(name: str, m_: float, n: float, k: float, count: int = 1, batched: bool = False) -> Op:
     """A (m x k) @ (k x n) matmul: 2mnk FLOPs, reads both inputs and writes the output."""
     return Op(name=name, flops=2.0 * m_ * n * k, bytes=ACT_BYTES * (m_ * k + k * n + m_ * n),

@@ -67,3 +67,42 @@ def test_zero2_cannot_be_as_fast_as_zero1_and_hold_a_shard_of_the_gradients(mode
     assert z2.num_microbatches >= 4
     a, b = simulate(z1), simulate(z2)
     assert not (b.step_time_s <= a.step_time_s and b.memory_bytes["gradients"] < a.memory_bytes["gradients"])
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(("dgx-h100", "dgx-h200")), tp=st.sampled_from([1, 2, 8]),
+       pp=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1, 3]), recompute=st.sampled_from(["none", "full"]))
+def test_fp8_gains_less_than_its_gemms_do(model, node, tp, pp, zero, recompute):
+    """Only the blocks' linear layers run in FP8 (attention, norms, the output layer and the
+    communication stay 16-bit) and they add casts: the step gains less than an FP8 GEMM does
+    (and a small model at tp 8 can lose: its casts cost more than its GEMMs save)."""
+    from simcore.model.compute import device_model
+
+    plans = []
+    for precision in ("bf16", "fp8"):
+        doc = {"model": {"name": model, "seq_len": 4096}, "cluster": {"node": node, "nodes": 8},
+               "parallel": {"tp": tp, "pp": pp, "dp": 64 // (tp * pp), "zero": zero, "sequence_parallel": tp > 1},
+               "training": {"global_batch": 512, "precision": precision, "recompute": recompute,
+                            "flash_attention": True}}
+        try:
+            plans.append(plan_from_dict(doc))
+        except PlanError:
+            return
+    fp8 = device_model(plans[1].cluster.node.gpu, "fp8")
+    gemm_gain = fp8.linear_peak_flops * fp8.fp8_matmul_ratio / fp8.peak_flops
+    gain = simulate(plans[0]).step_time_s / simulate(plans[1]).step_time_s
+    assert gain < gemm_gain
+
+
+def test_fp8_leaves_attention_and_the_output_layer_at_16_bit():
+    from simcore.model import compute as cmp
+    from simcore.model import workload as wl
+
+    plan = _plan("llama3-8b", "dgx-h100")
+    bf16, fp8 = (cmp.device_model(plan.cluster.node.gpu, p) for p in ("bf16", "fp8"))
+    ops = {op.name: op for op in wl.layer_forward_ops(plan.model, b=1, s=8192, flash=True)
+           + wl.logits_forward_ops(plan.model, b=1, s=8192)}
+    for name in ("flash_attention", "logits", "layernorm_1"):
+        assert cmp.op_forward_s(ops[name], fp8) == cmp.op_forward_s(ops[name], bf16)
+    for name in ("qkv", "mlp_in", "mlp_out"):
+        assert cmp.op_forward_s(ops[name], fp8) < cmp.op_forward_s(ops[name], bf16)
