@@ -18,6 +18,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from executors.record import tensor_bytes
+from simcore.results import GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
 
 
 # --------------------------------------------------------------------------- memory
@@ -116,14 +117,13 @@ def dp_sync_wait_s(rank_spans: list[list]) -> float:
     return sum(per_rank) / len(per_rank) - min(per_rank)
 
 
-def summarise(plan, records: list[dict], warmup: int) -> "StepResult":
+def summarise(plan, records: list[dict], warmup: int) -> StepResult:
     """Per-rank records of ``executors.launch.run_rank`` -> one Measurement. The step time
     is the slowest rank's, averaged over the measured bare steps (the recorder's hooks cost
     host time of their own, 0-10% of a step on a CPU host); its breakdown is that rank's
     ``split_step`` on the recorded steps, scaled to the bare step time; spans are those of
     the median recorded step on every rank. Without bare steps the recorded ones give both."""
     from simcore.model import workload as wl
-    from simcore.results import GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
 
     n = len(records[0]["steps"])
     measured = range(min(warmup, n - 1), n)

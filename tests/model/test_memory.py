@@ -6,7 +6,7 @@ import pytest
 from simcore.model import memory as mem
 from simcore.model import workload as wl
 from simcore.plan.load import plan_from_dict
-from simcore.plan.spec import Offload, Recompute, Schedule, ZeroStage
+from simcore.plan.spec import Schedule
 
 
 def plan(**over):
