@@ -103,6 +103,7 @@ def _fsdp_rank_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_afte
 
 @functools.lru_cache(maxsize=256)
 def _compute_actions(schedule: Schedule, pp: int, m: int, vpp: int):
+    """``build_schedule`` once per shape (read-only: cached)."""
     return build_schedule(schedule, pp, m, vpp)
 
 
@@ -111,11 +112,7 @@ def rank_actions(plan: Plan, pp_rank: int) -> list[Action]:
     (only the multi-stage runtime schedules add UNSHARD/RESHARD); without pipelining,
     F and B of every micro-batch."""
     par = plan.parallel
-    return _schedule_actions(par.schedule, par.pp, plan.num_microbatches, par.vpp, pp_rank)
-
-
-def _schedule_actions(schedule: Schedule, pp: int, m: int, vpp: int, pp_rank: int) -> list[Action]:
-    return list(_lowered_actions(schedule, pp, m, vpp)[pp_rank])
+    return list(_lowered_actions(par.schedule, par.pp, plan.num_microbatches, par.vpp)[pp_rank])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -123,7 +120,7 @@ def _lowered_actions(schedule: Schedule, pp: int, m: int, vpp: int) -> tuple[tup
     """Every pipeline rank's actions, lowered as torch lowers them for FSDP (read-only: cached)."""
     if pp == 1:
         return (tuple(Action(0, op, i) for i in range(m) for op in (Op.F, Op.B)),)
-    out, sched = [], build_schedule(schedule, pp, m, vpp)
+    out, sched = [], _compute_actions(schedule, pp, m, vpp)
     for acts in (sched[r] for r in range(pp)):
         if schedule in _RUNTIME_SCHEDULES:
             acts = add_unshard_reshard(acts)

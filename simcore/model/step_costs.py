@@ -142,8 +142,9 @@ def _host_p2p(dev: cmp.DeviceModel, pp: int, nv: int) -> dict[str, tuple[float, 
 
 def _rank_costs(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams, ...], layer_params: float,
                 host_terms: bool) -> list[tuple[dict[str, float], tuple[float, float], tuple[int, int]]]:
-    """Per pipeline rank: its ``_dp_costs``, its ``_optimizer_costs`` and its (plain, DTensor)
-    parameter tensors (counted only where ``host_terms``, the host optimizer's per-tensor cost)."""
+    """Per pipeline rank: its ``dp_costs.dp_costs``, its ``dp_costs.optimizer_costs`` and its
+    (plain, DTensor) parameter tensors (counted only where ``host_terms``, the host
+    optimizer's per-tensor cost)."""
     per_params: dict = {}
     rank_costs = []
     for r in range(plan.parallel.pp):

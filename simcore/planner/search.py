@@ -109,10 +109,11 @@ def merge_ties(df: pd.DataFrame) -> pd.DataFrame:
     key = pd.DataFrame({c: df[c].map(lambda x: float(f"{x:.{TIE_DIGITS}g}")) for c in
                         ("step_time_s", "memory_per_gpu_gib")}).assign(gpus=df["gpus"])
     group = key.groupby(list(key.columns), sort=False).ngroup()
-    simple = _complexity(df).assign(_g=group).sort_values(["_g", *_complexity(df).columns], kind="stable")
+    cx = _complexity(df)
+    simple = cx.assign(_g=group).sort_values(["_g", *cx.columns], kind="stable")
     keep = simple.groupby("_g", sort=False).head(1).index
     names = df["layout"].groupby(group).agg(list)
-    out = df.loc[sorted(keep)].copy()
+    out = df[df.index.isin(keep)].copy()
     out["ties"] = [len(names[g]) - 1 for g in group[out.index]]
     out["tied_with"] = [", ".join(n for n in names[g] if n != lay) for g, lay in zip(group[out.index], out["layout"])]
     return out
