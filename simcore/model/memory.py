@@ -21,18 +21,32 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from simcore.plan.spec import Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage
+from simcore.model import activations as acts
 from simcore.model import workload as wl
+from simcore.plan.spec import Offload, Optimizer, Plan, Precision, ZeroStage
 
 GIB = 1024**3
-#: CUDA context, cuBLAS/cuDNN workspaces and NCCL communicator buffers per process.
-#: A modelling assumption: PyTorch's CUDA context alone takes 0.3-0.8 GiB on A100/H100
-#: (PyTorch docs, "CUDA semantics / memory management": the context is not reported by
-#: memory_allocated), NCCL allocates NCCL_BUFFSIZE (4 MiB) per channel and peer.
-FRAMEWORK_BYTES = 1.0 * GIB
-#: Share of tensor memory the caching allocator loses to fragmentation (assumption; the
-#: PyTorch allocator rounds blocks and keeps segments: 3-10% is typical in practice).
-ALLOCATOR_FRAGMENTATION = 0.05
+#: CUDA context with torch's kernels loaded, cuBLAS/cuDNN workspaces, per process: what
+#: NVML counts as used and torch's allocator statistics do not (PyTorch docs, "CUDA
+#: semantics / memory management"). 1343 MiB is Hugging Face's measurement of a process
+#: that only loaded torch's CUDA kernels ("Efficient Training on a Single GPU", 2022,
+#: transformers docs/source/en/model_memory_anatomy.md at 249ef8164cfb: "1343 MB").
+CUDA_CONTEXT_BYTES = 1343 * 1024**2
+FRAMEWORK_BYTES = CUDA_CONTEXT_BYTES   # the older name
+#: The caching allocator's margin: bytes it reserves beyond the live tensors at the peak
+#: (torch.cuda.max_memory_reserved over max_memory_allocated), as a share of the tensors.
+#: The allocator rounds requests over 1 MiB up to 2 MiB segments-worth of blocks, keeps freed
+#: blocks cached per stream and cannot merge blocks of different segments
+#: (c10/cuda/CUDACachingAllocator.cpp: kRoundLarge, kLargeBuffer, no cross-segment merging);
+#: a transformer's step frees and re-allocates tensors of a few sizes, so the reserve settles
+#: near the peak plus part of the largest transient (the loss's logits, a layer's gradient).
+#: 10% is the default: see bench/validate_memory.py, where the torchtitan rows (reserved)
+#: and the torchtune rows (active) of one stack differ by it. Settable per Plan
+#: (``training.allocator_margin``); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True brings it near 0.
+ALLOCATOR_MARGIN = 0.10
+ALLOCATOR_FRAGMENTATION = ALLOCATOR_MARGIN   # the older name
+#: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
+FP8_AMAX_HISTORY = 1024
 #: torch DDP's default gradient bucket (``bucket_cap_mb=25`` in torch/nn/parallel/distributed.py).
 DDP_BUCKET_BYTES = 25 * 1024**2
 #: Buckets in flight at once (one being reduced while the next fills).
@@ -59,6 +73,8 @@ class StageParams:
     """MoE expert parameters, replicated over dp*cp/ep ranks."""
     layer_max: float
     """Largest single layer on this rank (for FSDP2's unsharded working set)."""
+    ends: float = 0.0
+    """The embedding and output parameters among ``dense`` (FSDP2's root group)."""
 
     @property
     def total(self) -> float:
@@ -87,103 +103,80 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
     out = []
     for r in range(par.pp):
         layers = sum(stages[r::par.pp])
-        dense = layers * dense_l
+        ends = 0.0
         if r == 0:
-            dense += pc.embedding / par.tp
+            ends += pc.embedding / par.tp
         if r == par.pp - 1:
-            dense += pc.output / par.tp
+            ends += pc.output / par.tp
             if m.tied_embeddings and par.pp > 1:
-                dense += m.vocab * m.hidden / par.tp
-        out.append(StageParams(dense=dense, expert=layers * expert_l, layer_max=dense_l + expert_l))
+                ends += m.vocab * m.hidden / par.tp
+        out.append(StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
+                               layer_max=dense_l + expert_l, ends=ends))
     return tuple(out)
 
 
 def in_flight_chunks(plan: Plan, rank: int) -> int:
     """Model chunks (virtual stages' activations) rank ``rank`` keeps at its peak."""
-    return _in_flight_table(plan)(rank)
+    return acts.in_flight_chunks(plan, rank)
 
 
-def _in_flight_table(plan: Plan):
-    """``in_flight_chunks(plan, rank)`` as a function of the rank alone (the plan read once:
-    ``memory_per_rank`` calls it for every rank of every layout the search scores)."""
-    p, v, m = plan.parallel.pp, plan.parallel.vpp, plan.num_microbatches
-    if plan.parallel.schedule == Schedule.GPIPE:
-        return lambda rank: m * v
-    if v > 1:
-        return lambda rank: min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
-    return lambda rank: min(m, p - rank)
-
-
-def _executor_activation_terms(plan: Plan) -> tuple[float, float, float, float]:
-    """The same four terms for the executor's torch model (``simcore.model.workload.executor_*``)."""
-    m, par, tr = plan.model, plan.parallel, plan.training
-    e = 4 if tr.precision == Precision.FP32 else 2
-    kw = dict(b=tr.micro_batch, s=m.seq_len // par.cp, tp=par.tp, sequence_parallel=par.sequence_parallel)
-    per_layer = wl.executor_activation_bytes_per_layer(m, recompute=tr.recompute, elem_bytes=e, **kw)
-    working = 0.0
-    if tr.recompute == Recompute.FULL:
-        working = wl.executor_activation_bytes_per_layer(m, recompute=Recompute.NONE, elem_bytes=e, **kw)
-    return (per_layer, working, wl.executor_embedding_activation_bytes(m, b=kw["b"], s=kw["s"]),
-            wl.executor_logits_activation_bytes(m, elem_bytes=e, **kw))
-
-
-def executor_activations(plan: Plan) -> bool:
-    """A calibrated profile whose memory is counted on the executor's own model (CPU hosts)."""
-    ej = plan.cluster.node.gpu.efficiency_json
-    return bool(ej and (json.loads(ej).get("memory") or {}).get("executor_activations"))
-
-
-def _activation_terms(plan: Plan) -> tuple[float, float, float, float]:
-    """(per layer, full-recompute working layer, embedding, logits) activation bytes."""
-    if executor_activations(plan):
-        return _executor_activation_terms(plan)
-    m, par, tr = plan.model, plan.parallel, plan.training
-    kw = dict(b=tr.micro_batch, s=m.seq_len // par.cp, tp=par.tp, sequence_parallel=par.sequence_parallel)
-    per_layer = wl.activation_bytes_per_layer(m, recompute=tr.recompute, flash=tr.flash_attention, **kw)
-    working = 0.0
-    if tr.recompute == Recompute.FULL:  # one layer rebuilt in full during its backward
-        working = wl.activation_bytes_per_layer(m, recompute=Recompute.NONE, flash=tr.flash_attention, **kw)
-    return per_layer, working, wl.embedding_activation_bytes(m, **kw), wl.logits_activation_bytes(m, **kw)
+def _activation_terms(plan: Plan):
+    """``activations.activation_terms``: what a rank's activation bytes need, read once."""
+    return acts.activation_terms(plan)
 
 
 def activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...] | None = None, terms=None) -> float:
-    """Activation bytes of pipeline rank ``rank`` at its peak."""
+    """Activation bytes of pipeline rank ``rank`` at its peak (the loss's buffers included)."""
     stages = stages if stages is not None else plan.layers_per_stage
-    return _rank_activation_bytes(in_flight_chunks(plan, rank), stages, rank, plan.parallel.pp, plan.parallel.vpp,
-                                  terms if terms is not None else _activation_terms(plan))
+    parts = acts.rank_activation_bytes(plan, rank, stages, terms if terms is not None else acts.activation_terms(plan))
+    return sum(parts.values())
 
 
-def _rank_activation_bytes(chunks: int, stages: tuple[int, ...], rank: int, pp: int, vpp: int, terms) -> float:
-    """``chunks`` in-flight chunks of rank ``rank``'s layers (``stages`` per virtual stage)
-    at ``terms`` = (per layer, full-recompute working layer, embedding, logits) bytes."""
-    per_layer, working, emb, logits = terms
-    total = chunks * sum(stages[rank::pp]) * pp / len(stages) * per_layer + working
-    if rank == 0:
-        total += chunks / vpp * emb
-    if rank == pp - 1:
-        total += logits
-    return total
+def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
+    """Communication and working buffers by part.
+
+    Data parallel: DDP's gradient buckets (``bucket_cap_mb=25``, two in flight); FSDP2
+    (``parallel.zero`` 2, 3): the reduce-scatter input of one layer (its unsharded gradient
+    in the parameter dtype and its fp32 copy, ``MixedPrecisionPolicy(reduce_dtype=float32)``
+    as torchtitan sets it) and, for ZeRO-3, the all-gather outputs of the layer in use and the
+    one prefetched (``_fsdp_param_group.py``: one-ahead prefetch, ``reshard_after_forward``)
+    plus the root group (embedding, final norm, output) gathered around the loss with the
+    output's unsharded gradient. PP send/receive buffers, the sequence-parallel all-gather
+    output, ring attention's K/V chunk in flight and the one received (context_parallel.py).
+    FP8 (Transformer Engine): each linear's cached FP8 weight and its transpose (1 B each,
+    ``is_first_microbatch`` weight caching, transformer_engine/pytorch/module/base.py) and
+    the delayed-scaling amax history (``DelayedScaling.amax_history_len=1024``, fp32, three
+    tensors per linear); under ZeRO-3 the weights are gathered in FP8 instead."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    wb = weight_bytes_per_param(tr.precision)
+    fp8 = tr.precision == Precision.FP8
+    b, s = tr.micro_batch, m.seq_len // par.cp
+    out = {"dp_buckets": 0.0, "fsdp_all_gather": 0.0, "fsdp_reduce_scatter": 0.0, "fsdp_root": 0.0,
+           "pp_p2p": 0.0, "sp_gather": 0.0, "cp_ring": 0.0, "fp8_weights": 0.0}
+    if par.dp * par.cp > 1:
+        if par.zero >= ZeroStage.GRADIENTS:
+            out["fsdp_reduce_scatter"] = (wb + 4) * sp.layer_max
+            if par.zero == ZeroStage.WEIGHTS:
+                out["fsdp_all_gather"] = 2 * (1 if fp8 else wb) * sp.layer_max
+                out["fsdp_root"] = 2 * wb * sp.ends if par.pp == 1 else wb * sp.ends
+        else:
+            out["dp_buckets"] = BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
+    if par.pp > 1:  # send and receive, forward and backward
+        out["pp_p2p"] = 4 * wl.ACT_BYTES * b * s * m.hidden / (par.tp if par.sequence_parallel else 1)
+    if par.sequence_parallel:
+        out["sp_gather"] = wl.ACT_BYTES * b * s * m.hidden
+    if par.cp > 1:
+        out["cp_ring"] = 2 * 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
+    if fp8:
+        linears = 4 * (sp.total - sp.ends) / max(sp.layer_max, 1.0)   # four linears per layer
+        cached = 0.0 if par.zero == ZeroStage.WEIGHTS else 2 * (sp.total - sp.ends)
+        out["fp8_weights"] = cached + linears * 3 * FP8_AMAX_HISTORY * 4
+    return out
 
 
 def comm_buffer_bytes(plan: Plan, sp: StageParams) -> float:
-    """Communication buffers: DDP/ZeRO buckets, FSDP2's unsharded layers, PP send/recv
-    buffers, the sequence-parallel all-gather output, ring attention's K/V in flight."""
-    m, par, tr = plan.model, plan.parallel, plan.training
-    wb = weight_bytes_per_param(tr.precision)
-    b, s = tr.micro_batch, m.seq_len // par.cp
-    total = 0.0
-    if par.dp * par.cp > 1:
-        if par.zero == ZeroStage.WEIGHTS:   # current + prefetched layer, and one layer's grads
-            total += (2 * wb + wb) * sp.layer_max
-        else:
-            total += BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
-    if par.pp > 1:  # send and receive, forward and backward
-        total += 4 * wl.ACT_BYTES * b * s * m.hidden / (par.tp if par.sequence_parallel else 1)
-    if par.sequence_parallel:
-        total += wl.ACT_BYTES * b * s * m.hidden
-    if par.cp > 1:   # ring attention: the K/V chunk in flight and the one received (context_parallel.py)
-        total += 2 * 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
-    return total
+    """The sum of ``comm_buffer_terms``."""
+    return sum(comm_buffer_terms(plan, sp).values())
 
 
 def sharded_gradients(plan: Plan) -> bool:
@@ -227,41 +220,55 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
 
 
 def framework_terms(plan: Plan) -> tuple[float, float, bool]:
-    """(framework bytes, allocator fragmentation, count comm buffers): a calibrated
-    profile's ``memory`` entry where it has one (a CPU host: no CUDA context, no caching
-    allocator, and the executor counts the tensors a rank owns), else the CUDA figures above."""
+    """(CUDA context and library workspaces, the allocator's margin as a share of the tensor
+    bytes, count comm buffers): ``training.allocator_margin`` where the Plan sets it; a
+    calibrated profile's ``memory`` entry where it has one (a CPU host: no CUDA context, no
+    caching allocator, and the executor counts the tensors a rank owns); else the defaults above."""
     ej = plan.cluster.node.gpu.efficiency_json
     entry = (json.loads(ej).get("memory") or {}) if ej else {}
-    return (float(entry.get("framework_bytes", FRAMEWORK_BYTES)),
-            float(entry.get("allocator_fragmentation", ALLOCATOR_FRAGMENTATION)),
+    margin = plan.training.allocator_margin
+    if margin is None:
+        margin = float(entry.get("allocator_fragmentation", ALLOCATOR_MARGIN))
+    return (float(entry.get("framework_bytes", CUDA_CONTEXT_BYTES)), margin,
             bool(entry.get("comm_buffers", True)))
+
+
+def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
+                   params: tuple[StageParams, ...] | None = None) -> list[tuple[dict[str, float], dict[str, float]]]:
+    """Per pipeline rank: (bytes by kind, trace.MEMORY_KINDS plus ``total`` and ``host``;
+    bytes by term, each term one line of ``trainplan memory``). The kinds sum the terms."""
+    stages = stages if stages is not None else plan.layers_per_stage
+    params = params if params is not None else stage_params(plan, stages)
+    terms = acts.activation_terms(plan)
+    context, margin, count_buffers = framework_terms(plan)
+    out = []
+    states_of: dict[StageParams, tuple] = {}
+    for r, sp in enumerate(params):
+        if sp not in states_of:   # most ranks hold the same parameters
+            states_of[sp] = (model_state_bytes(plan, sp), comm_buffer_terms(plan, sp))
+        states, buffers = states_of[sp]
+        if not count_buffers:
+            buffers = {k: 0.0 for k in buffers}
+        act = acts.rank_activation_bytes(plan, r, stages, terms)
+        mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
+        mem["activations"] = sum(act.values())
+        mem["comm_buffers"] = sum(buffers.values())
+        tensors = sum(mem.values())
+        mem["framework"] = context + margin * tensors
+        mem["total"] = tensors + mem["framework"]
+        mem["host"] = states["host"]
+        detail = {**{k: states[k] for k in ("weights", "gradients", "optimizer_states")},
+                  **{f"activations_{k}": v for k, v in act.items()}, **buffers,
+                  "allocator_margin": margin * tensors, "cuda_context": context}
+        out.append((mem, detail))
+    return out
 
 
 def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
                     params: tuple[StageParams, ...] | None = None) -> list[dict[str, float]]:
     """Bytes per GPU by kind (trace.MEMORY_KINDS) on each pipeline rank, plus ``host``
     (offloaded bytes per GPU) and ``total`` (GPU bytes)."""
-    stages = stages if stages is not None else plan.layers_per_stage
-    params = params if params is not None else stage_params(plan, stages)
-    terms = _activation_terms(plan)
-    framework, fragmentation, count_buffers = framework_terms(plan)
-    out = []
-    states_of: dict[StageParams, tuple] = {}
-    chunks_of = _in_flight_table(plan)
-    pp, vpp = plan.parallel.pp, plan.parallel.vpp
-    for r, sp in enumerate(params):
-        if sp not in states_of:   # most ranks hold the same parameters
-            states_of[sp] = (model_state_bytes(plan, sp), comm_buffer_bytes(plan, sp))
-        states, buffers = states_of[sp]
-        mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
-        mem["activations"] = _rank_activation_bytes(chunks_of(r), stages, r, pp, vpp, terms)
-        mem["comm_buffers"] = buffers if count_buffers else 0.0
-        tensors = sum(mem.values())
-        mem["framework"] = framework + fragmentation * tensors
-        mem["total"] = tensors + mem["framework"]
-        mem["host"] = states["host"]
-        out.append(mem)
-    return out
+    return [kinds for kinds, _ in rank_breakdown(plan, stages, params)]
 
 
 def host_bytes_per_node(plan: Plan, per_rank: list[dict[str, float]]) -> float:

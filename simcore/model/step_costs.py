@@ -29,6 +29,7 @@ from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
 from simcore.model import memory as mem
+from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
 from simcore.plan.spec import Plan, PlanError, Recompute, ZeroStage
@@ -46,7 +47,7 @@ def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev) -> tuple[fl
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
         ops += wl.fp8_cast_ops(model, b, s, tp)
     f, bi, bw = cmp.ops_time_s(ops, dev)
-    r = cmp.ops_time_s(wl.recompute_ops(ops, recompute), dev)[0]
+    r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
     core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash))
     return f, bi, bw, r, core
 
@@ -204,10 +205,11 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     # NCCL kernel does (the GPU's comm_compute_interference, as for data-parallel traffic)
     lost = 1.0 - 1.0 / dev.comm_compute_interference
     cp_f = max(0.0, lc["cp"] - core) + lost * min(lc["cp"], core)
-    full = tr.recompute.value == "full"
-    rec_comm = lc["tp_f"] + cp_f + lc["ep_f"] if full else 0.0
+    # the share of layers recomputed whole, which re-run their forward collectives too
+    full = sum(rcp.full_layers(tr, n) for n in plan.layers_per_stage) / plan.model.layers
+    rec_comm = (lc["tp_f"] + cp_f + lc["ep_f"]) * full
     host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
-    rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
+    rec_host = host_f if full else 0.0   # the recomputed forward dispatches through DTensor again
     fc = lc["tp_f"] + cp_f + lc["ep_f"]
     bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
@@ -249,7 +251,7 @@ def step_costs(plan: Plan) -> StepCosts:
         af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
         fwd = [x + n * af for x, n in zip(fwd, stages)]
         rc += ab
-    rec = [n * rc for n in stages]
+    rec = [rcp.recomputed_layers(tr, n) * rc for n in stages]
     fsdp = dpm.fsdp_calls(plan, nv)
     mbs = plan.num_microbatches
     gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
@@ -277,7 +279,7 @@ def step_costs(plan: Plan) -> StepCosts:
         grad_reduce_per_microbatch=mem.sharded_gradients(plan) and any(f[2] for f in fsdp),
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
         model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
-        hardware_flops_per_step=wl.hardware_flops_per_step(m, tr.global_batch, tr.recompute),
+        hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
         memory_bytes={k: per_rank[worst][k] for k in ("weights", "gradients", "optimizer_states",
                                                       "activations", "comm_buffers", "framework")},
         memory_per_rank_bytes=tuple(r["total"] for r in per_rank),

@@ -19,8 +19,8 @@ import yaml
 
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
-    ClusterSpec, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
-    Precision, Recompute, Schedule, TrainingSpec, ZeroStage,
+    ClusterSpec, GradCompression, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
+    Precision, Recompute, RecomputeMethod, Schedule, TrainingSpec, ZeroStage,
 )
 from topologies.components import CatalogError
 from topologies.hardware import Catalog, load_catalog
@@ -33,7 +33,8 @@ _TOP_KEYS = set(_SECTIONS) | {"name", "description"}
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)} | {"hf_config"}
 _CLUSTER_KEYS = {"node", "nodes", "fabric", "gpus_per_node", "storage", "price_per_gpu_hour", "profile"}
 _PARALLEL_KEYS = {f.name for f in fields(ParallelSpec)}
-_TRAINING_KEYS = {f.name for f in fields(TrainingSpec)}
+# recompute's layer count and method are written inside ``training.recompute`` itself
+_TRAINING_KEYS = {f.name for f in fields(TrainingSpec)} - {"recompute_layers", "recompute_method"}
 
 
 def _check_keys(doc: dict, known: set[str], where: str) -> None:
@@ -246,13 +247,51 @@ def _training(value) -> TrainingSpec:
         global_batch=_int(doc, "global_batch", w),
         micro_batch=_int(doc, "micro_batch", w, 1),
         precision=Precision.parse(doc.get("precision", "bf16"), "training.precision"),
-        recompute=Recompute.parse(doc.get("recompute", "none"), "training.recompute"),
+        **_recompute(doc.get("recompute", "none")),
         offload=Offload.parse(doc.get("offload", "none"), "training.offload"),
         flash_attention=_bool(doc, "flash_attention", w, False),
         optimizer=Optimizer.parse(doc.get("optimizer", "adamw"), "training.optimizer"),
         grad_compression=GradCompression.parse(doc.get("grad_compression", "none"),
                                                "training.grad_compression"),
+        loss=Loss.parse(doc.get("loss", "eager"), "training.loss"),
+        allocator_margin=_margin(doc),
     )
+
+
+def _margin(doc: dict) -> float | None:
+    value = _float(doc, "allocator_margin", "training", positive=False)
+    if value is not None and not 0 <= value < 1:
+        raise PlanError(f"training.allocator_margin={value} must be at least 0 and below 1")
+    return value
+
+
+def _recompute(value) -> dict:
+    """``training.recompute``: none | selective | full | op (torchtitan per-op SAC) |
+    ``layer:N`` (torchtitan: every Nth layer) | ``{layers: N, method: uniform|block}``
+    (Megatron's full recompute, ``--recompute-num-layers N --recompute-method``)."""
+    w = "training.recompute"
+    if isinstance(value, dict):
+        _check_keys(value, {"layers", "method"}, w)
+        return {"recompute": Recompute.FULL, "recompute_layers": _int(value, "layers", w),
+                "recompute_method": RecomputeMethod.parse(value.get("method", "uniform"), f"{w}.method")}
+    if isinstance(value, str) and value.startswith("layer:"):
+        n = value.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise PlanError(f"{w}={value!r} needs a whole number of layers of at least 1 after 'layer:'")
+        return {"recompute": Recompute.LAYER, "recompute_layers": int(n)}
+    kind = Recompute.parse(value, w)
+    if kind == Recompute.LAYER:
+        raise PlanError(f"{w}=layer needs its frequency, as layer:N (checkpoint every Nth layer)")
+    return {"recompute": kind}
+
+
+def recompute_doc(tr: TrainingSpec):
+    """``training.recompute`` as a Plan document writes it (the inverse of ``_recompute``)."""
+    if tr.recompute == Recompute.LAYER:
+        return f"layer:{tr.recompute_layers}"
+    if tr.recompute == Recompute.FULL and (tr.recompute_layers, tr.recompute_method) != (1, RecomputeMethod.UNIFORM):
+        return {"layers": tr.recompute_layers, "method": tr.recompute_method.value}
+    return tr.recompute.value
 
 
 def plan_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | None = None) -> Plan:
@@ -328,7 +367,13 @@ def plan_to_dict(plan: Plan) -> dict:
         cluster["fabric"] = plan.cluster.fabric.name
     if plan.cluster.price_per_gpu_hour is not None:
         cluster["price_per_gpu_hour"] = plan.cluster.price_per_gpu_hour
-    training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()}
+    training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()
+                if k not in ("recompute_layers", "recompute_method")}
+    training["recompute"] = recompute_doc(plan.training)
+    if plan.training.allocator_margin is None:
+        del training["allocator_margin"]
+    if plan.training.loss == Loss.EAGER:
+        del training["loss"]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}
     if plan.name:
         doc = {"name": plan.name, **doc}

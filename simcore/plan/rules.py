@@ -2,7 +2,7 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
-from simcore.plan.spec import GradCompression, Offload, Plan, PlanError, Schedule, ZeroStage
+from simcore.plan.spec import GradCompression, Offload, Plan, PlanError, Recompute, Schedule, ZeroStage
 
 
 def check_plan(plan: Plan) -> None:
@@ -43,6 +43,8 @@ def check_plan(plan: Plan) -> None:
          f"to be a multiple of parallel.pp={par.pp}"),
         (tr.offload != Offload.OPTIMIZER_PARAMS or par.zero == ZeroStage.WEIGHTS,
          "training.offload=optimizer+params needs parallel.zero=3 (FSDP2 offloads sharded parameters)"),
+        (tr.recompute not in (Recompute.FULL, Recompute.LAYER) or tr.recompute_layers <= m.layers,
+         f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
         (tr.grad_compression == GradCompression.NONE or par.zero == ZeroStage.NONE,
          f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0 "
          "(it is a DDP communication hook)"),

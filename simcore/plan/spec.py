@@ -50,9 +50,32 @@ class Precision(_Choice):
 
 
 class Recompute(_Choice):
+    """What activation recomputation re-runs (``simcore.model.recompute`` charges each)."""
+
     NONE = "none"
     SELECTIVE = "selective"
+    """Megatron's core-attention recompute (Korthikanti et al. 2022, Sec. 5)."""
     FULL = "full"
+    """Whole layers: every layer, or Megatron's ``--recompute-num-layers`` N with a method."""
+    OP = "op"
+    """torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``)."""
+    LAYER = "layer"
+    """torchtitan's every-Nth-layer checkpointing (``selective_ac_option = "N"``)."""
+
+
+class RecomputeMethod(_Choice):
+    """Megatron's ``--recompute-method`` for full recompute of ``recompute_layers`` layers."""
+
+    UNIFORM = "uniform"
+    BLOCK = "block"
+
+
+class Loss(_Choice):
+    """How the loss holds the logits (``simcore.model.activations.loss_bytes``)."""
+
+    EAGER = "eager"
+    FUSED = "fused"
+    CHUNKED = "chunked"
 
 
 class Offload(_Choice):
@@ -174,10 +197,18 @@ class TrainingSpec:
     """Sequences per micro-batch per data-parallel rank."""
     precision: Precision = Precision.BF16
     recompute: Recompute = Recompute.NONE
+    recompute_layers: int = 1
+    """Full: Megatron's ``--recompute-num-layers`` (uniform: layers per checkpointed group;
+    block: checkpointed layers per model chunk); layer: checkpoint every Nth layer."""
+    recompute_method: RecomputeMethod = RecomputeMethod.UNIFORM
     offload: Offload = Offload.NONE
     flash_attention: bool = False
     optimizer: Optimizer = Optimizer.ADAMW
     grad_compression: GradCompression = GradCompression.NONE
+    loss: Loss = Loss.EAGER
+    allocator_margin: float | None = None
+    """Share of the tensor bytes the caching allocator reserves beyond them (fragmentation);
+    None takes ``simcore.model.memory``'s stated default."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,156 @@
+"""Activation bytes per pipeline rank: what one micro-batch leaves per layer (by recompute
+policy, ``simcore.model.recompute``), how many micro-batches a schedule keeps in flight, the
+loss's logits buffer, and zero-bubble's weight-gradient stash.
+
+Activations per layer follow Korthikanti et al. 2022 (``simcore.model.workload``). The
+micro-batches (model chunks) a rank holds at its peak are counted on the schedule itself,
+as ``simcore.model.schedules.build_schedule`` orders it in torch's notation: the most
+forwards (F) whose backward (B, or I for zero-bubble) has not run yet. That gives GPipe's
+all m, 1F1B's p - r on rank r (Narayanan et al. 2021, Sec. 2.2.1), the interleaved
+schedule's warm-up count + 1 (torch's ``ScheduleInterleaved1F1B`` ``warmup_ops = (v-1)p +
+2(p-1-r)``, Megatron's ``get_forward_backward_func`` the same: L(1 + (p-1)/(pv)) layers on
+rank 0, Korthikanti et al. Sec. 4.2.3) and, for zero-bubble, the inputs of the weight
+gradients (W) an I has left owed (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3:
+W keeps the linears' inputs and output gradients after the input gradient ran).
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+from simcore.model import recompute as rcp
+from simcore.model import schedules as sch
+from simcore.model import workload as wl
+from simcore.plan.spec import Loss, Plan, Precision, Recompute, Schedule
+
+
+@functools.lru_cache(maxsize=1024)
+def schedule_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per rank: (most chunks in flight, most weight gradients owed) over the schedule."""
+    try:
+        actions = sch.build_schedule(kind, pp, m, vpp)
+    except ValueError:   # a shape torch's schedule refuses: the closed forms
+        return tuple(_closed_form(kind, pp, m, vpp, r) for r in range(pp)), (0,) * pp
+    flights, owed = [], []
+    for r in range(pp):
+        live = peak = w = peak_w = 0
+        for a in actions[r]:
+            if a is None:
+                continue
+            if a.op == sch.Op.F:
+                live += 1
+            elif a.op in (sch.Op.B, sch.Op.I):
+                live -= 1
+                w += a.op == sch.Op.I
+            elif a.op == sch.Op.W:
+                w -= 1
+            peak, peak_w = max(peak, live), max(peak_w, w)
+        flights.append(peak)
+        owed.append(peak_w)
+    return tuple(flights), tuple(owed)
+
+
+def _closed_form(kind: Schedule, p: int, m: int, v: int, rank: int) -> int:
+    if kind == Schedule.GPIPE:
+        return m * v
+    if v > 1:
+        return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+    return min(m, p - rank)
+
+
+def in_flight_chunks(plan: Plan, rank: int) -> int:
+    """Model chunks (virtual stages' activations) rank ``rank`` keeps at its peak."""
+    par = plan.parallel
+    if par.pp == 1:
+        return 1
+    return schedule_peaks(par.schedule, par.pp, plan.num_microbatches, par.vpp)[0][rank]
+
+
+def executor_activations(plan: Plan) -> bool:
+    """A calibrated profile whose memory is counted on the executor's own model (CPU hosts)."""
+    ej = plan.cluster.node.gpu.efficiency_json
+    return bool(ej and (json.loads(ej).get("memory") or {}).get("executor_activations"))
+
+
+def loss_bytes(plan: Plan) -> float:
+    """The output layer's logits and the loss's buffers at the backward's start, per GPU.
+
+    ``eager``: PyTorch's ``F.cross_entropy(logits.float(), labels)`` (torchtitan's
+    components/loss.py uncompiled, Hugging Face): the fp32 log-softmax it saves (4 B per
+    logit), the gradient that arrives for it and the one it returns (4 B each). ``fused``: a
+    compiled or fused loss (torch.compile'd as torchtitan compiles it with the model; Megatron's
+    vocab-parallel cross entropy works in place): the 16-bit logits it saves and their
+    gradient (2 B each). ``chunked``: torchtune's ``CEWithChunkedOutputLoss`` (8 chunks): the
+    16-bit logits of every chunk are kept and one chunk at a time is upcast and differentiated.
+    The logits are vocabulary-parallel over TP (Megatron; torchtitan's loss_parallel)."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    logits = tr.micro_batch * (m.seq_len // par.cp) * m.vocab / par.tp
+    if tr.loss == Loss.FUSED:
+        return 4 * logits
+    if tr.loss == Loss.CHUNKED:
+        return 2 * logits + 12 * logits / CHUNKED_LOSS_CHUNKS
+    return 12 * logits
+
+
+#: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` (torchtune/modules/loss/ce_chunked_output_loss.py).
+CHUNKED_LOSS_CHUNKS = 8
+
+
+def _layer_terms(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float]:
+    """(one layer's activations, embedding, last stage (final norm and loss), W stash per layer)."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    b, s = tr.micro_batch, m.seq_len // par.cp
+    sp = par.tp if par.sequence_parallel else 1
+    if executor_activations(plan):
+        e = 4 if tr.precision == Precision.FP32 else 2
+        kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel, elem_bytes=e)
+        kept_rc = tr.recompute if tr.recompute in (Recompute.SELECTIVE, Recompute.NONE) else Recompute.NONE
+        act = rcp.LayerActivations(
+            whole=wl.executor_activation_bytes_per_layer(m, recompute=Recompute.NONE, **kw),
+            kept=wl.executor_activation_bytes_per_layer(m, recompute=kept_rc, **kw),
+            boundary=wl.executor_activation_bytes_per_layer(m, recompute=Recompute.FULL, **kw))
+        return (act, wl.executor_embedding_activation_bytes(m, b=b, s=s),
+                wl.executor_logits_activation_bytes(m, **kw), 0.0)
+    kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel)
+    whole = wl.activation_bytes_per_layer(m, recompute=Recompute.NONE, flash=tr.flash_attention, **kw)
+    kept = whole
+    if tr.recompute == Recompute.SELECTIVE:
+        kept = wl.activation_bytes_per_layer(m, recompute=Recompute.SELECTIVE, flash=tr.flash_attention, **kw)
+    elif tr.recompute == Recompute.OP:
+        kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, **kw))
+    act = rcp.LayerActivations(whole=whole, kept=kept, boundary=wl.ACT_BYTES * b * s * m.hidden / sp)
+    last = 4 * s * b * m.hidden / sp + loss_bytes(plan)       # final norm's input and output, the loss
+    return act, wl.embedding_activation_bytes(m, **kw), last, _wgrad_stash_per_layer(plan)
+
+
+def _wgrad_stash_per_layer(plan: Plan) -> float:
+    """Zero-bubble: the output gradients of a layer's linears an I leaves for its W (the
+    inputs are the activations already counted): QKV, projection, MLP in and out."""
+    if plan.parallel.schedule != Schedule.ZERO_BUBBLE:
+        return 0.0
+    m, par, tr = plan.model, plan.parallel, plan.training
+    sb = tr.micro_batch * (m.seq_len // par.cp)
+    f = m.ffn_hidden * (wl.mlp_matrices(m) - 1) * (m.top_k if m.moe else 1)
+    return wl.ACT_BYTES * sb * (m.hidden + 2 * wl.kv_width(m) + m.hidden + f + m.hidden) / par.tp
+
+
+def activation_terms(plan: Plan) -> tuple:
+    """What ``rank_activation_bytes`` needs of a plan, computed once per plan."""
+    return (_layer_terms(plan), plan.training)
+
+
+def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms) -> dict[str, float]:
+    """Rank ``rank``'s activation bytes at its peak, by part: ``layers`` (in-flight chunks'
+    stashes and the recomputed layer's working set), ``embedding``, ``loss`` (last rank)
+    and ``wgrad_stash`` (zero-bubble)."""
+    (act, emb, last, wstash), tr = terms
+    par = plan.parallel
+    if par.pp == 1:
+        chunks, owed = 1, 0
+    else:
+        flights, owes = schedule_peaks(par.schedule, par.pp, plan.num_microbatches, par.vpp)
+        chunks, owed = flights[rank], owes[rank]
+    n = sum(stages[rank::par.pp]) / par.vpp       # layers per model chunk on this rank
+    layers = chunks * rcp.chunk_stash_bytes(tr, n, act) + rcp.working_bytes(tr, n, act)
+    return {"layers": layers, "embedding": chunks / par.vpp * emb if rank == 0 else 0.0,
+            "loss": last if rank == par.pp - 1 else 0.0, "wgrad_stash": owed * n * wstash}

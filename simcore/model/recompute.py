@@ -1,0 +1,159 @@
+"""Activation recomputation policies: what each keeps per layer and what it re-runs.
+
+``training.recompute`` names one of the policies the training stacks offer; each is charged
+twice, in memory (the bytes a layer keeps for its backward, and the working set a recomputed
+layer rebuilds) and in time (the forward ops re-run before the backward):
+
+- ``none``: every layer keeps all it saves (``simcore.model.workload.activation_bytes_per_layer``).
+- ``selective``: Megatron's core-attention recompute (Korthikanti et al. 2022, Sec. 5,
+  ``--recompute-granularity selective``): the s x s softmax tensors are dropped and the
+  attention core re-run; with flash attention there is nothing left to drop and little to re-run.
+- ``full``: Megatron's ``--recompute-granularity full`` with ``--recompute-method`` and
+  ``--recompute-num-layers N`` (megatron/core/transformer/transformer_block.py,
+  ``_checkpointed_forward``): *uniform* checkpoints groups of N consecutive layers, keeping
+  only each group's input, and rebuilds a whole group (N layers' activations) in its
+  backward; every layer is re-run. *block* checkpoints the first N layers of each model
+  chunk and runs the others plainly. Plain ``full`` is uniform with N = 1.
+- ``layer:N``: torchtitan's ``selective_ac_option = "N"`` (torchtitan/distributed/
+  activation_checkpoint.py ``_apply_layer_sac``; llama3/infra/parallelize.py before it):
+  every Nth layer (``layer_count % N == 0``) is wrapped in ``checkpoint_wrapper`` in full,
+  the others keep everything.
+- ``op``: torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``,
+  ``_apply_op_sac`` / ``_custom_policy`` with ``_save_list``): the outputs of the matmuls
+  and of SDPA are saved (MUST_SAVE), except every second ``aten.mm`` of a layer
+  (``mm_count % 2 == 0``), and everything else (norms, RoPE, activations, the residual adds)
+  is recomputed. In a Llama block the matmuls run wq, wk, wv, wo, w1, w3, w2: wq, wv, w1
+  and w2 are kept, wk, wo and w3 re-run (a plain MLP's fc2 is the sixth mm, but nothing
+  after it is needed by the backward and torch.utils.checkpoint stops the recomputation
+  there, ``_StopRecomputationError``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from simcore.model import workload as wl
+from simcore.plan.spec import ModelSpec, Recompute, RecomputeMethod, TrainingSpec
+
+#: The attention core's ops (``workload.attention_core_ops``), which selective recompute re-runs.
+_CORE = ("attn_scores", "softmax_dropout", "attn_context")
+#: Matmuls of one layer in ``workload.layer_forward_ops`` and the attention core.
+_ATTENTION_CORE_OPS = _CORE + ("flash_attention",)
+
+
+def full_layers(tr: TrainingSpec, n: int) -> int:
+    """Layers of a model chunk of ``n`` layers whose whole forward is re-run."""
+    if tr.recompute == Recompute.FULL:
+        return n if tr.recompute_method == RecomputeMethod.UNIFORM else min(tr.recompute_layers, n)
+    if tr.recompute == Recompute.LAYER:
+        return n // tr.recompute_layers
+    return 0
+
+
+def recomputed_layers(tr: TrainingSpec, n: int) -> int:
+    """Layers of a chunk of ``n`` that run ``layer_recompute_ops`` before their backward."""
+    if tr.recompute in (Recompute.SELECTIVE, Recompute.OP):
+        return n
+    return full_layers(tr, n)
+
+
+def layer_recompute_ops(ops: list[wl.Op], m: ModelSpec, recompute: Recompute) -> list[wl.Op]:
+    """The forward ops one recomputed layer re-runs (``ops``: ``workload.layer_forward_ops``)."""
+    if recompute in (Recompute.FULL, Recompute.LAYER):
+        return list(ops)
+    if recompute == Recompute.SELECTIVE:
+        return [op for op in ops if op.name in _CORE]
+    if recompute == Recompute.OP:
+        return _op_sac_recompute(ops, m)
+    return []
+
+
+def _op_sac_recompute(ops: list[wl.Op], m: ModelSpec) -> list[wl.Op]:
+    """torchtitan's per-op SAC: every non-matmul op, wk of the QKV projection, wo, and w3 of
+    a gated MLP (half of its input GEMM); SDPA and the other matmuls are saved."""
+    h, kv = m.hidden, wl.kv_width(m)
+    out = []
+    for op in ops:
+        if op.name in _ATTENTION_CORE_OPS or op.name in ("router",):
+            continue
+        if not op.matmul:
+            out.append(op)
+        elif op.name == "qkv":
+            out.append(_scaled(op, kv / (h + 2 * kv)))
+        elif op.name == "attn_proj":
+            out.append(op)
+        elif op.name in ("mlp_in", "expert_in") and m.gated_mlp:
+            out.append(_scaled(op, 0.5))
+    return out
+
+
+def _scaled(op: wl.Op, share: float) -> wl.Op:
+    return replace(op, flops=op.flops * share, bytes=op.bytes * share)
+
+
+def recompute_flops_per_layer(m: ModelSpec, tokens: float, s: int, recompute: Recompute) -> float:
+    """Counted FLOPs one recomputed layer re-runs for ``tokens`` tokens (whole model, no split)."""
+    if recompute in (Recompute.FULL, Recompute.LAYER):
+        return wl.forward_flops_per_layer(m, tokens, s)
+    if recompute == Recompute.SELECTIVE:
+        return 4 * tokens * s * m.hidden
+    if recompute == Recompute.OP:
+        h, kv, f = m.hidden, wl.kv_width(m), m.ffn_hidden
+        w3 = 2 * tokens * h * f * (m.top_k if m.moe else 1) if m.gated_mlp else 0.0
+        return 2 * tokens * h * kv + 2 * tokens * h * h + w3
+    return 0.0
+
+
+def hardware_flops_per_step(m: ModelSpec, tr: TrainingSpec, layers_per_chunk: tuple[int, ...]) -> float:
+    """Model FLOPs plus what the policy re-runs over all chunks of the model."""
+    tokens = tr.global_batch * m.seq_len
+    layers = sum(recomputed_layers(tr, n) for n in layers_per_chunk)
+    return wl.model_flops_per_step(m, tr.global_batch) + layers * recompute_flops_per_layer(m, tokens, m.seq_len,
+                                                                                           tr.recompute)
+
+
+# --------------------------------------------------------------------------- memory
+
+@dataclass(frozen=True, slots=True)
+class LayerActivations:
+    """One layer's activation bytes for one micro-batch on one GPU."""
+
+    whole: float
+    """All a layer saves without recomputation."""
+    kept: float
+    """What a layer keeps under a per-layer policy (selective, op; ``whole`` otherwise)."""
+    boundary: float
+    """A checkpointed layer's (or group's) input, all that full recompute keeps."""
+
+
+def op_sac_kept_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False,
+                      flash: bool = True) -> float:
+    """Bytes a layer keeps under torchtitan's per-op SAC: the block's input (checkpoint's
+    input), the saved matmul outputs (wq: h, wv: kv width, w1: f (x top_k for MoE), w2: h)
+    and SDPA's output and fp32 log-sum-exp (or, without a flash kernel, its s x s scores)."""
+    h, f, sb, e = m.hidden, m.ffn_hidden, s * b, wl.ACT_BYTES
+    sp = tp if sequence_parallel else 1
+    mlp = f * (m.top_k * m.capacity_factor if m.moe else 1)
+    split = e * sb * (h + wl.kv_width(m) + h + mlp)        # wq, wv, SDPA out, w1 (or fc1)
+    split += 4 * b * m.heads * s if flash else 5 * m.heads * s * s * b
+    return e * sb * h / sp + split / tp + e * sb * h / sp   # input, the above, w2's output
+
+
+def chunk_stash_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:
+    """Bytes one micro-batch leaves on a model chunk of ``n`` layers until its backward."""
+    k = full_layers(tr, int(round(n)))
+    if tr.recompute == Recompute.FULL and tr.recompute_method == RecomputeMethod.UNIFORM:
+        groups = n if tr.recompute_layers == 1 else math.ceil(n / tr.recompute_layers)
+        return groups * act.boundary
+    return k * act.boundary + (n - k) * act.kept
+
+
+def working_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:
+    """What a recomputed layer (uniform: group) rebuilds during its backward, beyond its stash."""
+    if tr.recompute == Recompute.FULL and tr.recompute_method == RecomputeMethod.UNIFORM:
+        return min(tr.recompute_layers, max(1, int(round(n)))) * act.whole
+    if full_layers(tr, int(round(n))) > 0:
+        return act.whole
+    if tr.recompute in (Recompute.SELECTIVE, Recompute.OP):
+        return max(0.0, act.whole - act.kept)
+    return 0.0
