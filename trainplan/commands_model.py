@@ -136,15 +136,20 @@ def cmd_memory(args) -> None:
         print_json(report)
         return
     gib = 1024**3
-    kinds = ["weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework", "total"]
-    print(f"{plan.name}: bytes per GPU by kind (GiB), per pipeline rank; HBM {report['hbm_bytes'] / gib:.1f} GiB")
-    print(f"  {'pp rank':>8} " + " ".join(f"{k:>16}" for k in kinds))
-    for r in report["ranks"]:
-        print(f"  {r['pp_rank']:>8} " + " ".join(f"{r[k] / gib:>16.2f}" for k in kinds))
+    ranks = report["ranks"]
+    print(f"{plan.name}: bytes per GPU (GiB) by term, per pipeline rank; HBM {report['hbm_bytes'] / gib:.1f} GiB")
+    print(f"  {'term':<32}" + "".join(f"{'rank ' + str(r['pp_rank']):>10}" for r in ranks))
+    for term in ranks[0]["terms"]:
+        if any(r["terms"][term] for r in ranks):
+            print(f"  {term:<32}" + "".join(f"{r['terms'][term] / gib:>10.2f}" for r in ranks))
+    print(f"  {'total':<32}" + "".join(f"{r['total'] / gib:>10.2f}" for r in ranks))
     if report.get("host_offload_bytes_per_node"):
         print(f"  host memory for offload per node: {report['host_offload_bytes_per_node'] / gib:.1f} GiB "
               f"of {report['host_memory_bytes_per_node'] / gib:.0f} GiB")
-    print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB)")
+    print(f"  allocator margin {report['allocator_margin']:.0%} of the tensors, CUDA context "
+          f"{report['cuda_context_bytes'] / gib:.2f} GiB (both in the total)")
+    print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB, "
+          f"headroom {report['headroom_gib']:.2f} GiB)")
 
 
 def cmd_import(args) -> None:

@@ -124,14 +124,18 @@ def _layer_terms(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float]
 
 
 def _wgrad_stash_per_layer(plan: Plan) -> float:
-    """Zero-bubble: the output gradients of a layer's linears an I leaves for its W (the
-    inputs are the activations already counted): QKV, projection, MLP in and out."""
+    """Zero-bubble: what a layer keeps for a W its I left owed: the inputs of its linears
+    (QKV and MLP-in take the whole hidden input, the projection and MLP-out their TP shard)
+    and the gradients of their outputs."""
     if plan.parallel.schedule != Schedule.ZERO_BUBBLE:
         return 0.0
     m, par, tr = plan.model, plan.parallel, plan.training
-    sb = tr.micro_batch * (m.seq_len // par.cp)
-    f = m.ffn_hidden * (wl.mlp_matrices(m) - 1) * (m.top_k if m.moe else 1)
-    return wl.ACT_BYTES * sb * (m.hidden + 2 * wl.kv_width(m) + m.hidden + f + m.hidden) / par.tp
+    h, t, sb = m.hidden, par.tp, tr.micro_batch * (m.seq_len // par.cp)
+    moe = m.top_k if m.moe else 1
+    f_act, f_in = m.ffn_hidden * moe, m.ffn_hidden * (wl.mlp_matrices(m) - 1) * moe
+    inputs = h + h / t + h + f_act / t
+    grads = (h + 2 * wl.kv_width(m)) / t + h + f_in / t + h
+    return wl.ACT_BYTES * sb * (inputs + grads)
 
 
 def activation_terms(plan: Plan) -> tuple:

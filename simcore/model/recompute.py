@@ -149,11 +149,16 @@ def chunk_stash_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> floa
 
 
 def working_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:
-    """What a recomputed layer (uniform: group) rebuilds during its backward, beyond its stash."""
+    """What recomputation adds to a chunk's peak beyond its stash: the layer (uniform: the
+    group) it rebuilds in its backward, less what that backward has already freed (the
+    group's own input, and every plain layer after the last checkpointed one)."""
+    n_int = max(1, int(round(n)))
     if tr.recompute == Recompute.FULL and tr.recompute_method == RecomputeMethod.UNIFORM:
-        return min(tr.recompute_layers, max(1, int(round(n)))) * act.whole
-    if full_layers(tr, int(round(n))) > 0:
-        return act.whole
+        return max(0.0, min(tr.recompute_layers, n_int) * act.whole - act.boundary)
+    k = full_layers(tr, n_int)
+    if k > 0:   # block: the first k layers; layer:N: every Nth, the last at index k*N - 1
+        last = k if tr.recompute == Recompute.FULL else k * tr.recompute_layers
+        return max(0.0, act.whole - act.boundary - (n_int - last) * act.kept)
     if tr.recompute in (Recompute.SELECTIVE, Recompute.OP):
         return max(0.0, act.whole - act.kept)
     return 0.0

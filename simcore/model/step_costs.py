@@ -288,17 +288,29 @@ def step_costs(plan: Plan) -> StepCosts:
 
 
 def memory_report(plan: Plan) -> dict:
-    """Bytes per GPU by kind on every pipeline rank, host memory for offload, HBM, fits."""
+    """Bytes per GPU by kind and by term on every pipeline rank, host memory for offload,
+    HBM, the allocator margin and CUDA context the total includes, the headroom, fits.
+    ``headroom_bytes`` is HBM minus the most loaded GPU's total (margin included; negative:
+    it does not fit); ``allocator_margin`` is the share ``memory.framework_terms`` applied."""
     _check_device(plan)
-    per_rank = mem.memory_per_rank(plan)
+    breakdown = mem.rank_breakdown(plan)
+    per_rank = [kinds for kinds, _ in breakdown]
     host_node = mem.host_bytes_per_node(plan, per_rank)
+    context, margin, _ = mem.framework_terms(plan)
+    peak = max(d["total"] for d in per_rank)
+    hbm = plan.cluster.node.gpu.hbm_bytes
     return {
         "plan": plan.name,
-        "hbm_bytes": plan.cluster.node.gpu.hbm_bytes,
+        "hbm_bytes": hbm,
         "host_memory_bytes_per_node": plan.cluster.node.host_memory_bytes,
         "host_offload_bytes_per_node": host_node,
-        "ranks": [{"pp_rank": r, **{k: v for k, v in d.items()}} for r, d in enumerate(per_rank)],
-        "max_gpu_bytes": max(d["total"] for d in per_rank),
-        "memory_per_gpu_gib": max(d["total"] for d in per_rank) / GIB,
+        "ranks": [{"pp_rank": r, **kinds, "terms": terms} for r, (kinds, terms) in enumerate(breakdown)],
+        "max_gpu_bytes": peak,
+        "memory_per_gpu_gib": peak / GIB,
+        "allocator_margin": margin,
+        "allocator_margin_bytes": max(t["allocator_margin"] for _, t in breakdown),
+        "cuda_context_bytes": context,
+        "headroom_bytes": hbm - peak,
+        "headroom_gib": (hbm - peak) / GIB,
         "fits": mem.fits(plan, per_rank),
     }

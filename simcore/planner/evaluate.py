@@ -23,6 +23,8 @@ def _peak_ranks(plan: Plan) -> list[int]:
     """Pipeline ranks that can hold the most bytes: the first (embedding, most micro-batches
     in flight), the last (logits, output layer), the first with the most layers."""
     pp, stages = plan.parallel.pp, plan.layers_per_stage
+    if plan.parallel.schedule == Schedule.ZERO_BUBBLE:   # owed weight gradients peak mid-pipeline
+        return list(range(pp))
     layers = [sum(stages[v] for v in range(r, len(stages), pp)) for r in range(pp)]
     return sorted({0, pp - 1, layers.index(max(layers))})
 
@@ -32,7 +34,7 @@ def _activation_key(plan: Plan) -> tuple:
     stage, the offload or the recompute (a key of its own), so layouts share them. Within
     one search every plan holds the base plan's model object, hence its id."""
     par, tr = plan.parallel, plan.training
-    interleaved = par.vpp > 1 or par.schedule == Schedule.GPIPE    # memory.in_flight_chunks' cases
+    interleaved = par.vpp > 1 or par.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE)   # schedules' own counts
     return (id(plan.model), par.tp, par.pp, par.cp, par.vpp, par.schedule if interleaved else None,
             par.sequence_parallel, tr.micro_batch, tr.flash_attention, plan.num_microbatches, plan.layers_per_stage)
 
