@@ -47,6 +47,8 @@ ALLOCATOR_MARGIN = 0.10
 ALLOCATOR_FRAGMENTATION = ALLOCATOR_MARGIN   # the older name
 #: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
 FP8_AMAX_HISTORY = 1024
+#: The kinds ``StepCosts.memory_bytes`` and traces carry, in order.
+MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework")
 #: torch DDP's default gradient bucket (``bucket_cap_mb=25`` in torch/nn/parallel/distributed.py).
 DDP_BUCKET_BYTES = 25 * 1024**2
 #: Buckets in flight at once (one being reduced while the next fills).

@@ -263,7 +263,6 @@ def step_costs(plan: Plan) -> StepCosts:
                                            ddp, host_terms, fsdp)
     buckets = [max(1, n) if f[2] else dpc["buckets"] for n, f in zip(stages, fsdp)]   # FSDP2: one per block
     per_rank = mem.memory_per_rank(plan, stages, params)
-    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["total"])
     detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
               "ep_comm_per_layer_s": lc["ep_f"] + lc["ep_b"], "fsdp_layer_all_gather_s": dpc["layer_ag"],
               "fsdp_layer_reduce_scatter_s": dpc["layer_rs"], "host_memory_per_node_bytes":
@@ -280,11 +279,17 @@ def step_costs(plan: Plan) -> StepCosts:
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
         model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
         hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
-        memory_bytes={k: per_rank[worst][k] for k in ("weights", "gradients", "optimizer_states",
-                                                      "activations", "comm_buffers", "framework")},
-        memory_per_rank_bytes=tuple(r["total"] for r in per_rank),
+        **memory_fields(plan, per_rank),
         time_detail_s=detail,
     )
+
+
+def memory_fields(plan: Plan, per_rank: list[dict[str, float]] | None = None) -> dict:
+    """``StepCosts``' memory fields of ``plan`` (the fullest rank by kind, every rank's total)."""
+    per_rank = per_rank if per_rank is not None else mem.memory_per_rank(plan)
+    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["total"])
+    return {"memory_bytes": {k: per_rank[worst][k] for k in mem.MEMORY_KINDS},
+            "memory_per_rank_bytes": tuple(r["total"] for r in per_rank)}
 
 
 def memory_report(plan: Plan) -> dict:

@@ -119,9 +119,9 @@ def _rejected(plan: Plan, tally: Tally, count: int = 1) -> bool:
 
 def _twin(family: Layout) -> Layout | None:
     """The 1F1B layout whose StepCosts a zero-bubble layout shares: ``step_costs`` reads the
-    schedule only through the stages and the memory model's in-flight chunks, which are the
-    same for 1F1B and ZB-H1 with one chunk per rank (``memory.in_flight_chunks``); only the
-    analytic path's pipeline term tells them apart."""
+    schedule only through the stages and the memory model (ZB-H1's owed weight gradients,
+    ``simcore.model.activations``, so the twin's memory fields are recomputed); the analytic
+    path's pipeline term tells their times apart."""
     if family.schedule == Schedule.ZERO_BUBBLE and family.vpp == 1:
         return replace(family, schedule=Schedule.ONE_F_ONE_B)
     return None
@@ -135,7 +135,7 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
     is checked once. ``cache`` (per batch of layouts) reuses activation bytes and a
     zero-bubble layout's 1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls."""
     from simcore.engine.analytic import analytic
-    from simcore.model.step_costs import step_costs
+    from simcore.model.step_costs import memory_fields, step_costs
 
     cache = {} if cache is None else cache
     nrc = len(space.recompute)
@@ -159,7 +159,8 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
             plan = lay.apply(base, True)
             twin = _twin(lay)
             costs = cache.pop(("costs", twin), None) if twin is not None else None
-            costs = step_costs(plan) if costs is None else replace(costs, plan=plan)
+            # the twin's time, this schedule's memory (zero-bubble keeps owed weight gradients)
+            costs = step_costs(plan) if costs is None else replace(costs, plan=plan, **memory_fields(plan))
             if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
                 cache["costs", lay] = costs
             return [_row(lay, analytic(costs))]
