@@ -119,8 +119,12 @@ def _layer_terms(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float]
     elif tr.recompute == Recompute.OP:
         kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, **kw))
     act = rcp.LayerActivations(whole=whole, kept=kept, boundary=wl.ACT_BYTES * b * s * m.hidden / sp)
-    last = 4 * s * b * m.hidden / sp + loss_bytes(plan)       # final norm's input and output, the loss
-    return act, wl.embedding_activation_bytes(m, **kw), last, _wgrad_stash_per_layer(plan)
+    last = 4 * s * b * m.hidden / sp                          # final norm's input and output
+    wide = 2 if tr.precision == Precision.FP32 else 1   # fp32 training saves 4-byte tensors, not 2
+    if wide > 1:
+        act = rcp.LayerActivations(whole=wide * act.whole, kept=wide * act.kept, boundary=wide * act.boundary)
+    return (act, wide * wl.embedding_activation_bytes(m, **kw), wide * last + loss_bytes(plan),
+            wide * _wgrad_stash_per_layer(plan))
 
 
 def _wgrad_stash_per_layer(plan: Plan) -> float:

@@ -35,14 +35,14 @@ CUDA_CONTEXT_BYTES = 1343 * 1024**2
 FRAMEWORK_BYTES = CUDA_CONTEXT_BYTES   # the older name
 #: The caching allocator's margin: bytes it reserves beyond the live tensors at the peak
 #: (torch.cuda.max_memory_reserved over max_memory_allocated), as a share of the tensors.
-#: The allocator rounds requests over 1 MiB up to 2 MiB segments-worth of blocks, keeps freed
-#: blocks cached per stream and cannot merge blocks of different segments
-#: (c10/cuda/CUDACachingAllocator.cpp: kRoundLarge, kLargeBuffer, no cross-segment merging);
-#: a transformer's step frees and re-allocates tensors of a few sizes, so the reserve settles
-#: near the peak plus part of the largest transient (the loss's logits, a layer's gradient).
-#: 10% is the default: see bench/validate_memory.py, where the torchtitan rows (reserved)
-#: and the torchtune rows (active) of one stack differ by it. Settable per Plan
-#: (``training.allocator_margin``); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True brings it near 0.
+#: An assumption, stated, not fitted: the allocator rounds large requests up to 2 MiB
+#: multiples, keeps freed blocks cached per stream and never merges blocks of different
+#: segments (c10/cuda/CUDACachingAllocator.cpp: kRoundLarge, kLargeBuffer, segments split
+#: but not joined), and a training step frees and re-allocates tensors of a few large sizes
+#: (a layer's gathered parameters and gradients, the logits), so the reserve settles above the
+#: peak by a share of the largest transients; 10% keeps a layout at 72 GiB of tensors off an
+#: 80 GiB GPU. Settable per Plan (``training.allocator_margin``): 0 for
+#: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps pages instead of segments.
 ALLOCATOR_MARGIN = 0.10
 ALLOCATOR_FRAGMENTATION = ALLOCATOR_MARGIN   # the older name
 #: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
@@ -160,7 +160,10 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
             out["fsdp_reduce_scatter"] = (wb + 4) * sp.layer_max
             if par.zero == ZeroStage.WEIGHTS:
                 out["fsdp_all_gather"] = 2 * (1 if fp8 else wb) * sp.layer_max
-                out["fsdp_root"] = 2 * wb * sp.ends if par.pp == 1 else wb * sp.ends
+                # the root's gathered parameters and, from the loss on, the output layer's
+                # unsharded gradient (half the ends when the embedding is untied)
+                grads = sp.ends if m.tied_embeddings else sp.ends / 2
+                out["fsdp_root"] = wb * (sp.ends + grads)
         else:
             out["dp_buckets"] = BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
     if par.pp > 1:  # send and receive, forward and backward
@@ -198,6 +201,8 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     par, tr = plan.parallel, plan.training
     wb = weight_bytes_per_param(tr.precision)
     k = optimizer_bytes_per_param(tr.precision, tr.optimizer)
+    if not tr.master_weights:   # pure 16-bit: no fp32 master, states in the 16-bit dtype
+        k = (k - 4) // 2
     nd = par.dp * par.cp
     nd_e = max(1, nd // par.ep)
     shard = sp.dense / nd + sp.expert / nd_e           # parameters this GPU owns
@@ -235,6 +240,31 @@ def framework_terms(plan: Plan) -> tuple[float, float, bool]:
             bool(entry.get("comm_buffers", True)))
 
 
+def gradients_at_activation_peak(plan: Plan) -> bool:
+    """Whether the gradients are allocated when the activations peak (the backward's start).
+    They are not on a step that accumulates nothing into storage it keeps: one micro-batch,
+    no pipeline, and no data-parallel buffer that outlives the step. torch's
+    ``zero_grad(set_to_none=True)`` (the default since torch 2.0) frees them, FSDP2 assigns each
+    sharded gradient after its reduce-scatter, and a layer's gradient appears as its
+    activations are freed; the peak is then the backward's start (no gradients) or the
+    optimizer step (gradients, no activations), whichever is larger. DDP's buckets and
+    Megatron's contiguous gradient buffer (``parallel.zero`` 0-1 with data parallel) persist,
+    as do gradients accumulated over micro-batches; a calibrated host counts as its
+    executor measures (every kind at once)."""
+    par = plan.parallel
+    if acts.executor_activations(plan) or plan.num_microbatches > 1 or par.pp > 1:
+        return True
+    return par.dp * par.cp > 1 and par.zero <= ZeroStage.OPTIMIZER_STATES
+
+
+def peak_tensor_bytes(states: dict[str, float], activations: float, buffers: float, grads_live: bool) -> float:
+    """The tensors at a rank's peak (``rank_breakdown``'s rule) from its parts."""
+    base = states["weights"] + states["optimizer_states"]
+    if grads_live:
+        return base + states["gradients"] + activations + buffers
+    return base + max(activations + buffers, states["gradients"])
+
+
 def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
                    params: tuple[StageParams, ...] | None = None) -> list[tuple[dict[str, float], dict[str, float]]]:
     """Per pipeline rank: (bytes by kind, trace.MEMORY_KINDS plus ``total`` and ``host``;
@@ -243,6 +273,7 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
     params = params if params is not None else stage_params(plan, stages)
     terms = acts.activation_terms(plan)
     context, margin, count_buffers = framework_terms(plan)
+    grads_live = gradients_at_activation_peak(plan)
     out = []
     states_of: dict[StageParams, tuple] = {}
     for r, sp in enumerate(params):
@@ -255,11 +286,17 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
         mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
         mem["activations"] = sum(act.values())
         mem["comm_buffers"] = sum(buffers.values())
+        if not grads_live:   # the peak is the backward's start, or the optimizer step's
+            if mem["activations"] + mem["comm_buffers"] >= mem["gradients"]:
+                mem["gradients"] = 0.0
+            else:
+                mem["activations"] = mem["comm_buffers"] = 0.0
+                act, buffers = {k: 0.0 for k in act}, {k: 0.0 for k in buffers}
         tensors = sum(mem.values())
         mem["framework"] = context + margin * tensors
         mem["total"] = tensors + mem["framework"]
         mem["host"] = states["host"]
-        detail = {**{k: states[k] for k in ("weights", "gradients", "optimizer_states")},
+        detail = {**{k: mem[k] for k in ("weights", "gradients", "optimizer_states")},
                   **{f"activations_{k}": v for k, v in act.items()}, **buffers,
                   "allocator_margin": margin * tensors, "cuda_context": context}
         out.append((mem, detail))

@@ -253,6 +253,7 @@ def _training(value) -> TrainingSpec:
         optimizer=Optimizer.parse(doc.get("optimizer", "adamw"), "training.optimizer"),
         grad_compression=GradCompression.parse(doc.get("grad_compression", "none"),
                                                "training.grad_compression"),
+        master_weights=_bool(doc, "master_weights", w, True),
         loss=Loss.parse(doc.get("loss", "eager"), "training.loss"),
         allocator_margin=_margin(doc),
     )
@@ -374,6 +375,8 @@ def plan_to_dict(plan: Plan) -> dict:
         del training["allocator_margin"]
     if plan.training.loss == Loss.EAGER:
         del training["loss"]
+    if plan.training.master_weights:
+        del training["master_weights"]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}
     if plan.name:
         doc = {"name": plan.name, **doc}

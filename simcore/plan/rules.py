@@ -45,6 +45,8 @@ def check_plan(plan: Plan) -> None:
          "training.offload=optimizer+params needs parallel.zero=3 (FSDP2 offloads sharded parameters)"),
         (tr.recompute not in (Recompute.FULL, Recompute.LAYER) or tr.recompute_layers <= m.layers,
          f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
+        (tr.master_weights or tr.precision.value in ("bf16", "fp16"),
+         f"training.master_weights=false needs a 16-bit training.precision, not {tr.precision.value}"),
         (tr.grad_compression == GradCompression.NONE or par.zero == ZeroStage.NONE,
          f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0 "
          "(it is a DDP communication hook)"),

@@ -205,6 +205,9 @@ class TrainingSpec:
     flash_attention: bool = False
     optimizer: Optimizer = Optimizer.ADAMW
     grad_compression: GradCompression = GradCompression.NONE
+    master_weights: bool = True
+    """False: pure 16-bit training (torchtune's ``dtype: bf16``): no fp32 master copy, the
+    optimizer's states in the 16-bit dtype."""
     loss: Loss = Loss.EAGER
     allocator_margin: float | None = None
     """Share of the tensor bytes the caching allocator reserves beyond them (fragmentation);

@@ -49,6 +49,7 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
     params, ranks, stages = mem.stage_params(plan), _peak_ranks(plan), plan.layers_per_stage
     buffers = {r: mem.comm_buffer_bytes(plan, params[r]) for r in ranks}
     framework, fragmentation, count_buffers = mem.framework_terms(plan)
+    grads_live = mem.gradients_at_activation_peak(plan)
     acts = {}
     for rc in recomputes:
         key = (_activation_key(plan), rc, tuple(ranks)) if cache is not None else None
@@ -67,9 +68,8 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
         states = {r: mem.model_state_bytes(p_off, params[r]) for r in ranks}
         host = max(states[r]["host"] for r in ranks) * plan.cluster.gpus_per_node
         for rc in recomputes:
-            peak = max((states[r]["weights"] + states[r]["gradients"] + states[r]["optimizer_states"]
-                        + acts[rc][r] + (buffers[r] if count_buffers else 0.0)) * (1 + fragmentation)
-                       for r in ranks)
+            peak = max(mem.peak_tensor_bytes(states[r], acts[rc][r], buffers[r] if count_buffers else 0.0,
+                                              grads_live) * (1 + fragmentation) for r in ranks)
             out[off, rc] = (peak + framework, host)
     return out
 

@@ -132,7 +132,9 @@ def test_gpt3_175b_ranks_the_megatron_layout_on_top():
     """Narayanan et al. 2021 trained GPT-3 175B on 1536 A100 with TP 8, PP 12 (DP 16, batch 1536).
     With the features that paper had (no ZeRO, full or no recompute, 1F1B / interleaved, no
     sequence or context parallel, no flash attention), TP 8 with PP 12 or close must rank
-    among the first three, and the explanations say why the rest lose."""
+    among the first three, and the explanations say why the rest lose. (TP 8 with PP 16 and
+    no recompute needs 78.5 GiB before the caching allocator's margin, so it no longer
+    counts as fitting an 80 GiB A100; PP 24 takes its place.)"""
     cluster = {"node": "dgx-a100-80gb", "nodes": 192, "fabric": "ib-hdr"}
     base = base_plan("gpt3-175b", cluster, 1536, {"flash_attention": False})
     megatron_2021 = replace(derive_space(base), zero=(ZeroStage.NONE,), recompute=(Recompute.NONE, Recompute.FULL),
@@ -141,7 +143,7 @@ def test_gpt3_175b_ranks_the_megatron_layout_on_top():
     res = search("gpt3-175b", cluster, 1536, top_k=0, progress=False, training={"flash_attention": False},
                  space=megatron_2021)
     top = res.table.head(3)
-    assert ((top["tp"] == 8) & top["pp"].isin([8, 12, 16])).any(), top[["layout", "step_time_s"]]
+    assert ((top["tp"] == 8) & top["pp"].isin([8, 12, 16, 24])).any(), top[["layout", "step_time_s"]]
     assert res.best.parallel.tp == 8
     text = "\n".join(res.explanations)
     assert "best with tp=1" in text and "do not fit in memory" in text
