@@ -1,0 +1,121 @@
+"""Memory by term: micro-batches in flight counted on the schedule, the loss's buffers,
+FSDP2's buffers, the allocator's margin and the CUDA context, headroom and fits."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simcore.model import activations as acts
+from simcore.model import memory as mem
+from simcore.model.step_costs import memory_report
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import PlanError, Schedule
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _plan(parallel=None, training=None, model="llama3-8b", nodes=8):
+    return plan_from_dict({"model": {"name": model, "seq_len": 4096}, "cluster": {"node": "dgx-h100", "nodes": nodes},
+                           "parallel": {"dp": 8, **(parallel or {})},
+                           "training": {"global_batch": 256, "flash_attention": True, **(training or {})}})
+
+
+@pytest.mark.parametrize("pp, m, v", [(4, 8, 2), (4, 16, 2), (8, 16, 4), (2, 8, 3), (4, 4, 2)])
+def test_interleaved_peak_on_the_schedule_is_the_warmup_formula(pp, m, v):
+    """torch's ScheduleInterleaved1F1B and Megatron: warm-up (v-1)p + 2(p-1-r) chunks, +1 at the peak."""
+    flights, owed = acts.schedule_peaks(Schedule.INTERLEAVED_1F1B, pp, m, v)
+    assert list(flights) == [min(m * v, (v - 1) * pp + 2 * (pp - 1 - r) + 1) for r in range(pp)]
+    assert owed == (0,) * pp
+
+
+@pytest.mark.parametrize("pp, m", [(4, 8), (8, 8), (4, 2)])
+def test_gpipe_holds_every_microbatch_and_1f1b_p_minus_r(pp, m):
+    assert acts.schedule_peaks(Schedule.GPIPE, pp, m, 1)[0] == (m,) * pp
+    assert acts.schedule_peaks(Schedule.ONE_F_ONE_B, pp, m, 1)[0] == tuple(min(m, pp - r) for r in range(pp))
+
+
+def test_zero_bubble_owes_weight_gradients_and_pays_for_them():
+    flights, owed = acts.schedule_peaks(Schedule.ZERO_BUBBLE, 4, 8, 1)
+    assert max(owed) > 0 and owed[-1] >= owed[0]
+    zb = _plan({"pp": 4, "dp": 2, "schedule": "zero-bubble"}, {"global_batch": 16})
+    one = _plan({"pp": 4, "dp": 2}, {"global_batch": 16})
+    stash = [acts.rank_activation_bytes(zb, r, zb.layers_per_stage, acts.activation_terms(zb))["wgrad_stash"]
+             for r in range(4)]
+    assert all(s > 0 for s, o in zip(stash, owed) if o) and max(stash) > 0
+    assert memory_report(zb)["max_gpu_bytes"] > memory_report(one)["max_gpu_bytes"]
+
+
+def test_loss_buffer_by_kind_of_loss():
+    """eager 12 B, fused 4 B, chunked 2 + 12/8 B per logit, split over TP."""
+    plans = {k: _plan(training={"loss": k}) for k in ("eager", "fused", "chunked")}
+    logits = 4096 * 128256
+    assert acts.loss_bytes(plans["eager"]) == 12 * logits
+    assert acts.loss_bytes(plans["fused"]) == 4 * logits
+    assert acts.loss_bytes(plans["chunked"]) == pytest.approx((2 + 12 / 8) * logits)
+    tp = _plan({"tp": 8, "dp": 8}, {"loss": "fused"})
+    assert acts.loss_bytes(tp) == pytest.approx(4 * logits / 8)
+
+
+def test_fsdp2_buffers_only_where_fsdp2_runs():
+    z3 = memory_report(_plan({"zero": 3}))["ranks"][0]["terms"]
+    z1 = memory_report(_plan({"zero": 1}))["ranks"][0]["terms"]
+    layer = mem.layer_params_per_gpu(_plan())[0]
+    assert z3["fsdp_all_gather"] == pytest.approx(2 * 2 * layer)          # current + prefetched, bf16
+    assert z3["fsdp_reduce_scatter"] == pytest.approx((2 + 4) * layer)    # bf16 gradient and its fp32 copy
+    assert z3["fsdp_root"] > 0 and z3["dp_buckets"] == 0
+    assert z1["fsdp_all_gather"] == z1["fsdp_root"] == 0 and z1["dp_buckets"] == 2 * 25 * 1024**2
+
+
+def test_terms_sum_to_the_total_and_margin_and_headroom_are_plain_fields():
+    rep = memory_report(_plan({"zero": 3}, {"recompute": "op"}))
+    rank = rep["ranks"][0]
+    assert sum(rank["terms"].values()) == pytest.approx(rank["total"])
+    tensors = rank["total"] - rank["terms"]["cuda_context"] - rank["terms"]["allocator_margin"]
+    assert rank["terms"]["allocator_margin"] == pytest.approx(rep["allocator_margin"] * tensors)
+    assert rep["allocator_margin"] == mem.ALLOCATOR_MARGIN
+    assert rep["headroom_bytes"] == pytest.approx(rep["hbm_bytes"] - rep["max_gpu_bytes"])
+
+
+def test_allocator_margin_is_settable_and_fits_uses_it():
+    base = _plan({"zero": 3})
+    peak = memory_report(base)["max_gpu_bytes"]
+    hbm = base.cluster.node.gpu.hbm_bytes
+    # a margin that takes the most loaded GPU just over its HBM
+    tensors = (peak - mem.CUDA_CONTEXT_BYTES) / (1 + mem.ALLOCATOR_MARGIN)
+    over = (hbm - mem.CUDA_CONTEXT_BYTES) / tensors - 1 + 0.01
+    assert 0 < over < 1
+    tight = _plan({"zero": 3}, {"allocator_margin": over})
+    assert memory_report(base)["fits"] and not memory_report(tight)["fits"]
+    assert memory_report(tight)["headroom_bytes"] < 0
+    with pytest.raises(PlanError, match="training.allocator_margin=1.5 must be at least 0 and below 1"):
+        _plan(training={"allocator_margin": 1.5})
+
+
+def test_gradients_are_not_at_the_activation_peak_of_a_step_that_keeps_none():
+    """One GPU, one micro-batch: the peak is the backward's start (no gradients yet) or the
+    optimizer step (no activations); accumulation or DDP buffers keep them through the step."""
+    one = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": 4096}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                          "parallel": {"dp": 1}, "training": {"global_batch": 1, "flash_attention": True}})
+    accum = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": 4096},
+                            "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "parallel": {"dp": 1}, "training": {"global_batch": 4, "flash_attention": True}})
+    assert not mem.gradients_at_activation_peak(one) and mem.gradients_at_activation_peak(accum)
+    a, b = mem.memory_per_rank(one)[0], mem.memory_per_rank(accum)[0]
+    assert a["gradients"] == 0 and b["gradients"] > 0
+    assert a["total"] < b["total"]
+
+
+def test_memory_command_prints_terms_and_headroom_and_json():
+    env = {"PYTHONPATH": str(ROOT)}
+    plan = ROOT / "plans" / "llama3-8b-fsdp-h100.yaml"
+    text = subprocess.run([sys.executable, "-m", "trainplan", "memory", str(plan)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, check=True).stdout
+    assert "fsdp_all_gather" in text and "activations_loss" in text and "headroom" in text
+    doc = json.loads(subprocess.run([sys.executable, "-m", "trainplan", "memory", str(plan), "--json"],
+                                    capture_output=True, text=True, env=env, cwd=ROOT, check=True).stdout)
+    assert {"allocator_margin", "headroom_bytes", "cuda_context_bytes"} <= set(doc)
+    assert "fsdp_reduce_scatter" in doc["ranks"][0]["terms"]
