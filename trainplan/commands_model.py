@@ -137,12 +137,13 @@ def cmd_memory(args) -> None:
         return
     gib = 1024**3
     ranks = report["ranks"]
-    print(f"{plan.name}: bytes per GPU (GiB) by term, per pipeline rank; HBM {report['hbm_bytes'] / gib:.1f} GiB")
+    unit, div = ("GiB", gib) if report["max_gpu_bytes"] >= gib else ("MiB", 1024**2)
+    print(f"{plan.name}: bytes per GPU ({unit}) by term, per pipeline rank; HBM {report['hbm_bytes'] / gib:.1f} GiB")
     print(f"  {'term':<32}" + "".join(f"{'rank ' + str(r['pp_rank']):>10}" for r in ranks))
     for term in ranks[0]["terms"]:
         if any(r["terms"][term] for r in ranks):
-            print(f"  {term:<32}" + "".join(f"{r['terms'][term] / gib:>10.2f}" for r in ranks))
-    print(f"  {'total':<32}" + "".join(f"{r['total'] / gib:>10.2f}" for r in ranks))
+            print(f"  {term:<32}" + "".join(f"{r['terms'][term] / div:>10.2f}" for r in ranks))
+    print(f"  {'total':<32}" + "".join(f"{r['total'] / div:>10.2f}" for r in ranks))
     if report.get("host_offload_bytes_per_node"):
         print(f"  host memory for offload per node: {report['host_offload_bytes_per_node'] / gib:.1f} GiB "
               f"of {report['host_memory_bytes_per_node'] / gib:.0f} GiB")

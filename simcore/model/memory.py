@@ -1,4 +1,5 @@
-"""Bytes per GPU: weights, gradients, optimizer states, activations, buffers, framework.
+"""Bytes per GPU by term: model states, the stacks' buffers, activations, the allocator's
+margin and the CUDA context; whether a Plan fits.
 
 Model states follow Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
 Trillion Parameter Models", SC'20, Sec. 3.1 and 5: mixed-precision Adam keeps 2 + 2 + K
@@ -7,14 +8,13 @@ weights, momentum and variance); stage 1 divides the K bytes by N_d, stage 2 als
 gradients, stage 3 everything: (2 + 2 + K) * Psi / N_d. torch FSDP2 (``fully_shard``
 with ``MixedPrecisionPolicy(param_dtype=bf16)``) keeps fp32 sharded parameters (4 B),
 fp32 sharded gradients (4 B) and Adam's fp32 m, v (8 B): the same 16 B per parameter
-over N_d, plus the unsharded 16-bit parameters of the layer in use and the one it
-prefetches and the unsharded gradients of the layer being reduced
-(torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py).
+over N_d; its gather, reduce-scatter and root-group buffers are ``comm_buffer_terms``
+(torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py). Pure 16-bit training
+(``training.master_weights: false``, torchtune) keeps 2 + 2 + 4 bytes.
 
-Activations follow Korthikanti et al. 2022 (``simcore.model.workload``), times the micro-batches
-a pipeline rank keeps in flight: GPipe all m; 1F1B p - r on rank r (Narayanan et al.
-2021, Sec. 2.2.1); interleaved 1F1B Megatron's warm-up count 2(p - r - 1) + (v - 1)p + 1
-model chunks, i.e. L(1 + (p-1)/(pv)) layers on rank 0 (Korthikanti et al. Sec. 4.2.3).
+Activations (per recompute policy, per schedule's micro-batches in flight, the loss's
+logits) are ``simcore.model.activations``; ``rank_breakdown`` adds everything up per rank,
+term by term, and applies the allocator's margin and the CUDA context.
 """
 from __future__ import annotations
 
