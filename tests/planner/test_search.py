@@ -154,7 +154,7 @@ def test_zero_bubble_layouts_share_their_1f1b_twins_step_costs():
     """The search reuses a 1F1B layout's StepCosts for its ZB-H1 twin (evaluate._twin): that
     is only sound if step_costs gives the same numbers for both."""
     from simcore.planner.evaluate import _twin
-    from simcore.model.step_costs import step_costs
+    from simcore.model.step_costs import memory_fields, step_costs
 
     base = base_plan("gpt3-175b", {"node": "dgx-a100-80gb", "nodes": 192}, 1536)
     zb = [f for f in families(base, derive_space(base), base.cluster.gpus) if _twin(f) is not None]
@@ -162,7 +162,8 @@ def test_zero_bubble_layouts_share_their_1f1b_twins_step_costs():
         for rc in (Recompute.NONE, Recompute.FULL):
             mine = replace(fam, recompute=rc).apply(base, True)
             twin = replace(_twin(fam), recompute=rc).apply(base, True)
-            assert replace(step_costs(twin), plan=mine) == step_costs(mine)
+            # the same time; memory is the zero-bubble schedule's own (its owed weight gradients)
+            assert replace(step_costs(twin), plan=mine, **memory_fields(mine)) == step_costs(mine)
 
 
 def test_layouts_with_the_same_answer_are_one_row_the_simplest():
@@ -187,4 +188,6 @@ def test_layouts_with_the_same_answer_are_one_row_the_simplest():
     key = res.table[["step_time_s", "memory_per_gpu_gib"]].map(lambda x: float(f"{x:.{TIE_DIGITS}g}"))
     assert not key.assign(gpus=res.table["gpus"]).duplicated().any()
     assert len(res.table) + res.table["ties"].sum() == res.tally.simulated
-    assert res.table["ties"].max() > 0 and res.table.iloc[0]["cp"] == 1
+    # (no layout of this search ties any more: ZeRO-2's FSDP2 reduce-scatter buffers set it
+    # apart from ZeRO-1 even where both hold whole gradients; the merge is checked above)
+    assert res.table.iloc[0]["cp"] == 1
