@@ -119,7 +119,7 @@ def row_plan(row: pd.Series):
             return "Adafactor / 8-bit Adam states: no Plan field"
         return {"model": BERT_LARGE, "cluster": cluster, "parallel": {"dp": 1},
                 "training": {"global_batch": gb, "micro_batch": mb, "precision": "fp32",
-                             "recompute": "full" if row["recompute"] == "full" else "none"}}, ("activations_loss",)
+                             "recompute": "full" if row["recompute"] == "full" else "none"}}, ("activations_loss", "activations_loss_transient")
     return f"no rule for source {src}"
 
 

@@ -72,32 +72,33 @@ def executor_activations(plan: Plan) -> bool:
     return bool(ej and (json.loads(ej).get("memory") or {}).get("executor_activations"))
 
 
-def loss_bytes(plan: Plan) -> float:
-    """The output layer's logits and the loss's buffers at the backward's start, per GPU.
+def loss_bytes(plan: Plan) -> tuple[float, float]:
+    """The loss's logits buffers per GPU at the backward's start: (kept, transient).
 
     ``eager``: PyTorch's ``F.cross_entropy(logits.float(), labels)`` (torchtitan's
     components/loss.py uncompiled, Hugging Face): the fp32 log-softmax it saves (4 B per
-    logit), the gradient that arrives for it and the one it returns (4 B each). ``fused``: a
-    compiled or fused loss (torch.compile'd as torchtitan compiles it with the model; Megatron's
-    vocab-parallel cross entropy works in place): the 16-bit logits it saves and their
-    gradient (2 B each). ``chunked``: torchtune's ``CEWithChunkedOutputLoss`` (8 chunks): the
-    16-bit logits of every chunk are kept and one chunk at a time is upcast and differentiated.
+    logit) and, transient, the gradient that arrives for it and the one it returns (4 B
+    each). ``fused``: a compiled or fused loss (Megatron's vocab-parallel cross entropy works
+    in place): the 16-bit logits it saves and their gradient (2 B each). ``chunked``:
+    torchtune's ``CEWithChunkedOutputLoss`` (8 chunks): the 16-bit logits of every chunk are
+    kept and one chunk at a time is upcast and differentiated (12 B per logit of one chunk).
     The logits are vocabulary-parallel over TP (Megatron; torchtitan's loss_parallel)."""
     m, par, tr = plan.model, plan.parallel, plan.training
     logits = tr.micro_batch * (m.seq_len // par.cp) * m.vocab / par.tp
     if tr.loss == Loss.FUSED:
-        return 4 * logits
+        return 2 * logits, 2 * logits
     if tr.loss == Loss.CHUNKED:
-        return 2 * logits + 12 * logits / CHUNKED_LOSS_CHUNKS
-    return 12 * logits
+        return 2 * logits, 12 * logits / CHUNKED_LOSS_CHUNKS
+    return 4 * logits, 8 * logits
 
 
 #: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` (torchtune/modules/loss/ce_chunked_output_loss.py).
 CHUNKED_LOSS_CHUNKS = 8
 
 
-def _layer_terms(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float]:
-    """(one layer's activations, embedding, last stage (final norm and loss), W stash per layer)."""
+def _layer_terms(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float, float]:
+    """(one layer's activations, embedding, last stage (final norm and loss kept), the loss's
+    transients, W stash per layer)."""
     m, par, tr = plan.model, plan.parallel, plan.training
     b, s = tr.micro_batch, m.seq_len // par.cp
     sp = par.tp if par.sequence_parallel else 1
@@ -110,7 +111,7 @@ def _layer_terms(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float]
             kept=wl.executor_activation_bytes_per_layer(m, recompute=kept_rc, **kw),
             boundary=wl.executor_activation_bytes_per_layer(m, recompute=Recompute.FULL, **kw))
         return (act, wl.executor_embedding_activation_bytes(m, b=b, s=s),
-                wl.executor_logits_activation_bytes(m, **kw), 0.0)
+                wl.executor_logits_activation_bytes(m, **kw), 0.0, 0.0)
     kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel)
     whole = wl.activation_bytes_per_layer(m, recompute=Recompute.NONE, flash=tr.flash_attention, **kw)
     kept = whole
@@ -123,7 +124,8 @@ def _layer_terms(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float]
     wide = 2 if tr.precision == Precision.FP32 else 1   # fp32 training saves 4-byte tensors, not 2
     if wide > 1:
         act = rcp.LayerActivations(whole=wide * act.whole, kept=wide * act.kept, boundary=wide * act.boundary)
-    return (act, wide * wl.embedding_activation_bytes(m, **kw), wide * last + loss_bytes(plan),
+    kept, transient = loss_bytes(plan)
+    return (act, wide * wl.embedding_activation_bytes(m, **kw), wide * last + kept, transient,
             wide * _wgrad_stash_per_layer(plan))
 
 
@@ -142,16 +144,19 @@ def _wgrad_stash_per_layer(plan: Plan) -> float:
     return wl.ACT_BYTES * sb * (inputs + grads)
 
 
-def activation_terms(plan: Plan) -> tuple:
-    """What ``rank_activation_bytes`` needs of a plan, computed once per plan."""
-    return (_layer_terms(plan), plan.training)
+def activation_terms(plan: Plan, overlap: float = 0.0) -> tuple:
+    """What ``rank_activation_bytes`` needs of a plan, computed once per plan. ``overlap``:
+    bytes of the last rank's buffers that are free while the loss's transients live (FSDP2's
+    gathered and scattered layers, ``memory.loss_overlap``)."""
+    return (_layer_terms(plan), plan.training, overlap)
 
 
 def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms) -> dict[str, float]:
     """Rank ``rank``'s activation bytes at its peak, by part: ``layers`` (in-flight chunks'
-    stashes and the recomputed layer's working set), ``embedding``, ``loss`` (last rank)
-    and ``wgrad_stash`` (zero-bubble)."""
-    (act, emb, last, wstash), tr = terms
+    stashes and the recomputed layer's working set), ``embedding``, ``loss`` and
+    ``loss_transient`` (last rank: what outlasts the buffers it overlaps) and ``wgrad_stash``
+    (zero-bubble)."""
+    (act, emb, last, transient, wstash), tr, overlap = terms
     par = plan.parallel
     if par.pp == 1:
         chunks, owed = 1, 0
@@ -160,5 +165,7 @@ def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms)
         chunks, owed = flights[rank], owes[rank]
     n = sum(stages[rank::par.pp]) / par.vpp       # layers per model chunk on this rank
     layers = chunks * rcp.chunk_stash_bytes(tr, n, act) + rcp.working_bytes(tr, n, act)
+    final = rank == par.pp - 1
     return {"layers": layers, "embedding": chunks / par.vpp * emb if rank == 0 else 0.0,
-            "loss": last if rank == par.pp - 1 else 0.0, "wgrad_stash": owed * n * wstash}
+            "loss": last if final else 0.0, "loss_transient": max(0.0, transient - overlap) if final else 0.0,
+            "wgrad_stash": owed * n * wstash}

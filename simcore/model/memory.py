@@ -124,13 +124,26 @@ def in_flight_chunks(plan: Plan, rank: int) -> int:
 
 def _activation_terms(plan: Plan):
     """``activations.activation_terms``: what a rank's activation bytes need, read once."""
-    return acts.activation_terms(plan)
+    return acts.activation_terms(plan, loss_overlap(plan))
+
+
+def loss_overlap(plan: Plan, params: tuple[StageParams, ...] | None = None) -> float:
+    """Buffers of the last rank not alive while the loss's transients are: without a
+    pipeline, FSDP2's root reshards after forward and re-gathers in the output layer's
+    backward, after the loss's backward freed its transients, and no block is gathered or
+    reduce-scattered meanwhile (torchtitan's FSDPMemTracker traces show it)."""
+    par = plan.parallel
+    if par.pp > 1 or par.zero < ZeroStage.WEIGHTS or par.dp * par.cp == 1 or acts.executor_activations(plan):
+        return 0.0
+    sp = (params or stage_params(plan))[-1]
+    t = comm_buffer_terms(plan, sp)
+    return t["fsdp_all_gather"] + t["fsdp_reduce_scatter"] + t["fsdp_root"]
 
 
 def activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...] | None = None, terms=None) -> float:
     """Activation bytes of pipeline rank ``rank`` at its peak (the loss's buffers included)."""
     stages = stages if stages is not None else plan.layers_per_stage
-    parts = acts.rank_activation_bytes(plan, rank, stages, terms if terms is not None else acts.activation_terms(plan))
+    parts = acts.rank_activation_bytes(plan, rank, stages, terms if terms is not None else _activation_terms(plan))
     return sum(parts.values())
 
 
@@ -207,15 +220,20 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     nd_e = max(1, nd // par.ep)
     shard = sp.dense / nd + sp.expert / nd_e           # parameters this GPU owns
     z = par.zero
-    weights = wb * (shard if z >= ZeroStage.WEIGHTS else sp.total)
-    if z == ZeroStage.GRADIENTS and tr.precision == Precision.FP32:
-        # ZeRO-2 in fp32: the optimizer steps a sharded fp32 copy (FSDP2's sharded parameters,
-        # DeepSpeed's fp32 partition) while the full parameters stay gathered from forward to
-        # backward (FSDP2 reshard_after_forward=False); in mixed precision that copy is the
-        # master weights, already in K
-        weights += wb * shard
-    grads = wb * (shard if sharded_gradients(plan) else sp.total)
-    opt = k * (shard if z >= ZeroStage.OPTIMIZER_STATES else sp.total)
+    if z >= ZeroStage.GRADIENTS:
+        # FSDP2: the sharded parameters are what the optimizer steps, fp32 under a mixed-
+        # precision policy (so they are the master copy), and its sharded gradients are fp32
+        # (reduce_dtype); ZeRO-2 (reshard_after_forward=False) also keeps every 16-bit
+        # parameter gathered from forward to backward. Under pipelining the gradients stay
+        # unsharded in the parameter dtype until the one reduce-scatter.
+        master = 4 if tr.master_weights and tr.precision != Precision.FP32 else 0
+        weights = (master or wb) * shard + (wb * sp.total if z == ZeroStage.GRADIENTS else 0.0)
+        grads = (master or wb) * shard if sharded_gradients(plan) else wb * sp.total
+        opt = (k - master) * shard
+    else:
+        weights = wb * sp.total
+        grads = wb * sp.total
+        opt = k * (shard if z >= ZeroStage.OPTIMIZER_STATES else sp.total)
     host = 0.0
     if tr.offload != Offload.NONE:
         host += opt
@@ -271,7 +289,7 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
     bytes by term, each term one line of ``trainplan memory``). The kinds sum the terms."""
     stages = stages if stages is not None else plan.layers_per_stage
     params = params if params is not None else stage_params(plan, stages)
-    terms = acts.activation_terms(plan)
+    terms = acts.activation_terms(plan, loss_overlap(plan, params))
     context, margin, count_buffers = framework_terms(plan)
     grads_live = gradients_at_activation_peak(plan)
     out = []

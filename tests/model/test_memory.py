@@ -24,8 +24,11 @@ def test_zero_model_states_match_rajbhandari(zero):
     p = plan(parallel={"zero": zero})
     psi = wl.param_counts(p.model).total
     nd = 64
+    # ZeRO-2 is FSDP2 with reshard_after_forward=False: the gathered 16-bit parameters, and
+    # 16 B per parameter over N_d (fp32 sharded parameters, fp32 sharded gradients, Adam m, v);
+    # DeepSpeed's ZeRO-2 would keep 2 + 14 / N_d
     expected = {0: (2 + 2 + 12) * psi, 1: (2 + 2) * psi + 12 * psi / nd,
-                2: 2 * psi + (2 + 12) * psi / nd, 3: (2 + 2 + 12) * psi / nd}[zero]
+                2: 2 * psi + (4 + 4 + 8) * psi / nd, 3: (4 + 4 + 8) * psi / nd}[zero]
     sp = mem.stage_params(p)[0]
     states = mem.model_state_bytes(p, sp)
     assert states["weights"] + states["gradients"] + states["optimizer_states"] == pytest.approx(expected)

@@ -53,11 +53,23 @@ def test_loss_buffer_by_kind_of_loss():
     """eager 12 B, fused 4 B, chunked 2 + 12/8 B per logit, split over TP."""
     plans = {k: _plan(training={"loss": k}) for k in ("eager", "fused", "chunked")}
     logits = 4096 * 128256
-    assert acts.loss_bytes(plans["eager"]) == 12 * logits
-    assert acts.loss_bytes(plans["fused"]) == 4 * logits
-    assert acts.loss_bytes(plans["chunked"]) == pytest.approx((2 + 12 / 8) * logits)
+    assert acts.loss_bytes(plans["eager"]) == (4 * logits, 8 * logits)
+    assert acts.loss_bytes(plans["fused"]) == (2 * logits, 2 * logits)
+    assert acts.loss_bytes(plans["chunked"]) == pytest.approx((2 * logits, 12 / 8 * logits))
     tp = _plan({"tp": 8, "dp": 8}, {"loss": "fused"})
-    assert acts.loss_bytes(tp) == pytest.approx(4 * logits / 8)
+    assert sum(acts.loss_bytes(tp)) == pytest.approx(4 * logits / 8)
+
+
+def test_fsdp2_buffers_and_the_loss_transients_are_not_alive_together():
+    """ZeRO-3 without a pipeline: the root reshards after forward, so the loss's transients
+    take the place of the gathered buffers at the peak; ZeRO-1 keeps its buckets beside them."""
+    z3 = memory_report(_plan({"zero": 3}))["ranks"][0]["terms"]
+    buffers = z3["fsdp_all_gather"] + z3["fsdp_reduce_scatter"] + z3["fsdp_root"]
+    _, transient = acts.loss_bytes(_plan())
+    assert z3["activations_loss_transient"] + buffers == pytest.approx(max(transient, buffers))
+    assert 0 < buffers < transient or z3["activations_loss_transient"] == 0
+    z1 = memory_report(_plan({"zero": 1}))["ranks"][0]["terms"]
+    assert z1["activations_loss_transient"] == pytest.approx(transient)
 
 
 def test_fsdp2_buffers_only_where_fsdp2_runs():
@@ -66,6 +78,7 @@ def test_fsdp2_buffers_only_where_fsdp2_runs():
     layer = mem.layer_params_per_gpu(_plan())[0]
     assert z3["fsdp_all_gather"] == pytest.approx(2 * 2 * layer)          # current + prefetched, bf16
     assert z3["fsdp_reduce_scatter"] == pytest.approx((2 + 4) * layer)    # bf16 gradient and its fp32 copy
+    assert z3["weights"] == pytest.approx(4 * mem.stage_params(_plan())[0].total / 8)   # fp32 shards: the master
     assert z3["fsdp_root"] > 0 and z3["dp_buckets"] == 0
     assert z1["fsdp_all_gather"] == z1["fsdp_root"] == 0 and z1["dp_buckets"] == 2 * 25 * 1024**2
 

@@ -1,0 +1,152 @@
+"""A second opinion on memory from torch itself, at full scale, on a CPU machine.
+
+The executor's model of a Plan (``executors.model.Transformer``) is built under
+``FakeTensorMode`` (no bytes are allocated) in one process that stands for rank 0 of a
+fake process group of the Plan's data-parallel size, sharded with FSDP2 as the executor
+shards it, and two training steps are run under torch's ``FSDPMemTracker``
+(``torch.distributed._tools.fsdp2_mem_tracker``), which counts every tensor storage by kind
+(sharded and unsharded parameters, gradients, activations, temporaries, optimizer states,
+all-gather and reduce-scatter buffers) and keeps the peak. This is what torchtitan's
+``scripts/estimate/estimation.py`` does (FakeStore, ``init_process_group("fake")``,
+``FSDPMemTracker(mod=model, optm=optimizer)``, ``reset_mod_stats`` after the first step).
+
+What it traces: FSDP2 layouts (``parallel.zero`` 2 or 3, data parallel only), in bf16/fp16
+with fp32 reduction (``MixedPrecisionPolicy`` as torchtitan sets it) or fp32, with the Plan's
+recompute policy applied as the stacks apply it: ``selective`` and ``full`` as the executor
+does (``executors.parallel.apply_ac``), ``layer:N`` and ``{layers: N, method: block}`` with
+``checkpoint_wrapper`` on the chosen blocks, ``op`` with torchtitan's per-op policy (the
+matmuls and SDPA saved except every second mm). The loss is the executor's eager
+``F.cross_entropy(logits.float())``. The tracker counts tensors only: no allocator margin,
+no CUDA context.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from simcore.plan.spec import Loss, Plan, Precision, Recompute, RecomputeMethod, ZeroStage
+
+#: Training steps traced; the first one's module statistics are reset (optimizer states
+#: are created by the first step, so the second one is the steady state).
+TRACED_STEPS = 2
+#: torchtitan's op-level SAC save list: matmuls and the fused attention kernels.
+_SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
+             torch.ops.aten._scaled_dot_product_efficient_attention.default,
+             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+             torch.ops.aten.max.default}
+
+
+class TraceError(ValueError):
+    """The Plan's layout is not one this tracer can run; one sentence naming the field."""
+
+
+def check_traceable(plan: Plan) -> None:
+    par, tr = plan.parallel, plan.training
+    others = {k: getattr(par, k) for k in ("tp", "pp", "cp", "ep") if getattr(par, k) > 1}
+    if others:
+        names = ", ".join(f"parallel.{k}={v}" for k, v in others.items())
+        raise TraceError(f"--torch traces FSDP2 data parallel only; this plan has {names}")
+    if par.zero < ZeroStage.GRADIENTS or par.dp < 2:
+        raise TraceError(f"--torch traces FSDP2 layouts (parallel.zero 2 or 3 with parallel.dp > 1), "
+                         f"not parallel.zero={int(par.zero)} with parallel.dp={par.dp}")
+    if tr.recompute == Recompute.FULL and tr.recompute_method == RecomputeMethod.UNIFORM and tr.recompute_layers > 1:
+        raise TraceError("--torch cannot trace training.recompute {layers: N, method: uniform} with N > 1 "
+                         "(the executor checkpoints single layers)")
+    if tr.master_weights is False or tr.offload.value != "none":
+        raise TraceError("--torch traces fp32 master weights without offload (training.master_weights, "
+                         "training.offload)")
+
+
+def _op_sac_wrapper(block: torch.nn.Module) -> torch.nn.Module:
+    """torchtitan's per-op SAC: save the listed ops' outputs, except every second mm."""
+    def context_fn():
+        meta = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+            if func == torch.ops.aten.mm.default:
+                meta[key] += 1
+            save = func in _SAVE_OPS and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+    return checkpoint_wrapper(block, context_fn=context_fn, preserve_rng_state=False)
+
+
+def apply_recompute(model, plan: Plan) -> None:
+    """The Plan's recompute policy on the executor's blocks (see the module docstring)."""
+    from executors.parallel import apply_ac
+
+    tr = plan.training
+    if tr.recompute in (Recompute.NONE, Recompute.SELECTIVE) or (
+            tr.recompute == Recompute.FULL and tr.recompute_method == RecomputeMethod.UNIFORM):
+        apply_ac(model, tr.recompute)
+        return
+    for i, (name, block) in enumerate(list(model.layers.items())):
+        if tr.recompute == Recompute.OP:
+            model.layers[name] = _op_sac_wrapper(block)
+        elif (tr.recompute == Recompute.LAYER and (i + 1) % tr.recompute_layers == 0) or (
+                tr.recompute == Recompute.FULL and i < tr.recompute_layers):
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def trace_peak(plan: Plan) -> dict:
+    """Peak bytes per kind (and ``Total``) on one rank of ``plan``, as torch's tracker counts them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from executors.model import Transformer, loss_fn
+
+    check_traceable(plan)
+    if dist.is_initialized():
+        raise TraceError("--torch needs a process without a process group of its own")
+    par, tr, m = plan.parallel, plan.training, plan.model
+    dist.init_process_group("fake", rank=0, world_size=par.dp, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (par.dp,))
+        low = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(tr.precision)
+        mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
+        with FakeTensorMode():
+            with torch.device("meta"):
+                model = Transformer(m)
+            apply_recompute(model, plan)
+            for block in model.layers.values():
+                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=par.zero == ZeroStage.WEIGHTS)
+            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=par.zero == ZeroStage.WEIGHTS)
+            model.to_empty(device="cpu")
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+            tracker = FSDPMemTracker(mod=model, optm=opt)
+            tokens = torch.randint(0, m.vocab, (tr.micro_batch, m.seq_len))
+            tracker.track_inputs((tokens, tokens))
+            with tracker:
+                for step in range(TRACED_STEPS):
+                    for _ in range(plan.num_microbatches):
+                        out = model(tokens)
+                        loss = loss_fn(out, tokens)
+                        del out
+                        loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    if step == 0:
+                        tracker.reset_mod_stats()
+            snap = tracker.get_tracker_snapshot("peak")
+    finally:
+        dist.destroy_process_group()
+    (per_kind,) = snap.values()
+    return {str(getattr(k, "value", k)): float(v) for k, v in per_kind.items()}
+
+
+def compare(plan: Plan, report: dict) -> dict:
+    """The analytic model's tensors on the fullest rank against the tracker's peak."""
+    traced = trace_peak(plan)
+    rank = max(report["ranks"], key=lambda r: r["total"])
+    analytic = rank["total"] - rank["terms"]["allocator_margin"] - rank["terms"]["cuda_context"]
+    return {"analytic_tensor_bytes": analytic, "torch_peak_bytes": traced["Total"], "torch_by_kind": traced,
+            "difference": (analytic - traced["Total"]) / traced["Total"],
+            "traced_loss_differs": plan.training.loss != Loss.EAGER}
