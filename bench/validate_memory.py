@@ -117,9 +117,10 @@ def row_plan(row: pd.Series):
         notes = str(row["notes"])
         if "Adafactor" in notes.split("optimizer ")[-1][:20] or "8-bit Adam" in notes.split("optimizer ")[-1][:20]:
             return "Adafactor / 8-bit Adam states: no Plan field"
-        return {"model": BERT_LARGE, "cluster": cluster, "parallel": {"dp": 1},
-                "training": {"global_batch": gb, "micro_batch": mb, "precision": "fp32",
-                             "recompute": "full" if row["recompute"] == "full" else "none"}}, ("activations_loss", "activations_loss_transient")
+        training = {"global_batch": gb, "micro_batch": mb, "precision": "fp32",
+                    "recompute": "full" if row["recompute"] == "full" else "none"}
+        no_lm_head = ("activations_loss", "activations_loss_transient")
+        return {"model": BERT_LARGE, "cluster": cluster, "parallel": {"dp": 1}, "training": training}, no_lm_head
     return f"no rule for source {src}"
 
 

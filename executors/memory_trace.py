@@ -6,7 +6,8 @@ fake process group of the Plan's data-parallel size, sharded with FSDP2 as the e
 shards it, and two training steps are run under torch's ``FSDPMemTracker``
 (``torch.distributed._tools.fsdp2_mem_tracker``), which counts every tensor storage by kind
 (sharded and unsharded parameters, gradients, activations, temporaries, optimizer states,
-all-gather and reduce-scatter buffers) and keeps the peak. This is what torchtitan's
+all-gather and reduce-scatter buffers) and keeps the peak. The tracker follows one forward
+per iteration, so the step traced (and compared with the analytic model) has one micro-batch. This is what torchtitan's
 ``scripts/estimate/estimation.py`` does (FakeStore, ``init_process_group("fake")``,
 ``FSDPMemTracker(mod=model, optm=optimizer)``, ``reset_mod_stats`` after the first step).
 
@@ -22,6 +23,7 @@ no CUDA context.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -126,11 +128,10 @@ def trace_peak(plan: Plan) -> dict:
             tracker.track_inputs((tokens, tokens))
             with tracker:
                 for step in range(TRACED_STEPS):
-                    for _ in range(plan.num_microbatches):
-                        out = model(tokens)
-                        loss = loss_fn(out, tokens)
-                        del out
-                        loss.backward()
+                    out = model(tokens)
+                    loss = loss_fn(out, tokens)
+                    del out
+                    loss.backward()
                     opt.step()
                     opt.zero_grad()
                     if step == 0:
@@ -139,14 +140,25 @@ def trace_peak(plan: Plan) -> dict:
     finally:
         dist.destroy_process_group()
     (per_kind,) = snap.values()
-    return {str(getattr(k, "value", k)): float(v) for k, v in per_kind.items()}
+    return {str(getattr(k, "value", k)): float(v) for k, v in per_kind.items() if v or k == "Total"}
 
 
-def compare(plan: Plan, report: dict) -> dict:
-    """The analytic model's tensors on the fullest rank against the tracker's peak."""
-    traced = trace_peak(plan)
-    rank = max(report["ranks"], key=lambda r: r["total"])
+def one_microbatch(plan: Plan) -> Plan:
+    """The Plan with one micro-batch per step: FSDPMemTracker follows one forward per
+    iteration (it refuses gradient accumulation), so that is the step traced and compared."""
+    tr = plan.training
+    return replace(plan, training=replace(tr, global_batch=plan.parallel.dp * tr.micro_batch))
+
+
+def compare(plan: Plan) -> dict:
+    """The analytic model's tensors on the fullest rank against the tracker's peak, both for
+    ``one_microbatch(plan)``."""
+    from simcore.model.step_costs import memory_report
+
+    one = one_microbatch(plan)
+    traced = trace_peak(one)
+    rank = max(memory_report(one)["ranks"], key=lambda r: r["total"])
     analytic = rank["total"] - rank["terms"]["allocator_margin"] - rank["terms"]["cuda_context"]
     return {"analytic_tensor_bytes": analytic, "torch_peak_bytes": traced["Total"], "torch_by_kind": traced,
             "difference": (analytic - traced["Total"]) / traced["Total"],
-            "traced_loss_differs": plan.training.loss != Loss.EAGER}
+            "microbatches_traced": 1, "traced_loss_differs": plan.training.loss != Loss.EAGER}

@@ -63,9 +63,11 @@ def _plan_file_commands(sub) -> None:
     p.add_argument("--json", action="store_true", help="counts per (kind, axis) for the first rank of each stage")
     p.set_defaults(func=model.cmd_collectives)
 
-    p = sub.add_parser("memory", help="bytes per GPU by kind, per pipeline rank, and whether it fits")
+    p = sub.add_parser("memory", help="bytes per GPU by term, per pipeline rank, and whether it fits")
     p.add_argument("plan", type=Path)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--torch", action="store_true",
+                   help="also trace the executor's model under FakeTensorMode with torch's FSDPMemTracker")
     p.set_defaults(func=model.cmd_memory)
 
 

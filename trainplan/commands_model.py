@@ -132,6 +132,8 @@ def cmd_memory(args) -> None:
 
     plan = load_plan(args.plan)
     report = memory_report(plan)
+    if getattr(args, "torch", False):
+        report["torch"] = _torch_trace(plan)
     if args.json:
         print_json(report)
         return
@@ -151,6 +153,27 @@ def cmd_memory(args) -> None:
           f"{report['cuda_context_bytes'] / gib:.2f} GiB (both in the total)")
     print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB, "
           f"headroom {report['headroom_gib']:.2f} GiB)")
+    if "torch" in report:
+        t = report["torch"]
+        kinds = ", ".join(f"{k} {v / gib:.2f}" for k, v in t["torch_by_kind"].items() if v and k != "Total")
+        print(f"  torch's FSDPMemTracker on the executor's model (fake tensors, one micro-batch a step): "
+              f"peak {t['torch_peak_bytes'] / gib:.2f} GiB of tensors ({kinds})")
+        print(f"  the model's tensors for the same step: {t['analytic_tensor_bytes'] / gib:.2f} GiB "
+              f"({t['difference']:+.1%}); the trace is eager PyTorch (norms, RoPE, SiLU keep their own "
+              f"tensors), the model counts fused kernels (Megatron/TE, torch.compile) as Korthikanti et al.")
+        if t["traced_loss_differs"]:
+            print(f"  (traced with the executor's eager loss, not training.loss={plan.training.loss.value})")
+
+
+def _torch_trace(plan) -> dict:
+    from executors.memory_trace import TraceError, compare
+
+    try:
+        return compare(plan)
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None
+    except (RuntimeError, NotImplementedError) as exc:   # torch could not trace this model
+        raise UsageError(f"--torch: torch could not trace this plan: {str(exc).splitlines()[0]}") from None
 
 
 def cmd_import(args) -> None:
