@@ -19,7 +19,7 @@ import yaml
 
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
-    ClusterSpec, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
+    ClusterSpec, CpComm, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
     Precision, Recompute, Schedule, TrainingSpec, ZeroStage,
 )
 from topologies.components import CatalogError
@@ -31,7 +31,8 @@ from topologies.profile import scale_for_ranks
 _SECTIONS = ("model", "cluster", "parallel", "training")
 _TOP_KEYS = set(_SECTIONS) | {"name", "description"}
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)} | {"hf_config"}
-_CLUSTER_KEYS = {"node", "nodes", "fabric", "gpus_per_node", "storage", "price_per_gpu_hour", "profile"}
+_CLUSTER_KEYS = {"node", "nodes", "fabric", "gpus_per_node", "nics_per_node", "storage", "price_per_gpu_hour",
+                 "profile"}
 _PARALLEL_KEYS = {f.name for f in fields(ParallelSpec)}
 _TRAINING_KEYS = {f.name for f in fields(TrainingSpec)}
 
@@ -196,6 +197,12 @@ def _cluster(value, cat: Catalog, base_dir: Path) -> ClusterSpec:
         node = cat.node(node_name, _resolve(profile, base_dir) if profile else None)
     except CatalogError as exc:
         raise PlanError(f"cluster.node={node_name}: {exc}") from None
+    if "nics_per_node" in doc:
+        # e.g. 4 rails of 400 Gb/s for 8 GPUs where the catalog's node has 8
+        nics = _int(doc, "nics_per_node", "cluster")
+        if node.nics_per_node == 0:
+            raise PlanError(f"cluster.nics_per_node applies to a networked node; cluster.node={node_name} has no NICs")
+        node = replace(node, nics_per_node=nics)
     fabric_name = _str(doc, "fabric", "cluster", node.fabric)
     if fabric_name is not None and fabric_name not in cat.fabrics:
         raise PlanError(f"unknown fabric '{fabric_name}' for cluster.fabric (known: {', '.join(sorted(cat.fabrics))})")
@@ -235,6 +242,8 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         zero=ZeroStage(zero),
         sequence_parallel=_bool(doc, "sequence_parallel", w, False),
         schedule=Schedule.parse(doc.get("schedule", "1f1b"), "parallel.schedule"),
+        cp_comm=CpComm.parse(doc.get("cp_comm", "p2p"), "parallel.cp_comm"),
+        tp_comm_overlap=_bool(doc, "tp_comm_overlap", w, False),
     )
 
 
@@ -319,11 +328,14 @@ def plan_to_dict(plan: Plan) -> dict:
     parallel = {
         "tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "vpp": par.vpp,
         "zero": int(par.zero), "sequence_parallel": par.sequence_parallel, "schedule": par.schedule.value,
+        "cp_comm": par.cp_comm.value, "tp_comm_overlap": par.tp_comm_overlap,
     }
     if par.stage_layers is not None:
         parallel["stage_layers"] = list(par.stage_layers)
     cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,
                "gpus_per_node": plan.cluster.gpus_per_node, "storage": plan.cluster.storage.name}
+    if plan.cluster.node.nics_per_node:
+        cluster["nics_per_node"] = plan.cluster.node.nics_per_node
     if plan.cluster.fabric is not None:
         cluster["fabric"] = plan.cluster.fabric.name
     if plan.cluster.price_per_gpu_hour is not None:

@@ -42,6 +42,18 @@ class Schedule(_Choice):
     ZERO_BUBBLE = "zero-bubble"
 
 
+class CpComm(_Choice):
+    """How context-parallel ranks exchange keys and values (Megatron-Core ``--cp-comm-type``,
+    Transformer Engine's ``cp_comm_type``): ``p2p`` rotates K/V around the ring, overlapped
+    with the attention of the chunk at hand; ``all_gather`` gathers the whole K/V before
+    attention and reduce-scatters dK/dV after; ``a2a`` (DeepSpeed-Ulysses) re-shards Q, K, V
+    and the output from sequence to heads with all-to-alls."""
+
+    P2P = "p2p"
+    ALL_GATHER = "all_gather"
+    A2A = "a2a"
+
+
 class Precision(_Choice):
     FP32 = "fp32"
     FP16 = "fp16"
@@ -158,6 +170,10 @@ class ParallelSpec:
     zero: ZeroStage = ZeroStage.NONE
     sequence_parallel: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
+    cp_comm: CpComm = CpComm.P2P
+    tp_comm_overlap: bool = False
+    """Overlap TP's all-gathers and reduce-scatters with the GEMMs they feed (Megatron-Core
+    ``--tp-comm-overlap`` through Transformer Engine's userbuffers; needs sequence_parallel)."""
 
     @property
     def gpus(self) -> int:

@@ -10,28 +10,31 @@ from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import PlanError
 
 MODELS = ("gpt-1.7b", "llama3-8b", "llama2-13b", "llama3-70b")
-NODES = ("dgx-a100-80gb", "dgx-h100", "dgx-h200")
+NODES = ("dgx-a100-80gb", "dgx-h100", "hgx-h200")
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 
 
-def _plan(model, node, *, tp=1, pp=1, dp=8, cp=1, zero=1, micro_batch=1, recompute="none", seq_len=8192):
+def _plan(model, node, *, tp=1, pp=1, dp=8, cp=1, zero=1, micro_batch=1, recompute="none", seq_len=8192,
+          **parallel):
     return plan_from_dict({"model": {"name": model, "seq_len": seq_len}, "cluster": {"node": node, "nodes": 8},
                            "parallel": {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "zero": zero,
-                                        "sequence_parallel": tp > 1},
+                                        "sequence_parallel": tp > 1, **parallel},
                            "training": {"global_batch": 512, "micro_batch": micro_batch, "recompute": recompute,
                                         "flash_attention": True}})
 
 
 @SETTINGS
 @given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 2, 4, 8]),
-       pp=st.sampled_from([1, 2]), cp=st.sampled_from([2, 4, 8]), zero=st.sampled_from([0, 1]))
-def test_context_parallel_costs_more_than_the_data_parallel_it_replaces(model, node, tp, pp, cp, zero):
+       pp=st.sampled_from([1, 2]), cp=st.sampled_from([2, 4, 8]), zero=st.sampled_from([0, 1]),
+       cp_comm=st.sampled_from(["p2p", "all_gather", "a2a"]))
+def test_context_parallel_costs_more_than_the_data_parallel_it_replaces(model, node, tp, pp, cp, zero, cp_comm):
     """cp ranks in place of cp data-parallel replicas, each micro-batch cp times longer so that
-    every rank runs the same tokens: the same compute, plus the K/V ring (time and buffers)."""
+    every rank runs the same tokens: the same compute, plus the K/V exchange of whichever
+    variant (ring, all-gather, Ulysses all-to-all: time and buffers)."""
     gpus = 64
     dp = gpus // (tp * pp * cp)
     try:
-        with_cp = _plan(model, node, tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, micro_batch=cp)
+        with_cp = _plan(model, node, tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, micro_batch=cp, cp_comm=cp_comm)
         without = _plan(model, node, tp=tp, pp=pp, dp=dp * cp, cp=1, zero=zero, micro_batch=1)
     except PlanError:
         return
@@ -70,7 +73,7 @@ def test_zero2_cannot_be_as_fast_as_zero1_and_hold_a_shard_of_the_gradients(mode
 
 
 @SETTINGS
-@given(model=st.sampled_from(MODELS), node=st.sampled_from(("dgx-h100", "dgx-h200")), tp=st.sampled_from([1, 2, 8]),
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(("dgx-h100", "hgx-h200")), tp=st.sampled_from([1, 2, 8]),
        pp=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1, 3]), recompute=st.sampled_from(["none", "full"]))
 def test_fp8_gains_less_than_its_gemms_do(model, node, tp, pp, zero, recompute):
     """Only the blocks' linear layers run in FP8 (attention, norms, the output layer and the
@@ -106,3 +109,39 @@ def test_fp8_leaves_attention_and_the_output_layer_at_16_bit():
         assert cmp.op_forward_s(ops[name], fp8) == cmp.op_forward_s(ops[name], bf16)
     for name in ("qkv", "mlp_in", "mlp_out"):
         assert cmp.op_forward_s(ops[name], fp8) < cmp.op_forward_s(ops[name], bf16)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([2, 4, 8]),
+       pp=st.sampled_from([1, 2]), micro_batch=st.sampled_from([1, 2]))
+def test_tp_comm_overlap_hides_no_more_than_the_gemms_and_its_first_chunk_allow(model, node, tp, pp, micro_batch):
+    """Overlapping TP's collectives with the GEMMs saves at most the communication itself
+    (never beyond a free network) and always leaves the first of the tp chunks exposed."""
+    from simcore.model import step_costs as sc
+    from simcore.model.compute import device_model
+    try:
+        plain, over = (_plan(model, node, tp=tp, pp=pp, dp=64 // (tp * pp), micro_batch=micro_batch,
+                             tp_comm_overlap=o) for o in (False, True))
+    except PlanError:
+        return
+    a, b = simulate(plain), simulate(over)
+    assert b.step_time_s >= a.step_time_s - a.time_s["layer_comm"] - 1e-12
+    dev = device_model(over.cluster.node.gpu, over.training.precision.value)
+    lc = sc._layer_comm(over, dev)
+    tp_f, tp_b = sc._tp_exposed(over, dev, lc, 1 - 1 / dev.comm_compute_interference)
+    assert tp_f >= lc["tp_f"] / tp and tp_b >= lc["tp_b"] / tp
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 8]),
+       zero=st.sampled_from([1, 3]))
+def test_fewer_nics_per_node_never_make_a_step_faster(model, node, tp, zero):
+    times = []
+    for nics in (8, 4, 2, 1):
+        plan = plan_from_dict({"model": {"name": model, "seq_len": 4096}, "cluster": {"node": node, "nodes": 8,
+                                                                                        "nics_per_node": nics},
+                               "parallel": {"tp": tp, "dp": 64 // tp, "zero": zero, "sequence_parallel": tp > 1},
+                               "training": {"global_batch": 512, "flash_attention": True}})
+        times.append(simulate(plan).step_time_s)
+    assert all(x <= y * (1 + 1e-9) for x, y in zip(times, times[1:]))
+    assert times[-1] > times[0]
