@@ -329,6 +329,11 @@ def step_costs(plan: Plan) -> StepCosts:
     mbs = plan.num_microbatches
     gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
                [n * dpc["layer_ag"] * f[1] / mbs for n, f in zip(stages, fsdp)])
+    if dpc["ag_exposed"] > 0:   # DeepSpeed ZeRO-3: what its prefetch bucket cannot fetch ahead blocks
+        e = dpc["ag_exposed"]
+        fcomm = [x + e * g for x, g in zip(fcomm, gathers[0])]
+        bcomm = [x + e * g for x, g in zip(bcomm, gathers[1])]
+        gathers = tuple([(1 - e) * g for g in side] for side in gathers)
     host_terms = dev.optimizer_bytes_per_s > 0
     rank_costs = _rank_costs(plan, dev, params, dense_l + expert_l, host_terms)
     ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1

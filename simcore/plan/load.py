@@ -20,7 +20,7 @@ import yaml
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
     ClusterSpec, CpComm, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
-    Precision, Recompute, Schedule, TrainingSpec, ZeroStage,
+    Precision, Recompute, Schedule, TrainingSpec, ZeroImpl, ZeroStage,
 )
 from topologies.components import CatalogError
 from topologies.hardware import Catalog, load_catalog
@@ -240,6 +240,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         ep=_int(doc, "ep", w, 1), vpp=_int(doc, "vpp", w, 1),
         stage_layers=stage_layers,
         zero=ZeroStage(zero),
+        zero_impl=ZeroImpl.parse(doc.get("zero_impl", "fsdp2"), "parallel.zero_impl"),
         sequence_parallel=_bool(doc, "sequence_parallel", w, False),
         schedule=Schedule.parse(doc.get("schedule", "1f1b"), "parallel.schedule"),
         cp_comm=CpComm.parse(doc.get("cp_comm", "p2p"), "parallel.cp_comm"),
@@ -328,7 +329,7 @@ def plan_to_dict(plan: Plan) -> dict:
     parallel = {
         "tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "vpp": par.vpp,
         "zero": int(par.zero), "sequence_parallel": par.sequence_parallel, "schedule": par.schedule.value,
-        "cp_comm": par.cp_comm.value, "tp_comm_overlap": par.tp_comm_overlap,
+        "zero_impl": par.zero_impl.value, "cp_comm": par.cp_comm.value, "tp_comm_overlap": par.tp_comm_overlap,
     }
     if par.stage_layers is not None:
         parallel["stage_layers"] = list(par.stage_layers)

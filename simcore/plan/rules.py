@@ -2,7 +2,7 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
-from simcore.plan.spec import CpComm, GradCompression, Offload, Plan, PlanError, Schedule, ZeroStage
+from simcore.plan.spec import CpComm, GradCompression, Offload, Plan, PlanError, Schedule, ZeroImpl, ZeroStage
 
 
 def check_plan(plan: Plan) -> None:
@@ -33,6 +33,8 @@ def check_plan(plan: Plan) -> None:
         (par.cp_comm != CpComm.A2A or (m.heads // par.tp) % par.cp == 0 and (m.kv_heads // par.tp) % par.cp == 0,
          f"parallel.cp_comm=a2a needs parallel.cp={par.cp} to divide the heads per TP rank "
          f"({m.heads // par.tp} query, {m.kv_heads // par.tp} key/value): Ulysses splits heads over the cp ranks"),
+        (par.zero_impl == ZeroImpl.FSDP2 or par.zero >= ZeroStage.OPTIMIZER_STATES,
+         "parallel.zero_impl=deepspeed needs parallel.zero 1, 2 or 3"),
         (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),
         (par.ep == 1 or m.experts % par.ep == 0,
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),

@@ -54,6 +54,16 @@ class CpComm(_Choice):
     A2A = "a2a"
 
 
+class ZeroImpl(_Choice):
+    """The stack that runs ZeRO: ``fsdp2`` (torch FSDP2 ``fully_shard``, what trainplan's
+    executor runs; one all-gather per block, one block prefetched) or ``deepspeed``
+    (DeepSpeed ZeRO-3: one all-gather per submodule, prefetch bounded by
+    ``stage3_prefetch_bucket_size``)."""
+
+    FSDP2 = "fsdp2"
+    DEEPSPEED = "deepspeed"
+
+
 class Precision(_Choice):
     FP32 = "fp32"
     FP16 = "fp16"
@@ -168,6 +178,7 @@ class ParallelSpec:
     stage_layers: tuple[int, ...] | None = None
     """Layers per virtual stage, in model order; None spreads them as evenly as possible."""
     zero: ZeroStage = ZeroStage.NONE
+    zero_impl: ZeroImpl = ZeroImpl.FSDP2
     sequence_parallel: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
     cp_comm: CpComm = CpComm.P2P
