@@ -41,14 +41,16 @@ def _check_device(plan: Plan) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev) -> tuple[float, float, float, float, float]:
+def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev,
+                 cp_comm: str = "p2p") -> tuple[float, float, float, float, float]:
     """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer."""
-    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash)
+    chunk = wl.attention_chunk(s, cp, cp_comm)
+    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk)
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
         ops += wl.fp8_cast_ops(model, b, s, tp)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(wl.recompute_ops(ops, recompute), dev)[0]
-    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash))
+    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))
     return f, bi, bw, r, core
 
 
@@ -298,7 +300,7 @@ def step_costs(plan: Plan) -> StepCosts:
     dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value)
     b, s = tr.micro_batch, m.seq_len // par.cp
     f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
-                                       tr.flash_attention, tr.recompute, dev)
+                                       tr.flash_attention, tr.recompute, dev, par.cp_comm.value)
     lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core)
     rc += rec_host
     stages = plan.layers_per_stage

@@ -168,3 +168,27 @@ def test_deepspeed_zero3_is_never_faster_than_fsdp2(model, node, nodes, micro_ba
     layer = sum(layer_params_per_gpu(ds))
     calls, exposed = deepspeed_gathers(ds, layer)
     assert (exposed > 0) == (layer / calls > DS_PREFETCH_ELEMENTS)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), cp=st.sampled_from([2, 4, 8, 16]),
+       cp_comm=st.sampled_from(["p2p", "all_gather"]))
+def test_context_parallel_chunks_run_attention_slower_per_flop(model, node, cp, cp_comm):
+    """Ring and all-gather CP give each rank two chunks of s/(2cp) query tokens: an attention
+    kernel that short reaches less of the GPU than the whole sequence's (FlashAttention's
+    tile prologue and tail), and never more; Ulysses keeps the whole sequence."""
+    from simcore.model import workload as wl
+    from simcore.model.compute import device_model, op_backward_s, op_forward_s
+    plan = _plan(model, node, seq_len=8192)
+    dev = device_model(plan.cluster.node.gpu, "bf16")
+    s = 8192 // cp
+
+    def per_flop(chunk):
+        op = wl.attention_core_ops(plan.model, 1, s, 1, cp, True, chunk)[0]
+        return (op_forward_s(op, dev) + op_backward_s(op, dev)[0]) / op.flops
+
+    short, whole = per_flop(wl.attention_chunk(s, cp, cp_comm)), per_flop(8192)
+    assert short >= whole
+    if s // 2 < 2048:
+        assert short > whole
+    assert wl.attention_chunk(s, cp, "a2a") == 8192
