@@ -96,7 +96,7 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     b, s = tr.micro_batch, m.seq_len // par.cp
     act = wl.ACT_BYTES * b * s * m.hidden
-    out = {"tp_f": 0.0, "tp_b": 0.0, "cp": 0.0, "cp_f": 0.0, "cp_b": 0.0, "ep_f": 0.0, "ep_b": 0.0, "host_f": 0.0, "host_b": 0.0}
+    out = dict.fromkeys(("tp_f", "tp_b", "cp", "cp_f", "cp_b", "ep_f", "ep_b", "host_f", "host_b"), 0.0)
     if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS
         net = coll.group_net(cl, dev, par.tp, 1)
         one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
