@@ -18,8 +18,7 @@ import re
 import pandas as pd
 
 #: GPUs of dev_modern rows, by the catalog node that carries them.
-MODERN_NODES = {"h100-80gb": "dgx-h100", "h100-80gb-sxm": "dgx-h100", "b200 (DGX-B200)": "dgx-b200",
-                "b200 (750 W power limit)": "dgx-b200"}
+MODERN_NODES = {"h100-80gb": "dgx-h100", "h100-80gb-sxm": "dgx-h100", "b200 (DGX-B200)": "dgx-b200"}
 TORCHAO_H100 = "h100 (80GB SXM or Meta's 96GB HBM2e variant: not stated)"
 LLMFOUNDRY = ("llmfoundry_2024_h100_large_scale", "llmfoundry_2023_h100_bf16", "llmfoundry_2023_h100_fp8")
 NEMO_LONG = ("nemo_longctx_2024_h100", "nemo_longctx_2025_b200")
@@ -36,6 +35,8 @@ def _node(row: pd.Series) -> str | None:
 
 def skip_reason(row: pd.Series) -> str | None:
     """Why a row cannot become a Plan today, or None."""
+    if "power limit" in str(row.gpu):
+        return f"GPU {row.gpu!r}: a power-capped part (the catalog's B200 is the 1000 W DGX B200)"
     if _node(row) is None:
         return f"GPU {row.gpu!r} is not in the catalog"
     prec = str(row.precision)
@@ -73,6 +74,21 @@ def _num(x, default=None):
     return default if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
+def _precision(row: pd.Series) -> dict:
+    """The precision and FP8 scaling of a row: torchao's rows name theirs ("Scaling
+    'float8 tensorwise ...'" / "'rowwise ...'"), Megatron-Bridge's FP8 is FP8-CS (current
+    scaling); llm-foundry's amp_fp8 (TE 0.10) and NeMo 24.03 use TE's default, delayed."""
+    prec, notes = str(row.precision), str(row.notes)
+    if row.source in TORCHAO:
+        scaling = notes.split("Scaling '")[1].split("'")[0]
+        if "float8" in scaling or scaling.startswith(("tensorwise", "rowwise")):
+            return {"precision": "fp8", "fp8_recipe": "rowwise" if "rowwise" in scaling else "tensorwise"}
+        return {"precision": "bf16"}
+    if prec.startswith(("fp8", "amp_fp8")):
+        return {"precision": "fp8", "fp8_recipe": "current" if "FP8-CS" in prec else "delayed"}
+    return {"precision": "bf16"}
+
+
 def base_doc(row: pd.Series) -> dict:
     """The Plan document of a row by its source's rule."""
     src = row.source
@@ -83,11 +99,8 @@ def base_doc(row: pd.Series) -> dict:
     parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp,
                 "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
                 "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
-    precision = "fp8" if str(row.precision).startswith(("fp8", "amp_fp8", "float8")) else "bf16"
-    if src in TORCHAO and "float8" in str(row.notes).split("Scaling '")[1][:40]:
-        precision = "fp8"
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
-                "precision": precision, "recompute": str(_num(row.recompute, "none")), "flash_attention": True}
+                "recompute": str(_num(row.recompute, "none")), "flash_attention": True, **_precision(row)}
     if src in TORCHAO or src == AUTOMODEL:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
     if src in TORCHAO:
@@ -124,3 +137,17 @@ def measured_step_s(row: pd.Series) -> float:
     if row.source in NEMO_LONG:
         return nemo_flops(row) / (row.num_gpus * row.measured_tflops_per_gpu * 1e12)
     raise ValueError(f"no step-time rule for source {row.source}")
+
+
+def fp8_pairs(table: pd.DataFrame) -> pd.DataFrame:
+    """FP8 rows of ``table`` (validate_published's per-row output for dev_modern.csv) beside
+    their BF16 twin (same model, sequence, GPUs, micro-batch and batch, of the same
+    publication): the published and predicted FP8/BF16 speed-up of each pair."""
+    keys = ["model", "seq_len", "gpus", "mb", "global_batch", "family"]
+    t = table.assign(family=table.source.str.replace(r"_(bf16|fp8)$", "", regex=True))
+    fp8, bf16 = t[t.precision != "bf16"], t[t.precision == "bf16"]
+    pairs = fp8.merge(bf16, on=keys, suffixes=("", "_bf16"))
+    pairs = pairs.assign(published=pairs.measured_s_bf16 / pairs.measured_s,
+                         predicted=pairs.predicted_s_bf16 / pairs.predicted_s)
+    pairs["error"] = pairs.predicted / pairs.published - 1
+    return pairs[["source", "model", "seq_len", "precision", "published", "predicted", "error"]]

@@ -172,6 +172,9 @@ def validate(path: Path, catalog) -> pd.DataFrame:
                      "kind": hardware_kind(plan.cluster.node), "class": layout_class(plan.parallel),
                      "gpus": int(row.num_gpus), "tp": int(row.tp), "pp": int(row.pp), "dp": int(row.dp),
                      "mb": doc["training"]["micro_batch"], "vpp": doc["parallel"].get("vpp", 1),
+                     "seq_len": int(row.seq_len), "global_batch": int(row.global_batch_seqs),
+                     "precision": plan.training.precision.value + (f"/{plan.training.fp8_recipe.value}"
+                                                                   if plan.training.precision.value == "fp8" else ""),
                      "measured_s": meas, "predicted_s": pred, "error": (pred - meas) / meas, "fits": fits})
     return pd.DataFrame(rows)
 
@@ -212,6 +215,9 @@ def main(argv=None) -> int:
         name = f.file.iloc[0]
         print(f"{name}: MAPE {100 * f.error.abs().mean():.2f}%  max {100 * f.error.abs().max():.1f}%  "
               f"bias {100 * f.error.mean():+.2f}%  rows {len(f)}")
+    pairs = modern.fp8_pairs(frames[2])
+    print("\nFP8/BF16 speed-up of the same configuration (target: within 10% of the published):")
+    print(pairs.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"({len(out)} rows in {elapsed:.1f} s)")
     dest = ROOT / "bench" / "out" / "validate_published.csv"
     dest.parent.mkdir(parents=True, exist_ok=True)

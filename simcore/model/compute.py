@@ -180,7 +180,7 @@ def _entry(gpu: GPU, catalog_root=None) -> dict:
 
 
 @functools.lru_cache(maxsize=64)
-def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
+def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = "delayed") -> DeviceModel:
     """The GPU's datasheet figures joined with its efficiency entry (cached per GPU)."""
     if gpu.name == "uncalibrated-host":
         raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
@@ -216,7 +216,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
                                          source=e["attention"].get("length_source", ""))
         if "length_points" in e["attention"] else None,
         linear_peak_flops=linear_peak,
-        fp8_matmul_ratio=float(e.get("fp8_matmul_ratio", 1.0)),
+        fp8_matmul_ratio=float(e.get("fp8_recipes", {}).get(fp8_recipe, e.get("fp8_matmul_ratio", 1.0))),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         **_host_terms(e),
     )

@@ -32,7 +32,7 @@ from simcore.model import compute as cmp
 from simcore.model import memory as mem
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import CpComm, Plan, PlanError, Recompute, ZeroStage
+from simcore.plan.spec import CpComm, Fp8Recipe, Plan, PlanError, Recompute, ZeroStage
 from simcore.results import GIB
 
 def _check_device(plan: Plan) -> None:
@@ -41,13 +41,13 @@ def _check_device(plan: Plan) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev,
-                 cp_comm: str = "p2p") -> tuple[float, float, float, float, float]:
+def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
+                 fp8_dynamic: bool = False) -> tuple[float, float, float, float, float]:
     """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer."""
     chunk = wl.attention_chunk(s, cp, cp_comm)
     ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk)
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
-        ops += wl.fp8_cast_ops(model, b, s, tp)
+        ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(wl.recompute_ops(ops, recompute), dev)[0]
     core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))
@@ -297,10 +297,11 @@ def step_costs(plan: Plan) -> StepCosts:
     """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
     _check_device(plan)
     m, par, tr = plan.model, plan.parallel, plan.training
-    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value)
+    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value)
     b, s = tr.micro_batch, m.seq_len // par.cp
     f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
-                                       tr.flash_attention, tr.recompute, dev, par.cp_comm.value)
+                                       tr.flash_attention, tr.recompute, dev, par.cp_comm.value,
+                                       tr.fp8_recipe != Fp8Recipe.DELAYED)
     lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core)
     rc += rec_host
     stages = plan.layers_per_stage

@@ -131,18 +131,21 @@ def active_params_per_token(m: ModelSpec) -> float:
 FP8_LINEAR_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out", "expert_in", "expert_out"})
 
 
-def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int) -> list[Op]:
+def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False) -> list[Op]:
     """The casts an FP8 recipe adds to a layer: each FP8 GEMM's input is quantized and
     transposed for the backward (Transformer Engine's fused cast-transpose: read 16-bit,
     write FP8 and its FP8 transpose, 4 bytes an element; its backward casts the incoming
-    gradient the same way). Amax and scale updates are one small reduction each."""
+    gradient the same way). Delayed scaling takes the scale from earlier steps' amax (a
+    small reduction); ``dynamic`` scaling (current, tensorwise, rowwise) first reads the
+    tensor once more for its own amax (TE's ``Float8CurrentScalingQuantizer``, torchao's
+    ``tensor_to_scale``)."""
     h, f, tokens = m.hidden, m.ffn_hidden // tp, b * s
     inputs = tokens * h + tokens * h // tp                       # qkv and attention-projection inputs
     if m.moe:
         inputs += tokens * m.top_k * m.capacity_factor * (h + f)   # the token copies the experts run (mlp_ops)
     else:
         inputs += tokens * (h + f)                               # the MLP's two inputs
-    return [_eltwise("fp8_cast_transpose", inputs, 2)]
+    return [_eltwise("fp8_cast_transpose", inputs, 3 if dynamic else 2)]
 
 
 def _gemm(name: str, m_: float, n: float, k: float, count: int = 1, batched: bool = False) -> Op:

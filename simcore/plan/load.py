@@ -19,7 +19,7 @@ import yaml
 
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
-    ClusterSpec, CpComm, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
+    ClusterSpec, CpComm, Fp8Recipe, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
     Precision, Recompute, Schedule, TrainingSpec, ZeroImpl, ZeroStage,
 )
 from topologies.components import CatalogError
@@ -256,6 +256,7 @@ def _training(value) -> TrainingSpec:
         global_batch=_int(doc, "global_batch", w),
         micro_batch=_int(doc, "micro_batch", w, 1),
         precision=Precision.parse(doc.get("precision", "bf16"), "training.precision"),
+        fp8_recipe=Fp8Recipe.parse(doc.get("fp8_recipe", "delayed"), "training.fp8_recipe"),
         recompute=Recompute.parse(doc.get("recompute", "none"), "training.recompute"),
         offload=Offload.parse(doc.get("offload", "none"), "training.offload"),
         flash_attention=_bool(doc, "flash_attention", w, False),

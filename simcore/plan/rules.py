@@ -2,7 +2,9 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
-from simcore.plan.spec import CpComm, GradCompression, Offload, Plan, PlanError, Schedule, ZeroImpl, ZeroStage
+from simcore.plan.spec import (
+    CpComm, Fp8Recipe, GradCompression, Offload, Plan, PlanError, Precision, Schedule, ZeroImpl, ZeroStage,
+)
 
 
 def check_plan(plan: Plan) -> None:
@@ -35,6 +37,8 @@ def check_plan(plan: Plan) -> None:
          f"({m.heads // par.tp} query, {m.kv_heads // par.tp} key/value): Ulysses splits heads over the cp ranks"),
         (par.zero_impl == ZeroImpl.FSDP2 or par.zero >= ZeroStage.OPTIMIZER_STATES,
          "parallel.zero_impl=deepspeed needs parallel.zero 1, 2 or 3"),
+        (tr.fp8_recipe == Fp8Recipe.DELAYED or tr.precision == Precision.FP8,
+         f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
         (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),
         (par.ep == 1 or m.experts % par.ep == 0,
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),

@@ -71,6 +71,18 @@ class Precision(_Choice):
     FP8 = "fp8"
 
 
+class Fp8Recipe(_Choice):
+    """How the FP8 linear layers are scaled: Transformer Engine's ``delayed`` scaling (the
+    amax history of earlier steps; TE before 2.0, Composer's amp_fp8) or ``current`` scaling
+    (FP8-CS: this tensor's amax, one more pass over it), torchao float8 ``tensorwise``
+    (dynamic per-tensor scales, as current) or ``rowwise`` (per-row scales and their GEMMs)."""
+
+    DELAYED = "delayed"
+    CURRENT = "current"
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
+
+
 class Recompute(_Choice):
     NONE = "none"
     SELECTIVE = "selective"
@@ -200,6 +212,8 @@ class TrainingSpec:
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel rank."""
     precision: Precision = Precision.BF16
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
+    """With ``precision: fp8``: the scaling of its linear layers."""
     recompute: Recompute = Recompute.NONE
     offload: Offload = Offload.NONE
     flash_attention: bool = False

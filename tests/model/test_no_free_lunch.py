@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simcore.engine.predict import simulate
-from simcore.plan.load import plan_from_dict
+from simcore.plan.load import plan_from_dict, plan_to_dict
 from simcore.plan.spec import PlanError
 
 MODELS = ("gpt-1.7b", "llama3-8b", "llama2-13b", "llama3-70b")
@@ -192,3 +192,31 @@ def test_context_parallel_chunks_run_attention_slower_per_flop(model, node, cp, 
     if s // 2 < 2048:
         assert short > whole
     assert wl.attention_chunk(s, cp, "a2a") == 8192
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(("dgx-h100", "hgx-h200")), tp=st.sampled_from([1, 2, 8]),
+       zero=st.sampled_from([1, 3]))
+def test_fp8_scaling_recipes_pay_for_their_scales(model, node, tp, zero):
+    """Current and tensorwise scaling read each tensor once more for its amax than delayed
+    scaling; rowwise scales run slower GEMMs on top (catalog fp8_recipes): never faster, and
+    strictly slower where the step is device-bound (a small model's eager step is host-bound)."""
+    def step(recipe):
+        plan = _plan(model, node, tp=tp, dp=64 // tp, zero=zero)
+        doc = {**plan_to_dict(plan), "training": {**plan_to_dict(plan)["training"], "precision": "fp8",
+                                                  "fp8_recipe": recipe}}
+        return simulate(plan_from_dict(doc)).step_time_s
+    delayed, current, tensorwise, rowwise = (step(r) for r in ("delayed", "current", "tensorwise", "rowwise"))
+    tol = 1 + 1e-9   # equal sums in another order
+    assert delayed <= current * tol and current == tensorwise and current <= rowwise * tol
+    if model == "llama3-70b":
+        assert delayed < current < rowwise
+
+
+def test_an_fp8_recipe_needs_fp8():
+    import pytest
+    plan = _plan("llama3-8b", "dgx-h100")
+    doc = plan_to_dict(plan)
+    doc["training"]["fp8_recipe"] = "rowwise"
+    with pytest.raises(PlanError, match="training.fp8_recipe=rowwise applies to training.precision=fp8"):
+        plan_from_dict(doc)
