@@ -2,7 +2,8 @@
 
 ``spawn`` starts ``world`` ranks (fork on a CPU host, spawn with CUDA), each with a gloo or
 nccl process group from ``init_distributed``; a rank that raises ends the run with its
-message, one that hangs ends it after ``timeout_s`` naming the rank. gloo's transport
+message, one that stops making progress ends it after ``timeout_s`` naming the rank
+(``executors.watchdog``: heartbeats, signals, ending every rank). gloo's transport
 threads are moved to SCHED_IDLE (``idle_gloo_transport``) so that on a small CPU host they do
 not take the cores from the ranks while messages flow.
 """
@@ -23,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
+
+from executors import watchdog
 
 #: How often the parent polls its ranks, seconds.
 POLL_S = 0.2
@@ -90,13 +93,15 @@ def gloo_transport_threads() -> list[int]:
     return tids
 
 
-def _entry(rank, fn, world, port, outdir, timeout_s, args):
+def _entry(rank, fn, world, port, outdir, timeout_s, beats, parent, args):
+    watchdog.start_rank(rank, beats, parent)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     path = Path(outdir) / f"rank{rank}.pkl"
     try:
-        device = init_distributed(rank, world, timeout_s)
+        device = init_distributed(rank, world, timeout_s * watchdog.COLLECTIVE_TIMEOUT_FACTOR)
+        watchdog.heartbeat()
         result = ("ok", fn(rank, world, device, *args))
     except BaseException as exc:  # reported to the parent, which names the rank
         if not isinstance(exc, ValueError):
@@ -109,7 +114,6 @@ def _entry(rank, fn, world, port, outdir, timeout_s, args):
         if dist.is_initialized():
             dist.destroy_process_group()
     path.write_bytes(pickle.dumps(result))
-
 
 @contextlib.contextmanager
 def _frozen_heap():
@@ -132,29 +136,28 @@ def _frozen_heap():
 
 def spawn(fn, world: int, args: tuple = (), *, timeout_s: float = 300.0, start_method: str = "spawn") -> list:
     """Run ``fn(rank, world, device, *args)`` on ``world`` fresh processes; return the
-    results by rank. ValueError from a rank is re-raised as is; another failure, or a
-    rank still running after ``timeout_s``, ends every rank and raises RuntimeError.
+    results by rank. ValueError from a rank is re-raised as is; another failure, or a live
+    rank with no progress (``executors.watchdog.heartbeat``) for ``timeout_s``, ends every
+    rank and raises RuntimeError naming the rank. SIGINT or SIGTERM ends every rank, removes
+    the ranks' temporary folder and raises ``watchdog.RunInterrupted``.
     ``start_method="fork"`` (CPU only) skips re-importing torch in every rank, which the
     tests use to stay fast on two cores."""
-    with tempfile.TemporaryDirectory(prefix="trainplan-ranks-") as outdir:
-        with _frozen_heap() if start_method == "fork" else contextlib.nullcontext():
-            ctx = mp.start_processes(_entry, args=(fn, world, free_port(), outdir, timeout_s, args),
-                                     nprocs=world, join=False, start_method=start_method)
-        deadline = time.monotonic() + timeout_s
+    beats = watchdog.new_heartbeats(mp.get_context(start_method), world)
+    with watchdog.ParentSignals() as signals, tempfile.TemporaryDirectory(prefix="trainplan-ranks-") as outdir:
+        ctx = None
         try:
-            while not ctx.join(timeout=POLL_S):
-                if time.monotonic() > deadline:
-                    hung = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
-                    raise RuntimeError(f"rank {hung[0]} did not finish within {timeout_s:g} s "
-                                       f"(ranks still running: {hung}); every rank was stopped")
+            with _frozen_heap() if start_method == "fork" else contextlib.nullcontext():
+                ctx = mp.start_processes(_entry, nprocs=world, join=False, start_method=start_method,
+                                         args=(fn, world, free_port(), outdir, timeout_s, beats, os.getpid(), args))
+            while not ctx.join(timeout=POLL_S, grace_period=watchdog.TERM_GRACE_S):
+                watchdog.check_progress(ctx.processes, beats, timeout_s)
         except ProcessException as exc:
             _raise_rank_error(outdir, world, exc)
         finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
+            signals.armed = False   # ending the ranks must not be cut short by a second signal
+            if ctx is not None:
+                watchdog.end_ranks(ctx.processes)
         return [pickle.loads((Path(outdir) / f"rank{r}.pkl").read_bytes())[1] for r in range(world)]
-
 
 def _raise_rank_error(outdir: str, world: int, exc: Exception):
     """Re-raise the first failure in time: the others are usually its echo (a peer reset)."""
