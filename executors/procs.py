@@ -13,17 +13,18 @@ import contextlib
 import gc
 import os
 import pickle
+import signal
 import socket
 import tempfile
 import time
 import traceback
 from datetime import timedelta
+from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException
 
 from executors import watchdog
 
@@ -149,17 +150,32 @@ def spawn(fn, world: int, args: tuple = (), *, timeout_s: float = 300.0, start_m
             with _frozen_heap() if start_method == "fork" else contextlib.nullcontext():
                 ctx = mp.start_processes(_entry, nprocs=world, join=False, start_method=start_method,
                                          args=(fn, world, free_port(), outdir, timeout_s, beats, os.getpid(), args))
-            while not ctx.join(timeout=POLL_S, grace_period=watchdog.TERM_GRACE_S):
-                watchdog.check_progress(ctx.processes, beats, timeout_s)
-        except ProcessException as exc:
-            _raise_rank_error(outdir, world, exc)
+            failed = _wait(ctx.processes, beats, timeout_s)
+            if failed is not None:
+                watchdog.end_ranks(ctx.processes)   # the others at once: their errors are its echo
+                _raise_rank_error(outdir, world, failed, ctx.processes[failed].exitcode)
         finally:
             signals.armed = False   # ending the ranks must not be cut short by a second signal
             if ctx is not None:
                 watchdog.end_ranks(ctx.processes)
         return [pickle.loads((Path(outdir) / f"rank{r}.pkl").read_bytes())[1] for r in range(world)]
 
-def _raise_rank_error(outdir: str, world: int, exc: Exception):
+
+def _wait(processes, beats, timeout_s: float) -> int | None:
+    """Wait for every rank to exit; the first rank that exits non-zero, None when all
+    succeed. Raises the watchdog's RuntimeError when a live rank stops making progress."""
+    pending = {p.sentinel: r for r, p in enumerate(processes)}
+    while pending:
+        for sentinel in wait_any(list(pending), timeout=POLL_S):
+            rank = pending.pop(sentinel)
+            processes[rank].join()
+            if processes[rank].exitcode != 0:
+                return rank
+        watchdog.check_progress(processes, beats, timeout_s)
+    return None
+
+
+def _raise_rank_error(outdir: str, world: int, rank: int, exitcode: int):
     """Re-raise the first failure in time: the others are usually its echo (a peer reset)."""
     errors = []
     for r in range(world):
@@ -173,8 +189,8 @@ def _raise_rank_error(outdir: str, world: int, exc: Exception):
         if status[3]:
             raise ValueError(status[2]) from None
         raise RuntimeError(f"rank {r} failed: {status[1]}: {status[2]}") from None
-    rank = getattr(exc, "error_index", "?")
-    raise RuntimeError(f"rank {rank} failed: {str(exc).strip().splitlines()[0]}") from None
+    how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
+    raise RuntimeError(f"rank {rank} failed: it ended with {how}") from None
 
 
 # --------------------------------------------------------------------------- data

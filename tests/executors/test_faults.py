@@ -129,6 +129,19 @@ def test_the_timeout_counts_from_the_last_progress_not_from_the_start():
     assert 3.0 <= time.monotonic() - t < 6.0
 
 
+def _killed(rank, world, device):
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)   # as the OOM killer does: no exception, no record
+    time.sleep(60)
+
+
+def test_a_rank_killed_by_a_signal_ends_the_run_at_once_naming_it():
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="^rank 1 failed: it ended with signal SIGKILL$"):
+        procs.spawn(_killed, 2, timeout_s=60, start_method="fork")
+    assert time.monotonic() - t < 10   # rank 0, asleep, is ended with it
+
+
 def test_a_stopped_rank_is_named_among_the_silent_ones():
     class Proc:
         def __init__(self, pid):
