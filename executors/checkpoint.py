@@ -96,8 +96,8 @@ def latest(root, plan=None) -> tuple[Path, int]:
     if plan is not None and "plan" in meta:
         diff = plan_mismatch(meta["plan"], plan, ("model.",))
         if diff:
-            raise ValueError(f"--resume: {path} holds another model shape (checkpoint vs this plan: {'; '.join(diff)}): a resume "
-                             "needs the model the checkpoint was written from")
+            raise ValueError(f"--resume: {path} holds another model shape (checkpoint vs this plan: "
+                             f"{'; '.join(diff)}): a resume needs the model the checkpoint was written from")
     return path, step
 
 
@@ -140,8 +140,9 @@ def _load_failure(path: Path, plan, exc: BaseException) -> str:
     if isinstance(exc, KeyError):
         cause = f"it has no entry {cause}"
     meta = _meta(path)
-    diff = plan_mismatch(meta["plan"], plan, ("parallel.", "training.precision")) if plan and "plan" in meta else []
+    layout = ("parallel.", "training.precision")
+    diff = plan_mismatch(meta["plan"], plan, layout) if plan is not None and "plan" in meta else []
     if diff:
-        return (f"--resume: {path} was written by another layout (checkpoint vs this plan: {'; '.join(diff)}) that torch cannot "
-                f"reshard into this one: {cause}")
+        return (f"--resume: {path} was written by another layout (checkpoint vs this plan: {'; '.join(diff)}) "
+                f"that torch cannot reshard into this one: {cause}")
     return f"--resume: {path} cannot be loaded into this plan's model and layout: {cause}"

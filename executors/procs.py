@@ -116,6 +116,7 @@ def _entry(rank, fn, world, port, outdir, timeout_s, beats, parent, args):
             dist.destroy_process_group()
     path.write_bytes(pickle.dumps(result))
 
+
 @contextlib.contextmanager
 def _frozen_heap():
     """Fork with this process's objects in the garbage collector's permanent generation.
