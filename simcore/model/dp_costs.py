@@ -93,6 +93,9 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero >= ZeroStage.WEIGHTS:
                 calls, out["ag_exposed"] = deepspeed_gathers(plan, layer_params)
                 out["layer_ag"] = calls * coll.all_gather_s(wb * layer_params / calls, net)
+            elif par.zero_impl == ZeroImpl.DEEPSPEED:   # ZeRO-2 keeps whole 16-bit parameters:
+                out["layer_ag"] = 0.0                   # one all-gather of the updated shards a step
+                out["sync"] = coll.all_gather_s(wb * params, net)   # (stage_1_and_2.py ``step``)
             out["layer_rs"] = coll.reduce_scatter_s(gb * layer_params, net)
             mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
             if sum(dev.parallel_extra_s(mode)) > 0:   # latency is in the measured layer cost

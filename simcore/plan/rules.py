@@ -37,6 +37,9 @@ def check_plan(plan: Plan) -> None:
          f"({m.heads // par.tp} query, {m.kv_heads // par.tp} key/value): Ulysses splits heads over the cp ranks"),
         (par.zero_impl == ZeroImpl.FSDP2 or par.zero >= ZeroStage.OPTIMIZER_STATES,
          "parallel.zero_impl=deepspeed needs parallel.zero 1, 2 or 3"),
+        (par.zero_impl == ZeroImpl.FSDP2 or par.pp == 1 or par.zero <= ZeroStage.OPTIMIZER_STATES,
+         f"parallel.zero_impl=deepspeed with parallel.pp={par.pp} needs parallel.zero 0 or 1 "
+         "(DeepSpeed's pipeline engine runs ZeRO-1 at most)"),
         (tr.fp8_recipe == Fp8Recipe.DELAYED or tr.precision == Precision.FP8,
          f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
         (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),

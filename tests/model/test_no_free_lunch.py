@@ -220,3 +220,20 @@ def test_an_fp8_recipe_needs_fp8():
     doc["training"]["fp8_recipe"] = "rowwise"
     with pytest.raises(PlanError, match="training.fp8_recipe=rowwise applies to training.precision=fp8"):
         plan_from_dict(doc)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 2, 8]),
+       micro_batch=st.sampled_from([1, 2]))
+def test_deepspeed_zero2_pays_a_reduce_scatter_per_micro_batch(model, node, tp, micro_batch):
+    """DeepSpeed ZeRO-2 keeps whole parameters (one all-gather a step, as ZeRO-1) and shards
+    gradients by reduce-scattering every micro-batch: never faster than ZeRO-1 under
+    accumulation; with pipelining DeepSpeed refuses it."""
+    z1 = _plan(model, node, tp=tp, dp=64 // tp, zero=1, micro_batch=micro_batch)
+    ds2 = _plan(model, node, tp=tp, dp=64 // tp, zero=2, micro_batch=micro_batch, zero_impl="deepspeed")
+    assert ds2.num_microbatches >= 4
+    for engine in ("analytic", "des"):
+        assert simulate(ds2, engine=engine).step_time_s > simulate(z1, engine=engine).step_time_s
+    import pytest
+    with pytest.raises(PlanError, match="DeepSpeed's pipeline engine runs ZeRO-1 at most"):
+        _plan(model, node, tp=tp, pp=2, dp=32 // tp, zero=2, micro_batch=micro_batch, zero_impl="deepspeed")
