@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from simcore.model import activations as acts
 from simcore.model import workload as wl
-from simcore.plan.spec import Offload, Optimizer, Plan, Precision, ZeroStage
+from simcore.plan.spec import Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
 #: CUDA context with torch's kernels loaded, cuBLAS/cuDNN workspaces, per process: what
@@ -51,6 +51,9 @@ FP8_AMAX_HISTORY = 1024
 MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework")
 #: torch DDP's default gradient bucket (``bucket_cap_mb=25`` in torch/nn/parallel/distributed.py).
 DDP_BUCKET_BYTES = 25 * 1024**2
+#: DeepSpeed ZeRO defaults, in elements (deepspeed/runtime/zero/config.py: reduce_bucket_size,
+#: stage3_prefetch_bucket_size, stage3_max_live_parameters).
+DS_REDUCE_BUCKET, DS_PREFETCH_BUCKET, DS_MAX_LIVE = 5e8, 5e7, 1e9
 #: Buckets in flight at once (one being reduced while the next fills).
 BUCKETS_IN_FLIGHT = 2
 
@@ -133,7 +136,8 @@ def loss_overlap(plan: Plan, params: tuple[StageParams, ...] | None = None) -> f
     backward, after the loss's backward freed its transients, and no block is gathered or
     reduce-scattered meanwhile (torchtitan's FSDPMemTracker traces show it)."""
     par = plan.parallel
-    if par.pp > 1 or par.zero < ZeroStage.WEIGHTS or par.dp * par.cp == 1 or acts.executor_activations(plan):
+    if par.pp > 1 or par.zero < ZeroStage.WEIGHTS or par.dp * par.cp == 1 or acts.executor_activations(plan) \
+            or par.zero_impl != ZeroImpl.FSDP2:
         return 0.0
     sp = (params or stage_params(plan))[-1]
     t = comm_buffer_terms(plan, sp)
@@ -168,7 +172,15 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     b, s = tr.micro_batch, m.seq_len // par.cp
     out = {"dp_buckets": 0.0, "fsdp_all_gather": 0.0, "fsdp_reduce_scatter": 0.0, "fsdp_root": 0.0,
            "pp_p2p": 0.0, "sp_gather": 0.0, "cp_ring": 0.0, "fp8_weights": 0.0}
-    if par.dp * par.cp > 1:
+    if par.dp * par.cp > 1 and par.zero_impl == ZeroImpl.DEEPSPEED:
+        # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): the gradient reduction bucket
+        # (reduce_bucket_size, 5e8 elements) and, for stage 3, the live gathered parameters:
+        # the submodule in use and the prefetch bucket (stage3_prefetch_bucket_size, 5e7),
+        # bounded by stage3_max_live_parameters (1e9)
+        out["dp_buckets"] = wb * min(DS_REDUCE_BUCKET, sp.total)
+        if par.zero == ZeroStage.WEIGHTS:
+            out["fsdp_all_gather"] = wb * min(DS_MAX_LIVE, sp.layer_max + DS_PREFETCH_BUCKET)
+    elif par.dp * par.cp > 1:
         if par.zero >= ZeroStage.GRADIENTS:
             out["fsdp_reduce_scatter"] = (wb + 4) * sp.layer_max
             if par.zero == ZeroStage.WEIGHTS:
@@ -220,7 +232,7 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     nd_e = max(1, nd // par.ep)
     shard = sp.dense / nd + sp.expert / nd_e           # parameters this GPU owns
     z = par.zero
-    if z >= ZeroStage.GRADIENTS:
+    if z >= ZeroStage.GRADIENTS and par.zero_impl == ZeroImpl.FSDP2:
         # FSDP2: the sharded parameters are what the optimizer steps, fp32 under a mixed-
         # precision policy (so they are the master copy), and its sharded gradients are fp32
         # (reduce_dtype); ZeRO-2 (reshard_after_forward=False) also keeps every 16-bit
@@ -230,9 +242,9 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
         weights = (master or wb) * shard + (wb * sp.total if z == ZeroStage.GRADIENTS else 0.0)
         grads = (master or wb) * shard if sharded_gradients(plan) else wb * sp.total
         opt = (k - master) * shard
-    else:
-        weights = wb * sp.total
-        grads = wb * sp.total
+    else:   # DDP, Megatron's distributed optimizer, DeepSpeed: the ZeRO paper's partitions
+        weights = wb * (shard if z >= ZeroStage.WEIGHTS else sp.total)
+        grads = wb * (shard if sharded_gradients(plan) else sp.total)
         opt = k * (shard if z >= ZeroStage.OPTIMIZER_STATES else sp.total)
     host = 0.0
     if tr.offload != Offload.NONE:
@@ -326,6 +338,14 @@ def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
     """Bytes per GPU by kind (trace.MEMORY_KINDS) on each pipeline rank, plus ``host``
     (offloaded bytes per GPU) and ``total`` (GPU bytes)."""
     return [kinds for kinds, _ in rank_breakdown(plan, stages, params)]
+
+
+def memory_fields(plan: Plan, per_rank: list[dict[str, float]] | None = None) -> dict:
+    """``StepCosts``' memory fields of ``plan`` (the fullest rank by kind, every rank's total)."""
+    per_rank = per_rank if per_rank is not None else memory_per_rank(plan)
+    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["total"])
+    return {"memory_bytes": {k: per_rank[worst][k] for k in MEMORY_KINDS},
+            "memory_per_rank_bytes": tuple(r["total"] for r in per_rank)}
 
 
 def host_bytes_per_node(plan: Plan, per_rank: list[dict[str, float]]) -> float:
