@@ -107,8 +107,10 @@ def _megatron_training_args(plan: Plan) -> list:
                  "fp8": [("--bf16", None), ("--fp8-format", "hybrid")]}
     args += precision[tr.precision.value]
     if tr.recompute.value == "full":
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                 ("--recompute-num-layers", 1)]
+        args += [("--recompute-granularity", "full"), ("--recompute-method", tr.recompute_method.value),
+                 ("--recompute-num-layers", tr.recompute_layers)]
+    elif tr.recompute.value in ("op", "layer"):
+        raise _refuse("training.recompute", tr.recompute.value, "Megatron-LM", "it is torchtitan's policy")
     elif tr.recompute.value == "selective":
         args.append(("--recompute-granularity", "selective"))
     if tr.offload.value == "optimizer+params":
@@ -264,8 +266,13 @@ def torchtitan_config(plan: Plan) -> tuple[dict, list[str]]:
            "optimizer": {"name": "AdamW" if tr.optimizer.value == "adamw" else "Adam"},
            "parallelism": _torchtitan_parallelism(plan),
            "activation_checkpoint": {"mode": tr.recompute.value}}
-    if tr.recompute.value == "selective":  # op-level SAC: the Korthikanti et al. selective recompute
-        doc["activation_checkpoint"]["selective_ac_option"] = "op"
+    if tr.recompute.value in ("selective", "op"):  # op-level SAC (nearest to Korthikanti et al.'s selective)
+        doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": "op"}
+    elif tr.recompute.value == "layer":   # every Nth layer
+        doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": str(tr.recompute_layers)}
+    elif tr.recompute.value == "full" and (tr.recompute_layers, tr.recompute_method.value) != (1, "uniform"):
+        raise _refuse("training.recompute", f"{{layers: {tr.recompute_layers}, method: {tr.recompute_method.value}}}",
+                      "torchtitan", "it checkpoints every layer or every Nth (layer:N)")
     return doc, notes
 
 

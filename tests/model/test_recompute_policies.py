@@ -113,3 +113,15 @@ def test_more_recompute_never_lowers_time_nor_raises_memory(model, tp, pp, micro
     for (t0, m0), (t1, m1) in zip(results, results[1:]):
         assert t1 >= t0 * (1 - 1e-9)
         assert m1 <= m0 * (1 + 1e-9)
+
+
+def test_exports_speak_each_stacks_recompute_options():
+    from simcore.plan.writers import megatron_args, torchtitan_config
+
+    args = dict(megatron_args(_plan(recompute={"layers": 4, "method": "block"})))
+    assert (args["--recompute-method"], args["--recompute-num-layers"]) == ("block", 4)
+    assert torchtitan_config(_plan(recompute="layer:2"))[0]["activation_checkpoint"] == \
+        {"mode": "selective", "selective_ac_option": "2"}
+    assert torchtitan_config(_plan(recompute="op"))[0]["activation_checkpoint"]["selective_ac_option"] == "op"
+    with pytest.raises(ValueError, match="training.recompute=op has no Megatron-LM option"):
+        megatron_args(_plan(recompute="op"))
