@@ -385,12 +385,9 @@ def plan_to_dict(plan: Plan) -> dict:
     training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
-    if plan.training.allocator_margin is None:
-        del training["allocator_margin"]
-    if plan.training.loss == Loss.EAGER:
-        del training["loss"]
-    if plan.training.master_weights:
-        del training["master_weights"]
+    for key, default in (("allocator_margin", None), ("loss", Loss.EAGER.value), ("master_weights", True)):
+        if training[key] == default:   # written only where the Plan sets it
+            del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}
     if plan.name:
         doc = {"name": plan.name, **doc}
