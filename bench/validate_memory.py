@@ -88,7 +88,7 @@ def _torchtune_flags(notes: str) -> dict | str:
                       ("8-bit AdamW", "8-bit AdamW states: no Plan field")):
         if flag.lower() in notes.lower():
             return why
-    training = {"master_weights": False, "flash_attention": True}
+    training = {"master_weights": False, "flash_attention": True, "loss": "eager"}
     if "chunked c" in notes.lower():
         training["loss"] = "chunked"
     if "activation checkpointing" in notes.lower():

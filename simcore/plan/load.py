@@ -265,7 +265,7 @@ def _training(value) -> TrainingSpec:
         grad_compression=GradCompression.parse(doc.get("grad_compression", "none"),
                                                "training.grad_compression"),
         master_weights=_bool(doc, "master_weights", w, True),
-        loss=Loss.parse(doc.get("loss", "eager"), "training.loss"),
+        loss=Loss.parse(doc.get("loss", "fused"), "training.loss"),
         allocator_margin=_margin(doc),
     )
 
@@ -385,7 +385,7 @@ def plan_to_dict(plan: Plan) -> dict:
     training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
-    for key, default in (("allocator_margin", None), ("loss", Loss.EAGER.value), ("master_weights", True)):
+    for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True)):
         if training[key] == default:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

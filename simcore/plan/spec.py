@@ -249,7 +249,9 @@ class TrainingSpec:
     master_weights: bool = True
     """False: pure 16-bit training (torchtune's ``dtype: bf16``): no fp32 master copy, the
     optimizer's states in the 16-bit dtype."""
-    loss: Loss = Loss.EAGER
+    loss: Loss = Loss.FUSED
+    """Fused by default: what the large-scale stacks run (Megatron's vocab-parallel cross
+    entropy, llm-foundry's flash-attn fused cross entropy, torchtitan's compiled loss)."""
     allocator_margin: float | None = None
     """Share of the tensor bytes the caching allocator reserves beyond them (fragmentation);
     None takes ``simcore.model.memory``'s stated default."""

@@ -94,14 +94,14 @@ def test_terms_sum_to_the_total_and_margin_and_headroom_are_plain_fields():
 
 
 def test_allocator_margin_is_settable_and_fits_uses_it():
-    base = _plan({"zero": 3})
+    base = _plan({"zero": 3}, {"micro_batch": 2})
     peak = memory_report(base)["max_gpu_bytes"]
     hbm = base.cluster.node.gpu.hbm_bytes
     # a margin that takes the most loaded GPU just over its HBM
     tensors = (peak - mem.CUDA_CONTEXT_BYTES) / (1 + mem.ALLOCATOR_MARGIN)
     over = (hbm - mem.CUDA_CONTEXT_BYTES) / tensors - 1 + 0.01
     assert 0 < over < 1
-    tight = _plan({"zero": 3}, {"allocator_margin": over})
+    tight = _plan({"zero": 3}, {"micro_batch": 2, "allocator_margin": over})
     assert memory_report(base)["fits"] and not memory_report(tight)["fits"]
     assert memory_report(tight)["headroom_bytes"] < 0
     with pytest.raises(PlanError, match="training.allocator_margin=1.5 must be at least 0 and below 1"):
