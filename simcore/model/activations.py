@@ -3,9 +3,10 @@ policy, ``simcore.model.recompute``), how many micro-batches a schedule keeps in
 loss's logits buffer, and zero-bubble's weight-gradient stash.
 
 Activations per layer follow Korthikanti et al. 2022 (``simcore.model.workload``). The
-micro-batches (model chunks) a rank holds at its peak are counted on the schedule itself,
-as ``simcore.model.schedules.build_schedule`` orders it in torch's notation: the most
-forwards (F) whose backward (B, or I for zero-bubble) has not run yet. That gives GPipe's
+micro-batches (model chunks) a rank holds at its peak are the most forwards (F) whose backward
+(B, or I for zero-bubble) has not run yet on the schedule as ``simcore.model.schedules``
+orders it in torch's notation (``counted_peaks``; the closed forms, which the tests hold
+equal to it, stand in for GPipe, 1F1B and interleaved; zero-bubble is counted). GPipe's
 all m, 1F1B's p - r on rank r (Narayanan et al. 2021, Sec. 2.2.1), the interleaved
 schedule's warm-up count + 1 (torch's ``ScheduleInterleaved1F1B`` ``warmup_ops = (v-1)p +
 2(p-1-r)``, Megatron's ``get_forward_backward_func`` the same: L(1 + (p-1)/(pv)) layers on
@@ -26,7 +27,16 @@ from simcore.plan.spec import Loss, Plan, Precision, Recompute, Schedule
 
 @functools.lru_cache(maxsize=1024)
 def schedule_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Per rank: (most chunks in flight, most weight gradients owed) over the schedule."""
+    """Per rank: (most chunks in flight, most weight gradients owed). GPipe, 1F1B and the
+    interleaved schedule by their closed forms (``counted_peaks`` on the schedule gives the
+    same, as tests/model/test_memory_terms.py checks), zero-bubble counted on its schedule."""
+    if kind != Schedule.ZERO_BUBBLE:
+        return tuple(_closed_form(kind, pp, m, vpp, r) for r in range(pp)), (0,) * pp
+    return counted_peaks(kind, pp, m, vpp)
+
+
+def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``schedule_peaks`` counted on ``schedules.build_schedule``'s actions."""
     try:
         actions = sch.build_schedule(kind, pp, m, vpp)
     except ValueError:   # a shape torch's schedule refuses: the closed forms

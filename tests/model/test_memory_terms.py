@@ -27,15 +27,16 @@ def _plan(parallel=None, training=None, model="llama3-8b", nodes=8):
 @pytest.mark.parametrize("pp, m, v", [(4, 8, 2), (4, 16, 2), (8, 16, 4), (2, 8, 3), (4, 4, 2)])
 def test_interleaved_peak_on_the_schedule_is_the_warmup_formula(pp, m, v):
     """torch's ScheduleInterleaved1F1B and Megatron: warm-up (v-1)p + 2(p-1-r) chunks, +1 at the peak."""
-    flights, owed = acts.schedule_peaks(Schedule.INTERLEAVED_1F1B, pp, m, v)
+    flights, owed = acts.counted_peaks(Schedule.INTERLEAVED_1F1B, pp, m, v)
+    assert acts.schedule_peaks(Schedule.INTERLEAVED_1F1B, pp, m, v) == (flights, owed)
     assert list(flights) == [min(m * v, (v - 1) * pp + 2 * (pp - 1 - r) + 1) for r in range(pp)]
     assert owed == (0,) * pp
 
 
 @pytest.mark.parametrize("pp, m", [(4, 8), (8, 8), (4, 2)])
 def test_gpipe_holds_every_microbatch_and_1f1b_p_minus_r(pp, m):
-    assert acts.schedule_peaks(Schedule.GPIPE, pp, m, 1)[0] == (m,) * pp
-    assert acts.schedule_peaks(Schedule.ONE_F_ONE_B, pp, m, 1)[0] == tuple(min(m, pp - r) for r in range(pp))
+    for kind, want in ((Schedule.GPIPE, (m,) * pp), (Schedule.ONE_F_ONE_B, tuple(min(m, pp - r) for r in range(pp)))):
+        assert acts.counted_peaks(kind, pp, m, 1)[0] == want == acts.schedule_peaks(kind, pp, m, 1)[0]
 
 
 def test_zero_bubble_owes_weight_gradients_and_pays_for_them():
