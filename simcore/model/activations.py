@@ -6,7 +6,7 @@ Activations per layer follow Korthikanti et al. 2022 (``simcore.model.workload``
 micro-batches (model chunks) a rank holds at its peak are the most forwards (F) whose backward
 (B, or I for zero-bubble) has not run yet on the schedule as ``simcore.model.schedules``
 orders it in torch's notation (``counted_peaks``; the closed forms, which the tests hold
-equal to it, stand in for GPipe, 1F1B and interleaved; zero-bubble is counted). GPipe's
+equal to it, are what the model uses). GPipe's
 all m, 1F1B's p - r on rank r (Narayanan et al. 2021, Sec. 2.2.1), the interleaved
 schedule's warm-up count + 1 (torch's ``ScheduleInterleaved1F1B`` ``warmup_ops = (v-1)p +
 2(p-1-r)``, Megatron's ``get_forward_backward_func`` the same: L(1 + (p-1)/(pv)) layers on
@@ -27,12 +27,12 @@ from simcore.plan.spec import Loss, Plan, Precision, Recompute, Schedule
 
 @functools.lru_cache(maxsize=1024)
 def schedule_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Per rank: (most chunks in flight, most weight gradients owed). GPipe, 1F1B and the
-    interleaved schedule by their closed forms (``counted_peaks`` on the schedule gives the
-    same, as tests/model/test_memory_terms.py checks), zero-bubble counted on its schedule."""
+    """Per rank: (most chunks in flight, most weight gradients owed), by closed forms that
+    ``counted_peaks`` on the schedule confirms (tests/model/test_memory_terms.py)."""
+    flights = tuple(_closed_form(kind, pp, m, vpp, r) for r in range(pp))
     if kind != Schedule.ZERO_BUBBLE:
-        return tuple(_closed_form(kind, pp, m, vpp, r) for r in range(pp)), (0,) * pp
-    return counted_peaks(kind, pp, m, vpp)
+        return flights, (0,) * pp
+    return flights, tuple(min(m, r + 1) for r in range(pp))   # ZB-H1: rank r runs W r + 1 late
 
 
 def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -40,7 +40,7 @@ def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int,
     try:
         actions = sch.build_schedule(kind, pp, m, vpp)
     except ValueError:   # a shape torch's schedule refuses: the closed forms
-        return tuple(_closed_form(kind, pp, m, vpp, r) for r in range(pp)), (0,) * pp
+        return schedule_peaks(kind, pp, m, vpp)
     flights, owed = [], []
     for r in range(pp):
         live = peak = w = peak_w = 0
@@ -63,6 +63,8 @@ def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int,
 def _closed_form(kind: Schedule, p: int, m: int, v: int, rank: int) -> int:
     if kind == Schedule.GPIPE:
         return m * v
+    if kind == Schedule.ZERO_BUBBLE and v > 1:   # every chunk's warm-up forward before its first I
+        return min(m * v, v * p - rank)
     if v > 1:
         return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
     return min(m, p - rank)

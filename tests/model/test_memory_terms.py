@@ -39,6 +39,15 @@ def test_gpipe_holds_every_microbatch_and_1f1b_p_minus_r(pp, m):
         assert acts.counted_peaks(kind, pp, m, 1)[0] == want == acts.schedule_peaks(kind, pp, m, 1)[0]
 
 
+@pytest.mark.parametrize("pp, m, v", [(4, 8, 1), (8, 8, 1), (4, 2, 1), (12, 24, 1), (4, 8, 2), (8, 16, 3)])
+def test_zero_bubble_closed_forms_are_its_schedule(pp, m, v):
+    """ZB-H1 / ZB-V as torch orders them: rank r keeps p - r forwards (vp - r chunks with v
+    stages a rank) and owes up to r + 1 weight gradients."""
+    flights, owed = acts.counted_peaks(Schedule.ZERO_BUBBLE, pp, m, v)
+    assert acts.schedule_peaks(Schedule.ZERO_BUBBLE, pp, m, v) == (flights, owed)
+    assert owed == tuple(min(m, r + 1) for r in range(pp))
+
+
 def test_zero_bubble_owes_weight_gradients_and_pays_for_them():
     flights, owed = acts.schedule_peaks(Schedule.ZERO_BUBBLE, 4, 8, 1)
     assert max(owed) > 0 and owed[-1] >= owed[0]
