@@ -162,7 +162,7 @@ def cmd_memory(args) -> None:
               f"({t['difference']:+.1%}); the trace is eager PyTorch (norms, RoPE, SiLU keep their own "
               f"tensors), the model counts fused kernels (Megatron/TE, torch.compile) as Korthikanti et al.")
         if t["traced_loss_differs"]:
-            print(f"  (traced with the executor's eager loss, not training.loss={plan.training.loss.value})")
+            print(f"  (both with the executor's eager loss, not training.loss={plan.training.loss.value})")
 
 
 def _torch_trace(plan) -> dict:
