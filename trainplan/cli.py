@@ -14,7 +14,7 @@ from simcore.plan.spec import PlanError
 from topologies.components import CatalogError
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
-from trainplan.common import UsageError
+from trainplan.common import UsageError, check_outputs
 
 
 def _plan_file_commands(sub) -> None:
@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_outputs(args)
         args.func(args)
     except (PlanError, CatalogError, UsageError, ValueError) as exc:
         print(f"trainplan: error: {exc}", file=sys.stderr)
@@ -216,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:   # a write the checks could not foresee (disk full, a folder removed meanwhile)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"trainplan: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from simcore.plan.load import dump_plan, load_plan
-from trainplan.common import RunFailed, UsageError, print_json, print_prediction
+from trainplan.common import RunFailed, UsageError, portable_name, print_json, print_prediction
 
 
 def cmd_run(args) -> None:
@@ -89,7 +89,7 @@ def cmd_plan(args) -> None:
     res = search(model, cluster, args.global_batch, objective=args.objective, top_k=args.top_k, jobs=args.jobs,
                  tokens=args.tokens, progress=sys.stderr.isatty() and not args.json,
                  allow_fewer_gpus=args.allow_fewer_gpus)
-    out = args.out or Path(f"{res.best.name}.yaml")
+    out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:
         print_json({"best": plan_to_dict(res.best), "best_plan_file": str(out),

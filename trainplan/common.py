@@ -44,3 +44,74 @@ def print_prediction(result) -> None:
                 print(f"    {k:<26} {fmt_s(v)}")
     for note in result.notes:
         print(f"  note: {note}")
+
+
+# --------------------------------------------------------------------------- output paths
+
+#: Per command, the arguments naming a file it writes whole, and those naming a folder it fills.
+FILE_OUTPUTS = {"plan": ("out",), "calibrate": ("out",), "simulate": ("trace", "gantt"), "topology": ("draw",),
+                "run": ("trace",)}
+DIR_OUTPUTS = {"report": ("out",), "demo": ("out",), "whatif": ("report",), "validate": ("trace_dir",),
+               "run": ("checkpoint_dir",)}
+
+
+def portable_name(name: str) -> str:
+    """A file name every system takes (scp, rsync, make, Windows): letters, digits, '.', '_'
+    and '-' only; anything else (':' above all) becomes '-'."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
+
+
+def _flag(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
+
+
+def _creatable(folder, flag: str, path) -> None:
+    """A missing ``folder`` is created only inside the working directory; elsewhere it must exist."""
+    import os
+    from pathlib import Path
+
+    folder = Path(folder)
+    if folder.exists():
+        if not folder.is_dir():
+            raise UsageError(f"{flag} {path}: {folder} is a file, not a folder")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: the folder {folder} is not writable")
+        return
+    here = Path.cwd().resolve()
+    full = (here / folder).resolve()
+    if full != here and here not in full.parents:
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist (create it first; trainplan "
+                         "creates missing folders only inside the working directory)")
+    existing = next(p for p in full.parents if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot create {folder}: {existing} is not writable")
+
+
+def check_outputs(args) -> None:
+    """Every output argument of the command checked before any work: a file's folder exists
+    and is writable (or lies inside the working directory, where it is created), a file is not
+    a folder, a folder is not a file. UsageError (one sentence, exit 2) otherwise."""
+    import os
+    from pathlib import Path
+
+    command = getattr(args, "command", None)
+    for attr in FILE_OUTPUTS.get(command, ()):
+        path = getattr(args, attr, None)
+        if path is None:
+            continue
+        path = Path(path)
+        if path.is_dir():
+            raise UsageError(f"{_flag(attr)} {path} is a folder; give a file name")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise UsageError(f"{_flag(attr)} {path} exists and is not writable")
+        _creatable(path.parent, _flag(attr), path)
+    for attr in DIR_OUTPUTS.get(command, ()):
+        path = getattr(args, attr, None)
+        if path is None:
+            continue
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{_flag(attr)} {path} is a file, not a folder")
+        _creatable(path, _flag(attr), path)

@@ -293,12 +293,13 @@ def _span(lo: float, hi: float, fmt: str) -> str:
 def scenario_line(s: Scenario) -> str:
     """One scenario for the terminal: $ and days with their intervals, or why it is infeasible."""
     if s.infeasible:
-        return f"  {s.name:>9}: infeasible: {s.infeasible}"
+        return f"  {s.name:>9}: infeasible ({s.infeasible})"
     iv, mc = s.interval, s.monte_carlo
     model = (f" (step-time {iv['level']:.0%} interval {_span(*iv['days'], '.1f')} days, "
              f"${_span(*iv['usd'], ',.0f')})") if "days" in iv else ""
     spread = (f"; failures {mc['level']:.0%} of {mc['runs']} runs {mc['days_lo']:.1f}-{mc['days_hi']:.1f} days, "
-              f"${mc['usd_lo']:,.0f}-${mc['usd_hi']:,.0f}") if "runs" in mc else ""
+              f"${mc['usd_lo']:,.0f}-${mc['usd_hi']:,.0f}") if "runs" in mc else \
+        (f"; Monte-Carlo skipped: {mc['skipped']}" if "skipped" in mc else "")
     spares = f", {s.spare_nodes} spare nodes" if s.spare_nodes else ""
     return (f"  {s.name:>9}: ${s.usd:,.0f} at ${s.usd_per_gpu_hour:.2f}/GPU-hour, {s.days:.1f} days{model}, "
             f"{s.expected_interruptions:,.1f} interruptions, goodput {s.goodput:.1%}{spares}{spread}")

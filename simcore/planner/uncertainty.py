@@ -183,3 +183,29 @@ def interval_fields(plan, prediction, level: float = DEFAULT_LEVEL, tables: dict
         return {"interval_s": None, "interval_level": level,
                 "interval_source": f"no validation residuals for hardware kind {kind} (layout class {cls})"}
     return {"interval_s": [iv.lo, iv.hi], "interval_level": level, "interval_source": iv.source}
+
+
+def interval_columns(df, node, columns: tuple[str, ...] = ("step_time_s", "days", "usd"),
+                     level: float = DEFAULT_LEVEL, tables: dict | None = None):
+    """``df`` (a search or what-if table: one row per layout with tp, pp, dp, cp, ep, zero)
+    with ``<col>_lo`` / ``<col>_hi`` for each of ``columns`` present, from the step-time
+    residuals of each row's layout class on ``node``'s hardware kind (days and $ of useful
+    time scale with the step time), and ``interval_source``. NaN where no residuals exist."""
+    tables = load_residuals() if tables is None else tables
+    kind = hardware_kind(node)
+    out = df.copy()
+    bounds, sources = {}, []
+    for row in out.itertuples(index=False):
+        cls = layout_class(row)
+        if cls not in bounds:
+            picked = pick_residuals(tables, kind, cls, "step_time_s")
+            bounds[cls] = (log_bounds(picked[0], level), picked[1]) if picked else \
+                ((math.nan, math.nan), f"no validation residuals for {kind} (layout class {cls})")
+        sources.append(bounds[cls][1])
+    factors = [bounds[layout_class(r)][0] for r in out.itertuples(index=False)]
+    for col in columns:
+        if col in out:
+            out[col + "_lo"] = [v * math.exp(lo) for v, (lo, _) in zip(out[col], factors)]
+            out[col + "_hi"] = [v * math.exp(hi) for v, (_, hi) in zip(out[col], factors)]
+    out["interval_source"] = sources
+    return out
