@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from simcore.plan.load import dump_plan, load_plan
-from trainplan.common import RunFailed, UsageError, portable_name, print_json, print_prediction
+from trainplan.common import (RunFailed, UsageError, check_prediction, portable_name, print_json, print_prediction,
+                              warn)
 
 
 def cmd_run(args) -> None:
@@ -107,9 +108,14 @@ def cmd_cost(args) -> None:
     from simcore.planner.runcost import run_cost, summary_lines
     from simcore.engine.predict import simulate
 
+    from simcore.planner.sanity import cost_warnings
+
     plan = load_plan(args.plan)
-    rc = run_cost(plan, simulate(plan), args.tokens, prices=_parse_prices(args.price), storage=args.storage,
+    prediction = simulate(plan)
+    check_prediction(plan, prediction)
+    rc = run_cost(plan, prediction, args.tokens, prices=_parse_prices(args.price), storage=args.storage,
                   monte_carlo=args.monte_carlo, seed=args.seed, tiered_checkpoints=args.tiered_checkpoints)
+    warn(cost_warnings(rc))
     if args.json:
         print_json(rc.to_json())
     else:
@@ -120,16 +126,25 @@ def cmd_whatif(args) -> None:
     from simcore.planner.whatif import run_whatif
 
     res = run_whatif(args.sweep, progress=sys.stderr.isatty() and not args.json)
+    html = None
     if args.report:
-        from reports.planning_plots import write_whatif
+        from trainplan.jobs import write_whatif_report
 
-        write_whatif(res, args.report)
+        html = write_whatif_report(res, args.report)
     if args.json:
-        print_json({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions})
+        from simcore.planner.runcost import _json_safe
+
+        print_json(_json_safe({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions}))
         return
-    print(res.table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    if args.report:
-        print(f"\nreport written to {args.report}")
+    print(res.display_table().to_string(index=False))
+    sources = res.table["interval_source"].dropna().unique() if "interval_source" in res.table else []
+    print()
+    for source in sources:
+        print(f"intervals (90%): {source}")
+    for note in res.notes():
+        print(f"note: {note}")
+    if html:
+        print(f"\nreport written to {html} and {html.parent / 'report.md'}")
 
 
 def cmd_report(args) -> None:

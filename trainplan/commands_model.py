@@ -7,7 +7,7 @@ import sys
 
 from simcore.plan.load import dump_plan, load_plan
 from topologies.hardware import load_catalog
-from trainplan.common import UsageError, fmt_s, print_json, print_prediction
+from trainplan.common import UsageError, check_prediction, fmt_s, print_json, print_prediction
 
 
 def cmd_catalog(args) -> None:
@@ -93,6 +93,7 @@ def cmd_simulate(args) -> None:
         result = simulate(plan, engine=args.engine, **kwargs)
     from simcore.planner.uncertainty import interval_fields
 
+    check_prediction(plan, result)
     interval = interval_fields(plan, result)
     if args.trace:
         from simcore.results import write_chrome_trace

@@ -12,16 +12,43 @@ class RunFailed(ValueError):
     """A real run failed (a rank raised, hung past the timeout, or torch refused the layout)."""
 
 
+def warn(lines) -> None:
+    """Warnings, one sentence a line, on stderr (stdout stays the answer)."""
+    import sys
+
+    for line in lines:
+        print(f"trainplan: warning: {line}", file=sys.stderr)
+
+
+def check_prediction(plan, result) -> None:
+    """Refuse a prediction with no sensible answer (UsageError); warn about odd ones."""
+    from simcore.planner.sanity import prediction_warnings, refusal
+
+    why = refusal(plan, result)
+    if why:
+        raise UsageError(why)
+    warn(prediction_warnings(plan, result))
+
+
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
 def fmt_s(x: float) -> str:
-    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+    """Seconds in the unit that reads best: us, ms, s, h or days."""
+    if x < 1e-3:
+        return f"{x * 1e6:.1f} us"
+    if x < 1:
+        return f"{x * 1e3:.1f} ms"
+    if x < 3600:
+        return f"{x:.3f} s"
+    return f"{x / 3600:,.1f} h" if x < 86400 else f"{x / 86400:,.1f} days"
 
 
 def print_prediction(result) -> None:
-    """A readable breakdown of a StepResult (predicted or measured)."""
+    """A readable breakdown of a StepResult (predicted or measured), units adapted to the size."""
+    from simcore.planner.formatting import binary_bytes, percent, si
+
     rows = [
         ("step time", fmt_s(result.step_time_s)),
         ("  compute", fmt_s(result.compute_s)),
@@ -29,10 +56,11 @@ def print_prediction(result) -> None:
         ("  pipeline bubble", fmt_s(result.bubble_s)),
         ("  offload stall", fmt_s(result.offload_s)),
         ("tokens/s", f"{result.tokens_per_s:,.0f}"),
-        ("model TFLOP/s per GPU", f"{result.model_tflops_per_gpu:.1f}"),
-        ("hardware TFLOP/s per GPU", f"{result.hardware_tflops_per_gpu:.1f}"),
-        ("MFU / HFU", f"{result.mfu:.1%} / {result.hfu:.1%}"),
-        ("memory per GPU", f"{result.memory_per_gpu_gib:.2f} GiB ({'fits' if result.fits else 'DOES NOT FIT'})"),
+        ("model FLOP/s per GPU", si(result.model_tflops_per_gpu * 1e12, "FLOP/s")),
+        ("hardware FLOP/s per GPU", si(result.hardware_tflops_per_gpu * 1e12, "FLOP/s")),
+        ("MFU / HFU", f"{percent(result.mfu)} / {percent(result.hfu)}"),
+        ("memory per GPU", f"{binary_bytes(result.memory_per_gpu_gib * 2**30)} "
+                           f"({'fits' if result.fits else 'DOES NOT FIT'})"),
     ]
     print(f"{result.plan_name} ({result.source})")
     for k, v in rows:

@@ -54,11 +54,17 @@ def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens:
 
 
 def whatif_job(sweep, out, *, progress: bool = True) -> Path:
-    from reports.build import whatif_report
-    from simcore.results import atomic_write_text
     from simcore.planner.whatif import run_whatif
 
-    res = run_whatif(sweep, progress=progress)
+    return write_whatif_report(run_whatif(sweep, progress=progress), out)
+
+
+def write_whatif_report(res, out) -> Path:
+    """The what-if report, the same files from every command that writes one (`whatif
+    --report`, `report whatif`, the demo): index.html, report.md, its figures and cells.csv."""
+    from reports.build import whatif_report
+    from simcore.results import atomic_write_text
+
     html = render(whatif_report(res), out)
     atomic_write_text(Path(out) / "cells.csv", res.table.to_csv(index=False))
     return html

@@ -60,3 +60,22 @@ def check_plan(plan: Plan) -> None:
     gpu = cl.node.gpu
     if gpu.name != "uncalibrated-host" and gpu.peak(tr.precision.value) is None:
         raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name}")
+
+
+def plan_warnings(plan: Plan) -> list[str]:
+    """Sentences for a valid Plan that asks something the catalog cannot vouch for: a model
+    made longer or deeper than the catalog entry of that name was trained (the prediction
+    then extrapolates). Empty when nothing is odd. (Warnings on the prediction itself, a
+    step or memory beyond reason, are ``simcore.planner.sanity``'s.)"""
+    from topologies.hardware import load_catalog
+
+    m = plan.model
+    entry = load_catalog().models.get(m.name)
+    out = []
+    if isinstance(entry, dict):
+        for key, what in (("seq_len", "its trained context"), ("layers", "its published depth")):
+            ref = entry.get(key)
+            if isinstance(ref, int) and getattr(m, key) > ref:
+                out.append(f"model.{key}={getattr(m, key):,} is {getattr(m, key) / ref:,.3g}x {what} "
+                           f"({ref:,} in the catalog's {m.name}): the prediction extrapolates")
+    return out

@@ -181,6 +181,16 @@ def _storage(plan: Plan, storage: Storage | str | None) -> Storage:
     return tiers[storage]
 
 
+def _whole_steps(ck: CheckpointPlan, step_s: float) -> CheckpointPlan:
+    """A checkpoint is taken between steps (Megatron's --save-interval counts iterations): the
+    interval rounded up to a whole number of steps."""
+    if not math.isfinite(ck.interval_s) or ck.interval_s <= 0:
+        return ck
+    steps = math.ceil(ck.interval_s / step_s - 1e-9)
+    return replace(ck, interval_s=steps * step_s, rule=ck.rule if steps * step_s == ck.interval_s
+                   else ck.rule + ", rounded up to whole steps")
+
+
 def _scenarios(plan: Plan, sheet: PriceSheet, st: Storage, step_s: float, work: float, failures: bool,
                tiered: bool, interval_s: float | None):
     """The three ways of buying the GPUs for ``work`` useful seconds: (scenarios, checkpoint
@@ -188,14 +198,14 @@ def _scenarios(plan: Plan, sheet: PriceSheet, st: Storage, step_s: float, work: 
     cl = plan.cluster
     fail_rate = sheet.failures_per_gpu_hour * cl.gpus / 3600.0 if failures else 0.0
     mtbf = 1.0 / fail_rate if fail_rate > 0 else math.inf
-    ck = plan_checkpoints(plan, st, mtbf, tiered=tiered, interval_s=interval_s)
+    ck = _whole_steps(plan_checkpoints(plan, st, mtbf, tiered=tiered, interval_s=interval_s), step_s)
     recover = sheet.restart_s + ck.restore_s
     spot_sheet = sheet if failures else replace(sheet, spot_preemptions_per_node_hour=0.0)
     spot = plan_spot(spot_sheet, cl.nodes, step_s, ck.blocking_s, ck.restore_s, recover, fail_rate)
     # Noticed preemptions lose no work: the interval follows the failures alone; else both.
     spot_rate = fail_rate + (0.0 if spot.notice_saves else spot.preemptions_per_s)
     spot_mtbf = 1.0 / spot_rate if spot_rate > 0 else math.inf
-    ck_spot = plan_checkpoints(plan, st, spot_mtbf, tiered=tiered, interval_s=interval_s)
+    ck_spot = _whole_steps(plan_checkpoints(plan, st, spot_mtbf, tiered=tiered, interval_s=interval_s), step_s)
     common = {"gpus_per_node": cl.node.gpus_per_node, "nodes": cl.nodes}
     scen = {"on_demand": _scenario("on_demand", sheet.on_demand_usd, work, recover, mtbf, ck, cl.gpus, **common),
             "reserved": _scenario("reserved", sheet.reserved_usd, work, recover, mtbf, ck, cl.gpus, **common),

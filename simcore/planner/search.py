@@ -305,16 +305,22 @@ def explain_ranking(df: pd.DataFrame, tally: Tally, explain: int = 5) -> list[st
 
 
 #: Columns the CLI prints for ``trainplan plan`` (the table has more), with their headings.
-TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "cp", "vpp", "zero", "recompute", "micro_batch", "schedule", "offload",
-                 "ties")
+TABLE_COLUMNS = ("rank", "layout", "ties")
 
 
 def summary_table(result: SearchResult, rows: int = 20) -> str:
+    """The first ``rows`` of the ranked table as the terminal prints it (``display_table``)."""
+    source = result.table["interval_source"].iloc[0] if len(result.table) else ""
+    return display_table(result.table, rows).to_string(index=False) + f"\nintervals: 90%, step time {source}"
+
+
+def display_table(table: pd.DataFrame, rows: int = 20) -> pd.DataFrame:
     """The first ``rows`` of the ranked table, in the columns a reader needs: each time, day
-    and $ figure with its interval, MFU in percent, memory and its headroom."""
+    and $ figure with its interval, MFU in percent, memory and its headroom. One source for
+    the terminal and the planning report."""
     from simcore.planner import formatting as f
 
-    df = result.table.head(rows)
+    df = table.head(rows)
     out = df[[c for c in TABLE_COLUMNS if c in df]].copy()
     secs = lambda v: f"{v:.3f}"  # noqa: E731
     out["step s (interval)"] = [f.with_interval(v, lo, hi, secs) for v, lo, hi in
@@ -332,5 +338,4 @@ def summary_table(result: SearchResult, rows: int = 20) -> str:
                                          zip(df["usd"], df["usd_lo"], df["usd_hi"])]
     elif "usd_per_mtok" in df:
         out["$ per M tokens"] = df["usd_per_mtok"].map(lambda v: f"{v:,.2f}")
-    source = df["interval_source"].iloc[0] if len(df) else ""
-    return out.to_string(index=False) + f"\nintervals: 90%, step time {source}"
+    return out
