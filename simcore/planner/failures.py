@@ -195,7 +195,7 @@ def _scenario(name: str, price: float, work_s: float, recover_s: float, mtbf_s: 
             parts["restart"] += max(0.0, wall * avail - parts["wall"])
             rate += spot.preemptions_per_s
         else:
-            wall /= avail
+            wall = wall / avail if avail > 0 else math.inf
     goodput = work_s / wall if math.isfinite(wall) else 0.0
     if not why and goodput < INFEASIBLE_GOODPUT:
         why = infeasible_sentence(name.replace("_", "-"), nodes, rate, recover_s if spot is None else

@@ -91,7 +91,7 @@ def daly_runs(runs: int, seed: int, *, work_s: float, interval_s: float, checkpo
 def with_downtimes(r: Runs, seed: int, *, rate_per_s: float, downtime_s: float, availability: float) -> Runs:
     """Noticed preemptions on top of ``r``: Poisson(q x wall) of them, each a downtime of
     ``downtime_s`` that a preemption within it starts over; then the waits for a whole pool."""
-    if rate_per_s == 0:
+    if rate_per_s == 0:     # availability > 0: the Monte-Carlo runs only feasible scenarios
         return Runs(wall_s=r.wall_s / availability, interruptions=r.interruptions, lost_work_s=r.lost_work_s)
     rng = np.random.default_rng([seed, 1])
     count = rng.poisson(rate_per_s * r.wall_s)

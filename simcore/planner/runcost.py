@@ -272,7 +272,8 @@ def run_cost(plan: Plan, prediction, tokens: float, *, prices: Mapping[str, floa
 def _notes(plan: Plan, data: dict, st: Storage, ck: CheckpointPlan, failures: bool, spot) -> tuple[str, ...]:
     notes = [f"storage {st.name} ({st.kind}): {st.source}",
              f"checkpoint {ck.size_bytes / 1e9:.0f} GB written in {ck.write_s:.0f} s at "
-             f"{ck.write_bytes_per_s / 1e9:.1f} GB/s aggregate; interval {ck.interval_s:.0f} s ({ck.rule})",
+             f"{ck.write_bytes_per_s / 1e9:.1f} GB/s aggregate; " + (f"interval {ck.interval_s:.0f} s"
+             if math.isfinite(ck.interval_s) else "none written") + f" ({ck.rule})",
              f"GPU idle power {GPU_IDLE_POWER_FRACTION:.0%} of TDP (assumption, see runcost.py); "
              "node power beyond the GPUs from the node's system_power_w",
              "cloud GPU-hour prices include energy; energy figures are for an owned cluster"]
@@ -320,19 +321,27 @@ def summary_lines(rc: RunCost) -> list[str]:
     ck, od = rc.checkpoint, rc.on_demand
     days = "infeasible" if od.infeasible else f"{rc.days:.1f} days (goodput {od.goodput:.1%}); " \
         f"{rc.gpu_hours:,.0f} GPU-hours"
-    lines = [f"{rc.plan_name}: {rc.tokens:.3g} tokens = {rc.steps:,} steps of {rc.effective_step_time_s:.3f} s "
+    from simcore.planner.formatting import si
+
+    lines = [f"{rc.plan_name}: {si(rc.tokens, '')} tokens = {rc.steps:,} steps of {rc.effective_step_time_s:.3f} s "
              f"on {rc.gpus} GPUs ({rc.nodes} nodes)", f"time to train: {days}"]
     lines += [scenario_line(s) for s in (rc.on_demand, rc.reserved, rc.spot)]
     iv = od.interval
     lines.append(f"intervals: {iv.get('level', 0.9):.0%}, {iv.get('source', '')}")
-    lines += [f"energy: {rc.energy_kwh:,.0f} kWh, ${rc.energy_usd:,.0f} (PUE {rc.prices.pue}, "
-              f"${rc.prices.usd_per_kwh}/kWh)",
-              f"checkpoints: {ck.size_bytes / 1e9:,.0f} GB each, write {ck.write_s:.1f} s, blocking "
-              f"{ck.blocking_s:.1f} s, restore {ck.restore_s:.1f} s, every {ck.interval_s / 60:.1f} min ({ck.rule})",
-              f"failures: MTBF {od.mtbf_s / 3600:.1f} h; lost work {od.lost_work_s / 3600:.1f} h, restarts "
-              f"{od.restart_total_s / 3600:.1f} h, checkpoint writes {od.checkpoint_total_s / 3600:.1f} h",
-              f"data: needs {rc.data['needed_bytes_per_s'] / 1e6:.2f} MB/s of {rc.data['available_bytes_per_s'] / 1e9:.1f}"
-              f" GB/s available" + (" (STORAGE-BOUND)" if rc.data["storage_bound"] else "")]
+    every = f"every {ck.interval_s / 60:.1f} min" if math.isfinite(ck.interval_s) else "none written"
+    lines.append(f"checkpoints: {ck.size_bytes / 1e9:,.0f} GB each, write {ck.write_s:.1f} s, blocking "
+                 f"{ck.blocking_s:.1f} s, restore {ck.restore_s:.1f} s, {every} ({ck.rule})")
+    if od.infeasible:
+        lines.append("energy and failure breakdown: none (the on-demand run is infeasible)")
+    else:
+        mtbf = "none" if math.isinf(od.mtbf_s) else f"MTBF {od.mtbf_s / 3600:.1f} h"
+        lines += [f"energy: {rc.energy_kwh:,.0f} kWh, ${rc.energy_usd:,.0f} (PUE {rc.prices.pue}, "
+                  f"${rc.prices.usd_per_kwh}/kWh)",
+                  f"failures: {mtbf}; lost work {od.lost_work_s / 3600:.1f} h, restarts "
+                  f"{od.restart_total_s / 3600:.1f} h, checkpoint writes {od.checkpoint_total_s / 3600:.1f} h"]
+    lines.append(f"data: needs {rc.data['needed_bytes_per_s'] / 1e6:.2f} MB/s of "
+                 f"{rc.data['available_bytes_per_s'] / 1e9:.1f} GB/s available"
+                 + (" (STORAGE-BOUND)" if rc.data["storage_bound"] else ""))
     if rc.nvme_offload_s_per_step:
         lines.append(f"offload to NVMe instead of host memory would add {rc.nvme_offload_s_per_step:.2f} s per step")
     return lines + [f"note: {n}" for n in rc.notes]

@@ -23,6 +23,7 @@ import math
 import os
 import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -113,11 +114,18 @@ def hardware_kind(node) -> str:
 
 
 def load_residuals(path: str | os.PathLike | None = None) -> dict:
-    """The residual tables (empty when the file does not exist yet)."""
+    """The residual tables (empty when the file does not exist yet); read once per version
+    of the file (its path, size and modification time)."""
     path = Path(path) if path else RESIDUALS_PATH
     if not path.exists():
         return {}
-    doc = yaml.safe_load(path.read_text()) or {}
+    stat = path.stat()
+    return _read_residuals(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=8)
+def _read_residuals(path: str, _mtime_ns: int, _size: int) -> dict:
+    doc = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(doc, dict):
         raise ValueError(f"residuals file {path} must be a mapping of hardware kind -> tables")
     return doc.get("kinds", {})
