@@ -95,8 +95,9 @@ def _flag(attr: str) -> str:
     return "--" + attr.replace("_", "-")
 
 
-def _creatable(folder, flag: str, path) -> None:
-    """A missing ``folder`` is created only inside the working directory; elsewhere it must exist."""
+def _creatable(folder, flag: str, path, *, itself: bool = False) -> None:
+    """A missing ``folder`` is created inside the working directory, or (``itself``: the
+    folder a report fills) where only that last level is missing; elsewhere it must exist."""
     import os
     from pathlib import Path
 
@@ -109,7 +110,7 @@ def _creatable(folder, flag: str, path) -> None:
         return
     here = Path.cwd().resolve()
     full = (here / folder).resolve()
-    if full != here and here not in full.parents:
+    if full != here and here not in full.parents and not (itself and full.parent.is_dir()):
         raise UsageError(f"{flag} {path}: the folder {folder} does not exist (create it first; trainplan "
                          "creates missing folders only inside the working directory)")
     existing = next(p for p in full.parents if p.exists())
@@ -142,4 +143,4 @@ def check_outputs(args) -> None:
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise UsageError(f"{_flag(attr)} {path} is a file, not a folder")
-        _creatable(path, _flag(attr), path)
+        _creatable(path, _flag(attr), path, itself=True)

@@ -1,0 +1,108 @@
+"""Issue 28.5-28.7 at the command line: output paths, portable names, warnings, one what-if
+report from every command, cost that says 'infeasible' instead of printing divergent money."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainplan.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = str(ROOT / "plans" / "llama3-70b-h100.yaml")
+#: A what-if small enough for a test: GPT 1.7B, fabric x node count, layouts pinned.
+SMALL_SWEEP = {"name": "fabric-x-nodes", "model": "gpt-1.7b", "cluster": {"node": "dgx-h100", "nodes": 2},
+               "global_batch": 64, "tokens": 1e10, "grid": {"fabric": ["ib-hdr", "ib-ndr"], "nodes": [2, 4]},
+               "space": {"tp": [2], "pp": [1], "cp": [1], "zero": [1], "micro_batch": [2]}}
+
+
+def one_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("trainplan: error: ") and "Traceback" not in err
+    return err
+
+
+def test_missing_folder_outside_the_working_directory_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path.parent / f"absent-{os.getpid()}" / "dir" / "t.json"
+    assert main(["simulate", PLAN, "--engine", "des", "--trace", str(target)]) == 2
+    assert "does not exist" in one_error(capsys)
+    assert not target.parent.parent.exists()                # nothing created
+    assert main(["simulate", PLAN, "--engine", "des", "--trace", "sub/t.json"]) == 0
+    assert (tmp_path / "sub" / "t.json").exists()           # inside the working directory: created
+
+
+def test_a_file_where_a_folder_belongs_and_the_reverse(tmp_path, capsys):
+    existing = tmp_path / "taken"
+    existing.write_text("keep me")
+    assert main(["whatif", str(ROOT / "sweeps" / "example.yaml"), "--report", str(existing)]) == 2
+    assert "is a file, not a folder" in one_error(capsys)
+    assert main(["report", "whatif", str(ROOT / "sweeps" / "example.yaml"), "--out", str(existing)]) == 2
+    one_error(capsys)
+    assert existing.read_text() == "keep me"
+    assert main(["simulate", PLAN, "--engine", "des", "--gantt", str(tmp_path)]) == 2
+    assert "is a folder" in one_error(capsys)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere: no unwritable folder to try")
+def test_unwritable_folder_is_one_sentence(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    assert main(["simulate", PLAN, "--engine", "des", "--trace", str(locked / "t.json")]) == 2
+    assert "not writable" in one_error(capsys)
+
+
+def test_best_plan_file_name_is_portable(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "32",
+                 "--top-k", "0", "--rows", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    name = Path(out["best_plan_file"]).name
+    assert ":" not in name and name.endswith(".yaml") and (tmp_path / name).exists()
+    assert "headroom_gib" in out["table"][0] and "step_time_s_lo" in out["table"][0]
+
+
+def test_whatif_report_is_the_same_from_every_command(tmp_path, capsys):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(SMALL_SWEEP))
+    assert main(["whatif", str(sweep), "--report", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert main(["report", "whatif", str(sweep), "--out", str(tmp_path / "b")]) == 0
+    files = lambda d: sorted(p.name for p in (tmp_path / d).iterdir())  # noqa: E731
+    assert files("a") == files("b") and {"index.html", "report.md", "cells.csv"} <= set(files("a"))
+    assert (tmp_path / "a" / "cells.csv").read_text() == (tmp_path / "b" / "cells.csv").read_text()
+    header = printed.splitlines()[0].split()
+    assert header[:3] == ["fabric", "nodes", "layout"] and "e+" not in printed
+    assert len([ln for ln in printed.splitlines() if ln.startswith(("ib-hdr", " ib-hdr", "ib-ndr", " ib-ndr"))]) == 4
+
+
+def test_cost_of_102400_gpus_says_spot_is_infeasible(tmp_path, capsys):
+    plan = tmp_path / "big.yaml"
+    from bench.cost import BIG_PLAN
+
+    plan.write_text(yaml.safe_dump(BIG_PLAN))
+    assert main(["cost", str(plan), "--tokens", "1.5e13"]) == 0
+    out = capsys.readouterr().out
+    spot = next(ln for ln in out.splitlines() if ln.strip().startswith("spot"))
+    assert "infeasible" in spot and "$" not in spot
+    assert max(len(tok) for tok in out.replace(",", "").split()) < 80   # no 190-digit figure
+    assert main(["cost", str(plan), "--tokens", "1.5e13", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["spot"]["usd"] is None
+
+
+def test_absurd_input_is_warned_or_refused(tmp_path, capsys):
+    doc = yaml.safe_load(Path(PLAN).read_text())
+    doc["model"]["seq_len"] = 16384
+    longer = tmp_path / "longer.yaml"
+    longer.write_text(yaml.safe_dump(doc))
+    assert main(["simulate", str(longer)]) == 0
+    err = capsys.readouterr().err
+    assert "trainplan: warning: model.seq_len=16,384 is 2x its trained context" in err
+    doc["model"]["layers"] = 1_000_000_000
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(yaml.safe_dump(doc))
+    assert main(["cost", str(deep), "--tokens", "1e12"]) == 2
+    assert "no run can train" in one_error(capsys)
