@@ -55,6 +55,7 @@ def _plan_file_commands(sub) -> None:
     p.add_argument("plan", type=Path)
     p.add_argument("--lowered", action="store_true", help="with SEND/RECV and UNSHARD/RESHARD actions")
     p.add_argument("--by", choices=["rank", "step"], default="rank")
+    p.add_argument("--all", action="store_true", help="every time step (default: the first blocks that fit the terminal)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=model.cmd_schedule)
 

@@ -47,13 +47,23 @@ def cmd_topology(args) -> None:
     from topologies.build import build_cluster
     from topologies.routes import cluster_summary
 
-    plan = load_plan(args.plan)
-    graph = build_cluster(plan.cluster)
-    summary = cluster_summary(graph, plan.cluster)
-    if args.draw:
-        from reports.plots import save_figure, topology_figure
+    from tqdm import tqdm
 
-        summary["drawing"] = str(save_figure(topology_figure(graph, plan.cluster), args.draw))
+    plan = load_plan(args.plan)
+    steps = 3 if args.draw else 2   # a bar only when it takes over two seconds (100k GPUs: ~10 s)
+    with tqdm(total=steps, desc="topology: graph", unit="phase", delay=2, leave=False,
+              disable=not sys.stderr.isatty()) as bar:
+        graph = build_cluster(plan.cluster)
+        bar.set_description("topology: bisection (max flow)")
+        bar.update()
+        summary = cluster_summary(graph, plan.cluster)
+        bar.update()
+        if args.draw:
+            from reports.plots import save_figure, topology_figure
+
+            bar.set_description("topology: drawing")
+            summary["drawing"] = str(save_figure(topology_figure(graph, plan.cluster), args.draw))
+            bar.update()
     if args.json:
         print_json(summary)
     else:
@@ -170,6 +180,32 @@ def cmd_export(args) -> None:
     print(export_plan(load_plan(args.plan), args.to), end="")
 
 
+#: Blocks of time steps ``schedule`` prints without --all (the rest is counted, not shown).
+SCHEDULE_BLOCKS = 4
+
+
+def wrapped_grid(sched: dict, by: str, format_grid, *, show_all: bool = False, width: int | None = None) -> str:
+    """The rank-by-step grid cut into blocks of time steps that fit the terminal's width, each
+    headed by its step range; at most SCHEDULE_BLOCKS blocks unless ``show_all``."""
+    import shutil
+
+    if by != "rank":
+        return format_grid(sched, by=by)
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    steps = max((len(a) for a in sched.values()), default=0)
+    cell = max((len(str(a)) for acts in sched.values() for a in acts if a is not None), default=1) + 1
+    label = max(len(f"Rank {r}: ") for r in sched)
+    per_block = max(1, (width - label) // cell)
+    starts = list(range(0, steps, per_block))
+    shown = starts if show_all else starts[:SCHEDULE_BLOCKS]
+    blocks = [f"steps {a}-{min(a + per_block, steps) - 1}:\n"
+              + format_grid({r: acts[a:a + per_block] for r, acts in sched.items()}, by="rank") for a in shown]
+    if len(shown) < len(starts):
+        left = steps - shown[-1] - per_block
+        blocks.append(f"... {left} more steps not shown (--all prints them)")
+    return "\n".join(blocks)
+
+
 def cmd_schedule(args) -> None:
     from simcore.model.schedules import build_schedule, format_grid, lower
 
@@ -183,7 +219,7 @@ def cmd_schedule(args) -> None:
     else:
         print(f"{plan.name}: {par.schedule.value}, pp={par.pp}, vpp={par.vpp}, "
               f"{plan.num_microbatches} micro-batches")
-        print(format_grid(sched, by=args.by))
+        print(wrapped_grid(sched, args.by, format_grid, show_all=args.all))
 
 
 def cmd_collectives(args) -> None:
