@@ -116,7 +116,7 @@ def cmd_simulate(args) -> None:
     if args.json:
         print_json({**result.to_json(), **interval})
     else:
-        print_prediction(result)
+        print_prediction(result, plan)
         if interval["interval_s"]:
             lo, hi = interval["interval_s"]
             print(f"  {interval['interval_level']:.0%} interval of the step time: {fmt_s(lo)} - {fmt_s(hi)} "
@@ -155,7 +155,11 @@ def cmd_memory(args) -> None:
     if report.get("host_offload_bytes_per_node"):
         print(f"  host memory for offload per node: {report['host_offload_bytes_per_node'] / gib:.1f} GiB "
               f"of {report['host_memory_bytes_per_node'] / gib:.0f} GiB")
-    print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB)")
+    from simcore.planner.formatting import headroom_gib
+
+    room = headroom_gib(report["hbm_bytes"] / gib, report["memory_per_gpu_gib"])
+    print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB, "
+          f"headroom {room:.2f} GiB)")
 
 
 def cmd_import(args) -> None:

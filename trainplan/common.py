@@ -30,6 +30,15 @@ def check_prediction(plan, result) -> None:
     warn(prediction_warnings(plan, result))
 
 
+def _headroom(plan, result) -> str:
+    """', N GiB headroom of M GiB' from the one headroom helper, or '' without the plan."""
+    if plan is None:
+        return ""
+    from simcore.planner.formatting import hbm_gib, headroom_gib
+
+    return f", {headroom_gib(hbm_gib(plan), result.memory_per_gpu_gib):.2f} GiB headroom of {hbm_gib(plan):.0f} GiB"
+
+
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
@@ -45,7 +54,7 @@ def fmt_s(x: float) -> str:
     return f"{x / 3600:,.1f} h" if x < 86400 else f"{x / 86400:,.1f} days"
 
 
-def print_prediction(result) -> None:
+def print_prediction(result, plan=None) -> None:
     """A readable breakdown of a StepResult (predicted or measured), units adapted to the size."""
     from simcore.planner.formatting import binary_bytes, percent, si
 
@@ -60,7 +69,7 @@ def print_prediction(result) -> None:
         ("hardware FLOP/s per GPU", si(result.hardware_tflops_per_gpu * 1e12, "FLOP/s")),
         ("MFU / HFU", f"{percent(result.mfu)} / {percent(result.hfu)}"),
         ("memory per GPU", f"{binary_bytes(result.memory_per_gpu_gib * 2**30)} "
-                           f"({'fits' if result.fits else 'DOES NOT FIT'})"),
+                           f"({'fits' if result.fits else 'DOES NOT FIT'}{_headroom(plan, result)})"),
     ]
     print(f"{result.plan_name} ({result.source})")
     for k, v in rows:
