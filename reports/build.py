@@ -37,7 +37,8 @@ def hardware_assumptions(plan: Plan) -> list[tuple[str, str]]:
     return out
 
 
-def validate_report(result, *, title: str = "Predicted against measured", profile: dict | None = None) -> Report:
+def validate_report(result, *, title: str = "Predicted against measured", profile: dict | None = None,
+                    notes: tuple[str, ...] = ()) -> Report:
     """The validation report of a matrix run (``trainplan.validate.MatrixResult``)."""
     table: pd.DataFrame = result.table
     sections, summary = [], []
@@ -72,7 +73,7 @@ def validate_report(result, *, title: str = "Predicted against measured", profil
                             f"torch {m.get('torch', '?')}, {m.get('backend', '?')})",
                             profile.get("device", {}).get("source", "trainplan calibrate")))
     return Report(title=title, subtitle="trainplan validate", summary=tuple(summary), sections=tuple(sections),
-                  assumptions=tuple(assumptions))
+                  assumptions=tuple(assumptions), notes=notes)
 
 
 def memory_section(plan: Plan, report: dict) -> Section:
@@ -201,7 +202,9 @@ def whatif_report(res) -> Report:
                    ("fastest", f"{label(fastest)}: {f.with_interval(fastest['days'], fastest.get('days_lo'), fastest.get('days_hi'), f.days)} days"),
                    ("cheapest", f"{label(cheapest)}: {f.with_interval(cheapest['usd'], cheapest.get('usd_lo'), cheapest.get('usd_hi'), f.money)}")]
     figs = whatif_figures(res)
-    sections = [Section(name.replace("_", " "), figure=fig, name=name) for name, fig in figs.items()]
+    headings = {"heatmap_days": "Days to train, every cell", "heatmap_usd": "Cost (on-demand), every cell",
+                "pareto": "Cost against time"}
+    sections = [Section(headings.get(name, name), figure=fig, name=name) for name, fig in figs.items()]
     sources = list(res.table["interval_source"].dropna().unique()) if "interval_source" in res.table else []
     sections.append(Section("Every cell", table=res.display_table(),
                             text="Intervals (90%) come from the step-time residuals of the validation sets: "

@@ -128,6 +128,10 @@ def _draw_grid(ax, grid: pd.DataFrame, value: str, rows: str, cols: str | None, 
     return im
 
 
+#: Axis and heading names of the what-if figures' values.
+VALUE_LABELS = {"days": "days to train", "usd": "cost (on-demand)"}
+
+
 def whatif_heatmap(df: pd.DataFrame, value: str, axes: list[str] | None = None) -> Figure:
     """``value`` (e.g. days or usd) over the sweep's first two ``axes`` (rows x columns), one
     panel per combination of the other axes, so every axis of the grid is visible; without
@@ -152,7 +156,9 @@ def whatif_heatmap(df: pd.DataFrame, value: str, axes: list[str] | None = None) 
         key = key if isinstance(key, tuple) else (key,)
         ax.set_title(", ".join(f"{a}={k}" for a, k in zip(facets, key)) or f"{value} by {rows}"
                      + (f" x {cols}" if cols else ""), fontsize=9)
-    fig.colorbar(im, ax=list(panels), label=value)
+    bar = fig.colorbar(im, ax=list(panels), label=VALUE_LABELS.get(value, value))
+    if value.startswith("usd"):
+        money_axis(bar.ax.yaxis)
     if facets:
         fig.suptitle(f"{value} by {rows}" + (f" x {cols}" if cols else "") + f", one panel per {', '.join(facets)}")
     return fig

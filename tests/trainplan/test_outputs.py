@@ -106,3 +106,28 @@ def test_absurd_input_is_warned_or_refused(tmp_path, capsys):
     deep.write_text(yaml.safe_dump(doc))
     assert main(["cost", str(deep), "--tokens", "1e12"]) == 2
     assert "no run can train" in one_error(capsys)
+
+
+def test_local_validation_says_how_loaded_the_host_is(tmp_path, monkeypatch):
+    """Issue 28.8: the host's load, a re-measured host speed against the profile's, and how far
+    to trust the comparison on a shared host."""
+    import executors.calibrate.profile as calib
+    from trainplan import jobs
+
+    path = tmp_path / "localhost.yaml"
+    profile = {"measured_on": {"device": "cpu", "date": "2026-01-01T00:00:00Z", "calibration_s": 9.5},
+               "oversubscription": {"matmul_flops_per_s_per_rank": {1: 2.0e10}}}
+    path.write_text(yaml.safe_dump(profile))
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.1 * cores, 0.0, 0.0))
+    slower = {**profile, "oversubscription": {"matmul_flops_per_s_per_rank": {1: 1.0e10}}}
+    monkeypatch.setattr(calib, "refresh_host_speed", lambda p: slower)
+    quiet = jobs.host_conditions(path)
+    assert "10% per core" in quiet[0] and "calibrated 2026-01-01" in quiet[0]
+    assert "0.50x as fast" in quiet[1]                      # a stale profile is re-measured
+    assert not any("shared with other work" in line for line in quiet)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0 * cores, 0.0, 0.0))
+    busy = jobs.host_conditions(path, refresh=False)
+    assert "300% per core" in busy[0] and "shared with other work" in busy[-1]
+    path.write_text(yaml.safe_dump({"measured_on": {"device": "cuda"}}))
+    assert jobs.host_conditions(path) == []                 # a GPU's speed does not follow the CPU load
