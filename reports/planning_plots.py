@@ -154,13 +154,14 @@ def whatif_heatmap(df: pd.DataFrame, value: str, axes: list[str] | None = None) 
             else part.groupby(rows)[[value]].min()
         im = _draw_grid(ax, grid, value, rows, cols, vmin, vmax)
         key = key if isinstance(key, tuple) else (key,)
-        ax.set_title(", ".join(f"{a}={k}" for a, k in zip(facets, key)) or f"{value} by {rows}"
-                     + (f" x {cols}" if cols else ""), fontsize=9)
+        ax.set_title(", ".join(f"{a}={k}" for a, k in zip(facets, key)) or f"{VALUE_LABELS.get(value, value)} by "
+                     f"{rows}" + (f" x {cols}" if cols else ""), fontsize=9)
     bar = fig.colorbar(im, ax=list(panels), label=VALUE_LABELS.get(value, value))
     if value.startswith("usd"):
         money_axis(bar.ax.yaxis)
     if facets:
-        fig.suptitle(f"{value} by {rows}" + (f" x {cols}" if cols else "") + f", one panel per {', '.join(facets)}")
+        fig.suptitle(f"{VALUE_LABELS.get(value, value)} by {rows}" + (f" x {cols}" if cols else "")
+                     + f", one panel per {', '.join(facets)}")
     return fig
 
 

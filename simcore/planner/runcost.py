@@ -319,7 +319,7 @@ def scenario_line(s: Scenario) -> str:
 def summary_lines(rc: RunCost) -> list[str]:
     """The run cost as a few lines for the terminal (the CLI prints these without --json)."""
     ck, od = rc.checkpoint, rc.on_demand
-    days = "infeasible" if od.infeasible else f"{rc.days:.1f} days (goodput {od.goodput:.1%}); " \
+    days = "infeasible" if od.infeasible else f"{rc.days:,.1f} days (goodput {od.goodput:.1%}); " \
         f"{rc.gpu_hours:,.0f} GPU-hours"
     from simcore.planner.formatting import si
 
