@@ -78,9 +78,12 @@ def validate_report(result, *, title: str = "Predicted against measured", profil
 
 def memory_section(plan: Plan, report: dict) -> Section:
     """Memory per GPU by kind for each pipeline rank against HBM (from ``simulate.memory_report``)."""
+    from simcore.planner.formatting import headroom_gib
+
+    room = headroom_gib(report["hbm_bytes"] / 2**30, report["memory_per_gpu_gib"])
     return Section("Memory per GPU", text=f"Most loaded GPU: {report['memory_per_gpu_gib']:.1f} GiB of "
                                           f"{report['hbm_bytes'] / 2**30:.0f} GiB; "
-                                          f"{'fits' if report['fits'] else 'does NOT fit'}.",
+                                          f"{'fits' if report['fits'] else 'does NOT fit'}, headroom {room:.1f} GiB.",
                    figure=memory_figure(report["ranks"], report["hbm_bytes"], "Memory per GPU by pipeline rank"),
                    name="memory")
 

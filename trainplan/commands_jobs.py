@@ -39,6 +39,11 @@ def cmd_validate(args) -> None:
 
     if bool(args.plan) == bool(args.matrix):
         raise UsageError("validate needs either a PLAN or --matrix FILE")
+    from topologies.profile import default_profile_path
+    from trainplan.jobs import host_conditions
+
+    for line in host_conditions(default_profile_path()):   # the load, a fresh host speed, how far to trust
+        print(f"trainplan: host: {line}", file=sys.stderr)
     if args.plan:
         plan = load_plan_for_validate(args.plan, progress=not args.json)
         try:
