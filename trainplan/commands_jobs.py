@@ -98,9 +98,11 @@ def cmd_plan(args) -> None:
     out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:
-        print_json({"best": plan_to_dict(res.best), "best_plan_file": str(out),
-                     "table": res.table.head(args.rows).to_dict(orient="records"),
-                     "pareto": res.pareto.to_dict(orient="records"), "explanations": res.explanations})
+        from simcore.planner.formatting import json_safe
+
+        print_json(json_safe({"best": plan_to_dict(res.best), "best_plan_file": str(out),
+                              "table": res.table.head(args.rows).to_dict(orient="records"),
+                              "pareto": res.pareto.to_dict(orient="records"), "explanations": res.explanations}))
         return
     print(summary_table(res, args.rows))
     print()
@@ -137,9 +139,9 @@ def cmd_whatif(args) -> None:
 
         html = write_whatif_report(res, args.report)
     if args.json:
-        from simcore.planner.runcost import _json_safe
+        from simcore.planner.formatting import json_safe
 
-        print_json(_json_safe({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions}))
+        print_json(json_safe({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions}))
         return
     print(res.display_table().to_string(index=False))
     sources = res.table["interval_source"].dropna().unique() if "interval_source" in res.table else []

@@ -102,3 +102,14 @@ def ranking_overlap(values: list[tuple[str, float, float]]) -> str:
     shown = ", ".join(close[:4]) + (f" and {len(close) - 4} more" if len(close) > 4 else "")
     return (f"the interval of {name} overlaps that of {shown}: the ranking between them is within "
             "the model's error")
+
+
+def json_safe(x):
+    """``x`` with every NaN and inf (an infeasible or missing figure) as None: JSON has no NaN."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x

@@ -118,17 +118,9 @@ class RunCost:
         out["days"] = self.days
         out["gpu_hours"] = self.gpu_hours
         out["notes"] = list(self.notes)
-        return _json_safe(out)
+        from simcore.planner.formatting import json_safe
 
-
-def _json_safe(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
+        return json_safe(out)
 
 
 def _monte_carlo(s: Scenario, work_s: float, ck: CheckpointPlan, recover_s: float, gpus_paid: float,

@@ -19,6 +19,10 @@ SMALL_SWEEP = {"name": "fabric-x-nodes", "model": "gpt-1.7b", "cluster": {"node"
                "space": {"tp": [2], "pp": [1], "cp": [1], "zero": [1], "micro_batch": [2]}}
 
 
+def strict(constant: str):
+    raise AssertionError(f"{constant} is not JSON")
+
+
 def one_error(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("trainplan: error: ") and "Traceback" not in err
@@ -59,7 +63,7 @@ def test_best_plan_file_name_is_portable(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "32",
                  "--top-k", "0", "--rows", "3", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out, parse_constant=strict)
     name = Path(out["best_plan_file"]).name
     assert ":" not in name and name.endswith(".yaml") and (tmp_path / name).exists()
     assert "headroom_gib" in out["table"][0] and "step_time_s_lo" in out["table"][0]
@@ -90,7 +94,7 @@ def test_cost_of_102400_gpus_says_spot_is_infeasible(tmp_path, capsys):
     assert "infeasible" in spot and "$" not in spot
     assert max(len(tok) for tok in out.replace(",", "").split()) < 80   # no 190-digit figure
     assert main(["cost", str(plan), "--tokens", "1.5e13", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["spot"]["usd"] is None
+    assert json.loads(capsys.readouterr().out, parse_constant=strict)["spot"]["usd"] is None
 
 
 def test_absurd_input_is_warned_or_refused(tmp_path, capsys):
