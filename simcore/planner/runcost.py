@@ -217,7 +217,14 @@ def _with_intervals(plan: Plan, scen: dict[str, Scenario], step_s: float, steps:
         return {k: replace(s, interval=note) for k, s in scen.items()}
     lo_s, hi_s = iv["interval_s"]
     lo, hi = again(max(lo_s, 0.0) * steps), again(hi_s * steps)
-    return {k: replace(s, interval={"days": [lo[k].days, hi[k].days], "usd": [lo[k].usd, hi[k].usd],
+    def ends(k: str, attr: str) -> list[float]:
+        """The figure over the step-time interval: its ends and the value itself (spot's whole
+        spare nodes can make it move unevenly between them); NaN at an end means infeasible there."""
+        values = [getattr(lo[k], attr), getattr(scen[k], attr), getattr(hi[k], attr)]
+        if any(math.isnan(v) for v in values):
+            return [values[0], values[2]]
+        return [min(values), max(values)]
+    return {k: replace(s, interval={"days": ends(k, "days"), "usd": ends(k, "usd"),
                                     "step_time_s": [lo_s, hi_s], "level": iv["interval_level"],
                                     "source": f"step time {iv['interval_source']}"})
             for k, s in scen.items()}
