@@ -154,7 +154,7 @@ def _scenario_text(s, label: str) -> str:
     if s.infeasible:
         return f"{label}: infeasible ({s.infeasible})."
     iv = s.interval
-    spares = f", {s.spare_nodes} spare nodes" if s.spare_nodes else ""
+    spares = f", {s.spare_nodes} spare node{'s' if s.spare_nodes > 1 else ''}" if s.spare_nodes else ""
     return (f"{label}: {f.with_interval(s.days, *iv.get('days', [None, None]), f.days)} days, "
             f"{f.with_interval(s.usd, *iv.get('usd', [None, None]), f.money)} (goodput {f.percent(s.goodput)}, "
             f"{s.expected_interruptions:,.1f} interruptions expected{spares}).")

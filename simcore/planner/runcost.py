@@ -288,7 +288,7 @@ def _notes(plan: Plan, data: dict, st: Storage, ck: CheckpointPlan, failures: bo
     if not failures:
         notes.append("failures and preemptions off: an ideal run")
     elif spot.preemptions_per_s > 0:
-        notes.append(f"spot: {spot.spare_nodes} spare nodes keep the job whole {spot.availability:.1%} of the time; "
+        notes.append(f"spot: {spot.spare_nodes} spare node(s) held, the job whole {spot.availability:.1%} of the time; "
                      + ("a checkpoint fits in the provider's notice, so a preemption loses no work"
                         if spot.notice_saves else "no checkpoint fits in the provider's notice: a preemption "
                         "loses the work since the last checkpoint") + " (simcore/planner/spot.py)")
@@ -310,7 +310,7 @@ def scenario_line(s: Scenario) -> str:
     spread = (f"; failures {mc['level']:.0%} of {mc['runs']} runs {mc['days_lo']:.1f}-{mc['days_hi']:.1f} days, "
               f"${mc['usd_lo']:,.0f}-${mc['usd_hi']:,.0f}") if "runs" in mc else \
         (f"; Monte-Carlo skipped: {mc['skipped']}" if "skipped" in mc else "")
-    spares = f", {s.spare_nodes} spare nodes" if s.spare_nodes else ""
+    spares = f", {s.spare_nodes} spare node{'s' if s.spare_nodes > 1 else ''}" if s.spare_nodes else ""
     return (f"  {s.name:>9}: ${s.usd:,.0f} at ${s.usd_per_gpu_hour:.2f}/GPU-hour, {s.days:.1f} days{model}, "
             f"{s.expected_interruptions:,.1f} interruptions, goodput {s.goodput:.1%}{spares}{spread}")
 
