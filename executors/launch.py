@@ -5,7 +5,10 @@ On one host ``run(plan)`` spawns ``plan.parallel.gpus`` processes itself
 GPU per rank); on a cluster ``python -m executors.launch PLAN`` runs under torchrun's
 rendezvous (``torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m
 executors.launch PLAN``) and rank 0 prints the Measurement as JSON. A rank that fails ends
-the run with its message; one that hangs ends it after ``timeout_s`` naming the rank.
+the run with its message. Each rank beats a heartbeat after it is built and after each step;
+one that makes no progress for ``timeout_s`` (from its last heartbeat, not from the start)
+ends the run naming the rank (``executors.watchdog``), so the timeout must exceed one step
+and the start-up, not the whole run.
 
 Data are synthetic by default: each sequence counts up from a random start with a random
 stride modulo the vocabulary, so the loss can fall; a token file (a flat numpy memmap of
@@ -26,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from executors.procs import init_distributed, spawn
+from executors.watchdog import heartbeat
 from simcore.plan.spec import Plan, ZeroStage
 from simcore.results import StepResult, write_chrome_trace
 
@@ -41,6 +45,7 @@ class RunOptions:
     lr: float | None = None
     instrument: bool = True
     timeout_s: float = 300.0
+    """Progress timeout: seconds a rank may go without a heartbeat (start-up, one step)."""
 
 
 # --------------------------------------------------------------------------- data and steps
@@ -78,7 +83,9 @@ def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunO
         raise ValueError(f"the plan needs {plan.parallel.gpus} ranks (tp*pp*dp*cp) but {world} were started")
     mesh = build_mesh(plan, device.type)
     trainer = build_trainer(plan, mesh, device, opts.seed, opts.lr or LEARNING_RATE)
-    first = checkpoint.load(trainer, opts.checkpoint_dir) if opts.resume else 0
+    heartbeat()
+    first = checkpoint.load(trainer, opts.checkpoint_dir, plan) if opts.resume else 0
+    heartbeat()
     rec = record.Recorder(rank=rank, axis_of=record.axis_map(mesh), enabled=False)
     for stage in trainer.stages:
         record.instrument_stage(stage, rec)
@@ -107,8 +114,10 @@ def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunO
             steps.append({"step": step, "duration_s": duration, "instrumented": instrument,
                           "spans": rec.step_spans() if instrument else [], "counts": dict(rec.counts)})
             losses.append(global_loss(plan, loss, device))
+            heartbeat(step - first + 1)   # the parent's watchdog: this rank made progress
     if opts.checkpoint_dir:
-        checkpoint.save(trainer, opts.checkpoint_dir, first + opts.steps)
+        checkpoint.save(trainer, opts.checkpoint_dir, first + opts.steps, plan)
+        heartbeat()
     memory = measure.state_bytes(trainer.parts, trainer.optimizer)
     memory["activations"] = float(saved.peak)
     if plan.parallel.zero == ZeroStage.GRADIENTS:   # FSDP2 keeps the unsharded parameters until backward
@@ -187,7 +196,7 @@ def run(plan: Plan, *, steps: int = 20, warmup: int = 5, seed: int = 0, trace_pa
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point under torchrun: every rank runs; rank 0 prints the Measurement."""
-    from executors.measure import summarise
+    from executors.measure import plan_identity, summarise
     from simcore.plan.load import load_plan
 
     ap = argparse.ArgumentParser(prog="python -m executors.launch")
@@ -213,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         result = summarise(plan, records, a.warmup)
         if a.trace:
             write_chrome_trace(result.spans, a.trace, process_name=plan.name or "measured")
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps({**result.to_json(), "plan": plan_identity(plan)}, indent=2))
     dist.destroy_process_group()
     return 0
 

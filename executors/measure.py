@@ -1,7 +1,8 @@
 """Measure a training step in the simulator's schema (``simcore.results``).
 
 The spans and collective counts come from ``executors.record``; this module adds the
-rank's memory and summarises every rank's records into one ``StepResult``.
+rank's memory and summarises every rank's records into one ``StepResult``, and says which
+plan a measurement (or a checkpoint) came from: ``plan_identity``.
 
 Memory (CPU): the exact bytes of this rank's local parameter, gradient and optimizer
 state tensors (DTensor local shards), and the peak bytes of tensors saved for backward
@@ -11,6 +12,8 @@ tensor. On CUDA the total is ``torch.cuda.max_memory_allocated``.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections import Counter
 
@@ -18,6 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from executors.record import tensor_bytes
+from simcore.plan.load import plan_to_dict
 from simcore.results import GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
 
 
@@ -177,3 +181,31 @@ def summarise(plan, records: list[dict], warmup: int) -> StepResult:
                **({"dp_sync_wait_s": sum(waits) / k} if any(waits) else {}),
                **({"recorder_overhead": recorded_time / step_time - 1} if bare else {}),
                **{f"calls.{kind}.{axis}": float(c) for (kind, axis), c in sorted(calls.items())}})
+
+
+# --------------------------------------------------------------------------- the plan measured
+
+#: The cluster fields a measurement depends on (storage and prices do not change a step).
+IDENTITY_CLUSTER = ("node", "nodes", "gpus_per_node")
+
+
+def plan_identity(plan) -> dict:
+    """What a measured run or a checkpoint records of the plan it ran: its name, the fields a
+    step depends on (the model's shape, the layout, the training section with batch and
+    precision, the cluster's node and size; flat ``section.key`` names) and their SHA-256."""
+    doc = plan_to_dict(plan)
+    fields = {f"model.{k}": v for k, v in doc["model"].items() if k != "name"}
+    fields.update({f"parallel.{k}": v for k, v in doc["parallel"].items()})
+    fields.update({f"training.{k}": v for k, v in doc["training"].items()})
+    fields.update({f"cluster.{k}": doc["cluster"][k] for k in IDENTITY_CLUSTER})
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    return {"name": plan.name, "sha256": digest, "fields": fields}
+
+
+def plan_mismatch(recorded: dict, plan, prefixes: tuple[str, ...] = ("",)) -> list[str]:
+    """The fields (of those starting with one of ``prefixes``) where a recorded identity and
+    ``plan`` differ, each as ``'key recorded (recorded) vs plan (plan)'``."""
+    ours = plan_identity(plan)["fields"]
+    theirs = recorded.get("fields", {})
+    keys = [k for k in dict.fromkeys([*theirs, *ours]) if k.startswith(prefixes)]
+    return [f"{k} {theirs.get(k)} vs {ours.get(k)}" for k in keys if theirs.get(k) != ours.get(k)]

@@ -2,7 +2,8 @@
 
 ``spawn`` starts ``world`` ranks (fork on a CPU host, spawn with CUDA), each with a gloo or
 nccl process group from ``init_distributed``; a rank that raises ends the run with its
-message, one that hangs ends it after ``timeout_s`` naming the rank. gloo's transport
+message, one that stops making progress ends it after ``timeout_s`` naming the rank
+(``executors.watchdog``: heartbeats, signals, ending every rank). gloo's transport
 threads are moved to SCHED_IDLE (``idle_gloo_transport``) so that on a small CPU host they do
 not take the cores from the ranks while messages flow.
 """
@@ -12,17 +13,20 @@ import contextlib
 import gc
 import os
 import pickle
+import signal
 import socket
 import tempfile
 import time
 import traceback
 from datetime import timedelta
+from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException
+
+from executors import watchdog
 
 #: How often the parent polls its ranks, seconds.
 POLL_S = 0.2
@@ -90,13 +94,15 @@ def gloo_transport_threads() -> list[int]:
     return tids
 
 
-def _entry(rank, fn, world, port, outdir, timeout_s, args):
+def _entry(rank, fn, world, port, outdir, timeout_s, beats, parent, args):
+    watchdog.start_rank(rank, beats, parent)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     path = Path(outdir) / f"rank{rank}.pkl"
     try:
-        device = init_distributed(rank, world, timeout_s)
+        device = init_distributed(rank, world, timeout_s * watchdog.COLLECTIVE_TIMEOUT_FACTOR)
+        watchdog.heartbeat()
         result = ("ok", fn(rank, world, device, *args))
     except BaseException as exc:  # reported to the parent, which names the rank
         if not isinstance(exc, ValueError):
@@ -132,31 +138,45 @@ def _frozen_heap():
 
 def spawn(fn, world: int, args: tuple = (), *, timeout_s: float = 300.0, start_method: str = "spawn") -> list:
     """Run ``fn(rank, world, device, *args)`` on ``world`` fresh processes; return the
-    results by rank. ValueError from a rank is re-raised as is; another failure, or a
-    rank still running after ``timeout_s``, ends every rank and raises RuntimeError.
+    results by rank. ValueError from a rank is re-raised as is; another failure, or a live
+    rank with no progress (``executors.watchdog.heartbeat``) for ``timeout_s``, ends every
+    rank and raises RuntimeError naming the rank. SIGINT or SIGTERM ends every rank, removes
+    the ranks' temporary folder and raises ``watchdog.RunInterrupted``.
     ``start_method="fork"`` (CPU only) skips re-importing torch in every rank, which the
     tests use to stay fast on two cores."""
-    with tempfile.TemporaryDirectory(prefix="trainplan-ranks-") as outdir:
-        with _frozen_heap() if start_method == "fork" else contextlib.nullcontext():
-            ctx = mp.start_processes(_entry, args=(fn, world, free_port(), outdir, timeout_s, args),
-                                     nprocs=world, join=False, start_method=start_method)
-        deadline = time.monotonic() + timeout_s
+    beats = watchdog.new_heartbeats(mp.get_context(start_method), world)
+    with watchdog.ParentSignals() as signals, tempfile.TemporaryDirectory(prefix="trainplan-ranks-") as outdir:
+        ctx = None
         try:
-            while not ctx.join(timeout=POLL_S):
-                if time.monotonic() > deadline:
-                    hung = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
-                    raise RuntimeError(f"rank {hung[0]} did not finish within {timeout_s:g} s "
-                                       f"(ranks still running: {hung}); every rank was stopped")
-        except ProcessException as exc:
-            _raise_rank_error(outdir, world, exc)
+            with _frozen_heap() if start_method == "fork" else contextlib.nullcontext():
+                ctx = mp.start_processes(_entry, nprocs=world, join=False, start_method=start_method,
+                                         args=(fn, world, free_port(), outdir, timeout_s, beats, os.getpid(), args))
+            failed = _wait(ctx.processes, beats, timeout_s)
+            if failed is not None:
+                watchdog.end_ranks(ctx.processes)   # the others at once: their errors are its echo
+                _raise_rank_error(outdir, world, failed, ctx.processes[failed].exitcode)
         finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
+            signals.armed = False   # ending the ranks must not be cut short by a second signal
+            if ctx is not None:
+                watchdog.end_ranks(ctx.processes)
         return [pickle.loads((Path(outdir) / f"rank{r}.pkl").read_bytes())[1] for r in range(world)]
 
 
-def _raise_rank_error(outdir: str, world: int, exc: Exception):
+def _wait(processes, beats, timeout_s: float) -> int | None:
+    """Wait for every rank to exit; the first rank that exits non-zero, None when all
+    succeed. Raises the watchdog's RuntimeError when a live rank stops making progress."""
+    pending = {p.sentinel: r for r, p in enumerate(processes)}
+    while pending:
+        for sentinel in wait_any(list(pending), timeout=POLL_S):
+            rank = pending.pop(sentinel)
+            processes[rank].join()
+            if processes[rank].exitcode != 0:
+                return rank
+        watchdog.check_progress(processes, beats, timeout_s)
+    return None
+
+
+def _raise_rank_error(outdir: str, world: int, rank: int, exitcode: int):
     """Re-raise the first failure in time: the others are usually its echo (a peer reset)."""
     errors = []
     for r in range(world):
@@ -170,8 +190,8 @@ def _raise_rank_error(outdir: str, world: int, exc: Exception):
         if status[3]:
             raise ValueError(status[2]) from None
         raise RuntimeError(f"rank {r} failed: {status[1]}: {status[2]}") from None
-    rank = getattr(exc, "error_index", "?")
-    raise RuntimeError(f"rank {rank} failed: {str(exc).strip().splitlines()[0]}") from None
+    how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
+    raise RuntimeError(f"rank {rank} failed: it ended with {how}") from None
 
 
 # --------------------------------------------------------------------------- data

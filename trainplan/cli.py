@@ -153,7 +153,12 @@ def _planning_commands(sub) -> None:
 
 def _execution_commands(sub) -> None:
     """The run a plan for real, validate it, calibrate this host."""
-    p = sub.add_parser("run", help="run a Plan for real with torch.distributed and measure it")
+    p = sub.add_parser("run", help="run a Plan for real with torch.distributed and measure it",
+                       description="Run a Plan for real with torch.distributed and measure it. Each rank "
+                       "beats a heartbeat after start-up and after every step; a rank silent for --timeout "
+                       "seconds ends the run, naming it. SIGINT (Ctrl-C) and SIGTERM (timeout, scancel, "
+                       "Kubernetes) end every rank, remove the ranks' temporary files and exit with 130 or "
+                       "143 and one sentence; the ranks die with this process.")
     p.add_argument("plan", type=Path)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
@@ -162,7 +167,10 @@ def _execution_commands(sub) -> None:
     p.add_argument("--checkpoint-dir", type=Path)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--data", type=Path, help="a token file (numpy uint16/int32 memmap); synthetic by default")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a hung run is ended")
+    p.add_argument("--timeout", "--progress-timeout", dest="timeout", type=float, default=600.0,
+                   help="progress timeout: seconds a rank may go without progress (start-up, one step), "
+                        "counted from its last heartbeat, not from the start; then every rank is ended "
+                        "(SIGTERM, SIGKILL after a grace period) and the hung rank named (default 600)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=jobs.cmd_run)
 
@@ -213,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PlanError, CatalogError, UsageError, ValueError) as exc:
         print(f"trainplan: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("trainplan: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:   # a run's ranks were ended first (executors.watchdog.RunInterrupted)
+        print(f"trainplan: {exc or 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
     except BrokenPipeError:
         return 0
     except OSError as exc:   # a write the checks could not foresee (disk full, a folder removed meanwhile)

@@ -12,6 +12,7 @@ from trainplan.common import (RunFailed, UsageError, check_prediction, portable_
 
 def cmd_run(args) -> None:
     from executors.launch import run
+    from executors.measure import plan_identity
 
     plan = load_plan(args.plan)
     try:
@@ -20,8 +21,8 @@ def cmd_run(args) -> None:
                      data_path=args.data)
     except RuntimeError as exc:
         raise RunFailed(str(exc).splitlines()[0] if str(exc) else "the run failed") from None
-    if args.json:
-        print_json(result.to_json())
+    if args.json:   # with the plan it ran, which `calibrate --from-run` checks
+        print_json({**result.to_json(), "plan": plan_identity(plan)})
     else:
         print_prediction(result)
 
@@ -51,7 +52,9 @@ def cmd_validate(args) -> None:
         except RuntimeError as exc:
             raise RunFailed(str(exc).splitlines()[0] if str(exc) else "the run failed") from None
         if args.json:
-            print_json(comp.to_json())
+            from executors.measure import plan_identity
+
+            print_json({**comp.to_json(), "plan": plan_identity(plan)})
         else:
             _print_comparison(comp)
         return
@@ -205,9 +208,11 @@ def cmd_calibrate(args) -> None:
             raise UsageError("calibrate --from-run needs --plan, the plan the measured run executed")
         if not Path(out).exists():
             raise UsageError(f"no profile at {out} to refit; run `trainplan calibrate` first")
-        profile = refit_profile(out, args.from_run, load_plan(args.plan))
-        ratios = profile.get("refits", [{}])[-1].get("ratios", {})
-        print(f"refitted {out} from {args.from_run}: " + ", ".join(f"{k} x{v:.3g}" for k, v in ratios.items()))
+        refit = refit_profile(out, args.from_run, load_plan(args.plan))["refits"][-1]
+        print(f"refitted {out} from {args.from_run} (the previous profile kept as {refit['backup']}): "
+              + (", ".join(f"{k} x{v:.3g}" for k, v in refit["ratios"].items()) or "no phase to refit"))
+        for key, (old, new) in refit["changed"].items():
+            print(f"  {key}: {old:.4g} -> {new:.4g}" + (f" (x{new / old:.3g})" if old else ""))
         return
     profile = calibrate(out, quick=args.quick, progress=not args.json)
     if args.json:

@@ -127,6 +127,15 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
     return anchor_to_executor(profile, out)
 
 
+def backup_profile(path) -> Path:
+    """Copy the profile at ``path`` to ``PATH.bak`` (atomically, replacing an older backup)
+    before it is rewritten in place; returns the backup's path."""
+    path = Path(path)
+    backup = path.with_name(path.name + ".bak")
+    atomic_write_text(backup, path.read_text())
+    return backup
+
+
 def p2p_in_sim_unit(efficiency: dict, probe_per_kernel_s: float, ranks: int, suffix: str = "") -> None:
     """Convert the pipeline point-to-point figures of ``efficiency['parallel_host']``
     (``P2P_KEYS``, each with ``suffix``: ``@n`` for a grouped probe's) from the probe's

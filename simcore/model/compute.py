@@ -57,6 +57,9 @@ class DeviceModel:
     adam_host_bytes_per_param: float
     comm_compute_interference: float = 1.0
     """Factor by which compute slows while an overlapped NCCL kernel shares the GPU (>= 1)."""
+    attention_length: EfficiencyCurve | None = None
+    """Multiplier of the attention fractions by the query tokens of one kernel (1 at the
+    plateau): short chunks, as context parallel makes them, run the kernel less efficiently."""
     fp8_matmul_ratio: float = 1.0
     """An FP8 GEMM's achieved fraction of the FP8 peak relative to a 16-bit GEMM's of its peak
     at the same size (catalog ``fp8_matmul_ratio``, per GPU; 1 where none is given)."""
@@ -177,7 +180,7 @@ def _entry(gpu: GPU, catalog_root=None) -> dict:
 
 
 @functools.lru_cache(maxsize=64)
-def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
+def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = "delayed") -> DeviceModel:
     """The GPU's datasheet figures joined with its efficiency entry (cached per GPU)."""
     if gpu.name == "uncalibrated-host":
         raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
@@ -209,8 +212,11 @@ def device_model(gpu: GPU, precision: str, catalog_root=None) -> DeviceModel:
         host_memory_bytes_per_s=float(off.get("host_memory_gbyte_per_s", 0.0)) * 1e9,
         adam_host_bytes_per_param=float(off.get("adam_host_bytes_per_param", 32)),
         comm_compute_interference=float(e.get("comm_compute_interference", 1.0)),
+        attention_length=EfficiencyCurve(points=tuple((float(n), float(v)) for n, v in e["attention"]["length_points"]),
+                                         source=e["attention"].get("length_source", ""))
+        if "length_points" in e["attention"] else None,
         linear_peak_flops=linear_peak,
-        fp8_matmul_ratio=float(e.get("fp8_matmul_ratio", 1.0)),
+        fp8_matmul_ratio=float(e.get("fp8_recipes", {}).get(fp8_recipe, e.get("fp8_matmul_ratio", 1.0))),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         **_host_terms(e),
     )
@@ -246,9 +252,16 @@ def roofline_s(flops: float, bytes_: float, dev: DeviceModel, efficiency: float,
                bytes_ / (dev.hbm_bytes_per_s * dev.memory_efficiency))
 
 
+def attention_length_factor(op: Op, dev: DeviceModel) -> float:
+    """The attention kernel's efficiency at ``op.length`` query tokens, relative to its plateau."""
+    if dev.attention_length is None or op.length <= 0:
+        return 1.0
+    return dev.attention_length.at(op.length)
+
+
 def _efficiency(op: Op, dev: DeviceModel) -> float:
     if op.name == "flash_attention":
-        return dev.attention_forward
+        return dev.attention_forward * attention_length_factor(op, dev)
     if not op.matmul:
         return 1.0
     return dev.matmul.at(op.flops * op.count if op.batched else op.flops)
@@ -272,7 +285,7 @@ def op_backward_s(op: Op, dev: DeviceModel) -> tuple[float, float]:
     """
     if op.name == "flash_attention":
         t = op.count * roofline_s(op.flops * op.exec_fraction * FLASH_BACKWARD_FLOP_RATIO,
-                                  2 * op.bytes, dev, dev.attention_backward)
+                                  2 * op.bytes, dev, dev.attention_backward * attention_length_factor(op, dev))
         return t, 0.0
     if not op.matmul:
         return op.count * roofline_s(0.0, ELEMENTWISE_BACKWARD_TRAFFIC * op.bytes, dev, 1.0), 0.0

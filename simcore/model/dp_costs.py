@@ -10,7 +10,28 @@ from simcore.model import collectives as coll
 from simcore.model import compute as cmp
 from simcore.model import memory as mem
 from simcore.model import workload as wl
-from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroStage
+from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
+
+#: DeepSpeed ZeRO-3's default ``stage3_prefetch_bucket_size``: parameter elements fetched
+#: ahead of use (deepspeed/runtime/zero/config.py ``prefetch_bucket_size = pp_int(5e7)``).
+DS_PREFETCH_ELEMENTS = 5e7
+
+
+def deepspeed_gathers(plan: Plan, layer_params: float) -> tuple[int, float]:
+    """DeepSpeed ZeRO-3's (all-gathers per layer, exposed share of their time).
+
+    DeepSpeed fetches the parameters of each submodule as it is entered, one all-gather per
+    module (deepspeed/runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``):
+    the layer's weight matrices, fused QKV, output projection and the MLP's (norms and
+    biases under ``stage3_param_persistence_threshold`` stay whole). It prefetches the next
+    modules only up to ``DS_PREFETCH_ELEMENTS`` elements, so of a module of P elements the
+    part beyond that bucket is fetched while the GPU waits: exposed share
+    max(0, 1 - bucket / P). FSDP2 instead gathers a whole block in one call and prefetches
+    the next block whatever its size."""
+    modules = 2 + wl.mlp_matrices(plan.model)
+    per_module = layer_params / modules
+    return modules, max(0.0, 1.0 - DS_PREFETCH_ELEMENTS / per_module) if per_module > 0 else 0.0
+
 
 #: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
 #: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py).
@@ -46,7 +67,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     nd = par.dp * par.cp
     wb = mem.weight_bytes_per_param(tr.precision)
     gb = _grad_wire_bytes(plan)
-    out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, buckets=1, compress=0.0)
+    out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, ag_exposed=0.0, buckets=1, compress=0.0)
     if nd > 1:
         net = coll.group_net(cl, dev, nd, par.tp)
         params = sp.total
@@ -69,6 +90,12 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out["sync"] = coll.all_gather_s(wb * params, net)
         else:   # FSDP2, ZeRO-2 and 3: per block, as often as fsdp_calls.fsdp_stage_calls counts
             out["layer_ag"] = coll.all_gather_s(wb * layer_params, net)
+            if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero >= ZeroStage.WEIGHTS:
+                calls, out["ag_exposed"] = deepspeed_gathers(plan, layer_params)
+                out["layer_ag"] = calls * coll.all_gather_s(wb * layer_params / calls, net)
+            elif par.zero_impl == ZeroImpl.DEEPSPEED:   # ZeRO-2 keeps whole 16-bit parameters:
+                out["layer_ag"] = 0.0                   # one all-gather of the updated shards a step
+                out["sync"] = coll.all_gather_s(wb * params, net)   # (stage_1_and_2.py ``step``)
             out["layer_rs"] = coll.reduce_scatter_s(gb * layer_params, net)
             mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
             if sum(dev.parallel_extra_s(mode)) > 0:   # latency is in the measured layer cost

@@ -10,6 +10,12 @@ import functools
 from simcore.model.schedules import MAX_ACTIVE_STAGES, Action, Op, add_reduce_grad, add_unshard_reshard, build_schedule
 from simcore.plan.spec import Plan, Schedule, ZeroStage
 
+#: Groups of pp micro-batches after which a multi-stage schedule's FSDP2 calls grow by the
+#: same amount per further group (the steady phase repeats per group; the warm-up and
+#: cool-down are fixed): ``_fsdp_stage_calls`` walks STEADY_GROUPS and STEADY_GROUPS + 1
+#: groups and extrapolates, which tests/model/test_fsdp_calls.py holds to the full walk.
+STEADY_GROUPS = 4
+
 #: The schedules torch runs as multi-stage runtime schedules (UNSHARD/RESHARD lowering).
 _RUNTIME_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
 
@@ -71,7 +77,8 @@ def _fsdp_stage_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_aft
                       stage: int) -> tuple[int, int, int]:
     """``fsdp_stage_calls`` by the only fields it reads (the layout search asks for thousands
     of schedule shapes): closed forms where the walk over the actions has one
-    (``tests/model/test_fsdp_calls.py`` holds them to it), else the walk.
+    (``tests/model/test_fsdp_calls.py`` holds them to it), else the walk, of at most
+    ``STEADY_GROUPS + 1`` groups of pp micro-batches (more are extrapolated).
 
     Alone, every micro-batch gathers in forward (ZeRO-3: again in backward) and
     reduce-scatters. Pipelined, REDUCE_GRAD reduce-scatters once; ZeRO-2 gathers once (a
@@ -87,6 +94,11 @@ def _fsdp_stage_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_aft
     if schedule not in _RUNTIME_SCHEDULES:
         lead = m if schedule == Schedule.GPIPE else min(m, pp - stage)
         return lead, m - lead + 1, 1
+    if m % pp == 0 and m > (STEADY_GROUPS + 1) * pp:   # affine in m past the warm-up: extrapolate
+        k = m // pp - STEADY_GROUPS
+        a, b = (_fsdp_rank_calls(schedule, pp, g * pp, vpp, reshard_after_forward, stage % pp).get(stage, (0, 0, 0))
+                for g in (STEADY_GROUPS, STEADY_GROUPS + 1))
+        return tuple(x + (y - x) * k for x, y in zip(a, b))
     return _fsdp_rank_calls(schedule, pp, m, vpp, reshard_after_forward, stage % pp).get(stage, (0, 0, 0))
 
 

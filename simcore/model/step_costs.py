@@ -24,6 +24,7 @@ waits for every later stage's reduction tail in turn.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
@@ -31,7 +32,7 @@ from simcore.model import compute as cmp
 from simcore.model import memory as mem
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import Plan, PlanError, Recompute, ZeroStage
+from simcore.plan.spec import CpComm, Fp8Recipe, Plan, PlanError, Recompute, ZeroStage
 from simcore.results import GIB
 
 def _check_device(plan: Plan) -> None:
@@ -40,15 +41,48 @@ def _check_device(plan: Plan) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev) -> tuple[float, float, float, float, float]:
+def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
+                 fp8_dynamic: bool = False) -> tuple[float, float, float, float, float]:
     """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer."""
-    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash)
+    chunk = wl.attention_chunk(s, cp, cp_comm)
+    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk)
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
-        ops += wl.fp8_cast_ops(model, b, s, tp)
+        ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(wl.recompute_ops(ops, recompute), dev)[0]
-    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash))
+    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))
     return f, bi, bw, r, core
+
+
+#: The GEMMs whose inputs TP's all-gathers feed (qkv, mlp_in) and whose outputs its
+#: reduce-scatters take (attn_proj, mlp_out) under sequence parallelism.
+TP_OVERLAP_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out"})
+
+
+@functools.lru_cache(maxsize=1024)
+def _tp_gemm_times(model, b, s, tp, cp, ep, flash, dev) -> tuple[float, float, float, float]:
+    """TP's GEMMs of one layer: (forward, backward) device time, and the (forward, backward)
+    time their split into ``tp`` chunks adds under ``tp_comm_overlap`` (Transformer Engine
+    runs each as tp smaller GEMMs, one per chunk of the collective it overlaps,
+    transformer_engine/pytorch/module/base.py ``initialize_ub``; the weight gradient is the
+    bulk-overlap partner and stays whole)."""
+    ops = [o for o in wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=True, flash=flash)
+           if o.name in TP_OVERLAP_OPS]
+    f = sum(cmp.op_forward_s(o, dev) for o in ops)
+    bi, bw = (sum(x) for x in zip(*(cmp.op_backward_s(o, dev) for o in ops))) if ops else (0.0, 0.0)
+    chunks = [replace(o, flops=o.flops / tp, bytes=o.bytes / tp, count=o.count * tp) for o in ops]
+    fc = sum(cmp.op_forward_s(o, dev) for o in chunks)
+    bic = sum(cmp.op_backward_s(o, dev)[0] for o in chunks)
+    return f, bi + bw, max(0.0, fc - f), max(0.0, bic - bi)
+
+
+def _overlapped_s(comm: float, partner: float, first_chunk: float, lost: float) -> float:
+    """Exposed time of ``comm`` overlapped with ``partner`` compute: the ``first_chunk``
+    share that must finish before any compute can start, what the compute cannot hide, and
+    the slow-down of the compute it hides behind (``lost`` of the hidden time)."""
+    head = comm * first_chunk
+    rest = comm - head
+    return head + max(0.0, rest - partner) + lost * min(rest, partner)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -62,7 +96,7 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     b, s = tr.micro_batch, m.seq_len // par.cp
     act = wl.ACT_BYTES * b * s * m.hidden
-    out = {"tp_f": 0.0, "tp_b": 0.0, "cp": 0.0, "ep_f": 0.0, "ep_b": 0.0, "host_f": 0.0, "host_b": 0.0}
+    out = dict.fromkeys(("tp_f", "tp_b", "cp", "cp_f", "cp_b", "ep_f", "ep_b", "host_f", "host_b"), 0.0)
     if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS
         net = coll.group_net(cl, dev, par.tp, 1)
         one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
@@ -73,15 +107,40 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
             wire = 2 * 2 * (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
             out["tp_f"], out["tp_b"] = tf + wire, tb + wire
             out["host_f"], out["host_b"] = hf, hb   # DTensor's dispatch: host compute
-    if par.cp > 1:   # ring attention: cp-1 exchanges of the local K and V (Liu et al. 2023)
-        net = coll.group_net(cl, dev, par.cp, par.tp)
-        kv = 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
-        out["cp"] = (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, net.base_latency_s)
+    if par.cp > 1:
+        out.update(_cp_comm(plan, dev, b, s))
     if m.moe and par.ep > 1:  # dispatch and combine all-to-alls (Lepikhin et al. 2021, GShard)
         net = coll.group_net(cl, dev, par.ep, par.tp * par.cp)
         routed = act * m.top_k * m.capacity_factor / (par.tp if par.sequence_parallel else 1)
         out["ep_f"] = out["ep_b"] = 2 * coll.all_to_all_s(routed, net)
     return out
+
+
+def _cp_comm(plan: Plan, dev: cmp.DeviceModel, b: int, s: int) -> dict[str, float]:
+    """Context parallel's K/V traffic of one layer and micro-batch, by ``parallel.cp_comm``:
+    ``cp`` the ring's exchanges (overlapped with the attention core, in ``_layer_blocking``),
+    ``cp_f``/``cp_b`` the blocking collectives of the all-gather and all-to-all variants.
+
+    - p2p: cp-1 exchanges of the local K and V (ring attention, Liu et al. 2023; Transformer
+      Engine's ``AttnFuncWithCPAndKVP2P``).
+    - all_gather: one all-gather of the whole sequence's K/V before the attention and one
+      reduce-scatter of dK/dV after its backward, not overlapped (Transformer Engine's
+      ``AttnFuncWithCPAndKVAllGather``; the Llama 3 paper's CP, arXiv 2407.21783 Sec. 3.3.2).
+    - a2a: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509): all-to-alls turn Q, K,
+      V from sequence- to head-sharded before the attention and the output back after it;
+      the backward runs the mirror ones. Not overlapped.
+    """
+    m, par, cl = plan.model, plan.parallel, plan.cluster
+    net = coll.group_net(cl, dev, par.cp, par.tp)
+    kv = 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp   # this rank's K and V
+    if par.cp_comm == CpComm.P2P:
+        return {"cp": (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, net.base_latency_s)}
+    if par.cp_comm == CpComm.ALL_GATHER:
+        one = coll.all_gather_s(kv * par.cp, net)
+        return {"cp_f": one, "cp_b": 2 * one}   # the backward gathers K/V again and reduce-scatters dK/dV
+    qo = 2 * wl.ACT_BYTES * b * s * m.hidden / par.tp   # this rank's Q and attention output
+    one = coll.all_to_all_s(kv + qo, net)
+    return {"cp_f": one, "cp_b": one}
 
 
 def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
@@ -190,6 +249,23 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tu
     return grad, sync, opt, off
 
 
+def _tp_exposed(plan: Plan, dev: cmp.DeviceModel, lc: dict, lost: float) -> tuple[float, float]:
+    """TP's exposed (forward, backward) communication of one layer: all of it, or with
+    ``tp_comm_overlap`` the first of its tp chunks, what the layer's TP GEMMs cannot hide,
+    the slow-down of the GEMMs that hide it, and the cost of running those GEMMs in tp
+    chunks (Megatron-Core ``--tp-comm-overlap``; Wang et al. 2023, "Overlap Communication
+    with Dependent Computation via Decomposition", ASPLOS)."""
+    par = plan.parallel
+    if not par.tp_comm_overlap or par.tp == 1:
+        return lc["tp_f"], lc["tp_b"]
+    m, tr = plan.model, plan.training
+    gf, gb, split_f, split_b = _tp_gemm_times(m, tr.micro_batch, m.seq_len // par.cp, par.tp, par.cp, par.ep,
+                                              tr.flash_attention, dev)
+    first = 1.0 / par.tp
+    return (_overlapped_s(lc["tp_f"], gf, first, lost) + split_f,
+            _overlapped_s(lc["tp_b"], gb, first, lost) + split_b)
+
+
 def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict, float, float, float, float, float]:
     """Per layer and micro-batch: ``_layer_comm``'s figures, the (forward, backward) blocking
     communication, the (forward, backward) host compute of the wrappers (CPU host), and the
@@ -203,13 +279,14 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     # the core cannot hide is exposed, and the part it hides slows the core as any overlapped
     # NCCL kernel does (the GPU's comm_compute_interference, as for data-parallel traffic)
     lost = 1.0 - 1.0 / dev.comm_compute_interference
-    cp_f = max(0.0, lc["cp"] - core) + lost * min(lc["cp"], core)
+    ring = _overlapped_s(lc["cp"], core, 0.0, lost)
+    tp_f, tp_b = _tp_exposed(plan, dev, lc, lost)
     full = tr.recompute.value == "full"
-    rec_comm = lc["tp_f"] + cp_f + lc["ep_f"] if full else 0.0
+    rec_comm = tp_f + ring + lc["cp_f"] + lc["ep_f"] if full else 0.0
     host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
     rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
-    fc = lc["tp_f"] + cp_f + lc["ep_f"]
-    bc = lc["tp_b"] + 2 * cp_f + lc["ep_b"] + rec_comm
+    fc = tp_f + ring + lc["cp_f"] + lc["ep_f"]
+    bc = tp_b + 2 * ring + lc["cp_b"] + lc["ep_b"] + rec_comm
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
         (ff, fb), (hf, hb) = dev.parallel_split_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
         fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb
@@ -220,10 +297,11 @@ def step_costs(plan: Plan) -> StepCosts:
     """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
     _check_device(plan)
     m, par, tr = plan.model, plan.parallel, plan.training
-    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value)
+    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value)
     b, s = tr.micro_batch, m.seq_len // par.cp
     f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
-                                       tr.flash_attention, tr.recompute, dev)
+                                       tr.flash_attention, tr.recompute, dev, par.cp_comm.value,
+                                       tr.fp8_recipe != Fp8Recipe.DELAYED)
     lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core)
     rc += rec_host
     stages = plan.layers_per_stage
@@ -254,6 +332,11 @@ def step_costs(plan: Plan) -> StepCosts:
     mbs = plan.num_microbatches
     gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
                [n * dpc["layer_ag"] * f[1] / mbs for n, f in zip(stages, fsdp)])
+    if dpc["ag_exposed"] > 0:   # DeepSpeed ZeRO-3: what its prefetch bucket cannot fetch ahead blocks
+        e = dpc["ag_exposed"]
+        fcomm = [x + e * g for x, g in zip(fcomm, gathers[0])]
+        bcomm = [x + e * g for x, g in zip(bcomm, gathers[1])]
+        gathers = tuple([(1 - e) * g for g in side] for side in gathers)
     host_terms = dev.optimizer_bytes_per_s > 0
     rank_costs = _rank_costs(plan, dev, params, dense_l + expert_l, host_terms)
     ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1

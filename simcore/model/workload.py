@@ -49,6 +49,9 @@ class Op:
     """Fraction of ``flops`` the kernel really executes (causal flash attention: 0.5)."""
     batched: bool = False
     """The ``count`` instances run as ONE batched kernel (attention bmm over b x heads)."""
+    length: int = 0
+    """Query tokens of one attention kernel (0: not an attention kernel); its efficiency
+    depends on it (``compute.attention_length_factor``)."""
 
     @property
     def kernels(self) -> int:
@@ -128,18 +131,21 @@ def active_params_per_token(m: ModelSpec) -> float:
 FP8_LINEAR_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out", "expert_in", "expert_out"})
 
 
-def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int) -> list[Op]:
+def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False) -> list[Op]:
     """The casts an FP8 recipe adds to a layer: each FP8 GEMM's input is quantized and
     transposed for the backward (Transformer Engine's fused cast-transpose: read 16-bit,
     write FP8 and its FP8 transpose, 4 bytes an element; its backward casts the incoming
-    gradient the same way). Amax and scale updates are one small reduction each."""
+    gradient the same way). Delayed scaling takes the scale from earlier steps' amax (a
+    small reduction); ``dynamic`` scaling (current, tensorwise, rowwise) first reads the
+    tensor once more for its own amax (TE's ``Float8CurrentScalingQuantizer``, torchao's
+    ``tensor_to_scale``)."""
     h, f, tokens = m.hidden, m.ffn_hidden // tp, b * s
     inputs = tokens * h + tokens * h // tp                       # qkv and attention-projection inputs
     if m.moe:
         inputs += tokens * m.top_k * m.capacity_factor * (h + f)   # the token copies the experts run (mlp_ops)
     else:
         inputs += tokens * (h + f)                               # the MLP's two inputs
-    return [_eltwise("fp8_cast_transpose", inputs, 2)]
+    return [_eltwise("fp8_cast_transpose", inputs, 3 if dynamic else 2)]
 
 
 def _gemm(name: str, m_: float, n: float, k: float, count: int = 1, batched: bool = False) -> Op:
@@ -153,17 +159,18 @@ def _eltwise(name: str, elements: float, passes: float) -> Op:
     return Op(name=name, flops=0.0, bytes=ACT_BYTES * elements * passes, matmul=False)
 
 
-def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bool) -> list[Op]:
+def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bool, chunk: int = 0) -> list[Op]:
     """Scores Q K^T and context P V of one layer (the s^2 terms), and their softmax.
 
-    With context parallel the local ``s`` queries attend over all ``s * cp`` keys.
+    With context parallel the local ``s`` queries attend over all ``s * cp`` keys, in
+    kernels of ``chunk`` query tokens (default ``s``; see ``attention_chunk``).
     """
     heads, d, s_kv = m.heads // tp, m.head_dim, s * cp
     if flash:
         kv_local = max(1, m.kv_heads // tp)
         io = ACT_BYTES * b * (2 * s * heads * d + 2 * s_kv * kv_local * d)   # read Q, K, V; write O
         return [Op(name="flash_attention", flops=4.0 * b * heads * s * s_kv * d, bytes=io, matmul=True,
-                   exec_fraction=CAUSAL_FLASH_FRACTION)]
+                   exec_fraction=CAUSAL_FLASH_FRACTION, length=chunk or s)]
     scores = b * heads * s * s_kv
     return [
         _gemm("attn_scores", s, s_kv, d, count=b * heads, batched=True),
@@ -191,9 +198,20 @@ def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int) -> list[Op]:
     ]
 
 
+def attention_chunk(s: int, cp: int, cp_comm: str = "p2p") -> int:
+    """Query tokens of one attention kernel for ``s`` local tokens: all of them without
+    context parallel; with Ulysses (``a2a``) the whole sequence (fewer heads); with the ring
+    or all-gather variants half of them, since the causal load balancing gives each rank two
+    chunks of s/2 (Megatron-Core/Transformer Engine split the sequence into 2 x cp chunks)."""
+    if cp == 1:
+        return s
+    return s * cp if cp_comm == "a2a" else max(1, s // 2)
+
+
 def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1, ep: int = 1,
-                      sequence_parallel: bool = False, flash: bool = False) -> list[Op]:
-    """Every kernel of one layer's forward for one micro-batch on one GPU.
+                      sequence_parallel: bool = False, flash: bool = False, chunk: int = 0) -> list[Op]:
+    """Every kernel of one layer's forward for one micro-batch on one GPU (attention
+    kernels of ``chunk`` query tokens, default ``attention_chunk(s, cp)``).
 
     Elementwise kernels follow Megatron's fused set: two LayerNorms, the QKV/MLP bias
     activations, two bias-dropout-add kernels (read x and residual, write out, 1-byte mask).
@@ -205,7 +223,7 @@ def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1,
     ops = [
         _eltwise("layernorm_1", norm_tokens * h, 2),
         _gemm("qkv", tokens, qkv, h),
-        *attention_core_ops(m, b, s, tp, cp, flash),
+        *attention_core_ops(m, b, s, tp, cp, flash, chunk or attention_chunk(s, cp)),
         _gemm("attn_proj", tokens, h, h // tp),
         _eltwise("dropout_add_1", norm_tokens * h, 3.5),
         _eltwise("layernorm_2", norm_tokens * h, 2),

@@ -19,8 +19,8 @@ import yaml
 
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
-    ClusterSpec, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
-    Precision, Recompute, Schedule, TrainingSpec, ZeroStage,
+    ClusterSpec, CpComm, Fp8Recipe, GradCompression, ModelSpec, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
+    Precision, Recompute, Schedule, TrainingSpec, ZeroImpl, ZeroStage,
 )
 from topologies.components import CatalogError
 from topologies.hardware import Catalog, load_catalog
@@ -31,7 +31,8 @@ from topologies.profile import scale_for_ranks
 _SECTIONS = ("model", "cluster", "parallel", "training")
 _TOP_KEYS = set(_SECTIONS) | {"name", "description"}
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)} | {"hf_config"}
-_CLUSTER_KEYS = {"node", "nodes", "fabric", "gpus_per_node", "storage", "price_per_gpu_hour", "profile"}
+_CLUSTER_KEYS = {"node", "nodes", "fabric", "gpus_per_node", "nics_per_node", "storage", "price_per_gpu_hour",
+                 "profile"}
 _PARALLEL_KEYS = {f.name for f in fields(ParallelSpec)}
 _TRAINING_KEYS = {f.name for f in fields(TrainingSpec)}
 
@@ -196,6 +197,12 @@ def _cluster(value, cat: Catalog, base_dir: Path) -> ClusterSpec:
         node = cat.node(node_name, _resolve(profile, base_dir) if profile else None)
     except CatalogError as exc:
         raise PlanError(f"cluster.node={node_name}: {exc}") from None
+    if "nics_per_node" in doc:
+        # e.g. 4 rails of 400 Gb/s for 8 GPUs where the catalog's node has 8
+        nics = _int(doc, "nics_per_node", "cluster")
+        if node.nics_per_node == 0:
+            raise PlanError(f"cluster.nics_per_node applies to a networked node; cluster.node={node_name} has no NICs")
+        node = replace(node, nics_per_node=nics)
     fabric_name = _str(doc, "fabric", "cluster", node.fabric)
     if fabric_name is not None and fabric_name not in cat.fabrics:
         raise PlanError(f"unknown fabric '{fabric_name}' for cluster.fabric (known: {', '.join(sorted(cat.fabrics))})")
@@ -233,8 +240,11 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         ep=_int(doc, "ep", w, 1), vpp=_int(doc, "vpp", w, 1),
         stage_layers=stage_layers,
         zero=ZeroStage(zero),
+        zero_impl=ZeroImpl.parse(doc.get("zero_impl", "fsdp2"), "parallel.zero_impl"),
         sequence_parallel=_bool(doc, "sequence_parallel", w, False),
         schedule=Schedule.parse(doc.get("schedule", "1f1b"), "parallel.schedule"),
+        cp_comm=CpComm.parse(doc.get("cp_comm", "p2p"), "parallel.cp_comm"),
+        tp_comm_overlap=_bool(doc, "tp_comm_overlap", w, False),
     )
 
 
@@ -246,6 +256,7 @@ def _training(value) -> TrainingSpec:
         global_batch=_int(doc, "global_batch", w),
         micro_batch=_int(doc, "micro_batch", w, 1),
         precision=Precision.parse(doc.get("precision", "bf16"), "training.precision"),
+        fp8_recipe=Fp8Recipe.parse(doc.get("fp8_recipe", "delayed"), "training.fp8_recipe"),
         recompute=Recompute.parse(doc.get("recompute", "none"), "training.recompute"),
         offload=Offload.parse(doc.get("offload", "none"), "training.offload"),
         flash_attention=_bool(doc, "flash_attention", w, False),
@@ -319,11 +330,14 @@ def plan_to_dict(plan: Plan) -> dict:
     parallel = {
         "tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "vpp": par.vpp,
         "zero": int(par.zero), "sequence_parallel": par.sequence_parallel, "schedule": par.schedule.value,
+        "zero_impl": par.zero_impl.value, "cp_comm": par.cp_comm.value, "tp_comm_overlap": par.tp_comm_overlap,
     }
     if par.stage_layers is not None:
         parallel["stage_layers"] = list(par.stage_layers)
     cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,
                "gpus_per_node": plan.cluster.gpus_per_node, "storage": plan.cluster.storage.name}
+    if plan.cluster.node.nics_per_node:
+        cluster["nics_per_node"] = plan.cluster.node.nics_per_node
     if plan.cluster.fabric is not None:
         cluster["fabric"] = plan.cluster.fabric.name
     if plan.cluster.price_per_gpu_hour is not None:

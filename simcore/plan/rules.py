@@ -2,7 +2,9 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
-from simcore.plan.spec import GradCompression, Offload, Plan, PlanError, Schedule, ZeroStage
+from simcore.plan.spec import (
+    CpComm, Fp8Recipe, GradCompression, Offload, Plan, PlanError, Precision, Schedule, ZeroImpl, ZeroStage,
+)
 
 
 def check_plan(plan: Plan) -> None:
@@ -27,6 +29,19 @@ def check_plan(plan: Plan) -> None:
         (not par.sequence_parallel or (m.seq_len // par.cp) % par.tp == 0,
          f"parallel.tp={par.tp} does not divide the sequence per context rank ({m.seq_len // par.cp}) "
          "as sequence_parallel needs"),
+        (not par.tp_comm_overlap or par.sequence_parallel,
+         "parallel.tp_comm_overlap needs parallel.sequence_parallel (Megatron-Core overlaps SP's all-gathers "
+         "and reduce-scatters with the GEMMs)"),
+        (par.cp_comm != CpComm.A2A or (m.heads // par.tp) % par.cp == 0 and (m.kv_heads // par.tp) % par.cp == 0,
+         f"parallel.cp_comm=a2a needs parallel.cp={par.cp} to divide the heads per TP rank "
+         f"({m.heads // par.tp} query, {m.kv_heads // par.tp} key/value): Ulysses splits heads over the cp ranks"),
+        (par.zero_impl == ZeroImpl.FSDP2 or par.zero >= ZeroStage.OPTIMIZER_STATES,
+         "parallel.zero_impl=deepspeed needs parallel.zero 1, 2 or 3"),
+        (par.zero_impl == ZeroImpl.FSDP2 or par.pp == 1 or par.zero <= ZeroStage.OPTIMIZER_STATES,
+         f"parallel.zero_impl=deepspeed with parallel.pp={par.pp} needs parallel.zero 0 or 1 "
+         "(DeepSpeed's pipeline engine runs ZeRO-1 at most)"),
+        (tr.fp8_recipe == Fp8Recipe.DELAYED or tr.precision == Precision.FP8,
+         f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
         (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),
         (par.ep == 1 or m.experts % par.ep == 0,
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),

@@ -42,11 +42,45 @@ class Schedule(_Choice):
     ZERO_BUBBLE = "zero-bubble"
 
 
+class CpComm(_Choice):
+    """How context-parallel ranks exchange keys and values (Megatron-Core ``--cp-comm-type``,
+    Transformer Engine's ``cp_comm_type``): ``p2p`` rotates K/V around the ring, overlapped
+    with the attention of the chunk at hand; ``all_gather`` gathers the whole K/V before
+    attention and reduce-scatters dK/dV after; ``a2a`` (DeepSpeed-Ulysses) re-shards Q, K, V
+    and the output from sequence to heads with all-to-alls."""
+
+    P2P = "p2p"
+    ALL_GATHER = "all_gather"
+    A2A = "a2a"
+
+
+class ZeroImpl(_Choice):
+    """The stack that runs ZeRO: ``fsdp2`` (torch FSDP2 ``fully_shard``, what trainplan's
+    executor runs; one all-gather per block, one block prefetched) or ``deepspeed``
+    (DeepSpeed ZeRO-3: one all-gather per submodule, prefetch bounded by
+    ``stage3_prefetch_bucket_size``)."""
+
+    FSDP2 = "fsdp2"
+    DEEPSPEED = "deepspeed"
+
+
 class Precision(_Choice):
     FP32 = "fp32"
     FP16 = "fp16"
     BF16 = "bf16"
     FP8 = "fp8"
+
+
+class Fp8Recipe(_Choice):
+    """How the FP8 linear layers are scaled: Transformer Engine's ``delayed`` scaling (the
+    amax history of earlier steps; TE before 2.0, Composer's amp_fp8) or ``current`` scaling
+    (FP8-CS: this tensor's amax, one more pass over it), torchao float8 ``tensorwise``
+    (dynamic per-tensor scales, as current) or ``rowwise`` (per-row scales and their GEMMs)."""
+
+    DELAYED = "delayed"
+    CURRENT = "current"
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
 
 
 class Recompute(_Choice):
@@ -156,8 +190,13 @@ class ParallelSpec:
     stage_layers: tuple[int, ...] | None = None
     """Layers per virtual stage, in model order; None spreads them as evenly as possible."""
     zero: ZeroStage = ZeroStage.NONE
+    zero_impl: ZeroImpl = ZeroImpl.FSDP2
     sequence_parallel: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
+    cp_comm: CpComm = CpComm.P2P
+    tp_comm_overlap: bool = False
+    """Overlap TP's all-gathers and reduce-scatters with the GEMMs they feed (Megatron-Core
+    ``--tp-comm-overlap`` through Transformer Engine's userbuffers; needs sequence_parallel)."""
 
     @property
     def gpus(self) -> int:
@@ -173,6 +212,8 @@ class TrainingSpec:
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel rank."""
     precision: Precision = Precision.BF16
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
+    """With ``precision: fp8``: the scaling of its linear layers."""
     recompute: Recompute = Recompute.NONE
     offload: Offload = Offload.NONE
     flash_attention: bool = False

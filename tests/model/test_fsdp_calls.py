@@ -41,6 +41,23 @@ def test_closed_forms_equal_the_walk_over_torchs_actions(reshard):
     assert _fsdp_stage_calls(Schedule.ONE_F_ONE_B, 1, 8, 1, reshard, 0) == (8, 8 if reshard else 0, 8)
 
 
+@pytest.mark.parametrize("reshard", [False, True], ids=["zero2", "zero3"])
+def test_long_runtime_schedules_extrapolate_exactly_to_the_walk(reshard):
+    """Past STEADY_GROUPS + 1 groups of pp micro-batches the counts are extrapolated from two
+    shorter walks; they equal the walk of the whole step."""
+    checked = 0
+    for schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE):
+        for pp, vpp, groups in ((2, 2, 11), (4, 3, 7), (8, 5, 6), (3, 4, 9)):
+            m = pp * groups
+            assert m > (cp.STEADY_GROUPS + 1) * pp
+            walked = _walk(schedule, pp, m, vpp, reshard)
+            assert walked is not None
+            assert [_fsdp_stage_calls(schedule, pp, m, vpp, reshard, v) for v in range(pp * vpp)] == walked, \
+                (schedule, pp, m, vpp)
+            checked += 1
+    assert checked == 8
+
+
 def _plan(zero, pp=1, global_batch=32, schedule="1f1b"):
     return plan_from_dict({"model": "gpt-1.7b", "cluster": {"node": "dgx-h100", "nodes": 2},
                            "parallel": {"dp": 16 // pp, "pp": pp, "zero": zero, "schedule": schedule},

@@ -6,32 +6,35 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simcore.engine.predict import simulate
-from simcore.plan.load import plan_from_dict
+from simcore.plan.load import plan_from_dict, plan_to_dict
 from simcore.plan.spec import PlanError
 
 MODELS = ("gpt-1.7b", "llama3-8b", "llama2-13b", "llama3-70b")
-NODES = ("dgx-a100-80gb", "dgx-h100", "dgx-h200")
+NODES = ("dgx-a100-80gb", "dgx-h100", "hgx-h200")
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 
 
-def _plan(model, node, *, tp=1, pp=1, dp=8, cp=1, zero=1, micro_batch=1, recompute="none", seq_len=8192):
+def _plan(model, node, *, tp=1, pp=1, dp=8, cp=1, zero=1, micro_batch=1, recompute="none", seq_len=8192,
+          **parallel):
     return plan_from_dict({"model": {"name": model, "seq_len": seq_len}, "cluster": {"node": node, "nodes": 8},
                            "parallel": {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "zero": zero,
-                                        "sequence_parallel": tp > 1},
+                                        "sequence_parallel": tp > 1, **parallel},
                            "training": {"global_batch": 512, "micro_batch": micro_batch, "recompute": recompute,
                                         "flash_attention": True}})
 
 
 @SETTINGS
 @given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 2, 4, 8]),
-       pp=st.sampled_from([1, 2]), cp=st.sampled_from([2, 4, 8]), zero=st.sampled_from([0, 1]))
-def test_context_parallel_costs_more_than_the_data_parallel_it_replaces(model, node, tp, pp, cp, zero):
+       pp=st.sampled_from([1, 2]), cp=st.sampled_from([2, 4, 8]), zero=st.sampled_from([0, 1]),
+       cp_comm=st.sampled_from(["p2p", "all_gather", "a2a"]))
+def test_context_parallel_costs_more_than_the_data_parallel_it_replaces(model, node, tp, pp, cp, zero, cp_comm):
     """cp ranks in place of cp data-parallel replicas, each micro-batch cp times longer so that
-    every rank runs the same tokens: the same compute, plus the K/V ring (time and buffers)."""
+    every rank runs the same tokens: the same compute, plus the K/V exchange of whichever
+    variant (ring, all-gather, Ulysses all-to-all: time and buffers)."""
     gpus = 64
     dp = gpus // (tp * pp * cp)
     try:
-        with_cp = _plan(model, node, tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, micro_batch=cp)
+        with_cp = _plan(model, node, tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, micro_batch=cp, cp_comm=cp_comm)
         without = _plan(model, node, tp=tp, pp=pp, dp=dp * cp, cp=1, zero=zero, micro_batch=1)
     except PlanError:
         return
@@ -70,7 +73,7 @@ def test_zero2_cannot_be_as_fast_as_zero1_and_hold_a_shard_of_the_gradients(mode
 
 
 @SETTINGS
-@given(model=st.sampled_from(MODELS), node=st.sampled_from(("dgx-h100", "dgx-h200")), tp=st.sampled_from([1, 2, 8]),
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(("dgx-h100", "hgx-h200")), tp=st.sampled_from([1, 2, 8]),
        pp=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1, 3]), recompute=st.sampled_from(["none", "full"]))
 def test_fp8_gains_less_than_its_gemms_do(model, node, tp, pp, zero, recompute):
     """Only the blocks' linear layers run in FP8 (attention, norms, the output layer and the
@@ -106,3 +109,131 @@ def test_fp8_leaves_attention_and_the_output_layer_at_16_bit():
         assert cmp.op_forward_s(ops[name], fp8) == cmp.op_forward_s(ops[name], bf16)
     for name in ("qkv", "mlp_in", "mlp_out"):
         assert cmp.op_forward_s(ops[name], fp8) < cmp.op_forward_s(ops[name], bf16)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([2, 4, 8]),
+       pp=st.sampled_from([1, 2]), micro_batch=st.sampled_from([1, 2]))
+def test_tp_comm_overlap_hides_no_more_than_the_gemms_and_its_first_chunk_allow(model, node, tp, pp, micro_batch):
+    """Overlapping TP's collectives with the GEMMs saves at most the communication itself
+    (never beyond a free network) and always leaves the first of the tp chunks exposed."""
+    from simcore.model import step_costs as sc
+    from simcore.model.compute import device_model
+    try:
+        plain, over = (_plan(model, node, tp=tp, pp=pp, dp=64 // (tp * pp), micro_batch=micro_batch,
+                             tp_comm_overlap=o) for o in (False, True))
+    except PlanError:
+        return
+    a, b = simulate(plain), simulate(over)
+    assert b.step_time_s >= a.step_time_s - a.time_s["layer_comm"] - 1e-12
+    dev = device_model(over.cluster.node.gpu, over.training.precision.value)
+    lc = sc._layer_comm(over, dev)
+    tp_f, tp_b = sc._tp_exposed(over, dev, lc, 1 - 1 / dev.comm_compute_interference)
+    assert tp_f >= lc["tp_f"] / tp and tp_b >= lc["tp_b"] / tp
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 8]),
+       zero=st.sampled_from([1, 3]))
+def test_fewer_nics_per_node_never_make_a_step_faster(model, node, tp, zero):
+    times = []
+    for nics in (8, 4, 2, 1):
+        plan = plan_from_dict({"model": {"name": model, "seq_len": 4096}, "cluster": {"node": node, "nodes": 8,
+                                                                                        "nics_per_node": nics},
+                               "parallel": {"tp": tp, "dp": 64 // tp, "zero": zero, "sequence_parallel": tp > 1},
+                               "training": {"global_batch": 512, "flash_attention": True}})
+        times.append(simulate(plan).step_time_s)
+    assert all(x <= y * (1 + 1e-9) for x, y in zip(times, times[1:]))
+    assert times[-1] > times[0]
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), nodes=st.sampled_from([2, 16, 64]),
+       micro_batch=st.sampled_from([1, 2]))
+def test_deepspeed_zero3_is_never_faster_than_fsdp2(model, node, nodes, micro_batch):
+    """DeepSpeed ZeRO-3 moves the same bytes as FSDP2 in more calls (one per submodule) and
+    prefetches less (its bucket), so it never wins; on a model whose modules exceed the
+    prefetch bucket part of every gather blocks."""
+    from simcore.model.dp_costs import DS_PREFETCH_ELEMENTS, deepspeed_gathers
+    from simcore.model.memory import layer_params_per_gpu
+
+    def plan(impl):
+        return plan_from_dict({"model": {"name": model, "seq_len": 4096}, "cluster": {"node": node, "nodes": nodes},
+                               "parallel": {"dp": 8 * nodes, "zero": 3, "zero_impl": impl},
+                               "training": {"global_batch": 16 * nodes * micro_batch, "micro_batch": micro_batch,
+                                            "flash_attention": True, "recompute": "full"}})
+    fsdp, ds = plan("fsdp2"), plan("deepspeed")
+    for engine in ("analytic", "des"):
+        assert simulate(ds, engine=engine).step_time_s > simulate(fsdp, engine=engine).step_time_s
+    layer = sum(layer_params_per_gpu(ds))
+    calls, exposed = deepspeed_gathers(ds, layer)
+    assert (exposed > 0) == (layer / calls > DS_PREFETCH_ELEMENTS)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), cp=st.sampled_from([2, 4, 8, 16]),
+       cp_comm=st.sampled_from(["p2p", "all_gather"]))
+def test_context_parallel_chunks_run_attention_slower_per_flop(model, node, cp, cp_comm):
+    """Ring and all-gather CP give each rank two chunks of s/(2cp) query tokens: an attention
+    kernel that short reaches less of the GPU than the whole sequence's (FlashAttention's
+    tile prologue and tail), and never more; Ulysses keeps the whole sequence."""
+    from simcore.model import workload as wl
+    from simcore.model.compute import device_model, op_backward_s, op_forward_s
+    plan = _plan(model, node, seq_len=8192)
+    dev = device_model(plan.cluster.node.gpu, "bf16")
+    s = 8192 // cp
+
+    def per_flop(chunk):
+        op = wl.attention_core_ops(plan.model, 1, s, 1, cp, True, chunk)[0]
+        return (op_forward_s(op, dev) + op_backward_s(op, dev)[0]) / op.flops
+
+    short, whole = per_flop(wl.attention_chunk(s, cp, cp_comm)), per_flop(8192)
+    assert short >= whole
+    if s // 2 < 2048:
+        assert short > whole
+    assert wl.attention_chunk(s, cp, "a2a") == 8192
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(("dgx-h100", "hgx-h200")), tp=st.sampled_from([1, 2, 8]),
+       zero=st.sampled_from([1, 3]))
+def test_fp8_scaling_recipes_pay_for_their_scales(model, node, tp, zero):
+    """Current and tensorwise scaling read each tensor once more for its amax than delayed
+    scaling; rowwise scales run slower GEMMs on top (catalog fp8_recipes): never faster, and
+    strictly slower where the step is device-bound (a small model's eager step is host-bound)."""
+    def step(recipe):
+        plan = _plan(model, node, tp=tp, dp=64 // tp, zero=zero)
+        doc = {**plan_to_dict(plan), "training": {**plan_to_dict(plan)["training"], "precision": "fp8",
+                                                  "fp8_recipe": recipe}}
+        return simulate(plan_from_dict(doc)).step_time_s
+    delayed, current, tensorwise, rowwise = (step(r) for r in ("delayed", "current", "tensorwise", "rowwise"))
+    tol = 1 + 1e-9   # equal sums in another order
+    assert delayed <= current * tol and current == tensorwise and current <= rowwise * tol
+    if model == "llama3-70b":
+        assert delayed < current < rowwise
+
+
+def test_an_fp8_recipe_needs_fp8():
+    import pytest
+    plan = _plan("llama3-8b", "dgx-h100")
+    doc = plan_to_dict(plan)
+    doc["training"]["fp8_recipe"] = "rowwise"
+    with pytest.raises(PlanError, match="training.fp8_recipe=rowwise applies to training.precision=fp8"):
+        plan_from_dict(doc)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 2, 8]),
+       micro_batch=st.sampled_from([1, 2]))
+def test_deepspeed_zero2_pays_a_reduce_scatter_per_micro_batch(model, node, tp, micro_batch):
+    """DeepSpeed ZeRO-2 keeps whole parameters (one all-gather a step, as ZeRO-1) and shards
+    gradients by reduce-scattering every micro-batch: never faster than ZeRO-1 under
+    accumulation; with pipelining DeepSpeed refuses it."""
+    z1 = _plan(model, node, tp=tp, dp=64 // tp, zero=1, micro_batch=micro_batch)
+    ds2 = _plan(model, node, tp=tp, dp=64 // tp, zero=2, micro_batch=micro_batch, zero_impl="deepspeed")
+    assert ds2.num_microbatches >= 4
+    for engine in ("analytic", "des"):
+        assert simulate(ds2, engine=engine).step_time_s > simulate(z1, engine=engine).step_time_s
+    import pytest
+    with pytest.raises(PlanError, match="DeepSpeed's pipeline engine runs ZeRO-1 at most"):
+        _plan(model, node, tp=tp, pp=2, dp=32 // tp, zero=2, micro_batch=micro_batch, zero_impl="deepspeed")

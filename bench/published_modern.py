@@ -1,0 +1,153 @@
+"""Rules that map the rows of ``dev_modern.csv`` onto Plans, one rule per source.
+
+``bench/validate_published.py`` uses them; see ../shared/validation/SOURCES.md for every
+source's stack and counting. Nothing here is per row: each source's documented setup
+becomes the same Plan fields for all its rows, and fields a source leaves blank are
+filled by the fastest predicted choice that fits (as the authors tuned their runs).
+
+Rows whose hardware, precision or model the Plan cannot express yet are left out with
+the reason printed (``skip_reason``): B200 / GB200 (not in the catalog), MXFP8 / NVFP4,
+MoE models whose attention or expert layout the ModelSpec lacks (MLA, shared experts,
+head_dim other than hidden/heads, sliding windows), Megatron-FSDP with activation offload.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+
+#: GPUs of dev_modern rows, by the catalog node that carries them.
+MODERN_NODES = {"h100-80gb": "dgx-h100", "h100-80gb-sxm": "dgx-h100", "b200 (DGX-B200)": "dgx-b200"}
+TORCHAO_H100 = "h100 (80GB SXM or Meta's 96GB HBM2e variant: not stated)"
+LLMFOUNDRY = ("llmfoundry_2024_h100_large_scale", "llmfoundry_2023_h100_bf16", "llmfoundry_2023_h100_fp8")
+NEMO_LONG = ("nemo_longctx_2024_h100", "nemo_longctx_2025_b200")
+TORCHAO = ("torchao_float8_readme_2025_h100", "torchao_mx_readme_2025_b200")
+AUTOMODEL = "automodel_perf_summary_2026"
+BRIDGE = "megatron_bridge_26.04.01_perf_summary"
+
+
+def _node(row: pd.Series) -> str | None:
+    if row.gpu == TORCHAO_H100:
+        return "dgx-h100"  # the 80 GB SXM part: the README's 47.7 GiB peak fits either
+    return MODERN_NODES.get(row.gpu)
+
+
+def skip_reason(row: pd.Series) -> str | None:
+    """Why a row cannot become a Plan today, or None."""
+    if "power limit" in str(row.gpu):
+        return f"GPU {row.gpu!r}: a power-capped part (the catalog's B200 is the 1000 W DGX B200)"
+    if _node(row) is None:
+        return f"GPU {row.gpu!r} is not in the catalog"
+    prec = str(row.precision)
+    if prec.startswith(("mxfp8", "nvfp4")):
+        return f"precision {prec.split()[0]} has no Plan value"
+    if re.search(r"\d+ (routed )?experts", str(row.notes)):
+        return "MoE: the ModelSpec cannot state this model's experts (MLA, shared experts, head_dim, windows)"
+    if "cpu_offloading_num_layers" in str(row.notes):
+        return "activation offload of N layers has no Plan field"
+    return None
+
+
+def _flag(notes: str, pattern: str) -> str | None:
+    m = re.search(pattern, notes)
+    return m.group(1) if m else None
+
+
+def _model(row: pd.Series) -> dict:
+    """The model: llm-foundry's MPT (learned positions, biases, tied: the MPTConfig
+    defaults its yamls keep, SOURCES.md); Llama-family rows read kv_heads, SwiGLU and
+    untied embeddings from the notes, as the validation README says."""
+    notes = str(row.notes)
+    heads = int(row.heads)
+    m = {"name": row.model, "layers": int(row.layers), "hidden": int(row.hidden), "heads": heads,
+         "ffn_hidden": int(row.ffn_hidden), "vocab": int(row.vocab), "seq_len": int(row.seq_len)}
+    if row.source in LLMFOUNDRY:
+        return {**m, "gated_mlp": False, "tied_embeddings": True, "position_embedding": "learned"}
+    kv = _flag(notes, r"kv_heads=(\d+)")
+    llama2 = "LLAMA2" in str(row.model).upper()  # Llama 2 7B: MHA, SwiGLU, untied (HF config)
+    return {**m, "kv_heads": int(kv) if kv else heads, "gated_mlp": llama2 or "SwiGLU" in notes,
+            "tied_embeddings": not (llama2 or "untied" in notes), "position_embedding": "rope"}
+
+
+def _num(x, default=None):
+    return default if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def _precision(row: pd.Series) -> dict:
+    """The precision and FP8 scaling of a row: torchao's rows name theirs ("Scaling
+    'float8 tensorwise ...'" / "'rowwise ...'"), Megatron-Bridge's FP8 is FP8-CS (current
+    scaling); llm-foundry's amp_fp8 (TE 0.10) and NeMo 24.03 use TE's default, delayed."""
+    prec, notes = str(row.precision), str(row.notes)
+    if row.source in TORCHAO:
+        scaling = notes.split("Scaling '")[1].split("'")[0]
+        if "float8" in scaling or scaling.startswith(("tensorwise", "rowwise")):
+            return {"precision": "fp8", "fp8_recipe": "rowwise" if "rowwise" in scaling else "tensorwise"}
+        return {"precision": "bf16"}
+    if prec.startswith(("fp8", "amp_fp8")):
+        return {"precision": "fp8", "fp8_recipe": "current" if "FP8-CS" in prec else "delayed"}
+    return {"precision": "bf16"}
+
+
+def base_doc(row: pd.Series) -> dict:
+    """The Plan document of a row by its source's rule."""
+    src = row.source
+    tp, pp, dp, cp = (int(_num(row[k], 1)) for k in ("tp", "pp", "dp", "cp"))
+    gpn = int(_num(row.gpus_per_node, 8))
+    cluster = {"node": _node(row), "nodes": max(1, math.ceil(int(row.num_gpus) / gpn))}
+    vpp = int(_num(row.vpp_interleave, 1))
+    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp,
+                "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
+                "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
+    training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
+                "recompute": str(_num(row.recompute, "none")), "flash_attention": True, **_precision(row)}
+    if src in TORCHAO or src == AUTOMODEL:
+        parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
+    if src in TORCHAO:
+        training["recompute"] = "selective"  # torchtitan per-op SAC: keeps the matmul outputs
+    return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,
+            "parallel": parallel, "training": training}
+
+
+def choices(row: pd.Series, doc: dict) -> list[dict]:
+    """NeMo's long-context table leaves recompute and the micro-batch blank: the fastest
+    fitting of none / selective / full recompute at micro-batch 1 (one sequence of up to
+    1M tokens per rank; the table's batches are 4M tokens in all)."""
+    if row.source not in NEMO_LONG:
+        return [doc]
+    return [{**doc, "training": {**doc["training"], "recompute": rc}} for rc in ("none", "selective", "full")]
+
+
+def nemo_flops(row: pd.Series) -> float:
+    """NeMo's llama FLOPs per step (flops_formulas.py before 6251117f4c): no causal halving."""
+    b, s, l, h = (float(row[k]) for k in ("global_batch_seqs", "seq_len", "layers", "hidden"))
+    notes = str(row.notes)
+    g = float(_flag(notes, r"kv_heads=(\d+)") or row.heads)
+    a, f, v = float(row.heads), float(row.ffn_hidden), float(row.vocab)
+    return b * s * l * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h + 6 * v / (l * h))
+
+
+def measured_step_s(row: pd.Series) -> float:
+    """Seconds per step as SOURCES.md derives it: the published step time where there is
+    one (AutoModel), else batch tokens over tokens/s, else FLOPs over TFLOP/s (NeMo)."""
+    if not math.isnan(row.measured_step_time_s):
+        return float(row.measured_step_time_s)
+    if not math.isnan(row.measured_tokens_per_s_per_gpu):
+        return row.global_batch_seqs * row.seq_len / (row.measured_tokens_per_s_per_gpu * row.num_gpus)
+    if row.source in NEMO_LONG:
+        return nemo_flops(row) / (row.num_gpus * row.measured_tflops_per_gpu * 1e12)
+    raise ValueError(f"no step-time rule for source {row.source}")
+
+
+def fp8_pairs(table: pd.DataFrame) -> pd.DataFrame:
+    """FP8 rows of ``table`` (validate_published's per-row output for dev_modern.csv) beside
+    their BF16 twin (same model, sequence, GPUs, micro-batch and batch, of the same
+    publication): the published and predicted FP8/BF16 speed-up of each pair."""
+    keys = ["model", "seq_len", "gpus", "mb", "global_batch", "family"]
+    t = table.assign(family=table.source.str.replace(r"_(bf16|fp8)$", "", regex=True))
+    fp8, bf16 = t[t.precision != "bf16"], t[t.precision == "bf16"]
+    pairs = fp8.merge(bf16, on=keys, suffixes=("", "_bf16"))
+    pairs = pairs.assign(published=pairs.measured_s_bf16 / pairs.measured_s,
+                         predicted=pairs.predicted_s_bf16 / pairs.predicted_s)
+    pairs["error"] = pairs.predicted / pairs.published - 1
+    return pairs[["source", "model", "seq_len", "precision", "published", "predicted", "error"]]
