@@ -288,7 +288,7 @@ def _notes(plan: Plan, data: dict, st: Storage, ck: CheckpointPlan, failures: bo
     if not failures:
         notes.append("failures and preemptions off: an ideal run")
     elif spot.preemptions_per_s > 0:
-        notes.append(f"spot: {spot.spare_nodes} spare node(s) held, the job whole {spot.availability:.1%} of the time; "
+        notes.append(f"spot: {spot.spare_nodes} spare node(s) held, the job whole {spot.availability:.2%} of the time; "
                      + ("a checkpoint fits in the provider's notice, so a preemption loses no work"
                         if spot.notice_saves else "no checkpoint fits in the provider's notice: a preemption "
                         "loses the work since the last checkpoint") + " (simcore/planner/spot.py)")

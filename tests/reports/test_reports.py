@@ -84,8 +84,10 @@ def test_memory_section_text():
     plan = plan_from_dict({"name": "m", "model": "llama3-8b", "cluster": {"node": "dgx-h100"},
                            "parallel": {"dp": 8, "zero": 3},
                            "training": {"global_batch": 8, "flash_attention": True, "recompute": "full"}})
-    sec = memory_section(plan, memory_report(plan))
-    assert sec.text.endswith("; fits.") and sec.figure is not None
+    report = memory_report(plan)
+    sec = memory_section(plan, report)
+    room = report["hbm_bytes"] / 2**30 - report["memory_per_gpu_gib"]
+    assert sec.text.endswith(f"; fits, headroom {room:.1f} GiB.") and sec.figure is not None
     no_flash = plan_from_dict({"name": "m", "model": "llama3-8b", "cluster": {"node": "dgx-h100"},
                                "parallel": {"dp": 8, "zero": 3}, "training": {"global_batch": 8}})
     assert "does NOT fit" in memory_section(no_flash, memory_report(no_flash)).text  # the s^2 scores
