@@ -6,7 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import yaml
 
 from trainplan.cli import main
@@ -51,12 +50,16 @@ def test_a_file_where_a_folder_belongs_and_the_reverse(tmp_path, capsys):
     assert "is a folder" in one_error(capsys)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere: no unwritable folder to try")
-def test_unwritable_folder_is_one_sentence(tmp_path, capsys):
+def test_unwritable_folder_is_one_sentence(tmp_path, capsys, monkeypatch):
+    """A folder the user cannot write to (as root every folder is writable, so the permission
+    check itself answers 'no' for this one folder)."""
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
     assert main(["simulate", PLAN, "--engine", "des", "--trace", str(locked / "t.json")]) == 2
     assert "not writable" in one_error(capsys)
+    assert not (locked / "t.json").exists()
 
 
 def test_best_plan_file_name_is_portable(tmp_path, capsys, monkeypatch):
