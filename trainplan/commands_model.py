@@ -156,7 +156,8 @@ def cmd_import(args) -> None:
     if not any((args.hf, args.megatron, args.deepspeed, args.torchtitan)):
         raise UsageError("import needs at least one of --hf, --megatron, --deepspeed, --torchtitan")
     doc, warnings = import_plan(hf=args.hf, megatron=args.megatron, deepspeed=args.deepspeed,
-                                torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes, base_dir=".")
+                                torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes,
+                                seq_len=args.seq_len, base_dir=".")
     plan_from_dict(doc, ".")
     for line in warnings:
         print(f"trainplan: warning: {line}", file=sys.stderr)
