@@ -28,11 +28,22 @@ def cmd_catalog(args) -> None:
         print()
 
 
+def _model_size(plan) -> dict:
+    """The model's parameter count, and per token for MoE, so an import shows which model it means."""
+    from simcore.model.workload import active_params_per_token, param_counts
+
+    out = {"params_total": param_counts(plan.model).total}
+    if plan.model.moe:
+        out["params_active"] = int(active_params_per_token(plan.model))
+    return out
+
+
 def cmd_check(args) -> None:
     from simcore.plan.describe import plan_summary
 
     plan = load_plan(args.plan)
     summary = plan_summary(plan)
+    summary["derived"] = {**_model_size(plan), **summary["derived"]}
     if args.json:
         print_json(summary)
         return
@@ -103,8 +114,11 @@ def cmd_simulate(args) -> None:
 
         save_figure(gantt_figure(result.spans, f"{plan.name}: predicted step ({args.engine})"), args.gantt)
     if args.json:
-        print_json({**result.to_json(), **interval})
+        print_json({**result.to_json(), **interval, **_model_size(plan)})
     else:
+        size = _model_size(plan)
+        active = f", {size['params_active'] / 1e9:.1f} B active per token" if "params_active" in size else ""
+        print(f"{plan.name}: {plan.model.name}, {size['params_total'] / 1e9:.2f} B parameters{active}")
         print_prediction(result)
         if interval["interval_s"]:
             lo, hi = interval["interval_s"]
