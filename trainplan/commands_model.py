@@ -179,9 +179,12 @@ def cmd_import(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from simcore.plan.writers import export_plan
+    from simcore.plan.writers import export_with_notes
 
-    print(export_plan(load_plan(args.plan), args.to), end="")
+    text, notes = export_with_notes(load_plan(args.plan), args.to, plan_path=str(args.plan))
+    for line in notes:
+        print(f"trainplan: note: {line}", file=sys.stderr)
+    print(text, end="")
 
 
 def cmd_schedule(args) -> None:

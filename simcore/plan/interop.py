@@ -40,6 +40,7 @@ from pathlib import Path
 from simcore.plan.megatron_reader import read_megatron
 from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_torchtitan
 from simcore.plan.spec import PlanError, even_split
+from simcore.plan.torchtitan_writer import stage_split, virtual_stages
 from topologies.components import CatalogError
 from topologies.hardware import load_catalog
 
@@ -166,9 +167,11 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
         if replicate > 1 and shard > 1:
             notes.append(f"torchtitan HSDP ({replicate} replicas x {shard} shards) taken as zero over all dp")
     layers = values.get("model.layers")
-    per_stage = hints.get("torchtitan.layers_per_stage") or hints.get("megatron.layers_per_virtual_stage")
+    per_stage = hints.get("megatron.layers_per_virtual_stage")
     if per_stage and layers:
         values["parallel.vpp"] = layers // (g("parallel.pp") * per_stage)
+    if "torchtitan.stage_rule" in hints and layers:
+        _torchtitan_stages(values, layers, g("parallel.pp"), *hints["torchtitan.stage_rule"])
     if "megatron.first_last" in hints and layers:
         values["parallel.stage_layers"] = _first_last_split(layers, g("parallel.pp"), *hints["megatron.first_last"])
     stages = values.get("parallel.stage_layers")
@@ -182,6 +185,22 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
         if "batch.accumulation" not in hints and "batch.local" not in hints:
             notes.append(f"training.global_batch={values['training.global_batch']} "
                          "(one micro-batch per data-parallel rank: no input gives the global batch)")
+
+
+def _torchtitan_stages(values: dict, layers: int, pp: int, per_stage: int, first: int, last: int) -> None:
+    """torchtitan's stage rule (simcore.plan.torchtitan_writer): the embedding and the output
+    count as ``first`` and ``last`` layers; a stage count that is not a multiple of pp is the
+    error torchtitan raises, said here in one sentence."""
+    stages = virtual_stages(layers, per_stage, first, last)
+    if stages % pp:
+        raise PlanError(f"torchtitan parallelism.pipeline_parallel_layers_per_stage={per_stage} gives {stages} "
+                        f"virtual stages ({layers} layers + {first} + {last} for the embedding and output), "
+                        f"not a multiple of pipeline_parallel_degree={pp}")
+    split = stage_split(layers, stages, first, last)
+    if split is None:
+        raise PlanError(f"torchtitan parallelism.pipeline_parallel_layers_per_stage={per_stage} leaves a stage "
+                        "without layers")
+    values["parallel.vpp"], values["parallel.stage_layers"] = stages // pp, split
 
 
 def _first_last_split(layers: int, pp: int, first, last) -> list[int]:

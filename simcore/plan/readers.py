@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shlex
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,12 +166,45 @@ def _deepspeed_zero(zero, f: dict, used: set) -> None:
         f["training.offload"] = "none"
 
 
+def _torchtitan_command(text: str) -> dict:
+    """torchtitan 0.3's launch (``-m torchtitan.train --module M --config C --section.opt v
+    ... activation-checkpoint:MODE``, tyro's spelling) as the sections of a 0.2 job TOML."""
+    words = shlex.split(re.sub(r"\\\n", " ", text), comments=True)
+    cfg: dict = {}
+    flavors = {f"llama3_{k.lower()}": k for k in load_tool_options()["torchtitan"]["llama3_flavors"]}
+    i = words.index("torchtitan.train") + 1 if "torchtitan.train" in words else 0
+    while i < len(words):
+        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
+        i += 1
+        if word.startswith("activation-checkpoint:"):
+            cfg.setdefault("activation_checkpoint", {})["mode"] = word.split(":", 1)[1]
+        elif word in ("--module", "--config") and value is not None:
+            i += 1
+            if word == "--module":
+                cfg.setdefault("model", {})["name"] = value
+            else:
+                cfg.setdefault("model", {})["flavor"] = flavors.get(value, value)
+        elif word.startswith("--") and "." in word:
+            section, _, key = word[2:].partition(".")
+            key = key.replace("-", "_")
+            if value is None or value.startswith("--") or value.startswith("activation-checkpoint:"):
+                negated = key.startswith("no_")
+                cfg.setdefault(section.replace("-", "_"), {})[key[3:] if negated else key] = not negated
+            else:
+                i += 1
+                cfg.setdefault(section.replace("-", "_"), {})[key] = int(value) if re.fullmatch(r"-?\d+", value) else value
+    return cfg
+
+
 def read_torchtitan(text: str) -> Reading:
-    """A torchtitan job TOML."""
-    try:
-        cfg = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(f"torchtitan config is not valid TOML: {exc}") from None
+    """A torchtitan run: the 0.3 launch command, or a 0.2 job TOML."""
+    if re.search(r"(^|\s)-m\s+torchtitan\.train\b|--module\s", text):
+        cfg = _torchtitan_command(text)
+    else:
+        try:
+            cfg = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise PlanError(f"torchtitan config is not valid TOML: {exc}") from None
     used: set[str] = set()
 
     def get(section, key, default=None):
@@ -235,7 +269,9 @@ def _torchtitan_parallel(get, hints: dict) -> dict:
             f["parallel.stage_layers"] = counts
             f["parallel.vpp"] = len(parts) // pp
         elif get("parallelism", "pipeline_parallel_layers_per_stage") is not None:
-            hints["torchtitan.layers_per_stage"] = get("parallelism", "pipeline_parallel_layers_per_stage")
+            hints["torchtitan.stage_rule"] = (get("parallelism", "pipeline_parallel_layers_per_stage"),
+                                              get("parallelism", "pipeline_parallel_first_stage_less_layers", 1),
+                                              get("parallelism", "pipeline_parallel_last_stage_less_layers", 1))
     else:
         f["training.micro_batch"] = local
     f["training.global_batch"] = total if total > 0 else None
