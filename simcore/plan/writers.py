@@ -323,9 +323,21 @@ def hf_config_from_model(model) -> dict:
     cfg["rope_theta"] = m.rope_base
     if m.kv_channels:
         cfg["head_dim"] = m.kv_channels
-    if m.mla or m.shared_ffn_hidden or m.dense_layers or m.dense_ffn_hidden:
-        raise ValueError(f"model {m.name}: write MLA, shared-expert or dense-prefix models as their own "
-                         "family's config.json (qwen2_moe, deepseek_v3)")
+    if m.mla:  # DeepSeek-V3's field names (configuration_deepseek_v3.py)
+        cfg.update(model_type="deepseek_v3", n_routed_experts=m.experts, num_experts_per_tok=m.top_k,
+                   moe_intermediate_size=m.ffn_hidden, intermediate_size=m.dense_ffn_hidden or m.ffn_hidden,
+                   n_shared_experts=m.shared_ffn_hidden // m.ffn_hidden if m.moe else 0,
+                   first_k_dense_replace=m.dense_layers, q_lora_rank=m.q_lora_rank or None,
+                   kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.kv_channels,
+                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
+        cfg.pop("head_dim", None)
+        return cfg
+    if m.moe and (m.shared_ffn_hidden or m.dense_layers or m.dense_ffn_hidden):  # Qwen2-MoE's names
+        cfg.update(model_type="qwen2_moe", num_experts=m.experts, num_experts_per_tok=m.top_k,
+                   moe_intermediate_size=m.ffn_hidden, intermediate_size=m.dense_ffn_hidden or m.ffn_hidden,
+                   shared_expert_intermediate_size=m.shared_ffn_hidden, decoder_sparse_step=1,
+                   mlp_only_layers=list(range(m.dense_layers)))
+        return cfg
     if m.moe:
         if not m.gated_mlp:
             raise ValueError(f"model {m.name}: an ungated MoE model has no Hugging Face family here")

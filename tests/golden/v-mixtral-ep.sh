@@ -12,8 +12,8 @@ torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
     --num-attention-heads 32 \
     --group-query-attention \
     --num-query-groups 8 \
-    --seq-length 8192 \
-    --max-position-embeddings 8192 \
+    --seq-length 4096 \
+    --max-position-embeddings 4096 \
     --vocab-size 32000 \
     --position-embedding-type rope \
     --rotary-base 1000000 \

@@ -8,7 +8,6 @@ import os
 import re
 import shlex
 import tomllib
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,43 +18,15 @@ from simcore.plan.interop import import_plan
 from simcore.plan.megatron_reader import read_megatron
 from simcore.plan.readers import load_tool_options
 from simcore.plan.load import load_plan, plan_from_dict, plan_to_dict
-from simcore.plan.spec import Offload, PlanError, Precision, Schedule, ZeroStage
+from simcore.plan.spec import PlanError
 
-ROOT = Path(__file__).resolve().parents[2]
-PLANS = sorted((ROOT / "plans").glob("*.yaml"))
+from tests.plan.layouts import ALL, PLANS, ROOT, VARIANTS
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 EXAMPLES = ROOT / "examples"
 TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "slurm", "slurm-trainplan")
 SUFFIX = {"megatron": "sh", "slurm": "sbatch", "deepspeed": "json", "torchtitan": "torchtitan.sh",
           "torchtitan-0.2": "toml", "slurm-trainplan": "trainplan.sbatch"}
-
-
-def _variants() -> dict:
-    """Plans that reach the branches the shipped plans do not (ZeRO-2/3, offload, MoE,
-    uneven stages, FP8, CP, zero-bubble)."""
-    base = load_plan(ROOT / "plans" / "llama3-8b-fsdp-h100.yaml")
-    par, tr = base.parallel, base.training
-    mixtral = plan_from_dict({
-        "model": str(EXAMPLES / "hf" / "mixtral-8x7b" / "config.json"),
-        "cluster": {"node": "dgx-h100", "nodes": 8},
-        "parallel": {"tp": 2, "pp": 4, "dp": 8, "ep": 4, "zero": 1, "sequence_parallel": True},
-        "training": {"global_batch": 256, "micro_batch": 1, "recompute": "full", "flash_attention": True}})
-    return {
-        "v-zero2-offload-fp8": replace(base, name="v-zero2-offload-fp8",
-                                       parallel=replace(par, zero=ZeroStage.GRADIENTS),
-                                       training=replace(tr, offload=Offload.OPTIMIZER, precision=Precision.FP8)),
-        "v-zero3-paramoffload": replace(base, name="v-zero3-paramoffload",
-                                        training=replace(tr, offload=Offload.OPTIMIZER_PARAMS)),
-        "v-pp-uneven": replace(base, name="v-pp-uneven",
-                               parallel=replace(par, pp=4, dp=2, zero=ZeroStage.NONE, stage_layers=(7, 9, 9, 7))),
-        "v-zero-bubble-cp": replace(base, name="v-zero-bubble-cp",
-                                    parallel=replace(par, pp=2, cp=2, dp=2, vpp=2, schedule=Schedule.ZERO_BUBBLE)),
-        "v-mixtral-ep": replace(mixtral, name="v-mixtral-ep"),
-    }
-
-
-VARIANTS = _variants()
-ALL = {p.stem: load_plan(p) for p in PLANS} | VARIANTS
 
 
 def _export_or_refusal(plan, target):
