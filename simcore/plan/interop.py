@@ -118,6 +118,7 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
         notes.append("the layout and training settings are defaults: flash attention, selective recompute, "
                      "FSDP (parallel.zero=3) over all GPUs")
     cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
+    notes += [hints["note.nodes"]] if "note.nodes" in hints else []
     _resolve_layout(values, hints, world, notes)
     doc = _document(values, cluster_doc, hints)
     ignored = "; ".join(f"{r.source}: {', '.join(r.ignored)}" for r in readings if r.ignored)
@@ -141,7 +142,9 @@ def _import_cluster(name, nodes, values: dict, hints: dict) -> tuple[dict, int]:
     gpn = hints.get("world.gpus_per_node", per_node)
     model_par = math.prod(values.get(f"parallel.{k}") or 1 for k in ("tp", "pp", "cp"))
     needed = model_par * values["parallel.dp"] if "parallel.dp" in values else gpn
-    run_nodes = hints.get("world.nnodes") or (nodes if gpn == per_node and nodes else None)
+    if nodes and hints.get("world.nnodes") not in (None, nodes):  # the user's size wins over the script's
+        hints["note.nodes"] = f"cluster.nodes={nodes} (the launch says --nnodes {hints['world.nnodes']})"
+    run_nodes = (nodes if gpn == per_node and nodes else None) or hints.get("world.nnodes")
     run_nodes = run_nodes or max(1, math.ceil(needed / gpn))
     doc = {"node": name, "nodes": nodes or run_nodes}
     if gpn != per_node:

@@ -45,8 +45,8 @@ class _Shell:
         def sub(match):
             name, default, plain = match.group(1), match.group(2), match.group(3)
             name = name or plain
-            if name in self.arrays:
-                return " ".join(shlex.quote(e) for e in self.arrays[name])
+            if name in self.arrays:  # unquoted ${A[@]}: bash splits each element into words
+                return " ".join(self.arrays[name])
             value = self.vars.get(name)
             return value if value else (self._default(default) if default is not None else "")
         text = re.sub(r"\$\(\((.*?)\)\)", lambda m: self._arith(self.expand_plain(m.group(1))), text)
@@ -222,7 +222,7 @@ def _megatron_model(a: _Args, f: dict) -> None:
         f["model.kv_heads"] = a.value("--num-query-groups")
     elif f["model.heads"] is not None:
         f["model.kv_heads"] = f["model.heads"]
-    f["model.vocab"] = a.value("--vocab-size")
+    f["model.vocab"] = a.value("--vocab-size") or _tokenizer_vocab(a)
     f["model.kv_channels"] = a.value("--kv-channels")
     f["model.rope_base"] = a.value("--rotary-base", float)
     a.value("--normalization", str), a.flag("--disable-bias-linear")  # RMSNorm, no biases: implied by rope
@@ -248,6 +248,19 @@ def _megatron_model(a: _Args, f: dict) -> None:
                 raise PlanError(f"megatron --moe-layer-freq={freq!r} has no model.dense_layers equivalent "
                                 "(only '([0]*k+[1]*n)': the first k layers dense)")
             f["model.dense_layers"] = int(pattern.group(1)) if pattern else None
+
+
+#: Vocabulary sizes of the tokenizers Megatron's examples name without --vocab-size: the
+#: GPT-2 BPE files (gpt2-vocab.json; openai-community/gpt2 config.json vocab_size) and the
+#: Llama 2 SentencePiece model (meta-llama/Llama-2-7b-hf config.json vocab_size).
+TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
+
+
+def _tokenizer_vocab(a: _Args) -> int | None:
+    kind = a.value("--tokenizer-type", str)
+    if kind is None and a.value("--vocab-file", str) and a.value("--merge-file", str):
+        kind = "GPT2BPETokenizer"  # Megatron's default tokenizer with BPE vocab and merge files
+    return TOKENIZER_VOCAB.get(kind)
 
 
 def _megatron_parallel(a: _Args, f: dict) -> None:
