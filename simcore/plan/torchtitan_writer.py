@@ -198,6 +198,8 @@ def torchtitan_args(plan: Plan) -> list[str]:
     if plan.training.precision.value == "fp8":
         raise _refuse("training.precision", "fp8", "torchtitan 0.3 sets float8 in the config_registry function")
     args = ["--module", "llama3", "--config", f"llama3_{flavor.lower()}"]
+    if plan.parallel.pp > 1:  # torchtitan/trainer.py (0.3.0): "CUDA graphs do not support pipeline parallelism yet"
+        doc["training"]["disable_cuda_graphs"] = True
     for section in ("training", "parallelism"):
         for key, value in doc[section].items():
             flag = f"--{section}.{key.replace('_', '-')}"
