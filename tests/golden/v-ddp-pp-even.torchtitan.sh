@@ -10,6 +10,7 @@ torchrun --nnodes 1 --nproc-per-node 8 -m torchtitan.train \
     --training.seq-len 8192 \
     --training.mixed-precision-param bfloat16 \
     --training.no-enable-cpu-offload \
+    --training.disable-cuda-graphs \
     --parallelism.data-parallel-replicate-degree 2 \
     --parallelism.data-parallel-shard-degree 1 \
     --parallelism.tensor-parallel-degree 1 \
