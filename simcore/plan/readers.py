@@ -64,14 +64,16 @@ def read_hf(path: Path) -> Reading:
                    defaults=defaults, hints=hints, ignored=tuple(sorted(k for k in cfg if k not in HF_USED)))
 
 
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|//[^\n]*|#[^\n]*|/\*.*?\*/|,(?=\s*[}\]])', re.S)
+_JSON_COMMENTS = re.compile(r'"(?:[^"\\]|\\.)*"|//[^\n]*|#[^\n]*|/\*.*?\*/', re.S)
+_JSON_TRAILING = re.compile(r'"(?:[^"\\]|\\.)*"|,(?=\s*[}\]])', re.S)
 
 
 def relaxed_json(text: str) -> str:
     """JSON with the comments (``//``, ``#``, ``/* */``) and trailing commas that DeepSpeed's
     hjson reader accepts (deepspeed/runtime/config.py: ``hjson.load``), made plain JSON;
     strings are left as they are."""
-    return _JSON_TOKENS.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", text)
+    keep = lambda m: m.group(0) if m.group(0).startswith('"') else ""  # noqa: E731
+    return _JSON_TRAILING.sub(keep, _JSON_COMMENTS.sub(keep, text))
 
 
 def _flat(d: dict, prefix: str = "") -> list[str]:

@@ -15,7 +15,7 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --max-position-embeddings 8192 \
     --vocab-size 128256 \
     --position-embedding-type rope \
-    --rotary-base 10000 \
+    --rotary-base 500000 \
     --normalization RMSNorm \
     --disable-bias-linear \
     --swiglu \
