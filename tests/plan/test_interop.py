@@ -75,7 +75,9 @@ def undefined_options(text: str, target: str) -> list[str]:
     cfg = readers._torchtitan_command(text) if target == "torchtitan" else tomllib.loads(text)
     cfg.pop("model", None) if target == "torchtitan" else None  # --module/--config: checked by torchtitan itself
     tt = known["torchtitan"]
-    bad = [f"{s}.{k}" for s, opts in cfg.items() for k in opts if k not in tt["sections"].get(s, [])]
+    extra = known["torchtitan_0_3"]["sections"] if target == "torchtitan" else {}
+    bad = [f"{s}.{k}" for s, opts in cfg.items() for k in opts
+           if k not in tt["sections"].get(s, []) + extra.get(s, [])]
     for key, choices in tt["choices"].items():
         section, name = key.split(".")
         if name in cfg.get(section, {}) and cfg[section][name] not in choices:
