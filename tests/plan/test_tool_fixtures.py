@@ -55,3 +55,27 @@ def test_torchtitan_stage_rule_is_torchtitans():
     # (82 = 12 x 6 + 10: the first ten stages take 7, less 1 on the first and the last for the
     # embedding and the output)
     assert doc["parallel"]["vpp"] == 3 and doc["parallel"]["stage_layers"] == [6] + [7] * 9 + [6, 5]
+
+
+def _readme_imports() -> list[list[str]]:
+    """The `trainplan import` commands of the README's import section, as argv."""
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Import and export", 1)[1].split("```", 2)[1]
+    lines = re.sub(r"\\\n\s*", " ", block).splitlines()
+    return [shlex.split(ln.split(">")[0])[1:] for ln in lines if ln.startswith("trainplan import") and "$(" not in ln]
+
+
+@pytest.mark.parametrize("argv", _readme_imports(), ids=lambda a: " ".join(a[:2]))
+def test_the_readme_imports_work_as_written_and_fit(argv, capsys, monkeypatch):
+    import yaml
+
+    from simcore.model.step_costs import memory_report
+    from trainplan.cli import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 0
+    plan = plan_from_dict(yaml.safe_load(capsys.readouterr().out))
+    assert memory_report(plan)["fits"]
