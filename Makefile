@@ -36,8 +36,17 @@ $(IVENV)/.installed: pyproject.toml
 	$(IVENV)/bin/pip install -q -e ".[torch,dev,interop]"
 	touch $(IVENV)/.installed
 
-test-interop: $(IVENV)/.installed
+# torchtitan 0.2.x (the TOML job config) cannot share a venv with 0.3: a second one.
+TVENV := .venv-interop-tt02
+$(TVENV)/.installed: pyproject.toml
+	test -x $(TVENV)/bin/python || $(PY) -m venv $(TVENV)
+	$(TVENV)/bin/pip install -q "torch==2.13.0"
+	$(TVENV)/bin/pip install -q -e ".[torch,dev]" "torchtitan==0.2.2" "triton==3.9.0"
+	touch $(TVENV)/.installed
+
+test-interop: $(IVENV)/.installed $(TVENV)/.installed
 	TRAINPLAN_INTEROP=1 $(IVENV)/bin/python -m pytest tests/plan/consumers
+	TRAINPLAN_INTEROP=tt02 $(TVENV)/bin/python -m pytest tests/plan/consumers_tt02
 
 clean:
-	rm -rf $(VENV) $(IVENV) out
+	rm -rf $(VENV) $(IVENV) $(TVENV) out
