@@ -79,6 +79,7 @@ def _interop_commands(sub) -> None:
     p.add_argument("--torchtitan", metavar="TOML")
     p.add_argument("--cluster", metavar="NODE", help="catalog node type (default: from the inputs, or dgx-h100)")
     p.add_argument("--nodes", type=int)
+    p.add_argument("--seq-len", type=int, help="training sequence length (default: the inputs', else min(context, 8192))")
     p.set_defaults(func=model.cmd_import)
 
     from simcore.plan.writers import TARGETS

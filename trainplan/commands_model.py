@@ -28,11 +28,22 @@ def cmd_catalog(args) -> None:
         print()
 
 
+def _model_size(plan) -> dict:
+    """The model's parameter count, and per token for MoE, so an import shows which model it means."""
+    from simcore.model.workload import active_params_per_token, param_counts
+
+    out = {"params_total": param_counts(plan.model).total}
+    if plan.model.moe:
+        out["params_active"] = int(active_params_per_token(plan.model))
+    return out
+
+
 def cmd_check(args) -> None:
     from simcore.plan.describe import plan_summary
 
     plan = load_plan(args.plan)
     summary = plan_summary(plan)
+    summary["derived"] = {**_model_size(plan), **summary["derived"]}
     if args.json:
         print_json(summary)
         return
@@ -114,8 +125,11 @@ def cmd_simulate(args) -> None:
 
         save_figure(gantt_figure(result.spans, f"{plan.name}: predicted step ({args.engine})"), args.gantt)
     if args.json:
-        print_json({**result.to_json(), **interval})
+        print_json({**result.to_json(), **interval, **_model_size(plan)})
     else:
+        size = _model_size(plan)
+        active = f", {size['params_active'] / 1e9:.1f} B active per token" if "params_active" in size else ""
+        print(f"{plan.name}: {plan.model.name}, {size['params_total'] / 1e9:.2f} B parameters{active}")
         print_prediction(result, plan)
         if interval["interval_s"]:
             lo, hi = interval["interval_s"]
@@ -171,7 +185,8 @@ def cmd_import(args) -> None:
     if not any((args.hf, args.megatron, args.deepspeed, args.torchtitan)):
         raise UsageError("import needs at least one of --hf, --megatron, --deepspeed, --torchtitan")
     doc, warnings = import_plan(hf=args.hf, megatron=args.megatron, deepspeed=args.deepspeed,
-                                torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes, base_dir=".")
+                                torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes,
+                                seq_len=args.seq_len, base_dir=".")
     plan_from_dict(doc, ".")
     for line in warnings:
         print(f"trainplan: warning: {line}", file=sys.stderr)
@@ -179,9 +194,12 @@ def cmd_import(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from simcore.plan.writers import export_plan
+    from simcore.plan.writers import export_with_notes
 
-    print(export_plan(load_plan(args.plan), args.to), end="")
+    text, notes = export_with_notes(load_plan(args.plan), args.to, plan_path=str(args.plan))
+    for line in notes:
+        print(f"trainplan: note: {line}", file=sys.stderr)
+    print(text, end="")
 
 
 #: Blocks of time steps ``schedule`` prints without --all (the rest is counted, not shown).

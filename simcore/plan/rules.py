@@ -12,7 +12,13 @@ def check_plan(plan: Plan) -> None:
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     rules = [
         (m.heads % m.kv_heads == 0, f"model.kv_heads={m.kv_heads} does not divide model.heads={m.heads}"),
-        (m.hidden % m.heads == 0, f"model.heads={m.heads} does not divide model.hidden={m.hidden}"),
+        (m.kv_channels or m.hidden % m.heads == 0,
+         f"model.heads={m.heads} does not divide model.hidden={m.hidden} (or give model.kv_channels)"),
+        (not (m.dense_layers or m.shared_ffn_hidden or m.dense_ffn_hidden) or m.moe,
+         "model.dense_layers, dense_ffn_hidden and shared_ffn_hidden need an MoE model (model.experts > 0)"),
+        (m.dense_layers < m.layers, f"model.dense_layers={m.dense_layers} must be fewer than model.layers={m.layers}"),
+        (not m.mla or m.qk_rope_head_dim > 0 and m.v_head_dim > 0 and m.kv_channels > 0,
+         "model.kv_lora_rank (multi-latent attention) needs model.kv_channels, qk_rope_head_dim and v_head_dim"),
         (m.heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.heads={m.heads}"),
         (m.kv_heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.kv_heads={m.kv_heads}"),
         (m.ffn_hidden % par.tp == 0, f"parallel.tp={par.tp} does not divide model.ffn_hidden={m.ffn_hidden}"),
