@@ -222,9 +222,10 @@ _SECTION_ORDER = {
               "gated_mlp", "experts", "top_k", "capacity_factor", "tied_embeddings", "position_embedding",
               "kv_channels", "rope_base", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden", "q_lora_rank",
               "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
-    "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "sequence_parallel", "schedule"),
-    "training": ("global_batch", "micro_batch", "precision", "recompute", "offload", "flash_attention",
-                 "optimizer", "grad_compression"),
+    "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
+                 "schedule", "cp_comm", "tp_comm_overlap"),
+    "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "recompute", "offload",
+                 "flash_attention", "optimizer", "grad_compression"),
 }
 
 

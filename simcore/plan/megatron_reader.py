@@ -273,6 +273,14 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
         a.value("--moe-token-dispatcher-type", str)
     if a.flag("--sequence-parallel"):
         f["parallel.sequence_parallel"] = True
+    if a.flag("--tp-comm-overlap"):
+        f["parallel.tp_comm_overlap"] = True
+    cp_comm = a.value("--cp-comm-type", str)
+    if cp_comm:
+        kinds = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a"}
+        if cp_comm not in kinds:   # a2a+p2p (hierarchical) has no Plan value
+            raise PlanError(f"megatron --cp-comm-type={cp_comm!r} is not one of {', '.join(kinds)} (parallel.cp_comm)")
+        f["parallel.cp_comm"] = kinds[cp_comm]
     if (f["parallel.pp"] or 1) > 1:
         interleaved = (f["parallel.vpp"] or 1) > 1 or "--num-layers-per-virtual-pipeline-stage" in a.opts
         f["parallel.schedule"] = "interleaved-1f1b" if interleaved else "1f1b"
@@ -299,6 +307,10 @@ def _megatron_training(a: _Args, f: dict) -> None:
         raise PlanError("megatron gives both --fp16 and --bf16 for training.precision")
     if a.value("--fp8-format", str):
         f["training.precision"] = "fp8"
+        recipe = a.value("--fp8-recipe", str) or "delayed"   # Megatron's tensorwise is TE's current scaling
+        if recipe not in ("delayed", "tensorwise"):
+            raise PlanError(f"megatron --fp8-recipe={recipe!r} has no training.fp8_recipe (delayed, tensorwise)")
+        f["training.fp8_recipe"] = "current" if recipe == "tensorwise" else "delayed"
     elif fp16 or bf16:
         f["training.precision"] = "fp16" if fp16 else "bf16"
     granularity = a.value("--recompute-granularity", str)

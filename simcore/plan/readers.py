@@ -157,6 +157,8 @@ def _deepspeed_zero(zero, f: dict, used: set) -> None:
     if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage <= 3:
         raise PlanError(f"deepspeed zero_optimization.stage={stage!r} is not one of 0, 1, 2, 3 (parallel.zero)")
     f["parallel.zero"] = stage
+    if stage >= 1:   # the config runs ZeRO in DeepSpeed: priced as DeepSpeed's stage, not FSDP2's
+        f["parallel.zero_impl"] = "deepspeed"
     opt_dev = (zero.get("offload_optimizer") or {}).get("device", "none")
     param_dev = (zero.get("offload_param") or {}).get("device", "none")
     if param_dev != "none" and opt_dev == "none":

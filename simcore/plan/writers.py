@@ -117,6 +117,12 @@ def _megatron_parallel_args(plan: Plan) -> list:
     args += _megatron_stage_args(plan)
     if par.sequence_parallel:
         args.append(("--sequence-parallel", None))
+    if par.tp_comm_overlap:
+        args.append(("--tp-comm-overlap", None))
+    if par.cp > 1 and par.cp_comm.value != "p2p":
+        args.append(("--cp-comm-type", {"all_gather": "allgather", "a2a": "a2a"}[par.cp_comm.value]))
+    if par.zero_impl.value == "deepspeed":
+        raise _refuse("parallel.zero_impl", "deepspeed", "Megatron-LM", "export it with --to deepspeed")
     if par.zero == 1:
         args.append(("--use-distributed-optimizer", None))
     elif par.zero >= 2:  # Megatron-FSDP's required flags (its user guide)
@@ -144,6 +150,11 @@ def _megatron_training_args(plan: Plan) -> list:
     precision = {"bf16": [("--bf16", None)], "fp16": [("--fp16", None)], "fp32": [],
                  "fp8": [("--bf16", None), ("--fp8-format", "hybrid")]}
     args += precision[tr.precision.value]
+    if tr.precision.value == "fp8":   # Megatron's tensorwise recipe is Transformer Engine's current scaling
+        recipe = {"delayed": "delayed", "current": "tensorwise"}.get(tr.fp8_recipe.value)
+        if recipe is None:
+            raise _refuse("training.fp8_recipe", tr.fp8_recipe.value, "Megatron-LM", "it scales FP8 per tensor")
+        args.append(("--fp8-recipe", recipe))
     if tr.recompute.value == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", 1)]

@@ -31,6 +31,7 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --global-batch-size 64 \
     --bf16 \
     --fp8-format hybrid \
+    --fp8-recipe delayed \
     --recompute-granularity selective \
     --optimizer-cpu-offload \
     --use-precision-aware-optimizer \

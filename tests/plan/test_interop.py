@@ -200,6 +200,29 @@ def test_every_shipped_plan_round_trips_through_megatron():
             assert got[section] == want[section], path.name
 
 
+def test_megatron_round_trips_tp_overlap_cp_comm_and_the_fp8_recipe():
+    """Megatron's --tp-comm-overlap, --cp-comm-type and --fp8-recipe (its tensorwise is TE's
+    current scaling) come back as the Plan fields they were written from."""
+    plan = load_plan(ROOT / "plans" / "llama3-70b-h100.yaml")
+    for parallel, training in (({"tp_comm_overlap": True}, {"precision": "fp8", "fp8_recipe": "current"}),
+                               ({"cp": 2, "cp_comm": "all_gather"}, {"precision": "fp8", "fp8_recipe": "delayed"})):
+        doc = plan_to_dict(plan)
+        doc["parallel"] = {**doc["parallel"], "sequence_parallel": True, "tp": 8, **parallel}
+        doc["parallel"]["dp"] = plan.cluster.gpus // (8 * doc["parallel"]["pp"] * doc["parallel"]["cp"])
+        doc["training"] = {**doc["training"], **training}
+        want = plan_from_dict(doc)
+        back, _ = import_plan(megatron=export_plan(want, "megatron"), cluster=want.cluster.node.name,
+                              nodes=want.cluster.nodes)
+        got = plan_to_dict(plan_from_dict(back))
+        for key, value in parallel.items():
+            assert got["parallel"][key] == value
+        assert got["training"]["fp8_recipe"] == training["fp8_recipe"]
+    rowwise = plan_to_dict(plan)
+    rowwise["training"] = {**rowwise["training"], "precision": "fp8", "fp8_recipe": "rowwise"}
+    with pytest.raises(ValueError, match="training.fp8_recipe=rowwise has no Megatron-LM option"):
+        export_plan(plan_from_dict(rowwise), "megatron")
+
+
 # --------------------------------------------------------------------------- importers
 
 HF_EXPECTED = {  # from the public model cards (examples/hf/*/config.json)
@@ -246,7 +269,7 @@ def test_deepspeed_batch_sizes_give_data_parallel():
     doc, _ = import_plan(deepspeed="examples/deepspeed/ds_config.json", hf="examples/hf/llama3-8b/config.json",
                          cluster="dgx-h100", nodes=2, base_dir=ROOT)
     # train_batch_size 64 = micro 2 * accumulation 2 * dp 16
-    assert doc["parallel"] == {"dp": 16, "zero": 3}
+    assert doc["parallel"] == {"dp": 16, "zero": 3, "zero_impl": "deepspeed"}   # priced as DeepSpeed runs it
     assert doc["training"] == {"global_batch": 64, "micro_batch": 2, "precision": "bf16", "offload": "optimizer",
                                "optimizer": "adamw", "recompute": "selective", "flash_attention": True}
 

@@ -27,6 +27,12 @@ def test_megatron_deepspeed_config_with_its_megatron_layout():
     cmd = "pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"
     doc, _ = _import(deepspeed="examples/deepspeed/megatron_deepspeed_ucp.json", megatron=cmd, hf=LLAMA, nodes=1)
     assert (doc["parallel"]["dp"], doc["parallel"]["zero"], doc["training"]["global_batch"]) == (2, 3, 16)
+    # DeepSpeed's pipeline engine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+    with pytest.raises(PlanError, match="DeepSpeed's pipeline engine runs ZeRO-1 at most"):
+        plan_from_dict(doc)
+    doc, _ = _import(deepspeed="examples/deepspeed/megatron_deepspeed_ucp.json", hf=LLAMA, nodes=1,
+                     megatron="pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1")
+    assert (doc["parallel"]["dp"], doc["parallel"]["zero"], doc["parallel"]["zero_impl"]) == (4, 3, "deepspeed")
     plan_from_dict(doc)
     alone, _ = _import(deepspeed="examples/deepspeed/megatron_deepspeed_ucp.json", hf=LLAMA, nodes=1)
     with pytest.raises(PlanError, match=r"^training\.global_batch=16 is not a multiple of parallel\.dp\*"):
@@ -35,7 +41,7 @@ def test_megatron_deepspeed_config_with_its_megatron_layout():
 
 def test_comments_trailing_commas_and_autotp():
     doc, _ = _import(deepspeed="examples/deepspeed/commented.hjson.json", hf=LLAMA, nodes=4)
-    assert doc["parallel"] == {"tp": 2, "dp": 16, "zero": 2}
+    assert doc["parallel"] == {"tp": 2, "dp": 16, "zero": 2, "zero_impl": "deepspeed"}
     plan_from_dict(doc)
 
 
