@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup clean browser
+.PHONY: demo test test-interop setup clean browser
 
 # torch==2.13.0 is pinned: it is the CPU build on this machine's disk.
 $(STAMP): pyproject.toml
@@ -27,5 +27,26 @@ browser:
 test: $(STAMP) browser
 	$(BIN)/python -m pytest
 
+# The consumers of the exports (DeepSpeed, transformers, accelerate, torchtitan) in a venv of
+# their own: a few minutes of installs that `make test` does not pay (see the README).
+IVENV := .venv-interop
+$(IVENV)/.installed: pyproject.toml
+	test -x $(IVENV)/bin/python || $(PY) -m venv $(IVENV)
+	$(IVENV)/bin/pip install -q "torch==2.13.0"
+	$(IVENV)/bin/pip install -q -e ".[torch,dev,interop]"
+	touch $(IVENV)/.installed
+
+# torchtitan 0.2.x (the TOML job config) cannot share a venv with 0.3: a second one.
+TVENV := .venv-interop-tt02
+$(TVENV)/.installed: pyproject.toml
+	test -x $(TVENV)/bin/python || $(PY) -m venv $(TVENV)
+	$(TVENV)/bin/pip install -q "torch==2.13.0"
+	$(TVENV)/bin/pip install -q -e ".[torch,dev]" "torchtitan==0.2.2" "triton==3.9.0"
+	touch $(TVENV)/.installed
+
+test-interop: $(IVENV)/.installed $(TVENV)/.installed
+	TRAINPLAN_INTEROP=1 $(IVENV)/bin/python -m pytest tests/plan/consumers
+	TRAINPLAN_INTEROP=tt02 $(TVENV)/bin/python -m pytest tests/plan/consumers_tt02
+
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) $(IVENV) $(TVENV) out

@@ -6,9 +6,8 @@ becomes the same Plan fields for all its rows, and fields a source leaves blank 
 filled by the fastest predicted choice that fits (as the authors tuned their runs).
 
 Rows whose hardware, precision or model the Plan cannot express yet are left out with
-the reason printed (``skip_reason``): B200 / GB200 (not in the catalog), MXFP8 / NVFP4,
-MoE models whose attention or expert layout the ModelSpec lacks (MLA, shared experts,
-head_dim other than hidden/heads, sliding windows), Megatron-FSDP with activation offload.
+the reason printed (``skip_reason``): GB200 (not in the catalog), a power-capped B200,
+MXFP8 / NVFP4, sliding-window attention (GPT-OSS), Megatron-FSDP with activation offload.
 """
 from __future__ import annotations
 
@@ -42,8 +41,16 @@ def skip_reason(row: pd.Series) -> str | None:
     prec = str(row.precision)
     if prec.startswith(("mxfp8", "nvfp4")):
         return f"precision {prec.split()[0]} has no Plan value"
-    if re.search(r"\d+ (routed )?experts", str(row.notes)):
-        return "MoE: the ModelSpec cannot state this model's experts (MLA, shared experts, head_dim, windows)"
+    notes = str(row.notes)
+    model = notes[notes.rfind("Model:"):]
+    if "sliding-window" in model:
+        return "sliding-window attention and attention sinks (GPT-OSS) have no ModelSpec field"
+    ep = int(_flag(notes, r"EP (\d+)") or 1)
+    if ep > 1 and (int(_num(row.dp, 1)) * int(_num(row.cp, 1))) % ep:
+        return (f"EP {ep} spans tensor-parallel ranks (Megatron-Core's MoE parallel folding, expert TP 1); "
+                "the Plan carves ep out of dp x cp only")
+    if re.search(r"first layer dense", model) and not re.search(r"first \d+ layers? dense \(ffn", model):
+        return "the dense layers' MLP width is not in the notes (Kimi K2)"
     if "cpu_offloading_num_layers" in str(row.notes):
         return "activation offload of N layers has no Plan field"
     return None
@@ -52,6 +59,28 @@ def skip_reason(row: pd.Series) -> str | None:
 def _flag(notes: str, pattern: str) -> str | None:
     m = re.search(pattern, notes)
     return m.group(1) if m else None
+
+
+def _moe(notes: str) -> dict:
+    """An MoE row's model fields from its notes' "Model:" line (the validation README: the
+    notes give experts, top-k, shared experts, dense layers, head width and MLA): every
+    family here runs SwiGLU experts (HF ``hidden_act: silu``), untied, token-dropless
+    (capacity factor 1). ``ffn_hidden`` is one expert's width (the column)."""
+    model = notes[notes.rfind("Model:"):]
+    experts, top_k = re.search(r"(\d+) (?:routed )?experts top-(\d+)", model).groups()
+    out = {"experts": int(experts), "top_k": int(top_k), "gated_mlp": True, "tied_embeddings": False,
+           "capacity_factor": 1.0}
+    if m := re.search(r"\+ (\d+) shared", model):
+        out["shared_ffn_hidden"] = int(m.group(1)) * int(re.search(r"moe_ffn (\d+)", model).group(1))
+    if m := re.search(r"first (\d+) layers? dense \(ffn (\d+)\)", model):
+        out.update(dense_layers=int(m.group(1)), dense_ffn_hidden=int(m.group(2)))
+    if m := re.search(r"head_dim (\d+)", model):
+        out["kv_channels"] = int(m.group(1))
+    if m := re.search(r"MLA \(q_lora_rank (\d+), kv_lora_rank (\d+), qk_nope (\d+), qk_rope (\d+), v_head (\d+)\)",
+                      model):
+        q, kv, nope, rope, v = (int(x) for x in m.groups())
+        out.update(q_lora_rank=q, kv_lora_rank=kv, kv_channels=nope, qk_rope_head_dim=rope, v_head_dim=v)
+    return out
 
 
 def _model(row: pd.Series) -> dict:
@@ -65,6 +94,8 @@ def _model(row: pd.Series) -> dict:
     if row.source in LLMFOUNDRY:
         return {**m, "gated_mlp": False, "tied_embeddings": True, "position_embedding": "learned"}
     kv = _flag(notes, r"kv_heads=(\d+)")
+    if re.search(r"\d+ (routed )?experts", notes):
+        return {**m, "kv_heads": int(kv) if kv else heads, "position_embedding": "rope", **_moe(notes)}
     llama2 = "LLAMA2" in str(row.model).upper()  # Llama 2 7B: MHA, SwiGLU, untied (HF config)
     return {**m, "kv_heads": int(kv) if kv else heads, "gated_mlp": llama2 or "SwiGLU" in notes,
             "tied_embeddings": not (llama2 or "untied" in notes), "position_embedding": "rope"}
@@ -96,7 +127,8 @@ def base_doc(row: pd.Series) -> dict:
     gpn = int(_num(row.gpus_per_node, 8))
     cluster = {"node": _node(row), "nodes": max(1, math.ceil(int(row.num_gpus) / gpn))}
     vpp = int(_num(row.vpp_interleave, 1))
-    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp,
+    ep = int(_flag(str(row.notes), r"EP (\d+)") or 1)   # "Published: ... EP n" (carved out of dp x cp)
+    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep,
                 "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
                 "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),

@@ -37,7 +37,8 @@ def hardware_assumptions(plan: Plan) -> list[tuple[str, str]]:
     return out
 
 
-def validate_report(result, *, title: str = "Predicted against measured", profile: dict | None = None) -> Report:
+def validate_report(result, *, title: str = "Predicted against measured", profile: dict | None = None,
+                    notes: tuple[str, ...] = ()) -> Report:
     """The validation report of a matrix run (``trainplan.validate.MatrixResult``)."""
     table: pd.DataFrame = result.table
     sections, summary = [], []
@@ -72,20 +73,19 @@ def validate_report(result, *, title: str = "Predicted against measured", profil
                             f"torch {m.get('torch', '?')}, {m.get('backend', '?')})",
                             profile.get("device", {}).get("source", "trainplan calibrate")))
     return Report(title=title, subtitle="trainplan validate", summary=tuple(summary), sections=tuple(sections),
-                  assumptions=tuple(assumptions))
+                  assumptions=tuple(assumptions), notes=notes)
 
 
 def memory_section(plan: Plan, report: dict) -> Section:
     """Memory per GPU by kind for each pipeline rank against HBM (from ``simulate.memory_report``)."""
+    from simcore.planner.formatting import headroom_gib
+
+    room = headroom_gib(report["hbm_bytes"] / 2**30, report["memory_per_gpu_gib"])
     return Section("Memory per GPU", text=f"Most loaded GPU: {report['memory_per_gpu_gib']:.1f} GiB of "
                                           f"{report['hbm_bytes'] / 2**30:.0f} GiB; "
-                                          f"{'fits' if report['fits'] else 'does NOT fit'}.",
+                                          f"{'fits' if report['fits'] else 'does NOT fit'}, headroom {room:.1f} GiB.",
                    figure=memory_figure(report["ranks"], report["hbm_bytes"], "Memory per GPU by pipeline rank"),
                    name="memory")
-
-
-def _money(x: float) -> str:
-    return f"${x / 1e6:,.2f}M" if x >= 1e6 else f"${x:,.0f}"
 
 
 def biggest_loss(result) -> str:
@@ -104,19 +104,30 @@ def plan_report(res, cost, prediction, memory: dict, *, cluster_figure=None, tok
     from reports.planning_plots import breakdown_bars, pareto_figure
     from reports.plots import gantt_figure
 
+    from simcore.planner import formatting as f
+    from simcore.planner.search import display_table
+
     best = res.best
     p = prediction
+    od = cost.on_demand
+    iv = od.interval
+    step_iv = iv.get("step_time_s", [None, None])
     summary = (("recommended layout", res.table.iloc[0]["layout"]),
-               ("time to train", f"{cost.days:,.1f} days"),
-               ("cost (on-demand)", _money(cost.on_demand.usd)),
-               ("MFU", f"{p.mfu:.1%}"),
-               ("step time", f"{p.step_time_s:.2f} s"),
+               ("time to train", f"{f.with_interval(od.days, *iv.get('days', [None, None]), f.days)} days"),
+               ("cost (on-demand)", f.with_interval(od.usd, *iv.get("usd", [None, None]), f.money)),
+               ("MFU", f.percent(p.mfu)),
+               ("step time", f"{f.with_interval(p.step_time_s, *step_iv, lambda v: f'{v:.2f}')} s"),
+               ("memory headroom", f"{f.headroom_gib(f.hbm_gib(best), p.memory_per_gpu_gib):.1f} GiB of "
+                                   f"{f.hbm_gib(best):.0f} GiB"),
                ("biggest loss", biggest_loss(p)))
-    cols = [c for c in ("rank", "layout", "step_time_s", "engine_step_time_s", "mfu", "memory_per_gpu_gib",
-                        "days", "usd") if c in res.table]
+    table_note = ("Step times: the analytic closed forms for every layout, the event engine for the top ones "
+                  "re-simulated (their days and $ follow the engine). Days and $ here are useful training "
+                  "time only; the cards above and 'The run' are the event engine's step with checkpoints and "
+                  "expected failures added (trainplan cost). Intervals (90%): "
+                  + (iv.get("source") or "none"))
     sections = [
         Section("Why this layout", text="\n\n".join(res.explanations)),
-        Section("Top layouts", table=res.table[cols].head(15)),
+        Section("Top layouts", table=display_table(res.table, 15), text=table_note),
         Section("Where the step time goes", figure=breakdown_bars(res.table), name="breakdown",
                 caption="compute, exposed communication, pipeline bubble and offload stall of the top layouts"),
         Section("Cost against time", figure=pareto_figure(res.table), name="pareto",
@@ -137,15 +148,27 @@ def plan_report(res, cost, prediction, memory: dict, *, cluster_figure=None, tok
                           f"{cost.data['needed_bytes_per_s'] / 1e9:.1f} GB/s",) if cost.data.get("storage_bound") else ()))
 
 
+def _scenario_text(s, label: str) -> str:
+    from simcore.planner import formatting as f
+
+    if s.infeasible:
+        return f"{label}: infeasible ({s.infeasible})."
+    iv = s.interval
+    spares = f", {s.spare_nodes} spare node{'s' if s.spare_nodes > 1 else ''}" if s.spare_nodes else ""
+    return (f"{label}: {f.with_interval(s.days, *iv.get('days', [None, None]), f.days)} days, "
+            f"{f.with_interval(s.usd, *iv.get('usd', [None, None]), f.money)} (goodput {f.percent(s.goodput)}, "
+            f"{s.expected_interruptions:,.1f} interruptions expected{spares}).")
+
+
 def _cost_lines(cost, tokens: float) -> list[str]:
-    od, rs, sp = cost.on_demand, cost.reserved, cost.spot
+    from simcore.planner import formatting as f
+
     return [
         f"{tokens:.3g} tokens = {cost.steps:,} steps of {cost.step_time_s:.2f} s on {cost.gpus} GPUs.",
-        f"On-demand: {od.wall_s / 86400:,.1f} days, {od.gpu_hours:,.0f} GPU-hours, {_money(od.usd)} "
-        f"(goodput {od.goodput:.1%}, {od.expected_interruptions:.1f} interruptions expected).",
-        f"Reserved: {_money(rs.usd)}. Spot: {_money(sp.usd)} over {sp.wall_s / 86400:,.1f} days "
-        f"with preemptions.",
-        f"Energy: {cost.energy_kwh:,.0f} kWh, {_money(cost.energy_usd)}.",
+        _scenario_text(cost.on_demand, "On-demand"), _scenario_text(cost.reserved, "Reserved"),
+        _scenario_text(cost.spot, "Spot"),
+        f"Intervals (90%): {cost.on_demand.interval.get('source', 'none')}.",
+        f"Energy: {cost.energy_kwh:,.0f} kWh, {f.money(cost.energy_usd)}.",
         f"Checkpoints: {cost.checkpoint.size_bytes / 1e9:,.0f} GB each, every "
         f"{cost.checkpoint.interval_s / 60:,.0f} min.",
     ]
@@ -165,26 +188,33 @@ def _price_assumptions(plan: Plan, cost) -> list[tuple[str, str]]:
 
 
 def whatif_report(res) -> Report:
-    """The procurement report of a what-if sweep (``simcore.planner.whatif.WhatIfResult``)."""
+    """The procurement report of a what-if sweep (``simcore.planner.whatif.WhatIfResult``):
+    the same formatted table the terminal prints, every grid axis in the figures."""
     from reports.planning_plots import whatif_figures
+    from simcore.planner import formatting as f
 
     ok = res.table[res.table["fits"]]
     summary = []
-    if len(ok):
-        fastest = ok.loc[ok["days"].idxmin()]
-        cheapest = ok.loc[ok["usd"].idxmin()]
-        axes = list(res.sweep.grid)
-        label = lambda row: ", ".join(f"{a}={row[a]}" for a in axes)  # noqa: E731
+    axes = list(res.sweep.grid)
+    label = lambda row: ", ".join(f"{a}={row[a]}" for a in axes)  # noqa: E731
+    priced = ok[ok["days"].notna()] if "days" in ok else ok
+    if len(priced):
+        fastest = priced.loc[priced["days"].idxmin()]
+        cheapest = priced.loc[priced["usd"].idxmin()]
         summary = [("cells", f"{len(ok)} of {len(res.table)} fit"),
-                   ("fastest", f"{label(fastest)}: {fastest['days']:,.0f} days"),
-                   ("cheapest", f"{label(cheapest)}: {_money(cheapest['usd'])}")]
+                   ("fastest", f"{label(fastest)}: {f.with_interval(fastest['days'], fastest.get('days_lo'), fastest.get('days_hi'), f.days)} days"),
+                   ("cheapest", f"{label(cheapest)}: {f.with_interval(cheapest['usd'], cheapest.get('usd_lo'), cheapest.get('usd_hi'), f.money)}")]
     figs = whatif_figures(res)
-    sections = [Section(name.replace("_", " "), figure=fig, name=name) for name, fig in figs.items()]
-    cols = [c for c in (*res.sweep.grid, "layout", "step_time_s", "mfu", "days", "usd", "usd_spot",
-                        "energy_kwh", "goodput") if c in res.table]
-    sections.append(Section("Every cell", table=res.table[cols]))
+    headings = {"heatmap_days": "Days to train, every cell", "heatmap_usd": "Cost (on-demand), every cell",
+                "pareto": "Cost against time"}
+    sections = [Section(headings.get(name, name), figure=fig, name=name) for name, fig in figs.items()]
+    sources = list(res.table["interval_source"].dropna().unique()) if "interval_source" in res.table else []
+    sections.append(Section("Every cell", table=res.display_table(),
+                            text="Intervals (90%) come from the step-time residuals of the validation sets: "
+                                 + "; ".join(sources) if sources else ""))
+    notes = tuple(res.notes())
     return Report(title=f"What-if: {res.sweep.name}",
                   subtitle=f"{res.sweep.model.get('name', 'model')}, {res.sweep.tokens:.3g} tokens, global batch "
                            f"{res.sweep.global_batch}; best layout per cell by {res.sweep.objective}",
-                  summary=tuple(summary), sections=tuple(sections),
+                  summary=tuple(summary), sections=tuple(sections), notes=notes,
                   assumptions=tuple((a, "") for a in res.assumptions))

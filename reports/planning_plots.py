@@ -37,32 +37,55 @@ def _front_mask(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
     return mask
 
 
-def _label(row: pd.Series) -> str:
+def _label(row: pd.Series, axes: list[str] | None = None) -> str:
+    if axes:
+        return ", ".join(f"{a}={row[a]}" for a in axes)
     if "layout" in row and isinstance(row["layout"], str) and "gpu" not in row:
         return row["layout"]
     parts = [str(row[c]) for c in ("gpu", "nodes") if c in row]
     return " x ".join(parts) if parts else str(row.name)
 
 
-def pareto_figure(df: pd.DataFrame, *, annotate: int = 8) -> Figure:
-    """Cost against time, every row a point, the Pareto front joined and labelled."""
+def money_axis(axis) -> None:
+    """$ ticks as $1.2M, $800M, $1.1B: no offset text ("1e8") a reader could misread."""
+    from matplotlib.ticker import FuncFormatter
+
+    from simcore.planner.formatting import money
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: money(v)))
+
+
+#: The Pareto figure shows times up to this multiple of the front's slowest point: dominated
+#: layouts far beyond it would squash the region where the choice is made.
+PARETO_X_SPAN = 1.5
+
+
+def pareto_figure(df: pd.DataFrame, *, annotate: int = 8, label_axes: list[str] | None = None) -> Figure:
+    """Cost against time, every row a point, the Pareto front joined and labelled (with every
+    axis in ``label_axes``); the x range stops at PARETO_X_SPAN x the front's slowest time."""
     time_col, cost_col = _time_cost_columns(df)
+    df = df[np.isfinite(df[time_col].to_numpy(float)) & np.isfinite(df[cost_col].to_numpy(float))]
     times, costs = df[time_col].to_numpy(float), df[cost_col].to_numpy(float)
     front = _front_mask(times, costs)
-    fig = Figure(figsize=(7, 4.5))
+    limit = PARETO_X_SPAN * times[front].max()
+    shown = times <= limit
+    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    ax.scatter(times[~front], costs[~front], s=14, color="0.6", label="dominated")
+    ax.scatter(times[~front & shown], costs[~front & shown], s=14, color="0.6", label="dominated")
     order = np.argsort(times[front])
     ax.plot(times[front][order], costs[front][order], "o-", color="C3", label="Pareto front")
     for _, row in df[front].sort_values(time_col).head(annotate).iterrows():
-        ax.annotate(_label(row), (row[time_col], row[cost_col]), fontsize=7, xytext=(4, 4),
+        ax.annotate(_label(row, label_axes), (row[time_col], row[cost_col]), fontsize=7, xytext=(4, 4),
                     textcoords="offset points")
-    ax.set_xlabel({"days": "days to train", "step_time_s": "step time (s)"}[time_col])
-    ax.set_ylabel({"usd": "cost ($, on-demand)", "usd_per_mtok": "$ per million tokens"}[cost_col])
+    hidden = int((~shown).sum())
+    ax.set_xlabel({"days": "days to train", "step_time_s": "step time (s)"}[time_col]
+                  + (f" ({hidden} slower dominated layouts beyond the range not shown)" if hidden else ""))
+    ax.set_ylabel({"usd": "cost (on-demand)", "usd_per_mtok": "$ per million tokens"}[cost_col])
+    if cost_col == "usd":
+        money_axis(ax.yaxis)
     ax.set_title("Cost against time")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
@@ -81,29 +104,64 @@ def _axes_of(df: pd.DataFrame) -> tuple[str, str | None]:
     return rows, cols
 
 
-def whatif_heatmap(df: pd.DataFrame, value: str) -> Figure:
-    """``value`` (e.g. days or usd) over GPU type x node count (or the sweep's first two axes)."""
-    if value not in df:
-        raise ValueError(f"column '{value}' is not in the table (columns: {', '.join(df.columns)})")
-    rows, cols = _axes_of(df)
-    grid = df.pivot_table(index=rows, columns=cols, values=value, aggfunc="min") if cols \
-        else df.groupby(rows)[[value]].min()
+def _cell_text(v: float, value: str) -> str:
+    from simcore.planner.formatting import money
+
+    if not np.isfinite(v):
+        return "infeasible"
+    if value.startswith("usd"):
+        return money(v)
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _draw_grid(ax, grid: pd.DataFrame, value: str, rows: str, cols: str | None, vmin: float, vmax: float):
     data = grid.to_numpy(float)
-    fig = Figure(figsize=(1.6 + 1.3 * data.shape[1], 1.2 + 0.7 * data.shape[0]))
-    ax = fig.add_subplot()
-    im = ax.imshow(data, cmap="viridis_r", aspect="auto")
+    im = ax.imshow(data, cmap="viridis_r", aspect="auto", vmin=vmin, vmax=vmax)
     ax.set_xticks(range(data.shape[1]), [str(c) for c in grid.columns] if cols else [value])
     ax.set_yticks(range(data.shape[0]), [str(i) for i in grid.index])
     ax.set_xlabel(cols or "")
     ax.set_ylabel(rows)
-    finite = data[np.isfinite(data)]
-    mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+    mid = (vmin + vmax) / 2
     for (i, j), v in np.ndenumerate(data):
-        text = "n/a" if not np.isfinite(v) else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}")
-        ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if v > mid else "black")
-    fig.colorbar(im, ax=ax, label=value)
-    ax.set_title(f"{value} by {rows}" + (f" x {cols}" if cols else ""))
-    fig.tight_layout()
+        ax.text(j, i, _cell_text(v, value), ha="center", va="center", fontsize=8,
+                color="white" if np.isfinite(v) and v > mid else "black")
+    return im
+
+
+#: Axis and heading names of the what-if figures' values.
+VALUE_LABELS = {"days": "days to train", "usd": "cost (on-demand)"}
+
+
+def whatif_heatmap(df: pd.DataFrame, value: str, axes: list[str] | None = None) -> Figure:
+    """``value`` (e.g. days or usd) over the sweep's first two ``axes`` (rows x columns), one
+    panel per combination of the other axes, so every axis of the grid is visible; without
+    ``axes``, GPU type x node count (or the table's first two varying columns)."""
+    if value not in df:
+        raise ValueError(f"column '{value}' is not in the table (columns: {', '.join(df.columns)})")
+    if axes:
+        rows, cols, facets = axes[0], (axes[1] if len(axes) > 1 else None), list(axes[2:])
+    else:
+        (rows, cols), facets = _axes_of(df), []
+    groups = list(df.groupby(facets, sort=False)) if facets else [((), df)]
+    finite = df[value].to_numpy(float)
+    finite = finite[np.isfinite(finite)]
+    vmin, vmax = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    shape = (df[rows].nunique(), df[cols].nunique() if cols else 1)
+    fig = Figure(figsize=(1.6 + 1.4 * shape[1] * len(groups), 1.6 + 0.7 * shape[0]), layout="constrained")
+    panels = fig.subplots(1, len(groups), squeeze=False)[0]
+    for ax, (key, part) in zip(panels, groups):
+        grid = part.pivot_table(index=rows, columns=cols, values=value, aggfunc="min", dropna=False) if cols \
+            else part.groupby(rows)[[value]].min()
+        im = _draw_grid(ax, grid, value, rows, cols, vmin, vmax)
+        key = key if isinstance(key, tuple) else (key,)
+        ax.set_title(", ".join(f"{a}={k}" for a, k in zip(facets, key)) or f"{VALUE_LABELS.get(value, value)} by "
+                     f"{rows}" + (f" x {cols}" if cols else ""), fontsize=9)
+    bar = fig.colorbar(im, ax=list(panels), label=VALUE_LABELS.get(value, value))
+    if value.startswith("usd"):
+        money_axis(bar.ax.yaxis)
+    if facets:
+        fig.suptitle(f"{VALUE_LABELS.get(value, value)} by {rows}" + (f" x {cols}" if cols else "")
+                     + f", one panel per {', '.join(facets)}")
     return fig
 
 
@@ -111,7 +169,7 @@ def breakdown_bars(df: pd.DataFrame, *, top: int = 10) -> Figure:
     """Stacked step-time breakdown (compute, exposed comm, bubble, offload) of the first ``top`` rows."""
     head = df.head(top)
     labels = [_label(r) for _, r in head.iterrows()]
-    fig = Figure(figsize=(8, 0.9 + 0.4 * len(head)))
+    fig = Figure(figsize=(9, 0.9 + 0.4 * len(head)), layout="constrained")
     ax = fig.add_subplot()
     left = np.zeros(len(head))
     y = np.arange(len(head))
@@ -124,8 +182,7 @@ def breakdown_bars(df: pd.DataFrame, *, top: int = 10) -> Figure:
     ax.invert_yaxis()
     ax.set_xlabel("seconds per step")
     ax.set_title("Where the step goes")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside the bars, never over them
     return fig
 
 
@@ -144,23 +201,11 @@ def save_figure_atomic(fig: Figure, path: str | os.PathLike, dpi: int = 120) -> 
 
 def whatif_figures(result) -> dict:
     """name -> Figure for a what-if result (``simcore.planner.whatif.WhatIfResult``): heat maps
-    of days and $ over the first two axes, and cost against time with the Pareto front."""
+    of days and $ over every axis of the grid (panels for the axes past the first two), and
+    cost against time with the Pareto front, each point labelled with every axis."""
     ok = result.table[result.table["fits"]]
     if ok.empty:
         return {}
-    return {"heatmap_days": whatif_heatmap(ok, "days"), "heatmap_usd": whatif_heatmap(ok, "usd"),
-            "pareto": pareto_figure(ok)}
-
-
-def write_whatif(result, out_dir: str | os.PathLike) -> list[Path]:
-    """table.csv, summary.md and one PNG per figure of a what-if result under ``out_dir``
-    (each written whole)."""
-    from simcore.results import atomic_write_text
-
-    out = Path(out_dir)
-    written = [out / "table.csv", out / "summary.md"]
-    atomic_write_text(written[0], result.table.to_csv(index=False))
-    atomic_write_text(written[1], result.summary_markdown())
-    for name, fig in whatif_figures(result).items():
-        written.append(save_figure_atomic(fig, out / f"{name}.png"))
-    return written
+    axes = [a for a in result.sweep.grid if a in ok]
+    return {"heatmap_days": whatif_heatmap(ok, "days", axes), "heatmap_usd": whatif_heatmap(ok, "usd", axes),
+            "pareto": pareto_figure(ok, label_axes=axes)}

@@ -18,7 +18,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from simcore.results import STREAMS
 from topologies.build import describe
@@ -28,11 +28,13 @@ DETAILED_MAX_NODES = 4
 
 KIND_COLOURS = {
     "nvswitch": "tab:green", "nvlink": "tab:green", "xgmi": "tab:olive", "shared-memory": "tab:green",
-    "pcie": "tab:orange", "nic": "tab:blue", "leaf-spine": "tab:purple", "global": "tab:red",
+    "pcie": "tab:orange", "nic": "tab:blue", "leaf-spine": "tab:purple", "spine-core": "tab:red",
+    "global": "tab:red",
     "storage": "tab:brown", "server": "tab:blue",
 }
 LAYER_STYLE = {  # layer: (y, marker, colour, size)
-    "storage": (7.0, "D", "tab:brown", 60), "spine": (6.0, "s", "tab:purple", 70),
+    "storage": (7.6, "D", "tab:brown", 60), "core": (6.8, "s", "tab:red", 70),
+    "spine": (6.0, "s", "tab:purple", 70),
     "leaf": (5.0, "s", "tab:blue", 60), "nic": (4.0, "o", "tab:cyan", 25),
     "server": (4.0, "s", "lightgray", 80), "nvswitch": (3.5, "h", "tab:green", 70),
     "gpu": (3.0, "o", "black", 35), "pcie": (2.0, "^", "tab:orange", 35),
@@ -65,7 +67,7 @@ def _server_positions(graph: nx.Graph, n: int, x0: float, width: float) -> dict:
 
 def _switch_positions(graph: nx.Graph, total_width: float) -> dict:
     pos = {}
-    for layer in ("leaf", "spine"):
+    for layer in ("leaf", "spine", "core"):
         row = sorted(v for v in graph if v[0] == layer)
         pos.update({v: (x, LAYER_STYLE[layer][0]) for v, x in _row(row, 0.0, total_width).items()})
     if ("storage", "shared") in graph:
@@ -231,7 +233,11 @@ def predicted_vs_measured_figure(table, *, band: float = 0.10, title: str = "Pre
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):   # minor-tick labels of a narrow log range overlap
+    decades = math.log10(hi / lo)       # labelled ticks, several per axis even over a narrow range
+    subs = tuple(range(1, 10)) if decades < 1 else (1.0, 2.0, 5.0) if decades < 3 else (1.0,)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=subs))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)

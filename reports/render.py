@@ -35,7 +35,8 @@ th,td{border:1px solid #dde2ec;padding:.3em .6em;text-align:right}
 th{background:#f4f6fa} td:first-child,th:first-child{text-align:left}
 figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eceff5}
 figcaption{color:#5b6475;font-size:.85em}
-.tablewrap{overflow-x:auto} .assumptions li{margin:.25em 0} .note{color:#8a4b00}
+.tablewrap{overflow-x:auto;max-width:100%} .assumptions li{margin:.25em 0} .note{color:#8a4b00}
+p,li,figcaption,.card .v{overflow-wrap:anywhere}
 """
 
 
@@ -69,12 +70,25 @@ def figure_png(fig: Figure, dpi: int = 110) -> bytes:
 
 
 def _fmt_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Errors as signed percents, MFU and HFU as percents (as on the cards), $ columns as
+    money, float noise next to the column's largest figure as 0 (``simcore.planner.formatting``)."""
+    from simcore.planner import formatting as f
+
     out = df.copy()
     for col in out.columns:
-        if str(col).endswith(("err", "error")) and pd.api.types.is_float_dtype(out[col]):
-            out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:+.1%}")
-        elif pd.api.types.is_float_dtype(out[col]):
-            out[col] = out[col].map(lambda x: "" if pd.isna(x) else (f"{x:,.4g}" if abs(x) < 1e6 else f"{x:,.0f}"))
+        name = str(col)
+        if not pd.api.types.is_float_dtype(out[col]):
+            continue
+        scale = float(out[col].abs().max()) if out[col].notna().any() else 0.0
+        values = out[col].map(lambda x: f.clean(x, scale))
+        if name.endswith(("err", "error")):
+            out[col] = values.map(lambda x: "" if pd.isna(x) else f"{x:+.1%}")
+        elif name in ("mfu", "hfu", "goodput") or name.startswith(("des_mfu", "mfu_")):
+            out[col] = values.map(lambda x: "" if pd.isna(x) else f.percent(x))
+        elif name == "usd" or name.startswith("usd_"):
+            out[col] = values.map(lambda x: "" if pd.isna(x) else f.money(x))
+        else:
+            out[col] = values.map(lambda x: "" if pd.isna(x) else (f"{x:,.4g}" if abs(x) < 1e6 else f"{x:,.0f}"))
     return out
 
 

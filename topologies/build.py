@@ -8,14 +8,14 @@ every edge carries, per direction,
 - ``bandwidth_bytes_per_s``: what one direction of the link carries,
 - ``latency_s``: one-way latency added by crossing it,
 - ``kind``: ``nvswitch``, ``nvlink`` (or ``xgmi``), ``pcie``, ``shared-memory``, ``nic``,
-  ``leaf-spine``, ``global`` (dragonfly+ spine-to-spine) or ``storage``.
+  ``leaf-spine``, ``spine-core``, ``global`` (dragonfly+ spine-to-spine) or ``storage``.
 
 Contention is counted per *directed* link ``(u, v)`` in ``topologies.routes``.
 
 Node ids are tuples whose first element is the node's ``layer`` attribute:
 
     ("gpu", node, local)   ("nvswitch", node)   ("pcie", node, switch)   ("cpu", node)
-    ("nic", node, rail)    ("leaf", j)          ("spine", k)
+    ("nic", node, rail)    ("leaf", j)          ("spine", k)         ("core", c)
     ("storage", node) for node-local NVMe, ("storage", "shared") for a shared tier.
 
 Every figure comes from the ClusterSpec's catalog dataclasses (``GPU.intra_link_bytes_per_s``,
@@ -32,8 +32,10 @@ choices (not hardware figures), each stated where it is made:
   upstream link to the host; a NIC's PCIe hop runs at the node's PCIe rate.
 - Switch ports run at NIC speed. A leaf of radix R and oversubscription o gives
   ``floor(R*o/(1+o))`` ports down and carries ``down/o`` ports' worth of bandwidth up, one
-  port to each spine (``add_spines``; a cluster too large for two tiers keeps the same
-  capacity, a spine then standing for a spine plane).
+  port to each spine (``add_spines``). When the leaves outnumber a spine's R ports, a fat
+  tree takes a third tier (``add_three_tier``: pods of R/2 leaves under their own spines,
+  core switches above); a leaf-spine fabric keeps two tiers, a spine then standing for a
+  spine plane of the same capacity.
 - The catalog's ``Fabric.latency_s`` is the end-to-end NIC-to-NIC latency; half sits on
   each NIC's link and the switch hops add none of their own. The catalog has no NVLink,
   PCIe or storage-link latency, so those edges carry 0 (the collective model's alpha
@@ -207,12 +209,52 @@ def add_dragonfly(g: nx.Graph, leaves: list[tuple], fabric: Fabric) -> list[tupl
     return [s for group in spines_of for s in group]
 
 
+def spine_down_ports(fabric: Fabric) -> int:
+    """Ports a spine gives to leaves: all R of them in a two-tier tree, R/2 in a three-tier
+    one (the other half go up to the core), as in a k-ary fat tree (Al-Fares et al.,
+    SIGCOMM 2008, Sec. 3.1: k/2 ports down and k/2 up per aggregation switch)."""
+    return max(1, fabric.switch_radix // 2)
+
+
+def add_three_tier(g: nx.Graph, leaves: list[tuple], fabric: Fabric) -> list[tuple]:
+    """A three-tier fat tree for more leaves than a spine has ports: pods of R/2 leaves,
+    each a leaf-spine pod (``add_spines``), and core switches above them: spine j of every
+    pod carries its down capacity (over o) up to core group j, whose m switches of R ports
+    each take one trunk from spine j of every pod (m = ceil(pods x uplinks / R)). Beyond
+    R pods (four tiers) a core stands for a core plane of the same capacity."""
+    per_pod = spine_down_ports(fabric)
+    pods = [leaves[i:i + per_pod] for i in range(0, len(leaves), per_pod)]
+    spines_of = []
+    for group, pod in enumerate(pods):
+        spines_of.append(add_spines(g, pod, fabric, first=sum(map(len, spines_of)), group=group))
+        for leaf in pod:
+            g.nodes[leaf]["group"] = group
+    cores, first = [], 0
+    for j in range(max(map(len, spines_of))):
+        column = [spines[j] for spines in spines_of if j < len(spines)]
+        up = {s: sum(g.edges[s, t]["bandwidth_bytes_per_s"] for t in g[s]) / fabric.oversubscription
+              for s in column}
+        ports = max(up.values()) / fabric.nic_bytes_per_s
+        group = [("core", first + k) for k in range(math.ceil(len(column) * ports / fabric.switch_radix))]
+        first += len(group)
+        for core in group:
+            g.add_node(core, layer="core", column=j)
+            for s in column:
+                _link(g, s, core, "spine-core", up[s] / len(group))
+        cores += group
+    return cores
+
+
 def add_fabric(g: nx.Graph, nodes: int, node: Node, fabric: Fabric) -> None:
+    """Leaves, then spines (two tiers), pods and a core (three tiers, when the leaves outnumber
+    a spine's ports), or dragonfly+ groups."""
     if fabric.topology not in TOPOLOGIES:
         raise ValueError(f"fabric {fabric.name}: topology={fabric.topology!r} is not one of: {', '.join(TOPOLOGIES)}")
     leaves = add_leaves(g, _leaf_groups(fabric, nodes, node.nics_per_node), fabric)
     if fabric.topology == "dragonfly+":
         add_dragonfly(g, leaves, fabric)
+    elif len(leaves) > fabric.switch_radix and fabric.topology != "leaf-spine":
+        add_three_tier(g, leaves, fabric)
     elif len(leaves) > 1:
         add_spines(g, leaves, fabric)
 

@@ -145,6 +145,11 @@ class Prices:
     restart_s: float
     spot_preemptions_per_hour: float
     failures_source: str
+    spot_notice_s: float = 0.0
+    spot_elastic_restart_s: float = 0.0
+    spot_reacquire_s: float = 0.0
+    spot_availability: float = 0.99
+    spot_source: str = ""
 
 
 def _num(entry: dict, key: str, where: str, *, allow_none: bool = False) -> float | None:
@@ -250,7 +255,19 @@ def _prices(e: dict) -> Prices:
         restart_s=_num(failures, "restart_minutes", "prices.failures") * 60,
         spot_preemptions_per_hour=_num(failures, "spot_preemptions_per_hour", "prices.failures"),
         failures_source=str(failures.get("source", "")),
+        **_spot(e.get("spot") or {}),
     )
+
+
+def _spot(spot: dict) -> dict:
+    """How spot runs are operated (prices.yaml ``spot``): notice, elastic restart, reacquisition."""
+    if not spot:
+        return {}
+    return {"spot_notice_s": _num(spot, "notice_s", "prices.spot"),
+            "spot_elastic_restart_s": _num(spot, "elastic_restart_minutes", "prices.spot") * 60,
+            "spot_reacquire_s": _num(spot, "reacquire_minutes", "prices.spot") * 60,
+            "spot_availability": _num(spot, "availability", "prices.spot"),
+            "spot_source": str(spot.get("source", ""))}
 
 
 def _read_yaml(path: Path) -> dict:

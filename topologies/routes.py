@@ -63,6 +63,11 @@ def fabric_path(graph: nx.Graph, leaf_a, leaf_b, key: int) -> list:
     if common:
         return [leaf_a, common[key % len(common)], leaf_b]
     pairs = [(s, t) for s in spines for t in sorted(graph[s]) if t[0] == "spine" and graph.has_edge(t, leaf_b)]
+    ups = [(s, c, t) for s in spines for c in sorted(graph[s]) if c[0] == "core"     # three tiers
+           for t in sorted(graph[c]) if t[0] == "spine" and graph.has_edge(t, leaf_b)]
+    if ups and not pairs:
+        s, c, t = ups[key % len(ups)]
+        return [leaf_a, s, c, t, leaf_b]
     if not pairs:
         raise ValueError(f"no route between {leaf_a} and {leaf_b} in the fabric")
     s, t = pairs[key % len(pairs)]
@@ -196,16 +201,19 @@ def bisection_bytes_per_s(graph: nx.Graph) -> float | None:
     the NIC, leaf, spine and global links only (host PCIe is not part of the fabric).
     None for a single node or a cluster without a fabric."""
     nodes = graph.graph["nodes"]
-    fabric = [v for v in graph if v[0] in ("nic", "leaf", "spine") and (v[0] != "nic" or "leaf" in graph.nodes[v])]
+    fabric = [v for v in graph if v[0] in ("nic", "leaf", "spine", "core")
+              and (v[0] != "nic" or "leaf" in graph.nodes[v])]
     if nodes < 2 or not any(v[0] == "leaf" for v in fabric):
         return None
     flow = nx.DiGraph()
     for u, v, bw in graph.subgraph(fabric).edges(data="bandwidth_bytes_per_s"):
+        if u[0] == "nic" or v[0] == "nic":   # a NIC has one fabric link: fold it into the
+            nic, leaf = (u, v) if u[0] == "nic" else (v, u)   # source or sink edge of its leaf
+            end = ("source", leaf) if nic[1] < nodes // 2 else (leaf, "sink")
+            flow.add_edge(*end, capacity=flow.edges[end]["capacity"] + round(bw) if flow.has_edge(*end) else round(bw))
+            continue
         flow.add_edge(u, v, capacity=round(bw))  # integer capacities: exact max flow
         flow.add_edge(v, u, capacity=round(bw))
-    for v in fabric:
-        if v[0] == "nic":  # no capacity attribute: an infinite edge from the source / to the sink
-            flow.add_edge(*(("source", v) if v[1] < nodes // 2 else (v, "sink")))
     return float(nx.maximum_flow_value(flow, "source", "sink"))
 
 
@@ -232,7 +240,8 @@ def cluster_summary(graph: nx.Graph, cluster) -> dict:
         "bisection_tbyte_per_s": None if bisection is None else round(bisection / 1e12, 6),
         "leaf_switches": layers["leaf"],
         "spine_switches": layers["spine"],
-        "network_switches": layers["leaf"] + layers["spine"],
+        "core_switches": layers["core"],
+        "network_switches": layers["leaf"] + layers["spine"] + layers["core"],
         "nvswitches": layers["nvswitch"],
         "pcie_switches": layers["pcie"],
         "storage": f"{cluster.storage.name} ({cluster.storage.kind})",

@@ -14,7 +14,7 @@ from simcore.plan.spec import PlanError
 from topologies.components import CatalogError
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
-from trainplan.common import UsageError
+from trainplan.common import UsageError, check_outputs
 
 
 def _plan_file_commands(sub) -> None:
@@ -55,6 +55,7 @@ def _plan_file_commands(sub) -> None:
     p.add_argument("plan", type=Path)
     p.add_argument("--lowered", action="store_true", help="with SEND/RECV and UNSHARD/RESHARD actions")
     p.add_argument("--by", choices=["rank", "step"], default="rank")
+    p.add_argument("--all", action="store_true", help="every time step (default: the first blocks that fit the terminal)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=model.cmd_schedule)
 
@@ -80,6 +81,7 @@ def _interop_commands(sub) -> None:
     p.add_argument("--torchtitan", metavar="TOML")
     p.add_argument("--cluster", metavar="NODE", help="catalog node type (default: from the inputs, or dgx-h100)")
     p.add_argument("--nodes", type=int)
+    p.add_argument("--seq-len", type=int, help="training sequence length (default: the inputs', else min(context, 8192))")
     p.set_defaults(func=model.cmd_import)
 
     from simcore.plan.writers import TARGETS
@@ -217,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_outputs(args)
         args.func(args)
     except (PlanError, CatalogError, UsageError, ValueError) as exc:
         print(f"trainplan: error: {exc}", file=sys.stderr)
@@ -226,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(exc, "exit_code", 130)
     except BrokenPipeError:
         return 0
+    except OSError as exc:   # a write the checks could not foresee (disk full, a folder removed meanwhile)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"trainplan: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 

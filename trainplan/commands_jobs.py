@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from simcore.plan.load import dump_plan, load_plan
-from trainplan.common import RunFailed, UsageError, print_json, print_prediction
+from trainplan.common import (RunFailed, UsageError, check_prediction, portable_name, print_json, print_prediction,
+                              warn)
 
 
 def cmd_run(args) -> None:
@@ -39,6 +40,11 @@ def cmd_validate(args) -> None:
 
     if bool(args.plan) == bool(args.matrix):
         raise UsageError("validate needs either a PLAN or --matrix FILE")
+    from topologies.profile import default_profile_path
+    from trainplan.jobs import host_conditions
+
+    for line in host_conditions(default_profile_path()):   # the load, a fresh host speed, how far to trust
+        print(f"trainplan: host: {line}", file=sys.stderr)
     if args.plan:
         plan = load_plan_for_validate(args.plan, progress=not args.json)
         try:
@@ -92,12 +98,14 @@ def cmd_plan(args) -> None:
     res = search(model, cluster, args.global_batch, objective=args.objective, top_k=args.top_k, jobs=args.jobs,
                  tokens=args.tokens, progress=sys.stderr.isatty() and not args.json,
                  allow_fewer_gpus=args.allow_fewer_gpus)
-    out = args.out or Path(f"{res.best.name}.yaml")
+    out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:
-        print_json({"best": plan_to_dict(res.best), "best_plan_file": str(out),
-                     "table": res.table.head(args.rows).to_dict(orient="records"),
-                     "pareto": res.pareto.to_dict(orient="records"), "explanations": res.explanations})
+        from simcore.planner.formatting import json_safe
+
+        print_json(json_safe({"best": plan_to_dict(res.best), "best_plan_file": str(out),
+                              "table": res.table.head(args.rows).to_dict(orient="records"),
+                              "pareto": res.pareto.to_dict(orient="records"), "explanations": res.explanations}))
         return
     print(summary_table(res, args.rows))
     print()
@@ -110,9 +118,14 @@ def cmd_cost(args) -> None:
     from simcore.planner.runcost import run_cost, summary_lines
     from simcore.engine.predict import simulate
 
+    from simcore.planner.sanity import cost_warnings
+
     plan = load_plan(args.plan)
-    rc = run_cost(plan, simulate(plan), args.tokens, prices=_parse_prices(args.price), storage=args.storage,
+    prediction = simulate(plan)
+    check_prediction(plan, prediction)
+    rc = run_cost(plan, prediction, args.tokens, prices=_parse_prices(args.price), storage=args.storage,
                   monte_carlo=args.monte_carlo, seed=args.seed, tiered_checkpoints=args.tiered_checkpoints)
+    warn(cost_warnings(rc))
     if args.json:
         print_json(rc.to_json())
     else:
@@ -123,16 +136,25 @@ def cmd_whatif(args) -> None:
     from simcore.planner.whatif import run_whatif
 
     res = run_whatif(args.sweep, progress=sys.stderr.isatty() and not args.json)
+    html = None
     if args.report:
-        from reports.planning_plots import write_whatif
+        from trainplan.jobs import write_whatif_report
 
-        write_whatif(res, args.report)
+        html = write_whatif_report(res, args.report)
     if args.json:
-        print_json({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions})
+        from simcore.planner.formatting import json_safe
+
+        print_json(json_safe({"cells": res.table.to_dict(orient="records"), "assumptions": res.assumptions}))
         return
-    print(res.table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    if args.report:
-        print(f"\nreport written to {args.report}")
+    print(res.display_table().to_string(index=False))
+    sources = res.table["interval_source"].dropna().unique() if "interval_source" in res.table else []
+    print()
+    for source in sources:
+        print(f"intervals (90%): {source}")
+    for note in res.notes():
+        print(f"note: {note}")
+    if html:
+        print(f"\nreport written to {html} and {html.parent / 'report.md'}")
 
 
 def cmd_report(args) -> None:

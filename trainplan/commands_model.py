@@ -7,7 +7,7 @@ import sys
 
 from simcore.plan.load import dump_plan, load_plan
 from topologies.hardware import load_catalog
-from trainplan.common import UsageError, fmt_s, print_json, print_prediction
+from trainplan.common import UsageError, check_prediction, fmt_s, print_json, print_prediction
 
 
 def cmd_catalog(args) -> None:
@@ -28,11 +28,22 @@ def cmd_catalog(args) -> None:
         print()
 
 
+def _model_size(plan) -> dict:
+    """The model's parameter count, and per token for MoE, so an import shows which model it means."""
+    from simcore.model.workload import active_params_per_token, param_counts
+
+    out = {"params_total": param_counts(plan.model).total}
+    if plan.model.moe:
+        out["params_active"] = int(active_params_per_token(plan.model))
+    return out
+
+
 def cmd_check(args) -> None:
     from simcore.plan.describe import plan_summary
 
     plan = load_plan(args.plan)
     summary = plan_summary(plan)
+    summary["derived"] = {**_model_size(plan), **summary["derived"]}
     if args.json:
         print_json(summary)
         return
@@ -47,13 +58,23 @@ def cmd_topology(args) -> None:
     from topologies.build import build_cluster
     from topologies.routes import cluster_summary
 
-    plan = load_plan(args.plan)
-    graph = build_cluster(plan.cluster)
-    summary = cluster_summary(graph, plan.cluster)
-    if args.draw:
-        from reports.plots import save_figure, topology_figure
+    from tqdm import tqdm
 
-        summary["drawing"] = str(save_figure(topology_figure(graph, plan.cluster), args.draw))
+    plan = load_plan(args.plan)
+    steps = 3 if args.draw else 2   # a bar only when it takes over two seconds (100k GPUs: ~10 s)
+    with tqdm(total=steps, desc="topology: graph", unit="phase", delay=2, leave=False,
+              disable=not sys.stderr.isatty()) as bar:
+        graph = build_cluster(plan.cluster)
+        bar.set_description("topology: bisection (max flow)")
+        bar.update()
+        summary = cluster_summary(graph, plan.cluster)
+        bar.update()
+        if args.draw:
+            from reports.plots import save_figure, topology_figure
+
+            bar.set_description("topology: drawing")
+            summary["drawing"] = str(save_figure(topology_figure(graph, plan.cluster), args.draw))
+            bar.update()
     if args.json:
         print_json(summary)
     else:
@@ -93,6 +114,7 @@ def cmd_simulate(args) -> None:
         result = simulate(plan, engine=args.engine, **kwargs)
     from simcore.planner.uncertainty import interval_fields
 
+    check_prediction(plan, result)
     interval = interval_fields(plan, result)
     if args.trace:
         from simcore.results import write_chrome_trace
@@ -103,9 +125,12 @@ def cmd_simulate(args) -> None:
 
         save_figure(gantt_figure(result.spans, f"{plan.name}: predicted step ({args.engine})"), args.gantt)
     if args.json:
-        print_json({**result.to_json(), **interval})
+        print_json({**result.to_json(), **interval, **_model_size(plan)})
     else:
-        print_prediction(result)
+        size = _model_size(plan)
+        active = f", {size['params_active'] / 1e9:.1f} B active per token" if "params_active" in size else ""
+        print(f"{plan.name}: {plan.model.name}, {size['params_total'] / 1e9:.2f} B parameters{active}")
+        print_prediction(result, plan)
         if interval["interval_s"]:
             lo, hi = interval["interval_s"]
             print(f"  {interval['interval_level']:.0%} interval of the step time: {fmt_s(lo)} - {fmt_s(hi)} "
@@ -151,8 +176,11 @@ def cmd_memory(args) -> None:
               f"of {report['host_memory_bytes_per_node'] / gib:.0f} GiB")
     print(f"  allocator margin {report['allocator_margin']:.0%} of the tensors, CUDA context "
           f"{report['cuda_context_bytes'] / gib:.2f} GiB (both in the total)")
+    from simcore.planner.formatting import headroom_gib
+
+    room = headroom_gib(report["hbm_bytes"] / gib, report["memory_per_gpu_gib"])
     print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB, "
-          f"headroom {report['headroom_gib']:.2f} GiB)")
+          f"headroom {room:.2f} GiB)")
     if "torch" in report:
         t = report["torch"]
         kinds = ", ".join(f"{k} {v / gib:.2f}" for k, v in t["torch_by_kind"].items() if v and k != "Total")
@@ -185,7 +213,8 @@ def cmd_import(args) -> None:
     if not any((args.hf, args.megatron, args.deepspeed, args.torchtitan)):
         raise UsageError("import needs at least one of --hf, --megatron, --deepspeed, --torchtitan")
     doc, warnings = import_plan(hf=args.hf, megatron=args.megatron, deepspeed=args.deepspeed,
-                                torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes, base_dir=".")
+                                torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes,
+                                seq_len=args.seq_len, base_dir=".")
     plan_from_dict(doc, ".")
     for line in warnings:
         print(f"trainplan: warning: {line}", file=sys.stderr)
@@ -193,9 +222,38 @@ def cmd_import(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from simcore.plan.writers import export_plan
+    from simcore.plan.writers import export_with_notes
 
-    print(export_plan(load_plan(args.plan), args.to), end="")
+    text, notes = export_with_notes(load_plan(args.plan), args.to, plan_path=str(args.plan))
+    for line in notes:
+        print(f"trainplan: note: {line}", file=sys.stderr)
+    print(text, end="")
+
+
+#: Blocks of time steps ``schedule`` prints without --all (the rest is counted, not shown).
+SCHEDULE_BLOCKS = 4
+
+
+def wrapped_grid(sched: dict, by: str, format_grid, *, show_all: bool = False, width: int | None = None) -> str:
+    """The rank-by-step grid cut into blocks of time steps that fit the terminal's width, each
+    headed by its step range; at most SCHEDULE_BLOCKS blocks unless ``show_all``."""
+    import shutil
+
+    if by != "rank":
+        return format_grid(sched, by=by)
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    steps = max((len(a) for a in sched.values()), default=0)
+    cell = max((len(str(a)) for acts in sched.values() for a in acts if a is not None), default=1) + 1
+    label = max(len(f"Rank {r}: ") for r in sched)
+    per_block = max(1, (width - label) // cell)
+    starts = list(range(0, steps, per_block))
+    shown = starts if show_all else starts[:SCHEDULE_BLOCKS]
+    blocks = [f"steps {a}-{min(a + per_block, steps) - 1}:\n"
+              + format_grid({r: acts[a:a + per_block] for r, acts in sched.items()}, by="rank") for a in shown]
+    if len(shown) < len(starts):
+        left = steps - shown[-1] - per_block
+        blocks.append(f"... {left} more steps not shown (--all prints them)")
+    return "\n".join(blocks)
 
 
 def cmd_schedule(args) -> None:
@@ -211,7 +269,7 @@ def cmd_schedule(args) -> None:
     else:
         print(f"{plan.name}: {par.schedule.value}, pp={par.pp}, vpp={par.vpp}, "
               f"{plan.num_microbatches} micro-batches")
-        print(format_grid(sched, by=args.by))
+        print(wrapped_grid(sched, args.by, format_grid, show_all=args.all))
 
 
 def cmd_collectives(args) -> None:

@@ -12,16 +12,52 @@ class RunFailed(ValueError):
     """A real run failed (a rank raised, hung past the timeout, or torch refused the layout)."""
 
 
+def warn(lines) -> None:
+    """Warnings, one sentence a line, on stderr (stdout stays the answer)."""
+    import sys
+
+    for line in lines:
+        print(f"trainplan: warning: {line}", file=sys.stderr)
+
+
+def check_prediction(plan, result) -> None:
+    """Refuse a prediction with no sensible answer (UsageError); warn about odd ones."""
+    from simcore.planner.sanity import prediction_warnings, refusal
+
+    why = refusal(plan, result)
+    if why:
+        raise UsageError(why)
+    warn(prediction_warnings(plan, result))
+
+
+def _headroom(plan, result) -> str:
+    """', N GiB headroom of M GiB' from the one headroom helper, or '' without the plan."""
+    if plan is None:
+        return ""
+    from simcore.planner.formatting import hbm_gib, headroom_gib
+
+    return f", {headroom_gib(hbm_gib(plan), result.memory_per_gpu_gib):.2f} GiB headroom of {hbm_gib(plan):.0f} GiB"
+
+
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
 def fmt_s(x: float) -> str:
-    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+    """Seconds in the unit that reads best: us, ms, s, h or days."""
+    if x < 1e-3:
+        return f"{x * 1e6:.1f} us"
+    if x < 1:
+        return f"{x * 1e3:.1f} ms"
+    if x < 3600:
+        return f"{x:.3f} s"
+    return f"{x / 3600:,.1f} h" if x < 86400 else f"{x / 86400:,.1f} days"
 
 
-def print_prediction(result) -> None:
-    """A readable breakdown of a StepResult (predicted or measured)."""
+def print_prediction(result, plan=None) -> None:
+    """A readable breakdown of a StepResult (predicted or measured), units adapted to the size."""
+    from simcore.planner.formatting import binary_bytes, percent, si
+
     rows = [
         ("step time", fmt_s(result.step_time_s)),
         ("  compute", fmt_s(result.compute_s)),
@@ -29,10 +65,11 @@ def print_prediction(result) -> None:
         ("  pipeline bubble", fmt_s(result.bubble_s)),
         ("  offload stall", fmt_s(result.offload_s)),
         ("tokens/s", f"{result.tokens_per_s:,.0f}"),
-        ("model TFLOP/s per GPU", f"{result.model_tflops_per_gpu:.1f}"),
-        ("hardware TFLOP/s per GPU", f"{result.hardware_tflops_per_gpu:.1f}"),
-        ("MFU / HFU", f"{result.mfu:.1%} / {result.hfu:.1%}"),
-        ("memory per GPU", f"{result.memory_per_gpu_gib:.2f} GiB ({'fits' if result.fits else 'DOES NOT FIT'})"),
+        ("model FLOP/s per GPU", si(result.model_tflops_per_gpu * 1e12, "FLOP/s")),
+        ("hardware FLOP/s per GPU", si(result.hardware_tflops_per_gpu * 1e12, "FLOP/s")),
+        ("MFU / HFU", f"{percent(result.mfu)} / {percent(result.hfu)}"),
+        ("memory per GPU", f"{binary_bytes(result.memory_per_gpu_gib * 2**30)} "
+                           f"({'fits' if result.fits else 'DOES NOT FIT'}{_headroom(plan, result)})"),
     ]
     print(f"{result.plan_name} ({result.source})")
     for k, v in rows:
@@ -44,3 +81,75 @@ def print_prediction(result) -> None:
                 print(f"    {k:<26} {fmt_s(v)}")
     for note in result.notes:
         print(f"  note: {note}")
+
+
+# --------------------------------------------------------------------------- output paths
+
+#: Per command, the arguments naming a file it writes whole, and those naming a folder it fills.
+FILE_OUTPUTS = {"plan": ("out",), "calibrate": ("out",), "simulate": ("trace", "gantt"), "topology": ("draw",),
+                "run": ("trace",)}
+DIR_OUTPUTS = {"report": ("out",), "demo": ("out",), "whatif": ("report",), "validate": ("trace_dir",),
+               "run": ("checkpoint_dir",)}
+
+
+def portable_name(name: str) -> str:
+    """A file name every system takes (scp, rsync, make, Windows): letters, digits, '.', '_'
+    and '-' only; anything else (':' above all) becomes '-'."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
+
+
+def _flag(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
+
+
+def _creatable(folder, flag: str, path, *, itself: bool = False) -> None:
+    """A missing ``folder`` is created inside the working directory, or (``itself``: the
+    folder a report fills) where only that last level is missing; elsewhere it must exist."""
+    import os
+    from pathlib import Path
+
+    folder = Path(folder)
+    if folder.exists():
+        if not folder.is_dir():
+            raise UsageError(f"{flag} {path}: {folder} is a file, not a folder")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: the folder {folder} is not writable")
+        return
+    here = Path.cwd().resolve()
+    full = (here / folder).resolve()
+    if full != here and here not in full.parents and not (itself and full.parent.is_dir()):
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist (create it first; trainplan "
+                         "creates missing folders only inside the working directory)")
+    existing = next(p for p in full.parents if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot create {folder}: {existing} is not writable")
+
+
+def check_outputs(args) -> None:
+    """Every output argument of the command checked before any work: a file's folder exists
+    and is writable (or lies inside the working directory, where it is created), a file is not
+    a folder, a folder is not a file. UsageError (one sentence, exit 2) otherwise."""
+    import os
+    from pathlib import Path
+
+    command = getattr(args, "command", None)
+    for attr in FILE_OUTPUTS.get(command, ()):
+        path = getattr(args, attr, None)
+        if path is None:
+            continue
+        path = Path(path)
+        if path.is_dir():
+            raise UsageError(f"{_flag(attr)} {path} is a folder; give a file name")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise UsageError(f"{_flag(attr)} {path} exists and is not writable")
+        _creatable(path.parent, _flag(attr), path)
+    for attr in DIR_OUTPUTS.get(command, ()):
+        path = getattr(args, attr, None)
+        if path is None:
+            continue
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{_flag(attr)} {path} is a file, not a folder")
+        _creatable(path, _flag(attr), path, itself=True)

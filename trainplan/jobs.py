@@ -54,17 +54,80 @@ def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens:
 
 
 def whatif_job(sweep, out, *, progress: bool = True) -> Path:
-    from reports.build import whatif_report
-    from simcore.results import atomic_write_text
     from simcore.planner.whatif import run_whatif
 
-    res = run_whatif(sweep, progress=progress)
+    return write_whatif_report(run_whatif(sweep, progress=progress), out)
+
+
+def write_whatif_report(res, out) -> Path:
+    """The what-if report, the same files from every command that writes one (`whatif
+    --report`, `report whatif`, the demo): index.html, report.md, its figures and cells.csv."""
+    from reports.build import whatif_report
+    from simcore.results import atomic_write_text
+
     html = render(whatif_report(res), out)
     atomic_write_text(Path(out) / "cells.csv", res.table.to_csv(index=False))
     return html
 
 
-def validate_job(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, progress: bool = True) -> Path:
+#: Load per core above which other work shares this host's cores: a rank's speed then moves
+#: from minute to minute (bench/RESULTS.md), and the host speed is re-measured first.
+LOADED_PER_CORE = 0.5
+#: A host speed older than this is re-measured before a validation (the load changes hourly).
+STALE_HOST_SPEED_S = 3600.0
+
+
+def _one_rank_rate(profile: dict) -> float | None:
+    rates = (profile.get("oversubscription") or {}).get("matmul_flops_per_s_per_rank") or {}
+    rate = rates.get(1, rates.get("1"))
+    return float(rate) if rate else None
+
+
+def _age_s(profile: dict) -> float:
+    import datetime as dt
+
+    when = (profile.get("measured_on") or {}).get("refreshed") or (profile.get("measured_on") or {}).get("date")
+    try:
+        stamp = dt.datetime.fromisoformat(str(when).replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.timezone.utc)
+    return (dt.datetime.now(dt.timezone.utc) - stamp).total_seconds()
+
+
+def host_conditions(profile_path: Path, *, refresh: bool = True) -> list[str]:
+    """What a reader needs to trust a local validation, one sentence each: the host's load
+    now, the host speed re-measured when the host is loaded or the figure is stale (as the
+    benchmark does), how it compares with the profile's, and how far to trust the comparison."""
+    import yaml
+
+    if not profile_path.exists():
+        return []
+    profile = yaml.safe_load(profile_path.read_text()) or {}
+    if (profile.get("measured_on") or {}).get("device") != "cpu":
+        return []
+    cores = os.cpu_count() or 1
+    per_core = os.getloadavg()[0] / cores
+    lines = [f"host load when validation started: {per_core * cores:.1f} on {cores} cores ({per_core:.0%} per core); "
+             f"profile calibrated {profile['measured_on'].get('date', '?')} in "
+             f"{profile['measured_on'].get('calibration_s', '?')} s"]
+    if refresh and (per_core > LOADED_PER_CORE or _age_s(profile) > STALE_HOST_SPEED_S):
+        from executors.calibrate.profile import refresh_host_speed
+
+        before = _one_rank_rate(profile)
+        after = _one_rank_rate(refresh_host_speed(profile_path) or {})
+        if before and after:
+            lines.append(f"host speed re-measured before the runs: one rank computes {after / before:.2f}x as fast "
+                         "as when the profile was last measured")
+    if per_core > LOADED_PER_CORE:
+        lines.append("the host is shared with other work: errors here measure the load as well as the model, so "
+                     "trust the comparison to within the residual intervals (validation/residuals.yaml), not to "
+                     "the percent; rerun on an idle host for the model's own error")
+    return lines
+
+
+def validate_job(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, progress: bool = True,
+                 say=None) -> Path:
     import yaml
 
     from reports.build import validate_report
@@ -72,11 +135,14 @@ def validate_job(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, pro
     from simcore.results import atomic_write_text
     from topologies.profile import default_profile_path
 
+    path = default_profile_path()
+    conditions = host_conditions(path)
+    for line in conditions if say else ():
+        say(line)
     result = validate_matrix(matrix, steps=steps, warmup=warmup, only=list(only) if only else None,
                              progress=progress)
-    path = default_profile_path()
     profile = yaml.safe_load(path.read_text()) if path.exists() else None
-    html = render(validate_report(result, profile=profile), out)
+    html = render(validate_report(result, profile=profile, notes=tuple(conditions)), out)
     atomic_write_text(Path(out) / "layouts.csv", result.table.to_csv(index=False))
     return html
 
@@ -101,7 +167,7 @@ def demo(out="out/demo", *, progress: bool | None = None) -> dict[str, Path]:
     say(f"3/3 validating {len(DEMO_LAYOUTS)} tiny layouts for real on this machine "
         "(calibrates it first if needed)")
     reports["validate"] = validate_job(DEMO_MATRIX, out / "validate", steps=6, warmup=2, only=DEMO_LAYOUTS,
-                                       progress=progress)
+                                       progress=progress, say=say)
     say("done")
     return reports
 

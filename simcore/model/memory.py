@@ -90,10 +90,10 @@ def layer_params_per_gpu(plan: Plan) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one GPU."""
     m, par = plan.model, plan.parallel
     pc = wl.param_counts(m)
-    if m.moe:
+    if m.moe:  # the router and the shared experts (TP-split like a dense MLP) are on every EP rank
         router = m.hidden * m.experts
-        experts = pc.mlp - router
-        return pc.attention / par.tp + pc.norms + router, experts / (par.ep * par.tp)
+        experts = pc.mlp - router - pc.shared
+        return (pc.attention + pc.shared) / par.tp + pc.norms + router, experts / (par.ep * par.tp)
     return (pc.attention + pc.mlp) / par.tp + pc.norms, 0.0
 
 

@@ -140,7 +140,7 @@ def _cp_comm(plan: Plan, dev: cmp.DeviceModel, b: int, s: int) -> dict[str, floa
     if par.cp_comm == CpComm.ALL_GATHER:
         one = coll.all_gather_s(kv * par.cp, net)
         return {"cp_f": one, "cp_b": 2 * one}   # the backward gathers K/V again and reduce-scatters dK/dV
-    qo = 2 * wl.ACT_BYTES * b * s * m.hidden / par.tp   # this rank's Q and attention output
+    qo = 2 * wl.ACT_BYTES * b * s * wl.attention_out_width(m) / par.tp   # this rank's Q and attention output
     one = coll.all_to_all_s(kv + qo, net)
     return {"cp_f": one, "cp_b": one}
 

@@ -22,10 +22,16 @@ the sequence per context-parallel rank), matrices split over ``tp`` ranks.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
+from simcore.model import params as _params
+from simcore.model.params import attention_in_params, attention_out_width, kv_width, mlp_matrices, q_width
 from simcore.plan.spec import ModelSpec, PositionEmbedding, Recompute
+
+# The parameter counts live in simcore.model.params; their names here are the ones callers use.
+ParamCounts = _params.ParamCounts
+param_counts = _params.param_counts
+active_params_per_token = _params.active_params_per_token
 
 #: Bytes per element of 16-bit activations (the mixed-precision case all sources model).
 ACT_BYTES = 2
@@ -58,77 +64,12 @@ class Op:
         return 1 if self.batched else self.count
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParamCounts:
-    """Parameters of the model, by part (counts, not bytes)."""
-
-    attention: int
-    """One layer's attention: QKV and output projections (and biases)."""
-    mlp: int
-    """One layer's dense MLP, or ALL experts of an MoE layer plus the router."""
-    norms: int
-    """One layer's layer norms."""
-    embedding: int
-    """Token (and learned position) embeddings."""
-    output: int
-    """Untied output projection (0 when tied) plus the final norm."""
-    layers: int
-
-    @property
-    def per_layer(self) -> int:
-        return self.attention + self.mlp + self.norms
-
-    @property
-    def total(self) -> int:
-        return self.layers * self.per_layer + self.embedding + self.output
-
-
-def _biases(m: ModelSpec) -> bool:
-    """GPT-style models (learned positions) carry biases and LayerNorm; Llama-style
-    (rotary) models have neither biases nor LayerNorm shifts (RMSNorm)."""
-    return m.position_embedding == PositionEmbedding.LEARNED
-
-
-def kv_width(m: ModelSpec) -> int:
-    """Width of the K (or V) projection: kv_heads * head_dim (grouped-query attention)."""
-    return m.kv_heads * m.head_dim
-
-
-def mlp_matrices(m: ModelSpec) -> int:
-    return 3 if m.gated_mlp else 2
-
-
-@functools.lru_cache(maxsize=256)
-def param_counts(m: ModelSpec) -> ParamCounts:
-    """Parameter counts; GPT-3 175B gives 174.6e9, Llama-3 70B 70.6e9."""
-    h, f, bias = m.hidden, m.ffn_hidden, _biases(m)
-    qkv_out = h + 2 * kv_width(m)
-    attention = h * qkv_out + h * h + (qkv_out + h if bias else 0)
-    expert = mlp_matrices(m) * h * f + ((f + h) if bias else 0)
-    mlp = expert * m.experts + h * m.experts if m.moe else expert
-    norms = 2 * (2 * h if bias else h)
-    embedding = m.vocab * h + (m.seq_len * h if m.position_embedding == PositionEmbedding.LEARNED else 0)
-    final_norm = 2 * h if bias else h
-    output = (0 if m.tied_embeddings else m.vocab * h) + final_norm
-    return ParamCounts(attention=attention, mlp=mlp, norms=norms, embedding=embedding,
-                       output=output, layers=m.layers)
-
-
-def active_params_per_token(m: ModelSpec) -> float:
-    """Parameters one token touches (MoE: top_k experts of each layer)."""
-    pc = param_counts(m)
-    if not m.moe:
-        return pc.total
-    expert = (pc.mlp - m.hidden * m.experts) / m.experts
-    per_layer = pc.attention + pc.norms + m.top_k * expert + m.hidden * m.experts
-    return m.layers * per_layer + pc.embedding + pc.output
-
-
 #: The GEMMs an FP8 recipe runs in FP8: the linear layers of the transformer blocks
 #: (Transformer Engine's te.Linear / LayerNormLinear / LayerNormMLP under fp8_autocast, as
 #: Megatron-Core's --fp8-format uses them; torchao's float8 training converts nn.Linear).
 #: The router, the attention core and the output layer stay 16-bit.
-FP8_LINEAR_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out", "expert_in", "expert_out"})
+FP8_LINEAR_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out", "expert_in", "expert_out",
+                            "shared_in", "shared_out"})
 
 
 def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False) -> list[Op]:
@@ -140,9 +81,10 @@ def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False) -
     tensor once more for its own amax (TE's ``Float8CurrentScalingQuantizer``, torchao's
     ``tensor_to_scale``)."""
     h, f, tokens = m.hidden, m.ffn_hidden // tp, b * s
-    inputs = tokens * h + tokens * h // tp                       # qkv and attention-projection inputs
+    inputs = tokens * h + tokens * attention_out_width(m) // tp  # qkv and attention-projection inputs
     if m.moe:
         inputs += tokens * m.top_k * m.capacity_factor * (h + f)   # the token copies the experts run (mlp_ops)
+        inputs += tokens * (h + m.shared_ffn_hidden // tp) if m.shared_ffn_hidden else 0
     else:
         inputs += tokens * (h + f)                               # the MLP's two inputs
     return [_eltwise("fp8_cast_transpose", inputs, 3 if dynamic else 2)]
@@ -190,12 +132,18 @@ def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int) -> list[Op]:
     routed = tokens * m.top_k * m.capacity_factor      # token copies this rank computes
     local_experts = max(1, m.experts // ep)
     per_expert = routed / local_experts
-    return [
+    ops = [
         _gemm("router", tokens, m.experts, h),
         _gemm("expert_in", per_expert, f * (mlp_matrices(m) - 1), h, count=local_experts),
         _eltwise("expert_activation", routed * f, 3 if m.gated_mlp else 2),
         _gemm("expert_out", per_expert, h, f, count=local_experts),
     ]
+    if m.shared_ffn_hidden:  # every token runs the shared experts, split over TP like a dense MLP
+        sf = m.shared_ffn_hidden // tp
+        ops += [_gemm("shared_in", tokens, sf * (mlp_matrices(m) - 1), h),
+                _eltwise("shared_activation", tokens * sf, 3 if m.gated_mlp else 2),
+                _gemm("shared_out", tokens, h, sf)]
+    return ops
 
 
 def attention_chunk(s: int, cp: int, cp_comm: str = "p2p") -> int:
@@ -219,12 +167,12 @@ def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1,
     """
     h, tokens = m.hidden, b * s
     norm_tokens = tokens / tp if sequence_parallel else tokens
-    qkv = (h + 2 * kv_width(m)) // tp
+    qkv = attention_in_params(m) / h / tp
     ops = [
         _eltwise("layernorm_1", norm_tokens * h, 2),
         _gemm("qkv", tokens, qkv, h),
         *attention_core_ops(m, b, s, tp, cp, flash, chunk or attention_chunk(s, cp)),
-        _gemm("attn_proj", tokens, h, h // tp),
+        _gemm("attn_proj", tokens, h, attention_out_width(m) // tp),
         _eltwise("dropout_add_1", norm_tokens * h, 3.5),
         _eltwise("layernorm_2", norm_tokens * h, 2),
         *mlp_ops(m, b, s, tp, ep),
@@ -258,19 +206,33 @@ def flops_of(ops: list[Op]) -> float:
 
 def forward_flops_per_layer(m: ModelSpec, tokens: float, s: int) -> float:
     """Counted forward FLOPs of one layer for ``tokens`` tokens of sequences of ``s``
-    (whole model, no parallel split): 2*tokens*(params touched) + 4*tokens*s*h."""
+    (whole model, no parallel split): 2*tokens*(params touched) + 4*tokens*s*heads*head_dim.
+    For an MoE model this is an MoE layer (``dense_layer_forward_flops`` the dense ones)."""
     h, f = m.hidden, m.ffn_hidden
-    attn = 2 * tokens * h * (h + 2 * kv_width(m)) + 2 * tokens * h * h + 4 * tokens * s * h
+    attn = (2 * tokens * (attention_in_params(m) + attention_out_width(m) * h)
+            + 4 * tokens * s * m.heads * m.head_dim)
     dense = 2 * tokens * mlp_matrices(m) * h * f
-    mlp = m.top_k * dense + 2 * tokens * h * m.experts if m.moe else dense
+    shared = 2 * tokens * mlp_matrices(m) * h * m.shared_ffn_hidden
+    mlp = m.top_k * dense + 2 * tokens * h * m.experts + shared if m.moe else dense
     return attn + mlp
+
+
+def layers_forward_flops(m: ModelSpec, tokens: float, s: int) -> float:
+    """Counted forward FLOPs of all layers: the MoE layers and the first dense ones."""
+    if not (m.moe and m.dense_layers):
+        return m.layers * forward_flops_per_layer(m, tokens, s)
+    moe = forward_flops_per_layer(m, tokens, s)
+    mats = 2 * tokens * mlp_matrices(m) * m.hidden
+    moe_mlp = m.top_k * mats * m.ffn_hidden + 2 * tokens * m.hidden * m.experts + mats * m.shared_ffn_hidden
+    dense = moe - moe_mlp + mats * (m.dense_ffn_hidden or m.ffn_hidden)
+    return (m.layers - m.dense_layers) * moe + m.dense_layers * dense
 
 
 def model_flops_per_step(m: ModelSpec, global_batch: int) -> float:
     """Model FLOPs of one optimizer step: forward + backward (3x), logits included, no
     recompute (the MFU convention of Chowdhery et al. 2022, PaLM, Appendix B)."""
     tokens = global_batch * m.seq_len
-    fwd = m.layers * forward_flops_per_layer(m, tokens, m.seq_len) + 2 * tokens * m.hidden * m.vocab
+    fwd = layers_forward_flops(m, tokens, m.seq_len) + 2 * tokens * m.hidden * m.vocab
     return 3 * fwd
 
 
@@ -280,9 +242,9 @@ def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: Recomput
     tokens = global_batch * m.seq_len
     extra = 0.0
     if recompute == Recompute.FULL:
-        extra = m.layers * forward_flops_per_layer(m, tokens, m.seq_len)
+        extra = layers_forward_flops(m, tokens, m.seq_len)
     elif recompute == Recompute.SELECTIVE:
-        extra = m.layers * 4 * tokens * m.seq_len * m.hidden
+        extra = m.layers * 4 * tokens * m.seq_len * q_width(m)
     return model_flops_per_step(m, global_batch) + extra
 
 
@@ -310,11 +272,12 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     if recompute == Recompute.FULL:  # only the layer input (Korthikanti et al. Sec. 5)
         return ACT_BYTES * sb * h / (tp if sequence_parallel else 1)
     replicated = 10 * sb * h                                # LN inputs, block inputs, dropout masks
-    attn_split = ACT_BYTES * sb * (h + 2 * kv_width(m))     # Q, K, V
-    attn_split += ACT_BYTES * sb * h                         # projection input
+    attn_split = ACT_BYTES * sb * (q_width(m) + 2 * kv_width(m))     # Q, K, V
+    attn_split += ACT_BYTES * sb * attention_out_width(m)             # projection input
     mlp_acts = (3 if m.gated_mlp else 2) * ACT_BYTES * sb * f
     if m.moe:
         mlp_acts *= m.top_k * m.capacity_factor
+        mlp_acts += (3 if m.gated_mlp else 2) * ACT_BYTES * sb * m.shared_ffn_hidden
     split = attn_split + mlp_acts
     if flash:
         split += 4 * b * m.heads * s                         # fp32 log-sum-exp per query and head

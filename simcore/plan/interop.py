@@ -37,8 +37,10 @@ import math
 import re
 from pathlib import Path
 
-from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_megatron, read_torchtitan
+from simcore.plan.megatron_reader import read_megatron
+from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_torchtitan
 from simcore.plan.spec import PlanError, even_split
+from simcore.plan.torchtitan_writer import stage_split, virtual_stages
 from topologies.components import CatalogError
 from topologies.hardware import load_catalog
 
@@ -56,7 +58,7 @@ def _merge(readings: list[Reading]) -> tuple[dict, dict]:
                                 f"but {r.source} gives {value!r}")
             values.setdefault(key, value)
             origin.setdefault(key, r.source)
-    for r in readings:
+    for r in sorted(readings, key=lambda r: r.source.startswith("hf ")):  # HF's run defaults are the weakest
         for key, value in r.defaults.items():
             if value is not None:
                 values.setdefault(key, value)
@@ -65,21 +67,33 @@ def _merge(readings: list[Reading]) -> tuple[dict, dict]:
     return values, hints
 
 
+_NAME_MAX = 255
+"""The longest file name Linux takes (NAME_MAX, limits.h): a longer argument is text, not a path."""
+
+
 def _read_input(value: str, base: Path, what: str) -> str:
-    """A path to a file (relative to ``base``) or the text itself."""
-    if "\n" not in value and len(value) < 4096:
+    """A path to a file (relative to ``base``) or the text itself (a command line, a
+    config): anything with a newline, or a name longer than a file name can be, is text."""
+    looks_like_path = "\n" not in value and all(len(part.encode()) <= _NAME_MAX for part in value.split("/"))
+    if looks_like_path:
         path = base / value
-        if path.is_file():
-            return path.read_text()
+        try:
+            if path.is_file():
+                return path.read_text()
+        except OSError as exc:
+            raise PlanError(f"{what} file {path} cannot be read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise PlanError(f"{what} file {path} is not a text file") from None
         if re.fullmatch(r"[\w./~-]+\.(json|toml|sh|txt)", value.strip()):
             raise PlanError(f"{what} file {path} cannot be read: no such file")
     return value
 
 
 def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, cluster=None,
-                nodes=None, base_dir=".") -> tuple[dict, list[str]]:
+                nodes=None, seq_len=None, base_dir=".") -> tuple[dict, list[str]]:
     """A Plan document from the given inputs, and warning lines (fields not mapped,
-    values assumed). ``cluster`` is a catalog node type; ``nodes`` the cluster size."""
+    values assumed). ``cluster`` is a catalog node type; ``nodes`` the cluster size;
+    ``seq_len`` the training sequence (else the inputs', or a default with a note)."""
     base = Path(base_dir)
     readings = []
     if hf is not None:
@@ -93,8 +107,18 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
     if not readings:
         raise PlanError("import needs at least one input: hf, megatron, deepspeed or torchtitan")
     values, hints = _merge(readings)
-    notes: list[str] = []
+    notes: list[str] = [v for k, v in sorted(hints.items()) if k.startswith("note.")]
+    if seq_len is not None:
+        values["model.seq_len"] = seq_len
+    elif "hf.seq_len" in hints and not any("model.seq_len" in r.fields for r in readings):
+        notes.append(f"model.seq_len={hints['hf.seq_len']} (max_position_embeddings="
+                     f"{hints.get('hf.max_positions')} is the model's context, not a training sequence; "
+                     "pass --seq-len)")
+    if hf is not None and not any(k.startswith(("parallel.", "training.")) for r in readings for k in r.fields):
+        notes.append("the layout and training settings are defaults: flash attention, selective recompute, "
+                     "FSDP (parallel.zero=3) over all GPUs")
     cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
+    notes += [hints["note.nodes"]] if "note.nodes" in hints else []
     _resolve_layout(values, hints, world, notes)
     doc = _document(values, cluster_doc, hints)
     ignored = "; ".join(f"{r.source}: {', '.join(r.ignored)}" for r in readings if r.ignored)
@@ -118,7 +142,9 @@ def _import_cluster(name, nodes, values: dict, hints: dict) -> tuple[dict, int]:
     gpn = hints.get("world.gpus_per_node", per_node)
     model_par = math.prod(values.get(f"parallel.{k}") or 1 for k in ("tp", "pp", "cp"))
     needed = model_par * values["parallel.dp"] if "parallel.dp" in values else gpn
-    run_nodes = hints.get("world.nnodes") or (nodes if gpn == per_node and nodes else None)
+    if nodes and hints.get("world.nnodes") not in (None, nodes):  # the user's size wins over the script's
+        hints["note.nodes"] = f"cluster.nodes={nodes} (the launch says --nnodes {hints['world.nnodes']})"
+    run_nodes = (nodes if gpn == per_node and nodes else None) or hints.get("world.nnodes")
     run_nodes = run_nodes or max(1, math.ceil(needed / gpn))
     doc = {"node": name, "nodes": nodes or run_nodes}
     if gpn != per_node:
@@ -144,9 +170,11 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
         if replicate > 1 and shard > 1:
             notes.append(f"torchtitan HSDP ({replicate} replicas x {shard} shards) taken as zero over all dp")
     layers = values.get("model.layers")
-    per_stage = hints.get("torchtitan.layers_per_stage") or hints.get("megatron.layers_per_virtual_stage")
+    per_stage = hints.get("megatron.layers_per_virtual_stage")
     if per_stage and layers:
         values["parallel.vpp"] = layers // (g("parallel.pp") * per_stage)
+    if "torchtitan.stage_rule" in hints and layers:
+        _torchtitan_stages(values, layers, g("parallel.pp"), *hints["torchtitan.stage_rule"])
     if "megatron.first_last" in hints and layers:
         values["parallel.stage_layers"] = _first_last_split(layers, g("parallel.pp"), *hints["megatron.first_last"])
     stages = values.get("parallel.stage_layers")
@@ -162,6 +190,22 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
                          "(one micro-batch per data-parallel rank: no input gives the global batch)")
 
 
+def _torchtitan_stages(values: dict, layers: int, pp: int, per_stage: int, first: int, last: int) -> None:
+    """torchtitan's stage rule (simcore.plan.torchtitan_writer): the embedding and the output
+    count as ``first`` and ``last`` layers; a stage count that is not a multiple of pp is the
+    error torchtitan raises, said here in one sentence."""
+    stages = virtual_stages(layers, per_stage, first, last)
+    if stages % pp:
+        raise PlanError(f"torchtitan parallelism.pipeline_parallel_layers_per_stage={per_stage} gives {stages} "
+                        f"virtual stages ({layers} layers + {first} + {last} for the embedding and output), "
+                        f"not a multiple of pipeline_parallel_degree={pp}")
+    split = stage_split(layers, stages, first, last)
+    if split is None:
+        raise PlanError(f"torchtitan parallelism.pipeline_parallel_layers_per_stage={per_stage} leaves a stage "
+                        "without layers")
+    values["parallel.vpp"], values["parallel.stage_layers"] = stages // pp, split
+
+
 def _first_last_split(layers: int, pp: int, first, last) -> list[int]:
     """Megatron's uneven split: given first/last stage sizes, the rest spread evenly."""
     middle_stages = pp - (first is not None) - (last is not None)
@@ -175,10 +219,13 @@ def _first_last_split(layers: int, pp: int, first, last) -> list[int]:
 
 _SECTION_ORDER = {
     "model": ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
-              "gated_mlp", "experts", "top_k", "capacity_factor", "tied_embeddings", "position_embedding"),
-    "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "sequence_parallel", "schedule"),
-    "training": ("global_batch", "micro_batch", "precision", "recompute", "offload", "flash_attention",
-                 "optimizer", "grad_compression"),
+              "gated_mlp", "experts", "top_k", "capacity_factor", "tied_embeddings", "position_embedding",
+              "kv_channels", "rope_base", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden", "q_lora_rank",
+              "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
+    "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
+                 "schedule", "cp_comm", "tp_comm_overlap"),
+    "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "recompute", "offload",
+                 "flash_attention", "optimizer", "grad_compression"),
 }
 
 

@@ -9,7 +9,6 @@ reader of Plan YAML (``read_yaml_file`` reads any YAML file the user names).
 from __future__ import annotations
 
 import enum
-import json
 import math
 import os
 from dataclasses import asdict, fields, replace
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
     ClusterSpec, CpComm, Fp8Recipe, GradCompression, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
@@ -99,6 +99,7 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
         doc.pop("hf_config")
         if hf is not None:
             fields_.update(hf_config_fields(_resolve(hf, base_dir)))
+            fields_.pop("max_positions", None)
     name = _str(doc, "name", "model")
     if name is not None and name in cat.models:
         fields_ = {**dict(cat.models[name]), **fields_}
@@ -127,62 +128,30 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
         tied_embeddings=_bool(fields_, "tied_embeddings", where, True),
         position_embedding=pos,
         source=str(fields_.get("source", "")),
+        **_model_extras(fields_),
     )
+
+
+#: ModelSpec fields beyond the basic shape (head width, rotary base, MoE and MLA detail):
+#: written by plan_to_dict only where they differ from these defaults.
+_EXTRA_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)
+                   if f.name in ("kv_channels", "rope_base", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden",
+                                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")}
+
+
+def _model_extras(doc: dict) -> dict:
+    out = {}
+    for key, default in _EXTRA_DEFAULTS.items():
+        if isinstance(default, float):
+            out[key] = _float(doc, key, "model", default)
+        else:
+            out[key] = _int(doc, key, "model", default, minimum=0)
+    return out
 
 
 def _resolve(path: str, base_dir: Path) -> Path:
     p = Path(os.path.expanduser(path))
     return p if p.is_absolute() else base_dir / p
-
-
-def hf_config_fields(path: Path) -> dict:
-    """Map a Hugging Face ``config.json`` onto ModelSpec fields.
-
-    Covers the field names of Llama 2/3, Mistral, Mixtral, Qwen2 (``num_hidden_layers``,
-    ``num_key_value_heads``, ``num_local_experts``, ...), GPT-2 (``n_layer``, ``n_embd``)
-    and GPT-NeoX.
-    """
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except OSError as exc:
-        raise PlanError(f"model config {path} cannot be read: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"model config {path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
-    if not isinstance(cfg, dict):
-        raise PlanError(f"model config {path} must hold a JSON object")
-    mtype = str(cfg.get("model_type", "")).lower()
-
-    def pick(*keys):
-        for k in keys:
-            if cfg.get(k) is not None:
-                return cfg[k]
-        return None
-
-    out = {
-        "name": cfg.get("_name_or_path") or path.parent.name or mtype or "hf-model",
-        "layers": pick("num_hidden_layers", "n_layer"),
-        "hidden": pick("hidden_size", "n_embd"),
-        "heads": pick("num_attention_heads", "n_head"),
-        "kv_heads": pick("num_key_value_heads", "num_attention_heads", "n_head"),
-        "ffn_hidden": pick("intermediate_size", "n_inner", "ffn_dim"),
-        "vocab": pick("vocab_size"),
-        "seq_len": pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
-        "experts": pick("num_local_experts", "num_experts") or 0,
-        "top_k": pick("num_experts_per_tok") or 0,
-        "source": f"Hugging Face config {path}",
-    }
-    if mtype == "gpt2":
-        out.update(gated_mlp=False, tied_embeddings=cfg.get("tie_word_embeddings", True),
-                   position_embedding="learned")
-    else:  # Llama, Mistral, Mixtral, Qwen2 use SwiGLU and rotary; NeoX is ungated
-        out.update(gated_mlp=mtype != "gpt_neox",
-                   tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                   position_embedding="rope")
-    missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq_len") if out[k] is None]
-    if missing:
-        raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")
-    return {k: v for k, v in out.items() if v is not None}
 
 
 def _cluster(value, cat: Catalog, base_dir: Path) -> ClusterSpec:
@@ -366,6 +335,9 @@ def plan_to_dict(plan: Plan) -> dict:
     """The Plan as a Plan-file document (catalog names for hardware, fields for the model)."""
     model = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.model).items()}
     model.pop("source", None)
+    for key, default in _EXTRA_DEFAULTS.items():
+        if model.get(key) == default:
+            del model[key]
     par = plan.parallel
     parallel = {
         "tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "vpp": par.vpp,

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from simcore.plan.load import hf_config_fields
+from simcore.plan.hf_config import USED as HF_USED
+from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.spec import PlanError
 
 TOOL_OPTIONS_PATH = Path(__file__).parent / "tool_options.yaml"
@@ -45,197 +46,34 @@ class Reading:
 
 
 
-_HF_USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_size", "n_embd",
-            "num_attention_heads", "n_head", "num_key_value_heads", "intermediate_size", "n_inner",
-            "ffn_dim", "vocab_size", "max_position_embeddings", "n_positions", "n_ctx", "seq_length",
-            "num_local_experts", "num_experts", "num_experts_per_tok", "tie_word_embeddings"}
-
-
 def read_hf(path: Path) -> Reading:
-    """A Hugging Face config.json (field names via ``spec.hf_config_fields``). Its
-    max_position_embeddings is a capacity, so seq_len is only a default."""
+    """A Hugging Face config.json (field names via ``hf_config.hf_config_fields``). Its
+    max_position_embeddings is a capacity, so seq_len is only a default. The training
+    defaults are today's usual run (weaker than any other input's): SDPA/flash attention
+    (torch's scaled_dot_product_attention, HF's default ``attn_implementation="sdpa"``),
+    selective recompute (torchtitan's default ``activation_checkpoint.mode``) and FSDP
+    (ZeRO-3: torchtitan's and accelerate's FSDP2 default layout)."""
     fields_ = hf_config_fields(path)
     cfg = json.loads(path.read_text())
     fields_.pop("source", None)
-    defaults = {"model.name": fields_.pop("name"), "model.seq_len": fields_.pop("seq_len")}
+    max_pos = fields_.pop("max_positions", None)
+    defaults = {"model.name": fields_.pop("name"), "model.seq_len": fields_.pop("seq_len"),
+                "training.flash_attention": True, "training.recompute": "selective", "parallel.zero": 3}
+    hints = {"hf.max_positions": max_pos, "hf.seq_len": defaults["model.seq_len"]}
     return Reading(source=f"hf {path.name}", fields={f"model.{k}": v for k, v in fields_.items()},
-                   defaults=defaults, ignored=tuple(sorted(k for k in cfg if k not in _HF_USED)))
+                   defaults=defaults, hints=hints, ignored=tuple(sorted(k for k in cfg if k not in HF_USED)))
 
 
-def _logical_lines(text: str) -> list[str]:
-    joined = re.sub(r"\\\n", " ", text)
-    return [ln for ln in joined.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+_JSON_COMMENTS = re.compile(r'"(?:[^"\\]|\\.)*"|//[^\n]*|#[^\n]*|/\*.*?\*/', re.S)
+_JSON_TRAILING = re.compile(r'"(?:[^"\\]|\\.)*"|,(?=\s*[}\]])', re.S)
 
 
-def _options(tokens: list[str], where: str) -> dict[str, list[str]]:
-    """``--name v1 v2`` / ``--name=v`` / ``--flag`` into {name: values}; last one wins."""
-    opts: dict[str, list[str]] = {}
-    name = None
-    for tok in tokens:
-        if tok.startswith("--"):
-            name, _, value = tok.partition("=")
-            opts[name] = [value] if value else []
-        elif name is None:
-            raise PlanError(f"{where}: unexpected argument {tok!r} before the first option")
-        else:
-            opts[name].append(tok)
-    return opts
-
-
-def _split_command(text: str) -> tuple[dict, dict]:
-    """The launcher options and the training-script options of a command or script."""
-    for line in _logical_lines(text):
-        tokens = shlex.split(line, comments=True)
-        script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
-        if script is not None:
-            pre = {}
-            for i, tok in enumerate(tokens[:script]):
-                key, _, val = tok.partition("=")
-                if key.startswith("--"):
-                    pre[key.replace("_", "-")] = val or (tokens[i + 1] if i + 1 < script else "")
-            return pre, _options(tokens[script + 1:], "megatron")
-    raise PlanError("megatron: no training script (a .py file such as pretrain_gpt.py) in the command")
-
-
-class _Args:
-    """Typed access to parsed options that records which ones were used."""
-
-    def __init__(self, opts: dict, where: str):
-        self.opts, self.where, self.used = opts, where, set()
-
-    def flag(self, name: str) -> bool:
-        self.used.add(name) if name in self.opts else None
-        return name in self.opts
-
-    def value(self, name: str, conv=int):
-        if name not in self.opts:
-            return None
-        self.used.add(name)
-        values = self.opts[name]
-        if len(values) != 1:
-            raise PlanError(f"{self.where} option {name} needs one value, got {len(values)}")
-        try:
-            return conv(values[0])
-        except ValueError:
-            raise PlanError(f"{self.where} option {name}={values[0]!r} is not a {conv.__name__}") from None
-
-
-def read_megatron(text: str) -> Reading:
-    """A Megatron-LM command line or launch script (pretrain_gpt.py arguments)."""
-    pre, opts = _split_command(text)
-    a = _Args(opts, "megatron")
-    f: dict = {}
-    d: dict = {"training.precision": "fp32", "parallel.zero": 0, "parallel.sequence_parallel": False,
-               "training.recompute": "none"}
-    _megatron_model(a, f)
-    _megatron_parallel(a, f)
-    _megatron_training(a, f)
-    hints = {}
-    if "--nnodes" in pre:
-        hints["world.nnodes"] = _to_int(pre["--nnodes"], "torchrun --nnodes")
-    if "--nproc-per-node" in pre:
-        hints["world.gpus_per_node"] = _to_int(pre["--nproc-per-node"], "torchrun --nproc-per-node")
-    if "--num-layers-per-virtual-pipeline-stage" in opts:
-        hints["megatron.layers_per_virtual_stage"] = a.value("--num-layers-per-virtual-pipeline-stage")
-    first = a.value("--decoder-first-pipeline-num-layers")
-    last = a.value("--decoder-last-pipeline-num-layers")
-    if first is not None or last is not None:
-        hints["megatron.first_last"] = (first, last)
-    ignored = tuple(o for o in opts if o not in a.used)
-    return Reading(source="megatron", fields=f, defaults=d, hints=hints, ignored=ignored)
-
-
-def _to_int(value: str, where: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise PlanError(f"{where}={value!r} is not an integer") from None
-
-
-def _megatron_model(a: _Args, f: dict) -> None:
-    if "--num-layers" not in a.opts:
-        return
-    f["model.layers"] = a.value("--num-layers")
-    f["model.hidden"] = a.value("--hidden-size")
-    f["model.heads"] = a.value("--num-attention-heads")
-    f["model.ffn_hidden"] = a.value("--ffn-hidden-size")
-    if a.flag("--group-query-attention"):
-        f["model.kv_heads"] = a.value("--num-query-groups")
-    elif f["model.heads"] is not None:
-        f["model.kv_heads"] = f["model.heads"]
-    f["model.vocab"] = a.value("--vocab-size")
-    f["model.seq_len"] = a.value("--seq-length")
-    a.value("--max-position-embeddings")  # a capacity; the run uses --seq-length
-    f["model.gated_mlp"] = a.flag("--swiglu")
-    f["model.tied_embeddings"] = not a.flag("--untie-embeddings-and-output-weights")
-    pos = a.value("--position-embedding-type", str) or "learned_absolute"
-    rope = pos == "rope" or a.flag("--use-rotary-position-embeddings")
-    f["model.position_embedding"] = "rope" if rope else "learned"
-    if "--num-experts" in a.opts:
-        f["model.experts"] = a.value("--num-experts")
-        f["model.top_k"] = a.value("--moe-router-topk") or 2  # Megatron's default top-k
-        f["model.capacity_factor"] = a.value("--moe-expert-capacity-factor", float)
-
-
-def _megatron_parallel(a: _Args, f: dict) -> None:
-    f["parallel.tp"] = a.value("--tensor-model-parallel-size")
-    f["parallel.pp"] = a.value("--pipeline-model-parallel-size")
-    f["parallel.cp"] = a.value("--context-parallel-size")
-    f["parallel.ep"] = a.value("--expert-model-parallel-size")
-    f["parallel.vpp"] = a.value("--num-virtual-stages-per-pipeline-rank")
-    if (f["parallel.ep"] or 1) > 1:
-        a.value("--moe-token-dispatcher-type", str)
-    if a.flag("--sequence-parallel"):
-        f["parallel.sequence_parallel"] = True
-    if (f["parallel.pp"] or 1) > 1:
-        interleaved = (f["parallel.vpp"] or 1) > 1 or "--num-layers-per-virtual-pipeline-stage" in a.opts
-        f["parallel.schedule"] = "interleaved-1f1b" if interleaved else "1f1b"
-    strategies = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-    if a.flag("--use-megatron-fsdp"):
-        strategy = a.value("--data-parallel-sharding-strategy", str) or "no_shard"
-        if strategy not in strategies:
-            raise PlanError(f"megatron --data-parallel-sharding-strategy={strategy!r} is not one of: "
-                            f"{', '.join(strategies)}")
-        f["parallel.zero"] = strategies[strategy]
-        a.flag("--use-distributed-optimizer"), a.flag("--no-gradient-accumulation-fusion")
-        a.value("--ckpt-format", str)  # fsdp_dtensor: part of the Megatron-FSDP recipe
-    elif a.flag("--use-torch-fsdp2"):
-        f["parallel.zero"] = 2 if a.flag("--torch-fsdp2-no-reshard-after-forward") else 3
-    elif a.flag("--use-distributed-optimizer"):
-        f["parallel.zero"] = 1
-
-
-def _megatron_training(a: _Args, f: dict) -> None:
-    f["training.micro_batch"] = a.value("--micro-batch-size")
-    f["training.global_batch"] = a.value("--global-batch-size")
-    fp16, bf16 = a.flag("--fp16"), a.flag("--bf16")
-    if fp16 and bf16:
-        raise PlanError("megatron gives both --fp16 and --bf16 for training.precision")
-    if a.value("--fp8-format", str):
-        f["training.precision"] = "fp8"
-    elif fp16 or bf16:
-        f["training.precision"] = "fp16" if fp16 else "bf16"
-    granularity = a.value("--recompute-granularity", str)
-    if granularity or a.flag("--recompute-activations"):
-        f["training.recompute"] = granularity or "selective"
-        a.value("--recompute-method", str), a.value("--recompute-num-layers")
-    if a.flag("--optimizer-cpu-offload"):
-        f["training.offload"] = "optimizer"
-        a.flag("--use-precision-aware-optimizer"), a.value("--optimizer-offload-fraction", float)
-    backend = a.value("--attention-backend", str)
-    if backend is not None or a.flag("--use-flash-attn"):
-        f["training.flash_attention"] = backend in (None, "flash")
-    optimizer = a.value("--optimizer", str)
-    if optimizer in ("adam", "sgd"):
-        f["training.optimizer"] = "adamw" if optimizer == "adam" else "sgd"
-    elif optimizer is not None:
-        a.used.discard("--optimizer")
-    if a.flag("--grad-reduce-in-bf16"):
-        f["training.grad_compression"] = "bf16"
-
-
-def _strip_comments(text: str) -> str:
-    return "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith(("//", "#")))
+def relaxed_json(text: str) -> str:
+    """JSON with the comments (``//``, ``#``, ``/* */``) and trailing commas that DeepSpeed's
+    hjson reader accepts (deepspeed/runtime/config.py: ``hjson.load``), made plain JSON;
+    strings are left as they are."""
+    keep = lambda m: m.group(0) if m.group(0).startswith('"') else ""  # noqa: E731
+    return _JSON_TRAILING.sub(keep, _JSON_COMMENTS.sub(keep, text))
 
 
 def _flat(d: dict, prefix: str = "") -> list[str]:
@@ -246,9 +84,10 @@ def _flat(d: dict, prefix: str = "") -> list[str]:
 
 
 def read_deepspeed(text: str) -> Reading:
-    """A DeepSpeed ds_config.json (whole-line // or # comments allowed, as hjson does)."""
+    """A DeepSpeed ds_config.json (comments and trailing commas allowed, as DeepSpeed's hjson
+    reader does; ``"auto"`` values, which the Hugging Face Trainer fills in, count as not given)."""
     try:
-        cfg = json.loads(_strip_comments(text))
+        cfg = json.loads(relaxed_json(text))
     except json.JSONDecodeError as exc:
         raise PlanError(f"deepspeed config is not valid JSON (line {exc.lineno}): {exc.msg}") from None
     if not isinstance(cfg, dict):
@@ -259,10 +98,18 @@ def read_deepspeed(text: str) -> Reading:
     bf16 = (cfg.get("bf16") or cfg.get("bfloat16") or {}).get("enabled", False)
     fp16 = (cfg.get("fp16") or {}).get("enabled", False)
     used |= {"bf16.enabled", "bfloat16.enabled", "fp16.enabled"}
+    if "auto" in (bf16, fp16):  # the HF Trainer sets it from TrainingArguments --bf16 / --fp16
+        d["training.precision"] = "bf16"
+        hints["note.deepspeed_auto"] = "precision 'auto' (set by the Trainer's --bf16/--fp16) taken as bf16"
+        bf16, fp16 = bf16 is True, fp16 is True
     if bf16 and fp16:
         raise PlanError("deepspeed config enables both bf16 and fp16 for training.precision")
     if bf16 or fp16:
         f["training.precision"] = "bf16" if bf16 else "fp16"
+    tp = (cfg.get("tensor_parallel") or {}).get("autotp_size")
+    if isinstance(tp, int) and not isinstance(tp, bool):  # DeepSpeed AutoTP training (runtime/tensor_parallel)
+        used.add("tensor_parallel.autotp_size")
+        f["parallel.tp"] = tp
     _deepspeed_zero(cfg.get("zero_optimization"), f, used)
     comm = cfg.get("communication_data_type")
     if comm is not None:
@@ -306,7 +153,12 @@ def _deepspeed_zero(zero, f: dict, used: set) -> None:
         return
     used |= {"zero_optimization.stage", "zero_optimization.offload_optimizer.device",
              "zero_optimization.offload_param.device"}
-    f["parallel.zero"] = int(zero.get("stage", 0))
+    stage = zero.get("stage", 0)
+    if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage <= 3:
+        raise PlanError(f"deepspeed zero_optimization.stage={stage!r} is not one of 0, 1, 2, 3 (parallel.zero)")
+    f["parallel.zero"] = stage
+    if stage >= 1:   # the config runs ZeRO in DeepSpeed: priced as DeepSpeed's stage, not FSDP2's
+        f["parallel.zero_impl"] = "deepspeed"
     opt_dev = (zero.get("offload_optimizer") or {}).get("device", "none")
     param_dev = (zero.get("offload_param") or {}).get("device", "none")
     if param_dev != "none" and opt_dev == "none":
@@ -318,12 +170,45 @@ def _deepspeed_zero(zero, f: dict, used: set) -> None:
         f["training.offload"] = "none"
 
 
+def _torchtitan_command(text: str) -> dict:
+    """torchtitan 0.3's launch (``-m torchtitan.train --module M --config C --section.opt v
+    ... activation-checkpoint:MODE``, tyro's spelling) as the sections of a 0.2 job TOML."""
+    words = shlex.split(re.sub(r"\\\n", " ", text), comments=True)
+    cfg: dict = {}
+    flavors = {f"llama3_{k.lower()}": k for k in load_tool_options()["torchtitan"]["llama3_flavors"]}
+    i = words.index("torchtitan.train") + 1 if "torchtitan.train" in words else 0
+    while i < len(words):
+        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
+        i += 1
+        if word.startswith("activation-checkpoint:"):
+            cfg.setdefault("activation_checkpoint", {})["mode"] = word.split(":", 1)[1]
+        elif word in ("--module", "--config") and value is not None:
+            i += 1
+            if word == "--module":
+                cfg.setdefault("model", {})["name"] = value
+            else:
+                cfg.setdefault("model", {})["flavor"] = flavors.get(value, value)
+        elif word.startswith("--") and "." in word:
+            section, _, key = word[2:].partition(".")
+            key = key.replace("-", "_")
+            if value is None or value.startswith("--") or value.startswith("activation-checkpoint:"):
+                negated = key.startswith("no_")
+                cfg.setdefault(section.replace("-", "_"), {})[key[3:] if negated else key] = not negated
+            else:
+                i += 1
+                cfg.setdefault(section.replace("-", "_"), {})[key] = int(value) if re.fullmatch(r"-?\d+", value) else value
+    return cfg
+
+
 def read_torchtitan(text: str) -> Reading:
-    """A torchtitan job TOML."""
-    try:
-        cfg = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(f"torchtitan config is not valid TOML: {exc}") from None
+    """A torchtitan run: the 0.3 launch command, or a 0.2 job TOML."""
+    if re.search(r"(^|\s)-m\s+torchtitan\.train\b|--module\s", text):
+        cfg = _torchtitan_command(text)
+    else:
+        try:
+            cfg = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise PlanError(f"torchtitan config is not valid TOML: {exc}") from None
     used: set[str] = set()
 
     def get(section, key, default=None):
@@ -388,7 +273,9 @@ def _torchtitan_parallel(get, hints: dict) -> dict:
             f["parallel.stage_layers"] = counts
             f["parallel.vpp"] = len(parts) // pp
         elif get("parallelism", "pipeline_parallel_layers_per_stage") is not None:
-            hints["torchtitan.layers_per_stage"] = get("parallelism", "pipeline_parallel_layers_per_stage")
+            hints["torchtitan.stage_rule"] = (get("parallelism", "pipeline_parallel_layers_per_stage"),
+                                              get("parallelism", "pipeline_parallel_first_stage_less_layers", 1),
+                                              get("parallelism", "pipeline_parallel_last_stage_less_layers", 1))
     else:
         f["training.micro_batch"] = local
     f["training.global_batch"] = total if total > 0 else None

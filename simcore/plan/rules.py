@@ -12,7 +12,13 @@ def check_plan(plan: Plan) -> None:
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     rules = [
         (m.heads % m.kv_heads == 0, f"model.kv_heads={m.kv_heads} does not divide model.heads={m.heads}"),
-        (m.hidden % m.heads == 0, f"model.heads={m.heads} does not divide model.hidden={m.hidden}"),
+        (m.kv_channels or m.hidden % m.heads == 0,
+         f"model.heads={m.heads} does not divide model.hidden={m.hidden} (or give model.kv_channels)"),
+        (not (m.dense_layers or m.shared_ffn_hidden or m.dense_ffn_hidden) or m.moe,
+         "model.dense_layers, dense_ffn_hidden and shared_ffn_hidden need an MoE model (model.experts > 0)"),
+        (m.dense_layers < m.layers, f"model.dense_layers={m.dense_layers} must be fewer than model.layers={m.layers}"),
+        (not m.mla or m.qk_rope_head_dim > 0 and m.v_head_dim > 0 and m.kv_channels > 0,
+         "model.kv_lora_rank (multi-latent attention) needs model.kv_channels, qk_rope_head_dim and v_head_dim"),
         (m.heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.heads={m.heads}"),
         (m.kv_heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.kv_heads={m.kv_heads}"),
         (m.ffn_hidden % par.tp == 0, f"parallel.tp={par.tp} does not divide model.ffn_hidden={m.ffn_hidden}"),
@@ -79,3 +85,22 @@ def check_plan(plan: Plan) -> None:
     gpu = cl.node.gpu
     if gpu.name != "uncalibrated-host" and gpu.peak(tr.precision.value) is None:
         raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name}")
+
+
+def plan_warnings(plan: Plan) -> list[str]:
+    """Sentences for a valid Plan that asks something the catalog cannot vouch for: a model
+    made longer or deeper than the catalog entry of that name was trained (the prediction
+    then extrapolates). Empty when nothing is odd. (Warnings on the prediction itself, a
+    step or memory beyond reason, are ``simcore.planner.sanity``'s.)"""
+    from topologies.hardware import load_catalog
+
+    m = plan.model
+    entry = load_catalog().models.get(m.name)
+    out = []
+    if isinstance(entry, dict):
+        for key, what in (("seq_len", "its trained context"), ("layers", "its published depth")):
+            ref = entry.get(key)
+            if isinstance(ref, int) and getattr(m, key) > ref:
+                out.append(f"model.{key}={getattr(m, key):,} is {getattr(m, key) / ref:,.3g}x {what} "
+                           f"({ref:,} in the catalog's {m.name}): the prediction extrapolates")
+    return out

@@ -168,10 +168,42 @@ class ModelSpec:
     tied_embeddings: bool = True
     position_embedding: PositionEmbedding = PositionEmbedding.LEARNED
     source: str = ""
+    kv_channels: int = 0
+    """Width of one attention head (Megatron's --kv-channels, Hugging Face's ``head_dim``);
+    0 means hidden // heads. Gemma 2 and Qwen3 set it wider than hidden // heads. With
+    multi-latent attention it is the non-rotary part of a query/key head (``qk_nope_head_dim``)."""
+    rope_base: float = 10000.0
+    """Rotary base (Hugging Face ``rope_theta``, Megatron --rotary-base)."""
+    dense_ffn_hidden: int = 0
+    """MoE models: the MLP width of the dense layers (0: ffn_hidden, which is the expert width)."""
+    dense_layers: int = 0
+    """MoE models: the first layers that are dense (DeepSeek's ``first_k_dense_replace``,
+    Megatron's --moe-layer-freq [0]*k+[1]*(L-k))."""
+    shared_ffn_hidden: int = 0
+    """MoE models: the total width of the shared experts every token runs (Megatron's
+    --moe-shared-expert-intermediate-size; Qwen2-MoE ``shared_expert_intermediate_size``,
+    DeepSeek ``n_shared_experts * moe_intermediate_size``); 0: none."""
+    q_lora_rank: int = 0
+    """Multi-latent attention (DeepSeek-V2/V3): the query down-projection rank (0: none)."""
+    kv_lora_rank: int = 0
+    """Multi-latent attention: the compressed key/value rank; 0 means ordinary attention."""
+    qk_rope_head_dim: int = 0
+    """Multi-latent attention: the rotary part of a query/key head."""
+    v_head_dim: int = 0
+    """Multi-latent attention: the width of a value head."""
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        """Width of one head. With multi-latent attention, the mean of the query/key head
+        (kv_channels + qk_rope_head_dim) and the value head, so that the score and context
+        GEMMs together count their true FLOPs."""
+        if self.mla:
+            return (self.kv_channels + self.qk_rope_head_dim + self.v_head_dim) // 2
+        return self.kv_channels or self.hidden // self.heads
 
     @property
     def moe(self) -> bool:

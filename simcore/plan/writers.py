@@ -11,28 +11,40 @@ import json
 import re
 import shlex
 
-from simcore.plan.readers import load_tool_options
 from simcore.plan.spec import Plan
+from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
-TARGETS = ("deepspeed", "megatron", "slurm", "torchtitan")
+TARGETS = ("deepspeed", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
 
-_MEGATRON_SRC = "NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025)"
-_TORCHTITAN_SRC = "pytorch/torchtitan torchtitan/config/job_config.py (commit 6404b932, 2025)"
+_MEGATRON_SRC = ("NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option "
+                 "parsed by its own parser's definitions, simcore/plan/megatron_args.yaml)")
 _DEEPSPEED_SRC = ("deepspeedai/DeepSpeed deepspeed/runtime/constants.py (088be892), "
                   "zero/config.py (1b88ac36), zero/offload_config.py (1978617c), 2025")
 _RDZV_PORT = 29500
 """torchrun's conventional rendezvous port (torch/distributed/run.py examples)."""
 
 
-def export_plan(plan: Plan, to: str) -> str:
+def export_plan(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> str:
     """The plan as the target tool's launch file: ``megatron`` (a torchrun script with
-    the pretrain_gpt.py arguments), ``deepspeed`` (ds_config.json), ``torchtitan`` (a
-    job TOML) or ``slurm`` (an sbatch script running torchrun on the plan's nodes)."""
+    the pretrain_gpt.py arguments), ``deepspeed`` (ds_config.json, plain JSON),
+    ``torchtitan`` (torchtitan 0.3's torchrun launch), ``torchtitan-0.2`` (the 0.2.x job
+    TOML), ``slurm`` (an sbatch script running Megatron-LM on the plan's nodes) or
+    ``slurm-trainplan`` (an sbatch script running trainplan's executor on ``plan_path``)."""
+    return export_with_notes(plan, to, plan_path)[0]
+
+
+def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tuple[str, list[str]]:
+    """The export and the notes that do not belong in the file (for stderr)."""
     writers = {"megatron": _export_megatron, "deepspeed": _export_deepspeed,
-               "torchtitan": _export_torchtitan, "slurm": _export_slurm}
+               "torchtitan": lambda p: export_torchtitan_command(p, *_torchrun_shape(p)),
+               "torchtitan-0.2": export_torchtitan_toml, "slurm": _export_slurm,
+               "slurm-trainplan": lambda p: _export_slurm_trainplan(p, plan_path)}
     if to not in writers:
         raise ValueError(f"unknown export target '{to}' (known: {', '.join(TARGETS)})")
-    return writers[to](plan)
+    text = writers[to](plan)
+    if to == "deepspeed":
+        return text, _deepspeed_notes(plan)
+    return text, []
 
 
 def _refuse(field_: str, value, tool: str, why: str = "") -> ValueError:
@@ -46,19 +58,45 @@ def megatron_args(plan: Plan) -> list[tuple[str, object]]:
 
 def _megatron_model_args(plan: Plan) -> list:
     m = plan.model
-    args = [("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--ffn-hidden-size", m.ffn_hidden),
+    dense_ffn = m.dense_ffn_hidden or m.ffn_hidden  # --ffn-hidden-size is the dense layers' width
+    args = [("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--ffn-hidden-size", dense_ffn),
             ("--num-attention-heads", m.heads)]
     if m.kv_heads != m.heads:
         args += [("--group-query-attention", None), ("--num-query-groups", m.kv_heads)]
+    if m.kv_channels and not m.mla:
+        args.append(("--kv-channels", m.kv_channels))
     args += [("--seq-length", m.seq_len), ("--max-position-embeddings", m.seq_len), ("--vocab-size", m.vocab),
              ("--position-embedding-type", "rope" if m.position_embedding.value == "rope" else "learned_absolute")]
+    if m.position_embedding.value == "rope":  # Llama-style: RMSNorm, no biases, the model's rotary base
+        if m.rope_base != int(m.rope_base):
+            raise _refuse("model.rope_base", m.rope_base, "Megatron-LM", "--rotary-base takes an integer")
+        args += [("--rotary-base", int(m.rope_base)), ("--normalization", "RMSNorm"), ("--disable-bias-linear", None)]
     if m.gated_mlp:
         args.append(("--swiglu", None))
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
+    if m.mla:
+        args += [("--multi-latent-attention", None), ("--q-lora-rank", m.q_lora_rank or None),
+                 ("--kv-lora-rank", m.kv_lora_rank), ("--qk-head-dim", m.kv_channels),
+                 ("--qk-pos-emb-head-dim", m.qk_rope_head_dim), ("--v-head-dim", m.v_head_dim)]
+        args = [(o, v) for o, v in args if not (o == "--q-lora-rank" and v is None)]
     if m.moe:
-        args += [("--num-experts", m.experts), ("--moe-router-topk", m.top_k),
-                 ("--moe-expert-capacity-factor", m.capacity_factor)]
+        args += _megatron_moe_args(m)
+    return args
+
+
+def _megatron_moe_args(m) -> list:
+    """MoE options. A capacity factor of 1.0 is the plan's balanced routing, which Megatron
+    runs dropless (no --moe-expert-capacity-factor: its default, token dropping off)."""
+    args = [("--num-experts", m.experts), ("--moe-router-topk", m.top_k)]
+    if m.capacity_factor != 1.0:
+        args.append(("--moe-expert-capacity-factor", m.capacity_factor))
+    if m.dense_ffn_hidden:
+        args = [("--moe-ffn-hidden-size", m.ffn_hidden)] + args
+    if m.shared_ffn_hidden:
+        args.append(("--moe-shared-expert-intermediate-size", m.shared_ffn_hidden))
+    if m.dense_layers:
+        args.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers})"))
     return args
 
 
@@ -79,6 +117,12 @@ def _megatron_parallel_args(plan: Plan) -> list:
     args += _megatron_stage_args(plan)
     if par.sequence_parallel:
         args.append(("--sequence-parallel", None))
+    if par.tp_comm_overlap:
+        args.append(("--tp-comm-overlap", None))
+    if par.cp > 1 and par.cp_comm.value != "p2p":
+        args.append(("--cp-comm-type", {"all_gather": "allgather", "a2a": "a2a"}[par.cp_comm.value]))
+    if par.zero_impl.value == "deepspeed":
+        raise _refuse("parallel.zero_impl", "deepspeed", "Megatron-LM", "export it with --to deepspeed")
     if par.zero == 1:
         args.append(("--use-distributed-optimizer", None))
     elif par.zero >= 2:  # Megatron-FSDP's required flags (its user guide)
@@ -106,6 +150,11 @@ def _megatron_training_args(plan: Plan) -> list:
     precision = {"bf16": [("--bf16", None)], "fp16": [("--fp16", None)], "fp32": [],
                  "fp8": [("--bf16", None), ("--fp8-format", "hybrid")]}
     args += precision[tr.precision.value]
+    if tr.precision.value == "fp8":   # Megatron's tensorwise recipe is Transformer Engine's current scaling
+        recipe = {"delayed": "delayed", "current": "tensorwise"}.get(tr.fp8_recipe.value)
+        if recipe is None:
+            raise _refuse("training.fp8_recipe", tr.fp8_recipe.value, "Megatron-LM", "it scales FP8 per tensor")
+        args.append(("--fp8-recipe", recipe))
     if tr.recompute.value == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", tr.recompute_method.value),
                  ("--recompute-num-layers", tr.recompute_layers)]
@@ -117,8 +166,8 @@ def _megatron_training_args(plan: Plan) -> list:
         raise _refuse("training.offload", tr.offload.value, "Megatron-LM", "it offloads optimizer states only")
     if tr.offload.value == "optimizer":
         args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]
-    if tr.flash_attention:
-        args.append(("--attention-backend", "flash"))
+    # Megatron's default is auto (Transformer Engine's flash or fused kernel): say which
+    args.append(("--attention-backend", "flash" if tr.flash_attention else "unfused"))
     if tr.optimizer.value == "adam":
         raise _refuse("training.optimizer", "adam", "Megatron-LM", "its --optimizer adam is AdamW")
     args.append(("--optimizer", "sgd" if tr.optimizer.value == "sgd" else "adam"))
@@ -148,6 +197,20 @@ def _arg_lines(args: list) -> list[str]:
     return [opt if value is None else f"{opt} {shlex.quote(str(value))}" for opt, value in args]
 
 
+def megatron_env(plan: Plan) -> dict[str, str]:
+    """The launch environment Megatron-LM's validate_args needs: CUDA_DEVICE_MAX_CONNECTIONS=1
+    with tensor or context parallel (megatron/training/arguments.py, commit d98e8a64, line
+    1453: asserted before Blackwell), but never with Megatron-FSDP (line 1166: it must be > 1)."""
+    par = plan.parallel
+    if (par.tp > 1 or par.cp > 1) and par.zero < 2:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def _env_lines(plan: Plan) -> list[str]:
+    return [f"export {k}={v}" for k, v in megatron_env(plan).items()]
+
+
 def _export_megatron(plan: Plan) -> str:
     nnodes, nproc = _torchrun_shape(plan)
     head = [
@@ -157,16 +220,19 @@ def _export_megatron(plan: Plan) -> str:
         "# Add the data, tokenizer and learning-rate options of your run (--data-path,",
         "# --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node",
         "# with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.",
+        *_env_lines(plan),
     ]
     cmd = [f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} pretrain_gpt.py"] + _arg_lines(megatron_args(plan))
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"
 
 
-def _export_slurm(plan: Plan) -> str:
+def _sbatch_head(plan: Plan, what: str) -> list[str]:
+    """#SBATCH lines, the comments, strict mode and the rendezvous host. The first host is
+    taken with ``sed -n 1p``, which reads all of scontrol's output: ``head -n 1`` closes the
+    pipe early, scontrol dies of SIGPIPE and ``set -o pipefail`` ends the job with 141."""
     nnodes, nproc = _torchrun_shape(plan)
-    args = megatron_args(plan)
     name = re.sub(r"[^\w.-]", "_", plan.name or plan.model.name)
-    head = [
+    return [
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
         f"#SBATCH --nodes={nnodes}",
@@ -175,16 +241,35 @@ def _export_slurm(plan: Plan) -> str:
         "#SBATCH --exclusive",
         f"# Plan '{plan.name or plan.model.name}' on {nnodes} x {plan.cluster.node.name}, written by trainplan:",
         f"# one torchrun per node starts {nproc} ranks (tp={plan.parallel.tp} pp={plan.parallel.pp} "
-        f"dp={plan.parallel.dp} cp={plan.parallel.cp}).",
+        f"dp={plan.parallel.dp} cp={plan.parallel.cp}) of {what}.",
         "# sbatch options: https://slurm.schedmd.com/sbatch.html; torchrun options:",
-        f"# torch/distributed/run.py (torch 2.x); training options: {_MEGATRON_SRC}.",
-        "# Add the data, tokenizer and learning-rate options of your run.",
+        "# torch/distributed/run.py (torch 2.x).",
         "set -euo pipefail",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
     ]
-    cmd = [f"srun torchrun --nnodes {nnodes} --nproc-per-node {nproc}",
-           f'--rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:{_RDZV_PORT}"',
-           "pretrain_gpt.py"] + _arg_lines(args)
+
+
+def _srun_torchrun(plan: Plan) -> str:
+    nnodes, nproc = _torchrun_shape(plan)
+    return (f"srun torchrun --nnodes {nnodes} --nproc-per-node {nproc} "
+            f'--rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:{_RDZV_PORT}"')
+
+
+def _export_slurm(plan: Plan) -> str:
+    head = _sbatch_head(plan, "Megatron-LM's pretrain_gpt.py") + [
+        f"# Training options: {_MEGATRON_SRC}.", "# Add the data, tokenizer and learning-rate options of your run.",
+        *_env_lines(plan)]
+    cmd = [_srun_torchrun(plan), "pretrain_gpt.py"] + _arg_lines(megatron_args(plan))
+    return "\n".join(head) + "\n" + _continued(cmd) + "\n"
+
+
+def _export_slurm_trainplan(plan: Plan, plan_path: str) -> str:
+    """The plan run by trainplan's own executor (executors/launch.py under torchrun), to
+    validate a prediction on the cluster: rank 0 prints the measured StepResult as JSON."""
+    head = _sbatch_head(plan, "trainplan's executor (python -m executors.launch)") + [
+        "# Run from a checkout of trainplan (or with it installed); compare the JSON it prints",
+        "# with `trainplan simulate PLAN --json`."]
+    cmd = [_srun_torchrun(plan), f"-m executors.launch {shlex.quote(plan_path)}", "--steps 20 --warmup 5"]
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"
 
 
@@ -218,124 +303,17 @@ def deepspeed_config(plan: Plan) -> dict:
 
 
 def _export_deepspeed(plan: Plan) -> str:
+    """Plain JSON: Hugging Face ``TrainingArguments(deepspeed=path)``, accelerate's
+    ``DeepSpeedPlugin(hf_ds_config=path)``, Megatron-DeepSpeed and ``json.load`` take no
+    comments (DeepSpeed itself reads hjson); the notes go to stderr (``export_with_notes``)."""
+    return json.dumps(deepspeed_config(plan), indent=2) + "\n"
+
+
+def _deepspeed_notes(plan: Plan) -> list[str]:
     par = plan.parallel
-    head = [
-        f"// DeepSpeed config for plan '{plan.name or plan.model.name}', written by trainplan.",
-        f"// Keys as spelt in {_DEEPSPEED_SRC}.",
-        "// DeepSpeed reads this file with hjson, which allows these comment lines.",
-        f"// Not held here: the model and tp={par.tp} pp={par.pp} cp={par.cp} (set by Megatron-DeepSpeed or the",
-        "// model code), recompute and flash attention; the optimizer's lr goes in optimizer.params.",
-    ]
-    return "\n".join(head) + "\n" + json.dumps(deepspeed_config(plan), indent=2) + "\n"
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-
-
-def torchtitan_config(plan: Plan) -> tuple[dict, list[str]]:
-    """The job TOML as {section: {option: value}}, and comment lines for the file."""
-    tr, par = plan.training, plan.parallel
-    refusals = [
-        (par.zero == 1, "parallel.zero", 1, "it has DDP (zero 0) and FSDP2 (zero 2, 3)"),
-        (par.tp > 1 and not par.sequence_parallel, "parallel.sequence_parallel", "false",
-         "its tensor parallel plan always shards the sequence"),
-        (tr.precision.value == "fp16", "training.precision", "fp16", "mixed_precision_param is bfloat16 or float32"),
-        (tr.offload.value == "optimizer", "training.offload", "optimizer",
-         "enable_cpu_offload moves parameters, gradients and optimizer states (optimizer+params)"),
-        (tr.grad_compression.value != "none", "training.grad_compression", tr.grad_compression.value, ""),
-        (tr.optimizer.value == "sgd", "training.optimizer", "sgd", ""),
-    ]
-    for bad, name, value, why in refusals:
-        if bad:
-            raise _refuse(name, value, "torchtitan", why)
-    model, notes = _torchtitan_model_section(plan)
-    if tr.precision.value == "fp8":
-        model["converters"] = ["float8"]
-    local = tr.global_batch // par.dp if par.pp > 1 else tr.micro_batch
-    training = {"local_batch_size": local, "global_batch_size": tr.global_batch, "seq_len": plan.model.seq_len,
-                "mixed_precision_param": "float32" if tr.precision.value == "fp32" else "bfloat16",
-                "enable_cpu_offload": tr.offload.value == "optimizer+params"}
-    doc = {"job": {"description": plan.name or plan.model.name}, "model": model, "training": training,
-           "optimizer": {"name": "AdamW" if tr.optimizer.value == "adamw" else "Adam"},
-           "parallelism": _torchtitan_parallelism(plan),
-           "activation_checkpoint": {"mode": tr.recompute.value}}
-    if tr.recompute.value in ("selective", "op"):  # op-level SAC (nearest to Korthikanti et al.'s selective)
-        doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": "op"}
-    elif tr.recompute.value == "layer":   # every Nth layer
-        doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": str(tr.recompute_layers)}
-    elif tr.recompute.value == "full" and (tr.recompute_layers, tr.recompute_method.value) != (1, "uniform"):
-        raise _refuse("training.recompute", f"{{layers: {tr.recompute_layers}, method: {tr.recompute_method.value}}}",
-                      "torchtitan", "it checkpoints every layer or every Nth (layer:N)")
-    return doc, notes
-
-
-def _torchtitan_model_section(plan: Plan) -> tuple[dict, list[str]]:
-    m = plan.model
-    unlike_llama = [(m.moe, "model.experts", m.experts), (not m.gated_mlp, "model.gated_mlp", "false"),
-                    (m.tied_embeddings, "model.tied_embeddings", "true"),
-                    (m.position_embedding.value != "rope", "model.position_embedding", m.position_embedding.value)]
-    for bad, name, value in unlike_llama:
-        if bad:
-            raise _refuse(name, value, "torchtitan", "its llama3 model is dense, SwiGLU, RoPE, untied")
-    shape = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
-             "ffn_hidden": m.ffn_hidden, "vocab": m.vocab}
-    flavors = load_tool_options()["torchtitan"]["llama3_flavors"]
-    flavor = next((name for name, f in flavors.items() if f == shape), None)
-    if flavor is not None:
-        return {"name": "llama3", "flavor": flavor}, []
-    note = (f"# No torchtitan llama3 flavor has this shape: register flavor '{m.name}' in "
-            f"torchtitan/models/llama3/__init__.py with dim={m.hidden}, n_layers={m.layers}, "
-            f"n_heads={m.heads}, n_kv_heads={m.kv_heads}, FFN hidden {m.ffn_hidden}, vocab {m.vocab}.")
-    return {"name": "llama3", "flavor": m.name}, [note]
-
-
-def _torchtitan_parallelism(plan: Plan) -> dict:
-    par = plan.parallel
-    shard = par.dp if par.zero >= 2 else 1
-    out = {"data_parallel_replicate_degree": par.dp // shard, "data_parallel_shard_degree": shard}
-    if shard > 1:
-        out["fsdp_reshard_after_forward"] = "never" if par.zero == 2 else "always"
-    out.update(tensor_parallel_degree=par.tp, context_parallel_degree=par.cp, expert_parallel_degree=par.ep,
-               pipeline_parallel_degree=par.pp)
-    if par.pp > 1:
-        names = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                 "zero-bubble": "InterleavedZeroBubble"}
-        out["pipeline_parallel_schedule"] = names[par.schedule.value]
-        out["pipeline_parallel_microbatch_size"] = plan.training.micro_batch
-        stages = plan.layers_per_stage
-        if len(set(stages)) == 1:
-            out["pipeline_parallel_layers_per_stage"] = stages[0]
-        else:
-            out["module_fqns_per_model_part"] = _llama_fqns(stages)
-    return out
-
-
-def _llama_fqns(stages: tuple[int, ...]) -> list[list[str]]:
-    """torchtitan llama3 module names per model chunk (tok_embeddings, layers.N, norm, output)."""
-    parts, start = [], 0
-    for i, n in enumerate(stages):
-        part = [f"layers.{j}" for j in range(start, start + n)]
-        start += n
-        parts.append((["tok_embeddings"] if i == 0 else []) + part +
-                     (["norm", "output"] if i == len(stages) - 1 else []))
-    return parts
-
-
-def _export_torchtitan(plan: Plan) -> str:
-    doc, notes = torchtitan_config(plan)
-    lines = [f"# torchtitan job config for plan '{plan.name or plan.model.name}', written by trainplan.",
-             f"# Sections and options as spelt in {_TORCHTITAN_SRC}.",
-             "# Add [training] dataset and steps, [optimizer] lr and [lr_scheduler] for your run.", *notes]
-    for section, options in doc.items():
-        lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in options.items()]
-    return "\n".join(lines) + "\n"
+    return [f"DeepSpeed config for plan '{plan.name or plan.model.name}'; keys as spelt in {_DEEPSPEED_SRC}",
+            f"not held in a ds_config: the model, tp={par.tp} pp={par.pp} cp={par.cp} (set by Megatron-DeepSpeed "
+            "or the model code), recompute and flash attention; the optimizer's lr goes in optimizer.params"]
 
 
 def hf_config_from_model(model) -> dict:
@@ -355,6 +333,24 @@ def hf_config_from_model(model) -> dict:
            "hidden_size": m.hidden, "num_attention_heads": m.heads, "num_key_value_heads": m.kv_heads,
            "intermediate_size": m.ffn_hidden, "vocab_size": m.vocab, "max_position_embeddings": m.seq_len,
            "tie_word_embeddings": m.tied_embeddings}
+    cfg["rope_theta"] = m.rope_base
+    if m.kv_channels:
+        cfg["head_dim"] = m.kv_channels
+    if m.mla:  # DeepSeek-V3's field names (configuration_deepseek_v3.py)
+        cfg.update(model_type="deepseek_v3", n_routed_experts=m.experts, num_experts_per_tok=m.top_k,
+                   moe_intermediate_size=m.ffn_hidden, intermediate_size=m.dense_ffn_hidden or m.ffn_hidden,
+                   n_shared_experts=m.shared_ffn_hidden // m.ffn_hidden if m.moe else 0,
+                   first_k_dense_replace=m.dense_layers, q_lora_rank=m.q_lora_rank or None,
+                   kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.kv_channels,
+                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
+        cfg.pop("head_dim", None)
+        return cfg
+    if m.moe and (m.shared_ffn_hidden or m.dense_layers or m.dense_ffn_hidden):  # Qwen2-MoE's names
+        cfg.update(model_type="qwen2_moe", num_experts=m.experts, num_experts_per_tok=m.top_k,
+                   moe_intermediate_size=m.ffn_hidden, intermediate_size=m.dense_ffn_hidden or m.ffn_hidden,
+                   shared_expert_intermediate_size=m.shared_ffn_hidden, decoder_sparse_step=1,
+                   mlp_only_layers=list(range(m.dense_layers)))
+        return cfg
     if m.moe:
         if not m.gated_mlp:
             raise ValueError(f"model {m.name}: an ungated MoE model has no Hugging Face family here")

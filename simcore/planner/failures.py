@@ -68,13 +68,23 @@ def checkpoints_written(work_s: float, interval_s: float) -> int:
 def expected_wall_s(work_s: float, interval_s: float, checkpoint_s: float, recover_s: float,
                     mtbf_s: float) -> float:
     """Daly 2006 (Sec. 3): M e^{R/M} (e^{(tau+C)/M} - 1) T_s / tau; one stretch without
-    checkpoints when tau >= T_s; no failures: T_s + checkpoints x C exactly."""
+    checkpoints when tau >= T_s; no failures: T_s + checkpoints x C exactly. Evaluated in
+    log space: inf (not an OverflowError) where the run cannot finish in any float time."""
     if math.isinf(mtbf_s):
         return work_s + checkpoints_written(work_s, interval_s) * checkpoint_s
     m = mtbf_s
-    if interval_s >= work_s:
-        return m * math.exp(recover_s / m) * math.expm1(work_s / m)
-    return m * math.exp(recover_s / m) * math.expm1((interval_s + checkpoint_s) / m) * work_s / interval_s
+    stretch, scale = (work_s, 1.0) if interval_s >= work_s else (interval_s + checkpoint_s, work_s / interval_s)
+    log_wall = math.log(m) + recover_s / m + _log_expm1(stretch / m) + math.log(scale)
+    return math.exp(log_wall) if log_wall < LOG_FLOAT_MAX else math.inf
+
+
+#: ln of the largest float: a Daly wall time beyond it is reported as inf.
+LOG_FLOAT_MAX = math.log(1.7e308)
+
+
+def _log_expm1(x: float) -> float:
+    """ln(e^x - 1) without overflow."""
+    return x + math.log(-math.expm1(-x)) if x > 30 else math.log(math.expm1(x))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,7 +130,8 @@ def plan_checkpoints(plan: Plan, storage: Storage, mtbf_s: float, *, tiered: boo
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
-    """One way of buying the GPUs: its price, interruption rate and expected outcome."""
+    """One way of buying the GPUs: its price, interruption rate and expected outcome. When
+    ``infeasible`` holds a sentence the run cannot make progress and every figure is NaN."""
 
     name: str
     usd_per_gpu_hour: float
@@ -128,6 +139,7 @@ class Scenario:
     interval_s: float
     wall_s: float
     gpu_hours: float
+    """GPU-hours paid: the job's GPUs and, on spot, its spares."""
     usd: float
     expected_interruptions: float
     lost_work_s: float
@@ -136,25 +148,68 @@ class Scenario:
     goodput: float
     """Useful step time over wall time."""
     monte_carlo: dict[str, float] = field(default_factory=dict)
+    infeasible: str = ""
+    spare_nodes: int = 0
+    availability: float = 1.0
+    """Share of the time the job has all its nodes (spot's spare pool)."""
+    interval: dict = field(default_factory=dict)
+    """The model's interval of wall days and $ from the step time's residuals (runcost)."""
+
+    @property
+    def days(self) -> float:
+        return self.wall_s / 86400.0
+
+
+def _daly_parts(work_s: float, recover_s: float, mtbf_s: float, ck: CheckpointPlan) -> dict[str, float]:
+    """Daly's expected outcome split into its parts: per segment of a = tau + C,
+    (e^{a/M} - 1) e^{R/M} interruptions and (e^{a/M} - 1) M (e^{R/M} - 1) of recovery."""
+    wall = expected_wall_s(work_s, ck.interval_s, ck.blocking_s, recover_s, mtbf_s)
+    if math.isinf(mtbf_s):
+        return {"wall": wall, "fails": 0.0, "restart": 0.0,
+                "ck": checkpoints_written(work_s, ck.interval_s) * ck.blocking_s}
+    if not math.isfinite(wall):
+        return {"wall": math.inf, "fails": math.inf, "restart": math.inf, "ck": math.nan}
+    one = ck.interval_s >= work_s
+    segments, period = (1.0, work_s) if one else (work_s / ck.interval_s, ck.interval_s + ck.blocking_s)
+    retries = math.expm1(period / mtbf_s)
+    return {"wall": wall, "fails": segments * retries * math.exp(recover_s / mtbf_s),
+            "restart": segments * retries * mtbf_s * math.expm1(recover_s / mtbf_s),
+            "ck": 0.0 if one else segments * ck.blocking_s}
 
 
 def _scenario(name: str, price: float, work_s: float, recover_s: float, mtbf_s: float,
-              ck: CheckpointPlan, gpus: int) -> Scenario:
-    """Expected outcome by Daly's model, split into its parts: per segment of a = tau + C,
-    (e^{a/M} - 1) e^{R/M} interruptions and (e^{a/M} - 1) M (e^{R/M} - 1) of recovery."""
-    wall = expected_wall_s(work_s, ck.interval_s, ck.blocking_s, recover_s, mtbf_s)
-    fails = restart_total = 0.0
-    if math.isinf(mtbf_s):
-        ck_total = checkpoints_written(work_s, ck.interval_s) * ck.blocking_s
-    else:
-        one = ck.interval_s >= work_s
-        segments, period = (1.0, work_s) if one else (work_s / ck.interval_s, ck.interval_s + ck.blocking_s)
-        ck_total = 0.0 if one else segments * ck.blocking_s
-        retries = math.expm1(period / mtbf_s)
-        fails = segments * retries * math.exp(recover_s / mtbf_s)
-        restart_total = segments * retries * mtbf_s * math.expm1(recover_s / mtbf_s)
-    gpu_hours = gpus * wall / 3600.0
+              ck: CheckpointPlan, gpus: int, *, spot=None, gpus_per_node: int = 1, nodes: int = 1) -> Scenario:
+    """Expected outcome by Daly's model; on spot (``spot``: a ``spot.SpotPlan``) noticed
+    preemptions stretch it by their downtimes and the spare pool's waits (``spot.py``)."""
+    from simcore.planner.spot import INFEASIBLE_GOODPUT, infeasible_sentence, noticed_wall_s
+
+    parts = _daly_parts(work_s, recover_s, mtbf_s, ck)
+    lost = parts["wall"] - work_s - parts["ck"] - parts["restart"]
+    wall, why, spares, avail = parts["wall"], "", 0, 1.0
+    rate = 0.0 if math.isinf(mtbf_s) else 1.0 / mtbf_s
+    if spot is not None:
+        spares, avail, why = spot.spare_nodes, spot.availability, spot.infeasible
+        if spot.notice_saves:
+            wall = noticed_wall_s(wall, spot)
+            parts["fails"] += spot.preemptions_per_s * wall * avail
+            parts["restart"] += max(0.0, wall * avail - parts["wall"])
+            rate += spot.preemptions_per_s
+        else:
+            wall = wall / avail if avail > 0 else math.inf
+    goodput = work_s / wall if math.isfinite(wall) else 0.0
+    if not why and goodput < INFEASIBLE_GOODPUT:
+        why = infeasible_sentence(name.replace("_", "-"), nodes, rate, recover_s if spot is None else
+                                  (spot.downtime_s if spot.notice_saves else spot.recover_s), goodput)
+    paid = gpus + spares * gpus_per_node
+    if why:
+        nan = math.nan
+        return Scenario(name=name, usd_per_gpu_hour=price, mtbf_s=mtbf_s, interval_s=ck.interval_s, wall_s=nan,
+                        gpu_hours=nan, usd=nan, expected_interruptions=nan, lost_work_s=nan,
+                        checkpoint_total_s=nan, restart_total_s=nan, goodput=goodput, infeasible=why,
+                        spare_nodes=spares, availability=avail)
+    gpu_hours = paid * wall / 3600.0
     return Scenario(name=name, usd_per_gpu_hour=price, mtbf_s=mtbf_s, interval_s=ck.interval_s, wall_s=wall,
-                    gpu_hours=gpu_hours, usd=gpu_hours * price, expected_interruptions=fails,
-                    lost_work_s=max(0.0, wall - work_s - ck_total - restart_total),
-                    checkpoint_total_s=ck_total, restart_total_s=restart_total, goodput=work_s / wall)
+                    gpu_hours=gpu_hours, usd=gpu_hours * price, expected_interruptions=parts["fails"],
+                    lost_work_s=max(0.0, lost),
+                    checkpoint_total_s=parts["ck"], restart_total_s=parts["restart"], goodput=goodput,
+                    spare_nodes=spares, availability=avail)

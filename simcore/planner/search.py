@@ -195,10 +195,36 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     df = _objective_order(merge_ties(_add_cost(pd.DataFrame(rows), base, tokens)), objective).reset_index(drop=True)
     df = _engine_rerank(df, base, top_k, jobs, progress, objective)
     df.insert(0, "rank", range(1, len(df) + 1))
+    df = _with_intervals_and_headroom(df, base)
     best = _layout_of(df.iloc[0]).apply(base)
     best = replace(best, name=f"{base.model.name}-{best.cluster.node.name}x{best.cluster.nodes}-{best.name}")
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
-                        explanations=explain_ranking(df, tally, explain))
+                        explanations=explain_ranking(df, tally, explain) + _overlap(df))
+
+
+def _with_intervals_and_headroom(df: pd.DataFrame, base: Plan) -> pd.DataFrame:
+    """The step-time residuals' interval on every time, day and $ column (``*_lo``/``*_hi``)
+    and the memory headroom (``formatting.headroom_gib``)."""
+    from simcore.planner.formatting import hbm_gib, headroom_gib
+    from simcore.planner.uncertainty import interval_columns
+
+    df = interval_columns(df, base.cluster.node, ("step_time_s", "des_step_time_s", "days", "usd", "usd_per_mtok"))
+    df.insert(df.columns.get_loc("memory_per_gpu_gib") + 1, "headroom_gib",
+              headroom_gib(hbm_gib(base), df["memory_per_gpu_gib"]))
+    return df
+
+
+def _overlap(df: pd.DataFrame) -> list[str]:
+    """A sentence when the best layout's interval overlaps the next ones' (first five)."""
+    from simcore.planner.formatting import ranking_overlap
+
+    col = "des_step_time_s" if "des_step_time_s_lo" in df and pd.notna(df.iloc[0].get("des_step_time_s")) \
+        else "step_time_s"
+    head = df.head(5)
+    if col == "des_step_time_s":
+        head = head[head["des_step_time_s"].notna()]
+    line = ranking_overlap([(r["layout"], r[col + "_lo"], r[col + "_hi"]) for _, r in head.iterrows()])
+    return [line[0].upper() + line[1:] + "."] if line else []
 
 
 def _engine_rerank(df: pd.DataFrame, base: Plan, top_k: int, jobs: int, progress: bool,
@@ -278,12 +304,38 @@ def explain_ranking(df: pd.DataFrame, tally: Tally, explain: int = 5) -> list[st
     return out
 
 
-#: Columns the CLI prints for ``trainplan plan`` (the table has more).
-TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "cp", "vpp", "zero", "recompute", "micro_batch", "schedule", "offload",
-                 "step_time_s", "des_step_time_s", "mfu", "memory_per_gpu_gib", "days", "usd", "usd_per_mtok", "ties")
+#: Columns the CLI prints for ``trainplan plan`` (the table has more), with their headings.
+TABLE_COLUMNS = ("rank", "layout", "ties")
 
 
 def summary_table(result: SearchResult, rows: int = 20) -> str:
-    """The first ``rows`` of the ranked table, in the columns a reader needs."""
-    cols = [c for c in TABLE_COLUMNS if c in result.table]
-    return result.table[cols].head(rows).to_string(index=False, float_format=lambda v: f"{v:,.3f}")
+    """The first ``rows`` of the ranked table as the terminal prints it (``display_table``)."""
+    source = result.table["interval_source"].iloc[0] if len(result.table) else ""
+    return display_table(result.table, rows).to_string(index=False) + f"\nintervals: 90%, step time {source}"
+
+
+def display_table(table: pd.DataFrame, rows: int = 20) -> pd.DataFrame:
+    """The first ``rows`` of the ranked table, in the columns a reader needs: each time, day
+    and $ figure with its interval, MFU in percent, memory and its headroom. One source for
+    the terminal and the planning report."""
+    from simcore.planner import formatting as f
+
+    df = table.head(rows)
+    out = df[[c for c in TABLE_COLUMNS if c in df]].copy()
+    secs = lambda v: f"{v:.3f}"  # noqa: E731
+    out["step s (interval)"] = [f.with_interval(v, lo, hi, secs) for v, lo, hi in
+                                zip(df["step_time_s"], df["step_time_s_lo"], df["step_time_s_hi"])]
+    if "des_step_time_s" in df:
+        out["engine step s"] = [f.with_interval(v, lo, hi, secs) if pd.notna(v) else "" for v, lo, hi in
+                                zip(df["des_step_time_s"], df["des_step_time_s_lo"], df["des_step_time_s_hi"])]
+    out["MFU"] = df["mfu"].map(f.percent)
+    out["GiB"] = df["memory_per_gpu_gib"].map(lambda v: f"{v:.1f}")
+    out["headroom GiB"] = df["headroom_gib"].map(lambda v: f"{v:.1f}")
+    if "days" in df:
+        out["days (interval)"] = [f.with_interval(v, lo, hi, f.days) for v, lo, hi in
+                                  zip(df["days"], df["days_lo"], df["days_hi"])]
+        out["$ on-demand (interval)"] = [f.with_interval(v, lo, hi, f.money) for v, lo, hi in
+                                         zip(df["usd"], df["usd_lo"], df["usd_hi"])]
+    elif "usd_per_mtok" in df:
+        out["$ per M tokens"] = df["usd_per_mtok"].map(lambda v: f"{v:,.2f}")
+    return out

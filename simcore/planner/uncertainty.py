@@ -23,6 +23,7 @@ import math
 import os
 import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -113,11 +114,18 @@ def hardware_kind(node) -> str:
 
 
 def load_residuals(path: str | os.PathLike | None = None) -> dict:
-    """The residual tables (empty when the file does not exist yet)."""
+    """The residual tables (empty when the file does not exist yet); read once per version
+    of the file (its path, size and modification time)."""
     path = Path(path) if path else RESIDUALS_PATH
     if not path.exists():
         return {}
-    doc = yaml.safe_load(path.read_text()) or {}
+    stat = path.stat()
+    return _read_residuals(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=8)
+def _read_residuals(path: str, _mtime_ns: int, _size: int) -> dict:
+    doc = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(doc, dict):
         raise ValueError(f"residuals file {path} must be a mapping of hardware kind -> tables")
     return doc.get("kinds", {})
@@ -183,3 +191,29 @@ def interval_fields(plan, prediction, level: float = DEFAULT_LEVEL, tables: dict
         return {"interval_s": None, "interval_level": level,
                 "interval_source": f"no validation residuals for hardware kind {kind} (layout class {cls})"}
     return {"interval_s": [iv.lo, iv.hi], "interval_level": level, "interval_source": iv.source}
+
+
+def interval_columns(df, node, columns: tuple[str, ...] = ("step_time_s", "days", "usd"),
+                     level: float = DEFAULT_LEVEL, tables: dict | None = None):
+    """``df`` (a search or what-if table: one row per layout with tp, pp, dp, cp, ep, zero)
+    with ``<col>_lo`` / ``<col>_hi`` for each of ``columns`` present, from the step-time
+    residuals of each row's layout class on ``node``'s hardware kind (days and $ of useful
+    time scale with the step time), and ``interval_source``. NaN where no residuals exist."""
+    tables = load_residuals() if tables is None else tables
+    kind = hardware_kind(node)
+    out = df.copy()
+    bounds, sources = {}, []
+    for row in out.itertuples(index=False):
+        cls = layout_class(row)
+        if cls not in bounds:
+            picked = pick_residuals(tables, kind, cls, "step_time_s")
+            bounds[cls] = (log_bounds(picked[0], level), picked[1]) if picked else \
+                ((math.nan, math.nan), f"no validation residuals for {kind} (layout class {cls})")
+        sources.append(bounds[cls][1])
+    factors = [bounds[layout_class(r)][0] for r in out.itertuples(index=False)]
+    for col in columns:
+        if col in out:
+            out[col + "_lo"] = [v * math.exp(lo) for v, (lo, _) in zip(out[col], factors)]
+            out[col + "_hi"] = [v * math.exp(hi) for v, (_, hi) in zip(out[col], factors)]
+    out["interval_source"] = sources
+    return out

@@ -192,18 +192,35 @@ def run_cell(sweep: Sweep, cell: dict) -> tuple[dict, object | None]:
     top = res.table.iloc[0]
     rc = run_cost(res.best, _prediction_of(top), tokens, prices=prices, failures=sweep.failures,
                   monte_carlo=sweep.monte_carlo)
-    row.update(layout=top["layout"], fits=True, step_time_s=rc.step_time_s, mfu=float(top["mfu"]),
-               memory_per_gpu_gib=float(top["memory_per_gpu_gib"]), days=rc.days, gpu_hours=rc.gpu_hours,
-               usd=rc.on_demand.usd, usd_reserved=rc.reserved.usd, usd_spot=rc.spot.usd,
-               spot_days=rc.spot.wall_s / 86400.0, energy_kwh=rc.energy_kwh, energy_usd=rc.energy_usd,
-               goodput=rc.on_demand.goodput, checkpoint_write_s=rc.checkpoint.write_s,
-               checkpoint_interval_s=rc.checkpoint.interval_s, storage_bound=bool(rc.data["storage_bound"]),
-               compute_s=float(top["compute_s"]), exposed_comm_s=float(top["exposed_comm_s"]),
-               bubble_s=float(top["bubble_s"]), offload_s=float(top["offload_s"]), layouts=res.tally.simulated)
-    if sweep.monte_carlo:
-        row.update(days_p50=rc.on_demand.monte_carlo["days_p50"], days_p90=rc.on_demand.monte_carlo["days_p90"],
-                   usd_p50=rc.on_demand.monte_carlo["usd_p50"], usd_p90=rc.on_demand.monte_carlo["usd_p90"])
+    row.update(layout=top["layout"], fits=True, **_cost_fields(rc, top, cluster), layouts=res.tally.simulated)
     return row, rc
+
+
+def _cost_fields(rc, top, cluster) -> dict:
+    """A cell's figures: each time, day and $ with its interval (``*_lo``/``*_hi``), the spot
+    run or why it is infeasible, the memory headroom."""
+    from simcore.planner.formatting import headroom_gib
+
+    od, sp = rc.on_demand, rc.spot
+    iv = od.interval
+    lo_hi = lambda key, i: iv[key][i] if key in iv else float("nan")  # noqa: E731
+    fields = dict(step_time_s=rc.step_time_s, step_time_s_lo=lo_hi("step_time_s", 0),
+                  step_time_s_hi=lo_hi("step_time_s", 1), mfu=float(top["mfu"]),
+                  memory_per_gpu_gib=float(top["memory_per_gpu_gib"]),
+                  headroom_gib=headroom_gib(cluster.node.gpu.hbm_bytes / 2**30, float(top["memory_per_gpu_gib"])),
+                  days=od.days, days_lo=lo_hi("days", 0), days_hi=lo_hi("days", 1), gpu_hours=od.gpu_hours,
+                  usd=od.usd, usd_lo=lo_hi("usd", 0), usd_hi=lo_hi("usd", 1), usd_reserved=rc.reserved.usd,
+                  usd_spot=sp.usd, spot_days=sp.days, spot_spare_nodes=sp.spare_nodes,
+                  spot_infeasible=sp.infeasible, infeasible=od.infeasible, energy_kwh=rc.energy_kwh,
+                  energy_usd=rc.energy_usd, goodput=od.goodput, checkpoint_write_s=rc.checkpoint.write_s,
+                  checkpoint_interval_s=rc.checkpoint.interval_s, storage_bound=bool(rc.data["storage_bound"]),
+                  compute_s=float(top["compute_s"]), exposed_comm_s=float(top["exposed_comm_s"]),
+                  bubble_s=float(top["bubble_s"]), offload_s=float(top["offload_s"]),
+                  interval_source=iv.get("source", ""))
+    mc = od.monte_carlo
+    if "runs" in mc:
+        fields.update(days_p50=mc["days_p50"], days_p90=mc["days_p90"], usd_p50=mc["usd_p50"], usd_p90=mc["usd_p90"])
+    return fields
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -215,25 +232,46 @@ class WhatIfResult:
     """One row per cell: the axes, the best layout, time, $, energy, goodput."""
     assumptions: list[str]
 
-    def summary_markdown(self) -> str:
-        cols = [c for c in (*self.sweep.grid, "layout", "step_time_s", "mfu", "days", "usd", "usd_spot",
-                            "energy_kwh", "goodput") if c in self.table]
-        lines = [f"# What-if: {self.sweep.name}", "",
-                 f"{self.sweep.model.get('name', 'model')}, {self.sweep.tokens:.3g} tokens, global batch "
-                 f"{self.sweep.global_batch}; best layout per cell by {self.sweep.objective}.", "",
-                 _markdown_table(self.table[cols]), "", "## Assumptions and sources", ""]
-        return "\n".join(lines + [f"- {a}" for a in self.assumptions]) + "\n"
+    def display_table(self) -> pd.DataFrame:
+        """The cells as a reader sees them (terminal, reports): the grid's axes, the layout,
+        each figure formatted once with its interval, spot's figure or 'infeasible'."""
+        return display_table(self.table, list(self.sweep.grid))
+
+    def notes(self) -> list[str]:
+        """Why cells could not be priced, one sentence each (spot included), deduplicated."""
+        out = []
+        for row in self.table.to_dict(orient="records"):
+            label = ", ".join(f"{a}={row[a]}" for a in self.sweep.grid)
+            for key in ("note", "infeasible", "spot_infeasible"):
+                if isinstance(row.get(key), str) and row[key]:
+                    out.append(f"{label}: {row[key]}")
+        return out
 
 
-def _markdown_table(df: pd.DataFrame) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:,.3g}" if abs(v) < 1e4 else f"{v:,.0f}"
-        return str(v)
-    head = "| " + " | ".join(df.columns) + " |"
-    rule = "|" + "---|" * len(df.columns)
-    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
+def display_table(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """One formatted row per cell (``simcore.planner.formatting``): no scientific notation,
+    MFU in percent, $ with units, intervals beside their values."""
+    from simcore.planner import formatting as f
+
+    out = pd.DataFrame({a: table[a].astype(str) for a in axes if a in table})
+    get = lambda row, key: row.get(key, float("nan"))  # noqa: E731
+    rows = table.to_dict(orient="records")
+    if "layout" in table:
+        out["layout"] = [r["layout"] if isinstance(r.get("layout"), str) else "does not fit" for r in rows]
+    if "step_time_s" in table:
+        out["step s"] = [f.with_interval(get(r, "step_time_s"), get(r, "step_time_s_lo"), get(r, "step_time_s_hi"),
+                                         lambda v: f"{v:.2f}") for r in rows]
+        out["MFU"] = [f.percent(get(r, "mfu")) for r in rows]
+        out["headroom GiB"] = [f"{get(r, 'headroom_gib'):.1f}" if r.get("fits") else "" for r in rows]
+        out["days"] = [f.with_interval(get(r, "days"), get(r, "days_lo"), get(r, "days_hi"), f.days) for r in rows]
+        out["$ on-demand"] = [f.with_interval(get(r, "usd"), get(r, "usd_lo"), get(r, "usd_hi"), f.money)
+                              for r in rows]
+        out["$ spot"] = [f.money(get(r, "usd_spot")) for r in rows]
+        out["goodput"] = [f.percent(get(r, "goodput")) for r in rows]
+        missing = [not r.get("fits") for r in rows]
+        figures = [c for c in out.columns if c not in axes and c != "layout"]
+        out.loc[missing, figures] = ""
+    return out
 
 
 def assumptions_of(rows: list[tuple[dict, object]]) -> list[str]:

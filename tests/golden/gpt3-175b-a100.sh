@@ -1,9 +1,10 @@
 #!/bin/bash
 # Megatron-LM launch for plan 'gpt3-175b-a100', written by trainplan.
-# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025).
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option parsed by its own parser's definitions, simcore/plan/megatron_args.yaml).
 # Add the data, tokenizer and learning-rate options of your run (--data-path,
 # --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
 # with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 torchrun --nnodes 192 --nproc-per-node 8 pretrain_gpt.py \
     --num-layers 96 \
     --hidden-size 12288 \
@@ -21,4 +22,5 @@ torchrun --nnodes 192 --nproc-per-node 8 pretrain_gpt.py \
     --recompute-granularity full \
     --recompute-method uniform \
     --recompute-num-layers 1 \
+    --attention-backend unfused \
     --optimizer adam

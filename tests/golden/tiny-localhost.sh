@@ -1,6 +1,6 @@
 #!/bin/bash
 # Megatron-LM launch for plan 'tiny-localhost', written by trainplan.
-# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025).
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option parsed by its own parser's definitions, simcore/plan/megatron_args.yaml).
 # Add the data, tokenizer and learning-rate options of your run (--data-path,
 # --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
 # with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
@@ -18,4 +18,5 @@ torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py \
     --pipeline-model-parallel-size 2 \
     --micro-batch-size 1 \
     --global-batch-size 8 \
+    --attention-backend unfused \
     --optimizer adam

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Megatron-LM launch for plan 'v-mixtral-ep', written by trainplan.
-# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025).
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option parsed by its own parser's definitions, simcore/plan/megatron_args.yaml).
 # Add the data, tokenizer and learning-rate options of your run (--data-path,
 # --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
 # with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
     --num-layers 32 \
     --hidden-size 4096 \
@@ -11,15 +12,17 @@ torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
     --num-attention-heads 32 \
     --group-query-attention \
     --num-query-groups 8 \
-    --seq-length 32768 \
-    --max-position-embeddings 32768 \
+    --seq-length 4096 \
+    --max-position-embeddings 4096 \
     --vocab-size 32000 \
     --position-embedding-type rope \
+    --rotary-base 1000000 \
+    --normalization RMSNorm \
+    --disable-bias-linear \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --num-experts 8 \
     --moe-router-topk 2 \
-    --moe-expert-capacity-factor 1.0 \
     --tensor-model-parallel-size 2 \
     --pipeline-model-parallel-size 4 \
     --expert-model-parallel-size 4 \

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Megatron-LM launch for plan 'v-zero2-offload-fp8', written by trainplan.
-# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit 000c4ac2, 2025).
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option parsed by its own parser's definitions, simcore/plan/megatron_args.yaml).
 # Add the data, tokenizer and learning-rate options of your run (--data-path,
 # --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
 # with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
@@ -15,6 +15,9 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --max-position-embeddings 8192 \
     --vocab-size 128256 \
     --position-embedding-type rope \
+    --rotary-base 500000 \
+    --normalization RMSNorm \
+    --disable-bias-linear \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --tensor-model-parallel-size 1 \
@@ -28,6 +31,7 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --global-batch-size 64 \
     --bf16 \
     --fp8-format hybrid \
+    --fp8-recipe delayed \
     --recompute-granularity selective \
     --optimizer-cpu-offload \
     --use-precision-aware-optimizer \

@@ -116,7 +116,8 @@ def test_more_recompute_never_lowers_time_nor_raises_memory(model, tp, pp, micro
 
 
 def test_exports_speak_each_stacks_recompute_options():
-    from simcore.plan.writers import megatron_args, torchtitan_config
+    from simcore.plan.torchtitan_writer import torchtitan_config
+    from simcore.plan.writers import megatron_args
 
     args = dict(megatron_args(_plan(recompute={"layers": 4, "method": "block"})))
     assert (args["--recompute-method"], args["--recompute-num-layers"]) == ("block", 4)

@@ -8,52 +8,25 @@ import os
 import re
 import shlex
 import tomllib
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from simcore.plan import readers
+from simcore.plan import megatron_reader, readers
 from simcore.plan.writers import export_plan, hf_config_from_model
 from simcore.plan.interop import import_plan
-from simcore.plan.readers import load_tool_options, read_megatron
+from simcore.plan.megatron_reader import read_megatron
+from simcore.plan.readers import load_tool_options
 from simcore.plan.load import load_plan, plan_from_dict, plan_to_dict
-from simcore.plan.spec import Offload, PlanError, Precision, Schedule, ZeroStage
+from simcore.plan.spec import PlanError
 
-ROOT = Path(__file__).resolve().parents[2]
-PLANS = sorted((ROOT / "plans").glob("*.yaml"))
+from tests.plan.layouts import ALL, PLANS, ROOT, VARIANTS
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 EXAMPLES = ROOT / "examples"
-TARGETS = ("megatron", "deepspeed", "torchtitan", "slurm")
-SUFFIX = {"megatron": "sh", "slurm": "sbatch", "deepspeed": "json", "torchtitan": "toml"}
-
-
-def _variants() -> dict:
-    """Plans that reach the branches the shipped plans do not (ZeRO-2/3, offload, MoE,
-    uneven stages, FP8, CP, zero-bubble)."""
-    base = load_plan(ROOT / "plans" / "llama3-8b-fsdp-h100.yaml")
-    par, tr = base.parallel, base.training
-    mixtral = plan_from_dict({
-        "model": str(EXAMPLES / "hf" / "mixtral-8x7b" / "config.json"),
-        "cluster": {"node": "dgx-h100", "nodes": 8},
-        "parallel": {"tp": 2, "pp": 4, "dp": 8, "ep": 4, "zero": 1, "sequence_parallel": True},
-        "training": {"global_batch": 256, "micro_batch": 1, "recompute": "full", "flash_attention": True}})
-    return {
-        "v-zero2-offload-fp8": replace(base, name="v-zero2-offload-fp8",
-                                       parallel=replace(par, zero=ZeroStage.GRADIENTS),
-                                       training=replace(tr, offload=Offload.OPTIMIZER, precision=Precision.FP8)),
-        "v-zero3-paramoffload": replace(base, name="v-zero3-paramoffload",
-                                        training=replace(tr, offload=Offload.OPTIMIZER_PARAMS)),
-        "v-pp-uneven": replace(base, name="v-pp-uneven",
-                               parallel=replace(par, pp=4, dp=2, zero=ZeroStage.NONE, stage_layers=(7, 9, 9, 7))),
-        "v-zero-bubble-cp": replace(base, name="v-zero-bubble-cp",
-                                    parallel=replace(par, pp=2, cp=2, dp=2, vpp=2, schedule=Schedule.ZERO_BUBBLE)),
-        "v-mixtral-ep": replace(mixtral, name="v-mixtral-ep"),
-    }
-
-
-VARIANTS = _variants()
-ALL = {p.stem: load_plan(p) for p in PLANS} | VARIANTS
+TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "slurm", "slurm-trainplan")
+SUFFIX = {"megatron": "sh", "slurm": "sbatch", "deepspeed": "json", "torchtitan": "torchtitan.sh",
+          "torchtitan-0.2": "toml", "slurm-trainplan": "trainplan.sbatch"}
 
 
 def _export_or_refusal(plan, target):
@@ -68,9 +41,9 @@ def _export_or_refusal(plan, target):
 def _megatron_script_options(text: str) -> tuple[list, list, list]:
     """(sbatch options, launcher options, pretrain_gpt.py options) of an exported script."""
     sbatch = [ln.split()[1].split("=")[0] for ln in text.splitlines() if ln.startswith("#SBATCH")]
-    line = next(ln for ln in readers._logical_lines(text) if "pretrain_gpt.py" in ln)
+    line = next(ln for ln in megatron_reader._logical_lines(text) if "pretrain_gpt.py" in ln or "executors.launch" in ln)
     tokens = shlex.split(line)
-    cut = tokens.index("pretrain_gpt.py")
+    cut = tokens.index("pretrain_gpt.py") if "pretrain_gpt.py" in tokens else tokens.index("-m")
     launch = [t for t in tokens[:cut] if t.startswith("--")]
     return sbatch, launch, [t for t in tokens[cut + 1:] if t.startswith("--")]
 
@@ -78,13 +51,17 @@ def _megatron_script_options(text: str) -> tuple[list, list, list]:
 def undefined_options(text: str, target: str) -> list[str]:
     """Every option name in an export that the tool does not define (tool_options.yaml)."""
     known = load_tool_options()
+    if target == "slurm-trainplan":
+        sbatch, launch, _ = _megatron_script_options(text)
+        return [o for o in launch if o not in known["torchrun"]["options"]] + [
+            o for o in sbatch if o not in known["sbatch"]["options"]]
     if target in ("megatron", "slurm"):
         sbatch, launch, opts = _megatron_script_options(text)
         bad = [o for o in opts if o not in known["megatron"]["options"]]
         bad += [o for o in launch if o not in known["torchrun"]["options"]]
         return bad + [o for o in sbatch if o not in known["sbatch"]["options"]]
     if target == "deepspeed":
-        cfg = json.loads(readers._strip_comments(text))
+        cfg = json.loads(text)  # plain JSON, as json.load and the HF Trainer need
         ds = known["deepspeed"]
         bad = [k for k in cfg if k not in ds["top"]]
         bad += [f"zero_optimization.{k}" for k in cfg.get("zero_optimization", {}) if k not in ds["zero_optimization"]]
@@ -95,9 +72,12 @@ def undefined_options(text: str, target: str) -> list[str]:
                 if k not in ds["optimizer_params"]]
         kind = cfg.get("optimizer", {}).get("type")
         return bad + ([f"optimizer.type={kind}"] if kind and kind.lower() not in ds["optimizer_types"] else [])
-    cfg = tomllib.loads(text)
+    cfg = readers._torchtitan_command(text) if target == "torchtitan" else tomllib.loads(text)
+    cfg.pop("model", None) if target == "torchtitan" else None  # --module/--config: checked by torchtitan itself
     tt = known["torchtitan"]
-    bad = [f"{s}.{k}" for s, opts in cfg.items() for k in opts if k not in tt["sections"].get(s, [])]
+    extra = known["torchtitan_0_3"]["sections"] if target == "torchtitan" else {}
+    bad = [f"{s}.{k}" for s, opts in cfg.items() for k in opts
+           if k not in tt["sections"].get(s, []) + extra.get(s, [])]
     for key, choices in tt["choices"].items():
         section, name = key.split(".")
         if name in cfg.get(section, {}) and cfg[section][name] not in choices:
@@ -126,8 +106,11 @@ def test_the_option_check_catches_a_misspelt_option():
     assert undefined_options(text, "megatron") == ["--tensor-model-paralel-size"]
     ds = export_plan(ALL["llama3-8b-fsdp-h100"], "deepspeed").replace('"stage"', '"stages"')
     assert undefined_options(ds, "deepspeed") == ["zero_optimization.stages"]
-    tt = export_plan(ALL["llama3-8b-fsdp-h100"], "torchtitan").replace("data_parallel_shard_degree",
-                                                                       "data_parallel_shard_dgree")
+    tt = export_plan(ALL["llama3-8b-fsdp-h100"], "torchtitan-0.2").replace("data_parallel_shard_degree",
+                                                                           "data_parallel_shard_dgree")
+    assert undefined_options(tt, "torchtitan-0.2") == ["parallelism.data_parallel_shard_dgree"]
+    tt = export_plan(ALL["llama3-8b-fsdp-h100"], "torchtitan").replace("data-parallel-shard-degree",
+                                                                       "data-parallel-shard-dgree")
     assert undefined_options(tt, "torchtitan") == ["parallelism.data_parallel_shard_dgree"]
 
 
@@ -155,9 +138,11 @@ def test_export_matches_golden_file(name, target):
 
 def test_exports_cite_the_tool_version():
     plan = ALL["llama3-8b-fsdp-h100"]
-    assert "commit 000c4ac2" in export_plan(plan, "megatron")
-    assert "commit 6404b932" in export_plan(plan, "torchtitan")
-    assert "088be892" in export_plan(plan, "deepspeed")
+    assert "commit d98e8a64" in export_plan(plan, "megatron")
+    assert "commit 6404b932" in export_plan(plan, "torchtitan-0.2") and "0.3.0" in export_plan(plan, "torchtitan")
+    assert json.loads(export_plan(plan, "deepspeed"))  # plain JSON: the source goes to stderr
+    from simcore.plan.writers import export_with_notes
+    assert "088be892" in export_with_notes(plan, "deepspeed")[1][0]
 
 
 # --------------------------------------------------------------------------- round trips
@@ -172,7 +157,7 @@ def _hf_dir(tmp_path: Path, plan) -> str:
 def _held(doc: dict, target: str) -> dict:
     """The part of a Plan document that a format (with the inputs a user adds) holds."""
     cluster = {k: doc["cluster"][k] for k in ("node", "nodes", "gpus_per_node")}
-    if target in ("deepspeed", "torchtitan"):  # torchrun's --nproc-per-node is not in these files
+    if target in ("deepspeed", "torchtitan", "torchtitan-0.2"):  # the user gives the cluster
         del cluster["gpus_per_node"]
     if target in ("megatron", "slurm"):
         model = {k: v for k, v in doc["model"].items() if k != "name"}
@@ -183,12 +168,13 @@ def _held(doc: dict, target: str) -> dict:
                 "parallel": {"dp": doc["parallel"]["dp"], "zero": doc["parallel"]["zero"]},
                 "training": {k: doc["training"][k] for k in keys}}
     training = {k: v for k, v in doc["training"].items() if k not in ("flash_attention", "grad_compression")}
-    return {"name": doc.get("name"), "model": doc["model"], "cluster": cluster, "parallel": doc["parallel"],
+    name = doc.get("name") if target == "torchtitan-0.2" else None  # 0.3's config has no job description
+    return {"name": name, "model": doc["model"], "cluster": cluster, "parallel": doc["parallel"],
             "training": training}
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", [t for t in TARGETS if t != "slurm-trainplan"])
 def test_import_of_export_gives_back_the_plan(name, target, tmp_path):
     plan = ALL[name]
     text, refusal = _export_or_refusal(plan, target)
@@ -197,7 +183,8 @@ def test_import_of_export_gives_back_the_plan(name, target, tmp_path):
         return
     inputs = {"megatron": {"megatron": text}, "slurm": {"megatron": text},
               "deepspeed": {"deepspeed": text, "hf": _hf_dir(tmp_path, plan)},
-              "torchtitan": {"torchtitan": text, "hf": _hf_dir(tmp_path, plan)}}[target]
+              "torchtitan": {"torchtitan": text, "hf": _hf_dir(tmp_path, plan)},
+              "torchtitan-0.2": {"torchtitan": text, "hf": _hf_dir(tmp_path, plan)}}[target]
     doc, _ = import_plan(**inputs, cluster=plan.cluster.node.name, nodes=plan.cluster.nodes)
     again = plan_from_dict(doc)
     assert _held(plan_to_dict(again), target) == _held(plan_to_dict(plan), target)
@@ -211,6 +198,29 @@ def test_every_shipped_plan_round_trips_through_megatron():
         got, want = plan_to_dict(plan_from_dict(doc)), plan_to_dict(plan)
         for section in ("parallel", "training"):
             assert got[section] == want[section], path.name
+
+
+def test_megatron_round_trips_tp_overlap_cp_comm_and_the_fp8_recipe():
+    """Megatron's --tp-comm-overlap, --cp-comm-type and --fp8-recipe (its tensorwise is TE's
+    current scaling) come back as the Plan fields they were written from."""
+    plan = load_plan(ROOT / "plans" / "llama3-70b-h100.yaml")
+    for parallel, training in (({"tp_comm_overlap": True}, {"precision": "fp8", "fp8_recipe": "current"}),
+                               ({"cp": 2, "cp_comm": "all_gather"}, {"precision": "fp8", "fp8_recipe": "delayed"})):
+        doc = plan_to_dict(plan)
+        doc["parallel"] = {**doc["parallel"], "sequence_parallel": True, "tp": 8, **parallel}
+        doc["parallel"]["dp"] = plan.cluster.gpus // (8 * doc["parallel"]["pp"] * doc["parallel"]["cp"])
+        doc["training"] = {**doc["training"], **training}
+        want = plan_from_dict(doc)
+        back, _ = import_plan(megatron=export_plan(want, "megatron"), cluster=want.cluster.node.name,
+                              nodes=want.cluster.nodes)
+        got = plan_to_dict(plan_from_dict(back))
+        for key, value in parallel.items():
+            assert got["parallel"][key] == value
+        assert got["training"]["fp8_recipe"] == training["fp8_recipe"]
+    rowwise = plan_to_dict(plan)
+    rowwise["training"] = {**rowwise["training"], "precision": "fp8", "fp8_recipe": "rowwise"}
+    with pytest.raises(ValueError, match="training.fp8_recipe=rowwise has no Megatron-LM option"):
+        export_plan(plan_from_dict(rowwise), "megatron")
 
 
 # --------------------------------------------------------------------------- importers
@@ -241,7 +251,7 @@ def test_hf_import_reads_each_family(model):
 def test_unmapped_fields_are_listed_in_one_warning_line():
     _, warnings = import_plan(hf="examples/hf/llama3-8b/config.json", cluster="dgx-h100", base_dir=ROOT)
     assert warnings[0] == ("not mapped to the plan: hf config.json: architectures, bos_token_id, eos_token_id, "
-                           "hidden_act, rms_norm_eps, rope_theta, torch_dtype")
+                           "hidden_act, rms_norm_eps, torch_dtype")
     _, warnings = import_plan(megatron="examples/megatron/pretrain_llama3_8b.sh", cluster="dgx-h100", base_dir=ROOT)
     assert len([w for w in warnings if w.startswith("not mapped")]) == 1
     assert "--lr, --min-lr" in warnings[0] and "--tensor-model-parallel-size" not in warnings[0]
@@ -259,9 +269,9 @@ def test_deepspeed_batch_sizes_give_data_parallel():
     doc, _ = import_plan(deepspeed="examples/deepspeed/ds_config.json", hf="examples/hf/llama3-8b/config.json",
                          cluster="dgx-h100", nodes=2, base_dir=ROOT)
     # train_batch_size 64 = micro 2 * accumulation 2 * dp 16
-    assert doc["parallel"] == {"dp": 16, "zero": 3}
+    assert doc["parallel"] == {"dp": 16, "zero": 3, "zero_impl": "deepspeed"}   # priced as DeepSpeed runs it
     assert doc["training"] == {"global_batch": 64, "micro_batch": 2, "precision": "bf16", "offload": "optimizer",
-                               "optimizer": "adamw"}
+                               "optimizer": "adamw", "recompute": "selective", "flash_attention": True}
 
 
 def test_torchtitan_shard_minus_one_takes_the_leftover_ranks():

@@ -7,11 +7,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from reports.planning_plots import breakdown_bars, pareto_figure, whatif_heatmap, write_whatif  # noqa: E402
+from reports.planning_plots import breakdown_bars, pareto_figure, whatif_figures, whatif_heatmap  # noqa: E402
 from simcore.planner.search import search  # noqa: E402
 from simcore.plan.spec import PlanError  # noqa: E402
 from simcore.planner.whatif import cells, load_sweep, node_for_gpu, run_whatif, sweep_from_dict  # noqa: E402
@@ -88,11 +87,31 @@ def test_figures_are_agg_safe(grid, tmp_path):
     bars = breakdown_bars(res.table, top=5)
     widths = [p.get_width() for p in bars.axes[0].patches[:5]]
     assert widths == pytest.approx(list(res.table["compute_s"].head(5)))
-    files = write_whatif(grid, tmp_path / "report")
-    names = sorted(p.name for p in files)
-    assert names == ["heatmap_days.png", "heatmap_usd.png", "pareto.png", "summary.md", "table.csv"]
-    assert len(pd.read_csv(tmp_path / "report" / "table.csv")) == 4
-    assert "## Assumptions and sources" in (tmp_path / "report" / "summary.md").read_text()
+    assert sorted(whatif_figures(grid)) == ["heatmap_days", "heatmap_usd", "pareto"]
+
+
+def _panel_cells(fig) -> dict[str, list[str]]:
+    """Panel title -> the texts drawn in its cells."""
+    return {ax.get_title(): [t.get_text() for t in ax.texts] for ax in fig.axes if ax.get_images()}
+
+
+def test_fabric_by_nodes_figures_show_every_cell():
+    """Issue 31.5: a grid over fabric x node count (plus GPU type) shows every cell: a panel
+    per value past the first two axes, and the Pareto labels name every axis."""
+    res = run_whatif(sweep(grid={"fabric": ["ib-hdr", "ib-ndr"], "nodes": [2, 4], "gpu": ["a100-80gb", "h100-sxm"]},
+                           cluster={"node": "dgx-h100", "nodes": 2}), progress=False)
+    figs = whatif_figures(res)
+    panels = _panel_cells(figs["heatmap_days"])
+    assert sorted(panels) == ["gpu=a100-80gb", "gpu=h100-sxm"]
+    assert all(len(texts) == 4 for texts in panels.values())          # fabric x nodes in each panel
+    ax = next(a for a in figs["heatmap_days"].axes if a.get_title() == "gpu=h100-sxm")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["ib-hdr", "ib-ndr"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4"]
+    shown = {round(float(t.get_text().replace(",", "")), 1) for t in ax.texts}
+    expect = res.table[res.table.gpu == "h100-sxm"]["days"]
+    assert shown == {round(float(f"{d:.3g}" if d < 100 else f"{d:.0f}"), 1) for d in expect}
+    labels = [t.get_text() for t in figs["pareto"].axes[0].texts]
+    assert labels and all(lab.startswith("fabric=") and "nodes=" in lab and "gpu=" in lab for lab in labels)
 
 
 def test_shipped_example_sweep():

@@ -31,7 +31,8 @@ document.getElementById('f').onload = function () {
   var d = this.contentDocument, imgs = d.images, broken = 0;
   for (var i = 0; i < imgs.length; i++) { if (!imgs[i].complete || imgs[i].naturalWidth === 0) broken++; }
   document.getElementById('out').textContent =
-    'images=' + imgs.length + ' broken=' + broken + ' h2=' + d.querySelectorAll('h2').length;
+    'images=' + imgs.length + ' broken=' + broken + ' h2=' + d.querySelectorAll('h2').length +
+    ' overflow=' + Math.max(0, d.documentElement.scrollWidth - d.documentElement.clientWidth);
 };
 </script></body></html>"""
 
@@ -40,9 +41,9 @@ def browser_check(report_dir, user_dir) -> dict[str, int]:
     (report_dir / "harness.html").write_text(HARNESS)
     proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={user_dir}", "--dump-dom",
                            f"file://{report_dir / 'harness.html'}"], capture_output=True, text=True, timeout=120)
-    found = re.search(r"images=(\d+) broken=(\d+) h2=(\d+)", proc.stdout)
+    found = re.search(r"images=(\d+) broken=(\d+) h2=(\d+) overflow=(\d+)", proc.stdout)
     assert found, f"the harness did not report (chromium said: {proc.stderr[-400:]})"
-    return dict(zip(("images", "broken", "h2"), map(int, found.groups())))
+    return dict(zip(("images", "broken", "h2", "overflow"), map(int, found.groups())))
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
@@ -61,7 +62,10 @@ def test_the_harness_sees_a_broken_image(tmp_path):
     page = tmp_path / "report"
     page.mkdir()
     (page / "index.html").write_text("<html><body><h2>x</h2><img src='data:image/png;base64,AAAA'></body></html>")
-    assert browser_check(page, tmp_path / "chromium") == {"images": 1, "broken": 1, "h2": 1}
+    assert browser_check(page, tmp_path / "chromium") == {"images": 1, "broken": 1, "h2": 1, "overflow": 0}
+    (page / "index.html").write_text("<html><body><h2>x</h2><table><tr><td>" + "wide " * 2000 + "</td></tr>"
+                                     "</table><div style='width:5000px'>x</div></body></html>")
+    assert browser_check(page, tmp_path / "chromium")["overflow"] > 0
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
@@ -76,3 +80,20 @@ def test_whatif_report_in_chromium(tmp_path):
     render(whatif_report(run_whatif(sweep, progress=False)), tmp_path / "report")
     seen = browser_check(tmp_path / "report", tmp_path / "chromium")
     assert seen["images"] == 3 and seen["broken"] == 0 and seen["h2"] >= 4  # 3 figures + the cell table
+    assert seen["overflow"] == 0                                             # nothing runs off to the right
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
+def test_plan_report_in_chromium_does_not_overflow(tmp_path):
+    from reports.build import plan_report
+    from simcore.engine.predict import simulate
+    from simcore.model.step_costs import memory_report
+    from simcore.planner.runcost import run_cost
+    from simcore.planner.search import search
+
+    res = search({"name": "gpt-1.7b"}, {"node": "dgx-h100", "nodes": 1}, 32, top_k=2, tokens=1e10, progress=False)
+    pred = simulate(res.best, engine="des")
+    render(plan_report(res, run_cost(res.best, pred, 1e10, monte_carlo=0), pred, memory_report(res.best),
+                       tokens=1e10), tmp_path / "report")
+    seen = browser_check(tmp_path / "report", tmp_path / "chromium")
+    assert seen["broken"] == 0 and seen["overflow"] == 0

@@ -84,8 +84,10 @@ def test_memory_section_text():
     plan = plan_from_dict({"name": "m", "model": "llama3-8b", "cluster": {"node": "dgx-h100"},
                            "parallel": {"dp": 8, "zero": 3},
                            "training": {"global_batch": 8, "flash_attention": True, "recompute": "full"}})
-    sec = memory_section(plan, memory_report(plan))
-    assert sec.text.endswith("; fits.") and sec.figure is not None
+    report = memory_report(plan)
+    sec = memory_section(plan, report)
+    room = report["hbm_bytes"] / 2**30 - report["memory_per_gpu_gib"]
+    assert sec.text.endswith(f"; fits, headroom {room:.1f} GiB.") and sec.figure is not None
     no_flash = plan_from_dict({"name": "m", "model": "llama3-8b", "cluster": {"node": "dgx-h100"},
                                "parallel": {"dp": 8, "zero": 3}, "training": {"global_batch": 8}})
     assert "does NOT fit" in memory_section(no_flash, memory_report(no_flash)).text  # the s^2 scores
@@ -169,3 +171,33 @@ def test_whatif_report_has_heat_maps_and_every_cell(tmp_path):
     assert dict(report.summary)["cells"] == "4 of 4 fit"
     html = render(report, tmp_path).read_text()
     assert html.count("<img") == 3
+
+
+def _labelled_ticks(axis, lo: float, hi: float) -> list[str]:
+    return [t.get_text() for t, v in zip(axis.get_majorticklabels(), axis.get_majorticklocs()) if lo <= v <= hi]
+
+
+def test_readable_axes_and_numbers():
+    """Issue 28.5: a narrow log-log range has several labelled ticks; $ axes read $1.2M, never
+    with an offset ("1e8"); float noise is 0; MFU is a percent in tables as on the cards."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from reports.planning_plots import pareto_figure
+    from reports.render import _fmt_table
+
+    fig = predicted_vs_measured_figure(matrix().table)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    assert len(_labelled_ticks(ax.xaxis, lo, hi)) >= 3 and len(_labelled_ticks(ax.yaxis, lo, hi)) >= 3
+    df = pd.DataFrame({"layout": list("abc"), "days": [600.0, 620.0, 14000.0], "usd": [8.1e8, 7.9e8, 9e8]})
+    fig = pareto_figure(df)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    assert ax.yaxis.get_offset_text().get_text() == ""
+    assert all(t.get_text().startswith("$") and t.get_text().endswith("M") for t in ax.get_yticklabels()
+               if t.get_text())
+    assert ax.get_xlim()[1] < 14000                                   # the dominated outlier is off the range
+    table = _fmt_table(pd.DataFrame({"mfu": [0.54, 0.5349], "x": [1.388e-17, 2.5], "usd": [37575906.0, 8e8]}))
+    assert list(table["mfu"]) == ["54.0%", "53.5%"] and table["x"][0] == "0"
+    assert list(table["usd"]) == ["$37.6M", "$800M"]

@@ -60,12 +60,18 @@ def test_counts_two_dgx_a100(two):
 def test_counts_192_dgx_a100():
     cl = cluster(192)
     g = build_cluster(cl)
-    # 8 rails x ceil(192 / 20) = 80 leaves; a full leaf has 20 uplinks, one per spine (plane).
+    # 8 rails x ceil(192 / 20) = 80 leaves: more than a 40-port spine can take, so three tiers
+    # (issue 28.9): 4 pods of 20 leaves, each with 20 spines (one per leaf uplink), and core
+    # group j of ceil(4 pods x 20 ports / 40) = 2 switches above spine j of every pod.
     counts = layers(g)
     assert (counts["gpu"], counts["nic"], counts["nvswitch"], counts["pcie"]) == (1536, 1536, 192, 768)
-    assert (counts["leaf"], counts["spine"]) == (80, 20)
+    assert (counts["leaf"], counts["spine"], counts["core"]) == (80, 80, 40)
+    for v in g:                                  # no switch uses more ports than it has
+        if v[0] in ("leaf", "spine", "core"):
+            ports = sum(g.edges[v, u]["bandwidth_bytes_per_s"] for u in g[v] if u[0] != "storage") / NIC
+            assert ports <= cl.fabric.switch_radix + 1e-9, (v, ports)
     summary = cluster_summary(g, cl)
-    assert summary["gpus"] == 1536 and summary["network_switches"] == 100
+    assert summary["gpus"] == 1536 and summary["network_switches"] == 200
     assert summary["bisection_tbyte_per_s"] == pytest.approx(96 * 8 * NIC / 1e12)
     # GPT-3 175B's layout (tp 8, pp 12, dp 16): the 96 DP rings, all at once, are shift
     # permutations that d-mod-k routes without collisions on this non-blocking tree.

@@ -1,0 +1,125 @@
+"""The parameters of a model, by part: attention (grouped-query, a set head width, or
+multi-latent attention), the dense MLP or an MoE layer's experts, router and shared experts,
+the first dense layers of an MoE model, norms, embeddings and the output layer.
+
+Re-exported by ``simcore.model.workload``, whose FLOP and byte counts use the same widths.
+The published sizes of the families the Hugging Face importer reads (Llama 3, Mistral,
+Mixtral, Qwen2.5, Qwen2-MoE, Qwen3, Gemma 2, DeepSeek-V3, Phi-3, GPT-2) hold these counts
+to within 1% (tests/plan/test_hf_families.py).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from simcore.plan.spec import ModelSpec, PositionEmbedding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamCounts:
+    """Parameters of the model, by part (counts, not bytes)."""
+
+    attention: int
+    """One layer's attention: QKV and output projections (and biases; MLA's down/up projections)."""
+    mlp: int
+    """One layer's dense MLP, or ALL experts of an MoE layer plus the router and shared experts."""
+    norms: int
+    """One layer's layer norms."""
+    embedding: int
+    """Token (and learned position) embeddings."""
+    output: int
+    """Untied output projection (0 when tied) plus the final norm."""
+    layers: int
+    shared: int = 0
+    """MoE: the shared experts of one layer (inside ``mlp``)."""
+    dense_layers: int = 0
+    """MoE: the first layers that are dense; each has ``dense_mlp`` MLP parameters instead of ``mlp``."""
+    dense_mlp: int = 0
+
+    @property
+    def per_layer(self) -> int:
+        """An MoE layer (or any layer of a dense model)."""
+        return self.attention + self.mlp + self.norms
+
+    @property
+    def total(self) -> int:
+        dense = self.dense_layers * (self.attention + self.dense_mlp + self.norms)
+        return (self.layers - self.dense_layers) * self.per_layer + dense + self.embedding + self.output
+
+
+def _biases(m: ModelSpec) -> bool:
+    """GPT-style models (learned positions) carry biases and LayerNorm; Llama-style
+    (rotary) models have neither biases nor LayerNorm shifts (RMSNorm)."""
+    return m.position_embedding == PositionEmbedding.LEARNED
+
+
+def kv_width(m: ModelSpec) -> int:
+    """Width of the K (or V) projection: kv_heads * head_dim (grouped-query attention)."""
+    return m.kv_heads * m.head_dim
+
+
+def q_width(m: ModelSpec) -> int:
+    """Width of the query projection and of the attention output: heads * head_dim (equal
+    to hidden unless the config sets a head width, as Gemma 2 and Qwen3 do)."""
+    return m.heads * m.head_dim
+
+
+def attention_in_params(m: ModelSpec) -> int:
+    """Weights of the projections that make Q, K and V from the layer input.
+
+    Multi-latent attention (DeepSeek-V2 arXiv 2405.04434 Sec. 2.1; modeling_deepseek_v3.py
+    DeepseekV3Attention): q_a (h x q_lora), its norm, q_b (q_lora x heads*(nope+rope)), or
+    one q_proj without q_lora; kv_a (h x (kv_lora + rope)), its norm, kv_b (kv_lora x
+    heads*(nope + v))."""
+    h = m.hidden
+    if not m.mla:
+        return h * (q_width(m) + 2 * kv_width(m))
+    qk = m.heads * (m.kv_channels + m.qk_rope_head_dim)
+    q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * qk) if m.q_lora_rank else h * qk
+    kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+    return q + kv + m.kv_lora_rank * m.heads * (m.kv_channels + m.v_head_dim)
+
+
+def attention_out_width(m: ModelSpec) -> int:
+    """Input width of the output projection: heads * v_head_dim (MLA) or heads * head_dim."""
+    return m.heads * m.v_head_dim if m.mla else q_width(m)
+
+
+def mlp_matrices(m: ModelSpec) -> int:
+    return 3 if m.gated_mlp else 2
+
+
+def _mlp_params(m: ModelSpec, width: int, bias: bool) -> int:
+    return mlp_matrices(m) * m.hidden * width + ((width + m.hidden) if bias else 0)
+
+
+@functools.lru_cache(maxsize=256)
+def param_counts(m: ModelSpec) -> ParamCounts:
+    """Parameters; GPT-3 175B gives 174.6e9, Llama-3 70B 70.6e9, Qwen2-57B-A14B 57.4e9,
+    DeepSeek-V3 671e9 (tests/plan/test_hf_families.py holds each family to its published size)."""
+    h, f, bias = m.hidden, m.ffn_hidden, _biases(m)
+    qkv_out = attention_in_params(m) // h
+    attention = attention_in_params(m) + attention_out_width(m) * h + ((qkv_out + h) if bias else 0)
+    expert = _mlp_params(m, f, bias)
+    shared = _mlp_params(m, m.shared_ffn_hidden, bias) if m.moe and m.shared_ffn_hidden else 0
+    mlp = expert * m.experts + h * m.experts + shared if m.moe else expert
+    norms = 2 * (2 * h if bias else h)
+    embedding = m.vocab * h + (m.seq_len * h if m.position_embedding == PositionEmbedding.LEARNED else 0)
+    final_norm = 2 * h if bias else h
+    output = (0 if m.tied_embeddings else m.vocab * h) + final_norm
+    dense_mlp = _mlp_params(m, m.dense_ffn_hidden or f, bias) if m.moe and m.dense_layers else 0
+    return ParamCounts(attention=attention, mlp=mlp, norms=norms, embedding=embedding, output=output,
+                       layers=m.layers, shared=shared, dense_layers=m.dense_layers if m.moe else 0,
+                       dense_mlp=dense_mlp)
+
+
+def active_params_per_token(m: ModelSpec) -> float:
+    """Parameters one token touches (MoE: top_k experts, the shared experts and the
+    router of each MoE layer; the dense layers whole)."""
+    pc = param_counts(m)
+    if not m.moe:
+        return pc.total
+    expert = (pc.mlp - m.hidden * m.experts - pc.shared) / m.experts
+    per_layer = pc.attention + pc.norms + m.top_k * expert + m.hidden * m.experts + pc.shared
+    dense = pc.dense_layers * (pc.attention + pc.norms + pc.dense_mlp)
+    return (m.layers - pc.dense_layers) * per_layer + dense + pc.embedding + pc.output

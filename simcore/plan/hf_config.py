@@ -1,0 +1,141 @@
+"""A Hugging Face ``config.json`` as ModelSpec fields, family by family.
+
+The field names are those of the ``transformers`` configuration classes (read from
+huggingface/transformers ``src/transformers/models/<family>/configuration_<family>.py``):
+Llama 2/3 (``llama``), Mistral, Mixtral (``num_local_experts``), Qwen2 / Qwen2.5, Qwen3
+(``head_dim``), Qwen2-MoE and Qwen3-MoE (``moe_intermediate_size``,
+``shared_expert_intermediate_size``, ``mlp_only_layers``), Gemma 2 (``head_dim``),
+DeepSeek-V2/V3 (multi-latent attention ``q_lora_rank`` / ``kv_lora_rank`` /
+``qk_nope_head_dim`` / ``qk_rope_head_dim`` / ``v_head_dim``, ``n_routed_experts``,
+``n_shared_experts``, ``first_k_dense_replace``), Phi-3, GPT-2 (``n_layer``, ``n_embd``)
+and GPT-NeoX.
+
+``max_position_embeddings`` is the context the model can take, not the sequence a run
+trains on: ``seq_len`` becomes min(max_position_embeddings, DEFAULT_SEQ_LEN) and the
+capacity is returned as ``max_positions`` so that the importer can say what it chose.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simcore.plan.spec import PlanError
+
+DEFAULT_SEQ_LEN = 8192
+"""The training sequence length assumed when none is given: Llama 3's pre-training
+sequence (Llama Team, "The Llama 3 Herd of Models", arXiv 2407.21783, Sec. 3.4.1: 8K
+tokens), capped by the model's max_position_embeddings."""
+
+#: Every config.json field this module reads (the importer lists the others as not mapped).
+USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_size", "n_embd",
+        "num_attention_heads", "n_head", "num_key_value_heads", "intermediate_size", "n_inner",
+        "ffn_dim", "vocab_size", "max_position_embeddings", "n_positions", "n_ctx", "seq_length",
+        "num_local_experts", "num_experts", "num_experts_per_tok", "tie_word_embeddings", "head_dim",
+        "rope_theta", "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
+        "mlp_only_layers", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
+        "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+        "moe_layer_freq"}
+
+
+def read_config(path: Path) -> dict:
+    """The JSON object of a config.json; PlanError with one sentence if it is not one."""
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except OSError as exc:
+        raise PlanError(f"model config {path} cannot be read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"model config {path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    if not isinstance(cfg, dict):
+        raise PlanError(f"model config {path} must hold a JSON object")
+    return cfg
+
+
+def hf_config_fields(path: Path) -> dict:
+    """ModelSpec fields of the config.json at ``path`` (plus ``max_positions``)."""
+    return hf_fields(read_config(path), path)
+
+
+def hf_fields(cfg: dict, path: Path) -> dict:
+    """ModelSpec fields of a parsed config.json (``path`` names it in messages)."""
+    mtype = str(cfg.get("model_type", "")).lower()
+
+    def pick(*keys):
+        return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+
+    max_pos = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
+    out = {
+        "name": cfg.get("_name_or_path") or path.parent.name or mtype or "hf-model",
+        "layers": pick("num_hidden_layers", "n_layer"),
+        "hidden": pick("hidden_size", "n_embd"),
+        "heads": pick("num_attention_heads", "n_head"),
+        "kv_heads": pick("num_key_value_heads", "num_attention_heads", "n_head"),
+        "ffn_hidden": pick("intermediate_size", "n_inner", "ffn_dim"),
+        "vocab": pick("vocab_size"),
+        "seq_len": min(max_pos, DEFAULT_SEQ_LEN) if isinstance(max_pos, int) else None,
+        "max_positions": max_pos,
+        "kv_channels": pick("head_dim"),
+        "source": f"Hugging Face config {path}",
+    }
+    if mtype == "gpt2":
+        out.update(gated_mlp=False, tied_embeddings=cfg.get("tie_word_embeddings", True),
+                   position_embedding="learned", seq_len=max_pos)  # learned positions: the table's size
+        if out["ffn_hidden"] is None and out["hidden"]:
+            out["ffn_hidden"] = 4 * out["hidden"]  # GPT2Config: n_inner None means 4 * n_embd
+    else:  # Llama, Mistral, Qwen, Gemma, DeepSeek and Phi-3 are gated and rotary; NeoX is ungated
+        out.update(gated_mlp=mtype != "gpt_neox",
+                   tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype.startswith("gemma"))),
+                   position_embedding="rope")
+        if cfg.get("rope_theta") is not None:
+            out["rope_base"] = float(cfg["rope_theta"])
+    out.update(_moe_fields(cfg, mtype, path))
+    if cfg.get("kv_lora_rank"):
+        out.update(_mla_fields(cfg))
+    missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq_len") if out[k] is None]
+    if missing:
+        raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _moe_fields(cfg: dict, mtype: str, path: Path) -> dict:
+    """Experts, their width, shared experts and the dense layers of an MoE config.
+
+    Mixtral's experts are ``intermediate_size`` wide; Qwen2-MoE's and DeepSeek's are
+    ``moe_intermediate_size`` wide and their ``intermediate_size`` is the dense MLP's.
+    Qwen2-MoE (modeling_qwen2_moe.py, Qwen2MoeDecoderLayer) makes layer i sparse when i is
+    not in ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0; DeepSeek
+    (modeling_deepseek_v3.py) when i >= ``first_k_dense_replace``.
+    """
+    experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    if not experts:
+        return {}
+    out = {"experts": experts, "top_k": cfg.get("num_experts_per_tok") or 0}
+    expert_width = cfg.get("moe_intermediate_size")
+    if expert_width:
+        out["ffn_hidden"], out["dense_ffn_hidden"] = expert_width, cfg.get("intermediate_size")
+    shared = cfg.get("shared_expert_intermediate_size") or 0
+    if cfg.get("n_shared_experts"):
+        shared = cfg["n_shared_experts"] * (expert_width or cfg.get("intermediate_size"))
+    if shared:
+        out["shared_ffn_hidden"] = shared
+    layers = cfg.get("num_hidden_layers") or 0
+    if cfg.get("first_k_dense_replace") is not None:
+        dense = list(range(cfg["first_k_dense_replace"]))
+    else:
+        step = cfg.get("decoder_sparse_step") or 1
+        only = set(cfg.get("mlp_only_layers") or [])
+        dense = [i for i in range(layers) if i in only or (i + 1) % step]
+    if dense != list(range(len(dense))):
+        raise PlanError(f"model config {path}: dense layers {dense} are not the first ones, which "
+                        "model.dense_layers needs (decoder_sparse_step / mlp_only_layers)")
+    if dense:
+        out["dense_layers"] = len(dense)
+    return out
+
+
+def _mla_fields(cfg: dict) -> dict:
+    """Multi-latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): each head's query
+    and key have a non-rotary part (qk_nope_head_dim) and a rotary part (qk_rope_head_dim)."""
+    return {"kv_lora_rank": cfg["kv_lora_rank"], "q_lora_rank": cfg.get("q_lora_rank") or 0,
+            "kv_channels": cfg.get("qk_nope_head_dim"), "qk_rope_head_dim": cfg.get("qk_rope_head_dim"),
+            "v_head_dim": cfg.get("v_head_dim"), "kv_heads": cfg.get("num_attention_heads")}

@@ -1,0 +1,235 @@
+"""Export a Plan to torchtitan, in the config form of each supported version.
+
+- torchtitan 0.3.x (current on PyPI, 0.3.0): no TOML job file; a run is
+  ``torchrun ... -m torchtitan.train --module llama3 --config llama3_8b`` (a Python
+  ``config_registry`` function) with ``--section.option value`` overrides parsed by tyro
+  (torchtitan/config/manager.py ``ConfigManager.parse_args``) and the activation
+  checkpointing mode as the subcommand ``activation-checkpoint:{selective,full,none}``.
+  Target ``torchtitan``.
+- torchtitan 0.2.x (0.2.0-0.2.2): the TOML job config (torchtitan/config/job_config.py,
+  ``--job.config_file``). Target ``torchtitan-0.2``.
+
+The pipeline stage rule is the same in both (torchtitan/distributed/pipeline_parallel.py,
+0.2.2 ``generate_llm_fqn_per_model_part`` = 0.3.0 ``_generate_llm_fqn_per_model_part``,
+identical but for the output module's name, ``output`` then ``lm_head``): the embedding
+counts as ``pipeline_parallel_first_stage_less_layers`` layers and the output as
+``..._last_stage_less_layers`` (1 each by default), the virtual stages are
+ceil((layers + first + last) / layers_per_stage), and the extra layers go to the first
+stages. ``stage_split`` mirrors that rule; the export sets the two weights and
+layers_per_stage so that torchtitan's split is the plan's, or (0.2 TOML) lists the modules
+of each stage, or refuses.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+
+from simcore.plan.readers import load_tool_options
+from simcore.plan.spec import Plan
+
+VERSIONS = {"torchtitan": "0.3.x (tested: 0.3.0)", "torchtitan-0.2": "0.2.x (0.2.0-0.2.2; rules: 0.2.2)"}
+_SRC = "pytorch/torchtitan torchtitan/config (0.3.0: manager.py, configs.py; 0.2.2: job_config.py)"
+_OUTPUT_MODULE = {"torchtitan": "lm_head", "torchtitan-0.2": "output"}
+
+
+def _refuse(field_: str, value, why: str = "") -> ValueError:
+    return ValueError(f"{field_}={value} has no torchtitan option{': ' + why if why else ''}")
+
+
+def stage_split(layers: int, stages: int, first_less: int, last_less: int) -> list[int] | None:
+    """Transformer layers per stage as torchtitan's generator assigns them; None where it
+    raises (more stages than effective layers, a weight above the layers per stage)."""
+    if stages == 1:
+        return [layers]
+    effective = layers + first_less + last_less
+    per, extra = divmod(effective, stages)
+    if per == 0 or first_less > per or last_less > per:
+        return None
+    out, left = [], layers
+    for i in range(stages):
+        n = per + (i < extra) - (first_less if i == 0 else 0) - (last_less if i == stages - 1 else 0)
+        n = min(max(n, 0), left)
+        out.append(n)
+        left -= n
+    return out if left == 0 else None
+
+
+def virtual_stages(layers: int, layers_per_stage: int, first_less: int, last_less: int) -> int:
+    """pipeline_parallel.py: ceil((layers + first + last) / layers_per_stage)."""
+    return math.ceil((layers + first_less + last_less) / layers_per_stage)
+
+
+def stage_options(plan: Plan) -> dict | None:
+    """layers_per_stage and the two less-layers weights that give the plan's split, or None."""
+    layers, stages = plan.model.layers, plan.parallel.pp * plan.parallel.vpp
+    want = list(plan.layers_per_stage)
+    for first in (0, 1, 2):
+        for last in (0, 1, 2):
+            for per in range(1, layers + first + last + 1):
+                if virtual_stages(layers, per, first, last) != stages:
+                    continue
+                if stage_split(layers, stages, first, last) == want:
+                    return {"pipeline_parallel_layers_per_stage": per,
+                            "pipeline_parallel_first_stage_less_layers": first,
+                            "pipeline_parallel_last_stage_less_layers": last}
+    return None
+
+
+def _check(plan: Plan) -> None:
+    tr, par, m = plan.training, plan.parallel, plan.model
+    refusals = [
+        (par.zero == 1, "parallel.zero", 1, "it has DDP (zero 0) and FSDP2 (zero 2, 3)"),
+        (par.tp > 1 and not par.sequence_parallel, "parallel.sequence_parallel", "false",
+         "its tensor parallel plan always shards the sequence"),
+        (tr.precision.value == "fp16", "training.precision", "fp16", "mixed_precision_param is bfloat16 or float32"),
+        (tr.offload.value == "optimizer", "training.offload", "optimizer",
+         "enable_cpu_offload moves parameters, gradients and optimizer states (optimizer+params)"),
+        (tr.grad_compression.value != "none", "training.grad_compression", tr.grad_compression.value, ""),
+        (tr.optimizer.value == "sgd", "training.optimizer", "sgd", ""),
+        (m.moe, "model.experts", m.experts, "its llama3 model is dense, SwiGLU, RoPE, untied"),
+        (not m.gated_mlp, "model.gated_mlp", "false", "its llama3 model is dense, SwiGLU, RoPE, untied"),
+        (m.tied_embeddings, "model.tied_embeddings", "true", "its llama3 model is dense, SwiGLU, RoPE, untied"),
+        (m.position_embedding.value != "rope", "model.position_embedding", m.position_embedding.value,
+         "its llama3 model is dense, SwiGLU, RoPE, untied"),
+    ]
+    for bad, name, value, why in refusals:
+        if bad:
+            raise _refuse(name, value, why)
+
+
+def _flavor(plan: Plan) -> str | None:
+    m = plan.model
+    shape = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
+             "ffn_hidden": m.ffn_hidden, "vocab": m.vocab}
+    flavors = load_tool_options()["torchtitan"]["llama3_flavors"]
+    return next((name for name, f in flavors.items() if f == shape), None)
+
+
+def _parallelism(plan: Plan, target: str) -> dict:
+    par = plan.parallel
+    shard = par.dp if par.zero >= 2 else 1
+    out = {"data_parallel_replicate_degree": par.dp // shard, "data_parallel_shard_degree": shard}
+    if shard > 1:
+        out["fsdp_reshard_after_forward"] = "never" if par.zero == 2 else "always"
+    out.update(tensor_parallel_degree=par.tp, context_parallel_degree=par.cp, expert_parallel_degree=par.ep,
+               pipeline_parallel_degree=par.pp)
+    if par.pp > 1:
+        names = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                 "zero-bubble": "InterleavedZeroBubble"}
+        out["pipeline_parallel_schedule"] = names[par.schedule.value]
+        out["pipeline_parallel_microbatch_size"] = plan.training.micro_batch
+        split = stage_options(plan)
+        if split is not None:
+            out.update(split)
+        elif target == "torchtitan-0.2":
+            out["module_fqns_per_model_part"] = _llama_fqns(plan.layers_per_stage, _OUTPUT_MODULE[target])
+        else:
+            raise _refuse("parallel.stage_layers", list(plan.layers_per_stage),
+                          "torchtitan's stage rule cannot give this split (extra layers go to the first stages)")
+    return out
+
+
+def _llama_fqns(stages: tuple[int, ...], output: str) -> list[list[str]]:
+    """torchtitan llama3 module names per model chunk (tok_embeddings, layers.N, norm, output)."""
+    parts, start = [], 0
+    for i, n in enumerate(stages):
+        part = [f"layers.{j}" for j in range(start, start + n)]
+        start += n
+        parts.append((["tok_embeddings"] if i == 0 else []) + part + (["norm", output] if i == len(stages) - 1 else []))
+    return parts
+
+
+def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict, list[str]]:
+    """The job config as {section: {option: value}}, and comment lines for the file."""
+    _check(plan)
+    tr, par, m = plan.training, plan.parallel, plan.model
+    flavor, notes = _flavor(plan), []
+    if flavor is None:
+        flavor = m.name
+        notes.append(f"# No torchtitan llama3 flavor has this shape: register flavor '{m.name}' in "
+                     f"torchtitan/models/llama3/__init__.py with dim={m.hidden}, n_layers={m.layers}, "
+                     f"n_heads={m.heads}, n_kv_heads={m.kv_heads}, FFN hidden {m.ffn_hidden}, vocab {m.vocab}.")
+    model = {"name": "llama3", "flavor": flavor}
+    if tr.precision.value == "fp8":
+        model["converters"] = ["float8"]
+    local = tr.global_batch // par.dp if par.pp > 1 else tr.micro_batch
+    training = {"local_batch_size": local, "global_batch_size": tr.global_batch, "seq_len": m.seq_len,
+                "mixed_precision_param": "float32" if tr.precision.value == "fp32" else "bfloat16",
+                "enable_cpu_offload": tr.offload.value == "optimizer+params"}
+    doc = {"job": {"description": plan.name or m.name}, "model": model, "training": training,
+           "optimizer": {"name": "AdamW" if tr.optimizer.value == "adamw" else "Adam"},
+           "parallelism": _parallelism(plan, target), "activation_checkpoint": {"mode": tr.recompute.value}}
+    if tr.recompute.value in ("selective", "op"):  # op-level SAC (nearest to Korthikanti et al.'s selective)
+        doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": "op"}
+    elif tr.recompute.value == "layer":   # every Nth layer
+        doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": str(tr.recompute_layers)}
+    elif tr.recompute.value == "full" and (tr.recompute_layers, tr.recompute_method.value) != (1, "uniform"):
+        raise ValueError(f"training.recompute={{layers: {tr.recompute_layers}, method: {tr.recompute_method.value}}} "
+                         "has no torchtitan option: it checkpoints every layer or every Nth (layer:N)")
+    return doc, notes
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+
+
+def export_torchtitan_toml(plan: Plan) -> str:
+    """torchtitan 0.2.x: the job TOML."""
+    doc, notes = torchtitan_config(plan, "torchtitan-0.2")
+    lines = [f"# torchtitan {VERSIONS['torchtitan-0.2']} job config for plan '{plan.name or plan.model.name}', "
+             "written by trainplan.",
+             "# Sections and options as spelt in pytorch/torchtitan torchtitan/config/job_config.py "
+             "(commit 6404b932, 2025; the 0.2.2 wheel).",
+             "# Add [training] dataset and steps, [optimizer] lr and [lr_scheduler] for your run.", *notes]
+    for section, options in doc.items():
+        lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in options.items()]
+    return "\n".join(lines) + "\n"
+
+
+def torchtitan_args(plan: Plan) -> list[str]:
+    """torchtitan 0.3.x: the arguments after ``-m torchtitan.train``."""
+    doc, _ = torchtitan_config(plan, "torchtitan")
+    flavor = _flavor(plan)
+    if flavor is None:
+        raise ValueError(f"model {plan.model.name} is not a torchtitan llama3 config (llama3_debugmodel, llama3_8b, "
+                         "llama3_70b, llama3_405b): torchtitan 0.3 takes the shape from a config_registry function")
+    if plan.training.precision.value == "fp8":
+        raise _refuse("training.precision", "fp8", "torchtitan 0.3 sets float8 in the config_registry function")
+    args = ["--module", "llama3", "--config", f"llama3_{flavor.lower()}"]
+    if plan.parallel.pp > 1:  # torchtitan/trainer.py (0.3.0): "CUDA graphs do not support pipeline parallelism yet"
+        doc["training"]["disable_cuda_graphs"] = True
+    for section in ("training", "parallelism"):
+        for key, value in doc[section].items():
+            flag = f"--{section}.{key.replace('_', '-')}"
+            if isinstance(value, bool):
+                args.append(flag if value else f"--{section}.no-{key.replace('_', '-')}")
+            else:
+                args += [flag, str(value)]
+    return args + [f"activation-checkpoint:{plan.training.recompute.value}"]
+
+
+def export_torchtitan_command(plan: Plan, nnodes: int, nproc: int) -> str:
+    """torchtitan 0.3.x: a torchrun launch of ``torchtitan.train`` with the plan's overrides."""
+    lines = ["#!/bin/bash",
+             f"# torchtitan {VERSIONS['torchtitan']} launch for plan '{plan.name or plan.model.name}', "
+             "written by trainplan.",
+             f"# Options as {_SRC} parse them (tyro); on several nodes add --node-rank and --rdzv-endpoint.",
+             "# Add --dataloader.dataset, --training.steps and --optimizer.lr for your run."]
+    cmd = [f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} -m torchtitan.train"]
+    args = torchtitan_args(plan)
+    cmd += [" ".join(shlex.quote(a) for a in args[i:i + 2]) if args[i].startswith("--") and i + 1 < len(args)
+            and not args[i + 1].startswith(("--", "activation-")) else shlex.quote(args[i])
+            for i in _arg_starts(args)]
+    return "\n".join(lines) + "\n" + " \\\n    ".join(cmd) + "\n"
+
+
+def _arg_starts(args: list[str]) -> list[int]:
+    """Indices where an option (or the subcommand) starts, for one option per line."""
+    return [i for i, a in enumerate(args) if a.startswith("--") or a.startswith("activation-")]

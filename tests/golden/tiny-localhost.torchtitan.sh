@@ -1,0 +1,1 @@
+REFUSED: model.gated_mlp=false has no torchtitan option: its llama3 model is dense, SwiGLU, RoPE, untied

@@ -1,0 +1,25 @@
+#!/bin/bash
+# torchtitan 0.3.x (tested: 0.3.0) launch for plan 'v-interleaved-tp', written by trainplan.
+# Options as pytorch/torchtitan torchtitan/config (0.3.0: manager.py, configs.py; 0.2.2: job_config.py) parse them (tyro); on several nodes add --node-rank and --rdzv-endpoint.
+# Add --dataloader.dataset, --training.steps and --optimizer.lr for your run.
+torchrun --nnodes 1 --nproc-per-node 8 -m torchtitan.train \
+    --module llama3 \
+    --config llama3_8b \
+    --training.local-batch-size 32 \
+    --training.global-batch-size 64 \
+    --training.seq-len 8192 \
+    --training.mixed-precision-param bfloat16 \
+    --training.no-enable-cpu-offload \
+    --training.disable-cuda-graphs \
+    --parallelism.data-parallel-replicate-degree 2 \
+    --parallelism.data-parallel-shard-degree 1 \
+    --parallelism.tensor-parallel-degree 2 \
+    --parallelism.context-parallel-degree 1 \
+    --parallelism.expert-parallel-degree 1 \
+    --parallelism.pipeline-parallel-degree 2 \
+    --parallelism.pipeline-parallel-schedule Interleaved1F1B \
+    --parallelism.pipeline-parallel-microbatch-size 1 \
+    --parallelism.pipeline-parallel-layers-per-stage 8 \
+    --parallelism.pipeline-parallel-first-stage-less-layers 0 \
+    --parallelism.pipeline-parallel-last-stage-less-layers 0 \
+    activation-checkpoint:selective

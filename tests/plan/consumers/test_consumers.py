@@ -1,0 +1,168 @@
+"""Every export, loaded by the tool that consumes it (the pinned `interop` extra of
+pyproject.toml: deepspeed, transformers, accelerate, torchtitan), with the intended layout
+read back from the consumer's own parsed object."""
+import json
+import math
+
+import pytest
+import torch.distributed as dist
+
+from simcore.plan.readers import _torchtitan_command
+from simcore.plan.torchtitan_writer import stage_split
+from simcore.plan.writers import export_plan
+from tests.plan.layouts import ALL
+
+import tomllib
+
+
+def _exports(target: str) -> dict:
+    out = {}
+    for name, plan in sorted(ALL.items()):
+        try:
+            out[name] = export_plan(plan, target)
+        except ValueError:
+            continue
+    return out
+
+
+DEEPSPEED = _exports("deepspeed")
+TORCHTITAN = _exports("torchtitan")
+TORCHTITAN_02 = _exports("torchtitan-0.2")
+
+
+def test_most_plans_reach_each_consumer():
+    assert len(DEEPSPEED) >= 0.75 * len(ALL) and len(TORCHTITAN) >= 0.4 * len(ALL)
+    assert len(TORCHTITAN_02) >= len(TORCHTITAN)
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """DeepSpeedConfig asks deepspeed.comm for the rank (else it takes a world of 1 and
+    ignores the mpu); a 1-rank gloo group through deepspeed.init_distributed answers."""
+    import socket
+
+    import deepspeed
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        yield
+    dist.destroy_process_group()
+
+
+class _DataParallel:
+    """The ``mpu`` DeepSpeedConfig reads the data-parallel world size from."""
+
+    def __init__(self, dp: int):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSPEED))
+def test_deepspeed_reads_the_layout(name, tmp_path, one_rank_group):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    plan, path = ALL[name], tmp_path / "ds_config.json"
+    path.write_text(DEEPSPEED[name])
+    json.loads(path.read_text())  # json.load, as Megatron-DeepSpeed and accelerate read it
+    cfg = DeepSpeedConfig(str(path), mpu=_DataParallel(plan.parallel.dp))
+    tr = plan.training
+    assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (
+        tr.global_batch, tr.micro_batch, plan.num_microbatches)
+    assert cfg.zero_optimization_stage == int(plan.parallel.zero)
+    assert cfg.bfloat16_config.enabled == (tr.precision.value == "bf16")
+    assert cfg.float16_config.enabled == (tr.precision.value == "fp16")
+    offload = cfg.zero_config.offload_optimizer
+    assert (offload is not None and offload.device == "cpu") == (tr.offload.value != "none")
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSPEED))
+def test_hugging_face_and_accelerate_take_the_file(name, tmp_path):
+    from accelerate.utils import DeepSpeedPlugin
+    from transformers import TrainingArguments
+
+    plan, path = ALL[name], tmp_path / "ds_config.json"
+    path.write_text(DEEPSPEED[name])
+    precision = plan.training.precision.value
+    args = TrainingArguments(output_dir=str(tmp_path), deepspeed=str(path), use_cpu=True,
+                             bf16=precision == "bf16", per_device_train_batch_size=plan.training.micro_batch,
+                             gradient_accumulation_steps=plan.num_microbatches)
+    hf = args.hf_deepspeed_config
+    assert hf.is_zero3() == (plan.parallel.zero == 3) and hf.is_offload() == (plan.training.offload.value != "none")
+    plugin = DeepSpeedPlugin(hf_ds_config=str(path))
+    assert plugin.zero_stage == int(plan.parallel.zero)
+    assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == plan.training.micro_batch
+
+
+def _torchtitan_parse(text: str):
+    from torchtitan.config.manager import ConfigManager
+
+    words = text.replace("\\\n", " ").split("-m torchtitan.train", 1)[1].split()
+    return ConfigManager().parse_args(words)
+
+
+@pytest.mark.parametrize("name", sorted(TORCHTITAN))
+def test_torchtitan_03_parses_the_command_and_accepts_the_layout(name):
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    plan = ALL[name]
+    cfg = _torchtitan_parse(TORCHTITAN[name])
+    dims = ParallelDims.from_config(cfg.parallelism, world_size=plan.parallel.gpus)  # validates the product
+    par = plan.parallel
+    assert (dims.tp, dims.pp, dims.cp, dims.ep) == (par.tp, par.pp, par.cp, par.ep)
+    assert dims.dp_replicate * dims.dp_shard == par.dp
+    assert cfg.training.seq_len == plan.model.seq_len and cfg.training.global_batch_size == plan.training.global_batch
+    assert len(cfg.model_spec.model.layers) == plan.model.layers
+    ac = type(cfg.activation_checkpoint).__qualname__.lower()
+    assert plan.training.recompute.value.split("-")[0] in ac
+    if par.pp > 1:
+        assert _torchtitan_stages(cfg, plan) == list(plan.layers_per_stage)
+
+
+def _torchtitan_stages(cfg, plan) -> list[int]:
+    """The layers per stage torchtitan's own pipeline code gives (stage count and split)."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _get_pipeline_metadata
+
+    dims = ParallelDims.from_config(cfg.parallelism, world_size=plan.parallel.gpus)
+    stages, layers, first, last = _get_pipeline_metadata(dims, cfg.parallelism, cfg.model_spec.model)[:4]
+    parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+    return [sum(m.startswith("layers.") for m in part) for part in parts]
+
+
+@pytest.mark.parametrize("name", sorted(TORCHTITAN_02))
+def test_torchtitan_02_toml_follows_the_same_stage_rule(name):
+    """0.2.2's generate_llm_fqn_per_model_part is 0.3.0's but for the output's name, so
+    torchtitan 0.3's function checks the 0.2 TOML's stage options."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    plan, doc = ALL[name], tomllib.loads(TORCHTITAN_02[name])
+    par = doc["parallelism"]
+    if plan.parallel.pp == 1:
+        assert "pipeline_parallel_layers_per_stage" not in par
+        return
+    if "module_fqns_per_model_part" in par:
+        parts = par["module_fqns_per_model_part"]
+        assert parts[-1][-1] == "output"  # 0.2.x's name of the output module
+    else:
+        per, first, last = (par[f"pipeline_parallel_{k}"] for k in
+                            ("layers_per_stage", "first_stage_less_layers", "last_stage_less_layers"))
+        stages = math.ceil((plan.model.layers + first + last) / per)
+        assert stages % plan.parallel.pp == 0  # "Number of virtual stages must be divisible by pp"
+        parts = _generate_llm_fqn_per_model_part(stages, plan.model.layers, first, last)
+        assert stage_split(plan.model.layers, stages, first, last) == [
+            sum(m.startswith("layers.") for m in p) for p in parts]
+    assert [sum(m.startswith("layers.") for m in p) for p in parts] == list(plan.layers_per_stage)
+
+
+def test_the_reader_of_the_03_command_agrees_with_torchtitan():
+    text = TORCHTITAN["v-interleaved-tp"]
+    ours, theirs = _torchtitan_command(text)["parallelism"], _torchtitan_parse(text).parallelism
+    assert all(getattr(theirs, k) == v for k, v in ours.items())
