@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
+from executors import groups, tied
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
 from simcore.plan.spec import (
@@ -54,7 +55,7 @@ POWERSGD_START_ITER = 2
 
 def check_executable(plan: Plan, device_type: str) -> None:
     """The layouts this executor cannot run; ValueError with one sentence each."""
-    par, tr, m = plan.parallel, plan.training, plan.model
+    par, tr = plan.parallel, plan.training
     rules = [
         (par.cp == 1, f"parallel.cp={par.cp}: the executor has no context parallelism (use cp: 1)"),
         (par.ep == 1, f"parallel.ep={par.ep}: torch has no built-in expert-parallel API, so the "
@@ -67,9 +68,6 @@ def check_executable(plan: Plan, device_type: str) -> None:
         (tr.precision != Precision.FP8, "training.precision=fp8 is not supported by the executor (needs torchao)"),
         (tr.precision != Precision.FP16 or device_type == "cuda",
          "training.precision=fp16 needs a GPU (its grad scaler guards fp16 gradients there); use bf16 on a CPU"),
-        (not m.tied_embeddings or (par.pp == 1 and par.tp == 1),
-         "model.tied_embeddings=true cannot be split over parallel.tp>1 or pp>1 by the executor; "
-         "set model.tied_embeddings: false"),
         (par.tp == 1 or par.zero != ZeroStage.OPTIMIZER_STATES or par.dp == 1,
          "parallel.zero=1 with parallel.tp>1 is not supported: ZeroRedundancyOptimizer cannot "
          "broadcast DTensor parameters (use zero 0 or 2)"),
@@ -144,6 +142,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, _block_tp_plan(block, sequence_parallel))
+    tied.retie(model)
 
 
 def _block_tp_plan(block: nn.Module, sp: bool) -> dict:
@@ -283,6 +282,8 @@ class Trainer:
     stages: list = field(default_factory=list)
     schedule: object | None = None
     scaler: object | None = None
+    embedding_group: object | None = None
+    """With tied embeddings under pipelining: the first and last stages' group (``executors.tied``)."""
 
     @property
     def is_last_stage(self) -> bool:
@@ -304,6 +305,7 @@ class Trainer:
             opt_part.zero_grad(set_to_none=True)
         loss = self._pipeline_step(tokens, labels) if self.schedule is not None \
             else self._accumulate(tokens, labels, span)
+        tied.allreduce_shared_grad(tied.shared_weight(self.parts), self.embedding_group)
         with span("optimizer", "optimizer"):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -348,6 +350,9 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
     """Split, parallelise and wrap this rank's part of the model (torchtitan's order)."""
     check_executable(plan, device.type)
     par = plan.parallel
+    groups.clear()
+    dp_mesh = groups.dp_cp_mesh(plan, mesh)
+    embedding_group = groups.embedding_group(plan)
     pp_rank = mesh.get_local_rank("pp")
     ids = stage_ids(plan, pp_rank) if par.pp > 1 else [0]
     parts = []
@@ -356,11 +361,12 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
         if par.tp > 1:
             apply_tp(module, mesh["tp"], par.sequence_parallel)
         apply_ac(module, plan.training.recompute)
-        parts.append(apply_dp(module, plan, mesh["dp"], device))
+        parts.append(apply_dp(module, plan, dp_mesh, device))
     params = [p for part in parts for p in part.parameters()]
-    optimizer = build_optimizer(params, plan, mesh["dp"], lr)
+    optimizer = build_optimizer(params, plan, dp_mesh, lr)
     scaler = torch.amp.GradScaler(device.type) if plan.training.precision == Precision.FP16 else None
-    trainer = Trainer(plan=plan, mesh=mesh, device=device, parts=parts, optimizer=optimizer, scaler=scaler)
+    trainer = Trainer(plan=plan, mesh=mesh, device=device, parts=parts, optimizer=optimizer, scaler=scaler,
+                      embedding_group=embedding_group)
     if par.pp > 1:
         num_stages = par.pp * par.vpp
         trainer.stages = [pipelining.PipelineStage(part, sid, num_stages, device, group=mesh["pp"].get_group())

@@ -127,6 +127,9 @@ def axis_map(mesh) -> dict:
     for axis in mesh.mesh_dim_names:
         if mesh[axis].size() > 1:
             out[frozenset(dist.get_process_group_ranks(mesh.get_group(axis)))] = axis
+    from executors.groups import extra_axes   # the layout's groups beyond the mesh axes (dp x cp, ep, ...)
+    for ranks, name in extra_axes().items():
+        out.setdefault(ranks, name)
     return out
 
 

@@ -1,0 +1,71 @@
+"""Differential tests of tied embeddings under TP/PP and of context parallelism.
+
+As in ``test_executor_parallel.py``: each layout runs two fp32 SGD steps on 2 or 4 forked
+gloo ranks, and the loss and every parameter's update must equal the single-process run of
+the same model on the same global batch; the collectives each rank issues are compared with
+``simcore.model.collective_plan``'s list for the plan.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from simcore.plan.load import plan_from_dict
+from tests.executors.test_executor_parallel import GPT, LLAMA, check_against_reference, run_layouts
+
+TIED_GPT = dict(GPT, tied_embeddings=True)
+TIED_LLAMA = dict(LLAMA, tied_embeddings=True)
+
+
+def plan(model, *, gb=8, mb=1, recompute="none", **parallel):
+    doc = {"model": model, "cluster": {"node": "localhost", "gpus_per_node": 4},
+           "parallel": {"dp": 1, **parallel},
+           "training": {"global_batch": gb, "micro_batch": mb, "optimizer": "sgd", "precision": "fp32",
+                        "recompute": recompute}}
+    return plan_from_dict(doc)
+
+
+TWO_RANK = {
+    "tied-pp2": plan(TIED_GPT, pp=2),
+    "tied-pp2-interleaved": plan(TIED_GPT, pp=2, vpp=2, schedule="interleaved-1f1b"),
+    "tied-tp2": plan(TIED_LLAMA, tp=2),
+    "tied-tp2-sp": plan(TIED_LLAMA, tp=2, sequence_parallel=True),
+}
+FOUR_RANK = {
+    "tied-pp2-tp2": plan(TIED_LLAMA, pp=2, tp=2, schedule="gpipe"),
+    "tied-pp2-dp2-zero2": plan(TIED_GPT, pp=2, dp=2, zero=2),
+    "tied-pp4": plan(TIED_GPT, pp=4),
+}
+
+
+def check_tied(plan, results):
+    """The last stage's copy of a tied weight equals the first stage's, which equals the
+    single-process run's embedding; then the usual comparison of every parameter."""
+    if plan.model.tied_embeddings and plan.parallel.pp > 1:
+        copies = [r["params"].pop("output.weight") for r in results if "output.weight" in r["params"]]
+        assert copies, "the last stage holds no copy of the tied weight"
+        first = next(r["params"]["embed.tok.weight"] for r in results if "embed.tok.weight" in r["params"])
+        for copy in copies:
+            torch.testing.assert_close(copy, first, rtol=0, atol=0)
+    check_against_reference(plan, results)
+
+
+@pytest.fixture(scope="module")
+def two_rank():
+    return dict(zip(TWO_RANK, run_layouts(2, list(TWO_RANK.values()))))
+
+
+@pytest.fixture(scope="module")
+def four_rank():
+    return dict(zip(FOUR_RANK, run_layouts(4, list(FOUR_RANK.values()))))
+
+
+@pytest.mark.parametrize("name", list(TWO_RANK))
+def test_two_rank_layout_matches_single_process(two_rank, name):
+    check_tied(TWO_RANK[name], two_rank[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FOUR_RANK))
+def test_four_rank_layout_matches_single_process(four_rank, name):
+    check_tied(FOUR_RANK[name], four_rank[name])
