@@ -35,7 +35,8 @@ def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[to
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, nh, hs); rotate pairs (i, i + hs/2) by position-dependent angles."""
+    """x: (B, T, nh, hs); rotate pairs (i, i + hs/2) by position-dependent angles; cos and
+    sin hold at least T rows, those of x's positions first."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     t = x.shape[1]
@@ -59,6 +60,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(spec.hidden, spec.kv_heads * hd, bias=False)
         self.wo = nn.Linear(spec.heads * hd, spec.hidden, bias=False)
         self.core = CoreAttention()
+        self.positions: torch.Tensor | None = None
+        """A context-parallel rank's token positions (``executors.ring_attention``); None: 0..T-1."""
         self.rope = spec.position_embedding == PositionEmbedding.ROPE
         if self.rope:
             cos, sin = rope_tables(spec.seq_len, hd)
@@ -72,7 +75,10 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, t, -1, self.head_dim)  # (B, T, nkv, hs)
         v = self.wv(x).view(b, t, -1, self.head_dim)
         if self.rope:
-            q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+            cos, sin = self.rope_cos, self.rope_sin
+            if self.positions is not None:
+                cos, sin = cos[self.positions], sin[self.positions]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, nh, T, hs)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
@@ -144,11 +150,14 @@ class Embedding(nn.Module):
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
         learned = spec.position_embedding == PositionEmbedding.LEARNED
         self.pos = nn.Embedding(spec.seq_len, spec.hidden) if learned else None
+        self.positions: torch.Tensor | None = None
+        """A context-parallel rank's token positions; None: 0..T-1."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok(tokens)  # (B, T, H)
         if self.pos is not None:
-            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            pos = self.positions if self.positions is not None else torch.arange(tokens.shape[1])
+            h = h + self.pos(pos.to(tokens.device))
         return h
 
 

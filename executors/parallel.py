@@ -36,6 +36,8 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from executors import groups, tied
+from executors.ring_attention import apply_cp
+from executors.support import check_executable  # noqa: F401  (launch and the tests find it here)
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
 from simcore.plan.spec import (
@@ -51,40 +53,6 @@ WEIGHT_DECAY = 0.1
 #: PowerSGD rank and warm-up iterations (Vogels et al. 2019; torch's powerSGD_hook defaults).
 POWERSGD_RANK = 1
 POWERSGD_START_ITER = 2
-
-
-def check_executable(plan: Plan, device_type: str) -> None:
-    """The layouts this executor cannot run; ValueError with one sentence each."""
-    par, tr = plan.parallel, plan.training
-    rules = [
-        (par.cp == 1, f"parallel.cp={par.cp}: the executor has no context parallelism (use cp: 1)"),
-        (par.ep == 1, f"parallel.ep={par.ep}: torch has no built-in expert-parallel API, so the "
-                      "executor replicates experts (use ep: 1)"),
-        (tr.offload == Offload.NONE or device_type == "cuda",
-         f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
-         "state off a GPU, and this host has none"),
-        (tr.offload == Offload.NONE or par.zero >= ZeroStage.GRADIENTS,
-         f"training.offload={tr.offload.value} needs parallel.zero>=2 (FSDP2's CPUOffloadPolicy)"),
-        (tr.precision != Precision.FP8, "training.precision=fp8 is not supported by the executor (needs torchao)"),
-        (tr.precision != Precision.FP16 or device_type == "cuda",
-         "training.precision=fp16 needs a GPU (its grad scaler guards fp16 gradients there); use bf16 on a CPU"),
-        (par.tp == 1 or par.zero != ZeroStage.OPTIMIZER_STATES or par.dp == 1,
-         "parallel.zero=1 with parallel.tp>1 is not supported: ZeroRedundancyOptimizer cannot "
-         "broadcast DTensor parameters (use zero 0 or 2)"),
-        (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp == 1,
-         "training.grad_compression needs parallel.tp=1: DDP's communication hooks cannot "
-         "wrap DTensor parameters"),
-        (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",
-         "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
-        # torch's split backward (ScheduleInterleavedZeroBubble's I/W actions) runs the weight
-        # gradients outside autograd's backward, so DDP's reducer hooks never fire for them.
-        (par.schedule != Schedule.ZERO_BUBBLE or par.pp == 1 or par.dp == 1 or par.zero >= ZeroStage.GRADIENTS,
-         "parallel.schedule=zero-bubble with parallel.dp>1 needs parallel.zero>=2 in the executor: "
-         "torch's split backward skips DDP's gradient hooks"),
-    ]
-    for ok, message in rules:
-        if not ok:
-            raise ValueError(message)
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
@@ -192,7 +160,7 @@ def apply_ac(model: Transformer, recompute: Recompute) -> None:
 def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
     """DDP (zero 0/1), FSDP2-based replicate (zero 0 with TP) or FSDP2 fully_shard (zero 2/3)."""
     par = plan.parallel
-    if par.dp == 1:
+    if par.dp * par.cp == 1:
         return model
     if par.zero >= ZeroStage.GRADIENTS:
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
@@ -236,7 +204,7 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh,
         Optimizer.ADAM: (torch.optim.Adam, {"betas": ADAM_BETAS}),
         Optimizer.SGD: (torch.optim.SGD, {}),
     }[opt]
-    if plan.parallel.zero == ZeroStage.OPTIMIZER_STATES and plan.parallel.dp > 1:
+    if plan.parallel.zero == ZeroStage.OPTIMIZER_STATES and plan.parallel.dp * plan.parallel.cp > 1:
         # bucket view: one broadcast per rank after the step instead of one per tensor
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_mesh.get_group(),
                                        parameters_as_bucket_view=True, lr=lr, **kwargs)
@@ -283,6 +251,8 @@ class Trainer:
     schedule: object | None = None
     scaler: object | None = None
     embedding_group: object | None = None
+    cp_positions: torch.Tensor | None = None
+    """Under context parallelism: the sequence positions this rank trains on."""
     """With tied embeddings under pipelining: the first and last stages' group (``executors.tied``)."""
 
     @property
@@ -303,6 +273,8 @@ class Trainer:
         span = span or (lambda kind, name: contextlib.nullcontext())
         for opt_part in self.parts:
             opt_part.zero_grad(set_to_none=True)
+        if self.cp_positions is not None:   # this context-parallel rank's share of each sequence
+            tokens, labels = tokens[:, self.cp_positions], labels[:, self.cp_positions]
         loss = self._pipeline_step(tokens, labels) if self.schedule is not None \
             else self._accumulate(tokens, labels, span)
         tied.allreduce_shared_grad(tied.shared_weight(self.parts), self.embedding_group)
@@ -355,9 +327,11 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
     embedding_group = groups.embedding_group(plan)
     pp_rank = mesh.get_local_rank("pp")
     ids = stage_ids(plan, pp_rank) if par.pp > 1 else [0]
-    parts = []
+    parts, positions = [], None
     for sid in ids:
         module = build_stage_module(plan, sid, seed).to(device)
+        if par.cp > 1:
+            positions = apply_cp(module, mesh["cp"], plan.model.seq_len)
         if par.tp > 1:
             apply_tp(module, mesh["tp"], par.sequence_parallel)
         apply_ac(module, plan.training.recompute)
@@ -366,7 +340,7 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
     optimizer = build_optimizer(params, plan, dp_mesh, lr)
     scaler = torch.amp.GradScaler(device.type) if plan.training.precision == Precision.FP16 else None
     trainer = Trainer(plan=plan, mesh=mesh, device=device, parts=parts, optimizer=optimizer, scaler=scaler,
-                      embedding_group=embedding_group)
+                      embedding_group=embedding_group, cp_positions=positions)
     if par.pp > 1:
         num_stages = par.pp * par.vpp
         trainer.stages = [pipelining.PipelineStage(part, sid, num_stages, device, group=mesh["pp"].get_group())

@@ -30,11 +30,20 @@ TWO_RANK = {
     "tied-pp2-interleaved": plan(TIED_GPT, pp=2, vpp=2, schedule="interleaved-1f1b"),
     "tied-tp2": plan(TIED_LLAMA, tp=2),
     "tied-tp2-sp": plan(TIED_LLAMA, tp=2, sequence_parallel=True),
+    "cp2": plan(GPT, cp=2),
+    "cp2-llama-selective": plan(LLAMA, cp=2, recompute="selective"),
+    "cp2-tied-full-recompute": plan(TIED_GPT, cp=2, recompute="full"),
 }
 FOUR_RANK = {
     "tied-pp2-tp2": plan(TIED_LLAMA, pp=2, tp=2, schedule="gpipe"),
     "tied-pp2-dp2-zero2": plan(TIED_GPT, pp=2, dp=2, zero=2),
     "tied-pp4": plan(TIED_GPT, pp=4),
+    "cp4": plan(LLAMA, cp=4),
+    "cp4-contiguous": plan(dict(GPT, seq_len=12), cp=4),
+    "cp2-dp2": plan(GPT, cp=2, dp=2),
+    "cp2-dp2-zero3": plan(LLAMA, cp=2, dp=2, zero=3),
+    "cp2-tp2-sp": plan(LLAMA, cp=2, tp=2, sequence_parallel=True),
+    "cp2-pp2": plan(GPT, cp=2, pp=2),
 }
 
 

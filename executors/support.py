@@ -1,0 +1,43 @@
+"""The layouts this executor cannot run, each refused with one sentence naming the field.
+
+What stays refused needs hardware or libraries a CPU host lacks (offload and fp16 need a
+GPU, FP8 needs torchao's kernels, bf16 gradient compression NCCL) or a combination torch's
+wrappers do not compose (ZeroRedundancyOptimizer or DDP hooks with DTensor parameters,
+the zero-bubble split backward with DDP).
+"""
+from __future__ import annotations
+
+from simcore.plan.spec import GradCompression, Offload, Plan, Precision, Schedule, ZeroStage
+
+
+def check_executable(plan: Plan, device_type: str) -> None:
+    """The layouts this executor cannot run; ValueError with one sentence each."""
+    par, tr = plan.parallel, plan.training
+    rules = [
+        (par.ep == 1, f"parallel.ep={par.ep}: torch has no built-in expert-parallel API, so the "
+                      "executor replicates experts (use ep: 1)"),
+        (tr.offload == Offload.NONE or device_type == "cuda",
+         f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
+         "state off a GPU, and this host has none"),
+        (tr.offload == Offload.NONE or par.zero >= ZeroStage.GRADIENTS,
+         f"training.offload={tr.offload.value} needs parallel.zero>=2 (FSDP2's CPUOffloadPolicy)"),
+        (tr.precision != Precision.FP8, "training.precision=fp8 is not supported by the executor (needs torchao)"),
+        (tr.precision != Precision.FP16 or device_type == "cuda",
+         "training.precision=fp16 needs a GPU (its grad scaler guards fp16 gradients there); use bf16 on a CPU"),
+        (par.tp == 1 or par.zero != ZeroStage.OPTIMIZER_STATES or par.dp * par.cp == 1,
+         "parallel.zero=1 with parallel.tp>1 is not supported: ZeroRedundancyOptimizer cannot "
+         "broadcast DTensor parameters (use zero 0 or 2)"),
+        (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp * par.cp == 1,
+         "training.grad_compression needs parallel.tp=1: DDP's communication hooks cannot "
+         "wrap DTensor parameters"),
+        (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",
+         "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
+        # torch's split backward (ScheduleInterleavedZeroBubble's I/W actions) runs the weight
+        # gradients outside autograd's backward, so DDP's reducer hooks never fire for them.
+        (par.schedule != Schedule.ZERO_BUBBLE or par.pp == 1 or par.dp * par.cp == 1 or par.zero >= ZeroStage.GRADIENTS,
+         "parallel.schedule=zero-bubble with parallel.dp>1 needs parallel.zero>=2 in the executor: "
+         "torch's split backward skips DDP's gradient hooks"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)
