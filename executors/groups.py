@@ -87,3 +87,14 @@ def expert_groups(plan: Plan) -> tuple[list[list[int]], list[list[int]]]:
 def clear() -> None:
     """Forget the names of earlier layouts' groups (a new trainer is being built)."""
     _AXES.clear()
+
+
+def expert_group(plan: Plan):
+    """(this rank's ep group, its expert data-parallel group or None when it is alone);
+    (None, None) without expert parallelism."""
+    if plan.parallel.ep == 1:
+        return None, None
+    ep_groups, edp_groups = expert_groups(plan)
+    ep = _subgroup(ep_groups, "ep")
+    edp = _subgroup(edp_groups, "dp") if len(edp_groups[0]) > 1 else None
+    return ep, edp

@@ -35,7 +35,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
-from executors import groups, tied
+from executors import groups, moe, tied
 from executors.ring_attention import apply_cp
 from executors.support import check_executable  # noqa: F401  (launch and the tests find it here)
 from executors.procs import idle_gloo_transport
@@ -130,7 +130,7 @@ def _block_tp_plan(block: nn.Module, sp: bool) -> dict:
             plan["feed_forward.w3"] = ColwiseParallel()
         plan["feed_forward"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
         return plan
-    for e, expert in enumerate(experts):  # each expert's MLP is TP-split; the router is replicated
+    for e, expert in experts.items():  # each expert's MLP is TP-split; the router is replicated
         plan.update({f"feed_forward.experts.{e}.w1": ColwiseParallel(),
                      f"feed_forward.experts.{e}.w2": RowwiseParallel(output_layouts=Replicate())})
         if expert.w3 is not None:
@@ -157,16 +157,21 @@ def apply_ac(model: Transformer, recompute: Recompute) -> None:
 
 # --------------------------------------------------------------------------- data parallel
 
-def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    """DDP (zero 0/1), FSDP2-based replicate (zero 0 with TP) or FSDP2 fully_shard (zero 2/3)."""
+def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.device,
+             ignored: frozenset = frozenset()) -> nn.Module:
+    """DDP (zero 0/1), FSDP2-based replicate (zero 0 with TP) or FSDP2 fully_shard (zero 2/3);
+    ``ignored`` parameters (an expert-parallel rank's experts) are left to ``executors.moe``."""
     par = plan.parallel
     if par.dp * par.cp == 1:
         return model
     if par.zero >= ZeroStage.GRADIENTS:
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
-        return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload)
+        return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored))
     if par.tp > 1:  # DDP cannot hold DTensor parameters; torch's FSDP2-based replicate can
-        return replicate(model, mesh=dp_mesh)
+        return replicate(model, mesh=dp_mesh, ignored_params=set(ignored))
+    if ignored:
+        names = [n for n, p in model.named_parameters() if p in ignored]
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     ddp = nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
         process_group=dp_mesh.get_group(), find_unused_parameters=plan.model.moe)
@@ -175,13 +180,14 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
 
 
 def apply_fsdp2(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-                offload: OffloadPolicy | None = None) -> Transformer:
+                offload: OffloadPolicy | None = None, ignored: set | None = None) -> Transformer:
     """FSDP2 as torchtitan applies it: one group per block, the rest (embedding, final norm,
     output) in the root group."""
-    offload = offload or OffloadPolicy()
+    kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload or OffloadPolicy(),
+              ignored_params=ignored or None)
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
-    return fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+        fully_shard(block, **kw)
+    return fully_shard(model, **kw)
 
 
 def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
@@ -253,6 +259,9 @@ class Trainer:
     embedding_group: object | None = None
     cp_positions: torch.Tensor | None = None
     """Under context parallelism: the sequence positions this rank trains on."""
+    experts: list = field(default_factory=list)
+    """Under expert parallelism: this rank's expert parameters, and their reduction group."""
+    edp_group: object | None = None
     """With tied embeddings under pipelining: the first and last stages' group (``executors.tied``)."""
 
     @property
@@ -278,6 +287,8 @@ class Trainer:
         loss = self._pipeline_step(tokens, labels) if self.schedule is not None \
             else self._accumulate(tokens, labels, span)
         tied.allreduce_shared_grad(tied.shared_weight(self.parts), self.embedding_group)
+        if self.experts:
+            moe.reduce_expert_grads(self.experts, self.edp_group, self.plan.parallel.dp * self.plan.parallel.cp)
         with span("optimizer", "optimizer"):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -325,22 +336,27 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
     groups.clear()
     dp_mesh = groups.dp_cp_mesh(plan, mesh)
     embedding_group = groups.embedding_group(plan)
+    ep_group, edp_group = groups.expert_group(plan)
     pp_rank = mesh.get_local_rank("pp")
     ids = stage_ids(plan, pp_rank) if par.pp > 1 else [0]
-    parts, positions = [], None
+    parts, positions, experts = [], None, []
     for sid in ids:
         module = build_stage_module(plan, sid, seed).to(device)
+        moe.set_aux_scale(module, 1 if par.pp > 1 else plan.num_microbatches)
         if par.cp > 1:
             positions = apply_cp(module, mesh["cp"], plan.model.seq_len)
+        mine = moe.apply_ep(module, ep_group) if ep_group is not None else []
+        experts += mine
         if par.tp > 1:
             apply_tp(module, mesh["tp"], par.sequence_parallel)
         apply_ac(module, plan.training.recompute)
-        parts.append(apply_dp(module, plan, dp_mesh, device))
+        parts.append(apply_dp(module, plan, dp_mesh, device, frozenset(mine)))
     params = [p for part in parts for p in part.parameters()]
     optimizer = build_optimizer(params, plan, dp_mesh, lr)
     scaler = torch.amp.GradScaler(device.type) if plan.training.precision == Precision.FP16 else None
     trainer = Trainer(plan=plan, mesh=mesh, device=device, parts=parts, optimizer=optimizer, scaler=scaler,
-                      embedding_group=embedding_group, cp_positions=positions)
+                      embedding_group=embedding_group, cp_positions=positions, experts=experts,
+                      edp_group=edp_group)
     if par.pp > 1:
         num_stages = par.pp * par.vpp
         trainer.stages = [pipelining.PipelineStage(part, sid, num_stages, device, group=mesh["pp"].get_group())
