@@ -94,27 +94,48 @@ def _fold(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.view(b, h // groups, groups, t, d).sum(2)
 
 
-def _forward_block(q, k, v, mask, scale, state) -> None:
-    """Fold one block into the running (max, sum, output) of its query rows (in place)."""
-    m, l, o = state
+def _diagonal(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
+    """The block is one run against the same run: plain causal attention."""
+    return len(q_pos) == len(k_pos) and bool((q_pos == k_pos).all())
+
+
+def _forward_block(q, k, v, mask, causal: bool, scale: float):
+    """One block's (output, log-sum-exp (B, H, Tq) fp32); rows with no key get -inf. On a
+    CPU the fused kernel SDPA itself runs (``_scaled_dot_product_flash_attention_for_cpu``,
+    which returns the log-sum-exp); elsewhere, or under a general mask, the math."""
+    if q.device.type == "cpu" and (mask is None or causal):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q.contiguous(), k.contiguous(), v.contiguous(), 0.0, causal, scale=scale)
+        return out, lse
     s = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    m_new = torch.maximum(m, s.amax(-1))
-    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-    p = torch.exp(s - m_safe[..., None])
-    alpha = torch.exp(m - m_safe)
-    l.mul_(alpha).add_(p.sum(-1))
-    o.mul_(alpha[..., None]).add_(torch.matmul(p.to(v.dtype), v).float())
-    m.copy_(m_new)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+    return torch.matmul(p.to(v.dtype), v), lse
 
 
-def _backward_block(q, k, v, do, lse, delta, mask, scale):
-    """FlashAttention-2's backward of one block: (dq, dk, dv), fp32."""
+def _merge(state, out, lse) -> None:
+    """Fold a block's normalised output into the running (output, log-sum-exp), in place."""
+    acc, acc_lse = state
+    new = torch.logaddexp(acc_lse, lse)
+    safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    acc.mul_(torch.exp(acc_lse - safe)[..., None]).add_(out.float() * torch.exp(lse - safe)[..., None])
+    acc_lse.copy_(new)
+
+
+def _backward_block(q, k, v, out, do, lse, mask, causal: bool, scale: float):
+    """FlashAttention-2's backward of one block from the final output and log-sum-exp:
+    (dq, dk, dv). On a CPU the fused kernel's backward, elsewhere the math (fp32)."""
+    if q.device.type == "cpu" and (mask is None or causal):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(), lse.contiguous(),
+            0.0, causal, scale=scale)
     s = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     p = torch.exp(s - lse[..., None])
     if mask is not None:
         p = p.masked_fill(~mask, 0.0)
+    delta = (do.float() * out.float()).sum(-1)
     dv = torch.matmul(p.transpose(-1, -2), do.float())
     dp = torch.matmul(do.float(), v.float().transpose(-1, -2))
     ds = p * (dp - delta[..., None]) * scale
@@ -130,22 +151,22 @@ class RingAttentionFn(torch.autograd.Function):
     def forward(ctx, q, k, v, ring: _Ring, positions: torch.Tensor, me: int):
         cp, groups, scale = positions.shape[0], q.shape[1] // k.shape[1], 1.0 / math.sqrt(q.shape[-1])
         b, h, t, _ = q.shape
-        state = (torch.full((b, h, t), float("-inf"), device=q.device), torch.zeros(b, h, t, device=q.device),
-                 torch.zeros(q.shape, dtype=torch.float32, device=q.device))
+        state = (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
+                 torch.full((b, h, t), float("-inf"), device=q.device))
         kv = torch.stack([k, v])
         for step in range(cp):
             src = (me - step) % cp
             pending = ring.start(kv) if step < cp - 1 else None
             ke, ve = _expand(kv[0], groups), _expand(kv[1], groups)
             for qs, ks, mask in _blocks(positions[me], positions[src]):
-                _forward_block(q[:, :, qs], ke[:, :, ks], ve[:, :, ks], mask, scale,
-                               [x[:, :, qs] for x in state])
+                causal = mask is not None and _diagonal(positions[me][qs], positions[src][ks])
+                out, lse = _forward_block(q[:, :, qs], ke[:, :, ks], ve[:, :, ks], mask, causal, scale)
+                _merge([x[:, :, qs] for x in state], out, lse)
             if pending is not None:
                 _Ring.wait(pending[1])
                 kv = pending[0]
-        m, l, o = state
-        out = (o / l[..., None]).to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, m + torch.log(l))
+        out = state[0].to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, state[1])
         ctx.ring, ctx.positions, ctx.me = ring, positions, me
         return out
 
@@ -154,9 +175,8 @@ class RingAttentionFn(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         ring, positions, me = ctx.ring, ctx.positions, ctx.me
         cp, groups, scale = positions.shape[0], q.shape[1] // k.shape[1], 1.0 / math.sqrt(q.shape[-1])
-        delta = (dout.float() * out.float()).sum(-1)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kv, dkv, dkv_pending = torch.stack([k, v]), None, None
+        kv, dkv_pending = torch.stack([k, v]), None
         for step in range(cp):
             src = (me - step) % cp
             pending = ring.start(kv) if step < cp - 1 else None
@@ -164,8 +184,9 @@ class RingAttentionFn(torch.autograd.Function):
             dk = torch.zeros(ke.shape, dtype=torch.float32, device=q.device)
             dv = torch.zeros_like(dk)
             for qs, ks, mask in _blocks(positions[me], positions[src]):
-                bq, bk, bv = _backward_block(q[:, :, qs], ke[:, :, ks], ve[:, :, ks], dout[:, :, qs],
-                                             lse[:, :, qs], delta[:, :, qs], mask, scale)
+                causal = mask is not None and _diagonal(positions[me][qs], positions[src][ks])
+                bq, bk, bv = _backward_block(q[:, :, qs], ke[:, :, ks], ve[:, :, ks], out[:, :, qs], dout[:, :, qs],
+                                             lse[:, :, qs], mask, causal, scale)
                 dq[:, :, qs] += bq
                 dk[:, :, ks] += bk
                 dv[:, :, ks] += bv

@@ -78,3 +78,32 @@ def test_two_rank_layout_matches_single_process(two_rank, name):
 @pytest.mark.parametrize("name", list(FOUR_RANK))
 def test_four_rank_layout_matches_single_process(four_rank, name):
     check_tied(FOUR_RANK[name], four_rank[name])
+
+
+# --------------------------------------------------------------------------- ring attention pieces
+
+def test_head_tail_split_balances_causal_work():
+    from executors.ring_attention import cp_positions
+
+    pieces = [cp_positions(16, 4, r) for r in range(4)]
+    assert torch.cat(pieces).sort().values.tolist() == list(range(16))
+    assert pieces[0].tolist() == [0, 1, 14, 15] and pieces[3].tolist() == [6, 7, 8, 9]
+    work = {int(sum(p + 1)) for p in pieces}          # keys each rank's queries attend to
+    assert work == {34}
+    assert cp_positions(12, 4, 1).tolist() == [3, 4, 5]  # 2*cp does not divide: contiguous
+
+
+def test_math_blocks_equal_the_fused_kernel():
+    from executors.ring_attention import _backward_block, _forward_block
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(2, 3, 8, 4, generator=gen) for _ in range(4))
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    fused = _forward_block(q, k, v, causal, True, 0.5)
+    math = _forward_block(q, k, v, causal, False, 0.5)     # a general mask takes the math path
+    for a, b in zip(fused, math):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    out, lse = fused
+    for a, b in zip(_backward_block(q, k, v, out, do, lse, causal, True, 0.5),
+                    _backward_block(q, k, v, out, do, lse, causal, False, 0.5)):
+        torch.testing.assert_close(a.float(), b, rtol=1e-4, atol=1e-5)
