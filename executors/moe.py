@@ -97,11 +97,9 @@ def moe_forward(moe, x: torch.Tensor) -> torch.Tensor:
     return out.view(shape)
 
 
-def apply_ep(model: nn.Module, ep_group) -> list[nn.Parameter]:
-    """Keep only this ep rank's experts in every MoE layer of ``model`` (names unchanged);
-    return the expert parameters it holds (reduced over the expert data-parallel group)."""
+def apply_ep(model: nn.Module, ep_group) -> None:
+    """Keep only this ep rank's experts in every MoE layer of ``model`` (names unchanged)."""
     ep, me = dist.get_world_size(ep_group), dist.get_rank(ep_group)
-    params = []
     for block in model.layers.values():
         moe = block.feed_forward
         local = moe.num_experts // ep
@@ -110,8 +108,14 @@ def apply_ep(model: nn.Module, ep_group) -> list[nn.Parameter]:
             if name not in keep:
                 del moe.experts[name]
         moe.ep_group = ep_group
-        params += list(moe.experts.parameters())
-    return params
+
+
+def expert_params(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of an expert-parallel rank's experts, which the data-parallel wrappers
+    leave alone (``reduce_expert_grads`` reduces them). Read after tensor parallelism, which
+    replaces every parameter it shards by a new DTensor parameter."""
+    return [p for block in model.layers.values() if getattr(block.feed_forward, "ep_group", None) is not None
+            for p in block.feed_forward.experts.parameters()]
 
 
 def set_aux_scale(model: nn.Module, microbatches: int) -> None:

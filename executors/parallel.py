@@ -345,11 +345,13 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
         moe.set_aux_scale(module, 1 if par.pp > 1 else plan.num_microbatches)
         if par.cp > 1:
             positions = apply_cp(module, mesh["cp"], plan.model.seq_len)
-        mine = moe.apply_ep(module, ep_group) if ep_group is not None else []
-        experts += mine
+        if ep_group is not None:
+            moe.apply_ep(module, ep_group)
         if par.tp > 1:
             apply_tp(module, mesh["tp"], par.sequence_parallel)
         apply_ac(module, plan.training.recompute)
+        mine = moe.expert_params(module)
+        experts += mine
         parts.append(apply_dp(module, plan, dp_mesh, device, frozenset(mine)))
     params = [p for part in parts for p in part.parameters()]
     optimizer = build_optimizer(params, plan, dp_mesh, lr)

@@ -14,9 +14,6 @@ def check_executable(plan: Plan, device_type: str) -> None:
     """The layouts this executor cannot run; ValueError with one sentence each."""
     par, tr = plan.parallel, plan.training
     rules = [
-        (par.ep == 1 or par.tp == 1,
-         f"parallel.ep={par.ep} with parallel.tp={par.tp} is not supported by the executor yet: its "
-         "tensor-parallel experts' updates do not match one process (use tp: 1 with ep)"),
         (par.ep == 1 or par.zero != ZeroStage.OPTIMIZER_STATES,
          f"parallel.ep={par.ep} with parallel.zero=1 is not supported: ZeroRedundancyOptimizer would "
          "broadcast one rank's experts over ranks that hold others (use zero 0 or 2)"),

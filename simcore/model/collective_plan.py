@@ -55,7 +55,7 @@ activations in the plan's precision (approximate under autocast, where some back
 gradients stay fp32). Context parallel, expert parallel and tied embeddings under
 pipelining add the calls of ``simcore.model.layout_calls``; with cp > 1 the data-parallel
 wrappers reduce over dp x cp ranks (axis ``dp``, or ``cp`` when dp is 1). Not modelled
-(ValueError): an MoE with full recomputation, PowerSGD compression.
+(ValueError): an MoE with full recomputation or tensor parallelism, PowerSGD compression.
 """
 from __future__ import annotations
 
@@ -240,7 +240,10 @@ def _check_modelled(plan: Plan) -> None:
     m, tr = plan.model, plan.training
     rules = [(not m.moe or tr.recompute != Recompute.FULL,
               f"model.experts={m.experts} with training.recompute=full: the recomputed MoE's collectives "
-              "are not modelled at torch's granularity")]
+              "are not modelled at torch's granularity"),
+             (not m.moe or plan.parallel.tp == 1,
+              f"model.experts={m.experts} with parallel.tp={plan.parallel.tp}: the tensor-parallel experts' "
+              "collectives are not modelled at torch's granularity")]
     for ok, message in rules:
         if not ok:
             raise ValueError(message)
