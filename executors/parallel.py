@@ -203,16 +203,22 @@ def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
         ddp.register_comm_hook(group, default_hooks.allreduce_hook)
 
 
-def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh, lr: float,
+                    edp_group=None) -> torch.optim.Optimizer:
+    """The plan's optimizer; ZeRO-1 shards its states over the dp (x cp) ranks, or under expert
+    parallelism over the ranks that hold the same experts (``edp_group``; none: not sharded),
+    since the others hold other experts."""
     opt = plan.training.optimizer
     cls, kwargs = {
         Optimizer.ADAMW: (torch.optim.AdamW, {"betas": ADAM_BETAS, "weight_decay": WEIGHT_DECAY}),
         Optimizer.ADAM: (torch.optim.Adam, {"betas": ADAM_BETAS}),
         Optimizer.SGD: (torch.optim.SGD, {}),
     }[opt]
-    if plan.parallel.zero == ZeroStage.OPTIMIZER_STATES and plan.parallel.dp * plan.parallel.cp > 1:
+    par = plan.parallel
+    group = dp_mesh.get_group() if par.ep == 1 else edp_group
+    if par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1 and group is not None:
         # bucket view: one broadcast per rank after the step instead of one per tensor
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_mesh.get_group(),
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group,
                                        parameters_as_bucket_view=True, lr=lr, **kwargs)
     return cls(params, lr=lr, **kwargs)
 
@@ -354,7 +360,7 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
         experts += mine
         parts.append(apply_dp(module, plan, dp_mesh, device, frozenset(mine)))
     params = [p for part in parts for p in part.parameters()]
-    optimizer = build_optimizer(params, plan, dp_mesh, lr)
+    optimizer = build_optimizer(params, plan, dp_mesh, lr, edp_group)
     scaler = torch.amp.GradScaler(device.type) if plan.training.precision == Precision.FP16 else None
     trainer = Trainer(plan=plan, mesh=mesh, device=device, parts=parts, optimizer=optimizer, scaler=scaler,
                       embedding_group=embedding_group, cp_positions=positions, experts=experts,

@@ -14,9 +14,6 @@ def check_executable(plan: Plan, device_type: str) -> None:
     """The layouts this executor cannot run; ValueError with one sentence each."""
     par, tr = plan.parallel, plan.training
     rules = [
-        (par.ep == 1 or par.zero != ZeroStage.OPTIMIZER_STATES,
-         f"parallel.ep={par.ep} with parallel.zero=1 is not supported: ZeroRedundancyOptimizer would "
-         "broadcast one rank's experts over ranks that hold others (use zero 0 or 2)"),
         (tr.offload == Offload.NONE or device_type == "cuda",
          f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
          "state off a GPU, and this host has none"),

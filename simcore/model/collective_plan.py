@@ -171,9 +171,12 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) 
         nbytes = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params) * PARAM_ELEMENT_BYTES
         return Counter({Call(kind="all_reduce", axis=axis, bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
     out = _ddp_calls(plan, params)
-    if par.zero == ZeroStage.OPTIMIZER_STATES:
-        out.update(Call(kind="broadcast", axis=axis, bytes=max(1, n) * PARAM_ELEMENT_BYTES, issuer="zero1")
-                   for n in zero1_buckets([_numel(p.shape) for p in params], nd))
+    zero_ranks = nd // par.ep      # under ep, ZeRO-1 shards over the ranks holding the same experts
+    if par.zero == ZeroStage.OPTIMIZER_STATES and zero_ranks > 1:
+        held = [p for p in part_params(plan.model, part) if p not in params]
+        numels = [_numel(p.shape) for p in params] + [_numel(p.shape) for p in held[:len(held) // par.ep]]
+        out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, bytes=max(1, n) * PARAM_ELEMENT_BYTES,
+                        issuer="zero1") for n in zero1_buckets(numels, zero_ranks))
     return out
 
 

@@ -44,6 +44,7 @@ FOUR_RANK = {
     "cp2-pp2": plan(GPT, cp=2, pp=2),
     "ep2-dp4": plan(MOE_LLAMA, dp=4, ep=2),
     "ep2-cp2-dp2": plan(MOE_GPT, dp=2, cp=2, ep=2),
+    "ep2-dp4-zero1": plan(MOE_GPT, dp=4, ep=2, zero=1),
 }
 
 
