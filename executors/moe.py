@@ -16,8 +16,10 @@ layer's output is unchanged and backward adds ``aux_scale`` x the loss's gradien
 Expert parallel: an ep rank holds ``experts / ep`` consecutive experts; the (experts,
 capacity) dispatch buffer is sent to the experts' ranks with one ``all_to_all_single`` of
 equal splits, the outputs come back with another (the dispatch and combine of torchtitan's
-``torchtitan/models/moe.py`` and GShard), both differentiable through
-``torch.distributed.nn.functional.all_to_all_single`` (backward: the reverse all-to-all).
+``torchtitan/models/moe.py`` and GShard); backward sends the gradients back the same way
+(``_AllToAll``: ``torch.distributed.nn.functional.all_to_all_single`` did this and is deprecated;
+the functional collectives' autograd all-to-all issues its backward in C++, out of the
+recorder's sight).
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import nn
 
@@ -59,6 +60,23 @@ def route(logits: torch.Tensor, top_k: int, cap: int):
     return tok, slot, weights[keep], aux
 
 
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of equal splits over ``group``; its gradient is the same exchange."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
 class _AuxLoss(torch.autograd.Function):
     """Identity on ``out``; backward also sends ``scale`` into the auxiliary loss."""
 
@@ -83,14 +101,14 @@ def moe_forward(moe, x: torch.Tensor) -> torch.Tensor:
     group = moe.ep_group
     ep = dist.get_world_size(group) if group is not None else 1
     if ep > 1:
-        buf = dist_fn.all_to_all_single(torch.empty_like(buf), buf, group=group)
+        buf = _AllToAll.apply(buf, group)
     # rows: (source rank, local expert, slot); each local expert runs its rows of every source
     local = e // ep
     rows = buf.view(ep, local, cap, -1).transpose(0, 1)
     outs = [expert(rows[i].reshape(ep * cap, -1)).view(ep, cap, -1) for i, expert in enumerate(moe.experts.values())]
     done = torch.stack(outs, 1).reshape(e * cap, -1)                 # (source, local expert, slot)
     if ep > 1:
-        done = dist_fn.all_to_all_single(torch.empty_like(done), done, group=group)
+        done = _AllToAll.apply(done, group)
     out = torch.zeros_like(tokens).index_add(0, tok, (done[slot] * weight[:, None]).to(tokens.dtype))
     if torch.is_grad_enabled():
         out = _AuxLoss.apply(out, aux, moe.aux_scale)
