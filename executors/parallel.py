@@ -15,6 +15,13 @@ parameters broadcast after the step); 2 = FSDP2 with ``reshard_after_forward=Fal
 backward); 3 = FSDP2 with ``reshard_after_forward=True``. Without pipelining, FSDP2
 reduce-scatters after every micro-batch (sharded gradients cannot be accumulated
 unsharded), DDP all-reduces after the last one only (``no_sync``).
+
+Context parallel (``executors.ring_attention``) replaces each block's attention core by
+ring attention and trains each rank on its head and tail chunks of every sequence; expert
+parallel (``executors.moe``) keeps a rank's experts, which the data-parallel wrappers
+leave to their own reduction; both come before tensor parallelism. The data-parallel
+wrappers reduce over dp x cp (``executors.groups``). Tied embeddings are re-tied after
+TP and summed over the pipeline's ends each step (``executors.tied``).
 """
 from __future__ import annotations
 
