@@ -181,7 +181,7 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     ddp = nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
-        process_group=dp_mesh.get_group(), find_unused_parameters=plan.model.moe)
+        process_group=dp_mesh.get_group())   # MoE too: every expert runs its padded capacity buffer
     _register_comm_hook(ddp, plan.training.grad_compression, dp_mesh.get_group())
     return ddp
 
