@@ -97,3 +97,23 @@ def test_expert_parallel_over_context_parallel_ranks_matches_cp_alone(two_rank):
     assert set(merged) == set(alone[0]["params"])
     for name, p in alone[0]["params"].items():
         torch.testing.assert_close(merged[name], p, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+def _layout(**parallel):
+    """A Plan with this layout (past check_plan: eight ranks exceed the test's cluster)."""
+    import dataclasses
+
+    p = plan(MOE_LLAMA, dp=2, ep=2)
+    return dataclasses.replace(p, parallel=dataclasses.replace(p.parallel, **parallel))
+
+
+def test_expert_groups_are_carved_from_dp_x_cp():
+    from executors.groups import embedding_groups, expert_groups
+
+    # ranks = ((dp * 2) + cp) * 2 + tp: for each tp rank the (dp, cp) ranks in mesh order
+    ep, edp = expert_groups(_layout(dp=2, cp=2, tp=2, ep=2))
+    assert ep == [[0, 2], [4, 6], [1, 3], [5, 7]]           # consecutive: the cp pairs
+    assert edp == [[0, 4], [2, 6], [1, 5], [3, 7]]          # the same experts: the dp pairs
+    ep4, edp4 = expert_groups(_layout(dp=4, ep=4))
+    assert ep4 == [[0, 1, 2, 3]] and edp4 == [[0], [1], [2], [3]]
+    assert embedding_groups(_layout(pp=4, dp=2, ep=1)) == [[0, 6], [1, 7]]
