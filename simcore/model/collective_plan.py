@@ -55,7 +55,7 @@ activations in the plan's precision (approximate under autocast, where some back
 gradients stay fp32). Context parallel, expert parallel and tied embeddings under
 pipelining add the calls of ``simcore.model.layout_calls``; with cp > 1 the data-parallel
 wrappers reduce over dp x cp ranks (axis ``dp``, or ``cp`` when dp is 1). Not modelled
-(ValueError): an MoE with full recomputation or tensor parallelism, PowerSGD compression.
+(ValueError): an MoE with full recomputation, PowerSGD compression.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
-from simcore.model.layout_calls import expert_calls, grad_axis, is_expert, ring_calls, tied_calls
+from simcore.model.layout_calls import expert_calls, grad_axis, is_expert, moe_capacity, ring_calls, tied_calls
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
 from simcore.model.schedules import Action, Op, add_communication, build_schedule
@@ -205,17 +205,24 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
         return Call(kind=kind, axis="tp", bytes=nbytes, issuer="dtensor")
 
     out: Counter = Counter()
+    moe = blocks if m.moe else 0   # an MoE block's MLP half: its experts' own collectives
+    if moe:
+        # each expert's w2 output all-reduced forward, its w1 and w3 inputs' gradients backward
+        # (ColwiseParallel per matrix: no shared input); rows: the capacity buffer of ep ranks
+        rows = par.ep * moe_capacity(plan) * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
+        out[call("all_reduce", rows)] += n_mb * moe * (m.experts // par.ep) * (2 + m.gated_mlp)
     if par.sequence_parallel:
         # per block: forward gathers (attention, MLP inputs) and scatters (wo, w2 outputs),
-        # the transposes in backward; recomputation gathers both inputs and scatters wo's
+        # the transposes in backward; recomputation gathers both inputs and scatters wo's; an
+        # MoE gathers its input forward and its output's gradient backward, and scatters none
         out[call("all_gather", act)] += n_mb * ((4 + 2 * redo) * blocks + part.embed + part.head)
-        out[call("reduce_scatter", act)] += n_mb * ((4 + redo) * blocks + part.head)
+        out[call("reduce_scatter", act)] += n_mb * ((4 + redo) * blocks - 2 * moe + part.head)
         out[call("all_reduce", act)] += n_mb * part.embed
         reductions = grad_reductions(plan) if _fsdp_based(plan) else OPTIMIZER_GRAD_READS[tr.optimizer]
         for p in part_params(m, part):
             out[call("all_reduce", _numel(p.shape) * PARAM_ELEMENT_BYTES)] += reductions * p.norm
     else:
-        out[call("all_reduce", act)] += n_mb * ((4 + redo) * blocks + part.embed + part.head)
+        out[call("all_reduce", act)] += n_mb * ((4 + redo) * blocks - 2 * moe + part.embed + part.head)
     if part.head:
         out[call("all_gather", logits)] += n_mb
     return +out
@@ -243,10 +250,7 @@ def _check_modelled(plan: Plan) -> None:
     m, tr = plan.model, plan.training
     rules = [(not m.moe or tr.recompute != Recompute.FULL,
               f"model.experts={m.experts} with training.recompute=full: the recomputed MoE's collectives "
-              "are not modelled at torch's granularity"),
-             (not m.moe or plan.parallel.tp == 1,
-              f"model.experts={m.experts} with parallel.tp={plan.parallel.tp}: the tensor-parallel experts' "
-              "collectives are not modelled at torch's granularity")]
+              "are not modelled at torch's granularity")]
     for ok, message in rules:
         if not ok:
             raise ValueError(message)

@@ -35,6 +35,8 @@ TWO_RANK = {
     "cp2-zero2": plan(GPT, cp=2, zero=2),
     "ep2-dp2": plan(MOE_GPT, dp=2, ep=2),
     "moe-dp2": plan(MOE_GPT, dp=2),
+    "moe-tp2": plan(MOE_LLAMA, tp=2),
+    "moe-tp2-sp": plan(MOE_GPT, tp=2, sequence_parallel=True),
 }
 FOUR_RANK = {
     "tied-pp2-dp2-zero3": plan(TIED_GPT, pp=2, dp=2, zero=3, schedule="gpipe"),
@@ -45,6 +47,7 @@ FOUR_RANK = {
     "ep2-dp4": plan(MOE_LLAMA, dp=4, ep=2),
     "ep2-cp2-dp2": plan(MOE_GPT, dp=2, cp=2, ep=2),
     "ep2-dp4-zero1": plan(MOE_GPT, dp=4, ep=2, zero=1),
+    "ep2-dp2-tp2-sp": plan(MOE_LLAMA, dp=2, tp=2, ep=2, sequence_parallel=True),
 }
 
 
