@@ -45,6 +45,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from executors import groups, moe, tied
 from executors.ring_attention import apply_cp
 from executors.support import check_executable  # noqa: F401  (launch and the tests find it here)
+from executors.zero1 import LocalShardZero
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
 from simcore.plan.spec import (
@@ -225,6 +226,8 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh,
     group = dp_mesh.get_group() if par.ep == 1 else edp_group
     if par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1 and group is not None:
         # bucket view: one broadcast per rank after the step instead of one per tensor
+        if par.tp > 1:   # DTensor parameters: their local shards, updated in place (see executors.zero1)
+            return LocalShardZero(params, optimizer_class=cls, process_group=group, lr=lr, **kwargs)
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group,
                                        parameters_as_bucket_view=True, lr=lr, **kwargs)
     return cls(params, lr=lr, **kwargs)

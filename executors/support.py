@@ -2,7 +2,7 @@
 
 What stays refused needs hardware or libraries a CPU host lacks (offload and fp16 need a
 GPU, FP8 needs torchao's kernels, bf16 gradient compression NCCL) or a combination torch's
-wrappers do not compose (ZeroRedundancyOptimizer or DDP hooks with DTensor parameters,
+wrappers do not compose (DDP's communication hooks with DTensor parameters,
 the zero-bubble split backward with DDP).
 """
 from __future__ import annotations
@@ -22,9 +22,6 @@ def check_executable(plan: Plan, device_type: str) -> None:
         (tr.precision != Precision.FP8, "training.precision=fp8 is not supported by the executor (needs torchao)"),
         (tr.precision != Precision.FP16 or device_type == "cuda",
          "training.precision=fp16 needs a GPU (its grad scaler guards fp16 gradients there); use bf16 on a CPU"),
-        (par.tp == 1 or par.zero != ZeroStage.OPTIMIZER_STATES or par.dp * par.cp == 1,
-         "parallel.zero=1 with parallel.tp>1 is not supported: ZeroRedundancyOptimizer cannot "
-         "broadcast DTensor parameters (use zero 0 or 2)"),
         (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp * par.cp == 1,
          "training.grad_compression needs parallel.tp=1: DDP's communication hooks cannot "
          "wrap DTensor parameters"),

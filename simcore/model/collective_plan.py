@@ -156,7 +156,7 @@ def grad_reductions(plan: Plan) -> int:
 
 def _fsdp_based(plan: Plan) -> bool:
     par = plan.parallel
-    return par.dp * par.cp > 1 and (par.zero >= ZeroStage.GRADIENTS or (par.zero == ZeroStage.NONE and par.tp > 1))
+    return par.dp * par.cp > 1 and (par.zero >= ZeroStage.GRADIENTS or par.tp > 1)
 
 
 def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:
@@ -169,7 +169,13 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) 
         return _fsdp_calls(plan, part, actions, tp_rank)
     if par.tp > 1:  # replicate: one param group, all-reduced per reduction
         nbytes = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params) * PARAM_ELEMENT_BYTES
-        return Counter({Call(kind="all_reduce", axis=axis, bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
+        out = Counter({Call(kind="all_reduce", axis=axis, bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
+        if par.zero == ZeroStage.OPTIMIZER_STATES and nd // par.ep > 1:   # executors.zero1: a broadcast a tensor
+            held = part_params(plan.model, part)
+            out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, issuer="zero1",
+                            bytes=_numel(local_shape(p, par.tp, tp_rank)) * PARAM_ELEMENT_BYTES)
+                       for p in held if p in params or _held_expert(plan, p, held))
+        return out
     out = _ddp_calls(plan, params)
     zero_ranks = nd // par.ep      # under ep, ZeRO-1 shards over the ranks holding the same experts
     if par.zero == ZeroStage.OPTIMIZER_STATES and zero_ranks > 1:
@@ -178,6 +184,15 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) 
         out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, bytes=max(1, n) * PARAM_ELEMENT_BYTES,
                         issuer="zero1") for n in zero1_buckets(numels, zero_ranks))
     return out
+
+
+def _held_expert(plan: Plan, p: ParamTensor, held: list[ParamTensor]) -> bool:
+    """Whether an expert-parallel rank holds expert tensor ``p`` (its layer's first E/ep experts
+    stand in for any rank's: they have the same shapes)."""
+    if not is_expert(p):
+        return False
+    expert = int(p.name.split(".experts.")[1].split(".")[0])
+    return expert < plan.model.experts // plan.parallel.ep
 
 
 def zero1_buckets(numels: list[int], dp: int) -> list[int]:

@@ -48,6 +48,10 @@ FOUR_RANK = {
     "ep2-cp2-dp2": plan(MOE_GPT, dp=2, cp=2, ep=2),
     "ep2-dp4-zero1": plan(MOE_GPT, dp=4, ep=2, zero=1),
     "ep2-dp2-tp2-sp": plan(MOE_LLAMA, dp=2, tp=2, ep=2, sequence_parallel=True),
+    "zero1-dp2-tp2": plan(LLAMA, dp=2, tp=2, zero=1),
+    "zero1-dp2-tp2-sp": plan(GPT, dp=2, tp=2, zero=1, sequence_parallel=True),
+    "zero1-cp2-tp2": plan(LLAMA, cp=2, tp=2, zero=1),
+    "zero1-ep2-dp2-tp2": plan(MOE_GPT, dp=2, tp=2, ep=2, zero=1),
 }
 
 

@@ -52,6 +52,8 @@ FOUR_RANK = {
     "cp2-dp2-zero3": plan(LLAMA, cp=2, dp=2, zero=3),
     "cp2-tp2-sp": plan(LLAMA, cp=2, tp=2, sequence_parallel=True),
     "cp2-pp2": plan(GPT, cp=2, pp=2),
+    "zero1-dp2-tp2-sp": plan(LLAMA, dp=2, tp=2, zero=1, sequence_parallel=True),   # executors.zero1
+    "zero1-cp2-tp2": plan(LLAMA, cp=2, tp=2, zero=1),
 }
 
 
