@@ -175,7 +175,7 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
     if par.zero >= ZeroStage.GRADIENTS:
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
         return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored))
-    if par.tp > 1:  # DDP cannot hold DTensor parameters; torch's FSDP2-based replicate can
+    if uses_replicate(plan):
         return replicate(model, mesh=dp_mesh, ignored_params=set(ignored))
     if ignored:
         names = [n for n, p in model.named_parameters() if p in ignored]
@@ -185,6 +185,15 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
         process_group=dp_mesh.get_group())   # MoE too: every expert runs its padded capacity buffer
     _register_comm_hook(ddp, plan.training.grad_compression, dp_mesh.get_group())
     return ddp
+
+
+def uses_replicate(plan: Plan) -> bool:
+    """ZeRO 0/1 by torch's FSDP2-based ``replicate`` instead of DDP: with TP (DDP cannot hold
+    DTensor parameters), and under the zero-bubble schedule, whose split backward runs the
+    weight gradients outside autograd's backward where DDP's reducer hooks never fire, while
+    pipelining reduces a ``ReplicateModule``'s gradients itself (``stage.py`` REDUCE_GRAD)."""
+    par = plan.parallel
+    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))
 
 
 def apply_fsdp2(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: bool,
@@ -226,7 +235,7 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh,
     group = dp_mesh.get_group() if par.ep == 1 else edp_group
     if par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1 and group is not None:
         # bucket view: one broadcast per rank after the step instead of one per tensor
-        if par.tp > 1:   # DTensor parameters: their local shards, updated in place (see executors.zero1)
+        if uses_replicate(plan):   # DTensor parameters: their local shards, updated in place (executors.zero1)
             return LocalShardZero(params, optimizer_class=cls, process_group=group, lr=lr, **kwargs)
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group,
                                        parameters_as_bucket_view=True, lr=lr, **kwargs)

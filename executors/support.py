@@ -2,8 +2,8 @@
 
 What stays refused needs hardware or libraries a CPU host lacks (offload and fp16 need a
 GPU, FP8 needs torchao's kernels, bf16 gradient compression NCCL) or a combination torch's
-wrappers do not compose (DDP's communication hooks with DTensor parameters,
-the zero-bubble split backward with DDP).
+wrappers do not compose (DDP's communication hooks with DTensor parameters or under
+the zero-bubble split backward).
 """
 from __future__ import annotations
 
@@ -25,13 +25,12 @@ def check_executable(plan: Plan, device_type: str) -> None:
         (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp * par.cp == 1,
          "training.grad_compression needs parallel.tp=1: DDP's communication hooks cannot "
          "wrap DTensor parameters"),
+        (par.schedule != Schedule.ZERO_BUBBLE or par.pp == 1 or tr.grad_compression == GradCompression.NONE
+         or par.dp * par.cp == 1,
+         "training.grad_compression needs a schedule other than zero-bubble: its split backward "
+         "skips DDP's communication hooks"),
         (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",
          "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
-        # torch's split backward (ScheduleInterleavedZeroBubble's I/W actions) runs the weight
-        # gradients outside autograd's backward, so DDP's reducer hooks never fire for them.
-        (par.schedule != Schedule.ZERO_BUBBLE or par.pp == 1 or par.dp * par.cp == 1 or par.zero >= ZeroStage.GRADIENTS,
-         "parallel.schedule=zero-bubble with parallel.dp>1 needs parallel.zero>=2 in the executor: "
-         "torch's split backward skips DDP's gradient hooks"),
     ]
     for ok, message in rules:
         if not ok:

@@ -29,8 +29,9 @@ What each API does, and where torch does it (torch 2.13):
   unsharded and skip gradient sync; ``perform_reduce_grad`` (the REDUCE_GRAD action)
   reduce-scatters once per step; the multi-stage schedules also UNSHARD and RESHARD stages
   (``_add_unshard_reshard``). ``simcore.model.fsdp_calls`` walks these rules over the rank's actions.
-- FSDP2-based ``replicate`` (zero 0 with TP): like a single FSDP unit holding every
-  parameter, with an all-reduce instead of a reduce-scatter and no all-gather.
+- FSDP2-based ``replicate`` (zero 0/1 with TP or under the zero-bubble schedule): like a
+  single FSDP unit holding every parameter, with an all-reduce instead of a reduce-scatter
+  and no all-gather; ZeRO-1 then broadcasts each tensor's local shard (``executors.zero1``).
 - DTensor tensor parallel (``torch/distributed/tensor/parallel/style.py``; the plan in
   ``executors.parallel.apply_tp``, Megatron's f/g operators, Shoeybi et al. 2019, and
   sequence parallelism, Korthikanti et al. 2022): per micro-batch and block, without SP
@@ -69,7 +70,7 @@ from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_pa
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
 from simcore.model.schedules import Action, Op, add_communication, build_schedule
 from simcore.plan.spec import (
-    GradCompression, Optimizer, Plan, Precision, Recompute, ZeroStage,
+    GradCompression, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
 )
 from topologies.placement import rank_grid
 
@@ -156,7 +157,7 @@ def grad_reductions(plan: Plan) -> int:
 
 def _fsdp_based(plan: Plan) -> bool:
     par = plan.parallel
-    return par.dp * par.cp > 1 and (par.zero >= ZeroStage.GRADIENTS or par.tp > 1)
+    return par.dp * par.cp > 1 and (par.zero >= ZeroStage.GRADIENTS or _replicate(plan))
 
 
 def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:
@@ -167,7 +168,7 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) 
         return Counter()
     if par.zero >= ZeroStage.GRADIENTS:
         return _fsdp_calls(plan, part, actions, tp_rank)
-    if par.tp > 1:  # replicate: one param group, all-reduced per reduction
+    if _replicate(plan):  # replicate: one param group, all-reduced per reduction
         nbytes = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params) * PARAM_ELEMENT_BYTES
         out = Counter({Call(kind="all_reduce", axis=axis, bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
         if par.zero == ZeroStage.OPTIMIZER_STATES and nd // par.ep > 1:   # executors.zero1: a broadcast a tensor
@@ -184,6 +185,13 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) 
         out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, bytes=max(1, n) * PARAM_ELEMENT_BYTES,
                         issuer="zero1") for n in zero1_buckets(numels, zero_ranks))
     return out
+
+
+def _replicate(plan: Plan) -> bool:
+    """ZeRO 0/1 by FSDP2's ``replicate``, not DDP (``executors.parallel.uses_replicate``):
+    with TP, and under the zero-bubble schedule (its split backward skips DDP's hooks)."""
+    par = plan.parallel
+    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))
 
 
 def _held_expert(plan: Plan, p: ParamTensor, held: list[ParamTensor]) -> bool:

@@ -52,6 +52,8 @@ FOUR_RANK = {
     "zero1-dp2-tp2-sp": plan(GPT, dp=2, tp=2, zero=1, sequence_parallel=True),
     "zero1-cp2-tp2": plan(LLAMA, cp=2, tp=2, zero=1),
     "zero1-ep2-dp2-tp2": plan(MOE_GPT, dp=2, tp=2, ep=2, zero=1),
+    "zero-bubble-dp2-pp2": plan(GPT, dp=2, pp=2, vpp=2, schedule="zero-bubble"),
+    "zero-bubble-zero1-dp2-pp2": plan(GPT, dp=2, pp=2, schedule="zero-bubble", zero=1),
 }
 
 

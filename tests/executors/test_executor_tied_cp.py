@@ -54,6 +54,8 @@ FOUR_RANK = {
     "cp2-pp2": plan(GPT, cp=2, pp=2),
     "zero1-dp2-tp2-sp": plan(LLAMA, dp=2, tp=2, zero=1, sequence_parallel=True),   # executors.zero1
     "zero1-cp2-tp2": plan(LLAMA, cp=2, tp=2, zero=1),
+    "zero-bubble-dp2-pp2": plan(GPT, dp=2, pp=2, vpp=2, schedule="zero-bubble"),      # replicate, not DDP
+    "zero-bubble-zero1-dp2-pp2": plan(GPT, dp=2, pp=2, schedule="zero-bubble", zero=1),
 }
 
 
