@@ -11,8 +11,8 @@ Attention is causal grouped-query attention (Ainslie et al. 2023, "GQA") through
 ``F.scaled_dot_product_attention``; rotary embeddings follow Su et al. 2021 ("RoFormer",
 eq. 34, rotate-half form). The MLP is GELU (GPT-2) or SwiGLU (Shazeer 2020, "GLU
 Variants Improve Transformer", eq. 6). MoE layers route each token to its ``top_k``
-experts by softmax gate (Shazeer et al. 2017; Fedus et al. 2021), dropless: every routed
-token is computed (capacity_factor is not applied by the executor).
+experts by softmax gate (Shazeer et al. 2017; Fedus et al. 2021), each expert taking at most
+its capacity (``model.capacity_factor``) of a call's tokens (``executors.moe``).
 Projections use ``bias=False`` as Llama does; ``CoreAttention`` is a parameter-free
 module so that selective recomputation (Korthikanti et al. 2022, sec. 4.2) can
 checkpoint exactly the attention core.
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executors.moe import AUX_LOSS_COEFF, moe_forward
 from simcore.plan.spec import ModelSpec, PositionEmbedding
 
 
@@ -35,7 +36,8 @@ def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[to
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, nh, hs); rotate pairs (i, i + hs/2) by position-dependent angles."""
+    """x: (B, T, nh, hs); rotate pairs (i, i + hs/2) by position-dependent angles; cos and
+    sin hold at least T rows, those of x's positions first."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     t = x.shape[1]
@@ -59,6 +61,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(spec.hidden, spec.kv_heads * hd, bias=False)
         self.wo = nn.Linear(spec.heads * hd, spec.hidden, bias=False)
         self.core = CoreAttention()
+        self.positions: torch.Tensor | None = None
+        """A context-parallel rank's token positions (``executors.ring_attention``); None: 0..T-1."""
         self.rope = spec.position_embedding == PositionEmbedding.ROPE
         if self.rope:
             cos, sin = rope_tables(spec.seq_len, hd)
@@ -72,7 +76,10 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, t, -1, self.head_dim)  # (B, T, nkv, hs)
         v = self.wv(x).view(b, t, -1, self.head_dim)
         if self.rope:
-            q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+            cos, sin = self.rope_cos, self.rope_sin
+            if self.positions is not None:
+                cos, sin = cos[self.positions], sin[self.positions]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, nh, T, hs)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
@@ -91,29 +98,23 @@ class FeedForward(nn.Module):
 
 
 class MoE(nn.Module):
-    """Top-k routed experts (dropless). Tokens are gathered per expert, as in
-    torchtitan's ``moe.py`` token-choice routing without capacity limits."""
+    """Top-k routed experts with a capacity per expert and the router's auxiliary loss
+    (``executors.moe``). ``experts`` is keyed by the global expert index, so that an
+    expert-parallel rank that keeps only its experts keeps their names."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.top_k = spec.top_k
+        self.top_k, self.num_experts, self.capacity_factor = spec.top_k, spec.experts, spec.capacity_factor
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
-        self.experts = nn.ModuleList(FeedForward(spec.hidden, spec.ffn_hidden, spec.gated_mlp)
-                                     for _ in range(spec.experts))
+        self.experts = nn.ModuleDict({str(e): FeedForward(spec.hidden, spec.ffn_hidden, spec.gated_mlp)
+                                      for e in range(spec.experts)})
+        self.ep_group = None
+        """The expert-parallel group (``executors.moe.apply_ep``); None: every expert here."""
+        self.aux_scale = AUX_LOSS_COEFF
+        """Weight of this call's auxiliary loss in the objective's gradient (set per layout)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        tokens = x.reshape(-1, shape[-1])  # (N, H)
-        gates = F.softmax(self.router(tokens), dim=-1, dtype=torch.float32)  # (N, E)
-        weights, chosen = torch.topk(gates, self.top_k, dim=-1)  # (N, k)
-        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(tokens.dtype)
-        out = torch.zeros_like(tokens)
-        for e, expert in enumerate(self.experts):
-            rows, slot = torch.nonzero(chosen == e, as_tuple=True)
-            if rows.numel():
-                y = expert(tokens[rows]) * weights[rows, slot, None]
-                out = out.index_add(0, rows, y.to(out.dtype))
-        return out.view(shape)
+        return moe_forward(self, x)
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -144,11 +145,14 @@ class Embedding(nn.Module):
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
         learned = spec.position_embedding == PositionEmbedding.LEARNED
         self.pos = nn.Embedding(spec.seq_len, spec.hidden) if learned else None
+        self.positions: torch.Tensor | None = None
+        """A context-parallel rank's token positions; None: 0..T-1."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok(tokens)  # (B, T, H)
         if self.pos is not None:
-            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            pos = self.positions if self.positions is not None else torch.arange(tokens.shape[1])
+            h = h + self.pos(pos.to(tokens.device))
         return h
 
 

@@ -15,6 +15,13 @@ parameters broadcast after the step); 2 = FSDP2 with ``reshard_after_forward=Fal
 backward); 3 = FSDP2 with ``reshard_after_forward=True``. Without pipelining, FSDP2
 reduce-scatters after every micro-batch (sharded gradients cannot be accumulated
 unsharded), DDP all-reduces after the last one only (``no_sync``).
+
+Context parallel (``executors.ring_attention``) replaces each block's attention core by
+ring attention and trains each rank on its head and tail chunks of every sequence; expert
+parallel (``executors.moe``) keeps a rank's experts, which the data-parallel wrappers
+leave to their own reduction; both come before tensor parallelism. The data-parallel
+wrappers reduce over dp x cp (``executors.groups``). Tied embeddings are re-tied after
+TP and summed over the pipeline's ends each step (``executors.tied``).
 """
 from __future__ import annotations
 
@@ -35,6 +42,10 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
+from executors import groups, moe, tied
+from executors.ring_attention import apply_cp
+from executors.support import check_executable  # noqa: F401  (launch and the tests find it here)
+from executors.zero1 import LocalShardZero
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
 from simcore.plan.spec import (
@@ -50,43 +61,6 @@ WEIGHT_DECAY = 0.1
 #: PowerSGD rank and warm-up iterations (Vogels et al. 2019; torch's powerSGD_hook defaults).
 POWERSGD_RANK = 1
 POWERSGD_START_ITER = 2
-
-
-def check_executable(plan: Plan, device_type: str) -> None:
-    """The layouts this executor cannot run; ValueError with one sentence each."""
-    par, tr, m = plan.parallel, plan.training, plan.model
-    rules = [
-        (par.cp == 1, f"parallel.cp={par.cp}: the executor has no context parallelism (use cp: 1)"),
-        (par.ep == 1, f"parallel.ep={par.ep}: torch has no built-in expert-parallel API, so the "
-                      "executor replicates experts (use ep: 1)"),
-        (tr.offload == Offload.NONE or device_type == "cuda",
-         f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
-         "state off a GPU, and this host has none"),
-        (tr.offload == Offload.NONE or par.zero >= ZeroStage.GRADIENTS,
-         f"training.offload={tr.offload.value} needs parallel.zero>=2 (FSDP2's CPUOffloadPolicy)"),
-        (tr.precision != Precision.FP8, "training.precision=fp8 is not supported by the executor (needs torchao)"),
-        (tr.precision != Precision.FP16 or device_type == "cuda",
-         "training.precision=fp16 needs a GPU (its grad scaler guards fp16 gradients there); use bf16 on a CPU"),
-        (not m.tied_embeddings or (par.pp == 1 and par.tp == 1),
-         "model.tied_embeddings=true cannot be split over parallel.tp>1 or pp>1 by the executor; "
-         "set model.tied_embeddings: false"),
-        (par.tp == 1 or par.zero != ZeroStage.OPTIMIZER_STATES or par.dp == 1,
-         "parallel.zero=1 with parallel.tp>1 is not supported: ZeroRedundancyOptimizer cannot "
-         "broadcast DTensor parameters (use zero 0 or 2)"),
-        (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp == 1,
-         "training.grad_compression needs parallel.tp=1: DDP's communication hooks cannot "
-         "wrap DTensor parameters"),
-        (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",
-         "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
-        # torch's split backward (ScheduleInterleavedZeroBubble's I/W actions) runs the weight
-        # gradients outside autograd's backward, so DDP's reducer hooks never fire for them.
-        (par.schedule != Schedule.ZERO_BUBBLE or par.pp == 1 or par.dp == 1 or par.zero >= ZeroStage.GRADIENTS,
-         "parallel.schedule=zero-bubble with parallel.dp>1 needs parallel.zero>=2 in the executor: "
-         "torch's split backward skips DDP's gradient hooks"),
-    ]
-    for ok, message in rules:
-        if not ok:
-            raise ValueError(message)
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
@@ -144,6 +118,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, _block_tp_plan(block, sequence_parallel))
+    tied.retie(model)
 
 
 def _block_tp_plan(block: nn.Module, sp: bool) -> dict:
@@ -163,7 +138,7 @@ def _block_tp_plan(block: nn.Module, sp: bool) -> dict:
             plan["feed_forward.w3"] = ColwiseParallel()
         plan["feed_forward"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
         return plan
-    for e, expert in enumerate(experts):  # each expert's MLP is TP-split; the router is replicated
+    for e, expert in experts.items():  # each expert's MLP is TP-split; the router is replicated
         plan.update({f"feed_forward.experts.{e}.w1": ColwiseParallel(),
                      f"feed_forward.experts.{e}.w2": RowwiseParallel(output_layouts=Replicate())})
         if expert.w3 is not None:
@@ -190,31 +165,46 @@ def apply_ac(model: Transformer, recompute: Recompute) -> None:
 
 # --------------------------------------------------------------------------- data parallel
 
-def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    """DDP (zero 0/1), FSDP2-based replicate (zero 0 with TP) or FSDP2 fully_shard (zero 2/3)."""
+def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.device,
+             ignored: frozenset = frozenset()) -> nn.Module:
+    """DDP (zero 0/1), FSDP2-based replicate (zero 0 with TP) or FSDP2 fully_shard (zero 2/3);
+    ``ignored`` parameters (an expert-parallel rank's experts) are left to ``executors.moe``."""
     par = plan.parallel
-    if par.dp == 1:
+    if par.dp * par.cp == 1:
         return model
     if par.zero >= ZeroStage.GRADIENTS:
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
-        return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload)
-    if par.tp > 1:  # DDP cannot hold DTensor parameters; torch's FSDP2-based replicate can
-        return replicate(model, mesh=dp_mesh)
+        return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored))
+    if uses_replicate(plan):
+        return replicate(model, mesh=dp_mesh, ignored_params=set(ignored))
+    if ignored:
+        names = [n for n, p in model.named_parameters() if p in ignored]
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     ddp = nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
-        process_group=dp_mesh.get_group(), find_unused_parameters=plan.model.moe)
+        process_group=dp_mesh.get_group())   # MoE too: every expert runs its padded capacity buffer
     _register_comm_hook(ddp, plan.training.grad_compression, dp_mesh.get_group())
     return ddp
 
 
+def uses_replicate(plan: Plan) -> bool:
+    """ZeRO 0/1 by torch's FSDP2-based ``replicate`` instead of DDP: with TP (DDP cannot hold
+    DTensor parameters), and under the zero-bubble schedule, whose split backward runs the
+    weight gradients outside autograd's backward where DDP's reducer hooks never fire, while
+    pipelining reduces a ``ReplicateModule``'s gradients itself (``stage.py`` REDUCE_GRAD)."""
+    par = plan.parallel
+    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))
+
+
 def apply_fsdp2(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-                offload: OffloadPolicy | None = None) -> Transformer:
+                offload: OffloadPolicy | None = None, ignored: set | None = None) -> Transformer:
     """FSDP2 as torchtitan applies it: one group per block, the rest (embedding, final norm,
     output) in the root group."""
-    offload = offload or OffloadPolicy()
+    kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload or OffloadPolicy(),
+              ignored_params=ignored or None)
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
-    return fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+        fully_shard(block, **kw)
+    return fully_shard(model, **kw)
 
 
 def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
@@ -230,16 +220,24 @@ def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
         ddp.register_comm_hook(group, default_hooks.allreduce_hook)
 
 
-def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh, lr: float,
+                    edp_group=None) -> torch.optim.Optimizer:
+    """The plan's optimizer; ZeRO-1 shards its states over the dp (x cp) ranks, or under expert
+    parallelism over the ranks that hold the same experts (``edp_group``; none: not sharded),
+    since the others hold other experts."""
     opt = plan.training.optimizer
     cls, kwargs = {
         Optimizer.ADAMW: (torch.optim.AdamW, {"betas": ADAM_BETAS, "weight_decay": WEIGHT_DECAY}),
         Optimizer.ADAM: (torch.optim.Adam, {"betas": ADAM_BETAS}),
         Optimizer.SGD: (torch.optim.SGD, {}),
     }[opt]
-    if plan.parallel.zero == ZeroStage.OPTIMIZER_STATES and plan.parallel.dp > 1:
+    par = plan.parallel
+    group = dp_mesh.get_group() if par.ep == 1 else edp_group
+    if par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1 and group is not None:
         # bucket view: one broadcast per rank after the step instead of one per tensor
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_mesh.get_group(),
+        if uses_replicate(plan):   # DTensor parameters: their local shards, updated in place (executors.zero1)
+            return LocalShardZero(params, optimizer_class=cls, process_group=group, lr=lr, **kwargs)
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group,
                                        parameters_as_bucket_view=True, lr=lr, **kwargs)
     return cls(params, lr=lr, **kwargs)
 
@@ -283,6 +281,13 @@ class Trainer:
     stages: list = field(default_factory=list)
     schedule: object | None = None
     scaler: object | None = None
+    embedding_group: object | None = None
+    cp_positions: torch.Tensor | None = None
+    """Under context parallelism: the sequence positions this rank trains on."""
+    experts: list = field(default_factory=list)
+    """Under expert parallelism: this rank's expert parameters, and their reduction group."""
+    edp_group: object | None = None
+    """With tied embeddings under pipelining: the first and last stages' group (``executors.tied``)."""
 
     @property
     def is_last_stage(self) -> bool:
@@ -302,8 +307,13 @@ class Trainer:
         span = span or (lambda kind, name: contextlib.nullcontext())
         for opt_part in self.parts:
             opt_part.zero_grad(set_to_none=True)
+        if self.cp_positions is not None:   # this context-parallel rank's share of each sequence
+            tokens, labels = tokens[:, self.cp_positions], labels[:, self.cp_positions]
         loss = self._pipeline_step(tokens, labels) if self.schedule is not None \
             else self._accumulate(tokens, labels, span)
+        tied.allreduce_shared_grad(tied.shared_weight(self.parts), self.embedding_group)
+        if self.experts:
+            moe.reduce_expert_grads(self.experts, self.edp_group, self.plan.parallel.dp * self.plan.parallel.cp)
         with span("optimizer", "optimizer"):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -348,19 +358,32 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
     """Split, parallelise and wrap this rank's part of the model (torchtitan's order)."""
     check_executable(plan, device.type)
     par = plan.parallel
+    groups.clear()
+    dp_mesh = groups.dp_cp_mesh(plan, mesh)
+    embedding_group = groups.embedding_group(plan)
+    ep_group, edp_group = groups.expert_group(plan)
     pp_rank = mesh.get_local_rank("pp")
     ids = stage_ids(plan, pp_rank) if par.pp > 1 else [0]
-    parts = []
+    parts, positions, experts = [], None, []
     for sid in ids:
         module = build_stage_module(plan, sid, seed).to(device)
+        moe.set_aux_scale(module, 1 if par.pp > 1 else plan.num_microbatches)
+        if par.cp > 1:
+            positions = apply_cp(module, mesh["cp"], plan.model.seq_len)
+        if ep_group is not None:
+            moe.apply_ep(module, ep_group)
         if par.tp > 1:
             apply_tp(module, mesh["tp"], par.sequence_parallel)
         apply_ac(module, plan.training.recompute)
-        parts.append(apply_dp(module, plan, mesh["dp"], device))
+        mine = moe.expert_params(module)
+        experts += mine
+        parts.append(apply_dp(module, plan, dp_mesh, device, frozenset(mine)))
     params = [p for part in parts for p in part.parameters()]
-    optimizer = build_optimizer(params, plan, mesh["dp"], lr)
+    optimizer = build_optimizer(params, plan, dp_mesh, lr, edp_group)
     scaler = torch.amp.GradScaler(device.type) if plan.training.precision == Precision.FP16 else None
-    trainer = Trainer(plan=plan, mesh=mesh, device=device, parts=parts, optimizer=optimizer, scaler=scaler)
+    trainer = Trainer(plan=plan, mesh=mesh, device=device, parts=parts, optimizer=optimizer, scaler=scaler,
+                      embedding_group=embedding_group, cp_positions=positions, experts=experts,
+                      edp_group=edp_group)
     if par.pp > 1:
         num_stages = par.pp * par.vpp
         trainer.stages = [pipelining.PipelineStage(part, sid, num_stages, device, group=mesh["pp"].get_group())

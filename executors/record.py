@@ -122,11 +122,16 @@ class Recorder:
 # --------------------------------------------------------------------------- collectives
 
 def axis_map(mesh) -> dict:
-    """frozenset(ranks) -> axis name for every axis of ``mesh`` larger than one, and the world."""
+    """frozenset(ranks) -> axis name for every axis of ``mesh`` larger than one, the layout's
+    other groups (``executors.groups``: dp x cp is ``dp`` even where it is the world), and the world."""
     out = {frozenset(range(dist.get_world_size())): "world"}
     for axis in mesh.mesh_dim_names:
         if mesh[axis].size() > 1:
             out[frozenset(dist.get_process_group_ranks(mesh.get_group(axis)))] = axis
+    from executors.groups import extra_axes   # the layout's groups beyond the mesh axes (dp x cp, ep, ...)
+    for ranks, name in extra_axes().items():
+        if out.get(ranks, "world") == "world":
+            out[ranks] = name
     return out
 
 

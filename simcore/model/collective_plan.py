@@ -29,8 +29,9 @@ What each API does, and where torch does it (torch 2.13):
   unsharded and skip gradient sync; ``perform_reduce_grad`` (the REDUCE_GRAD action)
   reduce-scatters once per step; the multi-stage schedules also UNSHARD and RESHARD stages
   (``_add_unshard_reshard``). ``simcore.model.fsdp_calls`` walks these rules over the rank's actions.
-- FSDP2-based ``replicate`` (zero 0 with TP): like a single FSDP unit holding every
-  parameter, with an all-reduce instead of a reduce-scatter and no all-gather.
+- FSDP2-based ``replicate`` (zero 0/1 with TP or under the zero-bubble schedule): like a
+  single FSDP unit holding every parameter, with an all-reduce instead of a reduce-scatter
+  and no all-gather; ZeRO-1 then broadcasts each tensor's local shard (``executors.zero1``).
 - DTensor tensor parallel (``torch/distributed/tensor/parallel/style.py``; the plan in
   ``executors.parallel.apply_tp``, Megatron's f/g operators, Shoeybi et al. 2019, and
   sequence parallelism, Korthikanti et al. 2022): per micro-batch and block, without SP
@@ -52,7 +53,10 @@ What each API does, and where torch does it (torch 2.13):
 Bytes per call: the whole buffer (all-gather output, reduce-scatter input), in the
 executor's dtypes: parameters and gradients fp32 (autocast keeps fp32 parameters),
 activations in the plan's precision (approximate under autocast, where some backward
-gradients stay fp32). Not modelled (ValueError): MoE, cp/ep > 1, PowerSGD compression.
+gradients stay fp32). Context parallel, expert parallel and tied embeddings under
+pipelining add the calls of ``simcore.model.layout_calls``; with cp > 1 the data-parallel
+wrappers reduce over dp x cp ranks (axis ``dp``, or ``cp`` when dp is 1). Not modelled
+(ValueError): an MoE with full recomputation, PowerSGD compression.
 """
 from __future__ import annotations
 
@@ -61,11 +65,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
+from simcore.model.layout_calls import expert_calls, grad_axis, is_expert, moe_capacity, ring_calls, tied_calls
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
 from simcore.model.schedules import Action, Op, add_communication, build_schedule
 from simcore.plan.spec import (
-    GradCompression, ModelSpec, Optimizer, Plan, Precision, Recompute, ZeroStage,
+    GradCompression, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
 )
 from topologies.placement import rank_grid
 
@@ -116,24 +121,31 @@ def _ddp_calls(plan: Plan, params: list[ParamTensor]) -> Counter:
     if compression == GradCompression.POWERSGD:
         raise ValueError("training.grad_compression=powersgd: its steady-state collectives are not modelled")
     half = compression in (GradCompression.FP16, GradCompression.BF16)
-    return Counter(Call(kind="all_reduce", axis="dp", bytes=b // 2 if half else b, issuer="ddp")
+    return Counter(Call(kind="all_reduce", axis=grad_axis(plan), bytes=b // 2 if half else b, issuer="ddp")
                    for b in ddp_buckets(ready))
 
 
-def _fsdp_units(spec: ModelSpec, part: StagePart) -> list[list[ParamTensor]]:
-    """One FSDP module per block, then the root with what is left (embed, norm, output)."""
-    root = (embed_params(spec) if part.embed else []) + (head_params(spec) if part.head else [])
-    units = [block_params(spec, i) for i in part.layers] + [root]
+def _fsdp_units(plan: Plan, part: StagePart) -> list[list[ParamTensor]]:
+    """One FSDP module per block, then the root with what is left (embed, norm, output);
+    an expert-parallel rank's experts are left out (``executors.moe``)."""
+    spec = plan.model
+    root = (embed_params(spec) if part.embed else []) + (head_params(spec, not part.embed) if part.head else [])
+    units = [_dp_params(plan, block_params(spec, i)) for i in part.layers] + [root]
     return [u for u in units if u]  # a root with no parameters has no FSDP param group
 
 
+def _dp_params(plan: Plan, params: list[ParamTensor]) -> list[ParamTensor]:
+    """The parameters the data-parallel wrapper reduces (not an expert-parallel rank's experts)."""
+    return [p for p in params if not is_expert(p)] if plan.parallel.ep > 1 else params
+
+
 def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:
-    par, out = plan.parallel, Counter()
-    for unit in _fsdp_units(plan.model, part):
-        nbytes = sum(fsdp_padded_numel(local_shape(p, par.tp, tp_rank), par.dp) for p in unit) * PARAM_ELEMENT_BYTES
+    par, out, nd, axis = plan.parallel, Counter(), plan.parallel.dp * plan.parallel.cp, grad_axis(plan)
+    for unit in _fsdp_units(plan, part):
+        nbytes = sum(fsdp_padded_numel(local_shape(p, par.tp, tp_rank), nd) for p in unit) * PARAM_ELEMENT_BYTES
         gathers, scatters = fsdp_unit_calls(actions, part.stage, par.zero == ZeroStage.WEIGHTS, par.pp > 1)
-        out[Call(kind="all_gather", axis="dp", bytes=nbytes, issuer="fsdp2")] += gathers
-        out[Call(kind="reduce_scatter", axis="dp", bytes=nbytes, issuer="fsdp2")] += scatters
+        out[Call(kind="all_gather", axis=axis, bytes=nbytes, issuer="fsdp2")] += gathers
+        out[Call(kind="reduce_scatter", axis=axis, bytes=nbytes, issuer="fsdp2")] += scatters
     return +out
 
 
@@ -145,24 +157,50 @@ def grad_reductions(plan: Plan) -> int:
 
 def _fsdp_based(plan: Plan) -> bool:
     par = plan.parallel
-    return par.dp > 1 and (par.zero >= ZeroStage.GRADIENTS or (par.zero == ZeroStage.NONE and par.tp > 1))
+    return par.dp * par.cp > 1 and (par.zero >= ZeroStage.GRADIENTS or _replicate(plan))
 
 
 def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:
     par = plan.parallel
-    params = part_params(plan.model, part)
-    if par.dp == 1:
+    params = _dp_params(plan, part_params(plan.model, part))
+    nd, axis = par.dp * par.cp, grad_axis(plan)
+    if nd == 1:
         return Counter()
     if par.zero >= ZeroStage.GRADIENTS:
         return _fsdp_calls(plan, part, actions, tp_rank)
-    if par.tp > 1:  # replicate: one param group, all-reduced per reduction
+    if _replicate(plan):  # replicate: one param group, all-reduced per reduction
         nbytes = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params) * PARAM_ELEMENT_BYTES
-        return Counter({Call(kind="all_reduce", axis="dp", bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
+        out = Counter({Call(kind="all_reduce", axis=axis, bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
+        if par.zero == ZeroStage.OPTIMIZER_STATES and nd // par.ep > 1:   # executors.zero1: a broadcast a tensor
+            held = part_params(plan.model, part)
+            out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, issuer="zero1",
+                            bytes=_numel(local_shape(p, par.tp, tp_rank)) * PARAM_ELEMENT_BYTES)
+                       for p in held if p in params or _held_expert(plan, p, held))
+        return out
     out = _ddp_calls(plan, params)
-    if par.zero == ZeroStage.OPTIMIZER_STATES:
-        out.update(Call(kind="broadcast", axis="dp", bytes=max(1, n) * PARAM_ELEMENT_BYTES, issuer="zero1")
-                   for n in zero1_buckets([_numel(p.shape) for p in params], par.dp))
+    zero_ranks = nd // par.ep      # under ep, ZeRO-1 shards over the ranks holding the same experts
+    if par.zero == ZeroStage.OPTIMIZER_STATES and zero_ranks > 1:
+        held = [p for p in part_params(plan.model, part) if p not in params]
+        numels = [_numel(p.shape) for p in params] + [_numel(p.shape) for p in held[:len(held) // par.ep]]
+        out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, bytes=max(1, n) * PARAM_ELEMENT_BYTES,
+                        issuer="zero1") for n in zero1_buckets(numels, zero_ranks))
     return out
+
+
+def _replicate(plan: Plan) -> bool:
+    """ZeRO 0/1 by FSDP2's ``replicate``, not DDP (``executors.parallel.uses_replicate``):
+    with TP, and under the zero-bubble schedule (its split backward skips DDP's hooks)."""
+    par = plan.parallel
+    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))
+
+
+def _held_expert(plan: Plan, p: ParamTensor, held: list[ParamTensor]) -> bool:
+    """Whether an expert-parallel rank holds expert tensor ``p`` (its layer's first E/ep experts
+    stand in for any rank's: they have the same shapes)."""
+    if not is_expert(p):
+        return False
+    expert = int(p.name.split(".experts.")[1].split(".")[0])
+    return expert < plan.model.experts // plan.parallel.ep
 
 
 def zero1_buckets(numels: list[int], dp: int) -> list[int]:
@@ -182,24 +220,32 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
         return Counter()
     n_mb, blocks = plan.num_microbatches, len(part.layers)
     redo = tr.recompute == Recompute.FULL  # recomputation re-runs the attention's collectives
-    act = tr.micro_batch * m.seq_len * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
-    logits = tr.micro_batch * m.seq_len * m.vocab * _ACT_ELEMENT_BYTES[tr.precision]
+    seq = m.seq_len // par.cp
+    act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
+    logits = tr.micro_batch * seq * m.vocab * _ACT_ELEMENT_BYTES[tr.precision]
 
     def call(kind: str, nbytes: int) -> Call:
         return Call(kind=kind, axis="tp", bytes=nbytes, issuer="dtensor")
 
     out: Counter = Counter()
+    moe = blocks if m.moe else 0   # an MoE block's MLP half: its experts' own collectives
+    if moe:
+        # each expert's w2 output all-reduced forward, its w1 and w3 inputs' gradients backward
+        # (ColwiseParallel per matrix: no shared input); rows: the capacity buffer of ep ranks
+        rows = par.ep * moe_capacity(plan) * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
+        out[call("all_reduce", rows)] += n_mb * moe * (m.experts // par.ep) * (2 + m.gated_mlp)
     if par.sequence_parallel:
         # per block: forward gathers (attention, MLP inputs) and scatters (wo, w2 outputs),
-        # the transposes in backward; recomputation gathers both inputs and scatters wo's
+        # the transposes in backward; recomputation gathers both inputs and scatters wo's; an
+        # MoE gathers its input forward and its output's gradient backward, and scatters none
         out[call("all_gather", act)] += n_mb * ((4 + 2 * redo) * blocks + part.embed + part.head)
-        out[call("reduce_scatter", act)] += n_mb * ((4 + redo) * blocks + part.head)
+        out[call("reduce_scatter", act)] += n_mb * ((4 + redo) * blocks - 2 * moe + part.head)
         out[call("all_reduce", act)] += n_mb * part.embed
         reductions = grad_reductions(plan) if _fsdp_based(plan) else OPTIMIZER_GRAD_READS[tr.optimizer]
         for p in part_params(m, part):
             out[call("all_reduce", _numel(p.shape) * PARAM_ELEMENT_BYTES)] += reductions * p.norm
     else:
-        out[call("all_reduce", act)] += n_mb * ((4 + redo) * blocks + part.embed + part.head)
+        out[call("all_reduce", act)] += n_mb * ((4 + redo) * blocks - 2 * moe + part.embed + part.head)
     if part.head:
         out[call("all_gather", logits)] += n_mb
     return +out
@@ -214,7 +260,7 @@ def _pp_calls(plan: Plan, pp_rank: int, tp_rank: int) -> Counter:
     schedule = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp)
     lowered = add_communication(schedule, par.pp, par.vpp)[pp_rank]
     # under SP a stage's output is a sequence shard, and the stage sends its local tensor
-    seq = math.ceil(m.seq_len / par.tp) if par.sequence_parallel else m.seq_len
+    seq = math.ceil(m.seq_len // par.cp / par.tp) if par.sequence_parallel else m.seq_len // par.cp
     act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
     kinds = {Op.SEND_F: "send", Op.SEND_B: "send", Op.RECV_F: "recv", Op.RECV_B: "recv"}
     return Counter(Call(kind=kinds[a.op], axis="pp", bytes=act, issuer="pipelining")
@@ -224,11 +270,10 @@ def _pp_calls(plan: Plan, pp_rank: int, tp_rank: int) -> Counter:
 # --------------------------------------------------------------------------- per rank
 
 def _check_modelled(plan: Plan) -> None:
-    par = plan.parallel
-    rules = [(par.cp == 1, f"parallel.cp={par.cp}: context parallelism is not modelled at torch's granularity"),
-             (par.ep == 1, f"parallel.ep={par.ep}: expert parallelism is not modelled at torch's granularity"),
-             (not plan.model.moe, f"model.experts={plan.model.experts}: MoE collectives are not modelled "
-                                  "at torch's granularity")]
+    m, tr = plan.model, plan.training
+    rules = [(not m.moe or tr.recompute != Recompute.FULL,
+              f"model.experts={m.experts} with training.recompute=full: the recomputed MoE's collectives "
+              "are not modelled at torch's granularity")]
     for ok, message in rules:
         if not ok:
             raise ValueError(message)
@@ -241,9 +286,13 @@ def expected_calls(plan: Plan, rank: int) -> Counter:
     coords = rank_grid(par.pp, par.dp, par.cp, par.tp).coords(rank)
     actions = rank_actions(plan, coords["pp"])
     out = _pp_calls(plan, coords["pp"], coords["tp"])
+    act = _ACT_ELEMENT_BYTES[plan.training.precision]
     for part in stage_parts(plan, coords["pp"]):
         out.update(_tp_calls(plan, part, coords["tp"]))
         out.update(_dp_calls(plan, part, actions, coords["tp"]))
+        for kind, axis, nbytes, issuer, n in (ring_calls(plan, part, act) + expert_calls(plan, part, act, coords["tp"])
+                                              + tied_calls(plan, part, coords["tp"])):
+            out[Call(kind=kind, axis=axis, bytes=nbytes, issuer=issuer)] += n
     return +out
 
 

@@ -65,10 +65,11 @@ def embed_params(spec: ModelSpec) -> list[ParamTensor]:
     return out
 
 
-def head_params(spec: ModelSpec) -> list[ParamTensor]:
-    """Final norm and output projection (none when tied to the token embedding)."""
+def head_params(spec: ModelSpec, tied_copy: bool = False) -> list[ParamTensor]:
+    """Final norm and output projection (none when tied to the token embedding, except the
+    copy a last pipeline stage without the embedding holds: ``tied_copy``)."""
     out = [ParamTensor(name="norm.weight", shape=(spec.hidden,), norm=True)]
-    if not spec.tied_embeddings:
+    if not spec.tied_embeddings or tied_copy:
         out.append(ParamTensor(name="output.weight", shape=(spec.vocab, spec.hidden), tp_dim=0))
     return out
 
@@ -78,7 +79,7 @@ def part_params(spec: ModelSpec, part: StagePart) -> list[ParamTensor]:
     out = embed_params(spec) if part.embed else []
     for i in part.layers:
         out += block_params(spec, i)
-    return out + (head_params(spec) if part.head else [])
+    return out + (head_params(spec, tied_copy=not part.embed) if part.head else [])
 
 
 def num_parameter_tensors(spec: ModelSpec) -> int:

@@ -67,14 +67,14 @@ def test_moe_with_one_expert_is_the_dense_mlp():
     spec = ModelSpec(name="m", layers=1, hidden=16, heads=2, kv_heads=2, ffn_hidden=32, vocab=8, seq_len=4,
                      experts=1, top_k=1)
     moe, dense = MoE(spec), FeedForward(16, 32, False)
-    dense.load_state_dict(moe.experts[0].state_dict())
+    dense.load_state_dict(moe.experts["0"].state_dict())
     x = torch.randn(2, 4, 16)
     torch.testing.assert_close(moe(x), dense(x))
 
 
 def test_moe_top_k_routing_matches_a_per_token_loop():
     spec = ModelSpec(name="m", layers=1, hidden=16, heads=2, kv_heads=2, ffn_hidden=32, vocab=8, seq_len=4,
-                     experts=4, top_k=2)
+                     experts=4, top_k=2, capacity_factor=2.0)  # capacity 3: nothing dropped
     moe = MoE(spec)
     x = torch.randn(3, 16)
     gates = torch.softmax(moe.router(x), dim=-1)
@@ -82,7 +82,7 @@ def test_moe_top_k_routing_matches_a_per_token_loop():
     for i in range(3):
         w, idx = torch.topk(gates[i], 2)
         w = w / w.sum()
-        expected.append(sum(w[j] * moe.experts[int(idx[j])](x[i:i + 1])[0] for j in range(2)))
+        expected.append(sum(w[j] * moe.experts[str(int(idx[j]))](x[i:i + 1])[0] for j in range(2)))
     torch.testing.assert_close(moe(x[None])[0], torch.stack(expected), rtol=1e-5, atol=1e-6)
 
 

@@ -102,8 +102,8 @@ def test_closed_forms_of_the_tiny_gpt():
 
 
 def test_unmodelled_layouts_are_value_errors():
-    with pytest.raises(ValueError, match="model.experts=4"):
-        cp.expected_collectives(make_plan(dict(LLAMA, experts=4, top_k=2), dp=2))
+    with pytest.raises(ValueError, match="model.experts=4 with training.recompute=full"):
+        cp.expected_collectives(make_plan(dict(LLAMA, experts=4, top_k=2), dp=2, recompute="full"))
     with pytest.raises(ValueError, match="grad_compression=powersgd"):
         cp.expected_collectives(make_plan(dp=2, grad_compression="powersgd"))
 
@@ -180,13 +180,13 @@ FOUR_RANK = {
     "tp2xpp2-sp": make_plan(LLAMA, tp=2, pp=2, sequence_parallel=True),
     "pp4-interleaved": make_plan(dict(GPT, layers=8), pp=4, vpp=2, schedule="interleaved-1f1b"),
 }
-def test_ddp_with_zero_bubble_is_refused():
-    """torch's split backward skips DDP's reducer hooks, so the executor refuses the layout
-    (it ran before, silently letting the data-parallel replicas of the later stages drift)."""
-    from executors.parallel import check_executable
+def test_zero_bubble_with_zero_0_or_1_uses_replicate_not_ddp():
+    """torch's split backward skips DDP's reducer hooks (the replicas of the later stages
+    drifted apart when DDP ran it), so the executor runs FSDP2's replicate there."""
+    from executors.parallel import uses_replicate
 
-    with pytest.raises(ValueError, match="zero-bubble with parallel.dp>1 needs parallel.zero>=2"):
-        check_executable(make_plan(dp=2, pp=2, schedule="zero-bubble"), "cpu")
+    assert uses_replicate(make_plan(dp=2, pp=2, schedule="zero-bubble"))
+    assert not uses_replicate(make_plan(dp=2, pp=2, schedule="1f1b"))
 
 
 def _run(world, layouts):

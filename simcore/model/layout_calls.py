@@ -1,0 +1,100 @@
+"""The collectives of context parallel, expert parallel and tied embeddings, per rank and step,
+as the executor issues them (``executors/ring_attention.py``, ``executors/moe.py``,
+``executors/tied.py``, ``executors/groups.py``); ``simcore.model.collective_plan`` adds them
+to the data, tensor and pipeline parallel calls. Each entry is (kind, axis, bytes, issuer,
+calls per step).
+
+- Ring attention, per block and micro-batch: forward ``cp - 1`` sends (and receives) of the
+  stacked K and V of this rank's tokens; backward ``cp - 1`` of K/V again and ``cp`` of
+  their fp32 gradient; a recomputed attention (selective or full) rotates K/V again.
+- Expert parallel, per MoE block and micro-batch: a dispatch and a combine
+  ``all_to_all_single`` of the (experts x capacity, hidden) buffer forward, their
+  transposes backward; the experts' gradients are all-reduced once per step over the ranks
+  holding the same experts (expert data parallel), when there are several.
+- Tied embeddings under pipelining: one all-reduce per step of the shared weight's local
+  gradient between the first and the last stage (Megatron's embedding group).
+
+Axis names are the recorder's: a group equal to a mesh axis's group takes that axis's name
+(the ep group of ep == cp is the cp group), the others the name ``executors.groups`` gives.
+"""
+from __future__ import annotations
+
+import math
+
+from simcore.model.param_layout import ParamTensor, StagePart, _numel, block_params, fsdp_padded_numel, local_shape
+from simcore.plan.spec import Plan, Recompute, ZeroStage
+
+#: fp32: the executor's parameters and gradients, and the ring's K/V gradient buffers.
+FP32_BYTES = 4
+
+
+def grad_axis(plan: Plan) -> str:
+    """The axis of the data-parallel gradient reduction: dp, or cp when dp is 1 (dp x cp)."""
+    par = plan.parallel
+    return "cp" if par.dp == 1 and par.cp > 1 else "dp"
+
+
+def ep_axis(plan: Plan) -> str:
+    """The expert-parallel group's name: consecutive (dp, cp) ranks (``executors.groups``)."""
+    par = plan.parallel
+    if par.cp > 1 and par.ep == par.cp:
+        return "cp"
+    if par.cp == 1 and par.ep == par.dp:
+        return "dp"
+    return "ep"
+
+
+def is_expert(p: ParamTensor) -> bool:
+    return ".experts." in p.name
+
+
+def ring_calls(plan: Plan, part: StagePart, act_bytes: int) -> list[tuple]:
+    """Ring attention's sends and receives of one chunk in one step."""
+    par, m, tr = plan.parallel, plan.model, plan.training
+    if par.cp == 1:
+        return []
+    tokens = tr.micro_batch * (m.seq_len // par.cp)
+    kv = 2 * tokens * (m.kv_heads // par.tp) * m.head_dim
+    redo = tr.recompute != Recompute.NONE
+    per_mb = len(part.layers) * plan.num_microbatches
+    kv_sends = (par.cp - 1) * (2 + redo) * per_mb
+    grad_sends = par.cp * per_mb
+    out = []
+    for kind in ("send", "recv"):
+        out.append((kind, "cp", kv * act_bytes, "ring", kv_sends))
+        out.append((kind, "cp", kv * FP32_BYTES, "ring", grad_sends))
+    return out
+
+
+def moe_capacity(plan: Plan) -> int:
+    """Slots per expert of one MoE call (``executors.moe.capacity``)."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    tokens = tr.micro_batch * (m.seq_len // par.cp)
+    return max(1, math.ceil(m.capacity_factor * tokens * m.top_k / m.experts))
+
+
+def expert_calls(plan: Plan, part: StagePart, act_bytes: int, tp_rank: int) -> list[tuple]:
+    """Dispatch and combine all-to-alls, and the experts' gradient all-reduce, of one chunk."""
+    par, m = plan.parallel, plan.model
+    if not m.moe or par.ep == 1 or not part.layers:
+        return []
+    buf = m.experts * moe_capacity(plan) * m.hidden * act_bytes
+    out = [("all_to_all", ep_axis(plan), buf, "moe", 4 * len(part.layers) * plan.num_microbatches)]
+    edp = par.dp * par.cp // par.ep
+    if edp > 1:
+        experts = [p for i in part.layers for p in block_params(m, i) if is_expert(p)]
+        numel = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in experts) // par.ep   # E / ep experts each
+        out.append(("all_reduce", "dp", numel * FP32_BYTES, "moe", 1))
+    return out
+
+
+def tied_calls(plan: Plan, part: StagePart, tp_rank: int) -> list[tuple]:
+    """The embedding group's all-reduce of the tied weight's local gradient, on a pipeline end."""
+    par, m = plan.parallel, plan.model
+    if not (m.tied_embeddings and par.pp > 1 and (part.embed or part.head)):
+        return []
+    shape = local_shape(ParamTensor(name="embed.tok.weight", shape=(m.vocab, m.hidden), tp_dim=0), par.tp, tp_rank)
+    nd = par.dp * par.cp
+    fsdp = nd > 1 and par.zero >= ZeroStage.GRADIENTS
+    numel = fsdp_padded_numel(shape, nd) // nd if fsdp else _numel(shape)
+    return [("all_reduce", "pp", numel * FP32_BYTES, "tied", 1)]
