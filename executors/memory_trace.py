@@ -13,33 +13,24 @@ per iteration, so the step traced (and compared with the analytic model) has one
 
 What it traces: FSDP2 layouts (``parallel.zero`` 2 or 3, data parallel only), in bf16/fp16
 with fp32 reduction (``MixedPrecisionPolicy`` as torchtitan sets it) or fp32, with the Plan's
-recompute policy applied as the stacks apply it: ``selective`` and ``full`` as the executor
-does (``executors.parallel.apply_ac``), ``layer:N`` and ``{layers: N, method: block}`` with
-``checkpoint_wrapper`` on the chosen blocks, ``op`` with torchtitan's per-op policy (the
-matmuls and SDPA saved except every second mm). The loss is the executor's eager
+recompute policy applied as the executor applies it (``executors.recompute``: ``layer:N`` and
+``{layers: N, method: block}`` with ``checkpoint_wrapper`` on the chosen blocks, ``op`` with
+torchtitan's per-op policy, the matmuls and SDPA saved except every second mm). The loss is the executor's eager
 ``F.cross_entropy(logits.float())``. The tracker counts tensors only: no allocator margin,
 no CUDA context.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from simcore.plan.spec import Loss, Plan, Precision, Recompute, RecomputeMethod, ZeroStage
 
 #: Training steps traced; the first one's module statistics are reset (optimizer states
 #: are created by the first step, so the second one is the steady state).
 TRACED_STEPS = 2
-#: torchtitan's op-level SAC save list: matmuls and the fused attention kernels.
-_SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
-             torch.ops.aten._scaled_dot_product_efficient_attention.default,
-             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-             torch.ops.aten.max.default}
 
 
 class TraceError(ValueError):
@@ -63,36 +54,11 @@ def check_traceable(plan: Plan) -> None:
                          "training.offload)")
 
 
-def _op_sac_wrapper(block: torch.nn.Module) -> torch.nn.Module:
-    """torchtitan's per-op SAC: save the listed ops' outputs, except every second mm."""
-    def context_fn():
-        meta = defaultdict(int)
-
-        def policy(ctx, func, *args, **kwargs):
-            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-            if func == torch.ops.aten.mm.default:
-                meta[key] += 1
-            save = func in _SAVE_OPS and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
-            return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
-        return create_selective_checkpoint_contexts(policy)
-    return checkpoint_wrapper(block, context_fn=context_fn, preserve_rng_state=False)
-
-
 def apply_recompute(model, plan: Plan) -> None:
-    """The Plan's recompute policy on the executor's blocks (see the module docstring)."""
-    from executors.parallel import apply_ac
+    """The Plan's recompute policy on the executor's blocks (``executors.recompute``)."""
+    from executors.recompute import apply_recompute as apply
 
-    tr = plan.training
-    if tr.recompute in (Recompute.NONE, Recompute.SELECTIVE) or (
-            tr.recompute == Recompute.FULL and tr.recompute_method == RecomputeMethod.UNIFORM):
-        apply_ac(model, tr.recompute)
-        return
-    for i, (name, block) in enumerate(list(model.layers.items())):
-        if tr.recompute == Recompute.OP:
-            model.layers[name] = _op_sac_wrapper(block)
-        elif (tr.recompute == Recompute.LAYER and (i + 1) % tr.recompute_layers == 0) or (
-                tr.recompute == Recompute.FULL and i < tr.recompute_layers):
-            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+    apply(model, plan.training)
 
 
 def trace_peak(plan: Plan) -> dict:

@@ -32,7 +32,6 @@ import torch
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed._composable.replicate_with_fsdp import replicate
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -43,13 +42,14 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from executors import groups, moe, tied
+from executors.recompute import apply_recompute
 from executors.ring_attention import apply_cp
 from executors.support import check_executable  # noqa: F401  (launch and the tests find it here)
 from executors.zero1 import LocalShardZero
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
 from simcore.plan.spec import (
-    GradCompression, Offload, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
+    GradCompression, Offload, Optimizer, Plan, Precision, Schedule, ZeroStage,
 )
 from topologies.placement import AXES
 
@@ -151,17 +151,6 @@ def _block_tp_plan(block: nn.Module, sp: bool) -> dict:
 
 
 # --------------------------------------------------------------------------- recompute
-
-def apply_ac(model: Transformer, recompute: Recompute) -> None:
-    """Full: checkpoint every block; selective: only the attention core (softmax(QK^T)V),
-    Korthikanti et al. 2022 sec. 4.2."""
-    if recompute == Recompute.FULL:
-        for name, block in list(model.layers.items()):
-            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
-    elif recompute == Recompute.SELECTIVE:
-        for block in model.layers.values():
-            block.attention.core = checkpoint_wrapper(block.attention.core, preserve_rng_state=False)
-
 
 # --------------------------------------------------------------------------- data parallel
 
@@ -374,7 +363,7 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
             moe.apply_ep(module, ep_group)
         if par.tp > 1:
             apply_tp(module, mesh["tp"], par.sequence_parallel)
-        apply_ac(module, plan.training.recompute)
+        apply_recompute(module, plan.training)
         mine = moe.expert_params(module)
         experts += mine
         parts.append(apply_dp(module, plan, dp_mesh, device, frozenset(mine)))

@@ -1,13 +1,16 @@
 """The layouts this executor cannot run, each refused with one sentence naming the field.
 
 What stays refused needs hardware or libraries a CPU host lacks (offload and fp16 need a
-GPU, FP8 needs torchao's kernels, bf16 gradient compression NCCL) or a combination torch's
-wrappers do not compose (DDP's communication hooks with DTensor parameters or under
-the zero-bubble split backward).
+GPU, FP8 needs torchao's kernels, bf16 gradient compression NCCL, TP communication overlap
+CUDA's userbuffers) or a combination torch's wrappers do not compose (DDP's communication
+hooks with DTensor parameters or under the zero-bubble split backward); the strategies of
+other stacks the model prices (DeepSpeed's ZeRO, context parallel's all-gather and Ulysses
+variants, Megatron's uniform recompute groups) are not run here.
 """
 from __future__ import annotations
 
-from simcore.plan.spec import GradCompression, Offload, Plan, Precision, Schedule, ZeroStage
+from executors.recompute import check_recompute
+from simcore.plan.spec import CpComm, GradCompression, Offload, Plan, Precision, Schedule, ZeroImpl, ZeroStage
 
 
 def check_executable(plan: Plan, device_type: str) -> None:
@@ -32,6 +35,15 @@ def check_executable(plan: Plan, device_type: str) -> None:
         (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",
          "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
     ]
+    rules += [
+        (not par.tp_comm_overlap, "parallel.tp_comm_overlap is not run by the executor: overlapping TP's "
+         "collectives with the GEMMs needs CUDA (Transformer Engine's userbuffers, torch's symmetric memory)"),
+        (par.cp == 1 or par.cp_comm == CpComm.P2P, f"parallel.cp_comm={par.cp_comm.value} is not run by the "
+         "executor: its context parallelism is the ring (p2p)"),
+        (par.zero_impl == ZeroImpl.FSDP2, "parallel.zero_impl=deepspeed is priced, not run: the executor runs "
+         "ZeRO as torch's FSDP2 (zero_impl: fsdp2)"),
+    ]
     for ok, message in rules:
         if not ok:
             raise ValueError(message)
+    check_recompute(tr)

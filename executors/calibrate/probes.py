@@ -181,7 +181,7 @@ def _layer_step(spec, device: torch.device):
 
 
 def _checkpointed_step(spec, device: torch.device, recompute: str):
-    """``_layer_step`` of the probe layer wrapped as ``executors.parallel.apply_ac`` wraps a
+    """``_layer_step`` of the probe layer wrapped as ``executors.recompute.apply_recompute`` wraps a
     block: the whole block (full) or its attention core (selective)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 

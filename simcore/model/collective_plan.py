@@ -271,9 +271,15 @@ def _pp_calls(plan: Plan, pp_rank: int, tp_rank: int) -> Counter:
 
 def _check_modelled(plan: Plan) -> None:
     m, tr = plan.model, plan.training
+    par = plan.parallel
+    every_layer = tr.recompute in (Recompute.NONE, Recompute.SELECTIVE) or (
+        tr.recompute == Recompute.FULL and tr.recompute_method.value == "uniform")
     rules = [(not m.moe or tr.recompute != Recompute.FULL,
               f"model.experts={m.experts} with training.recompute=full: the recomputed MoE's collectives "
-              "are not modelled at torch's granularity")]
+              "are not modelled at torch's granularity"),
+             (every_layer or (par.tp == 1 and par.cp == 1),
+              f"training.recompute={tr.recompute.value} with parallel.tp={par.tp}, cp={par.cp}: the collectives "
+              "its partly recomputed blocks re-run are not modelled at torch's granularity")]
     for ok, message in rules:
         if not ok:
             raise ValueError(message)
