@@ -136,7 +136,7 @@ def base_doc(row: pd.Series) -> dict:
     if src in TORCHAO or src == AUTOMODEL:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
     if src in TORCHAO:
-        training["recompute"] = "selective"  # torchtitan per-op SAC: keeps the matmul outputs
+        training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
     return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,
             "parallel": parallel, "training": training}
 
