@@ -296,9 +296,11 @@ def peak_tensor_bytes(states: dict[str, float], activations: float, buffers: flo
 
 
 def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
-                   params: tuple[StageParams, ...] | None = None) -> list[tuple[dict[str, float], dict[str, float]]]:
+                   params: tuple[StageParams, ...] | None = None,
+                   terms_too: bool = True) -> list[tuple[dict[str, float], dict[str, float] | None]]:
     """Per pipeline rank: (bytes by kind, trace.MEMORY_KINDS plus ``total`` and ``host``;
-    bytes by term, each term one line of ``trainplan memory``). The kinds sum the terms."""
+    bytes by term, each term one line of ``trainplan memory``, or None without
+    ``terms_too``: the layout search needs only the kinds). The kinds sum the terms."""
     stages = stages if stages is not None else plan.layers_per_stage
     params = params if params is not None else stage_params(plan, stages)
     terms = acts.activation_terms(plan, loss_overlap(plan, params))
@@ -328,7 +330,7 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
         mem["host"] = states["host"]
         detail = {**{k: mem[k] for k in ("weights", "gradients", "optimizer_states")},
                   **{f"activations_{k}": v for k, v in act.items()}, **buffers,
-                  "allocator_margin": margin * tensors, "cuda_context": context}
+                  "allocator_margin": margin * tensors, "cuda_context": context} if terms_too else None
         out.append((mem, detail))
     return out
 
@@ -337,7 +339,7 @@ def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
                     params: tuple[StageParams, ...] | None = None) -> list[dict[str, float]]:
     """Bytes per GPU by kind (trace.MEMORY_KINDS) on each pipeline rank, plus ``host``
     (offloaded bytes per GPU) and ``total`` (GPU bytes)."""
-    return [kinds for kinds, _ in rank_breakdown(plan, stages, params)]
+    return [kinds for kinds, _ in rank_breakdown(plan, stages, params, terms_too=False)]
 
 
 def memory_fields(plan: Plan, per_rank: list[dict[str, float]] | None = None) -> dict:
