@@ -86,8 +86,8 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int =
     for k in steps:
         out[k] = tuple(statistics.median(rd[k][i] for rd in out["rounds"]) for i in range(2))
     deep = WRAPPER_FIT_LAYERS[-1]
-    out["recorded"] = _recorded_comm(rank, mesh, steps, [f"model{deep}", *(f"{m}{deep}" for m in modes)],
-                                     COMM_SHARE_REPS)
+    bases = [f"model{deep}", *([f"half{deep}"] if "cp" in modes else [])]
+    out["recorded"] = _recorded_comm(rank, mesh, steps, [*bases, *(f"{m}{deep}" for m in modes)], COMM_SHARE_REPS)
     if dtensor_params:
         out["opt_dtensor"] = _optimizer_per_tensor_s(dtensor_params, reps)
         out["opt_plain"] = _optimizer_per_tensor_s(list(Block(spec).to(device).parameters()), reps)

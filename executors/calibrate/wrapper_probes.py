@@ -18,8 +18,13 @@ import torch.distributed as dist
 from executors.calibrate.probes import probe_kernels, probe_spec
 
 
-#: The wrappers the parallel probe times on whole models (``_wrapped_model_steps``).
-WRAPPER_MODES = ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")
+#: The wrappers the parallel probe times on whole models (``_wrapped_model_steps``); ``cp``
+#: is the executor's ring attention (``executors.ring_attention``), timed on a rank's share
+#: of the sequence against the plain model on as many tokens (``half{L}``): what the ring's
+#: blocks, merges and gloo exchanges add to a layer beyond the attention of those tokens.
+WRAPPER_MODES = ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3", "cp")
+#: The plain model each wrapper's extra cost is taken over (``_depth_fit``).
+WRAPPER_BASE = {"cp": "half"}
 #: Depths of the wrapped probe models: the extra cost over the plain model at two depths
 #: gives the cost per layer (the slope) and the ends' (the intercept). Timing one wrapped
 #: block alone read FSDP2's cost per layer 30% under a block's inside a sharded model
@@ -67,7 +72,7 @@ def _recorded_comm(rank: int, mesh, steps: dict, names: list[str], reps: int) ->
     out: dict = {}
     with record.record_collectives(rec):
         for name in names:   # the probe mesh's one axis stands for the executor's tp or dp axis
-            rec.axis_of = {group: "tp" if name.startswith("tp") else "dp"}
+            rec.axis_of = {group: "tp" if name.startswith("tp") else "cp" if name.startswith("cp") else "dp"}
             rows = []
             for i in range(reps + 1):
                 rec.start_step()
@@ -92,6 +97,7 @@ def _wrapped_model_steps(spec, mesh, device, modes: tuple[str, ...] = WRAPPER_MO
     without FSDP2 among ``modes``, the wrappers timed)."""
     from executors.model import Transformer
     from executors.parallel import apply_fsdp2, apply_tp
+    from executors.ring_attention import apply_cp
 
     s, world = spec.seq_len, mesh.size()
     tokens = torch.randint(0, spec.vocab, (1, s), device=device)
@@ -112,8 +118,13 @@ def _wrapped_model_steps(spec, mesh, device, modes: tuple[str, ...] = WRAPPER_MO
     steps = {}
     for n in WRAPPER_FIT_LAYERS:
         steps[f"model{n}"] = _model_step(model(n), tokens, labels)
-        for mode in modes:
+        for mode in (m for m in modes if m != "cp"):
             steps[f"{mode}{n}"] = _model_step(model(n, wraps[mode]), tokens, labels)
+        if "cp" in modes:   # a rank's share of the sequence, ring attention against plain
+            ring = model(n)
+            pos = apply_cp(ring, mesh, s)
+            steps[f"cp{n}"] = _model_step(ring, tokens[:, pos], labels[:, pos])
+            steps[f"half{n}"] = _model_step(model(n), tokens[:, :len(pos)], labels[:, :len(pos)])
     sharded = model(1, wraps["fsdp_zero3"]) if "fsdp_zero3" in modes else None
     steps["embed"] = _model_step(model(0, end="embed"), tokens)
 
@@ -158,7 +169,8 @@ def _depth_fit(rows: list[dict], mode: str, kf: int, kb: int,
     per round, its extra cost over the plain model at two depths, a line through them (the
     slope per layer, the intercept for the ends); the median over rounds of each."""
     lo, hi = depths
-    at = [_round_extras(rows, f"{mode}{n}", kf, kb, f"model{n}") for n in depths]
+    base = WRAPPER_BASE.get(mode, "model")
+    at = [_round_extras(rows, f"{mode}{n}", kf, kb, f"{base}{n}") for n in depths]
     slope = [tuple((h[j] - l[j]) / (hi - lo) for j in range(2)) for l, h in zip(*at)]
     ends = [tuple(l[j] - lo * k[j] for j in range(2)) for l, k in zip(at[0], slope)]
     return _median_kernels(slope), _median_kernels(ends)
@@ -173,6 +185,8 @@ def parallel_host_kernels(rows: list[dict], kf: int, kb: int, modes: tuple[str, 
     for mode in modes:
         layer, ends = _depth_fit(rows, mode, kf, kb)
         out[mode] = {"forward_kernels": layer[0], "backward_kernels": layer[1]}
+        if mode == "cp":   # the ends hold no attention: nothing of the ring
+            continue
         if mode.startswith("fsdp"):
             out[f"{mode}_root"] = {"forward_kernels": ends[0], "backward_kernels": ends[1]}
             continue
@@ -194,7 +208,8 @@ def comm_shares(rows: list[dict], modes: tuple[str, ...] = WRAPPER_MODES) -> dic
     for mode in modes:
         share = []
         for j in range(2):
-            extra = statistics.mean(r["recorded"][f"{mode}{deep}"][j] - r["recorded"][f"model{deep}"][j] for r in rows)
+            base = f"{WRAPPER_BASE.get(mode, 'model')}{deep}"
+            extra = statistics.mean(r["recorded"][f"{mode}{deep}"][j] - r["recorded"][base][j] for r in rows)
             comm = statistics.mean(r["recorded"][f"{mode}{deep}"][2 + j] for r in rows)
             share.append(min(1.0, max(0.0, comm / extra)) if extra > 0 else 1.0)
         out[mode] = share

@@ -290,6 +290,9 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
     fc = tp_f + ring + lc["cp_f"] + lc["ep_f"]
     bc = tp_b + 2 * ring + lc["cp_b"] + lc["ep_b"] + rec_comm
+    if par.cp > 1:   # CPU host: the executor's ring attention per layer (calibrate's cp probe)
+        (cf, cb), (hf, hb) = dev.parallel_split_s("cp")   # a recomputed layer re-runs its forward
+        fc, bc, host_f, host_b, rec_host = fc + cf, bc + cb + cf * full, host_f + hf, host_b + hb, rec_host + hf * full
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
         (ff, fb), (hf, hb) = dev.parallel_split_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
         fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb

@@ -39,8 +39,8 @@ def test_wrapper_costs_are_a_line_through_two_model_depths():
     def rnd(i):
         ms = lambda f, b: (1e-3 * i * f, 1e-3 * i * b)
         row = {"plain": ms(4, 6), "embed": ms(1, 1), "head": ms(1, 1)}
-        for n in (lo, hi):
-            row[f"model{n}"] = ms(4 * n + 1, 6 * n + 1)
+        for n in (lo, hi):   # the ring's base, a rank's share of the sequence, takes as long here
+            row[f"model{n}"] = row[f"half{n}"] = ms(4 * n + 1, 6 * n + 1)
             for mode in wprobes.WRAPPER_MODES:
                 row[f"{mode}{n}"] = ms(9 * n + 4, 14 * n + 5)
         for mode in ("tp", "tp_sp"):
@@ -66,7 +66,7 @@ def test_comm_share_is_the_recorded_exposed_comm_over_the_wrappers_extra_time():
     deep = wprobes.WRAPPER_FIT_LAYERS[-1]
 
     def row(cf, cb, extra=(10e-3, 20e-3)):
-        rec = {f"model{deep}": [4e-3, 6e-3, 0.0, 0.0]}
+        rec = {f"model{deep}": [4e-3, 6e-3, 0.0, 0.0], f"half{deep}": [4e-3, 6e-3, 0.0, 0.0]}
         rec.update({f"{m}{deep}": [4e-3 + extra[0], 6e-3 + extra[1], cf, cb] for m in wprobes.WRAPPER_MODES})
         return {"recorded": rec}
 
@@ -117,3 +117,21 @@ def test_grouped_parallel_probe_runs_two_pairs_side_by_side():
     assert out["p2p_send_kernels"] > 0 and out["raw"]["p2p_per_message_s"] > 0
     with pytest.raises(ValueError, match="groups of 2"):
         pprobes.bench_parallel_host(world=3)
+
+
+def test_ring_attention_is_costed_over_the_plain_model_on_a_ranks_share_of_tokens():
+    # the cp wrapper runs half the tokens: its plain base (half{L}) takes (2, 3) ms a layer
+    # where the whole-sequence model takes (4, 6); the ring adds (5, 8) kernels a layer over
+    # the half, which against the whole model would read (3, 5)
+    lo, hi = wprobes.WRAPPER_FIT_LAYERS
+
+    def rnd(i):
+        ms = lambda f, b: (1e-3 * i * f, 1e-3 * i * b)
+        row = {"plain": ms(4, 6)}
+        for n in (lo, hi):
+            row[f"model{n}"], row[f"half{n}"] = ms(4 * n + 1, 6 * n + 1), ms(2 * n + 1, 3 * n + 1)
+            row[f"cp{n}"] = ms(7 * n + 1, 11 * n + 1)
+        return row
+
+    out = wprobes.parallel_host_kernels([{"rounds": [rnd(i) for i in (1, 2, 3)]}] * 2, 4, 6, modes=("cp",))
+    assert out == {"cp": pytest.approx({"forward_kernels": 5.0, "backward_kernels": 8.0})}
