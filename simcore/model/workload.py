@@ -132,11 +132,21 @@ def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int) -> list[Op]:
     routed = tokens * m.top_k * m.capacity_factor      # token copies this rank computes
     local_experts = max(1, m.experts // ep)
     per_expert = routed / local_experts
+    # Routing and the token permutations around the experts, as Megatron-Core's MoE layer
+    # runs them with Transformer Engine's fused kernels (megatron/core/transformer/moe/
+    # moe_utils.py topk_softmax_with_capacity, permute, unpermute -> TE moe_permute /
+    # moe_unpermute, transformer_engine/pytorch/permutation.py): the top-k of the router's
+    # scores (read the logits, write probabilities and routing map), the gather of every
+    # token copy into expert order (read the tokens, write the copies) and the weighted
+    # scatter back (read the copies, write the tokens).
     ops = [
         _gemm("router", tokens, m.experts, h),
+        _eltwise("router_topk", tokens * m.experts, 2),
+        _eltwise("moe_permute", (tokens + routed) * h, 1),
         _gemm("expert_in", per_expert, f * (mlp_matrices(m) - 1), h, count=local_experts),
         _eltwise("expert_activation", routed * f, 3 if m.gated_mlp else 2),
         _gemm("expert_out", per_expert, h, f, count=local_experts),
+        _eltwise("moe_unpermute", (tokens + routed) * h, 1),
     ]
     if m.shared_ffn_hidden:  # every token runs the shared experts, split over TP like a dense MLP
         sf = m.shared_ffn_hidden // tp
