@@ -6,8 +6,10 @@ becomes the same Plan fields for all its rows, and fields a source leaves blank 
 filled by the fastest predicted choice that fits (as the authors tuned their runs).
 
 Rows whose hardware, precision or model the Plan cannot express yet are left out with
-the reason printed (``skip_reason``): GB200 (not in the catalog), a power-capped B200,
-MXFP8 / NVFP4, sliding-window attention (GPT-OSS), Megatron-FSDP with activation offload.
+the reason printed (``skip_reason``): a power-capped B200, sliding-window attention
+(GPT-OSS), Megatron-FSDP with activation offload. GB200 rows run on the catalog's
+``gb200-nvl72`` (4-GPU trays in one 72-GPU NVLink domain); MXFP8 / NVFP4 rows on
+``training.precision`` mxfp8 / nvfp4 (Transformer Engine's block-scaled recipes).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import re
 import pandas as pd
 
 #: GPUs of dev_modern rows, by the catalog node that carries them.
-MODERN_NODES = {"h100-80gb": "dgx-h100", "h100-80gb-sxm": "dgx-h100", "b200 (DGX-B200)": "dgx-b200"}
+MODERN_NODES = {"h100-80gb": "dgx-h100", "h100-80gb-sxm": "dgx-h100", "b200 (DGX-B200)": "dgx-b200",
+                "gb200 (DGX-GB200, NVL72)": "gb200-nvl72"}
 TORCHAO_H100 = "h100 (80GB SXM or Meta's 96GB HBM2e variant: not stated)"
 LLMFOUNDRY = ("llmfoundry_2024_h100_large_scale", "llmfoundry_2023_h100_bf16", "llmfoundry_2023_h100_fp8")
 NEMO_LONG = ("nemo_longctx_2024_h100", "nemo_longctx_2025_b200")
@@ -38,9 +41,6 @@ def skip_reason(row: pd.Series) -> str | None:
         return f"GPU {row.gpu!r}: a power-capped part (the catalog's B200 is the 1000 W DGX B200)"
     if _node(row) is None:
         return f"GPU {row.gpu!r} is not in the catalog"
-    prec = str(row.precision)
-    if prec.startswith(("mxfp8", "nvfp4")):
-        return f"precision {prec.split()[0]} has no Plan value"
     notes = str(row.notes)
     model = notes[notes.rfind("Model:"):]
     if "sliding-window" in model:
@@ -53,6 +53,11 @@ def skip_reason(row: pd.Series) -> str | None:
         return "the dense layers' MLP width is not in the notes (Kimi K2)"
     if "cpu_offloading_num_layers" in str(row.notes):
         return "activation offload of N layers has no Plan field"
+    stages = int(_num(row.pp, 1)) * int(_num(row.vpp_interleave, 1))
+    if stages > int(row.layers):
+        return (f"pp x vpp = {stages} virtual stages for {int(row.layers)} layers: Megatron's "
+                "account_for_embedding/loss_in_pipeline_split gives the embedding and the loss stages of "
+                "their own, with no transformer layer (a Plan stage holds at least one)")
     return None
 
 
@@ -117,6 +122,8 @@ def _precision(row: pd.Series) -> dict:
         return {"precision": "bf16"}
     if prec.startswith(("fp8", "amp_fp8")):
         return {"precision": "fp8", "fp8_recipe": "current" if "FP8-CS" in prec else "delayed"}
+    if prec.startswith(("mxfp8", "nvfp4")):   # Transformer Engine MXFP8BlockScaling / NVFP4BlockScaling
+        return {"precision": prec.split()[0]}
     return {"precision": "bf16"}
 
 
@@ -169,6 +176,19 @@ def measured_step_s(row: pd.Series) -> float:
     if row.source in NEMO_LONG:
         return nemo_flops(row) / (row.num_gpus * row.measured_tflops_per_gpu * 1e12)
     raise ValueError(f"no step-time rule for source {row.source}")
+
+
+def precision_pairs(table: pd.DataFrame, fast: str, slow: str) -> pd.DataFrame:
+    """Rows of precision ``fast`` beside the same-layout row of precision ``slow`` from the same
+    publication (Megatron-Bridge's 70B and 405B GB200 MXFP8 / NVFP4 pairs): the published and
+    predicted speed-up of ``fast`` over ``slow``."""
+    keys = ["source", "model", "seq_len", "gpus", "tp", "pp", "dp", "global_batch"]
+    a, b = table[table.precision == fast], table[table.precision == slow]
+    pairs = a.merge(b, on=keys, suffixes=("", "_slow"))
+    pairs = pairs.assign(published=pairs.measured_s_slow / pairs.measured_s,
+                         predicted=pairs.predicted_s_slow / pairs.predicted_s)
+    pairs["error"] = pairs.predicted / pairs.published - 1
+    return pairs[["model", "gpus", "precision", "precision_slow", "published", "predicted", "error"]]
 
 
 def fp8_pairs(table: pd.DataFrame) -> pd.DataFrame:

@@ -218,6 +218,11 @@ def main(argv=None) -> int:
     pairs = modern.fp8_pairs(frames[2])
     print("\nFP8/BF16 speed-up of the same configuration (target: within 10% of the published):")
     print(pairs.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    block = pd.concat([modern.precision_pairs(frames[2], "nvfp4", "mxfp8"),
+                       modern.precision_pairs(frames[2], "mxfp8", "fp8/current")], ignore_index=True)
+    if len(block):
+        print("\nBlock-scaled precisions, same layout (published vs predicted speed-up):")
+        print(block.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"({len(out)} rows in {elapsed:.1f} s)")
     dest = ROOT / "bench" / "out" / "validate_published.csv"
     dest.parent.mkdir(parents=True, exist_ok=True)

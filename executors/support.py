@@ -23,6 +23,8 @@ def check_executable(plan: Plan, device_type: str) -> None:
         (tr.offload == Offload.NONE or par.zero >= ZeroStage.GRADIENTS,
          f"training.offload={tr.offload.value} needs parallel.zero>=2 (FSDP2's CPUOffloadPolicy)"),
         (tr.precision != Precision.FP8, "training.precision=fp8 is not supported by the executor (needs torchao)"),
+        (tr.precision not in (Precision.MXFP8, Precision.NVFP4),
+         f"training.precision={tr.precision.value} is not supported by the executor (needs Transformer Engine)"),
         (tr.precision != Precision.FP16 or device_type == "cuda",
          "training.precision=fp16 needs a GPU (its grad scaler guards fp16 gradients there); use bf16 on a CPU"),
         (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp * par.cp == 1,

@@ -19,7 +19,8 @@ def catalog_tables(cat: Catalog) -> dict[str, pd.DataFrame]:
     } for g in cat.gpus.values()])
     nodes = pd.DataFrame([{
         "node": name, "description": e.get("description", ""), "gpu": e.get("gpu"),
-        "gpus_per_node": e.get("gpus_per_node"), "intra": e.get("intra"), "fabric": e.get("fabric"),
+        "gpus_per_node": e.get("gpus_per_node"), "nvlink_domain_gpus": e.get("nvlink_domain_gpus") or e.get("gpus_per_node"),
+        "intra": e.get("intra"), "fabric": e.get("fabric"),
         "nics_per_node": e.get("nics_per_node"), "host_memory_gib": e.get("host_memory_gib"),
         "system_power_w": e.get("system_power_w"), "source": e.get("source", ""),
     } for name, e in cat.nodes.items()])

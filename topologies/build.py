@@ -22,9 +22,13 @@ Every figure comes from the ClusterSpec's catalog dataclasses (``GPU.intra_link_
 ``GPU.pcie_bytes_per_s``, ``Fabric.nic_bytes_per_s``, ``Fabric.latency_s``, ...). Modelling
 choices (not hardware figures), each stated where it is made:
 
-- One logical NVSwitch per node: NVSwitch systems are non-blocking, so the six (A100) or
-  four (H100) physical switch chips act as one crossbar with ``intra_link_bytes_per_s``
-  per GPU port (NVIDIA DGX A100 / H100 user guides).
+- One logical NVSwitch per NVLink domain: NVSwitch systems are non-blocking, so the six
+  (A100) or four (H100) physical switch chips act as one crossbar with
+  ``intra_link_bytes_per_s`` per GPU port (NVIDIA DGX A100 / H100 user guides). A rack-scale
+  domain (``ClusterSpec.nvlink_domain`` over ``gpus_per_node``: a GB200/GB300 NVL72 rack, 18
+  compute trays of 4 GPUs on 9 NVLink switch trays, 130 TB/s all-to-all) is one crossbar
+  ``("nvswitch", first node of the domain)`` that every GPU of its trays hangs off; each GPU
+  names its switch in its ``switch`` attribute.
 - A ``*-mesh`` node (nvlink-mesh, xgmi-mesh) links every GPU pair directly and splits the
   GPU's intra-node bandwidth evenly over its ``gpus_per_node - 1`` peers (AMD MI300X
   platform: seven xGMI links per GPU).
@@ -113,13 +117,18 @@ def add_nics(g: nx.Graph, n: int, node: Node, gpus_per_node: int) -> None:
         g.nodes[gpu_id(n, i)]["nic"] = ("nic", n, _spread(i, gpus_per_node, nics)) if nics else None
 
 
-def add_intra(g: nx.Graph, n: int, node: Node, gpus_per_node: int) -> None:
-    """GPU-to-GPU links inside a node: one NVSwitch crossbar, a full mesh, or none (PCIe)."""
+def add_intra(g: nx.Graph, n: int, node: Node, gpus_per_node: int, domain_nodes: int = 1) -> None:
+    """GPU-to-GPU links inside a node: one NVSwitch crossbar (shared by the ``domain_nodes``
+    nodes of a rack-scale NVLink domain), a full mesh, or none (PCIe)."""
     bw, gpus = node.gpu.intra_link_bytes_per_s, [gpu_id(n, i) for i in range(gpus_per_node)]
     if node.intra == "nvswitch":
-        g.add_node(("nvswitch", n), layer="nvswitch", node=n)
+        first = n - n % domain_nodes
+        switch = ("nvswitch", first)
+        if switch not in g:
+            g.add_node(switch, layer="nvswitch", node=first, nodes=domain_nodes)
         for gpu in gpus:
-            _link(g, gpu, ("nvswitch", n), "nvswitch", bw)
+            _link(g, gpu, switch, "nvswitch", bw)
+            g.nodes[gpu]["switch"] = switch
     elif node.intra.endswith("-mesh"):
         kind = node.intra.removesuffix("-mesh")
         for a in range(gpus_per_node):
@@ -130,9 +139,9 @@ def add_intra(g: nx.Graph, n: int, node: Node, gpus_per_node: int) -> None:
                          "nvswitch, nvlink-mesh, xgmi-mesh, pcie, shared-memory")
 
 
-def add_server(g: nx.Graph, n: int, node: Node, gpus_per_node: int) -> None:
+def add_server(g: nx.Graph, n: int, node: Node, gpus_per_node: int, domain_nodes: int = 1) -> None:
     add_host(g, n, node, gpus_per_node)
-    add_intra(g, n, node, gpus_per_node)
+    add_intra(g, n, node, gpus_per_node, domain_nodes)
     if not is_localhost(node):
         add_nics(g, n, node, gpus_per_node)
 
@@ -283,13 +292,14 @@ def add_storage(g: nx.Graph, cluster) -> None:
 def build_cluster(cluster) -> nx.Graph:
     """The whole cluster of a ``simcore.plan.spec.ClusterSpec`` as an undirected ``nx.Graph``.
 
-    Graph attributes: ``nodes``, ``gpus_per_node``, ``description``.
+    Graph attributes: ``nodes``, ``gpus_per_node``, ``nvlink_domain``, ``description``.
     """
     node, fabric = cluster.node, cluster.fabric
-    g = nx.Graph(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
+    domain = getattr(cluster, "nvlink_domain", cluster.gpus_per_node)
+    g = nx.Graph(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, nvlink_domain=domain,
                  description=describe(cluster))
     for n in range(cluster.nodes):
-        add_server(g, n, node, cluster.gpus_per_node)
+        add_server(g, n, node, cluster.gpus_per_node, max(1, domain // cluster.gpus_per_node))
     networked = fabric is not None and node.nics_per_node > 0 and not is_localhost(node)
     if cluster.nodes > 1 and not networked:
         raise ValueError(f"cluster.nodes={cluster.nodes} needs a fabric with NICs; node {node.name} "
@@ -303,6 +313,9 @@ def build_cluster(cluster) -> nx.Graph:
 def describe(cluster) -> str:
     node, fabric = cluster.node, cluster.fabric
     text = f"{cluster.nodes} x {node.name} ({cluster.gpus_per_node} x {node.gpu.name}, {node.intra})"
+    domain = getattr(cluster, "nvlink_domain", cluster.gpus_per_node)
+    if domain > cluster.gpus_per_node:
+        text += f", NVLink domain {domain} GPUs"
     if fabric is not None and not is_localhost(node):
         text += f", {fabric.name} {fabric.topology} {fabric.oversubscription:g}:1"
     return text

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 GIB = 1024**3
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp6")
 
 
 class CatalogError(ValueError):
@@ -123,6 +123,9 @@ class Node:
     storage: str
     source: str
     calibrated: bool = False
+    nvlink_domain_gpus: int = 0
+    """GPUs joined by one NVLink switch fabric when it spans several nodes (a GB200/GB300
+    NVL72 rack: 72 GPUs over 18 compute trays of 4); 0: the node's own GPUs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,7 +207,18 @@ def _node(name: str, e: dict, gpus: dict[str, GPU], gpu: GPU | None = None) -> N
         storage=str(e.get("storage", "local-nvme")),
         source=str(e.get("source", "")),
         calibrated=bool(e.get("calibrated", False)),
+        nvlink_domain_gpus=_domain(e, where),
     )
+
+
+def _domain(e: dict, where: str) -> int:
+    """``nvlink_domain_gpus`` of a node entry: absent or a whole number of its nodes."""
+    domain = int(e.get("nvlink_domain_gpus") or 0)
+    gpn = int(e.get("gpus_per_node") or 0)
+    if domain and (gpn <= 0 or domain % gpn or e.get("intra") != "nvswitch"):
+        raise CatalogError(f"{where}.nvlink_domain_gpus={domain} must be a multiple of gpus_per_node "
+                           "on a node whose intra is nvswitch")
+    return domain
 
 
 def _fabric(name: str, e: dict) -> Fabric:

@@ -5,6 +5,8 @@ what NCCL does on a rail-optimized cluster (NCCL ``src/graph/search.cc``, ``path
 
 - inside a node, GPU to GPU over NVLink: one hop through the node's NVSwitch, or the
   direct link of a mesh; without NVLink, through the PCIe switches and the host;
+- inside a rack-scale NVLink domain (GB200/GB300 NVL72), across its trays too: one hop
+  through the domain's NVSwitch (NCCL's multi-node NVLink, MNNVL), never the NICs;
 - across nodes, each GPU uses its rail NIC (the NIC on its own PCIe switch):
   GPU -> PCIe switch -> NIC -> leaf -> (spine -> leaf) -> NIC -> PCIe switch -> GPU.
   Among equal spines, the spine is picked by destination-mod-k routing, as InfiniBand's
@@ -78,11 +80,12 @@ def _nodes_path(graph: nx.Graph, a, b) -> list:
     if a == b:
         return [a]
     ga, gb = graph.nodes[a], graph.nodes[b]
+    if ga["node"] == gb["node"] and graph.has_edge(a, b):   # NVLink / xGMI mesh
+        return [a, b]
+    if ga.get("switch") is not None and ga.get("switch") == gb.get("switch"):   # one NVLink domain
+        return [a, ga["switch"], b]
     if ga["node"] == gb["node"]:
-        if graph.has_edge(a, b):  # NVLink / xGMI mesh
-            return [a, b]
-        nvswitch = ("nvswitch", ga["node"])
-        return [a, nvswitch, b] if nvswitch in graph else host_path(graph, a, b)
+        return host_path(graph, a, b)
     nic_a, nic_b = ga.get("nic"), gb.get("nic")
     if nic_a is None or nic_b is None or "leaf" not in graph.nodes[nic_a]:
         raise ValueError(f"{a} and {b} are on different nodes but the cluster has no fabric")
@@ -231,6 +234,7 @@ def cluster_summary(graph: nx.Graph, cluster) -> dict:
         "gpu": node.gpu.name,
         "intra_node_link": node.intra,
         "intra_node_gbyte_per_s_per_gpu": node.gpu.intra_link_bytes_per_s / 1e9,
+        "nvlink_domain_gpus": graph.graph.get("nvlink_domain", cluster.gpus_per_node),
         "fabric": fabric.name if networked else None,
         "fabric_topology": fabric.topology if networked else None,
         "oversubscription": fabric.oversubscription if networked else None,

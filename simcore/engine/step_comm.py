@@ -39,7 +39,7 @@ class _StepState:
         self.label = {u: self.grid.rank(pp=u[0], dp=u[1]) for u in self.units}
         self.factor = factors
         self.jitter, self.rng = jitter, np.random.default_rng(seed)
-        self.gpus_per_node = plan.cluster.gpus_per_node
+        self.domain_gpus = plan.cluster.nvlink_domain   # ranks of one NVLink domain (node or NVL72 rack)
         self.streams = {(u, s): _Fifo() for u in self.units for s in ("pp", "dp_gather", "dp_reduce", "copy")}
         self.fsdp = costs.grad_reduce_per_microbatch   # FSDP2 alone: each backward reduce-scatters
         self.dp_busy: dict[int, int] = defaultdict(int)   # data-parallel collectives issued, not done
@@ -52,7 +52,7 @@ class _StepState:
 
     # ---- links
     def _node(self, rank: int) -> int:
-        return rank // self.gpus_per_node
+        return rank // self.domain_gpus
 
     @functools.cache  # noqa: B019  (one _Step per simulated step)
     def _p2p_links(self, src: int, dst: int) -> tuple:

@@ -81,7 +81,8 @@ DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 #: Parameters and gradients are fp32 in the executor (``executors/model.py`` builds fp32 and
 #: mixed precision is autocast); the fp16/bf16 DDP hooks halve the all-reduced bucket.
 PARAM_ELEMENT_BYTES = 4
-_ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1}
+_ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1,
+                      Precision.MXFP8: 2, Precision.NVFP4: 2}   # MX/NV recipes: activations stay 16-bit
 #: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``;
 #: adam.py ``exp_avg.lerp_(grad)``, ``exp_avg_sq.mul_().addcmul_(grad, grad)``).
 OPTIMIZER_GRAD_READS = {Optimizer.SGD: 1, Optimizer.ADAM: 3, Optimizer.ADAMW: 3}

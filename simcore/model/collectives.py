@@ -9,14 +9,19 @@ reduce-scatter (n-1)/n of the full buffer; NCCL's latency model
 hops for the steps that cross nodes, tree latency 2*log2(nodes) network hops.
 
 The bus bandwidth of a group comes in closed form from the ClusterSpec (no graph):
-inside a node the GPU's NVLink rate; across nodes, the node's NICs shared by every group
-of the same axis that runs at the same time (e.g. the DP rings of the 8 TP ranks of a
-node share its 8 NICs), divided by the fabric's oversubscription once a group spans more
-nodes than one leaf switch serves. Achieved fractions of the link rates (nccl-tests
+inside an NVLink domain the GPU's NVLink rate; across domains, the domain's NICs shared by
+every group of the same axis that runs at the same time (e.g. the DP rings of the 8 TP
+ranks of a node share its 8 NICs), divided by the fabric's oversubscription once a group
+spans more nodes than one leaf switch serves. The NVLink domain is the node, or a
+rack-scale domain of several nodes (``ClusterSpec.nvlink_domain``: a GB200 NVL72 rack's 72
+GPUs over 18 trays of 4 on one NVLink switch fabric), so a TP, CP or EP group inside the
+rack runs at NVLink rate across trays (NCCL's NVLS/MNNVL transport), and a group leaving it
+takes the scale-out NICs, every tray's share of them (NCCL PXN relays over NVLink). Achieved fractions of the link rates (nccl-tests
 busbw / link rate) come from the GPU's ``efficiency.yaml`` entry.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -54,27 +59,41 @@ def nodes_per_leaf(cluster: ClusterSpec) -> int:
     return max(1, down // max(1, cluster.node.nics_per_node))
 
 
+@functools.lru_cache(maxsize=1024)
+def blocks_in_domain(block: int, domain: int, gpus: int) -> bool:
+    """Whether every aligned block of ``block`` consecutive ranks (one group's span, ranks
+    placed in order) lies inside one NVLink domain of ``domain`` GPUs: a block that
+    straddles a domain boundary (tp=16 on 72-GPU racks: ranks 64-79) leaves the domain."""
+    if block > domain:
+        return False
+    return domain % block == 0 or all(k * block // domain == ((k + 1) * block - 1) // domain
+                                      for k in range(gpus // block))
+
+
 def group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -> GroupNet:
     """Route of a group of ``ranks`` ranks spaced ``stride`` apart (TP: 1, CP: tp,
-    DP: tp*cp, PP: tp*cp*dp), every GPU of a node being in one such group."""
-    gpn = cluster.gpus_per_node
+    DP: tp*cp, PP: tp*cp*dp), every GPU of an NVLink domain being in one such group.
+    ``nodes`` counts the NVLink domains the group spans (nodes, or racks of an NVL72)."""
+    gpn, dom = cluster.gpus_per_node, cluster.nvlink_domain
     gpu = cluster.node.gpu
     intra = gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
     common = dict(ranks=ranks, intra_bytes_per_s=intra, base_latency_s=dev.base_latency_s,
                   intra_hop_s=dev.nvlink_hop_latency_s, inter_hop_s=dev.net_hop_latency_s)
-    if ranks <= 1 or stride * ranks <= gpn or cluster.nodes == 1:
+    inside = stride * ranks <= gpn or (dom > gpn and blocks_in_domain(stride * ranks, dom, cluster.gpus))
+    if ranks <= 1 or cluster.nodes == 1 or inside:
         return GroupNet(nodes=1, bus_bytes_per_s=intra, **common)
-    per_node = max(1, min(ranks, gpn // stride))          # members of one group in one node
-    nodes = max(1, ranks // per_node)
-    concurrent = max(1, gpn // per_node)                  # groups sharing this node's NICs
+    per_domain = max(1, min(ranks, dom // stride))        # members of one group in one domain
+    domains = max(1, ranks // per_domain)
+    concurrent = max(1, dom // per_domain)                # groups sharing this domain's NICs
     fab = cluster.fabric
     if fab is None or cluster.node.nics_per_node == 0:
-        raise ValueError(f"cluster.node={cluster.node.name} has no fabric, but a group spans {nodes} nodes")
-    nic = cluster.node.nics_per_node * fab.nic_bytes_per_s * dev.nic_efficiency / concurrent
-    if nodes > nodes_per_leaf(cluster):
+        raise ValueError(f"cluster.node={cluster.node.name} has no fabric, but a group spans {domains} nodes")
+    nics = cluster.node.nics_per_node * dom // gpn        # the domain's NICs
+    nic = nics * fab.nic_bytes_per_s * dev.nic_efficiency / concurrent
+    if domains * max(1, min(dom, per_domain * stride) // gpn) > nodes_per_leaf(cluster):
         nic /= fab.oversubscription
-    bus = min(intra, nic) if per_node > 1 else nic
-    return GroupNet(nodes=nodes, bus_bytes_per_s=bus, **common)
+    bus = min(intra, nic) if per_domain > 1 else nic
+    return GroupNet(nodes=domains, bus_bytes_per_s=bus, **common)
 
 
 def _ring_latency(net: GroupNet, steps: int, inter_steps: int) -> float:

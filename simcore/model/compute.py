@@ -68,7 +68,12 @@ class DeviceModel:
     differs from ``peak_flops``: under an FP8 recipe only they run in FP8 (Transformer
     Engine's ``te.Linear``/``LayerNormLinear``/``LayerNormMLP`` inside ``fp8_autocast``;
     torchao's ``convert_to_float8_training`` swaps ``nn.Linear`` only), while attention,
-    softmax, norms, the output layer and all communication stay 16-bit (``peak_flops``)."""
+    softmax, norms, the output layer and all communication stay 16-bit (``peak_flops``).
+    MXFP8 and NVFP4 (``training.precision``) run the same linear layers at their own peak
+    (Transformer Engine's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling`` recipes: fprop, dgrad
+    and wgrad GEMMs of the linear layers)."""
+    linear_format: str = ""
+    """The format of the linear layers' GEMMs (fp8, mxfp8, nvfp4); empty: the 16-bit peak."""
     parallel_kernels: tuple[tuple[str, float, float], ...] = ()
     """(mode, forward, backward) extra host kernels per layer and micro-batch that a torch
     parallel wrapper costs over the plain eager layer (mode: tp, tp_sp, fsdp_zero2,
@@ -186,10 +191,11 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
     peak = gpu.peak(precision)
     if peak is None:
-        raise PlanError(f"training.precision={precision} is not supported by {gpu.name}")
-    linear_peak = 0.0
-    if precision == "fp8":   # FP8 linear layers, everything else in bf16 (DeviceModel.linear_peak_flops)
-        peak, linear_peak = gpu.peak("bf16") or peak, peak
+        raise PlanError(f"training.precision={precision} is not supported by {gpu.name} "
+                        f"(its catalog entry has no dense_tflops.{precision} peak)")
+    linear_peak, linear_format = 0.0, ""
+    if precision in wl.LOW_PRECISION_FORMATS:   # low-precision linear layers, the rest in bf16 (linear_peak_flops)
+        peak, linear_peak, linear_format = gpu.peak("bf16") or peak, peak, precision
     e = _entry(gpu, catalog_root)
     coll, off = e["collective"], e.get("offload", {})
     return DeviceModel(
@@ -216,10 +222,20 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
                                          source=e["attention"].get("length_source", ""))
         if "length_points" in e["attention"] else None,
         linear_peak_flops=linear_peak,
-        fp8_matmul_ratio=float(e.get("fp8_recipes", {}).get(fp8_recipe, e.get("fp8_matmul_ratio", 1.0))),
+        linear_format=linear_format,
+        fp8_matmul_ratio=_linear_ratio(e, precision, fp8_recipe),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         **_host_terms(e),
     )
+
+
+def _linear_ratio(e: dict, precision: str, fp8_recipe: str) -> float:
+    """A low-precision linear GEMM's achieved fraction of its peak relative to a 16-bit GEMM's:
+    FP8 by recipe (``fp8_recipes``, else ``fp8_matmul_ratio``), MXFP8 and NVFP4 from
+    ``low_precision_matmul_ratio`` (1 where the entry gives none)."""
+    if precision == "fp8":
+        return float(e.get("fp8_recipes", {}).get(fp8_recipe, e.get("fp8_matmul_ratio", 1.0)))
+    return float(e.get("low_precision_matmul_ratio", {}).get(precision, 1.0))
 
 
 def _host_terms(e: dict) -> dict:

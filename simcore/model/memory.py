@@ -165,7 +165,10 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     FP8 (Transformer Engine): each linear's cached FP8 weight and its transpose (1 B each,
     ``is_first_microbatch`` weight caching, transformer_engine/pytorch/module/base.py) and
     the delayed-scaling amax history (``DelayedScaling.amax_history_len=1024``, fp32, three
-    tensors per linear); under ZeRO-3 the weights are gathered in FP8 instead."""
+    tensors per linear); under ZeRO-3 the weights are gathered in FP8 instead. MXFP8 and NVFP4
+    cache their weights' rowwise and columnwise quantized copies with the block scales
+    (``workload.quantized_bytes``: 1 + 1/32 and 0.5 + 1/16 bytes an element each) and keep
+    no amax history (TE's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling`` scale per block)."""
     m, par, tr = plan.model, plan.parallel, plan.training
     wb = weight_bytes_per_param(tr.precision)
     fp8 = tr.precision == Precision.FP8
@@ -201,6 +204,8 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
         linears = 4 * (sp.total - sp.ends) / max(sp.layer_max, 1.0)   # four linears per layer
         cached = 0.0 if par.zero == ZeroStage.WEIGHTS else 2 * (sp.total - sp.ends)
         out["fp8_weights"] = cached + linears * 3 * FP8_AMAX_HISTORY * 4
+    elif tr.precision.value in wl.LOW_PRECISION_FORMATS:   # mxfp8, nvfp4: two block-scaled copies
+        out["fp8_weights"] = 2 * wl.quantized_bytes(tr.precision.value) * (sp.total - sp.ends)
     return out
 
 

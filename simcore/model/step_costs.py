@@ -49,7 +49,7 @@ def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: st
     chunk = wl.attention_chunk(s, cp, cp_comm)
     ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk)
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
-        ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic)
+        ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8")
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
     core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))

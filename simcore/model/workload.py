@@ -72,14 +72,40 @@ FP8_LINEAR_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out", "expert_in"
                             "shared_in", "shared_out"})
 
 
-def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False) -> list[Op]:
-    """The casts an FP8 recipe adds to a layer: each FP8 GEMM's input is quantized and
+#: The low-precision formats of the linear layers' GEMM inputs: (bytes per element, elements
+#: per scale block, bytes per block scale; 0: one scale per tensor). MXFP8: OCP Microscaling
+#: Formats spec v1.0 (E4M3 elements, one E8M0 scale per 32); NVFP4: E2M1 elements with one
+#: E4M3 scale per 16 and an FP32 per-tensor scale (NVIDIA, "Pretraining Large Language Models
+#: with NVFP4", arXiv 2509.25149, Sec. 2; Transformer Engine ``NVFP4BlockScaling``).
+LOW_PRECISION_FORMATS = {"fp8": (1.0, 0, 0.0), "mxfp8": (1.0, 32, 1.0), "nvfp4": (0.5, 16, 1.0)}
+
+
+def quantized_bytes(fmt: str) -> float:
+    """Bytes per element of one quantized copy of a tensor in ``fmt``, its block scales included."""
+    element, block, scale = LOW_PRECISION_FORMATS[fmt]
+    return element + (scale / block if block else 0.0)
+
+
+def cast_passes(fmt: str, dynamic: bool) -> float:
+    """HBM traffic of quantizing one GEMM input, in 16-bit passes over it: read it, write its
+    rowwise and its columnwise (transposed) copy for the backward; a per-tensor scale taken
+    from this tensor's amax (FP8 ``dynamic`` recipes, NVFP4's FP32 second-level scale) reads it
+    once more first. MXFP8's block scales come from the block at hand (TE ``MXFP8Quantizer``),
+    no extra pass; NVFP4's random Hadamard transform of the wgrad inputs is fused into the cast
+    (TE's Hadamard-cast kernel), so it adds no traffic here."""
+    amax = dynamic or fmt == "nvfp4"
+    return (ACT_BYTES + 2 * quantized_bytes(fmt) + (ACT_BYTES if amax else 0.0)) / ACT_BYTES
+
+
+def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False, fmt: str = "fp8") -> list[Op]:
+    """The casts a low-precision recipe adds to a layer: each FP8 GEMM's input is quantized and
     transposed for the backward (Transformer Engine's fused cast-transpose: read 16-bit,
     write FP8 and its FP8 transpose, 4 bytes an element; its backward casts the incoming
     gradient the same way). Delayed scaling takes the scale from earlier steps' amax (a
     small reduction); ``dynamic`` scaling (current, tensorwise, rowwise) first reads the
     tensor once more for its own amax (TE's ``Float8CurrentScalingQuantizer``, torchao's
-    ``tensor_to_scale``)."""
+    ``tensor_to_scale``). MXFP8 and NVFP4 (``fmt``) write their block-scaled copies
+    (``cast_passes``)."""
     h, f, tokens = m.hidden, m.ffn_hidden // tp, b * s
     inputs = tokens * h + tokens * attention_out_width(m) // tp  # qkv and attention-projection inputs
     if m.moe:
@@ -87,7 +113,7 @@ def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False) -
         inputs += tokens * (h + m.shared_ffn_hidden // tp) if m.shared_ffn_hidden else 0
     else:
         inputs += tokens * (h + f)                               # the MLP's two inputs
-    return [_eltwise("fp8_cast_transpose", inputs, 3 if dynamic else 2)]
+    return [_eltwise("fp8_cast_transpose", inputs, cast_passes(fmt, dynamic))]
 
 
 def _gemm(name: str, m_: float, n: float, k: float, count: int = 1, batched: bool = False) -> Op:

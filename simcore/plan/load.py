@@ -32,7 +32,7 @@ _SECTIONS = ("model", "cluster", "parallel", "training")
 _TOP_KEYS = set(_SECTIONS) | {"name", "description"}
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)} | {"hf_config"}
 _CLUSTER_KEYS = {"node", "nodes", "fabric", "gpus_per_node", "nics_per_node", "storage", "price_per_gpu_hour",
-                 "profile"}
+                 "profile", "nvlink_domain_gpus"}
 _PARALLEL_KEYS = {f.name for f in fields(ParallelSpec)}
 # recompute's layer count and method are written inside ``training.recompute`` itself
 _TRAINING_KEYS = {f.name for f in fields(TrainingSpec)} - {"recompute_layers", "recompute_method"}
@@ -161,7 +161,7 @@ def _cluster(value, cat: Catalog, base_dir: Path) -> ClusterSpec:
     if node_name is None:
         raise PlanError("cluster.node is required (a catalog node type, or localhost)")
     if node_name not in cat.nodes:
-        raise PlanError(f"unknown node '{node_name}' for cluster.node (known: {', '.join(sorted(cat.nodes))})")
+        raise PlanError(f"unknown node {node_name!r} for cluster.node (known: {', '.join(sorted(cat.nodes))})")
     profile = _str(doc, "profile", "cluster")
     try:
         node = cat.node(node_name, _resolve(profile, base_dir) if profile else None)
@@ -186,6 +186,7 @@ def _cluster(value, cat: Catalog, base_dir: Path) -> ClusterSpec:
         storage=cat.storage[storage_name],
         gpus_per_node=_int(doc, "gpus_per_node", "cluster", node.gpus_per_node),
         price_per_gpu_hour=_float(doc, "price_per_gpu_hour", "cluster"),
+        nvlink_domain_gpus=_int(doc, "nvlink_domain_gpus", "cluster", 0, minimum=0) or None,
     )
 
 
@@ -352,6 +353,8 @@ def plan_to_dict(plan: Plan) -> dict:
         cluster["nics_per_node"] = plan.cluster.node.nics_per_node
     if plan.cluster.fabric is not None:
         cluster["fabric"] = plan.cluster.fabric.name
+    if plan.cluster.nvlink_domain_gpus:
+        cluster["nvlink_domain_gpus"] = plan.cluster.nvlink_domain_gpus
     if plan.cluster.price_per_gpu_hour is not None:
         cluster["price_per_gpu_hour"] = plan.cluster.price_per_gpu_hour
     training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()

@@ -305,12 +305,21 @@ def _megatron_training(a: _Args, f: dict) -> None:
     fp16, bf16 = a.flag("--fp16"), a.flag("--bf16")
     if fp16 and bf16:
         raise PlanError("megatron gives both --fp16 and --bf16 for training.precision")
-    if a.value("--fp8-format", str):
+    fp4 = a.value("--fp4-format", str) and (a.value("--fp4-recipe", str) or "nvfp4")
+    if fp4:
+        if fp4 != "nvfp4":
+            raise PlanError(f"megatron --fp4-recipe={fp4!r} has no training.precision (nvfp4)")
+        f["training.precision"] = "nvfp4"
+    elif a.value("--fp8-format", str):
         f["training.precision"] = "fp8"
         recipe = a.value("--fp8-recipe", str) or "delayed"   # Megatron's tensorwise is TE's current scaling
-        if recipe not in ("delayed", "tensorwise"):
-            raise PlanError(f"megatron --fp8-recipe={recipe!r} has no training.fp8_recipe (delayed, tensorwise)")
-        f["training.fp8_recipe"] = "current" if recipe == "tensorwise" else "delayed"
+        if recipe not in ("delayed", "tensorwise", "mxfp8"):
+            raise PlanError(f"megatron --fp8-recipe={recipe!r} has no training.fp8_recipe (delayed, tensorwise) "
+                            "or training.precision (mxfp8)")
+        if recipe == "mxfp8":
+            f["training.precision"] = "mxfp8"
+        else:
+            f["training.fp8_recipe"] = "current" if recipe == "tensorwise" else "delayed"
     elif fp16 or bf16:
         f["training.precision"] = "fp16" if fp16 else "bf16"
     granularity = a.value("--recompute-granularity", str)

@@ -25,6 +25,7 @@ def check_plan(plan: Plan) -> None:
         (m.top_k <= m.experts, f"model.top_k={m.top_k} exceeds model.experts={m.experts}"),
         (not m.experts or m.top_k >= 1, f"model.top_k must be at least 1 when model.experts={m.experts}"),
         (par.gpus <= cl.gpus, f"plan needs {par.gpus} GPUs (tp*pp*dp*cp) but cluster has {cl.gpus}"),
+        *_domain_rules(plan),
         (cl.nodes == 1 or cl.fabric is not None,
          f"cluster.nodes={cl.nodes} needs a network: cluster.node={cl.node.name} has no fabric, set cluster.fabric"),
         (tr.global_batch % (par.dp * tr.micro_batch) == 0,
@@ -84,7 +85,22 @@ def check_plan(plan: Plan) -> None:
                             f"not model.layers={m.layers}")
     gpu = cl.node.gpu
     if gpu.name != "uncalibrated-host" and gpu.peak(tr.precision.value) is None:
-        raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name}")
+        raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name} "
+                        f"(its catalog entry has no dense_tflops.{tr.precision.value} peak)")
+
+
+def _domain_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """The rules of ``cluster.nvlink_domain_gpus``: whole nodes, and NVLink switches to span several."""
+    cl = plan.cluster
+    domain = cl.nvlink_domain_gpus
+    return [
+        (not domain or domain % cl.gpus_per_node == 0,
+         f"cluster.nvlink_domain_gpus={domain} must be a multiple of "
+         f"cluster.gpus_per_node={cl.gpus_per_node} (an NVLink domain is whole nodes)"),
+        (not domain or domain <= cl.gpus_per_node or cl.node.intra == "nvswitch",
+         f"cluster.nvlink_domain_gpus={domain} spans several nodes, which needs NVLink switches "
+         f"(cluster.node={cl.node.name} has intra {cl.node.intra})"),
+    ]
 
 
 def plan_warnings(plan: Plan) -> list[str]:

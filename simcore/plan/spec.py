@@ -69,6 +69,10 @@ class Precision(_Choice):
     FP16 = "fp16"
     BF16 = "bf16"
     FP8 = "fp8"
+    MXFP8 = "mxfp8"
+    """The linear layers in OCP MXFP8 (E4M3, one E8M0 scale per 32 elements; Blackwell, CDNA 4)."""
+    NVFP4 = "nvfp4"
+    """The linear layers in NVFP4 (E2M1, one E4M3 scale per 16 and a per-tensor FP32 scale; Blackwell)."""
 
 
 class Fp8Recipe(_Choice):
@@ -221,10 +225,20 @@ class ClusterSpec:
     gpus_per_node: int
     price_per_gpu_hour: float | None = None
     """Overrides the catalog's on-demand price, $ per GPU-hour."""
+    nvlink_domain_gpus: int | None = None
+    """Overrides the node's NVLink domain (catalog ``nvlink_domain_gpus``): GPUs that one
+    NVLink switch fabric joins, a whole number of nodes."""
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs of one NVLink domain: the node's GPUs, or a rack-scale domain of several
+        nodes (GB200/GB300 NVL72: 72), never more than the cluster's GPUs."""
+        domain = self.nvlink_domain_gpus or self.node.nvlink_domain_gpus or self.gpus_per_node
+        return max(self.gpus_per_node, min(domain, self.gpus))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -151,6 +151,8 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
                      f"torchtitan/models/llama3/__init__.py with dim={m.hidden}, n_layers={m.layers}, "
                      f"n_heads={m.heads}, n_kv_heads={m.kv_heads}, FFN hidden {m.ffn_hidden}, vocab {m.vocab}.")
     model = {"name": "llama3", "flavor": flavor}
+    if tr.precision.value in ("mxfp8", "nvfp4"):
+        raise _refuse("training.precision", tr.precision.value, "trainplan writes torchtitan's float8 converter only")
     if tr.precision.value == "fp8":
         model["converters"] = ["float8"]
     local = tr.global_batch // par.dp if par.pp > 1 else tr.micro_batch

@@ -148,7 +148,10 @@ def _megatron_training_args(plan: Plan) -> list:
     tr = plan.training
     args = [("--micro-batch-size", tr.micro_batch), ("--global-batch-size", tr.global_batch)]
     precision = {"bf16": [("--bf16", None)], "fp16": [("--fp16", None)], "fp32": [],
-                 "fp8": [("--bf16", None), ("--fp8-format", "hybrid")]}
+                 "fp8": [("--bf16", None), ("--fp8-format", "hybrid")],
+                 # Megatron-Core's block-scaled recipes (Transformer Engine MXFP8BlockScaling, NVFP4BlockScaling)
+                 "mxfp8": [("--bf16", None), ("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")],
+                 "nvfp4": [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")]}
     args += precision[tr.precision.value]
     if tr.precision.value == "fp8":   # Megatron's tensorwise recipe is Transformer Engine's current scaling
         recipe = {"delayed": "delayed", "current": "tensorwise"}.get(tr.fp8_recipe.value)
@@ -278,8 +281,9 @@ def deepspeed_config(plan: Plan) -> dict:
     tr, par = plan.training, plan.parallel
     cfg: dict = {"train_batch_size": tr.global_batch, "train_micro_batch_size_per_gpu": tr.micro_batch,
                  "gradient_accumulation_steps": plan.num_microbatches}
-    if tr.precision.value == "fp8":
-        raise _refuse("training.precision", "fp8", "DeepSpeed config", "FP8 comes from Transformer Engine layers")
+    if tr.precision.value in ("fp8", "mxfp8", "nvfp4"):
+        raise _refuse("training.precision", tr.precision.value, "DeepSpeed config",
+                      f"{tr.precision.value.upper()} comes from Transformer Engine layers")
     if tr.precision.value in ("bf16", "fp16"):
         cfg[tr.precision.value] = {"enabled": True}
     zero: dict = {"stage": int(par.zero)}

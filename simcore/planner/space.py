@@ -96,12 +96,13 @@ def _divisors(n: int) -> list[int]:
 
 
 def derive_space(base: Plan, *, uneven_pp: bool = False, max_tp: int | None = None) -> SearchSpace:
-    """tp: divisors of heads, KV heads and FFN width up to the GPUs of a node; pp:
+    """tp: divisors of heads, KV heads and FFN width up to the GPUs of an NVLink domain (a
+    node, or a GB200/GB300 NVL72 rack: TP may span its trays at NVLink rate); pp:
     divisors of the layers (every count up to the layers with ``uneven_pp``); cp: powers
     of two dividing the sequence; ep: divisors of the experts (MoE only)."""
     m = base.model
     g = math.gcd(m.heads, math.gcd(m.kv_heads, m.ffn_hidden))
-    limit = max_tp or base.cluster.gpus_per_node
+    limit = max_tp or base.cluster.nvlink_domain
     pp = tuple(range(1, m.layers + 1)) if uneven_pp else tuple(_divisors(m.layers))
     return SearchSpace(
         tp=tuple(d for d in _divisors(g) if d <= limit),

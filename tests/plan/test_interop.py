@@ -223,6 +223,22 @@ def test_megatron_round_trips_tp_overlap_cp_comm_and_the_fp8_recipe():
         export_plan(plan_from_dict(rowwise), "megatron")
 
 
+def test_megatron_round_trips_the_block_scaled_precisions():
+    """mxfp8 -> --fp8-format e4m3 --fp8-recipe mxfp8; nvfp4 -> --fp4-format e2m1 --fp4-recipe
+    nvfp4 (options of megatron_args.yaml); each comes back as the precision it was written from."""
+    for precision, flags in (("mxfp8", ["--fp8-recipe mxfp8"]), ("nvfp4", ["--fp4-format e2m1", "--fp4-recipe nvfp4"])):
+        doc = {"model": {"name": "llama3-70b"}, "cluster": {"node": "gb200-nvl72", "nodes": 16},
+               "parallel": {"tp": 2, "pp": 4, "sequence_parallel": True},
+               "training": {"global_batch": 256, "precision": precision}}
+        plan = plan_from_dict(doc)
+        text = export_plan(plan, "megatron")
+        assert all(f in text for f in flags)
+        back, _ = import_plan(megatron=text, cluster="gb200-nvl72", nodes=16)
+        assert plan_to_dict(plan_from_dict(back))["training"]["precision"] == precision
+    with pytest.raises(ValueError, match="training.precision=nvfp4 has no DeepSpeed config option"):
+        export_plan(plan, "deepspeed")
+
+
 # --------------------------------------------------------------------------- importers
 
 HF_EXPECTED = {  # from the public model cards (examples/hf/*/config.json)

@@ -212,3 +212,19 @@ def test_topology_figure_collapses_large_clusters():
     counts = layers(g)
     assert drawn_nodes(fig) == 6 + counts["leaf"] + counts["spine"]
     assert "6 nodes collapsed" in fig.axes[0].get_title()
+
+
+def test_nvl72_trays_share_one_nvswitch_and_groups_leaving_the_rack_take_nics():
+    """GB200 NVL72: 18 trays of 4 GPUs hang off one rack NVSwitch; a flow between trays of one
+    rack crosses only it, a flow to the next rack leaves through the NICs."""
+    from simcore.plan.load import plan_from_dict
+    from topologies.routes import cluster_summary
+
+    plan = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "gb200-nvl72", "nodes": 36},
+                           "training": {"global_batch": 144}})
+    g = build_cluster(plan.cluster)
+    assert layers(g)["nvswitch"] == 2
+    assert path(g, gpu_id(0, 0), gpu_id(17, 3)) == [(gpu_id(0, 0), ("nvswitch", 0)), (("nvswitch", 0), gpu_id(17, 3))]
+    hops = {v[0] for link in path(g, gpu_id(0, 0), gpu_id(18, 0)) for v in link}
+    assert "nic" in hops and "nvswitch" not in hops
+    assert cluster_summary(g, plan.cluster)["nvlink_domain_gpus"] == 72

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,11 @@ def test_catalog_lists_every_kind_with_sources(capsys):
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"gpus", "nodes", "fabrics", "storage", "prices", "models"}
     assert all(row["source"] for row in data["gpus"])
+    gpus = {row["gpu"]: row for row in data["gpus"]}
+    assert {"b300", "gb200", "gb300", "mi325x", "mi355x"} <= set(gpus)
+    assert gpus["gb200"]["nvfp4_tflops"] == 10000 and math.isnan(gpus["h100-sxm"]["nvfp4_tflops"])   # none on Hopper
+    nodes = {row["node"]: row for row in data["nodes"]}
+    assert nodes["gb200-nvl72"]["nvlink_domain_gpus"] == 72 and "https://" in nodes["gb200-nvl72"]["source"]
 
 
 def test_console_script_has_no_traceback(tmp_path):
