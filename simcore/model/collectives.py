@@ -16,8 +16,9 @@ spans more nodes than one leaf switch serves. The NVLink domain is the node, or 
 rack-scale domain of several nodes (``ClusterSpec.nvlink_domain``: a GB200 NVL72 rack's 72
 GPUs over 18 trays of 4 on one NVLink switch fabric), so a TP, CP or EP group inside the
 rack runs at NVLink rate across trays (NCCL's NVLS/MNNVL transport), and a group leaving it
-takes the scale-out NICs, every tray's share of them (NCCL PXN relays over NVLink). Achieved fractions of the link rates (nccl-tests
-busbw / link rate) come from the GPU's ``efficiency.yaml`` entry.
+takes the scale-out NICs, every tray's share of them (NCCL PXN relays over NVLink).
+Achieved fractions of the link rates (nccl-tests busbw / link rate) come from the GPU's
+``efficiency.yaml`` entry.
 """
 from __future__ import annotations
 
