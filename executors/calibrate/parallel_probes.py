@@ -23,8 +23,9 @@ import torch.distributed as dist
 from executors.calibrate.handover_probes import (LONE_COLLECTIVE_REPS, PIPELINE_PROBE_REPS, _busy_rank_kernels,
                                                  _handover_probes, _lone_collectives, _pipeline_chunk)
 from executors.calibrate.probes import _layer_step, _median_step, _optimizer_per_tensor_s, probe_kernels, probe_spec
-from executors.calibrate.wrapper_probes import (COMM_SHARE_REPS, WRAPPER_FIT_LAYERS, WRAPPER_MODES, _recorded_comm,
-                                                _wrapped_model_steps, comm_shares, parallel_host_kernels)
+from executors.calibrate.wrapper_probes import (COMM_SHARE_REPS, PROBE_GROUP, WRAPPER_BASE, WRAPPER_FIT_LAYERS,
+                                                WRAPPER_MODES, _recorded_comm, _wrapped_model_steps, comm_shares,
+                                                parallel_host_kernels)
 from executors.procs import idle_gloo_transport
 
 
@@ -33,9 +34,6 @@ PARALLEL_PROBE_REPS = 20
 #: Interleaved rounds of the parallel probe's layer variants (median of the per-round ratios;
 #: with 5 the TP figure moved 95-174 kernels between calibrations on the shared 2-core host).
 PARALLEL_PROBE_ROUNDS = 9
-#: Ranks per wrapped group of the parallel probe (the local matrix's tp2 and dp2); a probe on
-#: more ranks runs several such groups side by side.
-PROBE_GROUP = 2
 #: Ranks and wrappers of the grouped probe (``bench_parallel_host(world=GROUPED_PROBE_RANKS)``):
 #: two TP pairs side by side, as the local matrix's tp2-pp2 puts four ranks on the cores. On
 #: the 2-core validation host a TP all-reduce read 2.2-2.6 ms in that run and 2.3 ms in this
@@ -86,8 +84,8 @@ def _parallel_probe_rank(rank: int, world: int, device, reps: int, rounds: int =
     for k in steps:
         out[k] = tuple(statistics.median(rd[k][i] for rd in out["rounds"]) for i in range(2))
     deep = WRAPPER_FIT_LAYERS[-1]
-    bases = [f"model{deep}", *([f"half{deep}"] if "cp" in modes else [])]
-    out["recorded"] = _recorded_comm(rank, mesh, steps, [*bases, *(f"{m}{deep}" for m in modes)], COMM_SHARE_REPS)
+    names = ["model", *(WRAPPER_BASE[m] for m in modes if m in WRAPPER_BASE), *modes]
+    out["recorded"] = _recorded_comm(rank, mesh, steps, [f"{n}{deep}" for n in dict.fromkeys(names)], COMM_SHARE_REPS)
     if dtensor_params:
         out["opt_dtensor"] = _optimizer_per_tensor_s(dtensor_params, reps)
         out["opt_plain"] = _optimizer_per_tensor_s(list(Block(spec).to(device).parameters()), reps)

@@ -151,11 +151,12 @@ def probe_spec(**over):
     return ModelSpec(**{**PROBE_LAYER, **over})
 
 
-def probe_kernels(spec) -> tuple[int, int]:
-    """(forward, backward) kernels ``simcore.model.compute.ops_time_s`` counts for one layer."""
+def probe_kernels(spec, ep: int = 1) -> tuple[int, int]:
+    """(forward, backward) kernels ``simcore.model.compute.ops_time_s`` counts for one layer
+    (its experts over ``ep`` ranks)."""
     from simcore.model import workload as wl
 
-    ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len)
+    ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len, ep=ep)
     fwd = sum(op.kernels for op in ops)
     bwd = sum(op.kernels * (2 if op.matmul and not op.batched and op.name != "flash_attention" else 1)
               for op in ops)

@@ -22,9 +22,19 @@ from executors.calibrate.probes import probe_kernels, probe_spec
 #: is the executor's ring attention (``executors.ring_attention``), timed on a rank's share
 #: of the sequence against the plain model on as many tokens (``half{L}``): what the ring's
 #: blocks, merges and gloo exchanges add to a layer beyond the attention of those tokens.
-WRAPPER_MODES = ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3", "cp")
-#: The plain model each wrapper's extra cost is taken over (``_depth_fit``).
-WRAPPER_BASE = {"cp": "half"}
+WRAPPER_MODES = ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3", "cp", "moe", "ep")
+#: The plain model each wrapper's extra cost is taken over (``_depth_fit``): ``moe`` is the
+#: probe model with MoE layers (``PROBE_MOE``, the executor's routing, capacity buffers and
+#: per-expert loop) over the dense one; ``ep`` the same MoE model with its experts sharded
+#: over the pair (``executors.moe.apply_ep``: all-to-all dispatch and combine) over ``moe``.
+WRAPPER_BASE = {"cp": "half", "ep": "moe"}
+#: Ranks per wrapped group of the parallel probe (the local matrix's tp2 and dp2); a probe on
+#: more ranks runs several such groups side by side.
+PROBE_GROUP = 2
+#: The MoE layer of the ``moe`` and ``ep`` probes (the local matrix's ep2-dp2 model).
+PROBE_MOE = dict(experts=4, top_k=2)
+#: Wrappers whose model has no ends of their own (the fitted intercept is noise).
+LAYER_ONLY = ("cp", "moe", "ep")
 #: Depths of the wrapped probe models: the extra cost over the plain model at two depths
 #: gives the cost per layer (the slope) and the ends' (the intercept). Timing one wrapped
 #: block alone read FSDP2's cost per layer 30% under a block's inside a sharded model
@@ -72,7 +82,7 @@ def _recorded_comm(rank: int, mesh, steps: dict, names: list[str], reps: int) ->
     out: dict = {}
     with record.record_collectives(rec):
         for name in names:   # the probe mesh's one axis stands for the executor's tp or dp axis
-            rec.axis_of = {group: "tp" if name.startswith("tp") else "cp" if name.startswith("cp") else "dp"}
+            rec.axis_of = {group: next((a for a in ("tp", "cp", "ep") if name.startswith(a)), "dp")}
             rows = []
             for i in range(reps + 1):
                 rec.start_step()
@@ -97,6 +107,7 @@ def _wrapped_model_steps(spec, mesh, device, modes: tuple[str, ...] = WRAPPER_MO
     without FSDP2 among ``modes``, the wrappers timed)."""
     from executors.model import Transformer
     from executors.parallel import apply_fsdp2, apply_tp
+    from executors.moe import apply_ep
     from executors.ring_attention import apply_cp
 
     s, world = spec.seq_len, mesh.size()
@@ -105,8 +116,8 @@ def _wrapped_model_steps(spec, mesh, device, modes: tuple[str, ...] = WRAPPER_MO
     wraps = {"tp": lambda m: apply_tp(m, mesh, False), "tp_sp": lambda m: apply_tp(m, mesh, True),
              "fsdp_zero2": lambda m: apply_fsdp2(m, mesh, False), "fsdp_zero3": lambda m: apply_fsdp2(m, mesh, True)}
 
-    def model(layers: int, wrap=None, end: str = ""):
-        m = Transformer(probe_spec(layers=layers)).to(device)
+    def model(layers: int, wrap=None, end: str = "", moe: bool = False):
+        m = Transformer(probe_spec(layers=layers, **(PROBE_MOE if moe else {}))).to(device)
         if end == "embed":
             m.norm = m.output = None
         elif end == "head":
@@ -118,8 +129,12 @@ def _wrapped_model_steps(spec, mesh, device, modes: tuple[str, ...] = WRAPPER_MO
     steps = {}
     for n in WRAPPER_FIT_LAYERS:
         steps[f"model{n}"] = _model_step(model(n), tokens, labels)
-        for mode in (m for m in modes if m != "cp"):
+        for mode in (m for m in modes if m not in LAYER_ONLY):
             steps[f"{mode}{n}"] = _model_step(model(n, wraps[mode]), tokens, labels)
+        if "moe" in modes or "ep" in modes:   # MoE layers plain, and their experts over the pair
+            steps[f"moe{n}"] = _model_step(model(n, moe=True), tokens, labels)
+        if "ep" in modes:
+            steps[f"ep{n}"] = _model_step(model(n, lambda m: apply_ep(m, mesh.get_group()), moe=True), tokens, labels)
         if "cp" in modes:   # a rank's share of the sequence, ring attention against plain
             ring = model(n)
             pos = apply_cp(ring, mesh, s)
@@ -137,6 +152,25 @@ def _wrapped_model_steps(spec, mesh, device, modes: tuple[str, ...] = WRAPPER_MO
         steps[f"{mode}_head"] = _model_step(model(0, wraps[mode], "head"), hidden(s // world if mode == "tp_sp" else s),
                                             labels)
     return steps, list(sharded.layers["0"].parameters()) if sharded else None
+
+
+def _modelled_moe_kernels() -> tuple[int, int]:
+    """(forward, backward) kernels the model counts for the probe's MoE layer over its dense
+    one (router, top-k, permutations, one GEMM per expert: ``workload.mlp_ops``)."""
+    moe, dense = probe_kernels(probe_spec(**PROBE_MOE)), probe_kernels(probe_spec())
+    return moe[0] - dense[0], moe[1] - dense[1]
+
+
+def _modelled_ep_kernels() -> tuple[int, int]:
+    """The same for the MoE layer with its experts over the probe pair (fewer local experts:
+    negative)."""
+    ep, moe = probe_kernels(probe_spec(**PROBE_MOE), ep=PROBE_GROUP), probe_kernels(probe_spec(**PROBE_MOE))
+    return ep[0] - moe[0], ep[1] - moe[1]
+
+
+#: The kernels the model counts itself for a wrapper, taken off its measured extra: the
+#: probes' time unit is the plain layer's per-kernel time, so a modelled op counts as one.
+MODELLED_KERNELS = {"moe": _modelled_moe_kernels, "ep": _modelled_ep_kernels}
 
 
 def _round_extras(rows: list[dict], name: str, kf: int, kb: int, base: str = "plain") -> list[tuple[float, float]]:
@@ -185,7 +219,10 @@ def parallel_host_kernels(rows: list[dict], kf: int, kb: int, modes: tuple[str, 
     for mode in modes:
         layer, ends = _depth_fit(rows, mode, kf, kb)
         out[mode] = {"forward_kernels": layer[0], "backward_kernels": layer[1]}
-        if mode == "cp":   # the ends hold no attention: nothing of the ring
+        if mode in MODELLED_KERNELS:   # what the model already counts of the MoE layer as ops
+            mf, mb = MODELLED_KERNELS[mode]()
+            out[mode] = {"forward_kernels": max(0.0, layer[0] - mf), "backward_kernels": max(0.0, layer[1] - mb)}
+        if mode in LAYER_ONLY:   # the ends hold no attention and no experts
             continue
         if mode.startswith("fsdp"):
             out[f"{mode}_root"] = {"forward_kernels": ends[0], "backward_kernels": ends[1]}

@@ -29,6 +29,7 @@ from dataclasses import replace
 from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
+from simcore.model import host_costs as hc
 from simcore.model import memory as mem
 from simcore.model.memory import memory_fields
 from simcore.model import recompute as rcp
@@ -162,45 +163,6 @@ def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     return coll.send_recv_s(bytes_, net.bus_bytes_per_s, hop)
 
 
-def _add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], list[float]],
-                   compute: tuple[list[float], list[float]]) -> None:
-    """CPU host: the measured wrapper cost of the model's ends per micro-batch (``parallel_host``
-    ``*_embed`` / ``*_head`` / ``*_root``), added to the (forward, backward) blocking comm and
-    host compute of the virtual stages that hold them, split as a run measures it
-    (``parallel_split_s``). TP splits the embedding and the output projection too (each with
-    its own collectives): the embedding's on the first virtual stage, the head's (norm,
-    output, loss) on the last. FSDP2 shards each pipeline rank's model as a root group of its
-    own (the embedding, final norm and output on the ranks that hold them): one root group's
-    cost on each rank's first virtual stage."""
-    if not dev.parallel_kernels:   # catalog GPUs: no wrapper host costs
-        return
-    par = plan.parallel
-    parts = []
-    if par.tp > 1:
-        mode = "tp_sp" if par.sequence_parallel else "tp"
-        parts += [(0, f"{mode}_embed"), (-1, f"{mode}_head")]
-    if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:
-        root = "fsdp_zero3_root" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2_root"
-        parts += [(v, root) for v in range(par.pp)]
-    for v, mode in parts:
-        for lists, pair in zip((comm, compute), dev.parallel_split_s(mode)):
-            lists[0][v] += pair[0]
-            lists[1][v] += pair[1]
-
-
-def _host_p2p(dev: cmp.DeviceModel, pp: int, nv: int) -> dict[str, tuple[float, ...]]:
-    """``StepCosts``' per-virtual-stage send calls and receive waits (none where the device
-    has no such costs)."""
-    # CPU host: the sender's blocking send call and the receiver's hand-over wait, per message
-    send, recv = (dev.p2p_send_s, dev.busy_p2p_latency_s) if pp > 1 else (0.0, 0.0)
-    host_p2p = {}
-    if send + recv > 0:
-        first, last = [float(v > 0) for v in range(nv)], [float(v < nv - 1) for v in range(nv)]
-        host_p2p = {"forward_send_s": tuple(send * x for x in last), "forward_recv_wait_s": tuple(recv * x for x in first),
-                    "backward_send_s": tuple(send * x for x in first), "backward_recv_wait_s": tuple(recv * x for x in last)}
-    return host_p2p
-
-
 def _rank_costs(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams, ...], layer_params: float,
                 host_terms: bool) -> list[tuple[dict[str, float], tuple[float, float], tuple[int, int]]]:
     """Per pipeline rank: its ``dp_costs.dp_costs``, its ``dp_costs.optimizer_costs`` and its
@@ -272,7 +234,7 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     """Per layer and micro-batch: ``_layer_comm``'s figures, the (forward, backward) blocking
     communication, the (forward, backward) host compute of the wrappers (CPU host), and the
     host compute a full recomputation repeats; ``core`` is the attention core's forward time."""
-    par, tr = plan.parallel, plan.training
+    tr = plan.training
     lc = _layer_comm(plan, dev)
     # Ring attention (Megatron-Core through Transformer Engine's P2P context parallel,
     # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
@@ -290,13 +252,8 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
     fc = tp_f + ring + lc["cp_f"] + lc["ep_f"]
     bc = tp_b + 2 * ring + lc["cp_b"] + lc["ep_b"] + rec_comm
-    if par.cp > 1:   # CPU host: the executor's ring attention per layer (calibrate's cp probe)
-        (cf, cb), (hf, hb) = dev.parallel_split_s("cp")   # a recomputed layer re-runs its forward
-        fc, bc, host_f, host_b, rec_host = fc + cf, bc + cb + cf * full, host_f + hf, host_b + hb, rec_host + hf * full
-    if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:   # FSDP2's measured per-layer host cost
-        (ff, fb), (hf, hb) = dev.parallel_split_s("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
-        fc, bc, host_f, host_b = fc + ff, bc + fb, host_f + hf, host_b + hb
-    return lc, fc, bc, host_f, host_b, rec_host
+    (cf, cb), (hf, hb), (rc, rh) = hc.layer_wrappers_s(plan, dev, full)   # CPU host: torch's wrappers
+    return lc, fc + cf, bc + cb + rc, host_f + hf, host_b + hb, rec_host + rh
 
 
 def step_costs(plan: Plan) -> StepCosts:
@@ -318,11 +275,11 @@ def step_costs(plan: Plan) -> StepCosts:
     dpc = dpm.dp_costs(plan, dev, params[0], dense_l + expert_l)
     fcomm = [fc * n for n in stages]
     bcomm = [bc * n for n in stages]
-    host_p2p = _host_p2p(dev, par.pp, nv)
+    host_p2p = hc.host_p2p(dev, par.pp, nv)
     fwd = [n * (f + host_f) for n in stages]
     bin_ = [n * (bi + host_b) for n in stages]
     bwt = [n * bw for n in stages]
-    _add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
+    hc.add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
     if par.pp > 1:   # CPU host: torch.distributed.pipelining's measured per-chunk bookkeeping
         cf, cb = dev.parallel_extra_s("pipeline_chunk")
         fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]

@@ -48,14 +48,15 @@ def test_wrapper_costs_are_a_line_through_two_model_depths():
         return row
 
     rows = [{"rounds": [rnd(i) for i in (1, 2, 3)]}] * 2
-    out = wprobes.parallel_host_kernels(rows, 4, 6)
-    for mode in wprobes.WRAPPER_MODES:
+    plain = [m for m in wprobes.WRAPPER_MODES if m not in wprobes.MODELLED_KERNELS and m not in ("moe", "ep")]
+    out = wprobes.parallel_host_kernels(rows, 4, 6, modes=tuple(plain))
+    for mode in plain:
         assert out[mode] == pytest.approx({"forward_kernels": 5.0, "backward_kernels": 8.0})
     for zero in (2, 3):
         assert out[f"fsdp_zero{zero}_root"] == pytest.approx({"forward_kernels": 3.0, "backward_kernels": 4.0})
     assert out["tp_embed"] == pytest.approx({"forward_kernels": 0.75, "backward_kernels": 3.0})
     assert out["tp_head"] == pytest.approx({"forward_kernels": 2.25, "backward_kernels": 1.0})
-    assert set(out) == {*wprobes.WRAPPER_MODES, *wprobes.WRAPPER_ENDS}
+    assert set(out) == {*plain, *wprobes.WRAPPER_ENDS}
 
 
 def test_comm_share_is_the_recorded_exposed_comm_over_the_wrappers_extra_time():
@@ -135,3 +136,25 @@ def test_ring_attention_is_costed_over_the_plain_model_on_a_ranks_share_of_token
 
     out = wprobes.parallel_host_kernels([{"rounds": [rnd(i) for i in (1, 2, 3)]}] * 2, 4, 6, modes=("cp",))
     assert out == {"cp": pytest.approx({"forward_kernels": 5.0, "backward_kernels": 8.0})}
+
+
+def test_moe_and_expert_parallel_are_costed_beyond_the_kernels_the_model_counts_itself():
+    # the MoE model takes (30, 40) kernels a layer over the dense one, of which the model
+    # counts the router, the top-k, the permutations and one GEMM per expert itself; expert
+    # parallel takes (6, 9) over the MoE model, where the model counts fewer local experts
+    lo, hi = wprobes.WRAPPER_FIT_LAYERS
+    (mf, mb), (ef, eb) = wprobes._modelled_moe_kernels(), wprobes._modelled_ep_kernels()
+    assert mf > 0 and mb > 0 and ef < 0 and eb < 0
+
+    def rnd(i):
+        ms = lambda f, b: (1e-3 * i * f, 1e-3 * i * b)
+        row = {"plain": ms(4, 6)}
+        for n in (lo, hi):
+            row[f"model{n}"] = ms(4 * n + 1, 6 * n + 1)
+            row[f"moe{n}"] = ms(34 * n + 1, 46 * n + 1)
+            row[f"ep{n}"] = ms(40 * n + 1, 55 * n + 1)
+        return row
+
+    out = wprobes.parallel_host_kernels([{"rounds": [rnd(i) for i in (1, 2, 3)]}] * 2, 4, 6, modes=("moe", "ep"))
+    assert out == {"moe": pytest.approx({"forward_kernels": 30.0 - mf, "backward_kernels": 40.0 - mb}),
+                   "ep": pytest.approx({"forward_kernels": 6.0 - ef, "backward_kernels": 9.0 - eb})}
