@@ -96,7 +96,7 @@ def answer_lines(result) -> list[str]:
     """The deadline and budget answers, each one sentence or a clear 'none does'."""
     c, options = result.candidates, result.options
     ok = feasible(options)
-    what = f"{c.model.get('name', 'the model')} on {f.si(c.tokens, 'tokens')}"
+    what = f"{c.model.get('name', 'the model')} on {f.si(c.tokens, '')} tokens"
     if ok.empty:
         return [f"No evaluated option can train {what}: no candidate cell fits the model or can be priced "
                 "(see the notes)."]
