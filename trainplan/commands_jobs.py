@@ -1,4 +1,4 @@
-"""The commands that run, search, price and report: run, validate, plan, cost, whatif, report,
+"""The commands that run, search, price and report: run, validate, plan, cost, whatif, procure, report,
 demo, calibrate. Each takes argparse's namespace, calls one job, and prints."""
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 
 ``resolve_prices`` takes the catalog's figures for the plan's GPU
 (``topologies/catalog/prices.yaml``), then the Plan's own
-``cluster.price_per_gpu_hour``, then explicit overrides by field name.
+``cluster.price_per_gpu_hour``, then explicit overrides by field name. ``buy_sheet`` does the
+same for owning the GPUs instead (prices.yaml ``purchase``: price per GPU with its server share,
+the fabric per GPU, life, utilisation, facility per kW-month, lead time), each override checked.
 """
 from __future__ import annotations
 
