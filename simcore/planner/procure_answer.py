@@ -86,10 +86,12 @@ def option_label(row) -> str:
 def option_sentence(row) -> str:
     """An option's answer in one sentence: days and $ with intervals, layout, headroom, engine."""
     engine = "event engine" if row.get("engine") == "event" else "analytic engine"
+    owned = (f"; buying means owning {f.money(row['capex_usd'])} of GPUs, servers and fabric, of which the run bears "
+             "its share" if row["mode"] == "buy" and isinstance(row.get("capex_usd"), float) else "")
     return (f"{option_label(row)}, {f.with_interval(row['days'], row['days_lo'], row['days_hi'], f.days)} days, "
             f"{f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)} "
             f"(${row['usd_per_gpu_hour']:.2f} per GPU-hour), layout {row['layout']}, "
-            f"{row['headroom_gib']:.1f} GiB memory headroom, MFU {f.percent(row['mfu'])} ({engine})")
+            f"{row['headroom_gib']:.1f} GiB memory headroom, MFU {f.percent(row['mfu'])} ({engine}){owned}")
 
 
 def answer_lines(result) -> list[str]:
