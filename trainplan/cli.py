@@ -170,6 +170,8 @@ def _procure_command(sub) -> None:
     p.add_argument("--nodes", metavar="N,M", help="cluster sizes in nodes (default: 20 sizes, 2-1024)")
     p.add_argument("--fabrics", metavar="F,G", help="fabrics, or 'default' for the node's own")
     p.add_argument("--modes", metavar="M,N", help="ways of paying: on_demand, reserved, spot, buy")
+    p.add_argument("--mixed", metavar="BASE+OTHER", help="also mixed pipelines: BASE's nodes, the later half of "
+                   "the pipeline stages on OTHER (event engine), e.g. h100-sxm+a100-80gb; comma-separated")
     p.add_argument("--life-years", type=float, help="buying: the servers' life")
     p.add_argument("--utilisation", type=float, help="buying: share of the life the cluster does paid work")
     p.add_argument("--jobs", type=int, help="processes for the cells")

@@ -237,6 +237,7 @@ def _csv(text: str | None, flag: str, kind=str) -> list | None:
 def _procure_doc(args) -> dict:
     """The candidates: the file's fields (if any) with the command line's on top."""
     from simcore.plan.load import read_yaml_file
+    from simcore.planner.procure_input import DEFAULT_NODES
 
     doc = {}
     if args.candidates:
@@ -259,6 +260,12 @@ def _procure_doc(args) -> dict:
         doc["buy"] = {**(doc.get("buy") or {}), **{k: v for k, v in buy.items() if v is not None}}
     if args.no_resimulate:
         doc["resimulate"] = False
+    for pair in _csv(args.mixed, "--mixed") or []:
+        base, plus, other = pair.partition("+")
+        if not plus or not base or not other:
+            raise UsageError(f"--mixed {pair!r} must be BASE+OTHER, e.g. h100-sxm+a100-80gb")
+        nodes = doc.get("nodes") or list(DEFAULT_NODES)
+        doc["mixed"] = [*(doc.get("mixed") or []), {"gpus": [base, other], "nodes": nodes}]
     if "model" not in doc or "tokens" not in doc:
         raise UsageError("procure needs --model and --tokens, or a candidates file that names them")
     return doc

@@ -23,9 +23,8 @@ from itertools import product
 
 import pandas as pd
 
-from simcore.plan.spec import PlanError
-from simcore.planner.procure_input import Candidates
-from simcore.planner.whatif import Sweep, node_for_gpu, run_cell
+from simcore.planner.procure_input import Candidates, buy_sheet_of, sweep_of
+from simcore.planner.whatif import node_for_gpu, run_cell
 
 #: The columns of one option (a cell and a way of paying), besides the cell's own.
 OPTION_KEYS = ("mode", "days", "days_lo", "days_hi", "usd", "usd_lo", "usd_hi", "usd_per_gpu_hour", "infeasible")
@@ -44,21 +43,13 @@ class ProcureResult:
     """Cells re-simulated on the event engine (the front and the answers)."""
 
 
-def _sweep(c: Candidates, gpu: str) -> Sweep:
-    """The what-if base of one GPU type: its rent overrides with the ones for every GPU."""
-    from simcore.planner.prices import BUY_FIELDS
-
-    rent = {**c.price, **{k: v for k, v in (c.prices.get(gpu) or {}).items() if k not in BUY_FIELDS}}
-    cluster = {"node": node_for_gpu(gpu), "nodes": 1, **({"storage": c.storage} if c.storage else {})}
-    return Sweep(name=c.name, model=c.model, cluster=cluster, global_batch=c.global_batch, tokens=c.tokens,
-                 training=c.training, space=c.space, top_k=0, objective="time", jobs=1, monte_carlo=0,
-                 failures=c.failures, prices=rent)
-
-
 def hardware_cells(c: Candidates) -> list[dict]:
-    """Every GPU type x cluster size x fabric (``default``: no fabric key, the node's own)."""
+    """Every GPU type x cluster size x fabric (``default``: no fabric key, the node's own), then
+    the mixed pipelines (``simcore.planner.procure_mixed``)."""
+    from simcore.planner.procure_mixed import mixed_cells
+
     return [{"gpu": g, "nodes": n, **({} if f == "default" else {"fabric": f})}
-            for g, f, n in product(c.gpus, c.fabrics, c.nodes)]
+            for g, f, n in product(c.gpus, c.fabrics, c.nodes)] + mixed_cells(c)
 
 
 def states_overflow(c: Candidates, cell: dict) -> str:
@@ -87,10 +78,11 @@ def _evaluate(args) -> tuple[dict, object | None]:
     why = states_overflow(c, cell)
     if why:
         return {**cell, "layout": None, "fits": False, "note": why, "pruned": True}, None
-    try:
-        row, rc = run_cell(replace(_sweep(c, cell["gpu"]), top_k=top_k), cell)
-    except PlanError as exc:
-        return {**cell, "layout": None, "fits": False, "note": str(exc)}, None
+    if "stage_gpu" in cell:
+        from simcore.planner.procure_mixed import evaluate_mixed
+
+        return evaluate_mixed(c, cell)
+    row, rc = run_cell(replace(sweep_of(c, cell["gpu"]), top_k=top_k), cell)
     return {**row, "engine": "event" if top_k else "analytic"}, rc
 
 
@@ -106,12 +98,9 @@ def buy_option(c: Candidates, row: dict, rc) -> dict:
     """Owning the cell's GPUs for the run: its share of the capex (life, utilisation), of the
     facility (per kW of the nodes' system power) and the energy it draws; days as on-demand
     (owned GPUs fail alike) plus the lead time. Intervals follow the on-demand run's days."""
-    from simcore.planner.prices import buy_sheet
     from topologies.hardware import load_catalog
 
-    sheet = buy_sheet(row["gpu"], row.get("fabric"), {**c.buy, **{k: v for k, v in (c.prices.get(row["gpu"]) or {})
-                                                                   .items() if k in ("usd_per_gpu", "fabric_usd_per_gpu")}},
-                      where="candidates.buy")
+    sheet = buy_sheet_of(c, row)
     node = load_catalog().node(row["node"])
     od = rc.on_demand
     if od.infeasible:
@@ -131,7 +120,7 @@ def options_of(c: Candidates, row: dict, rc) -> list[dict]:
     if rc is None:
         return []
     keep = ("gpu", "node", "nodes", "gpus", "fabric", "layout", "mfu", "step_time_s", "memory_per_gpu_gib",
-            "headroom_gib", "energy_kwh", "engine", "interval_source")
+            "headroom_gib", "energy_kwh", "engine", "interval_source", "stage_gpu")
     base = {k: row.get(k) for k in keep}
     scen = {"on_demand": rc.on_demand, "reserved": rc.reserved, "spot": rc.spot}
     out = [{**base, **_scenario_option(m, scen[m], rc.gpus)} for m in c.modes if m in scen]
@@ -158,7 +147,7 @@ def run_procure(c: Candidates, *, progress: bool = True) -> ProcureResult:
     t0 = time.perf_counter()
     cells = hardware_cells(c)
     results = {_cell_key(row): (row, rc) for row, rc in _run_cells(c, cells, 0, progress, "procure: cells")}
-    done: set[tuple] = set()
+    done = {k for k, (row, _) in results.items() if isinstance(row.get("stage_gpu"), str)}   # event engine already
     while c.resimulate:
         options = _options_table(c, results)
         todo = [k for k in to_resimulate(options, c) if k not in done and results[k][1] is not None]

@@ -79,8 +79,9 @@ def to_resimulate(options: pd.DataFrame, c) -> list[tuple]:
 
 def option_label(row) -> str:
     """'rent reserved: 64 x dgx-b200 (512 GPUs, ib-ndr)'."""
+    mixed = f", later pipeline stages on {row['stage_gpu']}" if isinstance(row.get("stage_gpu"), str) else ""
     return (f"{MODE_LABELS.get(row['mode'], row['mode'])}: {int(row['nodes'])} x {row['node']} "
-            f"({int(row['gpus'])} GPUs, {row['fabric']})")
+            f"({int(row['gpus'])} GPUs, {row['fabric']}{mixed})")
 
 
 def option_sentence(row) -> str:
@@ -159,15 +160,18 @@ def frontier_table(options: pd.DataFrame) -> pd.DataFrame:
 def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
     """Every figure the answer leaned on, with its source: the what-if's (hardware, rent,
     energy, failures), then buying (purchase prices, fabric, life, utilisation, facility)."""
-    from simcore.planner.prices import buy_sheet
-    from simcore.planner.whatif import assumptions_of as whatif_assumptions
+    from simcore.planner.procure_input import buy_sheet_of
+    from simcore.planner.whatif import assumptions_of as whatif_assumptions, node_for_gpu
 
-    out = whatif_assumptions(rows)
+    plain = [(r, rc) for r, rc in rows if not isinstance(r.get("stage_gpu"), str)]
+    for r, rc in rows:   # a mixed pipeline leans on both GPU types' figures
+        if isinstance(r.get("stage_gpu"), str):
+            plain += [({**r, "gpu": r["base_gpu"]}, rc), ({**r, "gpu": r["stage_gpu"], "node": node_for_gpu(r["stage_gpu"]),
+                                                           "stage_gpu": None}, rc)]
+    out = whatif_assumptions(plain)
     if "buy" in c.modes:
-        for row, _ in rows:
-            s = buy_sheet(row["gpu"], row.get("fabric"), {**c.buy, **{k: v for k, v in (c.prices.get(row["gpu"]) or {})
-                                                                       .items() if k in ("usd_per_gpu", "fabric_usd_per_gpu")}},
-                          where="candidates.buy")
+        for row, _ in plain:
+            s = buy_sheet_of(c, row)
             out.append(f"buy {row['gpu']}: ${s.usd_per_gpu:,.0f} per GPU with its server share: {s.gpu_source}")
             out.append(f"buy fabric {s.fabric}: ${s.fabric_usd_per_gpu:,.0f} per GPU: {s.fabric_source}")
             out.append(f"buy: life {s.life_years:g} years, utilisation {s.utilisation:.0%}, facility "
@@ -177,4 +181,8 @@ def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
             "answers are re-simulated on the event engine (the cell's best analytic layout), the rest are analytic",
             "a bought cluster is charged its share of capex (wall time / (life x utilisation)), the same share of the "
             "facility, and the energy it draws; a rented one its price per GPU-hour, energy included"]
+    if c.mixed:
+        out.append("a mixed pipeline (simcore/planner/procure_mixed.py) runs its later stages on the other GPU type on "
+                   "the event engine, is priced at the GPU-weighted blend of both types' prices, and counts energy at "
+                   "the base GPU's power (an approximation)")
     return list(dict.fromkeys(out))

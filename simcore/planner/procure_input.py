@@ -5,7 +5,9 @@ command line or the defaults, each field checked with one sentence naming it and
 The default candidates are the GPUs priced both to rent and to buy in
 ``topologies/catalog/prices.yaml`` that the catalog has a node for: a GPU priced before its
 catalog entry exists (``b300``, ``gb200``, ...) joins the default set the day its node does.
-Example file: ``sweeps/procure-llama3-70b.yaml``.
+Mixed pipelines (``mixed:``, ``simcore.planner.procure_mixed``) are checked here too, and the
+helpers the procure modules share (the what-if base of a GPU type, the purchase sheet of a cell)
+live here, below them all. Example file: ``sweeps/procure-llama3-70b.yaml``.
 """
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ class Candidates:
     failures: bool = True
     resimulate: bool = True
     """Re-simulate the frontier and the answers on the event engine."""
+    mixed: tuple = ()
+    """Mixed pipelines: {gpus: [BASE, OTHER], nodes: [...], share: 0.5} (``simcore.planner.procure_mixed``)."""
 
 
 def default_gpus() -> tuple[str, ...]:
@@ -165,6 +169,7 @@ def candidates_from_dict(doc: dict) -> Candidates:
     for key in ("buy", "price", "space", "training"):
         if not isinstance(doc.get(key) or {}, dict):
             raise PlanError(f"candidates.{key} must be a mapping")
+    _check_model(model, gpus, doc)
     return Candidates(
         name=str(doc.get("name", "procure")), model=dict(model), tokens=_number(doc, "tokens"),
         global_batch=_number(doc, "global_batch", whole=True) if "global_batch" in doc else DEFAULT_GLOBAL_BATCH,
@@ -174,7 +179,24 @@ def candidates_from_dict(doc: dict) -> Candidates:
         prices=_check_prices(doc, gpus), price=dict(doc.get("price") or {}),
         space=dict(DEFAULT_SPACE if doc.get("space") is None else doc["space"]),
         storage=doc.get("storage"), jobs=_number(doc, "jobs", whole=True) if "jobs" in doc else 1,
-        failures=bool(doc.get("failures", True)), resimulate=bool(doc.get("resimulate", True)))
+        failures=bool(doc.get("failures", True)), resimulate=bool(doc.get("resimulate", True)),
+        mixed=tuple(_mixed(doc)))
+
+
+def _mixed(doc: dict) -> list[dict]:
+    cat = load_catalog()
+    with_node = {raw.get("gpu") for raw in cat.nodes.values() if raw.get("gpu") in cat.gpus}
+    return check_mixed(doc, with_node, set(cat.prices.gpus) & set(cat.gpus))
+
+
+def _check_model(model: dict, gpus: tuple[str, ...], doc: dict) -> None:
+    """The model, batch and training fields as one Plan would take them (one sentence if not)."""
+    from simcore.planner.space import base_plan
+    from simcore.planner.whatif import node_for_gpu
+
+    if gpus:
+        base_plan(model, {"node": node_for_gpu(gpus[0]), "nodes": 1}, int(doc.get("global_batch", 1) or 1),
+                  {**DEFAULT_TRAINING, **(doc.get("training") or {})})
 
 
 def _check_buy_fields(doc: dict) -> dict:
@@ -187,3 +209,67 @@ def _check_buy_fields(doc: dict) -> dict:
             raise PlanError(f"unknown field 'candidates.buy.{key}' (known: {', '.join(BUY_FIELDS)})")
         _check_buy(key, value, "candidates.buy")
     return dict(buy)
+
+
+# --------------------------------------------------------------------------- shared by the procure modules
+
+def sweep_of(c: Candidates, gpu: str):
+    """The what-if base of one GPU type: its rent overrides with the ones for every GPU."""
+    from simcore.planner.prices import BUY_FIELDS
+    from simcore.planner.whatif import Sweep, node_for_gpu
+
+    rent = {**c.price, **{k: v for k, v in (c.prices.get(gpu) or {}).items() if k not in BUY_FIELDS}}
+    cluster = {"node": node_for_gpu(gpu), "nodes": 1, **({"storage": c.storage} if c.storage else {})}
+    return Sweep(name=c.name, model=c.model, cluster=cluster, global_batch=c.global_batch, tokens=c.tokens,
+                 training=c.training, space=c.space, top_k=0, objective="time", jobs=1, monte_carlo=0,
+                 failures=c.failures, prices=rent)
+
+
+def buy_sheet_of(c: Candidates, row: dict):
+    """The purchase figures of a cell's GPUs: the catalog's, the candidates' overrides, and for a
+    mixed pipeline the purchase price blended over its two GPU types."""
+    from simcore.planner.prices import buy_sheet
+
+    gpu = row.get("base_gpu") if isinstance(row.get("base_gpu"), str) else row["gpu"]
+    over = {**c.buy, **{k: v for k, v in (c.prices.get(gpu) or {}).items() if k in ("usd_per_gpu", "fabric_usd_per_gpu")}}
+    if isinstance(row.get("stage_gpu"), str):
+        over.update(blended_buy(c, row))
+    return buy_sheet(gpu, row.get("fabric"), over, where="candidates.buy")
+
+
+def blend(a: float, b: float, share: float) -> float:
+    """The price of a GPU-hour when ``share`` of the GPUs are of the second type."""
+    return (1 - share) * a + share * b
+
+
+def blended_buy(c, row: dict) -> dict:
+    """Buy overrides of a mixed row: the per-GPU purchase price blended like the rent."""
+    from simcore.planner.prices import buy_sheet
+
+    price = {g: buy_sheet(g, None, {k: v for k, v in (c.prices.get(g) or {}).items() if k == "usd_per_gpu"},
+                          where=f"candidates.prices.{g}").usd_per_gpu for g in (row["base_gpu"], row["stage_gpu"])}
+    return {"usd_per_gpu": blend(price[row["base_gpu"]], price[row["stage_gpu"]], row["stage_share"])}
+
+
+def check_mixed(doc: dict, gpus_with_node: set, priced: set) -> list[dict]:
+    """The candidates' ``mixed`` entries, each checked (one sentence naming the field and rule)."""
+    entries = doc.get("mixed") or []
+    if not isinstance(entries, list):
+        raise PlanError("candidates.mixed must be a list of {gpus: [BASE, OTHER], nodes: [...], share: 0.5}")
+    for i, e in enumerate(entries):
+        where = f"candidates.mixed[{i}]"
+        if not isinstance(e, dict) or set(e) - {"gpus", "nodes", "share"}:
+            raise PlanError(f"{where} must map gpus, nodes and share (known: gpus, nodes, share)")
+        g = e.get("gpus")
+        if not (isinstance(g, list) and len(g) == 2 and g[0] != g[1]):
+            raise PlanError(f"{where}.gpus={g!r} must name two different GPU types: [BASE, OTHER]")
+        if g[0] not in gpus_with_node or g[1] not in priced:
+            raise PlanError(f"{where}.gpus={g!r}: the base needs a catalog node and both a price "
+                            f"(GPUs with nodes: {', '.join(sorted(gpus_with_node))})")
+        n = e.get("nodes")
+        if not (isinstance(n, list) and n and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in n)):
+            raise PlanError(f"{where}.nodes={n!r} must be a non-empty list of positive whole numbers of nodes")
+        s = e.get("share", 0.5)
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < 1:
+            raise PlanError(f"{where}.share={s!r} must be the share of pipeline stages on the other GPU, in (0, 1)")
+    return [dict(e) for e in entries]

@@ -158,3 +158,32 @@ def test_every_purchase_figure_has_a_source():
     p = load_catalog().prices.purchase
     assert p["source"] and all(e["source"] for part in ("gpus", "fabrics") for e in p[part].values())
     assert math.isclose(p["facility_usd_per_kw_month"], 184.06)
+
+
+def test_mixed_pipeline_is_an_event_engine_option_at_the_blended_price():
+    res = run_procure(candidates(gpus=["h100-sxm"], nodes=[64], modes=["reserved", "buy"], resimulate=False,
+                                 mixed=[{"gpus": ["h100-sxm", "a100-80gb"], "nodes": [64]}]), progress=False)
+    o = res.options.set_index(["gpu", "mode"])
+    mixed = o.loc[("h100-sxm+a100-80gb", "reserved")]
+    prices = load_catalog().prices.gpus
+    assert mixed["engine"] == "event" and "on a100-80gb)" in mixed["layout"]
+    assert mixed["usd_per_gpu_hour"] == pytest.approx((prices["h100-sxm"].reserved_usd + prices["a100-80gb"].reserved_usd) / 2)
+    assert mixed["days"] > o.loc[("h100-sxm", "reserved"), "days"]      # the A100 stages hold the pipeline back
+    assert o.loc[("h100-sxm+a100-80gb", "buy"), "usd_per_gpu_hour"] < o.loc[("h100-sxm", "buy"), "usd_per_gpu_hour"]
+    assert any("mixed pipeline" in a for a in res.assumptions) and any(a.startswith("GPU a100-80gb:") for a in res.assumptions)
+
+
+@pytest.mark.parametrize("entry, sentence", [
+    ({"gpus": ["h100-sxm"], "nodes": [8]}, "candidates.mixed[0].gpus=['h100-sxm'] must name two different GPU types"),
+    ({"gpus": ["h100-sxm", "a100-80gb"], "nodes": [0]}, "candidates.mixed[0].nodes=[0] must be a non-empty list"),
+    ({"gpus": ["h100-sxm", "a100-80gb"], "nodes": [8], "share": 1}, "candidates.mixed[0].share=1 must be the share"),
+])
+def test_bad_mixed_entries_are_one_sentence(entry, sentence):
+    with pytest.raises(PlanError) as err:
+        candidates(mixed=[entry])
+    assert str(err.value).startswith(sentence)
+
+
+def test_a_bad_model_is_one_sentence_before_any_search():
+    with pytest.raises(PlanError, match="unknown model|model"):
+        candidates(model="no-such-model")
