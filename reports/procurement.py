@@ -104,7 +104,9 @@ def procure_report(result, *, rows: int = 60) -> Report:
     if notes:
         sections.append(Section("Cells that could not be priced", text="\n\n".join(notes[:40])))
     model = c.model.get("name", "model")
-    return Report(title=f"Procurement: {model}, {c.tokens:.3g} tokens",
+    from simcore.planner.formatting import si
+
+    return Report(title=f"Procurement: {model}, {si(c.tokens, '')} tokens",
                   subtitle=f"{len(c.gpus)} GPU types x {len(c.nodes)} cluster sizes x {len(c.fabrics)} fabrics, "
                            f"paid {', '.join(c.modes)}; global batch {c.global_batch}; best layout per cell",
                   summary=tuple(_summary(result)), sections=tuple(sections),

@@ -157,6 +157,14 @@ def frontier_table(options: pd.DataFrame) -> pd.DataFrame:
     return table.assign(front=list(marks))
 
 
+def _rent_line(gpu: str) -> str:
+    from topologies.hardware import load_catalog
+
+    p = load_catalog().prices.gpus[gpu]
+    return (f"price {gpu} (on-demand ${p.on_demand_usd:.2f}, reserved ${p.reserved_usd:.2f}, spot "
+            f"${p.spot_usd:.2f} per GPU-hour): {p.source}")
+
+
 def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
     """Every figure the answer leaned on, with its source: the what-if's (hardware, rent,
     energy, failures), then buying (purchase prices, fabric, life, utilisation, facility)."""
@@ -164,11 +172,13 @@ def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
     from simcore.planner.whatif import assumptions_of as whatif_assumptions, node_for_gpu
 
     plain = [(r, rc) for r, rc in rows if not isinstance(r.get("stage_gpu"), str)]
-    for r, rc in rows:   # a mixed pipeline leans on both GPU types' figures
+    rents = []
+    for r, _ in rows:   # a mixed pipeline leans on both GPU types' own figures (its rc holds the blend)
         if isinstance(r.get("stage_gpu"), str):
-            plain += [({**r, "gpu": r["base_gpu"]}, rc), ({**r, "gpu": r["stage_gpu"], "node": node_for_gpu(r["stage_gpu"]),
-                                                           "stage_gpu": None}, rc)]
-    out = whatif_assumptions(plain)
+            for g in (r["base_gpu"], r["stage_gpu"]):
+                plain.append(({**r, "gpu": g, "node": node_for_gpu(g), "base_gpu": None, "stage_gpu": None}, None))
+                rents.append(_rent_line(g))
+    out = whatif_assumptions(plain) + rents
     if "buy" in c.modes:
         for row, _ in plain:
             s = buy_sheet_of(c, row)
