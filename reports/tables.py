@@ -43,7 +43,7 @@ def catalog_tables(cat: Catalog) -> dict[str, pd.DataFrame]:
         {"item": "PUE", "on_demand": p.pue, "source": p.energy_source},
         {"item": "interruptions per GPU-hour", "on_demand": p.interruptions_per_gpu_hour,
          "source": p.failures_source},
-    ])
+    ] + _purchase_rows(p.purchase))
     models = pd.DataFrame([{
         "model": name, **{k: e.get(k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden",
                                                  "vocab", "seq_len", "gated_mlp", "experts", "top_k")},
@@ -51,3 +51,15 @@ def catalog_tables(cat: Catalog) -> dict[str, pd.DataFrame]:
     } for name, e in cat.models.items()])
     return {"gpus": gpus, "nodes": nodes, "fabrics": fabrics, "storage": storage,
             "prices": prices, "models": models}
+
+
+def _purchase_rows(purchase: dict) -> list[dict]:
+    """Buying (prices.yaml ``purchase``): $ per GPU with its server share, the fabric per GPU, and
+    the life, utilisation, facility and lead time, each with its source (the ``buy`` column)."""
+    rows = [{"item": f"buy {gpu} $/GPU", "buy": e["usd_per_gpu"], "source": e.get("source", "")}
+            for gpu, e in (purchase.get("gpus") or {}).items()]
+    rows += [{"item": f"buy fabric {fab} $/GPU", "buy": e["usd_per_gpu"], "source": e.get("source", "")}
+             for fab, e in (purchase.get("fabrics") or {}).items()]
+    rows += [{"item": f"buy {key}", "buy": purchase[key], "source": purchase.get("source", "")}
+             for key in ("life_years", "utilisation", "facility_usd_per_kw_month", "lead_time_days") if key in purchase]
+    return rows

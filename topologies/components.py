@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -153,6 +153,9 @@ class Prices:
     spot_reacquire_s: float = 0.0
     spot_availability: float = 0.99
     spot_source: str = ""
+    purchase: dict = field(default_factory=dict)
+    """prices.yaml ``purchase``: buying instead of renting, read and checked by
+    ``simcore.planner.prices.buy_sheet`` (its figures are inputs a candidates file overrides)."""
 
 
 def _num(entry: dict, key: str, where: str, *, allow_none: bool = False) -> float | None:
@@ -270,6 +273,7 @@ def _prices(e: dict) -> Prices:
         spot_preemptions_per_hour=_num(failures, "spot_preemptions_per_hour", "prices.failures"),
         failures_source=str(failures.get("source", "")),
         **_spot(e.get("spot") or {}),
+        purchase=dict(e.get("purchase") or {}),
     )
 
 

@@ -131,6 +131,8 @@ def _planning_commands(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=jobs.cmd_whatif)
 
+    _procure_command(sub)
+
     p = sub.add_parser("report", help="write an HTML + Markdown report: plan, whatif or validate")
     p.add_argument("kind", choices=["plan", "whatif", "validate"])
     p.add_argument("sweep", type=Path, nargs="?", help="the sweep file (report whatif)")
@@ -152,6 +154,32 @@ def _planning_commands(sub) -> None:
     p = sub.add_parser("demo", help="the main job: plan, price, what-if and validate on an embedded default")
     p.add_argument("--out", type=Path, default=Path("out/demo"))
     p.set_defaults(func=jobs.cmd_demo)
+
+
+def _procure_command(sub) -> None:
+    """What to buy or rent: hardware and layout searched together, the front of days against $."""
+    p = sub.add_parser("procure", help="what to buy or rent to train a model by a deadline or within a budget")
+    p.add_argument("candidates", type=Path, nargs="?", help="a candidates file (sweeps/procure-llama3-70b.yaml)")
+    p.add_argument("--model", help="catalog model name (default: the file's)")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--tokens", type=float)
+    p.add_argument("--global-batch", type=int)
+    p.add_argument("--deadline-days", type=float, help="answer: the cheapest option done within this many days")
+    p.add_argument("--budget", type=float, metavar="USD", help="answer: the fastest option within this many dollars")
+    p.add_argument("--gpus", metavar="A,B", help="GPU types (default: those priced to rent and to buy with a node)")
+    p.add_argument("--nodes", metavar="N,M", help="cluster sizes in nodes (default: 20 sizes, 2-1024)")
+    p.add_argument("--fabrics", metavar="F,G", help="fabrics, or 'default' for the node's own")
+    p.add_argument("--modes", metavar="M,N", help="ways of paying: on_demand, reserved, spot, buy")
+    p.add_argument("--mixed", metavar="BASE+OTHER", help="also mixed pipelines: BASE's nodes, the later half of "
+                   "the pipeline stages on OTHER (event engine), e.g. h100-sxm+a100-80gb; comma-separated")
+    p.add_argument("--life-years", type=float, help="buying: the servers' life")
+    p.add_argument("--utilisation", type=float, help="buying: share of the life the cluster does paid work")
+    p.add_argument("--jobs", type=int, help="processes for the cells")
+    p.add_argument("--no-resimulate", action="store_true", help="analytic engine only (no event-engine re-simulation)")
+    p.add_argument("--rows", type=int, default=15, help="rows of the options table to print")
+    p.add_argument("--report", type=Path, metavar="DIR", help="write the HTML + Markdown report here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=jobs.cmd_procure)
 
 
 def _execution_commands(sub) -> None:

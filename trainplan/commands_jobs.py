@@ -1,4 +1,4 @@
-"""The commands that run, search, price and report: run, validate, plan, cost, whatif, report,
+"""The commands that run, search, price and report: run, validate, plan, cost, whatif, procure, report,
 demo, calibrate. Each takes argparse's namespace, calls one job, and prints."""
 from __future__ import annotations
 
@@ -222,3 +222,82 @@ def cmd_calibrate(args) -> None:
         peaks = ", ".join(f"{k} {v:.3f}" for k, v in dev["dense_tflops"].items() if v)
         print(f"wrote {out}: {dev['name']}, peak TFLOP/s {peaks}, "
               f"memory {dev['hbm_tbyte_per_s'] * 1e3:.1f} GB/s, link {dev['intra_link_gbyte_per_s_bidir'] / 2:.2f} GB/s")
+
+
+def _csv(text: str | None, flag: str, kind=str) -> list | None:
+    """A comma-separated command-line list, each item of ``kind``; UsageError naming the flag."""
+    if text is None:
+        return None
+    try:
+        return [kind(item.strip()) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} must be a comma-separated list of whole numbers") from None
+
+
+def _procure_doc(args) -> dict:
+    """The candidates: the file's fields (if any) with the command line's on top."""
+    from simcore.plan.load import read_yaml_file
+    from simcore.planner.procure_input import DEFAULT_NODES
+
+    doc = {}
+    if args.candidates:
+        doc = read_yaml_file(args.candidates, "candidates file")
+        if not isinstance(doc, dict):
+            raise UsageError(f"candidates file {args.candidates} must hold a mapping")
+        doc.setdefault("name", Path(args.candidates).stem)
+    if args.model:
+        doc["model"] = args.model
+    if args.seq_len:
+        model = doc.get("model") or {}
+        doc["model"] = {**({"name": model} if isinstance(model, str) else model), "seq_len": args.seq_len}
+    over = {"tokens": args.tokens, "global_batch": args.global_batch, "deadline_days": args.deadline_days,
+            "budget_usd": args.budget, "jobs": args.jobs, "gpus": _csv(args.gpus, "--gpus"),
+            "nodes": _csv(args.nodes, "--nodes", int), "fabrics": _csv(args.fabrics, "--fabrics"),
+            "modes": _csv(args.modes, "--modes")}
+    doc.update({k: v for k, v in over.items() if v is not None})
+    buy = {"life_years": args.life_years, "utilisation": args.utilisation}
+    if any(v is not None for v in buy.values()):
+        doc["buy"] = {**(doc.get("buy") or {}), **{k: v for k, v in buy.items() if v is not None}}
+    if args.no_resimulate:
+        doc["resimulate"] = False
+    for pair in _csv(args.mixed, "--mixed") or []:
+        base, plus, other = pair.partition("+")
+        if not plus or not base or not other:
+            raise UsageError(f"--mixed {pair!r} must be BASE+OTHER, e.g. h100-sxm+a100-80gb")
+        nodes = doc.get("nodes") or list(DEFAULT_NODES)
+        doc["mixed"] = [*(doc.get("mixed") or []), {"gpus": [base, other], "nodes": nodes}]
+    if "model" not in doc or "tokens" not in doc:
+        raise UsageError("procure needs --model and --tokens, or a candidates file that names them")
+    return doc
+
+
+def cmd_procure(args) -> None:
+    from simcore.planner.formatting import json_safe
+    from simcore.planner.procure import run_procure
+    from simcore.planner.procure_answer import answer_lines, display_table, frontier_table
+    from simcore.planner.procure_input import candidates_from_dict
+
+    c = candidates_from_dict(_procure_doc(args))
+    res = run_procure(c, progress=sys.stderr.isatty() and not args.json)
+    html = None
+    if args.report:
+        from trainplan.jobs import write_procure_report
+
+        html = write_procure_report(res, args.report)
+    if args.json:
+        print_json(json_safe({"answers": answer_lines(res), "options": res.options.to_dict(orient="records"),
+                              "front": frontier_table(res.options).to_dict(orient="records"),
+                              "assumptions": res.assumptions, "seconds": res.seconds}))
+        return
+    cells = res.cells
+    print(f"{len(cells)} hardware cells ({int(cells['fits'].sum())} fit), {len(res.options)} options, "
+          f"{res.resimulated} re-simulated on the event engine, {res.seconds:.1f} s\n")
+    print("front of each way of paying (* = front of all):")
+    print(frontier_table(res.options).to_string(index=False))
+    print(f"\nfastest options (first {args.rows}):")
+    print(display_table(res.options, args.rows).to_string(index=False))
+    print()
+    for line in answer_lines(res):
+        print(f"answer: {line}")
+    if html:
+        print(f"\nreport written to {html} and {html.parent / 'report.md'}")

@@ -88,7 +88,8 @@ def print_prediction(result, plan=None) -> None:
 #: Per command, the arguments naming a file it writes whole, and those naming a folder it fills.
 FILE_OUTPUTS = {"plan": ("out",), "calibrate": ("out",), "simulate": ("trace", "gantt"), "topology": ("draw",),
                 "run": ("trace",)}
-DIR_OUTPUTS = {"report": ("out",), "demo": ("out",), "whatif": ("report",), "validate": ("trace_dir",),
+DIR_OUTPUTS = {"report": ("out",), "demo": ("out",), "whatif": ("report",), "procure": ("report",),
+               "validate": ("trace_dir",),
                "run": ("checkpoint_dir",)}
 
 

@@ -70,6 +70,16 @@ def write_whatif_report(res, out) -> Path:
     return html
 
 
+def write_procure_report(res, out) -> Path:
+    """The procurement report: index.html, report.md, the frontier figure and options.csv."""
+    from reports.procurement import procure_report
+    from simcore.results import atomic_write_text
+
+    html = render(procure_report(res), out)
+    atomic_write_text(Path(out) / "options.csv", res.options.to_csv(index=False))
+    return html
+
+
 #: Load per core above which other work shares this host's cores: a rank's speed then moves
 #: from minute to minute (bench/RESULTS.md), and the host speed is re-measured first.
 LOADED_PER_CORE = 0.5

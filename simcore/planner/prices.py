@@ -2,7 +2,9 @@
 
 ``resolve_prices`` takes the catalog's figures for the plan's GPU
 (``topologies/catalog/prices.yaml``), then the Plan's own
-``cluster.price_per_gpu_hour``, then explicit overrides by field name.
+``cluster.price_per_gpu_hour``, then explicit overrides by field name. ``buy_sheet`` does the
+same for owning the GPUs instead (prices.yaml ``purchase``: price per GPU with its server share,
+the fabric per GPU, life, utilisation, facility per kW-month, lead time), each override checked.
 """
 from __future__ import annotations
 
@@ -77,3 +79,82 @@ def resolve_prices(plan: Plan, overrides: Mapping[str, float] | None = None) -> 
     if math.isnan(sheet.on_demand_usd):
         raise PlanError(f"no price for GPU '{gpu}': set cluster.price_per_gpu_hour or --price on_demand_usd=")
     return sheet
+
+
+# --------------------------------------------------------------------------- buying
+
+#: Hours in a year of 365 days and in an average month (the facility's rate is per month).
+HOURS_PER_YEAR = 365 * 24
+HOURS_PER_MONTH = HOURS_PER_YEAR / 12
+#: The editable inputs of buying (prices.yaml ``purchase``), each with its rule.
+BUY_FIELDS = {"life_years": "a positive number of years", "utilisation": "a share in (0, 1]",
+              "facility_usd_per_kw_month": "a non-negative number", "lead_time_days": "a non-negative number",
+              "usd_per_gpu": "a positive number", "fabric_usd_per_gpu": "a non-negative number"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuySheet:
+    """What owning a GPU costs, each figure with its source (prices.yaml ``purchase``)."""
+
+    gpu: str
+    usd_per_gpu: float
+    """Purchase price per GPU, the server's share included."""
+    gpu_source: str
+    fabric: str
+    fabric_usd_per_gpu: float
+    fabric_source: str
+    life_years: float
+    utilisation: float
+    """Share of the life the cluster does paid work: the run bears capex / utilisation."""
+    facility_usd_per_kw_month: float
+    lead_time_days: float
+    source: str
+
+    @property
+    def capex_per_gpu(self) -> float:
+        return self.usd_per_gpu + self.fabric_usd_per_gpu
+
+    def capex_usd_per_gpu_hour(self) -> float:
+        """The capex a used GPU-hour carries: straight-line over the life, over the hours used."""
+        return self.capex_per_gpu / (self.life_years * HOURS_PER_YEAR * self.utilisation)
+
+    def facility_usd_per_gpu_hour(self, watts_per_gpu: float) -> float:
+        """The facility's share of a used GPU-hour (its kW are rented for the whole life)."""
+        return self.facility_usd_per_kw_month * watts_per_gpu / 1000 / HOURS_PER_MONTH / self.utilisation
+
+
+def _check_buy(key: str, value, where: str) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and key == "utilisation":
+        ok = 0 < value <= 1
+    elif ok and key in ("life_years", "usd_per_gpu"):
+        ok = value > 0
+    elif ok:
+        ok = value >= 0
+    if not ok:
+        raise PlanError(f"{where}.{key}={value!r} must be {BUY_FIELDS[key]}")
+    return float(value)
+
+
+def buy_sheet(gpu: str, fabric: str | None, overrides: Mapping[str, float] | None = None,
+              where: str = "buy") -> BuySheet:
+    """The purchase figures of ``gpu`` on ``fabric`` from prices.yaml, then ``overrides`` (by
+    field name, each checked: one sentence naming ``where.field`` and its rule)."""
+    raw = load_catalog().prices.purchase
+    gpus, fabrics = raw.get("gpus") or {}, raw.get("fabrics") or {}
+    for key in overrides or {}:
+        if key not in BUY_FIELDS:
+            raise PlanError(f"unknown field '{where}.{key}' (known: {', '.join(BUY_FIELDS)})")
+    over = {k: _check_buy(k, v, where) for k, v in (overrides or {}).items()}
+    if gpu not in gpus and "usd_per_gpu" not in over:
+        raise PlanError(f"no purchase price for GPU '{gpu}' in prices.yaml purchase.gpus: give {where}.usd_per_gpu")
+    g = gpus.get(gpu, {})
+    f = fabrics.get(fabric or "", {})
+    doc = {"life_years": raw.get("life_years"), "utilisation": raw.get("utilisation"),
+           "facility_usd_per_kw_month": raw.get("facility_usd_per_kw_month"),
+           "lead_time_days": raw.get("lead_time_days", 0), "usd_per_gpu": g.get("usd_per_gpu"),
+           "fabric_usd_per_gpu": f.get("usd_per_gpu", 0.0)}
+    doc = {k: _check_buy(k, v, "prices.purchase") for k, v in doc.items()} | over
+    return BuySheet(gpu=gpu, fabric=fabric or "none", gpu_source=str(g.get("source", "given")),
+                    fabric_source=str(f.get("source", "no fabric price: 0")), source=str(raw.get("source", "")),
+                    **doc)

@@ -167,9 +167,10 @@ def _prediction_of(row):
     return SimpleNamespace(step_time_s=float(row[pre + "step_time_s"]), compute_s=float(row[pre + "compute_s"]))
 
 
-def run_cell(sweep: Sweep, cell: dict) -> tuple[dict, object | None]:
-    """Search the cell's best layout and price its run: (table row, RunCost or None)."""
-    from simcore.planner.runcost import run_cost
+def search_cell(sweep: Sweep, cell: dict):
+    """The cell's layout search: (the cell's row so far, SearchResult, tokens, price overrides);
+    the SearchResult is None, and the row says why, when no layout fits. ``run_cell`` prices its
+    best; ``simcore.planner.procure_mixed`` reuses it for cells it simulates its own way."""
     from simcore.planner.search import search
     from simcore.planner.space import base_plan
 
@@ -180,19 +181,32 @@ def run_cell(sweep: Sweep, cell: dict) -> tuple[dict, object | None]:
     prices = dict(sweep.prices, **{k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("price.")})
     cluster = _cluster_of(sweep, cell)
     base = base_plan(model, cluster, gb, training)
-    row = {**cell, "gpu": cluster.node.gpu.name, "node": cluster.node.name, "nodes": cluster.nodes,
-           "gpus": cluster.gpus, "fabric": cluster.fabric.name if cluster.fabric else "none",
-           "storage": cluster.storage.name}
+    row = _cell_row(cell, cluster)
     try:
         res = search(model, cluster, gb, objective=sweep.objective, top_k=sweep.top_k, jobs=sweep.jobs,
-                     tokens=tokens, progress=False, training=training, space=_space_of(base, sweep, cell),
-                     explain=0)
+                     tokens=tokens, progress=False, training=training, space=_space_of(base, sweep, cell), explain=0)
     except PlanError as exc:
-        return {**row, "layout": None, "fits": False, "note": str(exc)}, None
+        return {**row, "layout": None, "fits": False, "note": str(exc)}, None, tokens, prices
+    return row, res, tokens, prices
+
+
+def _cell_row(cell: dict, cluster) -> dict:
+    return {**cell, "gpu": cluster.node.gpu.name, "node": cluster.node.name, "nodes": cluster.nodes,
+            "gpus": cluster.gpus, "fabric": cluster.fabric.name if cluster.fabric else "none",
+            "storage": cluster.storage.name}
+
+
+def run_cell(sweep: Sweep, cell: dict) -> tuple[dict, object | None]:
+    """Search the cell's best layout and price its run: (table row, RunCost or None)."""
+    from simcore.planner.runcost import run_cost
+
+    row, res, tokens, prices = search_cell(sweep, cell)
+    if res is None:
+        return row, None
     top = res.table.iloc[0]
     rc = run_cost(res.best, _prediction_of(top), tokens, prices=prices, failures=sweep.failures,
                   monte_carlo=sweep.monte_carlo)
-    row.update(layout=top["layout"], fits=True, **_cost_fields(rc, top, cluster), layouts=res.tally.simulated)
+    row.update(layout=top["layout"], fits=True, **_cost_fields(rc, top, res.best.cluster), layouts=res.tally.simulated)
     return row, rc
 
 

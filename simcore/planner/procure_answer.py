@@ -1,0 +1,198 @@
+"""The answers of a procurement search: the Pareto front of days against dollars, the cheapest
+option that meets the deadline, the fastest within the budget (or a clear sentence that none
+does), the table as a reader sees it, and the assumptions with their sources.
+
+An option is one hardware cell and one way of paying (``simcore.planner.procure``). Options
+that cannot be had (spot with no spare pool that keeps the job whole, a run that cannot make
+progress) are listed but never chosen.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from simcore.planner import formatting as f
+
+MODE_LABELS = {"on_demand": "rent on-demand", "reserved": "rent reserved", "spot": "rent spot", "buy": "buy"}
+
+
+def feasible(options: pd.DataFrame) -> pd.DataFrame:
+    """Options with finite days and dollars and no reason they cannot be had."""
+    if options.empty:
+        return options
+    ok = options["days"].map(math.isfinite) & options["usd"].map(math.isfinite)
+    ok &= ~options["infeasible"].map(lambda s: isinstance(s, str) and bool(s))
+    return options[ok]
+
+
+def frontier(options: pd.DataFrame) -> pd.DataFrame:
+    """The options no other beats on both days and dollars, fastest first."""
+    from simcore.planner.search import pareto_front
+
+    ok = feasible(options)
+    return pareto_front(ok, "days", "usd") if len(ok) else ok
+
+
+def mode_fronts(options: pd.DataFrame) -> pd.DataFrame:
+    """The front of each way of paying (rent on-demand, reserved, spot; buy), with ``overall``
+    True on the options of the front of all of them."""
+    overall = set(frontier(options).index)
+    parts = [frontier(part) for _, part in feasible(options).groupby("mode", sort=False)]
+    out = pd.concat(parts) if parts else feasible(options)
+    return out.assign(overall=[i in overall for i in out.index])
+
+
+def deadline_choice(options: pd.DataFrame, deadline_days: float | None):
+    """The cheapest feasible option whose predicted days meet the deadline (ties: faster), or None."""
+    ok = feasible(options)
+    if deadline_days is None or ok.empty:
+        return None
+    meets = ok[ok["days"] <= deadline_days]
+    return None if meets.empty else meets.sort_values(["usd", "days"], kind="stable").iloc[0]
+
+
+def budget_choice(options: pd.DataFrame, budget_usd: float | None):
+    """The fastest feasible option whose predicted dollars fit the budget (ties: cheaper), or None."""
+    ok = feasible(options)
+    if budget_usd is None or ok.empty:
+        return None
+    fits = ok[ok["usd"] <= budget_usd]
+    return None if fits.empty else fits.sort_values(["days", "usd"], kind="stable").iloc[0]
+
+
+def _key(row) -> tuple:
+    return (row["gpu"], int(row["nodes"]), row["fabric_asked"])
+
+
+def to_resimulate(options: pd.DataFrame, c) -> list[tuple]:
+    """Cells of the front and of the two answers (and the fastest and cheapest, which a
+    'none does' sentence names), each once, in that order."""
+    keys = [_key(r) for _, r in mode_fronts(options).iterrows()]
+    ok = feasible(options)
+    picks = [deadline_choice(options, c.deadline_days), budget_choice(options, c.budget_usd)]
+    if len(ok):
+        picks += [ok.loc[ok["days"].idxmin()], ok.loc[ok["usd"].idxmin()]]
+    keys += [_key(p) for p in picks if p is not None]
+    return list(dict.fromkeys(keys))
+
+
+def option_label(row) -> str:
+    """'rent reserved: 64 x dgx-b200 (512 GPUs, ib-ndr)'."""
+    mixed = f", later pipeline stages on {row['stage_gpu']}" if isinstance(row.get("stage_gpu"), str) else ""
+    return (f"{MODE_LABELS.get(row['mode'], row['mode'])}: {int(row['nodes'])} x {row['node']} "
+            f"({int(row['gpus'])} GPUs, {row['fabric']}{mixed})")
+
+
+def option_sentence(row) -> str:
+    """An option's answer in one sentence: days and $ with intervals, layout, headroom, engine."""
+    engine = "event engine" if row.get("engine") == "event" else "analytic engine"
+    owned = (f"; buying means owning {f.money(row['capex_usd'])} of GPUs, servers and fabric, of which the run bears "
+             "its share" if row["mode"] == "buy" and isinstance(row.get("capex_usd"), float) else "")
+    return (f"{option_label(row)}, {f.with_interval(row['days'], row['days_lo'], row['days_hi'], f.days)} days, "
+            f"{f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)} "
+            f"(${row['usd_per_gpu_hour']:.2f} per GPU-hour), layout {row['layout']}, "
+            f"{row['headroom_gib']:.1f} GiB memory headroom, MFU {f.percent(row['mfu'])} ({engine}){owned}")
+
+
+def answer_lines(result) -> list[str]:
+    """The deadline and budget answers, each one sentence or a clear 'none does'."""
+    c, options = result.candidates, result.options
+    ok = feasible(options)
+    what = f"{c.model.get('name', 'the model')} on {f.si(c.tokens, '')} tokens"
+    if ok.empty:
+        return [f"No evaluated option can train {what}: no candidate cell fits the model or can be priced "
+                "(see the notes)."]
+    out = []
+    if c.deadline_days is not None:
+        pick = deadline_choice(options, c.deadline_days)
+        if pick is None:
+            fast = ok.loc[ok["days"].idxmin()]
+            out.append(f"No evaluated option trains {what} within {c.deadline_days:g} days; the fastest is "
+                       f"{option_sentence(fast)}.")
+        else:
+            late = (f" Its interval reaches {f.days(pick['days_hi'])} days, past the deadline."
+                    if pick["days_hi"] > c.deadline_days else "")
+            out.append(f"Cheapest option that trains {what} within {c.deadline_days:g} days: "
+                       f"{option_sentence(pick)}.{late}")
+    if c.budget_usd is not None:
+        pick = budget_choice(options, c.budget_usd)
+        if pick is None:
+            cheap = ok.loc[ok["usd"].idxmin()]
+            out.append(f"No evaluated option trains {what} within {f.money(c.budget_usd)}; the cheapest is "
+                       f"{option_sentence(cheap)}.")
+        else:
+            over = (f" Its interval reaches {f.money(pick['usd_hi'])}, over the budget."
+                    if pick["usd_hi"] > c.budget_usd else "")
+            out.append(f"Fastest option that trains {what} within {f.money(c.budget_usd)}: "
+                       f"{option_sentence(pick)}.{over}")
+    return out
+
+
+def display_table(options: pd.DataFrame, rows: int | None = None) -> pd.DataFrame:
+    """The options as a reader sees them, fastest first: hardware, way of paying, layout, days
+    and $ with their intervals, $ per GPU-hour, energy, headroom, MFU, engine."""
+    df = feasible(options).sort_values(["days", "usd"], kind="stable")
+    df = df.head(rows) if rows else df
+    recs = df.to_dict(orient="records")
+    return pd.DataFrame({
+        "GPU": [r["gpu"] for r in recs], "nodes": [int(r["nodes"]) for r in recs],
+        "fabric": [r["fabric"] for r in recs], "pay": [MODE_LABELS[r["mode"]] for r in recs],
+        "layout": [r["layout"] for r in recs],
+        "days": [f.with_interval(r["days"], r["days_lo"], r["days_hi"], f.days) for r in recs],
+        "$": [f.with_interval(r["usd"], r["usd_lo"], r["usd_hi"], f.money) for r in recs],
+        "$/GPU-h": [f"{r['usd_per_gpu_hour']:.2f}" for r in recs],
+        "MWh": [f"{r['energy_kwh'] / 1000:,.0f}" for r in recs],
+        "headroom GiB": [f"{r['headroom_gib']:.1f}" for r in recs],
+        "MFU": [f.percent(r["mfu"]) for r in recs],
+        "engine": [r.get("engine", "") for r in recs]})
+
+
+def frontier_table(options: pd.DataFrame) -> pd.DataFrame:
+    """Each way of paying's front as a reader sees it (``display_table``'s columns, fastest
+    first), ``*`` beside the options on the front of all of them."""
+    fronts = mode_fronts(options)
+    table = display_table(fronts)
+    marks = fronts.sort_values(["days", "usd"], kind="stable")["overall"].map({True: "*", False: ""})
+    return table.assign(front=list(marks))
+
+
+def _rent_line(gpu: str) -> str:
+    from topologies.hardware import load_catalog
+
+    p = load_catalog().prices.gpus[gpu]
+    return (f"price {gpu} (on-demand ${p.on_demand_usd:.2f}, reserved ${p.reserved_usd:.2f}, spot "
+            f"${p.spot_usd:.2f} per GPU-hour): {p.source}")
+
+
+def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
+    """Every figure the answer leaned on, with its source: the what-if's (hardware, rent,
+    energy, failures), then buying (purchase prices, fabric, life, utilisation, facility)."""
+    from simcore.planner.procure_input import buy_sheet_of
+    from simcore.planner.whatif import assumptions_of as whatif_assumptions, node_for_gpu
+
+    plain = [(r, rc) for r, rc in rows if not isinstance(r.get("stage_gpu"), str)]
+    rents = []
+    for r, _ in rows:   # a mixed pipeline leans on both GPU types' own figures (its rc holds the blend)
+        if isinstance(r.get("stage_gpu"), str):
+            for g in (r["base_gpu"], r["stage_gpu"]):
+                plain.append(({**r, "gpu": g, "node": node_for_gpu(g), "base_gpu": None, "stage_gpu": None}, None))
+                rents.append(_rent_line(g))
+    out = whatif_assumptions(plain) + rents
+    if "buy" in c.modes:
+        for row, _ in plain:
+            s = buy_sheet_of(c, row)
+            out.append(f"buy {row['gpu']}: ${s.usd_per_gpu:,.0f} per GPU with its server share: {s.gpu_source}")
+            out.append(f"buy fabric {s.fabric}: ${s.fabric_usd_per_gpu:,.0f} per GPU: {s.fabric_source}")
+            out.append(f"buy: life {s.life_years:g} years, utilisation {s.utilisation:.0%}, facility "
+                       f"${s.facility_usd_per_kw_month:,.2f} per kW-month of the nodes' system power, lead time "
+                       f"{s.lead_time_days:g} days: {s.source}")
+    out += ["an option's days and $ carry the 90% interval of the step time's validation residuals; the front and the "
+            "answers are re-simulated on the event engine (the cell's best analytic layout), the rest are analytic",
+            "a bought cluster is charged its share of capex (wall time / (life x utilisation)), the same share of the "
+            "facility, and the energy it draws; a rented one its price per GPU-hour, energy included"]
+    if c.mixed:
+        out.append("a mixed pipeline (simcore/planner/procure_mixed.py) runs its later stages on the other GPU type on "
+                   "the event engine, is priced at the GPU-weighted blend of both types' prices, and counts energy at "
+                   "the base GPU's power (an approximation)")
+    return list(dict.fromkeys(out))
