@@ -8,6 +8,7 @@ from simcore.engine.predict import simulate
 from simcore.model import collectives as coll
 from simcore.model.compute import device_model
 from simcore.plan.load import plan_from_dict
+from simcore.plan.rules import check_plan
 from simcore.plan.spec import PlanError
 from simcore.planner.space import derive_space
 
@@ -68,3 +69,12 @@ def test_the_planner_lets_tp_span_the_domain_and_the_domain_is_checked():
         load(doc)
     with pytest.raises(PlanError, match=r"^cluster.nvlink_domain_gpus=16 spans several nodes, which needs NVLink"):
         load({**doc, "cluster": {"node": "mi300x-8", "nodes": 2, "nvlink_domain_gpus": 16}})
+
+
+def test_a_cluster_beyond_one_rack_is_whole_racks():
+    # 20 trays are one rack and a part of another: NVL72 racks are bought, cabled and
+    # powered whole; less than one rack is a rack partly used
+    with pytest.raises(PlanError, match=r"cluster.nodes=20 must fill whole NVLink domains of 18 nodes"):
+        check_plan(_plan(nodes=20, cp=1, pp=2, tp=8))
+    check_plan(_plan(nodes=16))
+    check_plan(_plan(nodes=36, cp=1, pp=2, tp=8))
