@@ -100,9 +100,6 @@ def _domain_rules(plan: Plan) -> list[tuple[bool, str]]:
         (not domain or domain <= cl.gpus_per_node or cl.node.intra == "nvswitch",
          f"cluster.nvlink_domain_gpus={domain} spans several nodes, which needs NVLink switches "
          f"(cluster.node={cl.node.name} has intra {cl.node.intra})"),
-        (cl.nvlink_domain <= cl.gpus_per_node or cl.gpus <= cl.nvlink_domain or cl.gpus % cl.nvlink_domain == 0,
-         f"cluster.nodes={cl.nodes} must fill whole NVLink domains of {cl.nvlink_domain // cl.gpus_per_node} "
-         f"nodes ({cl.nvlink_domain} GPUs of {cl.node.name}) once it spans more than one"),
     ]
 
 

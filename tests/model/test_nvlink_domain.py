@@ -8,7 +8,6 @@ from simcore.engine.predict import simulate
 from simcore.model import collectives as coll
 from simcore.model.compute import device_model
 from simcore.plan.load import plan_from_dict
-from simcore.plan.rules import check_plan
 from simcore.plan.spec import PlanError
 from simcore.planner.space import derive_space
 
@@ -71,10 +70,11 @@ def test_the_planner_lets_tp_span_the_domain_and_the_domain_is_checked():
         load({**doc, "cluster": {"node": "mi300x-8", "nodes": 2, "nvlink_domain_gpus": 16}})
 
 
-def test_a_cluster_beyond_one_rack_is_whole_racks():
-    # 20 trays are one rack and a part of another: NVL72 racks are bought, cabled and
-    # powered whole; less than one rack is a rack partly used
-    with pytest.raises(PlanError, match=r"cluster.nodes=20 must fill whole NVLink domains of 18 nodes"):
-        check_plan(_plan(nodes=20, cp=1, pp=2, tp=8))
-    check_plan(_plan(nodes=16))
-    check_plan(_plan(nodes=36, cp=1, pp=2, tp=8))
+def test_a_cluster_of_part_racks_keeps_its_groups_inside_them_where_they_fit():
+    # 20 trays: a full rack of 18 and 2 trays of another (ranks fill the racks in order); a
+    # TP group of 8 starting at rank 64 straddles the racks (64-71 | 72-79), so the cluster's
+    # TP groups are charged the NICs, where on whole racks of 72 they stay on NVLink
+    part, whole = _plan(nodes=20, cp=1, pp=2, tp=8), _plan(nodes=36, cp=1, pp=2, tp=8)
+    dev = device_model(part.cluster.node.gpu)
+    assert coll.group_net(part.cluster, dev, 8, 1).nodes == 2
+    assert coll.group_net(whole.cluster, dev, 8, 1).nodes == 1
