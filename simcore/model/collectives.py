@@ -89,6 +89,12 @@ def group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -
     fab = cluster.fabric
     if fab is None or cluster.node.nics_per_node == 0:
         raise ValueError(f"cluster.node={cluster.node.name} has no fabric, but a group spans {domains} nodes")
+    if stride * ranks < dom and dom > gpn:
+        # a block smaller than the domain that straddles two of them (16 ranks on 72-GPU
+        # racks): its ring crosses between the racks at two GPUs, each through its own NICs,
+        # and the step waits for the slowest group
+        nic = cluster.node.nics_per_node * fab.nic_bytes_per_s * dev.nic_efficiency / gpn
+        return GroupNet(nodes=2, bus_bytes_per_s=min(intra, nic), **common)
     nics = cluster.node.nics_per_node * dom // gpn        # the domain's NICs
     nic = nics * fab.nic_bytes_per_s * dev.nic_efficiency / concurrent
     if domains * max(1, min(dom, per_domain * stride) // gpn) > nodes_per_leaf(cluster):

@@ -70,11 +70,15 @@ def test_the_planner_lets_tp_span_the_domain_and_the_domain_is_checked():
         load({**doc, "cluster": {"node": "mi300x-8", "nodes": 2, "nvlink_domain_gpus": 16}})
 
 
-def test_a_cluster_of_part_racks_keeps_its_groups_inside_them_where_they_fit():
-    # 20 trays: a full rack of 18 and 2 trays of another (ranks fill the racks in order); a
-    # TP group of 8 starting at rank 64 straddles the racks (64-71 | 72-79), so the cluster's
-    # TP groups are charged the NICs, where on whole racks of 72 they stay on NVLink
-    part, whole = _plan(nodes=20, cp=1, pp=2, tp=8), _plan(nodes=36, cp=1, pp=2, tp=8)
-    dev = device_model(part.cluster.node.gpu)
-    assert coll.group_net(part.cluster, dev, 8, 1).nodes == 2
-    assert coll.group_net(whole.cluster, dev, 8, 1).nodes == 1
+def test_a_job_on_part_racks_can_say_how_many_gpus_of_each_it_uses():
+    # 256 GB200s as four racks of 16 trays (64 GPUs each, two trays spare): a 16-rank group
+    # stays in its rack; filled in order, 72 to a rack, ranks 64-79 straddle two racks
+    def plan(domain=None):
+        cluster = {"node": "gb200-nvl72", "nodes": 64, **({"nvlink_domain_gpus": domain} if domain else {})}
+        return plan_from_dict({"model": {"name": "llama3-405b"}, "cluster": cluster,
+                               "parallel": {"tp": 8, "pp": 16, "zero": 1},
+                               "training": {"global_batch": 64, "recompute": "full"}})
+    filled, spare = plan(), plan(64)
+    dev = device_model(filled.cluster.node.gpu, "bf16")
+    assert coll.group_net(filled.cluster, dev, 16, 1).nodes == 2
+    assert coll.group_net(spare.cluster, dev, 16, 1).nodes == 1
