@@ -8,7 +8,8 @@ filled by the fastest predicted choice that fits (as the authors tuned their run
 Rows whose hardware, precision or model the Plan cannot express yet are left out with
 the reason printed (``skip_reason``): a power-capped B200, sliding-window attention
 (GPT-OSS), Megatron-FSDP with activation offload. GB200 rows run on the catalog's
-``gb200-nvl72`` (4-GPU trays in one 72-GPU NVLink domain); MXFP8 / NVFP4 rows on
+``gb200-nvl72`` (4-GPU trays in one 72-GPU NVLink domain, of which a job past one rack uses
+64: ``NVL72_JOB_GPUS_PER_RACK``); MXFP8 / NVFP4 rows on
 ``training.precision`` mxfp8 / nvfp4 (Transformer Engine's block-scaled recipes).
 """
 from __future__ import annotations
@@ -26,6 +27,11 @@ LLMFOUNDRY = ("llmfoundry_2024_h100_large_scale", "llmfoundry_2023_h100_bf16", "
 NEMO_LONG = ("nemo_longctx_2024_h100", "nemo_longctx_2025_b200")
 TORCHAO = ("torchao_float8_readme_2025_h100", "torchao_mx_readme_2025_b200")
 AUTOMODEL = "automodel_perf_summary_2026"
+#: GPUs a job uses per GB200 NVL72 rack once it spans several: 16 of the 18 trays, two kept
+#: as spares (ASSUMPTION: the sources state only the GPU count; 64 and 256 GPUs are whole
+#: 16-tray racks, and filled 72 to a rack their EP 32-64 and TP x CP groups would straddle
+#: racks, which no tuned run would do).
+NVL72_JOB_GPUS_PER_RACK = 64
 BRIDGE = "megatron_bridge_26.04.01_perf_summary"
 
 
@@ -133,6 +139,8 @@ def base_doc(row: pd.Series) -> dict:
     tp, pp, dp, cp = (int(_num(row[k], 1)) for k in ("tp", "pp", "dp", "cp"))
     gpn = int(_num(row.gpus_per_node, 8))
     cluster = {"node": _node(row), "nodes": max(1, math.ceil(int(row.num_gpus) / gpn))}
+    if cluster["node"] == "gb200-nvl72" and int(row.num_gpus) > NVL72_JOB_GPUS_PER_RACK:
+        cluster["nvlink_domain_gpus"] = NVL72_JOB_GPUS_PER_RACK
     vpp = int(_num(row.vpp_interleave, 1))
     ep = int(_flag(str(row.notes), r"EP (\d+)") or 1)   # "Published: ... EP n" (carved out of dp x cp)
     parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep,
