@@ -24,7 +24,6 @@ import pandas as pd
 
 from simcore.planner.procure_input import Candidates, buy_sheet_of, sweep_of
 from simcore.planner.whatif import node_for_gpu, run_cell
-from topologies.hardware import load_catalog
 
 #: The columns of one option (a cell and a way of paying), besides the cell's own.
 OPTION_KEYS = ("mode", "days", "days_lo", "days_hi", "usd", "usd_lo", "usd_hi", "usd_per_gpu_hour", "infeasible")
@@ -48,18 +47,8 @@ def hardware_cells(c: Candidates) -> list[dict]:
     the mixed pipelines (``simcore.planner.procure_mixed``)."""
     from simcore.planner.procure_mixed import mixed_cells
 
-    sizes = {g: list(dict.fromkeys(whole_domains(g, n) for n in c.nodes)) for g in c.gpus}
     return [{"gpu": g, "nodes": n, **({} if f == "default" else {"fabric": f})}
-            for g in c.gpus for f in c.fabrics for n in sizes[g]] + mixed_cells(c)
-
-
-def whole_domains(gpu: str, nodes: int) -> int:
-    """``nodes`` rounded up to whole NVLink domains where ``gpu``'s node is one tray of a
-    rack-scale domain (a GB200 NVL72 rack is sold, cabled and powered as 18 trays), once the
-    cluster is more than one such rack; ``nodes`` otherwise."""
-    node = load_catalog().node(node_for_gpu(gpu))
-    per = max(1, node.nvlink_domain_gpus // node.gpus_per_node)
-    return nodes if nodes <= per else -(-nodes // per) * per
+            for g in c.gpus for f in c.fabrics for n in c.nodes] + mixed_cells(c)
 
 
 def states_overflow(c: Candidates, cell: dict) -> str:
@@ -108,6 +97,8 @@ def buy_option(c: Candidates, row: dict, rc) -> dict:
     """Owning the cell's GPUs for the run: its share of the capex (life, utilisation), of the
     facility (per kW of the nodes' system power) and the energy it draws; days as on-demand
     (owned GPUs fail alike) plus the lead time. Intervals follow the on-demand run's days."""
+    from topologies.hardware import load_catalog
+
     sheet = buy_sheet_of(c, row)
     node = load_catalog().node(row["node"])
     od = rc.on_demand

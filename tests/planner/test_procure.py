@@ -34,14 +34,6 @@ def test_cells_are_gpus_x_sizes_x_fabrics():
     assert {"gpu": "b200", "nodes": 16, "fabric": "ib-xdr"} in cells and {"gpu": "b200", "nodes": 8} in cells
 
 
-def test_rack_scale_nodes_come_in_whole_racks():
-    # a GB200 NVL72 node is one 4-GPU tray of an 18-tray rack: sizes past one rack round up
-    # to whole racks (and two sizes that round alike are one cell); less than a rack stays
-    cells = hardware_cells(candidates(gpus=["gb200", "b200"], nodes=[8, 20, 30, 36]))
-    assert [c["nodes"] for c in cells if c["gpu"] == "gb200"] == [8, 36]
-    assert [c["nodes"] for c in cells if c["gpu"] == "b200"] == [8, 20, 30, 36]
-
-
 def test_deadline_answer_is_the_cheapest_that_meets_it(result):
     opts, c = feasible(result.options), result.candidates
     pick = deadline_choice(result.options, c.deadline_days)
