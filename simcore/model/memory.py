@@ -308,13 +308,14 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
     grads_live = gradients_at_activation_peak(plan)
     out = []
     states_of: dict[StageParams, tuple] = {}
-    for r, sp in enumerate(params):
+    per_chunk: dict = {}
+    for sp, shape in zip(params, acts.rank_shapes(plan, stages)):
         if sp not in states_of:   # most ranks hold the same parameters
             states_of[sp] = (model_state_bytes(plan, sp), comm_buffer_terms(plan, sp))
         states, buffers = states_of[sp]
         if not count_buffers:
             buffers = {k: 0.0 for k in buffers}
-        act = acts.rank_activation_bytes(plan, r, stages, terms)
+        act = acts.shape_activation_bytes(plan.parallel.vpp, shape, terms, per_chunk)
         mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
         mem["activations"] = sum(act.values())
         mem["comm_buffers"] = sum(buffers.values())
