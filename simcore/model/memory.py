@@ -106,6 +106,7 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
     dense_l, expert_l = layer_params_per_gpu(plan)
     stages = stages if stages is not None else plan.layers_per_stage
     out = []
+    same: dict[tuple[int, float], StageParams] = {}   # one value per kind of rank: dict look-ups by identity
     for r in range(par.pp):
         layers = sum(stages[r::par.pp])
         ends = 0.0
@@ -115,8 +116,10 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
             ends += pc.output / par.tp
             if m.tied_embeddings and par.pp > 1:
                 ends += m.vocab * m.hidden / par.tp
-        out.append(StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
-                               layer_max=dense_l + expert_l, ends=ends))
+        if (layers, ends) not in same:
+            same[layers, ends] = StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
+                                             layer_max=dense_l + expert_l, ends=ends)
+        out.append(same[layers, ends])
     return tuple(out)
 
 

@@ -330,7 +330,8 @@ def step_costs(plan: Plan) -> StepCosts:
         af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
         fwd = [x + n * af for x, n in zip(fwd, stages)]
         rc += ab
-    rec = [rcp.recomputed_layers(tr, n) * rc for n in stages]
+    recomputed = {n: rcp.recomputed_layers(tr, n) for n in set(stages)}
+    rec = [recomputed[n] * rc for n in stages]
     fsdp = dpm.fsdp_calls(plan, nv)
     mbs = plan.num_microbatches
     gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
