@@ -6,9 +6,10 @@ GPT-3 175B on 1536 A100s (192 DGX A100 80GB): every (tp, pp, dp, micro-batch, Ze
 recompute) layout that passes the Plan checks is derived with dataclasses.replace, as
 simcore/planner/search.py does, and simulated with ``simulate(plan)``; caches start cold.
 
-On the 2-core host (2026-11-24, 3 runs each, same hour): 3,404-3,461 plans/s before the issue-29 work, 4,662-4,692
-after it (the memory model's per-rank loop, the recompute and stage-parameter look-ups):
-the 10,000 target is not met yet; tests/engine/test_analytic_golden.py holds the figures.
+On the 2-core host (2026-11-24, 3 runs each, same hour): 3,404-3,461 plans/s before the
+issue-29 work, 4,662-4,692 after it (the memory model's per-rank loop, the recompute and
+stage-parameter look-ups): the 10,000 target is not met yet; tests/engine/test_analytic_golden.py
+holds the predictions.
 """
 from __future__ import annotations
 
