@@ -1,10 +1,15 @@
-"""How many plans per second the analytic path evaluates (target: >= 2,000 on one core).
+"""How many plans per second the analytic path evaluates (target: >= 10,000 on one core; issue 29 item 4).
 
     .venv/bin/python bench/analytic_speed.py [--seconds 3]
 
 GPT-3 175B on 1536 A100s (192 DGX A100 80GB): every (tp, pp, dp, micro-batch, ZeRO,
 recompute) layout that passes the Plan checks is derived with dataclasses.replace, as
 simcore/planner/search.py does, and simulated with ``simulate(plan)``; caches start cold.
+
+On the 2-core host (2026-11-24, 3 runs each, same hour): 3,404-3,461 plans/s before the
+issue-29 work, 4,662-4,692 after it (the memory model's per-rank loop, the recompute and
+stage-parameter look-ups): the 10,000 target is not met yet; tests/engine/test_analytic_golden.py
+holds the predictions.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 from simcore.plan.rules import check_plan  # noqa: E402
 from simcore.plan.spec import PlanError, Recompute, ZeroStage  # noqa: E402
+
+TARGET = 10_000   # plans/s on one core, issue 29 item 4
 
 BASE = {"model": "gpt3-175b", "cluster": {"node": "dgx-a100-80gb", "nodes": 192},
         "parallel": {"tp": 8, "pp": 12, "dp": 16, "zero": 1},
@@ -54,7 +61,7 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - t0
     rate = done / elapsed
     print(f"{len(plans)} distinct layouts of GPT-3 175B on 1536 A100s; {done} evaluations in {elapsed:.2f} s")
-    print(f"analytic path: {rate:,.0f} plans/s on one core (target >= 2,000): {'PASS' if rate >= 2000 else 'FAIL'}")
+    print(f"analytic path: {rate:,.0f} plans/s on one core (target >= {TARGET:,}): {'PASS' if rate >= TARGET else 'FAIL'}")
     return 0
 
 

@@ -56,16 +56,20 @@ def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
     lost = _interference_loss(c)
     hops = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
     host_p2p = bool(c.forward_send_s or c.forward_recv_wait_s)   # CPU host only
+    posted = c.p2p_post_s > 0 and p > 1
+    fsdp = any(c.forward_gather_s) or any(c.backward_gather_s) or \
+        (c.grad_reduce_per_microbatch and any(c.grad_reduce_per_step_s))
     out = []
     for r in range(p):
         fwd, bin_, bwt = sum(c.forward_s[r::p]), sum(c.backward_input_s[r::p]), sum(c.backward_weight_s[r::p])
         rec = sum(c.recompute_s[r::p])
         host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] if host_p2p else ()
         p2p, wait = (hops + sum(h[0] for h in host), sum(h[1] for h in host)) if host else (hops, 0.0)
-        posts, saved = _fused_posts(c, r)
-        p2p, wait = p2p + posts, wait - saved
+        if posted:
+            posts, saved = _fused_posts(c, r)
+            p2p, wait = p2p + posts, wait - saved
         comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
-        for v in range(r, c.stages, p):   # FSDP2: prefetched gathers hide behind the layer compute,
+        for v in range(r, c.stages, p) if fsdp else ():   # FSDP2: prefetched gathers hide behind the layer compute,
             fg, bg = c.forward_gather_s[v], c.backward_gather_s[v]   # the first one cannot
             rs = c.grad_reduce_per_step_s[v] / m if c.grad_reduce_per_microbatch else 0.0
             if fg + bg + rs > 0:

@@ -168,16 +168,32 @@ def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms)
     stashes and the recomputed layer's working set), ``embedding``, ``loss`` and
     ``loss_transient`` (last rank: what outlasts the buffers it overlaps) and ``wgrad_stash``
     (zero-bubble)."""
-    (act, emb, last, transient, wstash), tr, overlap = terms
+    return shape_activation_bytes(plan.parallel.vpp, rank_shapes(plan, stages)[rank], terms)
+
+
+def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, float, bool, bool]]:
+    """Per pipeline rank, what its activation bytes depend on: (chunks in flight, weight
+    gradients owed, layers per model chunk, first rank, last rank)."""
     par = plan.parallel
-    if par.pp == 1:
-        chunks, owed = 1, 0
-    else:
-        flights, owes = schedule_peaks(par.schedule, par.pp, plan.num_microbatches, par.vpp)
-        chunks, owed = flights[rank], owes[rank]
-    n = sum(stages[rank::par.pp]) / par.vpp       # layers per model chunk on this rank
-    layers = chunks * rcp.chunk_stash_bytes(tr, n, act) + rcp.working_bytes(tr, n, act)
-    final = rank == par.pp - 1
-    return {"layers": layers, "embedding": chunks / par.vpp * emb if rank == 0 else 0.0,
+    p = par.pp
+    if p == 1:
+        return [(1, 0, sum(stages) / par.vpp, True, True)]
+    flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp)
+    return [(flights[r], owes[r], sum(stages[r::p]) / par.vpp, r == 0, r == p - 1) for r in range(p)]
+
+
+def shape_activation_bytes(vpp: int, shape: tuple[int, int, float, bool, bool], terms,
+                           per_chunk: dict | None = None) -> dict[str, float]:
+    """``rank_activation_bytes`` of a rank of shape ``shape`` (``rank_shapes``); ``per_chunk``
+    keeps a chunk's (stash, working set) by its layers across the ranks of one plan."""
+    (act, emb, last, transient, wstash), tr, overlap = terms
+    chunks, owed, n, first, final = shape
+    stash_work = per_chunk.get(n) if per_chunk is not None else None
+    if stash_work is None:
+        stash_work = rcp.chunk_stash_bytes(tr, n, act), rcp.working_bytes(tr, n, act)
+        if per_chunk is not None:
+            per_chunk[n] = stash_work
+    layers = chunks * stash_work[0] + stash_work[1]
+    return {"layers": layers, "embedding": chunks / vpp * emb if first else 0.0,
             "loss": last if final else 0.0, "loss_transient": max(0.0, transient - overlap) if final else 0.0,
             "wgrad_stash": owed * n * wstash}

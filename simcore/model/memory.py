@@ -106,6 +106,7 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
     dense_l, expert_l = layer_params_per_gpu(plan)
     stages = stages if stages is not None else plan.layers_per_stage
     out = []
+    same: dict[tuple[int, float], StageParams] = {}   # one value per kind of rank: dict look-ups by identity
     for r in range(par.pp):
         layers = sum(stages[r::par.pp])
         ends = 0.0
@@ -115,8 +116,10 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
             ends += pc.output / par.tp
             if m.tied_embeddings and par.pp > 1:
                 ends += m.vocab * m.hidden / par.tp
-        out.append(StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
-                               layer_max=dense_l + expert_l, ends=ends))
+        if (layers, ends) not in same:
+            same[layers, ends] = StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
+                                             layer_max=dense_l + expert_l, ends=ends)
+        out.append(same[layers, ends])
     return tuple(out)
 
 
@@ -313,13 +316,14 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
     grads_live = gradients_at_activation_peak(plan)
     out = []
     states_of: dict[StageParams, tuple] = {}
-    for r, sp in enumerate(params):
+    per_chunk: dict = {}
+    for sp, shape in zip(params, acts.rank_shapes(plan, stages)):
         if sp not in states_of:   # most ranks hold the same parameters
             states_of[sp] = (model_state_bytes(plan, sp), comm_buffer_terms(plan, sp))
         states, buffers = states_of[sp]
         if not count_buffers:
             buffers = {k: 0.0 for k in buffers}
-        act = acts.rank_activation_bytes(plan, r, stages, terms)
+        act = acts.shape_activation_bytes(plan.parallel.vpp, shape, terms, per_chunk)
         mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
         mem["activations"] = sum(act.values())
         mem["comm_buffers"] = sum(buffers.values())

@@ -107,7 +107,8 @@ def recompute_flops_per_layer(m: ModelSpec, tokens: float, s: int, recompute: Re
 def hardware_flops_per_step(m: ModelSpec, tr: TrainingSpec, layers_per_chunk: tuple[int, ...]) -> float:
     """Model FLOPs plus what the policy re-runs over all chunks of the model."""
     tokens = tr.global_batch * m.seq_len
-    layers = sum(recomputed_layers(tr, n) for n in layers_per_chunk)
+    per_size = {n: recomputed_layers(tr, n) for n in set(layers_per_chunk)}
+    layers = sum(per_size[n] for n in layers_per_chunk)
     return wl.model_flops_per_step(m, tr.global_batch) + layers * recompute_flops_per_layer(m, tokens, m.seq_len,
                                                                                            tr.recompute)
 

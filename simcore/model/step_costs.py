@@ -272,7 +272,9 @@ def step_costs(plan: Plan) -> StepCosts:
     lf, lbi, lbw = _logits_times(m, b, s, par.tp, dev)
     params = mem.stage_params(plan, stages)
     dense_l, expert_l = mem.layer_params_per_gpu(plan)
-    dpc = dpm.dp_costs(plan, dev, params[0], dense_l + expert_l)
+    host_terms = dev.optimizer_bytes_per_s > 0
+    rank_costs = _rank_costs(plan, dev, params, dense_l + expert_l, host_terms)
+    dpc = rank_costs[0][0]   # dp_costs of the first rank's parameters, read only
     fcomm = [fc * n for n in stages]
     bcomm = [bc * n for n in stages]
     host_p2p = hc.host_p2p(dev, par.pp, nv)
@@ -290,7 +292,8 @@ def step_costs(plan: Plan) -> StepCosts:
         af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
         fwd = [x + n * af for x, n in zip(fwd, stages)]
         rc += ab
-    rec = [rcp.recomputed_layers(tr, n) * rc for n in stages]
+    recomputed = {n: rcp.recomputed_layers(tr, n) for n in set(stages)}
+    rec = [recomputed[n] * rc for n in stages]
     fsdp = dpm.fsdp_calls(plan, nv)
     mbs = plan.num_microbatches
     gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
@@ -300,8 +303,6 @@ def step_costs(plan: Plan) -> StepCosts:
         fcomm = [x + e * g for x, g in zip(fcomm, gathers[0])]
         bcomm = [x + e * g for x, g in zip(bcomm, gathers[1])]
         gathers = tuple([(1 - e) * g for g in side] for side in gathers)
-    host_terms = dev.optimizer_bytes_per_s > 0
-    rank_costs = _rank_costs(plan, dev, params, dense_l + expert_l, host_terms)
     ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1
     grad, sync, opt, off = _per_step_costs(plan, dev, rank_costs, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
                                            ddp, host_terms, fsdp)

@@ -13,6 +13,7 @@ cross-field rules it must satisfy are ``simcore.plan.rules``.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 from topologies.components import Fabric, Node, Storage
@@ -324,6 +325,7 @@ class Plan:
         return even_split(self.model.layers, self.parallel.pp * self.parallel.vpp)
 
 
+@functools.lru_cache(maxsize=1024)
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
     """Spread ``layers`` over ``stages`` as evenly as possible; the extra layers go to
     the middle stages, since the first and last stages also hold the embedding and
