@@ -182,10 +182,20 @@ def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, flo
     return [(flights[r], owes[r], sum(stages[r::p]) / par.vpp, r == 0, r == p - 1) for r in range(p)]
 
 
+#: The parts of a rank's activation bytes, in ``shape_activation_parts``' order.
+ACTIVATION_PARTS = ("layers", "embedding", "loss", "loss_transient", "wgrad_stash")
+
+
 def shape_activation_bytes(vpp: int, shape: tuple[int, int, float, bool, bool], terms,
                            per_chunk: dict | None = None) -> dict[str, float]:
     """``rank_activation_bytes`` of a rank of shape ``shape`` (``rank_shapes``); ``per_chunk``
     keeps a chunk's (stash, working set) by its layers across the ranks of one plan."""
+    return dict(zip(ACTIVATION_PARTS, shape_activation_parts(vpp, shape, terms, per_chunk)))
+
+
+def shape_activation_parts(vpp: int, shape: tuple[int, int, float, bool, bool], terms,
+                           per_chunk: dict | None = None) -> tuple[float, float, float, float, float]:
+    """``shape_activation_bytes``' values in ``ACTIVATION_PARTS`` order (no dict per rank)."""
     (act, emb, last, transient, wstash), tr, overlap = terms
     chunks, owed, n, first, final = shape
     stash_work = per_chunk.get(n) if per_chunk is not None else None
@@ -194,6 +204,5 @@ def shape_activation_bytes(vpp: int, shape: tuple[int, int, float, bool, bool], 
         if per_chunk is not None:
             per_chunk[n] = stash_work
     layers = chunks * stash_work[0] + stash_work[1]
-    return {"layers": layers, "embedding": chunks / vpp * emb if first else 0.0,
-            "loss": last if final else 0.0, "loss_transient": max(0.0, transient - overlap) if final else 0.0,
-            "wgrad_stash": owed * n * wstash}
+    return (layers, chunks / vpp * emb if first else 0.0, last if final else 0.0,
+            max(0.0, transient - overlap) if final else 0.0, owed * n * wstash)

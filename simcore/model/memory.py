@@ -18,37 +18,19 @@ term by term, and applies the allocator's margin and the CUDA context.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from simcore.model import activations as acts
 from simcore.model import workload as wl
+from simcore.model.peak import (ALLOCATOR_FRAGMENTATION, ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES,  # noqa: F401
+                                FRAMEWORK_BYTES, MEMORY_KINDS, ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS,
+                                ROW_TOTAL, framework_terms,
+                                gradients_at_activation_peak, peak_tensor_bytes, rank_row)
 from simcore.plan.spec import Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
-#: CUDA context with torch's kernels loaded, cuBLAS/cuDNN workspaces, per process: what
-#: NVML counts as used and torch's allocator statistics do not (PyTorch docs, "CUDA
-#: semantics / memory management"). 1343 MiB is Hugging Face's measurement of a process
-#: that only loaded torch's CUDA kernels ("Efficient Training on a Single GPU", 2022,
-#: transformers docs/source/en/model_memory_anatomy.md at 249ef8164cfb: "1343 MB").
-CUDA_CONTEXT_BYTES = 1343 * 1024**2
-FRAMEWORK_BYTES = CUDA_CONTEXT_BYTES   # the older name
-#: The caching allocator's margin: bytes it reserves beyond the live tensors at the peak
-#: (torch.cuda.max_memory_reserved over max_memory_allocated), as a share of the tensors.
-#: An assumption, stated, not fitted: the allocator rounds large requests up to 2 MiB
-#: multiples, keeps freed blocks cached per stream and never merges blocks of different
-#: segments (c10/cuda/CUDACachingAllocator.cpp: kRoundLarge, kLargeBuffer, segments split
-#: but not joined), and a training step frees and re-allocates tensors of a few large sizes
-#: (a layer's gathered parameters and gradients, the logits), so the reserve settles above the
-#: peak by a share of the largest transients; 10% keeps a layout at 72 GiB of tensors off an
-#: 80 GiB GPU. Settable per Plan (``training.allocator_margin``): 0 for
-#: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps pages instead of segments.
-ALLOCATOR_MARGIN = 0.10
-ALLOCATOR_FRAGMENTATION = ALLOCATOR_MARGIN   # the older name
 #: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
 FP8_AMAX_HISTORY = 1024
-#: The kinds ``StepCosts.memory_bytes`` and traces carry, in order.
-MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework")
 #: torch DDP's default gradient bucket (``bucket_cap_mb=25`` in torch/nn/parallel/distributed.py).
 DDP_BUCKET_BYTES = 25 * 1024**2
 #: DeepSpeed ZeRO defaults, in elements (deepspeed/runtime/zero/config.py: reduce_bucket_size,
@@ -264,43 +246,77 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     return {"weights": weights, "gradients": grads, "optimizer_states": opt, "host": host}
 
 
-def framework_terms(plan: Plan) -> tuple[float, float, bool]:
-    """(CUDA context and library workspaces, the allocator's margin as a share of the tensor
-    bytes, count comm buffers): ``training.allocator_margin`` where the Plan sets it; a
-    calibrated profile's ``memory`` entry where it has one (a CPU host: no CUDA context, no
-    caching allocator, and the executor counts the tensors a rank owns); else the defaults above."""
-    ej = plan.cluster.node.gpu.efficiency_json
-    entry = (json.loads(ej).get("memory") or {}) if ej else {}
-    margin = plan.training.allocator_margin
-    if margin is None:
-        margin = float(entry.get("allocator_fragmentation", ALLOCATOR_MARGIN))
-    return (float(entry.get("framework_bytes", CUDA_CONTEXT_BYTES)), margin,
-            bool(entry.get("comm_buffers", True)))
+def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
+    """What ``rank_rows`` reads once per plan, as a function of a rank's (StageParams, shape)
+    (``activations.rank_shapes``) to its (row, (model states, buffer terms, their sum),
+    activation parts); and whether the gradients are live at the activations' peak."""
+    terms = acts.activation_terms(plan, loss_overlap(plan, params))
+    context, margin, count_buffers = framework_terms(plan)
+    grads_live = gradients_at_activation_peak(plan)
+    vpp = plan.parallel.vpp
+    kinds: dict[int, tuple] = {}   # by the StageParams value's identity (params holds them)
+    per_chunk: dict = {}
+
+    def row_of(sp: StageParams, shape: tuple) -> tuple:
+        kind = kinds.get(id(sp))
+        if kind is None:   # most ranks hold the same parameters
+            states, buffers = model_state_bytes(plan, sp), comm_buffer_terms(plan, sp)
+            if not count_buffers:
+                buffers = dict.fromkeys(buffers, 0.0)
+            kind = kinds[id(sp)] = (states, buffers, sum(buffers.values()))
+        act = acts.shape_activation_parts(vpp, shape, terms, per_chunk)
+        return rank_row(kind[0], sum(act), kind[2], context, margin, grads_live), kind, act
+    return row_of, grads_live
 
 
-def gradients_at_activation_peak(plan: Plan) -> bool:
-    """Whether the gradients are allocated when the activations peak (the backward's start).
-    They are not on a step that accumulates nothing into storage it keeps: one micro-batch,
-    no pipeline, and no data-parallel buffer that outlives the step. torch's
-    ``zero_grad(set_to_none=True)`` (the default since torch 2.0) frees them, FSDP2 assigns each
-    sharded gradient after its reduce-scatter, and a layer's gradient appears as its
-    activations are freed; the peak is then the backward's start (no gradients) or the
-    optimizer step (gradients, no activations), whichever is larger. DDP's buckets and
-    Megatron's contiguous gradient buffer (``parallel.zero`` 0-1 with data parallel) persist,
-    as do gradients accumulated over micro-batches; a calibrated host counts as its
-    executor measures (every kind at once)."""
-    par = plan.parallel
-    if acts.executor_activations(plan) or plan.num_microbatches > 1 or par.pp > 1:
-        return True
-    return par.dp * par.cp > 1 and par.zero <= ZeroStage.OPTIMIZER_STATES
+def rank_rows(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[StageParams, ...] | None = None,
+              parts: list | None = None) -> list[tuple[float, ...]]:
+    """Per pipeline rank, its row (``ROW_KEYS``). The model states and buffers are computed once
+    per kind of rank (``stage_params`` gives equal ranks one value), the activations per rank
+    (their micro-batches in flight differ). ``parts``, where given, receives per rank (model
+    states, buffer terms, ``activations.ACTIVATION_PARTS`` values) for the breakdown by term."""
+    stages = stages if stages is not None else plan.layers_per_stage
+    params = params if params is not None else stage_params(plan, stages)
+    row_of, _ = _row_maker(plan, params)
+    rows = []
+    for sp, shape in zip(params, acts.rank_shapes(plan, stages)):
+        row, kind, act = row_of(sp, shape)
+        rows.append(row)
+        if parts is not None:
+            parts.append((kind[0], kind[1], act))
+    return rows
 
 
-def peak_tensor_bytes(states: dict[str, float], activations: float, buffers: float, grads_live: bool) -> float:
-    """The tensors at a rank's peak (``rank_breakdown``'s rule) from its parts."""
-    base = states["weights"] + states["optimizer_states"]
-    if grads_live:
-        return base + states["gradients"] + activations + buffers
-    return base + max(activations + buffers, states["gradients"])
+def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[StageParams, ...] | None = None,
+                ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """(every rank's total, the fullest rank's row, the most host bytes per GPU): ``rank_rows``'
+    figures without a row per rank. Ranks of one kind (the same parameters, layers per chunk,
+    ends and weight gradients owed) differ only in their chunks in flight, and while the
+    gradients are live their total is affine in that count: it is computed at a kind's first
+    and last rank and interpolated between them (the same figures to rounding); the fullest
+    rank's row is computed whole."""
+    stages = stages if stages is not None else plan.layers_per_stage
+    params = params if params is not None else stage_params(plan, stages)
+    row_of, grads_live = _row_maker(plan, params)
+    shapes = acts.rank_shapes(plan, stages)
+    kinds: dict[tuple, list[int]] = {}
+    for r, (sp, shape) in enumerate(zip(params, shapes)):
+        kinds.setdefault((id(sp), *shape[1:]), []).append(r)
+    totals, host = [0.0] * len(shapes), 0.0
+    for members in kinds.values():
+        ends = (members[0], members[-1]) if grads_live else members   # else piecewise: every rank
+        for r in ends:
+            row = row_of(params[r], shapes[r])[0]
+            totals[r], host = row[ROW_TOTAL], max(host, row[ROW_HOST])
+        (a, ca), (b, cb) = (ends[0], shapes[ends[0]][0]), (ends[-1], shapes[ends[-1]][0])
+        if len(members) > len(ends):
+            slope = (totals[b] - totals[a]) / (cb - ca) if cb != ca else 0.0
+            for r in members[1:-1]:
+                totals[r] = totals[a] + (shapes[r][0] - ca) * slope
+    worst = totals.index(max(totals))
+    row = row_of(params[worst], shapes[worst])[0]
+    totals[worst] = row[ROW_TOTAL]
+    return tuple(totals), row, host
 
 
 def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
@@ -309,37 +325,21 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
     """Per pipeline rank: (bytes by kind, trace.MEMORY_KINDS plus ``total`` and ``host``;
     bytes by term, each term one line of ``trainplan memory``, or None without
     ``terms_too``: the layout search needs only the kinds). The kinds sum the terms."""
-    stages = stages if stages is not None else plan.layers_per_stage
-    params = params if params is not None else stage_params(plan, stages)
-    terms = acts.activation_terms(plan, loss_overlap(plan, params))
-    context, margin, count_buffers = framework_terms(plan)
+    parts: list = []
+    rows = rank_rows(plan, stages, params, parts)
+    context, margin, _ = framework_terms(plan)
     grads_live = gradients_at_activation_peak(plan)
     out = []
-    states_of: dict[StageParams, tuple] = {}
-    per_chunk: dict = {}
-    for sp, shape in zip(params, acts.rank_shapes(plan, stages)):
-        if sp not in states_of:   # most ranks hold the same parameters
-            states_of[sp] = (model_state_bytes(plan, sp), comm_buffer_terms(plan, sp))
-        states, buffers = states_of[sp]
-        if not count_buffers:
-            buffers = {k: 0.0 for k in buffers}
-        act = acts.shape_activation_bytes(plan.parallel.vpp, shape, terms, per_chunk)
-        mem = {k: states[k] for k in ("weights", "gradients", "optimizer_states")}
-        mem["activations"] = sum(act.values())
-        mem["comm_buffers"] = sum(buffers.values())
-        if not grads_live:   # the peak is the backward's start, or the optimizer step's
-            if mem["activations"] + mem["comm_buffers"] >= mem["gradients"]:
-                mem["gradients"] = 0.0
-            else:
-                mem["activations"] = mem["comm_buffers"] = 0.0
-                act, buffers = {k: 0.0 for k in act}, {k: 0.0 for k in buffers}
-        tensors = sum(mem.values())
-        mem["framework"] = context + margin * tensors
-        mem["total"] = tensors + mem["framework"]
-        mem["host"] = states["host"]
-        detail = {**{k: mem[k] for k in ("weights", "gradients", "optimizer_states")},
-                  **{f"activations_{k}": v for k, v in act.items()}, **buffers,
-                  "allocator_margin": margin * tensors, "cuda_context": context} if terms_too else None
+    for row, (states, buffers, act) in zip(rows, parts):
+        mem = dict(zip(ROW_KEYS, row))
+        detail = None
+        if terms_too:
+            if not grads_live and row[ROW_GRADIENTS] > 0:   # the optimizer step's peak: no activations
+                act, buffers = (0.0,) * len(act), dict.fromkeys(buffers, 0.0)
+            tensors = sum(row[:ROW_FRAMEWORK])
+            detail = {**{k: mem[k] for k in ("weights", "gradients", "optimizer_states")},
+                      **{f"activations_{k}": v for k, v in zip(acts.ACTIVATION_PARTS, act)}, **buffers,
+                      "allocator_margin": margin * tensors, "cuda_context": context}
         out.append((mem, detail))
     return out
 
@@ -348,20 +348,30 @@ def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
                     params: tuple[StageParams, ...] | None = None) -> list[dict[str, float]]:
     """Bytes per GPU by kind (trace.MEMORY_KINDS) on each pipeline rank, plus ``host``
     (offloaded bytes per GPU) and ``total`` (GPU bytes)."""
-    return [kinds for kinds, _ in rank_breakdown(plan, stages, params, terms_too=False)]
+    return [dict(zip(ROW_KEYS, row)) for row in rank_rows(plan, stages, params)]
+
+
+def summary_fields(totals: tuple[float, ...], worst: tuple[float, ...]) -> dict:
+    """``StepCosts``' memory fields from every rank's total and the fullest rank's row."""
+    return {"memory_bytes": dict(zip(MEMORY_KINDS, worst)), "memory_per_rank_bytes": tuple(totals)}
 
 
 def memory_fields(plan: Plan, per_rank: list[dict[str, float]] | None = None) -> dict:
     """``StepCosts``' memory fields of ``plan`` (the fullest rank by kind, every rank's total)."""
-    per_rank = per_rank if per_rank is not None else memory_per_rank(plan)
-    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["total"])
-    return {"memory_bytes": {k: per_rank[worst][k] for k in MEMORY_KINDS},
-            "memory_per_rank_bytes": tuple(r["total"] for r in per_rank)}
+    if per_rank is None:
+        return summary_fields(*rank_totals(plan)[:2])
+    totals = [r["total"] for r in per_rank]
+    return summary_fields(totals, tuple(per_rank[totals.index(max(totals))][k] for k in ROW_KEYS))
+
+
+def host_node_bytes(plan: Plan, host_per_gpu: float) -> float:
+    """Host memory that offload needs on one node, from the most loaded rank's bytes per GPU."""
+    return host_per_gpu * plan.cluster.gpus_per_node
 
 
 def host_bytes_per_node(plan: Plan, per_rank: list[dict[str, float]]) -> float:
     """Host memory that offload needs on one node (the most loaded rank's figure per GPU)."""
-    return max(m["host"] for m in per_rank) * plan.cluster.gpus_per_node
+    return host_node_bytes(plan, max(m["host"] for m in per_rank))
 
 
 def fits(plan: Plan, per_rank: list[dict[str, float]]) -> bool:

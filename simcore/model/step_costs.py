@@ -307,11 +307,11 @@ def step_costs(plan: Plan) -> StepCosts:
     grad, sync, opt, off = _per_step_costs(plan, dev, rank_costs, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
                                            ddp, host_terms, fsdp)
     buckets = [max(1, n) if f[2] else dpc["buckets"] for n, f in zip(stages, fsdp)]   # FSDP2: one per block
-    per_rank = mem.memory_per_rank(plan, stages, params)
+    totals, worst, host = mem.rank_totals(plan, stages, params)
     detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
               "ep_comm_per_layer_s": lc["ep_f"] + lc["ep_b"], "fsdp_layer_all_gather_s": dpc["layer_ag"],
               "fsdp_layer_reduce_scatter_s": dpc["layer_rs"], "host_memory_per_node_bytes":
-              mem.host_bytes_per_node(plan, per_rank), "comm_compute_interference": dev.comm_compute_interference}
+              mem.host_node_bytes(plan, host), "comm_compute_interference": dev.comm_compute_interference}
     return StepCosts(
         plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
         backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
@@ -324,7 +324,7 @@ def step_costs(plan: Plan) -> StepCosts:
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
         model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
         hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
-        **memory_fields(plan, per_rank),
+        **mem.summary_fields(totals, worst),
         time_detail_s=detail,
     )
 

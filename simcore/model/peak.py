@@ -1,0 +1,92 @@
+"""A GPU's peak: the CUDA context and the caching allocator's margin over the tensors, whether
+the gradients are live when the activations peak, and one rank's bytes by kind from its parts
+(``rank_row``; ``simcore.model.memory`` sums the parts per rank).
+"""
+from __future__ import annotations
+
+import json
+
+from simcore.model import activations as acts
+from simcore.plan.spec import Plan, ZeroStage
+
+#: CUDA context with torch's kernels loaded, cuBLAS/cuDNN workspaces, per process: what
+#: NVML counts as used and torch's allocator statistics do not (PyTorch docs, "CUDA
+#: semantics / memory management"). 1343 MiB is Hugging Face's measurement of a process
+#: that only loaded torch's CUDA kernels ("Efficient Training on a Single GPU", 2022,
+#: transformers docs/source/en/model_memory_anatomy.md at 249ef8164cfb: "1343 MB").
+CUDA_CONTEXT_BYTES = 1343 * 1024**2
+FRAMEWORK_BYTES = CUDA_CONTEXT_BYTES   # the older name
+#: The caching allocator's margin: bytes it reserves beyond the live tensors at the peak
+#: (torch.cuda.max_memory_reserved over max_memory_allocated), as a share of the tensors.
+#: An assumption, stated, not fitted: the allocator rounds large requests up to 2 MiB
+#: multiples, keeps freed blocks cached per stream and never merges blocks of different
+#: segments (c10/cuda/CUDACachingAllocator.cpp: kRoundLarge, kLargeBuffer, segments split
+#: but not joined), and a training step frees and re-allocates tensors of a few large sizes
+#: (a layer's gathered parameters and gradients, the logits), so the reserve settles above the
+#: peak by a share of the largest transients; 10% keeps a layout at 72 GiB of tensors off an
+#: 80 GiB GPU. Settable per Plan (``training.allocator_margin``): 0 for
+#: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps pages instead of segments.
+ALLOCATOR_MARGIN = 0.10
+ALLOCATOR_FRAGMENTATION = ALLOCATOR_MARGIN   # the older name
+#: The kinds ``StepCosts.memory_bytes`` and traces carry, in order.
+MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework")
+def framework_terms(plan: Plan) -> tuple[float, float, bool]:
+    """(CUDA context and library workspaces, the allocator's margin as a share of the tensor
+    bytes, count comm buffers): ``training.allocator_margin`` where the Plan sets it; a
+    calibrated profile's ``memory`` entry where it has one (a CPU host: no CUDA context, no
+    caching allocator, and the executor counts the tensors a rank owns); else the defaults above."""
+    ej = plan.cluster.node.gpu.efficiency_json
+    entry = (json.loads(ej).get("memory") or {}) if ej else {}
+    margin = plan.training.allocator_margin
+    if margin is None:
+        margin = float(entry.get("allocator_fragmentation", ALLOCATOR_MARGIN))
+    return (float(entry.get("framework_bytes", CUDA_CONTEXT_BYTES)), margin,
+            bool(entry.get("comm_buffers", True)))
+
+
+def gradients_at_activation_peak(plan: Plan) -> bool:
+    """Whether the gradients are allocated when the activations peak (the backward's start).
+    They are not on a step that accumulates nothing into storage it keeps: one micro-batch,
+    no pipeline, and no data-parallel buffer that outlives the step. torch's
+    ``zero_grad(set_to_none=True)`` (the default since torch 2.0) frees them, FSDP2 assigns each
+    sharded gradient after its reduce-scatter, and a layer's gradient appears as its
+    activations are freed; the peak is then the backward's start (no gradients) or the
+    optimizer step (gradients, no activations), whichever is larger. DDP's buckets and
+    Megatron's contiguous gradient buffer (``parallel.zero`` 0-1 with data parallel) persist,
+    as do gradients accumulated over micro-batches; a calibrated host counts as its
+    executor measures (every kind at once)."""
+    par = plan.parallel
+    if acts.executor_activations(plan) or plan.num_microbatches > 1 or par.pp > 1:
+        return True
+    return par.dp * par.cp > 1 and par.zero <= ZeroStage.OPTIMIZER_STATES
+
+
+def peak_tensor_bytes(states: dict[str, float], activations: float, buffers: float, grads_live: bool) -> float:
+    """The tensors at a rank's peak (``rank_breakdown``'s rule) from its parts."""
+    base = states["weights"] + states["optimizer_states"]
+    if grads_live:
+        return base + states["gradients"] + activations + buffers
+    return base + max(activations + buffers, states["gradients"])
+
+
+#: A rank's row (``rank_rows``): its bytes by kind (MEMORY_KINDS), then ``total`` (GPU bytes)
+#: and ``host`` (offloaded bytes per GPU).
+ROW_KEYS = MEMORY_KINDS + ("total", "host")
+ROW_GRADIENTS, ROW_FRAMEWORK, ROW_TOTAL, ROW_HOST = (ROW_KEYS.index(k) for k in ("gradients", "framework", "total", "host"))
+
+
+def rank_row(states: dict[str, float], activations: float, buffers: float, context: float, margin: float,
+             grads_live: bool) -> tuple[float, ...]:
+    """One rank's row (``ROW_KEYS``) from its model states and its activation and buffer sums:
+    where the gradients are not live at the activations' peak, the peak is the backward's
+    start or the optimizer step's, whichever is larger; then the allocator's margin and the
+    CUDA context."""
+    weights, grads, opt = states["weights"], states["gradients"], states["optimizer_states"]
+    if not grads_live:
+        if activations + buffers >= grads:
+            grads = 0.0
+        else:
+            activations = buffers = 0.0
+    tensors = weights + grads + opt + activations + buffers
+    framework = context + margin * tensors
+    return weights, grads, opt, activations, buffers, framework, tensors + framework, states["host"]
