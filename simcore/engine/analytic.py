@@ -48,49 +48,63 @@ def _fused_posts(c: StepCosts, r: int) -> tuple[float, float]:
     return posts / m, saved / m
 
 
-def _rank_sums(c: StepCosts) -> list[dict[str, float]]:
-    """Per pipeline rank, per micro-batch: compute, blocking comm (with FSDP exposure and
-    PP sends), weight-gradient time, the CPU host's receive waits (idle), summed over the
-    rank's virtual stages."""
-    p, m = c.plan.parallel.pp, c.plan.num_microbatches
+def _by_rank(x: tuple[float, ...], p: int) -> list[float]:
+    """Per pipeline rank, the sum of its virtual stages' values of ``x``."""
+    return list(x) if len(x) == p else [sum(x[r::p]) for r in range(p)]
+
+
+def _rank_sums(c: StepCosts) -> dict[str, list[float]]:
+    """Per pipeline rank, per micro-batch (a list per part): compute, blocking comm (with FSDP
+    exposure and PP sends), weight-gradient time, the CPU host's receive waits (idle), summed
+    over the rank's virtual stages."""
+    p = c.plan.parallel.pp
     lost = _interference_loss(c)
     hops = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
     host_p2p = bool(c.forward_send_s or c.forward_recv_wait_s)   # CPU host only
     posted = c.p2p_post_s > 0 and p > 1
     fsdp = any(c.forward_gather_s) or any(c.backward_gather_s) or \
         (c.grad_reduce_per_microbatch and any(c.grad_reduce_per_step_s))
-    out = []
-    for r in range(p):
-        fwd, bin_, bwt = sum(c.forward_s[r::p]), sum(c.backward_input_s[r::p]), sum(c.backward_weight_s[r::p])
-        rec = sum(c.recompute_s[r::p])
+    fwd, bin_, bwt, rec = (_by_rank(x, p) for x in (c.forward_s, c.backward_input_s, c.backward_weight_s,
+                                                    c.recompute_s))
+    p2p, wait = [hops] * p, [0.0] * p
+    for r in range(p) if host_p2p or posted else ():
         host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] if host_p2p else ()
-        p2p, wait = (hops + sum(h[0] for h in host), sum(h[1] for h in host)) if host else (hops, 0.0)
+        if host:
+            p2p[r], wait[r] = hops + sum(h[0] for h in host), sum(h[1] for h in host)
         if posted:
             posts, saved = _fused_posts(c, r)
-            p2p, wait = p2p + posts, wait - saved
-        comm = sum(c.forward_comm_s[r::p]) + sum(c.backward_comm_s[r::p]) + p2p
-        for v in range(r, c.stages, p) if fsdp else ():   # FSDP2: prefetched gathers hide behind the layer compute,
-            fg, bg = c.forward_gather_s[v], c.backward_gather_s[v]   # the first one cannot
-            rs = c.grad_reduce_per_step_s[v] / m if c.grad_reduce_per_microbatch else 0.0
-            if fg + bg + rs > 0:
-                n, bwd = max(1, c.layers[v]), c.backward_s(v) + c.recompute_s[v]
-                comm += max(0.0, fg - c.forward_s[v]) + max(0.0, bg + rs - bwd) + fg / n
-                comm += lost * (min(fg, c.forward_s[v]) + min(bg + rs, bwd))
-        out.append(dict(compute=fwd + bin_ + bwt + rec, comm=comm, w=bwt, fwd=fwd, bwd=bin_ + bwt,
-                        rec=rec, p2p=p2p, wait=wait))
-    return out
+            p2p[r], wait[r] = p2p[r] + posts, wait[r] - saved
+    comm = [f + b + x for f, b, x in zip(_by_rank(c.forward_comm_s, p), _by_rank(c.backward_comm_s, p), p2p)]
+    for r in range(p) if fsdp else ():
+        comm[r] += _fsdp_exposed(c, r, lost)
+    return dict(compute=[a + b + w + x for a, b, w, x in zip(fwd, bin_, bwt, rec)], comm=comm, w=bwt, fwd=fwd,
+                bwd=[b + w for b, w in zip(bin_, bwt)], rec=rec, p2p=p2p, wait=wait)
 
 
-def _pipeline_s(c: StepCosts, ranks: list[dict[str, float]], crit: int) -> float:
-    """Forward/backward span of all micro-batches on the critical rank, bubble included."""
+def _fsdp_exposed(c: StepCosts, r: int, lost: float) -> float:
+    """FSDP2 on pipeline rank ``r``, per micro-batch: prefetched gathers hide behind the layer
+    compute, the first one cannot; the hidden part slows the compute it hides behind."""
+    m, comm = c.plan.num_microbatches, 0.0
+    for v in range(r, c.stages, c.plan.parallel.pp):
+        fg, bg = c.forward_gather_s[v], c.backward_gather_s[v]
+        rs = c.grad_reduce_per_step_s[v] / m if c.grad_reduce_per_microbatch else 0.0
+        if fg + bg + rs > 0:
+            n, bwd = max(1, c.layers[v]), c.backward_s(v) + c.recompute_s[v]
+            comm += max(0.0, fg - c.forward_s[v]) + max(0.0, bg + rs - bwd) + fg / n
+            comm += lost * (min(fg, c.forward_s[v]) + min(bg + rs, bwd))
+    return comm
+
+
+def _pipeline_s(c: StepCosts, t: list[float], w_crit: float, crit: int) -> float:
+    """Forward/backward span of all micro-batches on the critical rank, bubble included
+    (``t``: each rank's time per micro-batch, ``w_crit``: the critical rank's weight gradients)."""
     par = c.plan.parallel
     m, p, v = c.plan.num_microbatches, par.pp, par.vpp
-    t = [o["compute"] + o["comm"] + o["wait"] for o in ranks]
     tmax = t[crit]
     if p == 1:
         return m * tmax
     if par.schedule == Schedule.ZERO_BUBBLE:   # ZB-H1: the weight gradients fill the bubble
-        return m * tmax + (p - 1) * max(0.0, tmax - ranks[crit]["w"]) / v
+        return m * tmax + (p - 1) * max(0.0, tmax - w_crit) / v
     if v > 1:
         return m * tmax + (sum(t) - tmax) / v
     return (m - 1) * tmax + sum(t)
@@ -123,10 +137,11 @@ def analytic(c: StepCosts) -> StepResult:
     par, tr = plan.parallel, plan.training
     m = plan.num_microbatches
     ranks = _rank_sums(c)
-    crit = max(range(par.pp), key=lambda r: ranks[r]["compute"] + ranks[r]["comm"] + ranks[r]["wait"])
-    pipe = _pipeline_s(c, ranks, crit) + _held_sends_s(c)
-    mine = [v for v in range(c.stages) if v % par.pp == crit]
-    o = ranks[crit]
+    t = [x + y + z for x, y, z in zip(ranks["compute"], ranks["comm"], ranks["wait"])]
+    crit = t.index(max(t))
+    o = {k: col[crit] for k, col in ranks.items()}
+    pipe = _pipeline_s(c, t, o["w"], crit) + _held_sends_s(c)
+    mine = range(crit, c.stages, par.pp)
     grad = sum(c.grad_reduce_per_step_s[v] for v in mine)
     if c.grad_reduce_per_microbatch:               # FSDP2's reduce-scatters: per layer, in _rank_sums
         grad = 0.0
