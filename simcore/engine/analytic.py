@@ -75,24 +75,26 @@ def _rank_sums(c: StepCosts) -> dict[str, list[float]]:
             posts, saved = _fused_posts(c, r)
             p2p[r], wait[r] = p2p[r] + posts, wait[r] - saved
     comm = [f + b + x for f, b, x in zip(_by_rank(c.forward_comm_s, p), _by_rank(c.backward_comm_s, p), p2p)]
-    for r in range(p) if fsdp else ():
-        comm[r] += _fsdp_exposed(c, r, lost)
+    if fsdp:
+        comm = [x + e for x, e in zip(comm, _by_rank(_fsdp_exposed(c, lost), p))]
     return dict(compute=[a + b + w + x for a, b, w, x in zip(fwd, bin_, bwt, rec)], comm=comm, w=bwt, fwd=fwd,
                 bwd=[b + w for b, w in zip(bin_, bwt)], rec=rec, p2p=p2p, wait=wait)
 
 
-def _fsdp_exposed(c: StepCosts, r: int, lost: float) -> float:
-    """FSDP2 on pipeline rank ``r``, per micro-batch: prefetched gathers hide behind the layer
+def _fsdp_exposed(c: StepCosts, lost: float) -> list[float]:
+    """FSDP2 per virtual stage and micro-batch: prefetched gathers hide behind the layer
     compute, the first one cannot; the hidden part slows the compute it hides behind."""
-    m, comm = c.plan.num_microbatches, 0.0
-    for v in range(r, c.stages, c.plan.parallel.pp):
+    m, out = c.plan.num_microbatches, []
+    for v in range(c.stages):
         fg, bg = c.forward_gather_s[v], c.backward_gather_s[v]
         rs = c.grad_reduce_per_step_s[v] / m if c.grad_reduce_per_microbatch else 0.0
+        comm = 0.0
         if fg + bg + rs > 0:
             n, bwd = max(1, c.layers[v]), c.backward_s(v) + c.recompute_s[v]
-            comm += max(0.0, fg - c.forward_s[v]) + max(0.0, bg + rs - bwd) + fg / n
+            comm = max(0.0, fg - c.forward_s[v]) + max(0.0, bg + rs - bwd) + fg / n
             comm += lost * (min(fg, c.forward_s[v]) + min(bg + rs, bwd))
-    return comm
+        out.append(comm)
+    return out
 
 
 def _pipeline_s(c: StepCosts, t: list[float], w_crit: float, crit: int) -> float:

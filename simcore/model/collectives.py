@@ -71,10 +71,35 @@ def blocks_in_domain(block: int, domain: int, gpus: int) -> bool:
                                       for k in range(gpus // block))
 
 
+#: ``group_net``'s answers by (cluster, device model) identity and group shape, each with the
+#: two objects it was computed for (an id is reused only once its object is gone); cleared
+#: whole when it reaches ``_NETS_MAX`` entries.
+_NETS: dict[tuple[int, int, int, int], tuple[ClusterSpec, DeviceModel, GroupNet]] = {}
+_NETS_MAX = 4096
+
+
 def group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -> GroupNet:
     """Route of a group of ``ranks`` ranks spaced ``stride`` apart (TP: 1, CP: tp,
     DP: tp*cp, PP: tp*cp*dp), every GPU of an NVLink domain being in one such group.
-    ``nodes`` counts the NVLink domains the group spans (nodes, or racks of an NVL72)."""
+    ``nodes`` counts the NVLink domains the group spans (nodes, or racks of an NVL72).
+    Kept per cluster and device model object and group shape (``_NETS``): a search derives
+    its plans from one cluster value, so the look-up costs no hashing of the specs."""
+    key = (id(cluster), id(dev), ranks, stride)
+    hit = _NETS.get(key)
+    if hit is not None and hit[0] is cluster and hit[1] is dev:
+        return hit[2]
+    if len(_NETS) >= _NETS_MAX:
+        _NETS.clear()
+    net = _group_net(cluster, dev, ranks, stride)
+    _NETS[key] = (cluster, dev, net)
+    return net
+
+
+group_net.cache_clear = _NETS.clear   # as functools' caches answer (tests clear them all)
+
+
+def _group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -> GroupNet:
+    """``group_net`` computed."""
     gpn, dom = cluster.gpus_per_node, cluster.nvlink_domain
     gpu = cluster.node.gpu
     intra = gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
