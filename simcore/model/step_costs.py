@@ -167,15 +167,16 @@ def _rank_costs(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams,
                 host_terms: bool) -> list[tuple[dict[str, float], tuple[float, float], tuple[int, int]]]:
     """Per pipeline rank: its ``dp_costs.dp_costs``, its ``dp_costs.optimizer_costs`` and its
     (plain, DTensor) parameter tensors (counted only where ``host_terms``, the host
-    optimizer's per-tensor cost)."""
+    optimizer's per-tensor cost). Ranks holding equal parameters (one ``StageParams`` value,
+    ``memory.stage_params``) and tensors share one tuple."""
     per_params: dict = {}
     rank_costs = []
-    for r in range(plan.parallel.pp):
+    for r, sp in enumerate(params):
         tensors = dpm.param_tensors(plan, r) if host_terms else (0, 0)
-        key = (params[r], tensors)
-        if key not in per_params:   # ranks holding equal parameters cost the same
-            per_params[key] = (dpm.dp_costs(plan, dev, params[r], layer_params),
-                               dpm.optimizer_costs(plan, dev, params[r], tensors), tensors)
+        key = (id(sp), tensors)   # params holds the values: their ids are theirs throughout
+        if key not in per_params:
+            per_params[key] = (dpm.dp_costs(plan, dev, sp, layer_params),
+                               dpm.optimizer_costs(plan, dev, sp, tensors), tensors)
         rank_costs.append(per_params[key])
     return rank_costs
 
@@ -188,29 +189,30 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tu
     backward-weight, recompute, forward comm, backward comm) and its FSDP2 calls per step
     (``fsdp``: forward gathers, backward gathers, reduce-scatters per block)."""
     par, stages = plan.parallel, plan.layers_per_stage
-    fwd, bin_, bwt, rec, fcomm, bcomm = work
-    grad, sync, opt, off = [], [], [], []
-    mbs = plan.num_microbatches
-    for v in range(len(stages)):
-        d, (o, c), _ = rank_costs[v % par.pp]
-        share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
-        fsdp_rs = fsdp[v][2] * stages[v] * d["layer_rs"]   # FSDP2: per micro-batch, or once pipelined
-        wait = 0.0
-        if ddp and dev.dp_sync_wait > 0:
-            # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
-            # a fraction of the rest of the step (the rank's work between syncs)
-            p2p_host = sum(x[v] for x in host_p2p.values())
-            busy = mbs * (fwd[v] + bin_[v] + bwt[v] + rec[v] + fcomm[v] + bcomm[v] + p2p_host) + o * share
-            wait = dev.dp_sync_wait * busy
-        grad.append((d["grad"] + d["compress"]) * share + fsdp_rs + wait)
-        bcast = 0.0
-        if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
-            # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
-            bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
-        sync.append(d["sync"] * share + bcast)
-        opt.append(o * share)
-        off.append(c * share)
-    return grad, sync, opt, off
+    share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
+    per_kind: dict[int, tuple[float, ...]] = {}     # one entry per kind of rank (rank_costs shares tuples)
+    kinds = []
+    for rc in rank_costs:
+        if id(rc) not in per_kind:
+            d, (o, c), _ = rc
+            per_kind[id(rc)] = ((d["grad"] + d["compress"]) * share, d["layer_rs"], d["sync"] * share, o * share,
+                                c * share)
+        kinds.append(per_kind[id(rc)])
+    kinds *= par.vpp                                # virtual stage v runs on rank v % pp
+    # FSDP2's reduce-scatters: per micro-batch, or once pipelined
+    grad = [k[0] + f[2] * n * k[1] for k, f, n in zip(kinds, fsdp, stages)]
+    if ddp and dev.dp_sync_wait > 0:
+        # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
+        # a fraction of the rest of the step (the rank's work between syncs)
+        mbs = plan.num_microbatches
+        p2p_host = [sum(x) for x in zip(*host_p2p.values())] or [0.0] * len(stages)
+        grad = [g + dev.dp_sync_wait * (mbs * (sum(w) + h) + k[3])
+                for g, w, h, k in zip(grad, zip(*work), p2p_host, kinds)]
+    bcast = 0.0
+    if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
+        # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
+        bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
+    return grad, [k[2] + bcast for k in kinds], [k[3] for k in kinds], [k[4] for k in kinds]
 
 
 def _tp_exposed(plan: Plan, dev: cmp.DeviceModel, lc: dict, lost: float) -> tuple[float, float]:
@@ -246,7 +248,8 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     ring = _overlapped_s(lc["cp"], core, 0.0, lost)
     tp_f, tp_b = _tp_exposed(plan, dev, lc, lost)
     # the share of layers recomputed whole, which re-run their forward collectives too
-    full = sum(rcp.full_layers(tr, n) for n in plan.layers_per_stage) / plan.model.layers
+    whole = {n: rcp.full_layers(tr, n) for n in set(plan.layers_per_stage)}
+    full = sum(map(whole.__getitem__, plan.layers_per_stage)) / plan.model.layers
     rec_comm = (tp_f + ring + lc["cp_f"] + lc["ep_f"]) * full
     host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
     rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
@@ -282,13 +285,13 @@ def step_costs(plan: Plan) -> StepCosts:
     bin_ = [n * (bi + host_b) for n in stages]
     bwt = [n * bw for n in stages]
     hc.add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
-    if par.pp > 1:   # CPU host: torch.distributed.pipelining's measured per-chunk bookkeeping
+    if par.pp > 1 and dev.parallel_kernels:   # CPU host: torch.distributed.pipelining's per-chunk bookkeeping
         cf, cb = dev.parallel_extra_s("pipeline_chunk")
         fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]
     fwd[-1] += lf                                       # the logits sit on the last virtual stage
     bin_[-1] += lbi
     bwt[-1] += lbw
-    if tr.recompute != Recompute.NONE:   # CPU host: checkpoint_wrapper's measured bookkeeping per layer
+    if tr.recompute != Recompute.NONE and dev.parallel_kernels:   # CPU host: checkpoint_wrapper's bookkeeping per layer
         af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
         fwd = [x + n * af for x, n in zip(fwd, stages)]
         rc += ab
