@@ -179,7 +179,8 @@ def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, flo
     if p == 1:
         return [(1, 0, sum(stages) / par.vpp, True, True)]
     flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp)
-    return [(flights[r], owes[r], sum(stages[r::p]) / par.vpp, r == 0, r == p - 1) for r in range(p)]
+    layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
+    return [(f, w, n / par.vpp, r == 0, r == p - 1) for r, (f, w, n) in enumerate(zip(flights, owes, layers))]
 
 
 #: The parts of a rank's activation bytes, in ``shape_activation_parts``' order.

@@ -87,21 +87,23 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
     pc = wl.param_counts(m)
     dense_l, expert_l = layer_params_per_gpu(plan)
     stages = stages if stages is not None else plan.layers_per_stage
+    p = par.pp
     out = []
-    same: dict[tuple[int, float], StageParams] = {}   # one value per kind of rank: dict look-ups by identity
-    for r in range(par.pp):
-        layers = sum(stages[r::par.pp])
+    same: dict = {}   # one value per kind of rank (by layers, and ends where it holds some): look-ups by identity
+    for r, layers in enumerate(stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]):
         ends = 0.0
         if r == 0:
             ends += pc.embedding / par.tp
-        if r == par.pp - 1:
+        if r == p - 1:
             ends += pc.output / par.tp
-            if m.tied_embeddings and par.pp > 1:
+            if m.tied_embeddings and p > 1:
                 ends += m.vocab * m.hidden / par.tp
-        if (layers, ends) not in same:
-            same[layers, ends] = StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
-                                             layer_max=dense_l + expert_l, ends=ends)
-        out.append(same[layers, ends])
+        key = (layers, ends) if ends else layers
+        sp = same.get(key)
+        if sp is None:
+            sp = same[key] = StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
+                                         layer_max=dense_l + expert_l, ends=ends)
+        out.append(sp)
     return tuple(out)
 
 
@@ -290,8 +292,8 @@ def rank_rows(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[S
 def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[StageParams, ...] | None = None,
                 ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
     """(every rank's total, the fullest rank's row, the most host bytes per GPU): ``rank_rows``'
-    figures without a row per rank. Ranks of one kind (the same parameters, layers per chunk,
-    ends and weight gradients owed) differ only in their chunks in flight, and while the
+    figures without a row per rank. Consecutive ranks of one kind (the same parameters, layers
+    per chunk, ends and weight gradients owed) differ only in their chunks in flight, and while the
     gradients are live their total is affine in that count: it is computed at a kind's first
     and last rank and interpolated between them (the same figures to rounding); the fullest
     rank's row is computed whole."""
@@ -299,12 +301,12 @@ def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple
     params = params if params is not None else stage_params(plan, stages)
     row_of, grads_live = _row_maker(plan, params)
     shapes = acts.rank_shapes(plan, stages)
-    kinds: dict[tuple, list[int]] = {}
-    for r, (sp, shape) in enumerate(zip(params, shapes)):
-        kinds.setdefault((id(sp), *shape[1:]), []).append(r)
-    totals, host = [0.0] * len(shapes), 0.0
-    for members in kinds.values():
-        ends = (members[0], members[-1]) if grads_live else members   # else piecewise: every rank
+    totals, host, p, start = [0.0] * len(shapes), 0.0, len(shapes), 0
+    for end in range(1, p + 1):   # runs of ranks of one kind
+        if end < p and params[end] is params[start] and shapes[end][1:] == shapes[start][1:]:
+            continue
+        members, start = range(start, end), end
+        ends = (members[0], members[-1]) if grads_live and len(members) > 2 else members   # else every rank
         for r in ends:
             row = row_of(params[r], shapes[r])[0]
             totals[r], host = row[ROW_TOTAL], max(host, row[ROW_HOST])
