@@ -108,9 +108,37 @@ def loss_bytes(plan: Plan) -> tuple[float, float]:
 CHUNKED_LOSS_CHUNKS = 8
 
 
+#: ``_layer_terms``' answers by the fields it reads (``_terms_key``); cleared whole at ``_TERMS_MAX``.
+_TERMS: dict[tuple, tuple] = {}
+_TERMS_MAX = 4096
+
+
+def _terms_key(plan: Plan) -> tuple:
+    """What ``_layer_terms`` (with ``loss_bytes``, ``_wgrad_stash_per_layer`` and
+    ``executor_activations``) reads of a plan: the model, the training section, the calibrated
+    profile's entry, and of the layout tp, cp, sequence parallel and the schedule."""
+    par = plan.parallel
+    return (plan.model, plan.training, plan.cluster.node.gpu.efficiency_json, par.tp, par.cp,
+            par.sequence_parallel, par.schedule)
+
+
 def _layer_terms(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float, float]:
     """(one layer's activations, embedding, last stage (final norm and loss kept), the loss's
-    transients, W stash per layer)."""
+    transients, W stash per layer), kept per ``_terms_key``."""
+    key = _terms_key(plan)
+    terms = _TERMS.get(key)
+    if terms is None:
+        if len(_TERMS) >= _TERMS_MAX:
+            _TERMS.clear()
+        terms = _TERMS[key] = _layer_terms_of(plan)
+    return terms
+
+
+_layer_terms.cache_clear = _TERMS.clear   # as functools' caches answer (tests clear them all)
+
+
+def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, float, float]:
+    """``_layer_terms`` computed."""
     m, par, tr = plan.model, plan.parallel, plan.training
     b, s = tr.micro_batch, m.seq_len // par.cp
     sp = par.tp if par.sequence_parallel else 1
