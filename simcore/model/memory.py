@@ -302,13 +302,14 @@ def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple
     row_of, grads_live = _row_maker(plan, params)
     shapes = acts.rank_shapes(plan, stages)
     totals, host, p, start = [0.0] * len(shapes), 0.0, len(shapes), 0
+    done: dict[int, tuple[float, ...]] = {}   # the rows computed whole, by rank
     for end in range(1, p + 1):   # runs of ranks of one kind
         if end < p and params[end] is params[start] and shapes[end][1:] == shapes[start][1:]:
             continue
         members, start = range(start, end), end
         ends = (members[0], members[-1]) if grads_live and len(members) > 2 else members   # else every rank
         for r in ends:
-            row = row_of(params[r], shapes[r])[0]
+            row = done[r] = row_of(params[r], shapes[r])[0]
             totals[r], host = row[ROW_TOTAL], max(host, row[ROW_HOST])
         (a, ca), (b, cb) = (ends[0], shapes[ends[0]][0]), (ends[-1], shapes[ends[-1]][0])
         if len(members) > len(ends):
@@ -316,7 +317,7 @@ def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple
             for r in members[1:-1]:
                 totals[r] = totals[a] + (shapes[r][0] - ca) * slope
     worst = totals.index(max(totals))
-    row = row_of(params[worst], shapes[worst])[0]
+    row = done.get(worst) or row_of(params[worst], shapes[worst])[0]
     totals[worst] = row[ROW_TOTAL]
     return tuple(totals), row, host
 

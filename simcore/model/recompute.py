@@ -29,6 +29,7 @@ layer rebuilds) and in time (the forward ops re-run before the backward):
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -104,6 +105,7 @@ def recompute_flops_per_layer(m: ModelSpec, tokens: float, s: int, recompute: Re
     return 0.0
 
 
+@functools.lru_cache(maxsize=1024)
 def hardware_flops_per_step(m: ModelSpec, tr: TrainingSpec, layers_per_chunk: tuple[int, ...]) -> float:
     """Model FLOPs plus what the policy re-runs over all chunks of the model."""
     tokens = tr.global_batch * m.seq_len
