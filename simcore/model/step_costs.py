@@ -300,7 +300,8 @@ def step_costs(plan: Plan) -> StepCosts:
     fsdp = dpm.fsdp_calls(plan, nv)
     mbs = plan.num_microbatches
     gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
-               [n * dpc["layer_ag"] * f[1] / mbs for n, f in zip(stages, fsdp)])
+               [n * dpc["layer_ag"] * f[1] / mbs for n, f in zip(stages, fsdp)]) if dpc["layer_ag"] else \
+        ([0.0] * nv, [0.0] * nv)   # no FSDP2 gathers
     if dpc["ag_exposed"] > 0:   # DeepSpeed ZeRO-3: what its prefetch bucket cannot fetch ahead blocks
         e = dpc["ag_exposed"]
         fcomm = [x + e * g for x, g in zip(fcomm, gathers[0])]
@@ -309,7 +310,9 @@ def step_costs(plan: Plan) -> StepCosts:
     ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1
     grad, sync, opt, off = _per_step_costs(plan, dev, rank_costs, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
                                            ddp, host_terms, fsdp)
-    buckets = [max(1, n) if f[2] else dpc["buckets"] for n, f in zip(stages, fsdp)]   # FSDP2: one per block
+    per_block = any(f[2] for f in fsdp)
+    buckets = [max(1, n) if f[2] else dpc["buckets"] for n, f in zip(stages, fsdp)] if per_block else \
+        [dpc["buckets"]] * nv   # FSDP2: one per block
     totals, worst, host = mem.rank_totals(plan, stages, params)
     detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
               "ep_comm_per_layer_s": lc["ep_f"] + lc["ep_b"], "fsdp_layer_all_gather_s": dpc["layer_ag"],
@@ -323,7 +326,7 @@ def step_costs(plan: Plan) -> StepCosts:
         p2p_post_s=dev.p2p_post_s if host_p2p else 0.0,
         grad_sync_holds_send=ddp and par.pp > 1 and plan.cluster.node.gpu.calibrated,
         grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple(buckets),
-        grad_reduce_per_microbatch=mem.sharded_gradients(plan) and any(f[2] for f in fsdp),
+        grad_reduce_per_microbatch=mem.sharded_gradients(plan) and per_block,
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
         model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
         hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
