@@ -48,12 +48,12 @@ def _fused_posts(c: StepCosts, r: int) -> tuple[float, float]:
     return posts / m, saved / m
 
 
-def _by_rank(x: tuple[float, ...], p: int) -> list[float]:
-    """Per pipeline rank, the sum of its virtual stages' values of ``x``."""
-    return list(x) if len(x) == p else [sum(x[r::p]) for r in range(p)]
+def _by_rank(x: tuple[float, ...], p: int) -> tuple[float, ...] | list[float]:
+    """Per pipeline rank, the sum of its virtual stages' values of ``x`` (read only)."""
+    return x if len(x) == p else [sum(x[r::p]) for r in range(p)]
 
 
-def _rank_sums(c: StepCosts) -> dict[str, list[float]]:
+def _rank_sums(c: StepCosts) -> dict[str, list[float] | tuple[float, ...]]:
     """Per pipeline rank, per micro-batch (a list per part): compute, blocking comm (with FSDP
     exposure and PP sends), weight-gradient time, the CPU host's receive waits (idle), summed
     over the rank's virtual stages."""
@@ -85,14 +85,14 @@ def _fsdp_exposed(c: StepCosts, lost: float) -> list[float]:
     """FSDP2 per virtual stage and micro-batch: prefetched gathers hide behind the layer
     compute, the first one cannot; the hidden part slows the compute it hides behind."""
     m, out = c.plan.num_microbatches, []
-    for v in range(c.stages):
-        fg, bg = c.forward_gather_s[v], c.backward_gather_s[v]
-        rs = c.grad_reduce_per_step_s[v] / m if c.grad_reduce_per_microbatch else 0.0
+    rs_all = [g / m for g in c.grad_reduce_per_step_s] if c.grad_reduce_per_microbatch else [0.0] * c.stages
+    for fg, bg, rs, f, bi, bw, rec, layers in zip(c.forward_gather_s, c.backward_gather_s, rs_all, c.forward_s,
+                                                   c.backward_input_s, c.backward_weight_s, c.recompute_s, c.layers):
         comm = 0.0
         if fg + bg + rs > 0:
-            n, bwd = max(1, c.layers[v]), c.backward_s(v) + c.recompute_s[v]
-            comm = max(0.0, fg - c.forward_s[v]) + max(0.0, bg + rs - bwd) + fg / n
-            comm += lost * (min(fg, c.forward_s[v]) + min(bg + rs, bwd))
+            bwd = bi + bw + rec   # the backward (``StepCosts.backward_s``) and its recompute
+            comm = max(0.0, fg - f) + max(0.0, bg + rs - bwd) + fg / max(1, layers)
+            comm += lost * (min(fg, f) + min(bg + rs, bwd))
         out.append(comm)
     return out
 
