@@ -7,9 +7,10 @@ recompute) layout that passes the Plan checks is derived with dataclasses.replac
 simcore/planner/search.py does, and simulated with ``simulate(plan)``; caches start cold.
 
 On the 2-core host (2026-11-24, 3 runs each, same hour): 3,404-3,461 plans/s before the
-issue-29 work, 4,662-4,692 after it (the memory model's per-rank loop, the recompute and
-stage-parameter look-ups): the 10,000 target is not met yet; tests/engine/test_analytic_golden.py
-holds the predictions.
+issue-29 work, 4,662-4,692 after its first round (the memory model's per-rank loop, the recompute
+and stage-parameter look-ups), 7,464-7,608 after its second (main 4,516-4,599 in the same
+minutes; per-kind memory totals, columns instead of per-rank dicts): the 10,000 target is not
+met yet; tests/engine/test_analytic_golden.py holds the predictions.
 """
 from __future__ import annotations
 
