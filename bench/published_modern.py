@@ -112,6 +112,16 @@ def _model(row: pd.Series) -> dict:
             "tied_embeddings": not (llama2 or "untied" in notes), "position_embedding": "rope"}
 
 
+def _triton_attention(row: pd.Series) -> bool:
+    """llm-foundry runs whose MPT config chose the Triton FlashAttention (``attn_impl:
+    triton``): every 2023 H100 table (the pretrain yamls of that time, e.g. llm-foundry
+    scripts/train/yamls/pretrain/mpt-3b.yaml @34c28fc9, ``attn_config: attn_impl: triton``),
+    and 13B / 30B in the 2024 large-scale sweep (sweep.py, SOURCES.md)."""
+    if row.source in LLMFOUNDRY[1:]:
+        return True
+    return row.source == LLMFOUNDRY[0] and any(k in str(row.model).lower() for k in ("13b", "30b"))
+
+
 def _num(x, default=None):
     return default if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
@@ -152,6 +162,8 @@ def base_doc(row: pd.Series) -> dict:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
     if src in TORCHAO:
         training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
+    if _triton_attention(row):
+        training["attention_kernel"] = "triton"
     return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,
             "parallel": parallel, "training": training}
 

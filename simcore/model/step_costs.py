@@ -260,7 +260,8 @@ def step_costs(plan: Plan) -> StepCosts:
     """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
     _check_device(plan)
     m, par, tr = plan.model, plan.parallel, plan.training
-    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value)
+    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
+                           attention_kernel=tr.attention_kernel.value)
     b, s = tr.micro_batch, m.seq_len // par.cp
     f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
                                        tr.flash_attention, tr.recompute, dev, par.cp_comm.value,

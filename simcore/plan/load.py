@@ -19,7 +19,7 @@ import yaml
 from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
-    ClusterSpec, CpComm, Fp8Recipe, GradCompression, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
+    AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, GradCompression, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
     PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, TrainingSpec, ZeroImpl, ZeroStage,
 )
 from topologies.components import CatalogError
@@ -228,6 +228,7 @@ def _training(value) -> TrainingSpec:
         micro_batch=_int(doc, "micro_batch", w, 1),
         precision=Precision.parse(doc.get("precision", "bf16"), "training.precision"),
         fp8_recipe=Fp8Recipe.parse(doc.get("fp8_recipe", "delayed"), "training.fp8_recipe"),
+        attention_kernel=AttentionKernel.parse(doc.get("attention_kernel", "auto"), "training.attention_kernel"),
         **_recompute(doc.get("recompute", "none")),
         offload=Offload.parse(doc.get("offload", "none"), "training.offload"),
         flash_attention=_bool(doc, "flash_attention", w, False),
@@ -360,7 +361,8 @@ def plan_to_dict(plan: Plan) -> dict:
     training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
-    for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True)):
+    for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True),
+                         ("attention_kernel", AttentionKernel.AUTO.value)):
         if training[key] == default:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

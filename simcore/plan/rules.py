@@ -3,7 +3,7 @@ broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
 from simcore.plan.spec import (
-    CpComm, Fp8Recipe, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
+    AttentionKernel, CpComm, Fp8Recipe, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
 )
 
 
@@ -47,8 +47,6 @@ def check_plan(plan: Plan) -> None:
         (par.zero_impl == ZeroImpl.FSDP2 or par.pp == 1 or par.zero <= ZeroStage.OPTIMIZER_STATES,
          f"parallel.zero_impl=deepspeed with parallel.pp={par.pp} needs parallel.zero 0 or 1 "
          "(DeepSpeed's pipeline engine runs ZeRO-1 at most)"),
-        (tr.fp8_recipe == Fp8Recipe.DELAYED or tr.precision == Precision.FP8,
-         f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
         (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),
         (par.ep == 1 or m.experts % par.ep == 0,
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
@@ -63,15 +61,7 @@ def check_plan(plan: Plan) -> None:
         (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or plan.num_microbatches % par.pp == 0,
          f"the interleaved schedule needs the micro-batches per step ({plan.num_microbatches}) "
          f"to be a multiple of parallel.pp={par.pp}"),
-        (tr.offload != Offload.OPTIMIZER_PARAMS or par.zero == ZeroStage.WEIGHTS,
-         "training.offload=optimizer+params needs parallel.zero=3 (FSDP2 offloads sharded parameters)"),
-        (tr.recompute not in (Recompute.FULL, Recompute.LAYER) or tr.recompute_layers <= m.layers,
-         f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
-        (tr.master_weights or tr.precision.value in ("bf16", "fp16"),
-         f"training.master_weights=false needs a 16-bit training.precision, not {tr.precision.value}"),
-        (tr.grad_compression == GradCompression.NONE or par.zero == ZeroStage.NONE,
-         f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0 "
-         "(it is a DDP communication hook)"),
+        *_training_rules(plan),
     ]
     for ok, message in rules:
         if not ok:
@@ -87,6 +77,26 @@ def check_plan(plan: Plan) -> None:
     if gpu.name != "uncalibrated-host" and gpu.peak(tr.precision.value) is None:
         raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name} "
                         f"(its catalog entry has no dense_tflops.{tr.precision.value} peak)")
+
+
+def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """The rules of the ``training`` section's choices against the rest of the Plan."""
+    par, tr, m = plan.parallel, plan.training, plan.model
+    return [
+        (tr.attention_kernel == AttentionKernel.AUTO or tr.flash_attention,
+         f"training.attention_kernel={tr.attention_kernel.value} needs training.flash_attention=true"),
+        (tr.fp8_recipe == Fp8Recipe.DELAYED or tr.precision == Precision.FP8,
+         f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
+        (tr.offload != Offload.OPTIMIZER_PARAMS or par.zero == ZeroStage.WEIGHTS,
+         "training.offload=optimizer+params needs parallel.zero=3 (FSDP2 offloads sharded parameters)"),
+        (tr.recompute not in (Recompute.FULL, Recompute.LAYER) or tr.recompute_layers <= m.layers,
+         f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
+        (tr.master_weights or tr.precision.value in ("bf16", "fp16"),
+         f"training.master_weights=false needs a 16-bit training.precision, not {tr.precision.value}"),
+        (tr.grad_compression == GradCompression.NONE or par.zero == ZeroStage.NONE,
+         f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0 "
+         "(it is a DDP communication hook)"),
+    ]
 
 
 def _domain_rules(plan: Plan) -> list[tuple[bool, str]]:

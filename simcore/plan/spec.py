@@ -88,6 +88,17 @@ class Fp8Recipe(_Choice):
     ROWWISE = "rowwise"
 
 
+class AttentionKernel(_Choice):
+    """The flash-attention kernel the stack runs (with ``flash_attention: true``): ``auto``
+    is the GPU's catalog attention entry (FlashAttention-2 class, or the cuDNN/TE fused kernel
+    of that generation); ``flash3`` FlashAttention-3 (Hopper); ``triton`` the 2022 Triton
+    port of FlashAttention that llm-foundry's MPT configs ran (``attn_impl: triton``)."""
+
+    AUTO = "auto"
+    FLASH3 = "flash3"
+    TRITON = "triton"
+
+
 class Recompute(_Choice):
     """What activation recomputation re-runs (``simcore.model.recompute`` charges each)."""
 
@@ -291,6 +302,8 @@ class TrainingSpec:
     recompute_method: RecomputeMethod = RecomputeMethod.UNIFORM
     offload: Offload = Offload.NONE
     flash_attention: bool = False
+    attention_kernel: AttentionKernel = AttentionKernel.AUTO
+    """With ``flash_attention``: which kernel (its efficiency is catalog data per GPU)."""
     optimizer: Optimizer = Optimizer.ADAMW
     grad_compression: GradCompression = GradCompression.NONE
     master_weights: bool = True
