@@ -14,11 +14,9 @@ Sources:
   Large Transformer Models", MLSys 2023 (arXiv 2205.05198), Sec. 4: per layer
   s*b*h*(34 + 5*a*s/h) bytes in 16-bit training, s*b*h*(10 + 24/t + 5*a*s/(h*t)) with
   tensor parallel, s*b*h/t*(34 + 5*a*s/h) with tensor + sequence parallel, the 5*a*s/h
-  term dropped by selective recomputation (and by flash attention, which never stores
-  the s x s scores), and 2*s*b*h (/t with SP) with full recomputation.
-
-All sizes are for ONE micro-batch on ONE GPU: ``b`` sequences of ``s`` tokens (``s`` is
-the sequence per context-parallel rank), matrices split over ``tp`` ranks.
+  term dropped by selective recomputation and by flash attention, 2*s*b*h (/t with SP)
+  with full recomputation.
+All sizes: ONE micro-batch on ONE GPU, ``b`` sequences of ``s`` tokens (per cp rank), /tp.
 """
 from __future__ import annotations
 
@@ -84,6 +82,16 @@ def quantized_bytes(fmt: str) -> float:
     """Bytes per element of one quantized copy of a tensor in ``fmt``, its block scales included."""
     element, block, scale = LOW_PRECISION_FORMATS[fmt]
     return element + (scale / block if block else 0.0)
+
+
+def saved_gemm_input_bytes(precision: str, fp8_recipe: str) -> float:
+    """Bytes an element of a linear layer's input kept for its weight gradient: the quantized
+    copy under Transformer Engine's recipes (module/linear.py, layernorm_mlp.py save ``inputmat``
+    / ``ln_out`` / ``act_out`` quantized: FP8 delayed and current, MXFP8, NVFP4); 16-bit under
+    torchao's float8 (tensorwise, rowwise: float8_linear.py casts the saved input again)."""
+    if precision not in LOW_PRECISION_FORMATS or fp8_recipe in ("tensorwise", "rowwise"):
+        return ACT_BYTES
+    return quantized_bytes(precision)
 
 
 def cast_passes(fmt: str, dynamic: bool) -> float:
@@ -293,7 +301,8 @@ def megatron_flops_per_step(m: ModelSpec, global_batch: int) -> float:
 # --------------------------------------------------------------------------- activations
 
 def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False,
-                               recompute: Recompute = Recompute.NONE, flash: bool = False) -> float:
+                               recompute: Recompute = Recompute.NONE, flash: bool = False,
+                               gemm_input: float = ACT_BYTES) -> float:
     """Bytes one layer keeps for the backward of one micro-batch (Korthikanti et al. Sec. 4.1).
 
     Generalised term by term: attention keeps its input (2sbh), Q (2sbh), K and V
@@ -302,18 +311,20 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     output; the MLP keeps its input (2sbh), the activation input and output (2sbf each,
     three such with a gated MLP) and a mask (sbh); the two LayerNorms 4sbh. With
     ``s`` = 2048, MHA, f = 4h this is sbh(34 + 5as/h). Tensor parallel splits all but the
-    10sbh of layer inputs, masks and norms; sequence parallel splits those too.
+    10sbh of layer inputs, masks and norms; sequence parallel splits those too. The inputs
+    the linear layers keep for their weight gradients (QKV, projection, FC1, FC2) take
+    ``gemm_input`` bytes an element (``saved_gemm_input_bytes``: quantized under TE's FP8).
     """
     h, f, sb = m.hidden, m.ffn_hidden, s * b
     if recompute == Recompute.FULL:  # only the layer input (Korthikanti et al. Sec. 5)
         return ACT_BYTES * sb * h / (tp if sequence_parallel else 1)
-    replicated = 10 * sb * h                                # LN inputs, block inputs, dropout masks
+    replicated = (6 + 2 * gemm_input) * sb * h              # LN inputs, QKV and FC1 inputs, dropout masks
     attn_split = ACT_BYTES * sb * (q_width(m) + 2 * kv_width(m))     # Q, K, V
-    attn_split += ACT_BYTES * sb * attention_out_width(m)             # projection input
-    mlp_acts = (3 if m.gated_mlp else 2) * ACT_BYTES * sb * f
+    attn_split += gemm_input * sb * attention_out_width(m)            # projection input
+    mlp_acts = ((2 if m.gated_mlp else 1) * ACT_BYTES + gemm_input) * sb * f   # FC1 outputs, FC2 input
     if m.moe:
         mlp_acts *= m.top_k * m.capacity_factor
-        mlp_acts += (3 if m.gated_mlp else 2) * ACT_BYTES * sb * m.shared_ffn_hidden
+        mlp_acts += ((2 if m.gated_mlp else 1) * ACT_BYTES + gemm_input) * sb * m.shared_ffn_hidden
     split = attn_split + mlp_acts
     if flash:
         split += 4 * b * m.heads * s                         # fp32 log-sum-exp per query and head
