@@ -51,10 +51,6 @@ def skip_reason(row: pd.Series) -> str | None:
     model = notes[notes.rfind("Model:"):]
     if "sliding-window" in model:
         return "sliding-window attention and attention sinks (GPT-OSS) have no ModelSpec field"
-    ep = int(_flag(notes, r"EP (\d+)") or 1)
-    if ep > 1 and (int(_num(row.dp, 1)) * int(_num(row.cp, 1))) % ep:
-        return (f"EP {ep} spans tensor-parallel ranks (Megatron-Core's MoE parallel folding, expert TP 1); "
-                "the Plan carves ep out of dp x cp only")
     if re.search(r"first layer dense", model) and not re.search(r"first \d+ layers? dense \(ffn", model):
         return "the dense layers' MLP width is not in the notes (Kimi K2)"
     if "cpu_offloading_num_layers" in str(row.notes):
@@ -153,7 +149,8 @@ def base_doc(row: pd.Series) -> dict:
         cluster["nvlink_domain_gpus"] = NVL72_JOB_GPUS_PER_RACK
     vpp = int(_num(row.vpp_interleave, 1))
     ep = int(_flag(str(row.notes), r"EP (\d+)") or 1)   # "Published: ... EP n" (carved out of dp x cp)
-    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep,
+    folded = ep > 1 and (dp * cp) % ep != 0   # EP across TP ranks: Megatron-Core's MoE parallel folding
+    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep, **({"expert_tp": 1} if folded else {}),
                 "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
                 "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),

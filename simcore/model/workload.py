@@ -156,23 +156,23 @@ def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bo
     ]
 
 
-def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int) -> list[Op]:
-    """The dense MLP, or the router and the experts of an MoE layer."""
-    h, f, tokens = m.hidden, m.ffn_hidden // tp, b * s
+def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int, etp: int = 0) -> list[Op]:
+    """The dense MLP, or the router and the experts of an MoE layer (experts split over
+    ``etp`` ranks, default ``tp``: a rank runs etp/tp of the micro-batch's token copies at
+    1/etp of the experts' width, the same FLOPs in larger GEMMs)."""
+    etp = etp or tp
+    h, f, tokens = m.hidden, m.ffn_hidden // (tp if not m.moe else etp), b * s
     if not m.moe:
         first = _gemm("mlp_in", tokens, f * (mlp_matrices(m) - 1), h)
         return [first, _eltwise("activation", tokens * f, 3 if m.gated_mlp else 2),
                 _gemm("mlp_out", tokens, h, f)]
-    routed = tokens * m.top_k * m.capacity_factor      # token copies this rank computes
+    routed = tokens * m.top_k * m.capacity_factor * etp / tp   # token copies this rank computes
     local_experts = max(1, m.experts // ep)
     per_expert = routed / local_experts
-    # Routing and the token permutations around the experts, as Megatron-Core's MoE layer
-    # runs them with Transformer Engine's fused kernels (megatron/core/transformer/moe/
-    # moe_utils.py topk_softmax_with_capacity, permute, unpermute -> TE moe_permute /
-    # moe_unpermute, transformer_engine/pytorch/permutation.py): the top-k of the router's
-    # scores (read the logits, write probabilities and routing map), the gather of every
-    # token copy into expert order (read the tokens, write the copies) and the weighted
-    # scatter back (read the copies, write the tokens).
+    # Routing and the permutations around the experts as Megatron-Core runs them through
+    # TE's fused kernels (moe/moe_utils.py topk_softmax_with_capacity, permute, unpermute ->
+    # TE moe_permute / moe_unpermute): the router's top-k (read logits, write probabilities
+    # and map), the gather of token copies into expert order and the weighted scatter back.
     ops = [
         _gemm("router", tokens, m.experts, h),
         _eltwise("router_topk", tokens * m.experts, 2),
@@ -201,7 +201,7 @@ def attention_chunk(s: int, cp: int, cp_comm: str = "p2p") -> int:
 
 
 def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1, ep: int = 1,
-                      sequence_parallel: bool = False, flash: bool = False, chunk: int = 0) -> list[Op]:
+                      sequence_parallel: bool = False, flash: bool = False, chunk: int = 0, etp: int = 0) -> list[Op]:
     """Every kernel of one layer's forward for one micro-batch on one GPU (attention
     kernels of ``chunk`` query tokens, default ``attention_chunk(s, cp)``).
 
@@ -219,7 +219,7 @@ def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1,
         _gemm("attn_proj", tokens, h, attention_out_width(m) // tp),
         _eltwise("dropout_add_1", norm_tokens * h, 3.5),
         _eltwise("layernorm_2", norm_tokens * h, 2),
-        *mlp_ops(m, b, s, tp, ep),
+        *mlp_ops(m, b, s, tp, ep, etp),
         _eltwise("dropout_add_2", norm_tokens * h, 3.5),
     ]
     return ops

@@ -208,7 +208,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         raise PlanError(f"parallel.zero={zero} is not one of: 0, 1, 2, 3")
     return ParallelSpec(
         tp=tp, pp=pp, dp=_int({"dp": dp}, "dp", w), cp=cp,
-        ep=_int(doc, "ep", w, 1), vpp=_int(doc, "vpp", w, 1),
+        ep=_int(doc, "ep", w, 1), expert_tp=_int(doc, "expert_tp", w, 0, minimum=0), vpp=_int(doc, "vpp", w, 1),
         stage_layers=stage_layers,
         zero=ZeroStage(zero),
         zero_impl=ZeroImpl.parse(doc.get("zero_impl", "fsdp2"), "parallel.zero_impl"),
@@ -348,6 +348,8 @@ def plan_to_dict(plan: Plan) -> dict:
     }
     if par.stage_layers is not None:
         parallel["stage_layers"] = list(par.stage_layers)
+    if par.expert_tp:
+        parallel["expert_tp"] = par.expert_tp
     cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,
                "gpus_per_node": plan.cluster.gpus_per_node, "storage": plan.cluster.storage.name}
     if plan.cluster.node.nics_per_node:

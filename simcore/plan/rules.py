@@ -50,8 +50,9 @@ def check_plan(plan: Plan) -> None:
         (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),
         (par.ep == 1 or m.experts % par.ep == 0,
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
-        (par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
+        (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
+        *_expert_tp_rules(plan),
         (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE),
          f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
          f"not {par.schedule.value}"),
@@ -77,6 +78,23 @@ def check_plan(plan: Plan) -> None:
     if gpu.name != "uncalibrated-host" and gpu.peak(tr.precision.value) is None:
         raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name} "
                         f"(its catalog entry has no dense_tflops.{tr.precision.value} peak)")
+
+
+def _expert_tp_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """``parallel.expert_tp`` (MoE parallel folding): an MoE model, a divisor of tp, the
+    expert grid ep x expert_tp inside tp x cp x dp, and sequence parallel under TP."""
+    par, m = plan.parallel, plan.model
+    if not par.expert_tp or par.expert_tp == par.tp:
+        return []
+    return [
+        (m.experts > 0, f"parallel.expert_tp={par.expert_tp} needs an MoE model (model.experts > 0)"),
+        (par.tp % par.expert_tp == 0, f"parallel.expert_tp={par.expert_tp} must divide parallel.tp={par.tp}"),
+        ((par.tp * par.cp * par.dp) % (par.ep * par.expert_tp) == 0,
+         f"parallel.ep*expert_tp={par.ep * par.expert_tp} must divide parallel.tp*cp*dp="
+         f"{par.tp * par.cp * par.dp} (the folded expert grid)"),
+        (par.sequence_parallel, f"parallel.expert_tp={par.expert_tp} below parallel.tp={par.tp} needs "
+                                "parallel.sequence_parallel (Megatron-Core's MoE under TP)"),
+    ]
 
 
 def _training_rules(plan: Plan) -> list[tuple[bool, str]]:

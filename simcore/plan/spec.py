@@ -266,6 +266,11 @@ class ParallelSpec:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    expert_tp: int = 0
+    """Tensor parallel of the MoE experts (Megatron-Core ``--expert-tensor-parallel-size``);
+    0: the same as ``tp``. With it below ``tp``, the expert grid is folded over the dense
+    one (Liu et al. 2025, MoE Parallel Folding, arXiv 2504.14960): ep * expert_tp ranks
+    out of tp * cp * dp, the ep group running across TP ranks."""
     vpp: int = 1
     """Virtual stages (model chunks) per pipeline rank, for the interleaved schedule."""
     stage_layers: tuple[int, ...] | None = None
@@ -282,6 +287,11 @@ class ParallelSpec:
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def etp(self) -> int:
+        """The experts' tensor-parallel size (``expert_tp``, or ``tp``)."""
+        return self.expert_tp or self.tp
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
