@@ -55,12 +55,22 @@ def skip_reason(row: pd.Series) -> str | None:
         return "the dense layers' MLP width is not in the notes (Kimi K2)"
     if "cpu_offloading_num_layers" in str(row.notes):
         return "activation offload of N layers has no Plan field"
-    stages = int(_num(row.pp, 1)) * int(_num(row.vpp_interleave, 1))
-    if stages > int(row.layers):
-        return (f"pp x vpp = {stages} virtual stages for {int(row.layers)} layers: Megatron's "
-                "account_for_embedding/loss_in_pipeline_split gives the embedding and the loss stages of "
-                "their own, with no transformer layer (a Plan stage holds at least one)")
     return None
+
+
+def _ends_split(row: pd.Series) -> list[int] | None:
+    """Megatron's ``account_for_embedding_in_pipeline_split`` and ``..._loss_...`` (the
+    recipe sets both where the notes say so): the embedding and the loss count as one layer
+    each in the split, so the first and the last virtual stage hold one transformer layer
+    fewer (none, where each stage holds one)."""
+    if "account_for_embedding_in_pipeline_split" not in str(row.notes):
+        return None
+    stages = int(_num(row.pp, 1)) * int(_num(row.vpp_interleave, 1))
+    units = int(row.layers) + 2
+    if stages == 1 or units % stages:
+        return None
+    per = units // stages
+    return [per - 1] + [per] * (stages - 2) + [per - 1]
 
 
 def _flag(notes: str, pattern: str) -> str | None:
@@ -153,6 +163,8 @@ def base_doc(row: pd.Series) -> dict:
     parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep, **({"expert_tp": 1} if folded else {}),
                 "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
                 "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
+    if _ends_split(row):
+        parallel["stage_layers"] = _ends_split(row)
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
                 "recompute": str(_num(row.recompute, "none")), "flash_attention": True, **_precision(row)}
     if src in TORCHAO or src == AUTOMODEL:

@@ -202,7 +202,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
     if stage_layers is not None:
         if not isinstance(stage_layers, list) or not stage_layers:
             raise PlanError("parallel.stage_layers must be a non-empty list of layer counts")
-        stage_layers = tuple(_int({"v": v}, "v", "parallel.stage_layers[]") for v in stage_layers)
+        stage_layers = tuple(_int({"v": v}, "v", "parallel.stage_layers[]", minimum=0) for v in stage_layers)
     zero = _int(doc, "zero", w, 0, minimum=0)
     if zero > 3:
         raise PlanError(f"parallel.zero={zero} is not one of: 0, 1, 2, 3")

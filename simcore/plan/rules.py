@@ -57,7 +57,7 @@ def check_plan(plan: Plan) -> None:
          f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
          f"not {par.schedule.value}"),
         (par.vpp == 1 or par.pp > 1, "parallel.vpp > 1 needs parallel.pp > 1"),
-        (m.layers >= par.pp * par.vpp,
+        (par.stage_layers is not None or m.layers >= par.pp * par.vpp,
          f"model.layers={m.layers} gives fewer than one layer per virtual stage (pp*vpp={par.pp * par.vpp})"),
         (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or plan.num_microbatches % par.pp == 0,
          f"the interleaved schedule needs the micro-batches per step ({plan.num_microbatches}) "
@@ -71,6 +71,9 @@ def check_plan(plan: Plan) -> None:
         stages = par.pp * par.vpp
         if len(par.stage_layers) != stages:
             raise PlanError(f"parallel.stage_layers has {len(par.stage_layers)} entries but pp*vpp={stages}")
+        if 0 in par.stage_layers[1:-1] or (len(par.stage_layers) == 1 and par.stage_layers[0] == 0):
+            raise PlanError("parallel.stage_layers may be 0 only on the first and the last virtual stage (the "
+                            "embedding or the loss alone: Megatron's account_for_embedding/loss_in_pipeline_split)")
         if sum(par.stage_layers) != m.layers:
             raise PlanError(f"parallel.stage_layers adds up to {sum(par.stage_layers)}, "
                             f"not model.layers={m.layers}")
