@@ -51,20 +51,26 @@ def skip_reason(row: pd.Series) -> str | None:
     model = notes[notes.rfind("Model:"):]
     if "sliding-window" in model:
         return "sliding-window attention and attention sinks (GPT-OSS) have no ModelSpec field"
-    ep = int(_flag(notes, r"EP (\d+)") or 1)
-    if ep > 1 and (int(_num(row.dp, 1)) * int(_num(row.cp, 1))) % ep:
-        return (f"EP {ep} spans tensor-parallel ranks (Megatron-Core's MoE parallel folding, expert TP 1); "
-                "the Plan carves ep out of dp x cp only")
     if re.search(r"first layer dense", model) and not re.search(r"first \d+ layers? dense \(ffn", model):
         return "the dense layers' MLP width is not in the notes (Kimi K2)"
     if "cpu_offloading_num_layers" in str(row.notes):
         return "activation offload of N layers has no Plan field"
-    stages = int(_num(row.pp, 1)) * int(_num(row.vpp_interleave, 1))
-    if stages > int(row.layers):
-        return (f"pp x vpp = {stages} virtual stages for {int(row.layers)} layers: Megatron's "
-                "account_for_embedding/loss_in_pipeline_split gives the embedding and the loss stages of "
-                "their own, with no transformer layer (a Plan stage holds at least one)")
     return None
+
+
+def _ends_split(row: pd.Series) -> list[int] | None:
+    """Megatron's ``account_for_embedding_in_pipeline_split`` and ``..._loss_...`` (the
+    recipe sets both where the notes say so): the embedding and the loss count as one layer
+    each in the split, so the first and the last virtual stage hold one transformer layer
+    fewer (none, where each stage holds one)."""
+    if "account_for_embedding_in_pipeline_split" not in str(row.notes):
+        return None
+    stages = int(_num(row.pp, 1)) * int(_num(row.vpp_interleave, 1))
+    units = int(row.layers) + 2
+    if stages == 1 or units % stages:
+        return None
+    per = units // stages
+    return [per - 1] + [per] * (stages - 2) + [per - 1]
 
 
 def _flag(notes: str, pattern: str) -> str | None:
@@ -112,6 +118,16 @@ def _model(row: pd.Series) -> dict:
             "tied_embeddings": not (llama2 or "untied" in notes), "position_embedding": "rope"}
 
 
+def _triton_attention(row: pd.Series) -> bool:
+    """llm-foundry runs whose MPT config chose the Triton FlashAttention (``attn_impl:
+    triton``): every 2023 H100 table (the pretrain yamls of that time, e.g. llm-foundry
+    scripts/train/yamls/pretrain/mpt-3b.yaml @34c28fc9, ``attn_config: attn_impl: triton``),
+    and 13B / 30B in the 2024 large-scale sweep (sweep.py, SOURCES.md)."""
+    if row.source in LLMFOUNDRY[1:]:
+        return True
+    return row.source == LLMFOUNDRY[0] and any(k in str(row.model).lower() for k in ("13b", "30b"))
+
+
 def _num(x, default=None):
     return default if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
@@ -143,15 +159,20 @@ def base_doc(row: pd.Series) -> dict:
         cluster["nvlink_domain_gpus"] = NVL72_JOB_GPUS_PER_RACK
     vpp = int(_num(row.vpp_interleave, 1))
     ep = int(_flag(str(row.notes), r"EP (\d+)") or 1)   # "Published: ... EP n" (carved out of dp x cp)
-    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep,
+    folded = ep > 1 and (dp * cp) % ep != 0   # EP across TP ranks: Megatron-Core's MoE parallel folding
+    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep, **({"expert_tp": 1} if folded else {}),
                 "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
                 "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
+    if _ends_split(row):
+        parallel["stage_layers"] = _ends_split(row)
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
                 "recompute": str(_num(row.recompute, "none")), "flash_attention": True, **_precision(row)}
     if src in TORCHAO or src == AUTOMODEL:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
     if src in TORCHAO:
         training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
+    if _triton_attention(row):
+        training["attention_kernel"] = "triton"
     return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,
             "parallel": parallel, "training": training}
 

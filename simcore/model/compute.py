@@ -184,9 +184,23 @@ def _entry(gpu: GPU, catalog_root=None) -> dict:
     return eff[gpu.name]
 
 
+def _attention(entry: dict, gpu: GPU, kernel: str) -> dict:
+    """The (forward, backward) fractions of ``kernel`` on ``gpu``: the entry's own for
+    ``auto``, else its ``attention.kernels`` entry (refused where the catalog has none)."""
+    if kernel == "auto":
+        return entry["attention"]
+    kernels = entry["attention"].get("kernels", {})
+    if kernel not in kernels:
+        raise PlanError(f"training.attention_kernel={kernel} has no efficiency for {gpu.name} "
+                        f"(efficiency.yaml lists {', '.join(sorted(kernels)) or 'none'} besides auto)")
+    return kernels[kernel]
+
+
 @functools.lru_cache(maxsize=64)
-def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = "delayed") -> DeviceModel:
-    """The GPU's datasheet figures joined with its efficiency entry (cached per GPU)."""
+def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = "delayed",
+                 attention_kernel: str = "auto") -> DeviceModel:
+    """The GPU's datasheet figures joined with its efficiency entry (cached per GPU); the
+    attention fractions of ``attention_kernel`` where it is not the entry's own (``auto``)."""
     if gpu.name == "uncalibrated-host":
         raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
     peak = gpu.peak(precision)
@@ -204,8 +218,8 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         hbm_bytes_per_s=gpu.hbm_bytes_per_s,
         matmul=EfficiencyCurve(points=tuple((float(s), float(v)) for s, v in e["matmul"]["points"]),
                                source=e["matmul"].get("source", "")),
-        attention_forward=float(e["attention"]["forward"]),
-        attention_backward=float(e["attention"]["backward"]),
+        attention_forward=float(_attention(e, gpu, attention_kernel)["forward"]),
+        attention_backward=float(_attention(e, gpu, attention_kernel)["backward"]),
         memory_efficiency=float(e["memory_bound"]["efficiency"]),
         kernel_overhead_s=float(e.get("kernel_overhead_us", 0.0)) * 1e-6,
         host_overhead_s=float(e.get("host_overhead_us", 0.0)) * 1e-6,

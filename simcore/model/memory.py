@@ -75,7 +75,7 @@ def layer_params_per_gpu(plan: Plan) -> tuple[float, float]:
     if m.moe:  # the router and the shared experts (TP-split like a dense MLP) are on every EP rank
         router = m.hidden * m.experts
         experts = pc.mlp - router - pc.shared
-        return (pc.attention + pc.shared) / par.tp + pc.norms + router, experts / (par.ep * par.tp)
+        return (pc.attention + pc.shared) / par.tp + pc.norms + router, experts / (par.ep * par.etp)
     return (pc.attention + pc.mlp) / par.tp + pc.norms, 0.0
 
 
@@ -221,7 +221,7 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     if not tr.master_weights:   # pure 16-bit: no fp32 master, states in the 16-bit dtype
         k = (k - 4) // 2
     nd = par.dp * par.cp
-    nd_e = max(1, nd // par.ep)
+    nd_e = max(1, nd * par.tp // (par.ep * par.etp))    # expert data parallel (folded: over TP ranks too)
     shard = sp.dense / nd + sp.expert / nd_e           # parameters this GPU owns
     z = par.zero
     if z >= ZeroStage.GRADIENTS and par.zero_impl == ZeroImpl.FSDP2:

@@ -45,10 +45,11 @@ def _check_device(plan: Plan) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
-                 fp8_dynamic: bool = False) -> tuple[float, float, float, float, float]:
+                 fp8_dynamic: bool = False, etp: int = 0) -> tuple[float, float, float, float, float]:
     """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer."""
     chunk = wl.attention_chunk(s, cp, cp_comm)
-    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk)
+    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
+                               etp=etp)
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
         ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8")
     f, bi, bw = cmp.ops_time_s(ops, dev)
@@ -105,6 +106,11 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
         one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
             else coll.all_reduce_s(act, net)
         out["tp_f"] = out["tp_b"] = 2 * one
+        if m.moe and par.etp < par.tp:   # folded experts: the MoE block's AG + RS over expert_tp ranks only
+            moe = (m.layers - m.dense_layers) / m.layers
+            enet = coll.group_net(cl, dev, par.etp, 1)
+            expert = (coll.all_gather_s(act, enet) + coll.reduce_scatter_s(act, enet)) / 2 if par.etp > 1 else 0.0
+            out["tp_f"] = out["tp_b"] = 2 * one - moe * (one - expert)
         (tf, tb), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
         if tf + tb + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
             wire = 2 * 2 * (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
@@ -113,7 +119,7 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
     if par.cp > 1:
         out.update(_cp_comm(plan, dev, b, s))
     if m.moe and par.ep > 1:  # dispatch and combine all-to-alls (Lepikhin et al. 2021, GShard)
-        net = coll.group_net(cl, dev, par.ep, par.tp * par.cp)
+        net = coll.group_net(cl, dev, par.ep, par.etp if par.etp < par.tp else par.tp * par.cp)   # folded: across TP
         routed = act * m.top_k * m.capacity_factor / (par.tp if par.sequence_parallel else 1)
         out["ep_f"] = out["ep_b"] = 2 * coll.all_to_all_s(routed, net)
     return out
@@ -263,11 +269,12 @@ def step_costs(plan: Plan) -> StepCosts:
     """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
     _check_device(plan)
     m, par, tr = plan.model, plan.parallel, plan.training
-    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value)
+    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
+                           attention_kernel=tr.attention_kernel.value)
     b, s = tr.micro_batch, m.seq_len // par.cp
     f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
                                        tr.flash_attention, tr.recompute, dev, par.cp_comm.value,
-                                       tr.fp8_recipe != Fp8Recipe.DELAYED)
+                                       tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp)
     lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core)
     rc += rec_host
     stages = plan.layers_per_stage

@@ -14,11 +14,9 @@ Sources:
   Large Transformer Models", MLSys 2023 (arXiv 2205.05198), Sec. 4: per layer
   s*b*h*(34 + 5*a*s/h) bytes in 16-bit training, s*b*h*(10 + 24/t + 5*a*s/(h*t)) with
   tensor parallel, s*b*h/t*(34 + 5*a*s/h) with tensor + sequence parallel, the 5*a*s/h
-  term dropped by selective recomputation (and by flash attention, which never stores
-  the s x s scores), and 2*s*b*h (/t with SP) with full recomputation.
-
-All sizes are for ONE micro-batch on ONE GPU: ``b`` sequences of ``s`` tokens (``s`` is
-the sequence per context-parallel rank), matrices split over ``tp`` ranks.
+  term dropped by selective recomputation and by flash attention, 2*s*b*h (/t with SP)
+  with full recomputation.
+All sizes: ONE micro-batch on ONE GPU, ``b`` sequences of ``s`` tokens (per cp rank), /tp.
 """
 from __future__ import annotations
 
@@ -87,6 +85,16 @@ def quantized_bytes(fmt: str) -> float:
     return element + (scale / block if block else 0.0)
 
 
+def saved_gemm_input_bytes(precision: str, fp8_recipe: str) -> float:
+    """Bytes an element of a linear layer's input kept for its weight gradient: the quantized
+    copy under Transformer Engine's recipes (module/linear.py, layernorm_mlp.py save ``inputmat``
+    / ``ln_out`` / ``act_out`` quantized: FP8 delayed and current, MXFP8, NVFP4); 16-bit under
+    torchao's float8 (tensorwise, rowwise: float8_linear.py casts the saved input again)."""
+    if precision not in LOW_PRECISION_FORMATS or fp8_recipe in ("tensorwise", "rowwise"):
+        return ACT_BYTES
+    return quantized_bytes(precision)
+
+
 def cast_passes(fmt: str, dynamic: bool) -> float:
     """HBM traffic of quantizing one GEMM input, in 16-bit passes over it: read it, write its
     rowwise and its columnwise (transposed) copy for the backward; a per-tensor scale taken
@@ -149,23 +157,23 @@ def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bo
     ]
 
 
-def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int) -> list[Op]:
-    """The dense MLP, or the router and the experts of an MoE layer."""
-    h, f, tokens = m.hidden, m.ffn_hidden // tp, b * s
+def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int, etp: int = 0) -> list[Op]:
+    """The dense MLP, or the router and the experts of an MoE layer (experts split over
+    ``etp`` ranks, default ``tp``: a rank runs etp/tp of the micro-batch's token copies at
+    1/etp of the experts' width, the same FLOPs in larger GEMMs)."""
+    etp = etp or tp
+    h, f, tokens = m.hidden, m.ffn_hidden // (tp if not m.moe else etp), b * s
     if not m.moe:
         first = _gemm("mlp_in", tokens, f * (mlp_matrices(m) - 1), h)
         return [first, _eltwise("activation", tokens * f, 3 if m.gated_mlp else 2),
                 _gemm("mlp_out", tokens, h, f)]
-    routed = tokens * m.top_k * m.capacity_factor      # token copies this rank computes
+    routed = tokens * m.top_k * m.capacity_factor * etp / tp   # token copies this rank computes
     local_experts = max(1, m.experts // ep)
     per_expert = routed / local_experts
-    # Routing and the token permutations around the experts, as Megatron-Core's MoE layer
-    # runs them with Transformer Engine's fused kernels (megatron/core/transformer/moe/
-    # moe_utils.py topk_softmax_with_capacity, permute, unpermute -> TE moe_permute /
-    # moe_unpermute, transformer_engine/pytorch/permutation.py): the top-k of the router's
-    # scores (read the logits, write probabilities and routing map), the gather of every
-    # token copy into expert order (read the tokens, write the copies) and the weighted
-    # scatter back (read the copies, write the tokens).
+    # Routing and the permutations around the experts as Megatron-Core runs them through
+    # TE's fused kernels (moe/moe_utils.py topk_softmax_with_capacity, permute, unpermute ->
+    # TE moe_permute / moe_unpermute): the router's top-k (read logits, write probabilities
+    # and map), the gather of token copies into expert order and the weighted scatter back.
     ops = [
         _gemm("router", tokens, m.experts, h),
         _eltwise("router_topk", tokens * m.experts, 2),
@@ -194,7 +202,7 @@ def attention_chunk(s: int, cp: int, cp_comm: str = "p2p") -> int:
 
 
 def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1, ep: int = 1,
-                      sequence_parallel: bool = False, flash: bool = False, chunk: int = 0) -> list[Op]:
+                      sequence_parallel: bool = False, flash: bool = False, chunk: int = 0, etp: int = 0) -> list[Op]:
     """Every kernel of one layer's forward for one micro-batch on one GPU (attention
     kernels of ``chunk`` query tokens, default ``attention_chunk(s, cp)``).
 
@@ -212,7 +220,7 @@ def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1,
         _gemm("attn_proj", tokens, h, attention_out_width(m) // tp),
         _eltwise("dropout_add_1", norm_tokens * h, 3.5),
         _eltwise("layernorm_2", norm_tokens * h, 2),
-        *mlp_ops(m, b, s, tp, ep),
+        *mlp_ops(m, b, s, tp, ep, etp),
         _eltwise("dropout_add_2", norm_tokens * h, 3.5),
     ]
     return ops
@@ -295,7 +303,8 @@ def megatron_flops_per_step(m: ModelSpec, global_batch: int) -> float:
 # --------------------------------------------------------------------------- activations
 
 def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False,
-                               recompute: Recompute = Recompute.NONE, flash: bool = False) -> float:
+                               recompute: Recompute = Recompute.NONE, flash: bool = False,
+                               gemm_input: float = ACT_BYTES) -> float:
     """Bytes one layer keeps for the backward of one micro-batch (Korthikanti et al. Sec. 4.1).
 
     Generalised term by term: attention keeps its input (2sbh), Q (2sbh), K and V
@@ -304,18 +313,20 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     output; the MLP keeps its input (2sbh), the activation input and output (2sbf each,
     three such with a gated MLP) and a mask (sbh); the two LayerNorms 4sbh. With
     ``s`` = 2048, MHA, f = 4h this is sbh(34 + 5as/h). Tensor parallel splits all but the
-    10sbh of layer inputs, masks and norms; sequence parallel splits those too.
+    10sbh of layer inputs, masks and norms; sequence parallel splits those too. The inputs
+    the linear layers keep for their weight gradients (QKV, projection, FC1, FC2) take
+    ``gemm_input`` bytes an element (``saved_gemm_input_bytes``: quantized under TE's FP8).
     """
     h, f, sb = m.hidden, m.ffn_hidden, s * b
     if recompute == Recompute.FULL:  # only the layer input (Korthikanti et al. Sec. 5)
         return ACT_BYTES * sb * h / (tp if sequence_parallel else 1)
-    replicated = 10 * sb * h                                # LN inputs, block inputs, dropout masks
+    replicated = (6 + 2 * gemm_input) * sb * h              # LN inputs, QKV and FC1 inputs, dropout masks
     attn_split = ACT_BYTES * sb * (q_width(m) + 2 * kv_width(m))     # Q, K, V
-    attn_split += ACT_BYTES * sb * attention_out_width(m)             # projection input
-    mlp_acts = (3 if m.gated_mlp else 2) * ACT_BYTES * sb * f
+    attn_split += gemm_input * sb * attention_out_width(m)            # projection input
+    mlp_acts = ((2 if m.gated_mlp else 1) * ACT_BYTES + gemm_input) * sb * f   # FC1 outputs, FC2 input
     if m.moe:
         mlp_acts *= m.top_k * m.capacity_factor
-        mlp_acts += (3 if m.gated_mlp else 2) * ACT_BYTES * sb * m.shared_ffn_hidden
+        mlp_acts += ((2 if m.gated_mlp else 1) * ACT_BYTES + gemm_input) * sb * m.shared_ffn_hidden
     split = attn_split + mlp_acts
     if flash:
         split += 4 * b * m.heads * s                         # fp32 log-sum-exp per query and head

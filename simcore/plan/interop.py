@@ -224,7 +224,7 @@ _SECTION_ORDER = {
               "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
                  "schedule", "cp_comm", "tp_comm_overlap"),
-    "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "recompute", "offload",
+    "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "recompute", "offload",
                  "flash_attention", "optimizer", "grad_compression"),
 }
 

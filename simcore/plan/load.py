@@ -19,7 +19,7 @@ import yaml
 from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
-    ClusterSpec, CpComm, Fp8Recipe, GradCompression, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
+    AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, GradCompression, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
     PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, TrainingSpec, ZeroImpl, ZeroStage,
 )
 from topologies.components import CatalogError
@@ -202,13 +202,13 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
     if stage_layers is not None:
         if not isinstance(stage_layers, list) or not stage_layers:
             raise PlanError("parallel.stage_layers must be a non-empty list of layer counts")
-        stage_layers = tuple(_int({"v": v}, "v", "parallel.stage_layers[]") for v in stage_layers)
+        stage_layers = tuple(_int({"v": v}, "v", "parallel.stage_layers[]", minimum=0) for v in stage_layers)
     zero = _int(doc, "zero", w, 0, minimum=0)
     if zero > 3:
         raise PlanError(f"parallel.zero={zero} is not one of: 0, 1, 2, 3")
     return ParallelSpec(
         tp=tp, pp=pp, dp=_int({"dp": dp}, "dp", w), cp=cp,
-        ep=_int(doc, "ep", w, 1), vpp=_int(doc, "vpp", w, 1),
+        ep=_int(doc, "ep", w, 1), expert_tp=_int(doc, "expert_tp", w, 0, minimum=0), vpp=_int(doc, "vpp", w, 1),
         stage_layers=stage_layers,
         zero=ZeroStage(zero),
         zero_impl=ZeroImpl.parse(doc.get("zero_impl", "fsdp2"), "parallel.zero_impl"),
@@ -228,6 +228,7 @@ def _training(value) -> TrainingSpec:
         micro_batch=_int(doc, "micro_batch", w, 1),
         precision=Precision.parse(doc.get("precision", "bf16"), "training.precision"),
         fp8_recipe=Fp8Recipe.parse(doc.get("fp8_recipe", "delayed"), "training.fp8_recipe"),
+        attention_kernel=AttentionKernel.parse(doc.get("attention_kernel", "auto"), "training.attention_kernel"),
         **_recompute(doc.get("recompute", "none")),
         offload=Offload.parse(doc.get("offload", "none"), "training.offload"),
         flash_attention=_bool(doc, "flash_attention", w, False),
@@ -347,6 +348,8 @@ def plan_to_dict(plan: Plan) -> dict:
     }
     if par.stage_layers is not None:
         parallel["stage_layers"] = list(par.stage_layers)
+    if par.expert_tp:
+        parallel["expert_tp"] = par.expert_tp
     cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,
                "gpus_per_node": plan.cluster.gpus_per_node, "storage": plan.cluster.storage.name}
     if plan.cluster.node.nics_per_node:
@@ -360,7 +363,8 @@ def plan_to_dict(plan: Plan) -> dict:
     training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
-    for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True)):
+    for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True),
+                         ("attention_kernel", AttentionKernel.AUTO.value)):
         if training[key] == default:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

@@ -268,6 +268,7 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
     f["parallel.pp"] = a.value("--pipeline-model-parallel-size")
     f["parallel.cp"] = a.value("--context-parallel-size")
     f["parallel.ep"] = a.value("--expert-model-parallel-size")
+    f["parallel.expert_tp"] = a.value("--expert-tensor-parallel-size")
     f["parallel.vpp"] = a.value("--num-virtual-stages-per-pipeline-rank")
     if (f["parallel.ep"] or 1) > 1:
         a.value("--moe-token-dispatcher-type", str)

@@ -3,7 +3,7 @@ broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
 from simcore.plan.spec import (
-    CpComm, Fp8Recipe, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
+    AttentionKernel, CpComm, Fp8Recipe, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
 )
 
 
@@ -47,22 +47,67 @@ def check_plan(plan: Plan) -> None:
         (par.zero_impl == ZeroImpl.FSDP2 or par.pp == 1 or par.zero <= ZeroStage.OPTIMIZER_STATES,
          f"parallel.zero_impl=deepspeed with parallel.pp={par.pp} needs parallel.zero 0 or 1 "
          "(DeepSpeed's pipeline engine runs ZeRO-1 at most)"),
-        (tr.fp8_recipe == Fp8Recipe.DELAYED or tr.precision == Precision.FP8,
-         f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
         (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),
         (par.ep == 1 or m.experts % par.ep == 0,
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
-        (par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
+        (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
+        *_expert_tp_rules(plan),
         (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE),
          f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
          f"not {par.schedule.value}"),
         (par.vpp == 1 or par.pp > 1, "parallel.vpp > 1 needs parallel.pp > 1"),
-        (m.layers >= par.pp * par.vpp,
+        (par.stage_layers is not None or m.layers >= par.pp * par.vpp,
          f"model.layers={m.layers} gives fewer than one layer per virtual stage (pp*vpp={par.pp * par.vpp})"),
         (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or plan.num_microbatches % par.pp == 0,
          f"the interleaved schedule needs the micro-batches per step ({plan.num_microbatches}) "
          f"to be a multiple of parallel.pp={par.pp}"),
+        *_training_rules(plan),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise PlanError(message)
+    if par.stage_layers is not None:
+        stages = par.pp * par.vpp
+        if len(par.stage_layers) != stages:
+            raise PlanError(f"parallel.stage_layers has {len(par.stage_layers)} entries but pp*vpp={stages}")
+        if 0 in par.stage_layers[1:-1] or (len(par.stage_layers) == 1 and par.stage_layers[0] == 0):
+            raise PlanError("parallel.stage_layers may be 0 only on the first and the last virtual stage (the "
+                            "embedding or the loss alone: Megatron's account_for_embedding/loss_in_pipeline_split)")
+        if sum(par.stage_layers) != m.layers:
+            raise PlanError(f"parallel.stage_layers adds up to {sum(par.stage_layers)}, "
+                            f"not model.layers={m.layers}")
+    gpu = cl.node.gpu
+    if gpu.name != "uncalibrated-host" and gpu.peak(tr.precision.value) is None:
+        raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name} "
+                        f"(its catalog entry has no dense_tflops.{tr.precision.value} peak)")
+
+
+def _expert_tp_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """``parallel.expert_tp`` (MoE parallel folding): an MoE model, a divisor of tp, the
+    expert grid ep x expert_tp inside tp x cp x dp, and sequence parallel under TP."""
+    par, m = plan.parallel, plan.model
+    if not par.expert_tp or par.expert_tp == par.tp:
+        return []
+    return [
+        (m.experts > 0, f"parallel.expert_tp={par.expert_tp} needs an MoE model (model.experts > 0)"),
+        (par.tp % par.expert_tp == 0, f"parallel.expert_tp={par.expert_tp} must divide parallel.tp={par.tp}"),
+        ((par.tp * par.cp * par.dp) % (par.ep * par.expert_tp) == 0,
+         f"parallel.ep*expert_tp={par.ep * par.expert_tp} must divide parallel.tp*cp*dp="
+         f"{par.tp * par.cp * par.dp} (the folded expert grid)"),
+        (par.sequence_parallel, f"parallel.expert_tp={par.expert_tp} below parallel.tp={par.tp} needs "
+                                "parallel.sequence_parallel (Megatron-Core's MoE under TP)"),
+    ]
+
+
+def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """The rules of the ``training`` section's choices against the rest of the Plan."""
+    par, tr, m = plan.parallel, plan.training, plan.model
+    return [
+        (tr.attention_kernel == AttentionKernel.AUTO or tr.flash_attention,
+         f"training.attention_kernel={tr.attention_kernel.value} needs training.flash_attention=true"),
+        (tr.fp8_recipe == Fp8Recipe.DELAYED or tr.precision == Precision.FP8,
+         f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
         (tr.offload != Offload.OPTIMIZER_PARAMS or par.zero == ZeroStage.WEIGHTS,
          "training.offload=optimizer+params needs parallel.zero=3 (FSDP2 offloads sharded parameters)"),
         (tr.recompute not in (Recompute.FULL, Recompute.LAYER) or tr.recompute_layers <= m.layers,
@@ -73,20 +118,6 @@ def check_plan(plan: Plan) -> None:
          f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0 "
          "(it is a DDP communication hook)"),
     ]
-    for ok, message in rules:
-        if not ok:
-            raise PlanError(message)
-    if par.stage_layers is not None:
-        stages = par.pp * par.vpp
-        if len(par.stage_layers) != stages:
-            raise PlanError(f"parallel.stage_layers has {len(par.stage_layers)} entries but pp*vpp={stages}")
-        if sum(par.stage_layers) != m.layers:
-            raise PlanError(f"parallel.stage_layers adds up to {sum(par.stage_layers)}, "
-                            f"not model.layers={m.layers}")
-    gpu = cl.node.gpu
-    if gpu.name != "uncalibrated-host" and gpu.peak(tr.precision.value) is None:
-        raise PlanError(f"training.precision={tr.precision.value} is not supported by {gpu.name} "
-                        f"(its catalog entry has no dense_tflops.{tr.precision.value} peak)")
 
 
 def _domain_rules(plan: Plan) -> list[tuple[bool, str]]:

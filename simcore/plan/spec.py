@@ -88,6 +88,17 @@ class Fp8Recipe(_Choice):
     ROWWISE = "rowwise"
 
 
+class AttentionKernel(_Choice):
+    """The flash-attention kernel the stack runs (with ``flash_attention: true``): ``auto``
+    is the GPU's catalog attention entry (FlashAttention-2 class, or the cuDNN/TE fused kernel
+    of that generation); ``flash3`` FlashAttention-3 (Hopper); ``triton`` the 2022 Triton
+    port of FlashAttention that llm-foundry's MPT configs ran (``attn_impl: triton``)."""
+
+    AUTO = "auto"
+    FLASH3 = "flash3"
+    TRITON = "triton"
+
+
 class Recompute(_Choice):
     """What activation recomputation re-runs (``simcore.model.recompute`` charges each)."""
 
@@ -255,6 +266,11 @@ class ParallelSpec:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    expert_tp: int = 0
+    """Tensor parallel of the MoE experts (Megatron-Core ``--expert-tensor-parallel-size``);
+    0: the same as ``tp``. With it below ``tp``, the expert grid is folded over the dense
+    one (Liu et al. 2025, MoE Parallel Folding, arXiv 2504.14960): ep * expert_tp ranks
+    out of tp * cp * dp, the ep group running across TP ranks."""
     vpp: int = 1
     """Virtual stages (model chunks) per pipeline rank, for the interleaved schedule."""
     stage_layers: tuple[int, ...] | None = None
@@ -271,6 +287,11 @@ class ParallelSpec:
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def etp(self) -> int:
+        """The experts' tensor-parallel size (``expert_tp``, or ``tp``)."""
+        return self.expert_tp or self.tp
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -291,6 +312,8 @@ class TrainingSpec:
     recompute_method: RecomputeMethod = RecomputeMethod.UNIFORM
     offload: Offload = Offload.NONE
     flash_attention: bool = False
+    attention_kernel: AttentionKernel = AttentionKernel.AUTO
+    """With ``flash_attention``: which kernel (its efficiency is catalog data per GPU)."""
     optimizer: Optimizer = Optimizer.ADAMW
     grad_compression: GradCompression = GradCompression.NONE
     master_weights: bool = True

@@ -107,6 +107,8 @@ def _megatron_parallel_args(plan: Plan) -> list:
         args.append(("--context-parallel-size", par.cp))
     if par.ep > 1:
         args += [("--expert-model-parallel-size", par.ep), ("--moe-token-dispatcher-type", "alltoall")]
+    if par.etp != par.tp:   # Megatron's default expert TP is the dense TP
+        args.append(("--expert-tensor-parallel-size", par.etp))
     schedule = par.schedule.value
     if par.pp > 1 and schedule in ("gpipe", "zero-bubble"):
         raise _refuse("parallel.schedule", schedule, "Megatron-LM", "it runs 1F1B or interleaved 1F1B")

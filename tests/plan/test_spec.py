@@ -85,6 +85,8 @@ def test_uneven_split_spreads_layers():
      "the interleaved schedule needs the micro-batches per step (3) to be a multiple of parallel.pp=2"),
     ({"parallel": {"stage_layers": [3, 4]}}, "parallel.stage_layers adds up to 7, not model.layers=8"),
     ({"parallel": {"stage_layers": [8]}}, "parallel.stage_layers has 1 entries but pp*vpp=2"),
+    ({"parallel": {"pp": 4, "dp": 1, "stage_layers": [2, 0, 3, 3]}},
+     "parallel.stage_layers may be 0 only on the first and the last virtual stage"),
     ({"training": {"offload": "optimizer+params"}}, "training.offload=optimizer+params needs parallel.zero=3"),
     ({"training": {"grad_compression": "powersgd"}, "parallel": {"zero": 2}},
      "training.grad_compression=powersgd needs parallel.zero=0"),
@@ -146,6 +148,18 @@ def test_hf_config_model(tmp_path):
     assert plan.model.gated_mlp and not plan.model.tied_embeddings
     (tmp_path / "broken.json").write_text("{")
     assert "is not valid JSON" in error_of(doc(model={"hf_config": str(tmp_path / "broken.json")}))
+
+
+def test_the_embedding_and_the_loss_may_have_stages_of_their_own():
+    # Megatron's account_for_embedding/loss_in_pipeline_split: 8 layers + 2 on 10 stages
+    from simcore.engine.predict import simulate
+    plan = plan_from_dict(doc(parallel={"tp": 1, "pp": 10, "dp": 1, "stage_layers": [0] + [1] * 8 + [0]},
+                              training={"global_batch": 20}))
+    assert plan.layers_per_stage[0] == plan.layers_per_stage[-1] == 0
+    ends, inner = simulate(plan), simulate(plan_from_dict(doc(parallel={"tp": 1, "pp": 8, "dp": 1},
+                                                              training={"global_batch": 16})))
+    assert ends.step_time_s > 0 and simulate(plan, engine="des").step_time_s == pytest.approx(ends.step_time_s, rel=0.1)
+    assert inner.step_time_s > 0
 
 
 def test_round_trip_through_yaml(tmp_path):

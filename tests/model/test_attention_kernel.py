@@ -1,0 +1,41 @@
+"""``training.attention_kernel``: the flash kernel the stack runs, its efficiency catalog
+data per GPU; a faster kernel buys exactly its attention time, nothing else."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simcore.engine.predict import simulate
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import PlanError
+
+
+def _plan(model="llama3-8b", node="dgx-h100", kernel="auto", seq_len=8192, flash=True, **parallel):
+    return plan_from_dict({"model": {"name": model, "seq_len": seq_len}, "cluster": {"node": node, "nodes": 2},
+                           "parallel": {"dp": 16, "zero": 1, **parallel},
+                           "training": {"global_batch": 64, "flash_attention": flash, "attention_kernel": kernel}})
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(model=st.sampled_from(["gpt-1.7b", "llama3-8b", "llama2-13b"]), node=st.sampled_from(["dgx-h100", "hgx-h200"]),
+       seq_len=st.sampled_from([2048, 8192, 32768]), zero=st.sampled_from([0, 1, 3]))
+def test_the_kernels_order_the_step_and_change_only_the_attention(model, node, seq_len, zero):
+    triton, auto, fa3 = (_plan(model, node, k, seq_len, zero=zero) for k in ("triton", "auto", "flash3"))
+    times = [simulate(p).step_time_s for p in (triton, auto, fa3)]
+    assert times[0] > times[1] > times[2]
+    # what changes is the attention core's compute: the same memory, the same FLOPs
+    # counted, and the step moves by no more than the compute it holds
+    res = [simulate(p) for p in (triton, auto, fa3)]
+    assert res[0].memory_per_gpu_gib == res[1].memory_per_gpu_gib == res[2].memory_per_gpu_gib
+    assert res[0].model_tflops_per_gpu * times[0] == pytest.approx(res[2].model_tflops_per_gpu * times[2])
+    assert times[0] - times[2] <= res[0].compute_s - res[2].compute_s + 1e-9
+    assert res[0].compute_s > res[1].compute_s > res[2].compute_s
+
+def test_a_kernel_the_catalog_has_no_figure_for_is_refused_in_one_sentence():
+    with pytest.raises(PlanError, match=r"^training.attention_kernel=flash3 has no efficiency for a100-80gb"):
+        simulate(_plan(node="dgx-a100-80gb", kernel="flash3"))
+    with pytest.raises(PlanError, match=r"^training.attention_kernel=triton needs training.flash_attention=true"):
+        _plan(kernel="triton", flash=False)
+    with pytest.raises(PlanError, match=r"training.attention_kernel"):
+        _plan(kernel="flash9")
