@@ -38,6 +38,10 @@ from simcore.model.costs import StepCosts
 from simcore.plan.spec import CpComm, Fp8Recipe, Plan, PlanError, Recompute, ZeroStage
 from simcore.results import GIB
 
+#: ``workload.model_flops_per_step`` kept per (model, global batch): a search asks for few.
+_model_flops_per_step = functools.lru_cache(maxsize=1024)(wl.model_flops_per_step)
+
+
 def _check_device(plan: Plan) -> None:
     if plan.cluster.node.gpu.name == "uncalibrated-host":
         raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
@@ -335,7 +339,7 @@ def step_costs(plan: Plan) -> StepCosts:
         grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple(buckets),
         grad_reduce_per_microbatch=mem.sharded_gradients(plan) and per_block,
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
-        model_flops_per_step=wl.model_flops_per_step(m, tr.global_batch),
+        model_flops_per_step=_model_flops_per_step(m, tr.global_batch),
         hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
         **mem.summary_fields(totals, worst),
         time_detail_s=detail,

@@ -20,7 +20,6 @@ All sizes: ONE micro-batch on ONE GPU, ``b`` sequences of ``s`` tokens (per cp r
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from simcore.model import params as _params
@@ -273,7 +272,6 @@ def layers_forward_flops(m: ModelSpec, tokens: float, s: int) -> float:
     return (m.layers - m.dense_layers) * moe + m.dense_layers * dense
 
 
-@functools.lru_cache(maxsize=1024)
 def model_flops_per_step(m: ModelSpec, global_batch: int) -> float:
     """Model FLOPs of one optimizer step: forward + backward (3x), logits included, no
     recompute (the MFU convention of Chowdhery et al. 2022, PaLM, Appendix B)."""
