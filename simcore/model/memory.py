@@ -14,7 +14,8 @@ over N_d; its gather, reduce-scatter and root-group buffers are ``comm_buffer_te
 
 Activations (per recompute policy, per schedule's micro-batches in flight, the loss's
 logits) are ``simcore.model.activations``; ``rank_breakdown`` adds everything up per rank,
-term by term, and applies the allocator's margin and the CUDA context.
+term by term, and applies the allocator's margin and the CUDA context (``simcore.model.peak``);
+``rank_totals`` gives StepCosts every rank's total without a row per rank.
 """
 from __future__ import annotations
 
