@@ -158,11 +158,11 @@ def optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
     return host, copies
 
 
-def fsdp_calls(plan: Plan, stages: int) -> list[tuple[int, int, int]]:
+def fsdp_calls(plan: Plan, stages: int) -> tuple[tuple[int, int, int], ...]:
     """Per virtual stage, FSDP2's (forward all-gathers, backward all-gathers, reduce-scatters)
     per block and step: the calls ``trainplan collectives`` lists, so that the prediction
     charges each one (none without FSDP2 or data parallelism)."""
     par = plan.parallel
     if par.zero < ZeroStage.GRADIENTS or par.dp * par.cp == 1:
-        return [(0, 0, 0)] * stages
-    return [fc.fsdp_stage_calls(plan, v) for v in range(stages)]
+        return ((0, 0, 0),) * stages
+    return fc.fsdp_stages_calls(plan, stages)

@@ -72,6 +72,19 @@ def fsdp_stage_calls(plan: Plan, stage: int) -> tuple[int, int, int]:
                              par.zero == ZeroStage.WEIGHTS, stage)
 
 
+def fsdp_stages_calls(plan: Plan, stages: int) -> tuple[tuple[int, int, int], ...]:
+    """``fsdp_stage_calls`` of virtual stages 0 to ``stages`` - 1, in one look-up."""
+    par = plan.parallel
+    return _fsdp_stages_calls(par.schedule, par.pp, plan.num_microbatches, par.vpp, par.zero == ZeroStage.WEIGHTS,
+                              stages)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fsdp_stages_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_after_forward: bool,
+                       stages: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple(_fsdp_stage_calls(schedule, pp, m, vpp, reshard_after_forward, v) for v in range(stages))
+
+
 @functools.lru_cache(maxsize=65536)
 def _fsdp_stage_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_after_forward: bool,
                       stage: int) -> tuple[int, int, int]:

@@ -89,23 +89,23 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
     dense_l, expert_l = layer_params_per_gpu(plan)
     stages = stages if stages is not None else plan.layers_per_stage
     p = par.pp
-    out = []
+    layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
+    first = pc.embedding / par.tp
+    last = pc.output / par.tp + (m.vocab * m.hidden / par.tp if m.tied_embeddings and p > 1 else 0.0)
     same: dict = {}   # one value per kind of rank (by layers, and ends where it holds some): look-ups by identity
-    for r, layers in enumerate(stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]):
-        ends = 0.0
-        if r == 0:
-            ends += pc.embedding / par.tp
-        if r == p - 1:
-            ends += pc.output / par.tp
-            if m.tied_embeddings and p > 1:
-                ends += m.vocab * m.hidden / par.tp
+
+    def value(layers: int, ends: float) -> StageParams:
         key = (layers, ends) if ends else layers
         sp = same.get(key)
         if sp is None:
             sp = same[key] = StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
                                          layer_max=dense_l + expert_l, ends=ends)
-        out.append(sp)
-    return tuple(out)
+        return sp
+    if p == 1:
+        return (value(layers[0], first + last),)
+    head, tail = value(layers[0], first), value(layers[-1], last)
+    middle = {n: value(n, 0.0) for n in set(layers[1:-1])}   # the ranks between hold no ends
+    return (head, *map(middle.__getitem__, layers[1:-1]), tail)
 
 
 def in_flight_chunks(plan: Plan, rank: int) -> int:

@@ -179,11 +179,15 @@ def _rank_costs(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams,
     (plain, DTensor) parameter tensors (counted only where ``host_terms``, the host
     optimizer's per-tensor cost). Ranks holding equal parameters (one ``StageParams`` value,
     ``memory.stage_params``) and tensors share one tuple."""
+    if not host_terms:   # one entry per kind of rank: params holds the values, their ids are theirs throughout
+        kinds = {id(sp): (dpm.dp_costs(plan, dev, sp, layer_params), dpm.optimizer_costs(plan, dev, sp), (0, 0))
+                 for sp in dict(zip(map(id, params), params)).values()}
+        return list(map(kinds.__getitem__, map(id, params)))
     per_params: dict = {}
     rank_costs = []
     for r, sp in enumerate(params):
-        tensors = dpm.param_tensors(plan, r) if host_terms else (0, 0)
-        key = (id(sp), tensors)   # params holds the values: their ids are theirs throughout
+        tensors = dpm.param_tensors(plan, r)
+        key = (id(sp), tensors)
         if key not in per_params:
             per_params[key] = (dpm.dp_costs(plan, dev, sp, layer_params),
                                dpm.optimizer_costs(plan, dev, sp, tensors), tensors)
@@ -200,29 +204,27 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tu
     (``fsdp``: forward gathers, backward gathers, reduce-scatters per block)."""
     par, stages = plan.parallel, plan.layers_per_stage
     share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
+    bcast = 0.0
+    if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
+        # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
+        bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
     per_kind: dict[int, tuple[float, ...]] = {}     # one entry per kind of rank (rank_costs shares tuples)
-    kinds = []
-    for rc in rank_costs:
-        if id(rc) not in per_kind:
-            d, (o, c), _ = rc
-            per_kind[id(rc)] = ((d["grad"] + d["compress"]) * share, d["layer_rs"], d["sync"] * share, o * share,
-                                c * share)
-        kinds.append(per_kind[id(rc)])
-    kinds *= par.vpp                                # virtual stage v runs on rank v % pp
-    # FSDP2's reduce-scatters: per micro-batch, or once pipelined
-    grad = [k[0] + f[2] * n * k[1] for k, f, n in zip(kinds, fsdp, stages)]
+    for rc in dict(zip(map(id, rank_costs), rank_costs)).values():
+        d, (o, c), _ = rc
+        per_kind[id(rc)] = ((d["grad"] + d["compress"]) * share, d["layer_rs"], d["sync"] * share + bcast,
+                            o * share, c * share)
+    kinds = list(map(per_kind.__getitem__, map(id, rank_costs))) * par.vpp   # virtual stage v runs on rank v % pp
+    grad, layer_rs, sync, opt, off = zip(*kinds)
+    if any(f[2] for f in fsdp):   # FSDP2's reduce-scatters: per micro-batch, or once pipelined
+        grad = [g + f[2] * n * rs for g, rs, f, n in zip(grad, layer_rs, fsdp, stages)]
     if ddp and dev.dp_sync_wait > 0:
         # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
         # a fraction of the rest of the step (the rank's work between syncs)
         mbs = plan.num_microbatches
         p2p_host = [sum(x) for x in zip(*host_p2p.values())] or [0.0] * len(stages)
-        grad = [g + dev.dp_sync_wait * (mbs * (sum(w) + h) + k[3])
-                for g, w, h, k in zip(grad, zip(*work), p2p_host, kinds)]
-    bcast = 0.0
-    if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
-        # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
-        bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
-    return grad, [k[2] + bcast for k in kinds], [k[3] for k in kinds], [k[4] for k in kinds]
+        grad = [g + dev.dp_sync_wait * (mbs * (sum(w) + h) + o)
+                for g, w, h, o in zip(grad, zip(*work), p2p_host, opt)]
+    return grad, sync, opt, off
 
 
 def _tp_exposed(plan: Plan, dev: cmp.DeviceModel, lc: dict, lost: float) -> tuple[float, float]:
@@ -269,6 +271,33 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     return lc, fc + cf, bc + cb + rc, host_f + hf, host_b + hb, rec_host + rh
 
 
+def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], times: tuple[float, float, float, float],
+                blocking: tuple[float, float, float, float], logits: tuple[float, float, float]
+                ) -> tuple[list[float], ...]:
+    """Per virtual stage and micro-batch: (forward, backward-input, backward-weight, recompute,
+    forward comm, backward comm), from one layer's (forward, backward-input, backward-weight,
+    recompute) ``times``, its (forward comm, backward comm, forward host, backward host)
+    ``blocking`` and the (forward, backward-input, backward-weight) ``logits`` on the last
+    virtual stage; each figure once per distinct layer count, repeated over the stages."""
+    par, tr = plan.parallel, plan.training
+    (f, bi, bw, rc), (fc, bc, host_f, host_b) = times, blocking
+    by_layers = {n: (n * (f + host_f), n * (bi + host_b), n * bw, fc * n, bc * n) for n in set(stages)}
+    fwd, bin_, bwt, fcomm, bcomm = map(list, zip(*map(by_layers.__getitem__, stages)))
+    hc.add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
+    if par.pp > 1 and dev.parallel_kernels:   # CPU host: torch.distributed.pipelining's per-chunk bookkeeping
+        cf, cb = dev.parallel_extra_s("pipeline_chunk")
+        fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]
+    fwd[-1] += logits[0]                                # the logits sit on the last virtual stage
+    bin_[-1] += logits[1]
+    bwt[-1] += logits[2]
+    if tr.recompute != Recompute.NONE and dev.parallel_kernels:   # CPU host: checkpoint_wrapper's bookkeeping per layer
+        af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
+        fwd = [x + n * af for x, n in zip(fwd, stages)]
+        rc += ab
+    recomputed = {n: rcp.recomputed_layers(tr, n) * rc for n in set(stages)}
+    return fwd, bin_, bwt, list(map(recomputed.__getitem__, stages)), fcomm, bcomm
+
+
 def step_costs(plan: Plan) -> StepCosts:
     """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
     _check_device(plan)
@@ -283,31 +312,14 @@ def step_costs(plan: Plan) -> StepCosts:
     rc += rec_host
     stages = plan.layers_per_stage
     nv = len(stages)
-    lf, lbi, lbw = _logits_times(m, b, s, par.tp, dev)
     params = mem.stage_params(plan, stages)
     dense_l, expert_l = mem.layer_params_per_gpu(plan)
     host_terms = dev.optimizer_bytes_per_s > 0
     rank_costs = _rank_costs(plan, dev, params, dense_l + expert_l, host_terms)
     dpc = rank_costs[0][0]   # dp_costs of the first rank's parameters, read only
-    fcomm = [fc * n for n in stages]
-    bcomm = [bc * n for n in stages]
     host_p2p = hc.host_p2p(dev, par.pp, nv)
-    fwd = [n * (f + host_f) for n in stages]
-    bin_ = [n * (bi + host_b) for n in stages]
-    bwt = [n * bw for n in stages]
-    hc.add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
-    if par.pp > 1 and dev.parallel_kernels:   # CPU host: torch.distributed.pipelining's per-chunk bookkeeping
-        cf, cb = dev.parallel_extra_s("pipeline_chunk")
-        fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]
-    fwd[-1] += lf                                       # the logits sit on the last virtual stage
-    bin_[-1] += lbi
-    bwt[-1] += lbw
-    if tr.recompute != Recompute.NONE and dev.parallel_kernels:   # CPU host: checkpoint_wrapper's bookkeeping per layer
-        af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
-        fwd = [x + n * af for x, n in zip(fwd, stages)]
-        rc += ab
-    recomputed = {n: rcp.recomputed_layers(tr, n) for n in set(stages)}
-    rec = [recomputed[n] * rc for n in stages]
+    fwd, bin_, bwt, rec, fcomm, bcomm = _stage_work(plan, dev, stages, (f, bi, bw, rc), (fc, bc, host_f, host_b),
+                                                   _logits_times(m, b, s, par.tp, dev))
     fsdp = dpm.fsdp_calls(plan, nv)
     mbs = plan.num_microbatches
     gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
