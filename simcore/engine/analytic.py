@@ -17,6 +17,9 @@ The analytic step, for the slowest pipeline rank with per-micro-batch time T = C
 """
 from __future__ import annotations
 
+from itertools import repeat
+from operator import add, truediv
+
 from simcore.model.costs import StepCosts
 from simcore.model.schedules import Action, Op, fused_p2p
 from simcore.plan.spec import Offload, Schedule
@@ -74,27 +77,30 @@ def _rank_sums(c: StepCosts) -> dict[str, list[float] | tuple[float, ...]]:
         if posted:
             posts, saved = _fused_posts(c, r)
             p2p[r], wait[r] = p2p[r] + posts, wait[r] - saved
-    comm = [f + b + x for f, b, x in zip(_by_rank(c.forward_comm_s, p), _by_rank(c.backward_comm_s, p), p2p)]
+    comm = list(map(add, map(add, _by_rank(c.forward_comm_s, p), _by_rank(c.backward_comm_s, p)), p2p))
     if fsdp:
-        comm = [x + e for x, e in zip(comm, _by_rank(_fsdp_exposed(c, lost), p))]
-    return dict(compute=[a + b + w + x for a, b, w, x in zip(fwd, bin_, bwt, rec)], comm=comm, w=bwt, fwd=fwd,
-                bwd=[b + w for b, w in zip(bin_, bwt)], rec=rec, p2p=p2p, wait=wait)
+        comm = list(map(add, comm, _by_rank(_fsdp_exposed(c, lost), p)))
+    return dict(compute=list(map(add, map(add, map(add, fwd, bin_), bwt), rec)), comm=comm, w=bwt, fwd=fwd,
+                bwd=list(map(add, bin_, bwt)), rec=rec, p2p=p2p, wait=wait)
 
 
 def _fsdp_exposed(c: StepCosts, lost: float) -> list[float]:
     """FSDP2 per virtual stage and micro-batch: prefetched gathers hide behind the layer
     compute, the first one cannot; the hidden part slows the compute it hides behind."""
-    m, out = c.plan.num_microbatches, []
-    rs_all = [g / m for g in c.grad_reduce_per_step_s] if c.grad_reduce_per_microbatch else [0.0] * c.stages
-    for fg, bg, rs, f, bi, bw, rec, layers in zip(c.forward_gather_s, c.backward_gather_s, rs_all, c.forward_s,
-                                                   c.backward_input_s, c.backward_weight_s, c.recompute_s, c.layers):
+    m = c.plan.num_microbatches
+    rs_all = [g / m for g in c.grad_reduce_per_step_s] if c.grad_reduce_per_microbatch else repeat(0.0)
+    stages = list(zip(c.forward_gather_s, c.backward_gather_s, rs_all, c.forward_s, c.backward_input_s,
+                      c.backward_weight_s, c.recompute_s, c.layers))
+    out = {}   # once per distinct stage: most repeat their neighbours' figures
+    for key in set(stages):
+        fg, bg, rs, f, bi, bw, rec, layers = key
         comm = 0.0
         if fg + bg + rs > 0:
             bwd = bi + bw + rec   # the backward (``StepCosts.backward_s``) and its recompute
             comm = max(0.0, fg - f) + max(0.0, bg + rs - bwd) + fg / max(1, layers)
             comm += lost * (min(fg, f) + min(bg + rs, bwd))
-        out.append(comm)
-    return out
+        out[key] = comm
+    return list(map(out.__getitem__, stages))
 
 
 def _pipeline_s(c: StepCosts, t: list[float], w_crit: float, crit: int) -> float:
@@ -139,7 +145,7 @@ def analytic(c: StepCosts) -> StepResult:
     par, tr = plan.parallel, plan.training
     m = plan.num_microbatches
     ranks = _rank_sums(c)
-    t = [x + y + z for x, y, z in zip(ranks["compute"], ranks["comm"], ranks["wait"])]
+    t = list(map(add, map(add, ranks["compute"], ranks["comm"]), ranks["wait"]))
     crit = t.index(max(t))
     o = {k: col[crit] for k, col in ranks.items()}
     pipe = _pipeline_s(c, t, o["w"], crit) + _held_sends_s(c)
@@ -172,5 +178,5 @@ def analytic(c: StepCosts) -> StepResult:
         compute_s=compute_s, exposed_comm_s=exposed,
         bubble_s=bubble, offload_s=offload_s, memory_per_gpu_gib=max(per_rank) / GIB, fits=fits,
         memory_bytes=dict(c.memory_bytes), time_s=time_s,
-        memory_per_rank_gib=tuple(x / GIB for x in per_rank), notes=c.notes,
+        memory_per_rank_gib=tuple(map(truediv, per_rank, repeat(GIB))), notes=c.notes,
     )

@@ -211,7 +211,9 @@ def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, flo
         return [(1, 0, sum(stages) / par.vpp, True, True)]
     flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp)
     layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
-    return [(f, w, n / par.vpp, r == 0, r == p - 1) for r, (f, w, n) in enumerate(zip(flights, owes, layers))]
+    per_chunk = {n: n / par.vpp for n in set(layers)}
+    return list(zip(flights, owes, map(per_chunk.__getitem__, layers), (True,) + (False,) * (p - 1),
+                    (False,) * (p - 1) + (True,)))
 
 
 #: The parts of a rank's activation bytes, in ``shape_activation_parts``' order.

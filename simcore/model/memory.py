@@ -19,6 +19,8 @@ term by term, and applies the allocator's margin and the CUDA context (``simcore
 """
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass
 
 from simcore.model import activations as acts
@@ -290,6 +292,10 @@ def rank_rows(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[S
     return rows
 
 
+#: What a rank's kind is, of its ``activations.rank_shapes`` shape: all but its chunks in flight.
+_KIND_OF_SHAPE = operator.itemgetter(slice(1, None))
+
+
 def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[StageParams, ...] | None = None,
                 ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
     """(every rank's total, the fullest rank's row, the most host bytes per GPU): ``rank_rows``'
@@ -302,21 +308,19 @@ def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple
     params = params if params is not None else stage_params(plan, stages)
     row_of, grads_live = _row_maker(plan, params)
     shapes = acts.rank_shapes(plan, stages)
-    totals, host, p, start = [0.0] * len(shapes), 0.0, len(shapes), 0
+    totals, host, start = [0.0] * len(shapes), 0.0, 0
     done: dict[int, tuple[float, ...]] = {}   # the rows computed whole, by rank
-    for end in range(1, p + 1):   # runs of ranks of one kind
-        if end < p and params[end] is params[start] and shapes[end][1:] == shapes[start][1:]:
-            continue
+    kinds = zip(map(id, params), map(_KIND_OF_SHAPE, shapes))
+    for end in itertools.accumulate(len(list(run)) for _, run in itertools.groupby(kinds)):   # runs of one kind
         members, start = range(start, end), end
         ends = (members[0], members[-1]) if grads_live and len(members) > 2 else members   # else every rank
         for r in ends:
             row = done[r] = row_of(params[r], shapes[r])[0]
             totals[r], host = row[ROW_TOTAL], max(host, row[ROW_HOST])
-        (a, ca), (b, cb) = (ends[0], shapes[ends[0]][0]), (ends[-1], shapes[ends[-1]][0])
         if len(members) > len(ends):
-            slope = (totals[b] - totals[a]) / (cb - ca) if cb != ca else 0.0
-            for r in members[1:-1]:
-                totals[r] = totals[a] + (shapes[r][0] - ca) * slope
+            (a, ca), (b, cb) = (ends[0], shapes[ends[0]][0]), (ends[-1], shapes[ends[-1]][0])
+            slope, base = (totals[b] - totals[a]) / (cb - ca) if cb != ca else 0.0, totals[a]
+            totals[a + 1:b] = [base + (shape[0] - ca) * slope for shape in shapes[a + 1:b]]
     worst = totals.index(max(totals))
     row = done.get(worst) or row_of(params[worst], shapes[worst])[0]
     totals[worst] = row[ROW_TOTAL]

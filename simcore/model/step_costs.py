@@ -24,6 +24,7 @@ waits for every later stage's reduction tail in turn.
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import replace
 
 from simcore.model import dp_costs as dpm
@@ -61,6 +62,9 @@ def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: st
     core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))
     return f, bi, bw, r, core
 
+
+#: A stage's FSDP2 reduce-scatters per block, of its ``dp_costs.fsdp_calls`` entry.
+_SCATTERS = operator.itemgetter(2)
 
 #: The GEMMs whose inputs TP's all-gathers feed (qkv, mlp_in) and whose outputs its
 #: reduce-scatters take (attn_proj, mlp_out) under sequence parallelism.
@@ -201,7 +205,8 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tu
     """Per virtual stage: (gradient reduction, parameter sync, optimizer, offload) per step,
     from its rank's ``rank_costs``, its per-micro-batch ``work`` (forward, backward-input,
     backward-weight, recompute, forward comm, backward comm) and its FSDP2 calls per step
-    (``fsdp``: forward gathers, backward gathers, reduce-scatters per block)."""
+    (``fsdp``: forward gathers, backward gathers, reduce-scatters per block; empty where
+    no stage reduce-scatters per block)."""
     par, stages = plan.parallel, plan.layers_per_stage
     share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
     bcast = 0.0
@@ -215,7 +220,7 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tu
                             o * share, c * share)
     kinds = list(map(per_kind.__getitem__, map(id, rank_costs))) * par.vpp   # virtual stage v runs on rank v % pp
     grad, layer_rs, sync, opt, off = zip(*kinds)
-    if any(f[2] for f in fsdp):   # FSDP2's reduce-scatters: per micro-batch, or once pipelined
+    if fsdp:   # FSDP2's reduce-scatters: per micro-batch, or once pipelined
         grad = [g + f[2] * n * rs for g, rs, f, n in zip(grad, layer_rs, fsdp, stages)]
     if ddp and dev.dp_sync_wait > 0:
         # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
@@ -321,10 +326,13 @@ def step_costs(plan: Plan) -> StepCosts:
     fwd, bin_, bwt, rec, fcomm, bcomm = _stage_work(plan, dev, stages, (f, bi, bw, rc), (fc, bc, host_f, host_b),
                                                    _logits_times(m, b, s, par.tp, dev))
     fsdp = dpm.fsdp_calls(plan, nv)
+    per_block = any(map(_SCATTERS, fsdp))
     mbs = plan.num_microbatches
-    gathers = ([n * dpc["layer_ag"] * f[0] / mbs for n, f in zip(stages, fsdp)],
-               [n * dpc["layer_ag"] * f[1] / mbs for n, f in zip(stages, fsdp)]) if dpc["layer_ag"] else \
-        ([0.0] * nv, [0.0] * nv)   # no FSDP2 gathers
+    gathers = ((0.0,) * nv,) * 2   # no FSDP2 gathers
+    if dpc["layer_ag"]:   # once per distinct (layers, calls)
+        per_stage = {(n, f): (n * dpc["layer_ag"] * f[0] / mbs, n * dpc["layer_ag"] * f[1] / mbs)
+                     for n, f in set(zip(stages, fsdp))}
+        gathers = tuple(zip(*map(per_stage.__getitem__, zip(stages, fsdp))))
     if dpc["ag_exposed"] > 0:   # DeepSpeed ZeRO-3: what its prefetch bucket cannot fetch ahead blocks
         e = dpc["ag_exposed"]
         fcomm = [x + e * g for x, g in zip(fcomm, gathers[0])]
@@ -332,10 +340,11 @@ def step_costs(plan: Plan) -> StepCosts:
         gathers = tuple([(1 - e) * g for g in side] for side in gathers)
     ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1
     grad, sync, opt, off = _per_step_costs(plan, dev, rank_costs, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
-                                           ddp, host_terms, fsdp)
-    per_block = any(f[2] for f in fsdp)
-    buckets = [max(1, n) if f[2] else dpc["buckets"] for n, f in zip(stages, fsdp)] if per_block else \
-        [dpc["buckets"]] * nv   # FSDP2: one per block
+                                           ddp, host_terms, fsdp if per_block else ())
+    buckets = (dpc["buckets"],) * nv
+    if per_block:   # FSDP2: one per block
+        per_stage = {k: max(1, k[0]) if k[1] else dpc["buckets"] for k in set(zip(stages, map(_SCATTERS, fsdp)))}
+        buckets = tuple(map(per_stage.__getitem__, zip(stages, map(_SCATTERS, fsdp))))
     totals, worst, host = mem.rank_totals(plan, stages, params)
     detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
               "ep_comm_per_layer_s": lc["ep_f"] + lc["ep_b"], "fsdp_layer_all_gather_s": dpc["layer_ag"],
