@@ -87,20 +87,17 @@ def _rank_sums(c: StepCosts) -> dict[str, list[float] | tuple[float, ...]]:
 def _fsdp_exposed(c: StepCosts, lost: float) -> list[float]:
     """FSDP2 per virtual stage and micro-batch: prefetched gathers hide behind the layer
     compute, the first one cannot; the hidden part slows the compute it hides behind."""
-    m = c.plan.num_microbatches
+    m, out = c.plan.num_microbatches, []
     rs_all = [g / m for g in c.grad_reduce_per_step_s] if c.grad_reduce_per_microbatch else repeat(0.0)
-    stages = list(zip(c.forward_gather_s, c.backward_gather_s, rs_all, c.forward_s, c.backward_input_s,
-                      c.backward_weight_s, c.recompute_s, c.layers))
-    out = {}   # once per distinct stage: most repeat their neighbours' figures
-    for key in set(stages):
-        fg, bg, rs, f, bi, bw, rec, layers = key
+    for fg, bg, rs, f, bi, bw, rec, layers in zip(c.forward_gather_s, c.backward_gather_s, rs_all, c.forward_s,
+                                                   c.backward_input_s, c.backward_weight_s, c.recompute_s, c.layers):
         comm = 0.0
-        if fg + bg + rs > 0:
-            bwd = bi + bw + rec   # the backward (``StepCosts.backward_s``) and its recompute
-            comm = max(0.0, fg - f) + max(0.0, bg + rs - bwd) + fg / max(1, layers)
-            comm += lost * (min(fg, f) + min(bg + rs, bwd))
-        out[key] = comm
-    return list(map(out.__getitem__, stages))
+        if fg + bg + rs > 0:   # max(0, x) and min(x, y) written out: a pipeline has hundreds of stages
+            bwd, back = bi + bw + rec, bg + rs   # the backward (``StepCosts.backward_s``) and its recompute
+            comm = (fg - f if fg > f else 0.0) + (back - bwd if back > bwd else 0.0) + fg / (layers if layers > 1 else 1)
+            comm += lost * ((fg if fg < f else f) + (back if back < bwd else bwd))
+        out.append(comm)
+    return out
 
 
 def _pipeline_s(c: StepCosts, t: list[float], w_crit: float, crit: int) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from simcore.plan.spec import PlanError
 from simcore.model import workload as wl
@@ -123,6 +123,15 @@ class DeviceModel:
     back-to-back fits do not see; absent from catalog GPUs."""
     lone_broadcast_kernels: float = 0.0
     """The same for a broadcast (ZeroRedundancyOptimizer's parameter sync)."""
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:   # the model's caches key on the device: its ~35 fields hashed once
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
+        return self._hash
+
+    def __getstate__(self) -> list:   # the hash of str fields differs between processes: not carried over
+        return [None if f.name == "_hash" else getattr(self, f.name) for f in fields(self)]
 
     @property
     def lone_all_reduce_s(self) -> float:
