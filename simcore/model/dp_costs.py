@@ -166,3 +166,50 @@ def fsdp_calls(plan: Plan, stages: int) -> tuple[tuple[int, int, int], ...]:
     if par.zero < ZeroStage.GRADIENTS or par.dp * par.cp == 1:
         return ((0, 0, 0),) * stages
     return fc.fsdp_stages_calls(plan, stages)
+
+
+#: ``rank_costs``' answers by what they read (``_kinds_key``), each with the cluster it was
+#: computed for (kept by identity); cleared whole at ``_KINDS_MAX``.
+_KINDS: dict[tuple, tuple] = {}
+_KINDS_MAX = 4096
+
+
+def _kinds_key(plan: Plan, dev: cmp.DeviceModel) -> tuple:
+    """What ``rank_costs`` reads of a plan: the model, the layout, the cluster (by identity), the
+    device model and, of the training section, the precision, optimizer, offload and gradient
+    compression (a search's micro-batch and recompute variants of a layout share them)."""
+    tr = plan.training
+    return plan.model, plan.parallel, id(plan.cluster), dev, tr.precision, tr.optimizer, tr.offload, tr.grad_compression
+
+
+def rank_costs(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[mem.StageParams, ...], list[tuple]]:
+    """(``memory.stage_params``, and per pipeline rank its ``dp_costs``, its ``optimizer_costs``
+    and its (plain, DTensor) parameter tensors, counted only where the device has a host
+    optimizer's per-tensor cost), kept per ``_kinds_key``. Ranks holding equal parameters (one
+    ``StageParams`` value) and tensors share one tuple; the dicts are read only."""
+    key = _kinds_key(plan, dev)
+    hit = _KINDS.get(key)
+    if hit is not None and hit[0] is plan.cluster:
+        return hit[1]
+    if len(_KINDS) >= _KINDS_MAX:
+        _KINDS.clear()
+    params = mem.stage_params(plan)
+    layer_params = sum(mem.layer_params_per_gpu(plan))
+    if dev.optimizer_bytes_per_s <= 0:   # one entry per kind of rank: params holds the values, their ids are theirs
+        kinds = {id(sp): (dp_costs(plan, dev, sp, layer_params), optimizer_costs(plan, dev, sp), (0, 0))
+                 for sp in dict(zip(map(id, params), params)).values()}
+        costs = list(map(kinds.__getitem__, map(id, params)))
+    else:
+        per_params: dict = {}
+        costs = []
+        for r, sp in enumerate(params):
+            tensors = param_tensors(plan, r)
+            if (id(sp), tensors) not in per_params:
+                per_params[id(sp), tensors] = (dp_costs(plan, dev, sp, layer_params),
+                                               optimizer_costs(plan, dev, sp, tensors), tensors)
+            costs.append(per_params[id(sp), tensors])
+    _KINDS[key] = (plan.cluster, (params, costs))
+    return params, costs
+
+
+rank_costs.cache_clear = _KINDS.clear   # as functools' caches answer (tests clear them all)

@@ -177,28 +177,6 @@ def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     return coll.send_recv_s(bytes_, net.bus_bytes_per_s, hop)
 
 
-def _rank_costs(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams, ...], layer_params: float,
-                host_terms: bool) -> list[tuple[dict[str, float], tuple[float, float], tuple[int, int]]]:
-    """Per pipeline rank: its ``dp_costs.dp_costs``, its ``dp_costs.optimizer_costs`` and its
-    (plain, DTensor) parameter tensors (counted only where ``host_terms``, the host
-    optimizer's per-tensor cost). Ranks holding equal parameters (one ``StageParams`` value,
-    ``memory.stage_params``) and tensors share one tuple."""
-    if not host_terms:   # one entry per kind of rank: params holds the values, their ids are theirs throughout
-        kinds = {id(sp): (dpm.dp_costs(plan, dev, sp, layer_params), dpm.optimizer_costs(plan, dev, sp), (0, 0))
-                 for sp in dict(zip(map(id, params), params)).values()}
-        return list(map(kinds.__getitem__, map(id, params)))
-    per_params: dict = {}
-    rank_costs = []
-    for r, sp in enumerate(params):
-        tensors = dpm.param_tensors(plan, r)
-        key = (id(sp), tensors)
-        if key not in per_params:
-            per_params[key] = (dpm.dp_costs(plan, dev, sp, layer_params),
-                               dpm.optimizer_costs(plan, dev, sp, tensors), tensors)
-        rank_costs.append(per_params[key])
-    return rank_costs
-
-
 def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tuple[list[float], ...],
                     host_p2p: dict[str, tuple[float, ...]], ddp: bool, host_terms: bool,
                     fsdp: list[tuple[int, int, int]]) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -317,10 +295,8 @@ def step_costs(plan: Plan) -> StepCosts:
     rc += rec_host
     stages = plan.layers_per_stage
     nv = len(stages)
-    params = mem.stage_params(plan, stages)
-    dense_l, expert_l = mem.layer_params_per_gpu(plan)
     host_terms = dev.optimizer_bytes_per_s > 0
-    rank_costs = _rank_costs(plan, dev, params, dense_l + expert_l, host_terms)
+    params, rank_costs = dpm.rank_costs(plan, dev)
     dpc = rank_costs[0][0]   # dp_costs of the first rank's parameters, read only
     host_p2p = hc.host_p2p(dev, par.pp, nv)
     fwd, bin_, bwt, rec, fcomm, bcomm = _stage_work(plan, dev, stages, (f, bi, bw, rc), (fc, bc, host_f, host_b),
