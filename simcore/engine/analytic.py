@@ -94,7 +94,8 @@ def _fsdp_exposed(c: StepCosts, lost: float) -> list[float]:
         comm = 0.0
         if fg + bg + rs > 0:   # max(0, x) and min(x, y) written out: a pipeline has hundreds of stages
             bwd, back = bi + bw + rec, bg + rs   # the backward (``StepCosts.backward_s``) and its recompute
-            comm = (fg - f if fg > f else 0.0) + (back - bwd if back > bwd else 0.0) + fg / (layers if layers > 1 else 1)
+            comm = (fg - f if fg > f else 0.0) + (back - bwd if back > bwd else 0.0) \
+                + fg / (layers if layers > 1 else 1)
             comm += lost * ((fg if fg < f else f) + (back if back < bwd else bwd))
         out.append(comm)
     return out

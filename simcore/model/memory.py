@@ -251,6 +251,11 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     return {"weights": weights, "gradients": grads, "optimizer_states": opt, "host": host}
 
 
+#: ``_row_maker``'s kinds of rank by what they read and ``params`` (``dp_costs.rank_costs`` keeps one a layout).
+_KINDS: dict[tuple, tuple] = {}
+_KINDS_MAX = 4096
+
+
 def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
     """What ``rank_rows`` reads once per plan, as a function of a rank's (StageParams, shape)
     (``activations.rank_shapes``) to its (row, (model states, buffer terms, their sum),
@@ -258,8 +263,15 @@ def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
     terms = acts.activation_terms(plan, loss_overlap(plan, params))
     context, margin, count_buffers = framework_terms(plan)
     grads_live = gradients_at_activation_peak(plan)
-    vpp = plan.parallel.vpp
-    kinds: dict[int, tuple] = {}   # by the StageParams value's identity (params holds them)
+    vpp, tr = plan.parallel.vpp, plan.training
+    key = (plan.model, plan.parallel, tr.precision, tr.optimizer, tr.master_weights, tr.offload, tr.micro_batch,
+           count_buffers, id(params))   # what the kinds read: a layout's recompute variants share them
+    hit = _KINDS.get(key)
+    if hit is None or hit[0] is not params:
+        if len(_KINDS) >= _KINDS_MAX:
+            _KINDS.clear()
+        hit = _KINDS[key] = (params, {})
+    kinds: dict[int, tuple] = hit[1]   # by the StageParams value's identity (params, kept with them, holds them)
     per_chunk: dict = {}
 
     def row_of(sp: StageParams, shape: tuple) -> tuple:
@@ -272,6 +284,9 @@ def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
         act = acts.shape_activation_parts(vpp, shape, terms, per_chunk)
         return rank_row(kind[0], sum(act), kind[2], context, margin, grads_live), kind, act
     return row_of, grads_live
+
+
+_row_maker.cache_clear = _KINDS.clear   # as functools' caches answer (tests clear them all)
 
 
 def rank_rows(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[StageParams, ...] | None = None,
@@ -292,10 +307,6 @@ def rank_rows(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[S
     return rows
 
 
-#: What a rank's kind is, of its ``activations.rank_shapes`` shape: all but its chunks in flight.
-_KIND_OF_SHAPE = operator.itemgetter(slice(1, None))
-
-
 def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[StageParams, ...] | None = None,
                 ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
     """(every rank's total, the fullest rank's row, the most host bytes per GPU): ``rank_rows``'
@@ -310,7 +321,7 @@ def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple
     shapes = acts.rank_shapes(plan, stages)
     totals, host, start = [0.0] * len(shapes), 0.0, 0
     done: dict[int, tuple[float, ...]] = {}   # the rows computed whole, by rank
-    kinds = zip(map(id, params), map(_KIND_OF_SHAPE, shapes))
+    kinds = zip(map(id, params), map(operator.itemgetter(slice(1, None)), shapes))   # all but the chunks in flight
     for end in itertools.accumulate(len(list(run)) for _, run in itertools.groupby(kinds)):   # runs of one kind
         members, start = range(start, end), end
         ends = (members[0], members[-1]) if grads_live and len(members) > 2 else members   # else every rank
