@@ -182,11 +182,17 @@ def _kinds_key(plan: Plan, dev: cmp.DeviceModel) -> tuple:
     return plan.model, plan.parallel, id(plan.cluster), dev, tr.precision, tr.optimizer, tr.offload, tr.grad_compression
 
 
-def rank_costs(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[mem.StageParams, ...], list[tuple]]:
-    """(``memory.stage_params``, and per pipeline rank its ``dp_costs``, its ``optimizer_costs``
+def ddp_reduces(plan: Plan) -> bool:
+    """Whether DDP reduces the gradients (ZeRO 0-1 with data parallel; FSDP2 otherwise)."""
+    return plan.parallel.zero <= ZeroStage.OPTIMIZER_STATES and plan.parallel.dp * plan.parallel.cp > 1
+
+
+def rank_costs(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[mem.StageParams, ...], list[tuple], tuple]:
+    """(``memory.stage_params``; per pipeline rank its ``dp_costs``, its ``optimizer_costs``
     and its (plain, DTensor) parameter tensors, counted only where the device has a host
-    optimizer's per-tensor cost), kept per ``_kinds_key``. Ranks holding equal parameters (one
-    ``StageParams`` value) and tensors share one tuple; the dicts are read only."""
+    optimizer's per-tensor cost; ``_stage_columns``), kept per ``_kinds_key``. Ranks holding
+    equal parameters (one ``StageParams`` value) and tensors share one tuple; the dicts are
+    read only."""
     key = _kinds_key(plan, dev)
     hit = _KINDS.get(key)
     if hit is not None and hit[0] is plan.cluster:
@@ -208,8 +214,25 @@ def rank_costs(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[mem.StageParams,
                 per_params[id(sp), tensors] = (dp_costs(plan, dev, sp, layer_params),
                                                optimizer_costs(plan, dev, sp, tensors), tensors)
             costs.append(per_params[id(sp), tensors])
-    _KINDS[key] = (plan.cluster, (params, costs))
-    return params, costs
+    _KINDS[key] = (plan.cluster, (params, costs, _stage_columns(plan, dev, costs)))
+    return _KINDS[key][1]
+
+
+def _stage_columns(plan: Plan, dev: cmp.DeviceModel, costs: list[tuple]) -> tuple[tuple[float, ...], ...]:
+    """Per virtual stage, from its rank's ``costs``: (gradient reduction, FSDP2 reduce-scatter
+    per block, parameter sync, optimizer, offload) per step, a rank's split over its chunks."""
+    par = plan.parallel
+    share = 1.0 / par.vpp
+    bcast = 0.0
+    if dev.optimizer_bytes_per_s > 0 and ddp_reduces(plan) and par.zero == ZeroStage.OPTIMIZER_STATES:
+        # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
+        bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
+    per_kind: dict[int, tuple[float, ...]] = {}     # one entry per kind of rank (costs shares tuples)
+    for rc in dict(zip(map(id, costs), costs)).values():
+        d, (o, c), _ = rc
+        per_kind[id(rc)] = ((d["grad"] + d["compress"]) * share, d["layer_rs"], d["sync"] * share + bcast,
+                            o * share, c * share)
+    return tuple(zip(*map(per_kind.__getitem__, map(id, costs * par.vpp))))   # virtual stage v runs on rank v % pp
 
 
 rank_costs.cache_clear = _KINDS.clear   # as functools' caches answer (tests clear them all)

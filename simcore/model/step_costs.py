@@ -36,7 +36,7 @@ from simcore.model.memory import memory_fields
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import CpComm, Fp8Recipe, Plan, PlanError, Recompute, ZeroStage
+from simcore.plan.spec import CpComm, Fp8Recipe, Plan, PlanError, Recompute
 from simcore.results import GIB
 
 #: ``workload.model_flops_per_step`` kept per (model, global batch): a search asks for few.
@@ -177,27 +177,16 @@ def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     return coll.send_recv_s(bytes_, net.bus_bytes_per_s, hop)
 
 
-def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, rank_costs: list, work: tuple[list[float], ...],
-                    host_p2p: dict[str, tuple[float, ...]], ddp: bool, host_terms: bool,
+def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, columns: tuple[tuple[float, ...], ...],
+                    work: tuple[list[float], ...], host_p2p: dict[str, tuple[float, ...]], ddp: bool,
                     fsdp: list[tuple[int, int, int]]) -> tuple[list[float], list[float], list[float], list[float]]:
     """Per virtual stage: (gradient reduction, parameter sync, optimizer, offload) per step,
-    from its rank's ``rank_costs``, its per-micro-batch ``work`` (forward, backward-input,
-    backward-weight, recompute, forward comm, backward comm) and its FSDP2 calls per step
-    (``fsdp``: forward gathers, backward gathers, reduce-scatters per block; empty where
-    no stage reduce-scatters per block)."""
-    par, stages = plan.parallel, plan.layers_per_stage
-    share = 1.0 / par.vpp                           # a rank's step costs split over its chunks
-    bcast = 0.0
-    if host_terms and ddp and par.zero == ZeroStage.OPTIMIZER_STATES:
-        # ZeroRedundancyOptimizer: one bucket broadcast per rank, each a lone call after the optimizer
-        bcast = par.dp * (dev.lone_broadcast_s or dev.broadcast_latency_s)
-    per_kind: dict[int, tuple[float, ...]] = {}     # one entry per kind of rank (rank_costs shares tuples)
-    for rc in dict(zip(map(id, rank_costs), rank_costs)).values():
-        d, (o, c), _ = rc
-        per_kind[id(rc)] = ((d["grad"] + d["compress"]) * share, d["layer_rs"], d["sync"] * share + bcast,
-                            o * share, c * share)
-    kinds = list(map(per_kind.__getitem__, map(id, rank_costs))) * par.vpp   # virtual stage v runs on rank v % pp
-    grad, layer_rs, sync, opt, off = zip(*kinds)
+    from its rank's ``dp_costs.rank_costs`` ``columns``, its per-micro-batch ``work``
+    (forward, backward-input, backward-weight, recompute, forward comm, backward comm) and its
+    FSDP2 calls per step (``fsdp``: forward gathers, backward gathers, reduce-scatters per
+    block; empty where no stage reduce-scatters per block)."""
+    stages = plan.layers_per_stage
+    grad, layer_rs, sync, opt, off = columns
     if fsdp:   # FSDP2's reduce-scatters: per micro-batch, or once pipelined
         grad = [g + f[2] * n * rs for g, rs, f, n in zip(grad, layer_rs, fsdp, stages)]
     if ddp and dev.dp_sync_wait > 0:
@@ -295,8 +284,7 @@ def step_costs(plan: Plan) -> StepCosts:
     rc += rec_host
     stages = plan.layers_per_stage
     nv = len(stages)
-    host_terms = dev.optimizer_bytes_per_s > 0
-    params, rank_costs = dpm.rank_costs(plan, dev)
+    params, rank_costs, columns = dpm.rank_costs(plan, dev)
     dpc = rank_costs[0][0]   # dp_costs of the first rank's parameters, read only
     host_p2p = hc.host_p2p(dev, par.pp, nv)
     fwd, bin_, bwt, rec, fcomm, bcomm = _stage_work(plan, dev, stages, (f, bi, bw, rc), (fc, bc, host_f, host_b),
@@ -314,9 +302,9 @@ def step_costs(plan: Plan) -> StepCosts:
         fcomm = [x + e * g for x, g in zip(fcomm, gathers[0])]
         bcomm = [x + e * g for x, g in zip(bcomm, gathers[1])]
         gathers = tuple([(1 - e) * g for g in side] for side in gathers)
-    ddp = par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1
-    grad, sync, opt, off = _per_step_costs(plan, dev, rank_costs, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
-                                           ddp, host_terms, fsdp if per_block else ())
+    ddp = dpm.ddp_reduces(plan)
+    grad, sync, opt, off = _per_step_costs(plan, dev, columns, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
+                                           ddp, fsdp if per_block else ())
     buckets = (dpc["buckets"],) * nv
     if per_block:   # FSDP2: one per block
         per_stage = {k: max(1, k[0]) if k[1] else dpc["buckets"] for k in set(zip(stages, map(_SCATTERS, fsdp)))}
