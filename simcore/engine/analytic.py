@@ -147,14 +147,14 @@ def analytic(c: StepCosts) -> StepResult:
     crit = t.index(max(t))
     o = {k: col[crit] for k, col in ranks.items()}
     pipe = _pipeline_s(c, t, o["w"], crit) + _held_sends_s(c)
-    mine = range(crit, c.stages, par.pp)
-    grad = sum(c.grad_reduce_per_step_s[v] for v in mine)
+    mine = slice(crit, c.stages, par.pp)           # the critical rank's virtual stages
+    grad = sum(c.grad_reduce_per_step_s[mine])
     if c.grad_reduce_per_microbatch:               # FSDP2's reduce-scatters: per layer, in _rank_sums
         grad = 0.0
-    sync = sum(c.param_sync_per_step_s[v] for v in mine)
-    opt = sum(c.optimizer_per_step_s[v] for v in mine)
-    copies = sum(c.offload_per_step_s[v] for v in mine)
-    buckets = max(c.grad_buckets[v] for v in mine)
+    sync = sum(c.param_sync_per_step_s[mine])
+    opt = sum(c.optimizer_per_step_s[mine])
+    copies = sum(c.offload_per_step_s[mine])
+    buckets = max(c.grad_buckets[mine])
     window = o["bwd"] + o["rec"]                   # the last micro-batch's backward
     dp_exposed = _reduce_tail(grad, buckets, window)
     dp_exposed += _interference_loss(c) * (grad - dp_exposed)   # the hidden part slows the backward
