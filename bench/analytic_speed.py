@@ -9,8 +9,11 @@ simcore/planner/search.py does, and simulated with ``simulate(plan)``; caches st
 On the 2-core host (2026-11-24, 3 runs each, same hour): 3,404-3,461 plans/s before the
 issue-29 work, 4,662-4,692 after its first round (the memory model's per-rank loop, the recompute
 and stage-parameter look-ups), 7,464-7,608 after its second (main 4,516-4,599 in the same
-minutes; per-kind memory totals, columns instead of per-rank dicts): the 10,000 target is not
-met yet; tests/engine/test_analytic_golden.py holds the predictions.
+minutes; per-kind memory totals, columns instead of per-rank dicts), 12,013-12,340 after its
+third (main 7,521-7,650 alternated with it; a layout's costs per kind of rank kept across its
+micro-batch and recompute variants, per-stage figures once per distinct stage): the 10,000
+target is met (one cold pass over the 1,016 layouts: 10,031-10,153, main 7,330-7,405);
+tests/engine/test_analytic_golden.py holds the predictions.
 """
 from __future__ import annotations
 
