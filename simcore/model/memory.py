@@ -25,10 +25,8 @@ from dataclasses import dataclass
 
 from simcore.model import activations as acts
 from simcore.model import workload as wl
-from simcore.model.peak import (ALLOCATOR_FRAGMENTATION, ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES,  # noqa: F401
-                                FRAMEWORK_BYTES, MEMORY_KINDS, ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS,
-                                ROW_TOTAL, framework_terms,
-                                gradients_at_activation_peak, peak_tensor_bytes, rank_row)
+from simcore.model.peak import (MEMORY_KINDS, ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL,
+                                framework_terms, gradients_at_activation_peak, rank_row)
 from simcore.plan.spec import Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3

@@ -32,7 +32,7 @@ from simcore.model import collectives as coll
 from simcore.model import compute as cmp
 from simcore.model import host_costs as hc
 from simcore.model import memory as mem
-from simcore.model.memory import memory_fields
+from simcore.model import peak as pk
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
@@ -340,7 +340,7 @@ def memory_report(plan: Plan) -> dict:
     breakdown = mem.rank_breakdown(plan)
     per_rank = [kinds for kinds, _ in breakdown]
     host_node = mem.host_bytes_per_node(plan, per_rank)
-    context, margin, _ = mem.framework_terms(plan)
+    context, margin, _ = pk.framework_terms(plan)
     peak = max(d["total"] for d in per_rank)
     hbm = plan.cluster.node.gpu.hbm_bytes
     return {

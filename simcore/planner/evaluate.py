@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from simcore.model import memory as mem
+from simcore.model import peak as pk
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule
 from simcore.planner.space import Layout, SearchSpace
@@ -48,8 +49,8 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
     layout that differs only in ZeRO stage or schedule twin."""
     params, ranks, stages = mem.stage_params(plan), _peak_ranks(plan), plan.layers_per_stage
     buffers = {r: mem.comm_buffer_bytes(plan, params[r]) for r in ranks}
-    framework, fragmentation, count_buffers = mem.framework_terms(plan)
-    grads_live = mem.gradients_at_activation_peak(plan)
+    framework, fragmentation, count_buffers = pk.framework_terms(plan)
+    grads_live = pk.gradients_at_activation_peak(plan)
     acts = {}
     for rc in recomputes:
         key = (_activation_key(plan), rc, tuple(ranks)) if cache is not None else None
@@ -68,7 +69,7 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
         states = {r: mem.model_state_bytes(p_off, params[r]) for r in ranks}
         host = max(states[r]["host"] for r in ranks) * plan.cluster.gpus_per_node
         for rc in recomputes:
-            peak = max(mem.peak_tensor_bytes(states[r], acts[rc][r], buffers[r] if count_buffers else 0.0,
+            peak = max(pk.peak_tensor_bytes(states[r], acts[rc][r], buffers[r] if count_buffers else 0.0,
                                               grads_live) * (1 + fragmentation) for r in ranks)
             out[off, rc] = (peak + framework, host)
     return out
@@ -135,7 +136,8 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
     is checked once. ``cache`` (per batch of layouts) reuses activation bytes and a
     zero-bubble layout's 1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls."""
     from simcore.engine.analytic import analytic
-    from simcore.model.step_costs import memory_fields, step_costs
+    from simcore.model.memory import memory_fields
+    from simcore.model.step_costs import step_costs
 
     cache = {} if cache is None else cache
     nrc = len(space.recompute)

@@ -11,6 +11,7 @@ import pytest
 
 from simcore.model import activations as acts
 from simcore.model import memory as mem
+from simcore.model import peak as pk
 from simcore.model.step_costs import memory_report
 from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import PlanError, Schedule
@@ -99,7 +100,7 @@ def test_terms_sum_to_the_total_and_margin_and_headroom_are_plain_fields():
     assert sum(rank["terms"].values()) == pytest.approx(rank["total"])
     tensors = rank["total"] - rank["terms"]["cuda_context"] - rank["terms"]["allocator_margin"]
     assert rank["terms"]["allocator_margin"] == pytest.approx(rep["allocator_margin"] * tensors)
-    assert rep["allocator_margin"] == mem.ALLOCATOR_MARGIN
+    assert rep["allocator_margin"] == pk.ALLOCATOR_MARGIN
     assert rep["headroom_bytes"] == pytest.approx(rep["hbm_bytes"] - rep["max_gpu_bytes"])
 
 
@@ -108,8 +109,8 @@ def test_allocator_margin_is_settable_and_fits_uses_it():
     peak = memory_report(base)["max_gpu_bytes"]
     hbm = base.cluster.node.gpu.hbm_bytes
     # a margin that takes the most loaded GPU just over its HBM
-    tensors = (peak - mem.CUDA_CONTEXT_BYTES) / (1 + mem.ALLOCATOR_MARGIN)
-    over = (hbm - mem.CUDA_CONTEXT_BYTES) / tensors - 1 + 0.01
+    tensors = (peak - pk.CUDA_CONTEXT_BYTES) / (1 + pk.ALLOCATOR_MARGIN)
+    over = (hbm - pk.CUDA_CONTEXT_BYTES) / tensors - 1 + 0.01
     assert 0 < over < 1
     tight = _plan({"zero": 3}, {"micro_batch": 2, "allocator_margin": over})
     assert memory_report(base)["fits"] and not memory_report(tight)["fits"]
@@ -126,7 +127,7 @@ def test_gradients_are_not_at_the_activation_peak_of_a_step_that_keeps_none():
     accum = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": 4096},
                             "cluster": {"node": "dgx-h100", "nodes": 1},
                             "parallel": {"dp": 1}, "training": {"global_batch": 4, "flash_attention": True}})
-    assert not mem.gradients_at_activation_peak(one) and mem.gradients_at_activation_peak(accum)
+    assert not pk.gradients_at_activation_peak(one) and pk.gradients_at_activation_peak(accum)
     a, b = mem.memory_per_rank(one)[0], mem.memory_per_rank(accum)[0]
     assert a["gradients"] == 0 and b["gradients"] > 0
     assert a["total"] < b["total"]

@@ -154,7 +154,8 @@ def test_zero_bubble_layouts_share_their_1f1b_twins_step_costs():
     """The search reuses a 1F1B layout's StepCosts for its ZB-H1 twin (evaluate._twin): that
     is only sound if step_costs gives the same numbers for both."""
     from simcore.planner.evaluate import _twin
-    from simcore.model.step_costs import memory_fields, step_costs
+    from simcore.model.memory import memory_fields
+    from simcore.model.step_costs import step_costs
 
     base = base_plan("gpt3-175b", {"node": "dgx-a100-80gb", "nodes": 192}, 1536)
     zb = [f for f in families(base, derive_space(base), base.cluster.gpus) if _twin(f) is not None]
