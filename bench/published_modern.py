@@ -149,6 +149,18 @@ def _precision(row: pd.Series) -> dict:
     return {"precision": "bf16"}
 
 
+def _bridge_tp_overlap(row: pd.Series, tp: int) -> bool:
+    """Megatron-Bridge's Llama recipes overlap TP communication with the GEMMs (Transformer
+    Engine userbuffers): ``llama3_70b_pretrain_config`` and ``llama31_405b_pretrain_config``
+    set ``CommOverlapConfig(tp_comm_overlap=True)`` (src/megatron/bridge/recipes/llama/llama3.py
+    @0d5f5558), and the performance scripts keep it on every GPU except for NVFP4
+    (scripts/performance/configs/llama/llama3_llm_pretrain.py @2a0d46e2 and
+    llama31_llm_pretrain.py @0013c9a8: ``tp_comm_overlap = False if precision == "nvfp4"``).
+    The MoE recipes are left as the Plan's default (no overlap): not read."""
+    return (row.source == BRIDGE and tp > 1 and "LLAMA" in str(row.model).upper()
+            and not str(row.precision).startswith("nvfp4"))
+
+
 def base_doc(row: pd.Series) -> dict:
     """The Plan document of a row by its source's rule."""
     src = row.source
@@ -169,6 +181,8 @@ def base_doc(row: pd.Series) -> dict:
                 "recompute": str(_num(row.recompute, "none")), "flash_attention": True, **_precision(row)}
     if src in TORCHAO or src == AUTOMODEL:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
+    if _bridge_tp_overlap(row, tp):
+        parallel["tp_comm_overlap"] = True
     if src in TORCHAO:
         training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
     if _triton_attention(row):
