@@ -4,7 +4,7 @@ load from other processes falls on plain and wrapped alike: DTensor TP (with and
 SP), FSDP2 (ZeRO-2/3), the model's ends under each, a ``PipelineStage`` chunk's bookkeeping,
 AdamW over plain and DTensor parameters, the point-to-point hand-over between busy ranks as
 a pipeline runs it, and a lone all-reduce and broadcast issued right after compute, as DDP
-and ZeroRedundancyOptimizer issue theirs. TP and the hand-over are measured on four ranks
+and ZeroRedundancyOptimizer issue theirs. TP, the ring attention and the hand-over are measured on four ranks
 too (two pairs side by side, ``GROUPED_PROBE_RANKS``), where the ranks outnumber a small
 host's cores.
 
@@ -38,9 +38,12 @@ PARALLEL_PROBE_ROUNDS = 9
 #: two TP pairs side by side, as the local matrix's tp2-pp2 puts four ranks on the cores. On
 #: the 2-core validation host a TP all-reduce read 2.2-2.6 ms in that run and 2.3 ms in this
 #: probe, where the two-rank figures scaled by the one-rank slowdown tables gave 1.45 ms
-#: (bench/RESULTS.md). FSDP2 is left out to keep the calibration short (4 s a wrapper).
+#: (bench/RESULTS.md). The ring attention of context parallel likewise: cp2-dp2 runs two rings
+#: side by side, and the two-rank figure scaled by the slowdown tables gave its layers 1.3x
+#: the two-rank cost where the run took 2x. FSDP2 is left out to keep the calibration short
+#: (4 s a wrapper).
 GROUPED_PROBE_RANKS = 4
-GROUPED_PROBE_MODES = ("tp", "tp_sp")
+GROUPED_PROBE_MODES = ("tp", "tp_sp", "cp")
 #: Version of the parallel probe's method, kept with the pooled host costs: calibrations
 #: that measured the wrappers another way are not pooled with this one. 3: gloo's transport
 #: threads at SCHED_IDLE (``executors.procs.idle_gloo_transport``), which made the wrapped

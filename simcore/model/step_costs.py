@@ -151,7 +151,12 @@ def _cp_comm(plan: Plan, dev: cmp.DeviceModel, b: int, s: int) -> dict[str, floa
     net = coll.group_net(cl, dev, par.cp, par.tp)
     kv = 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp   # this rank's K and V
     if par.cp_comm == CpComm.P2P:
-        return {"cp": (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, net.base_latency_s)}
+        # each exchange is a point-to-point send and receive: the hop latency, as a pipeline
+        # stage's send (``_p2p_s``), not a collective's base latency; on a calibrated CPU host
+        # the ring probe's measured layer cost already holds each exchange's latency
+        # (``host_costs``), so only the bytes' term is added, as for TP's DTensor probe
+        hop = 0.0 if sum(dev.parallel_extra_s("cp")) > 0 else (net.inter_hop_s if net.nodes > 1 else net.intra_hop_s)
+        return {"cp": (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, hop)}
     if par.cp_comm == CpComm.ALL_GATHER:
         one = coll.all_gather_s(kv * par.cp, net)
         return {"cp_f": one, "cp_b": 2 * one}   # the backward gathers K/V again and reduce-scatters dK/dV
