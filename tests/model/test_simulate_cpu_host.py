@@ -301,3 +301,21 @@ def test_cpu_ddp_sync_waits_for_the_last_rank_by_the_measured_fraction():
     z3 = _tiny(dp=2, zero=3)
     assert sim.step_costs(z3).grad_reduce_per_step_s[0] == pytest.approx(
         z3.num_microbatches * 4 * sim.step_costs(z3).time_detail_s["fsdp_layer_reduce_scatter_s"])
+
+
+def test_cpu_ring_exchange_is_not_charged_twice():
+    # the ring probe's measured layer cost holds each exchange's latency: with it, the model adds
+    # only the bytes' term; without it, a point-to-point hop (never a collective's base latency)
+    from simcore.model import collectives as coll
+    from simcore.model import compute as cmp
+    from simcore.model import workload as wl
+
+    p = _tiny(cp=2)
+    dev = cmp.device_model(p.cluster.node.gpu, "fp32")
+    probed = dataclasses.replace(dev, parallel_kernels=(*dev.parallel_kernels, ("cp", 40.0, 60.0)))
+    bare = dataclasses.replace(dev, parallel_kernels=tuple(k for k in dev.parallel_kernels if k[0] != "cp"))
+    net = coll.group_net(p.cluster, dev, 2, 1)
+    kv = 2 * wl.ACT_BYTES * 1 * 16 * wl.kv_width(p.model)
+    assert sim._cp_comm(p, probed, 1, 16)["cp"] == pytest.approx(kv / net.bus_bytes_per_s)
+    assert sim._cp_comm(p, bare, 1, 16)["cp"] == pytest.approx(net.intra_hop_s + kv / net.bus_bytes_per_s)
+    assert net.base_latency_s > net.intra_hop_s   # the collective's alpha would have been the larger charge
