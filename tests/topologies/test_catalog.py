@@ -66,3 +66,13 @@ def test_efficiency_curve_interpolates_in_log_space():
     curve = EfficiencyCurve(points=((1e6, 0.2), (1e10, 0.6)), source="test")
     assert curve.at(1e3) == 0.2 and curve.at(1e12) == 0.6
     assert curve.at(1e8) == pytest.approx(0.4)
+
+
+def test_no_gpu_type_gets_the_frameworks_overheads_for_free(cat):
+    # the fitted per-kernel GPU gaps and host time belong to the eager frameworks that run on
+    # every catalog GPU: a GPU type given less would win a procurement ranking for nothing
+    eff = cat.efficiency
+    fitted = (eff["a100-80gb"]["kernel_overhead_us"], eff["a100-80gb"]["host_overhead_us"])
+    for name in cat.gpus:
+        if name in eff:
+            assert (eff[name].get("kernel_overhead_us"), eff[name].get("host_overhead_us")) == fitted, name
