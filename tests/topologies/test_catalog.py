@@ -76,3 +76,13 @@ def test_no_gpu_type_gets_the_frameworks_overheads_for_free(cat):
     for name in cat.gpus:
         if name in eff:
             assert (eff[name].get("kernel_overhead_us"), eff[name].get("host_overhead_us")) == fitted, name
+
+
+def test_every_gpu_type_pays_for_overlapping_communication(cat):
+    # an overlapped collective takes SMs/CUs and memory bandwidth on every GPU; a type with no
+    # figure would overlap for free (absent reads as 1.0 in simcore/model/compute.py)
+    for name in cat.gpus:
+        e = cat.efficiency.get(name, {})
+        if e:
+            assert e.get("comm_compute_interference", 1.0) > 1.0, name
+            assert str(e.get("comm_compute_interference_source", "")).strip(), name
