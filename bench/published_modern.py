@@ -149,6 +149,13 @@ def _precision(row: pd.Series) -> dict:
     return {"precision": "bf16"}
 
 
+#: MoE rows whose notes name DeepEP (AutoModel's ``dispatcher: deepep``, its "TE + DeepEP"
+#: kernels) or Megatron-Core's flex dispatcher over DeepEP or HybridEP (Megatron-Bridge presets)
+#: run ``parallel.moe_dispatcher: deepep``: both backends send a token once to each rank holding
+#: one of its experts (Megatron-Core ``moe/token_dispatcher.py`` ``MoEFlexTokenDispatcher``:
+#: the routing map is reduced to ranks before the dispatch), not once per expert.
+
+
 def _bridge_tp_overlap(row: pd.Series, tp: int) -> bool:
     """Megatron-Bridge's Llama recipes overlap TP communication with the GEMMs (Transformer
     Engine userbuffers): ``llama3_70b_pretrain_config`` and ``llama31_405b_pretrain_config``
@@ -183,6 +190,8 @@ def base_doc(row: pd.Series) -> dict:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
     if _bridge_tp_overlap(row, tp):
         parallel["tp_comm_overlap"] = True
+    if ep > 1 and re.search(r"(?i)deepep|hybridep", str(row.notes)):
+        parallel["moe_dispatcher"] = "deepep"   # the notes name the rank-deduplicating dispatcher
     if src in TORCHAO:
         training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
     if _triton_attention(row):

@@ -10,7 +10,7 @@ variants, Megatron's uniform recompute groups) are not run here.
 from __future__ import annotations
 
 from executors.recompute import check_recompute
-from simcore.plan.spec import CpComm, GradCompression, Offload, Plan, Precision, Schedule, ZeroImpl, ZeroStage
+from simcore.plan.spec import CpComm, GradCompression, MoeDispatcher, Offload, Plan, Precision, Schedule, ZeroImpl, ZeroStage
 
 
 def check_executable(plan: Plan, device_type: str) -> None:
@@ -48,6 +48,8 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "layers (the embedding or the loss alone) is priced, not run by the executor"),
         (par.etp == par.tp, f"parallel.expert_tp={par.expert_tp} is priced, not run: the executor's experts are "
          "split over the tp ranks and its ep ranks come from dp x cp (expert_tp = tp)"),
+        (par.moe_dispatcher == MoeDispatcher.ALLTOALL, "parallel.moe_dispatcher=deepep is priced, not run: the "
+         "executor dispatches tokens with all_to_all_single (moe_dispatcher: alltoall)"),
     ]
     for ok, message in rules:
         if not ok:

@@ -24,6 +24,7 @@ waits for every later stage's reduction tail in turn.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from dataclasses import replace
 
@@ -36,7 +37,7 @@ from simcore.model import peak as pk
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import CpComm, Fp8Recipe, Plan, PlanError, Recompute
+from simcore.plan.spec import CpComm, Fp8Recipe, MoeDispatcher, Plan, PlanError, Recompute
 from simcore.results import GIB
 
 #: ``workload.model_flops_per_step`` kept per (model, global batch): a search asks for few.
@@ -102,6 +103,18 @@ def _logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
     return cmp.ops_time_s(wl.logits_forward_ops(model, b=b, s=s, tp=tp), dev)
 
 
+@functools.lru_cache(maxsize=256)
+def dispatch_ranks(experts: int, top_k: int, ep: int) -> float:
+    """Ranks a token is sent to when it travels once per rank (DeepEP): the expected number of
+    the ``ep`` ranks, each holding experts/ep of the experts, among which its ``top_k`` distinct
+    experts fall, with routing balanced (every expert equally likely, as the benchmarks force):
+    ep * (1 - C(E - E/ep, k) / C(E, k)). At most top_k (one expert per rank) and at least 1."""
+    if ep <= 1:
+        return 1.0
+    others = experts - experts // ep
+    return ep * (1.0 - math.comb(others, top_k) / math.comb(experts, top_k))
+
+
 def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
     """Blocking TP / CP / EP communication of one layer and one micro-batch (seconds), and
     (CPU host) the host compute TP's DTensor dispatch adds to it (``host_f``, ``host_b``)."""
@@ -128,7 +141,10 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
         out.update(_cp_comm(plan, dev, b, s))
     if m.moe and par.ep > 1:  # dispatch and combine all-to-alls (Lepikhin et al. 2021, GShard)
         net = coll.group_net(cl, dev, par.ep, par.etp if par.etp < par.tp else par.tp * par.cp)   # folded: across TP
-        routed = act * m.top_k * m.capacity_factor / (par.tp if par.sequence_parallel else 1)
+        copies = m.top_k * m.capacity_factor
+        if par.moe_dispatcher == MoeDispatcher.DEEPEP:   # once per destination rank, expanded there
+            copies = dispatch_ranks(m.experts, m.top_k, par.ep)
+        routed = act * copies / (par.tp if par.sequence_parallel else 1)
         out["ep_f"] = out["ep_b"] = 2 * coll.all_to_all_s(routed, net)
     return out
 

@@ -271,7 +271,10 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
     f["parallel.expert_tp"] = a.value("--expert-tensor-parallel-size")
     f["parallel.vpp"] = a.value("--num-virtual-stages-per-pipeline-rank")
     if (f["parallel.ep"] or 1) > 1:
-        a.value("--moe-token-dispatcher-type", str)
+        dispatcher = a.value("--moe-token-dispatcher-type", str)
+        backend = a.value("--moe-flex-dispatcher-backend", str)
+        if dispatcher == "flex" and (a.flag("--moe-enable-deepep") or backend == "deepep"):
+            f["parallel.moe_dispatcher"] = "deepep"   # DeepEP: a token once per destination rank
     if a.flag("--sequence-parallel"):
         f["parallel.sequence_parallel"] = True
     if a.flag("--tp-comm-overlap"):

@@ -3,7 +3,7 @@ broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
 from simcore.plan.spec import (
-    AttentionKernel, CpComm, Fp8Recipe, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
+    AttentionKernel, CpComm, Fp8Recipe, MoeDispatcher, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
 )
 
 
@@ -48,6 +48,8 @@ def check_plan(plan: Plan) -> None:
          f"parallel.zero_impl=deepspeed with parallel.pp={par.pp} needs parallel.zero 0 or 1 "
          "(DeepSpeed's pipeline engine runs ZeRO-1 at most)"),
         (par.ep == 1 or m.experts > 0, f"parallel.ep={par.ep} needs an MoE model (model.experts > 0)"),
+        (par.moe_dispatcher == MoeDispatcher.ALLTOALL or m.experts > 0,
+         "parallel.moe_dispatcher=deepep needs an MoE model (model.experts > 0)"),
         (par.ep == 1 or m.experts % par.ep == 0,
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,

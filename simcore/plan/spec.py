@@ -55,6 +55,18 @@ class CpComm(_Choice):
     A2A = "a2a"
 
 
+class MoeDispatcher(_Choice):
+    """How an MoE layer sends its tokens to the expert-parallel ranks: ``alltoall`` (Megatron-Core's
+    ``--moe-token-dispatcher-type alltoall``, torchtitan, trainplan's executor) sends a copy of a
+    token for each of its top-k experts; ``deepep`` (DeepSeek's DeepEP, Megatron-Core's ``flex``
+    dispatcher with ``--moe-enable-deepep``, NeMo AutoModel's ``dispatcher: deepep``) sends a token
+    once to each rank holding one or more of its experts and expands it there (DeepEP README,
+    "normal kernels": dispatch by rank, then by expert on the receiving rank)."""
+
+    ALLTOALL = "alltoall"
+    DEEPEP = "deepep"
+
+
 class ZeroImpl(_Choice):
     """The stack that runs ZeRO: ``fsdp2`` (torch FSDP2 ``fully_shard``, what trainplan's
     executor runs; one all-gather per block, one block prefetched) or ``deepspeed``
@@ -283,6 +295,8 @@ class ParallelSpec:
     tp_comm_overlap: bool = False
     """Overlap TP's all-gathers and reduce-scatters with the GEMMs they feed (Megatron-Core
     ``--tp-comm-overlap`` through Transformer Engine's userbuffers; needs sequence_parallel)."""
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+    """How MoE tokens travel to the expert-parallel ranks (``MoeDispatcher``)."""
 
     @property
     def gpus(self) -> int:

@@ -105,7 +105,10 @@ def _megatron_parallel_args(plan: Plan) -> list:
     args = [("--tensor-model-parallel-size", par.tp), ("--pipeline-model-parallel-size", par.pp)]
     if par.cp > 1:
         args.append(("--context-parallel-size", par.cp))
-    if par.ep > 1:
+    if par.ep > 1 and par.moe_dispatcher.value == "deepep":   # the flex dispatcher over DeepEP
+        args += [("--expert-model-parallel-size", par.ep), ("--moe-token-dispatcher-type", "flex"),
+                 ("--moe-enable-deepep", None)]
+    elif par.ep > 1:
         args += [("--expert-model-parallel-size", par.ep), ("--moe-token-dispatcher-type", "alltoall")]
     if par.etp != par.tp:   # Megatron's default expert TP is the dense TP
         args.append(("--expert-tensor-parallel-size", par.etp))
