@@ -280,6 +280,8 @@ def _check_modelled(plan: Plan) -> None:
               "are not modelled at torch's granularity"),
              (par.etp == par.tp, f"parallel.expert_tp={par.expert_tp}: the folded expert grid's collectives are "
               "not modelled at torch's granularity (the executor does not run it)"),
+             (par.moe_dispatcher.value == "alltoall", "parallel.moe_dispatcher=deepep: DeepEP's dispatch is not "
+              "modelled at torch's granularity (the executor does not run it)"),
              (every_layer or (par.tp == 1 and par.cp == 1),
               f"training.recompute={tr.recompute.value} with parallel.tp={par.tp}, cp={par.cp}: the collectives "
               "its partly recomputed blocks re-run are not modelled at torch's granularity")]

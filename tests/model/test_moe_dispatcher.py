@@ -69,6 +69,9 @@ def test_the_dispatcher_is_checked_refused_and_round_trips_through_megatron():
     from executors.support import check_executable
     with pytest.raises(ValueError, match=r"^parallel.moe_dispatcher=deepep is priced, not run"):
         check_executable(_plan(ep=4, moe_dispatcher="deepep"), "cpu")
+    from simcore.model.collective_plan import expected_calls
+    with pytest.raises(ValueError, match=r"^parallel.moe_dispatcher=deepep: DeepEP's dispatch is not modelled"):
+        expected_calls(_plan(ep=4, moe_dispatcher="deepep"), 0)
     plan = _plan(ep=8, moe_dispatcher="deepep")
     args = dict(megatron_args(plan))
     assert args["--moe-token-dispatcher-type"] == "flex" and "--moe-enable-deepep" in args
