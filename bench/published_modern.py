@@ -149,11 +149,13 @@ def _precision(row: pd.Series) -> dict:
     return {"precision": "bf16"}
 
 
-#: MoE rows whose notes name DeepEP (AutoModel's ``dispatcher: deepep``, its "TE + DeepEP"
-#: kernels) or Megatron-Core's flex dispatcher over DeepEP or HybridEP (Megatron-Bridge presets)
-#: run ``parallel.moe_dispatcher: deepep``: both backends send a token once to each rank holding
-#: one of its experts (Megatron-Core ``moe/token_dispatcher.py`` ``MoEFlexTokenDispatcher``:
-#: the routing map is reduced to ranks before the dispatch), not once per expert.
+def _deepep(row: pd.Series, ep: int) -> bool:
+    """MoE rows whose notes name DeepEP (AutoModel's ``dispatcher: deepep``, its "TE + DeepEP"
+    kernels) or Megatron-Core's flex dispatcher over DeepEP or HybridEP (Megatron-Bridge presets)
+    run ``parallel.moe_dispatcher: deepep``: both backends send a token once to each rank holding
+    one of its experts (Megatron-Core ``moe/token_dispatcher.py`` ``MoEFlexTokenDispatcher``:
+    the routing map is reduced to ranks before the dispatch), not once per expert."""
+    return ep > 1 and re.search(r"(?i)deepep|hybridep", str(row.notes)) is not None
 
 
 def _bridge_tp_overlap(row: pd.Series, tp: int) -> bool:
@@ -182,16 +184,16 @@ def base_doc(row: pd.Series) -> dict:
     parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep, **({"expert_tp": 1} if folded else {}),
                 "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
                 "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
-    if _ends_split(row):
-        parallel["stage_layers"] = _ends_split(row)
+    if split := _ends_split(row):
+        parallel["stage_layers"] = split
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
                 "recompute": str(_num(row.recompute, "none")), "flash_attention": True, **_precision(row)}
     if src in TORCHAO or src == AUTOMODEL:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
     if _bridge_tp_overlap(row, tp):
         parallel["tp_comm_overlap"] = True
-    if ep > 1 and re.search(r"(?i)deepep|hybridep", str(row.notes)):
-        parallel["moe_dispatcher"] = "deepep"   # the notes name the rank-deduplicating dispatcher
+    if _deepep(row, ep):
+        parallel["moe_dispatcher"] = "deepep"
     if src in TORCHAO:
         training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
     if _triton_attention(row):

@@ -49,6 +49,11 @@ class GroupNet:
     def ranks_per_node(self) -> int:
         return max(1, self.ranks // self.nodes)
 
+    @property
+    def hop_s(self) -> float:
+        """Latency of one point-to-point hop of the group: across nodes where it spans several."""
+        return self.inter_hop_s if self.nodes > 1 else self.intra_hop_s
+
 
 def nodes_per_leaf(cluster: ClusterSpec) -> int:
     """Nodes one leaf switch serves without going up a level: half its ports face down;
@@ -199,8 +204,7 @@ def all_to_all_s(size_bytes: float, net: GroupNet) -> float:
     n = net.ranks
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    hop = net.inter_hop_s if net.nodes > 1 else net.intra_hop_s
-    return net.base_latency_s + (n - 1) * hop + (n - 1) / n * size_bytes / net.bus_bytes_per_s
+    return net.base_latency_s + (n - 1) * net.hop_s + (n - 1) / n * size_bytes / net.bus_bytes_per_s
 
 
 def broadcast_s(size_bytes: float, net: GroupNet) -> float:

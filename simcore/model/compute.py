@@ -220,6 +220,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
     if precision in wl.LOW_PRECISION_FORMATS:   # low-precision linear layers, the rest in bf16 (linear_peak_flops)
         peak, linear_peak, linear_format = gpu.peak("bf16") or peak, peak, precision
     e = _entry(gpu, catalog_root)
+    attention = _attention(e, gpu, attention_kernel)
     coll, off = e["collective"], e.get("offload", {})
     return DeviceModel(
         name=gpu.name,
@@ -227,8 +228,8 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         hbm_bytes_per_s=gpu.hbm_bytes_per_s,
         matmul=EfficiencyCurve(points=tuple((float(s), float(v)) for s, v in e["matmul"]["points"]),
                                source=e["matmul"].get("source", "")),
-        attention_forward=float(_attention(e, gpu, attention_kernel)["forward"]),
-        attention_backward=float(_attention(e, gpu, attention_kernel)["backward"]),
+        attention_forward=float(attention["forward"]),
+        attention_backward=float(attention["backward"]),
         memory_efficiency=float(e["memory_bound"]["efficiency"]),
         kernel_overhead_s=float(e.get("kernel_overhead_us", 0.0)) * 1e-6,
         host_overhead_s=float(e.get("host_overhead_us", 0.0)) * 1e-6,

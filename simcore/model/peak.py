@@ -15,7 +15,6 @@ from simcore.plan.spec import Plan, ZeroStage
 #: that only loaded torch's CUDA kernels ("Efficient Training on a Single GPU", 2022,
 #: transformers docs/source/en/model_memory_anatomy.md at 249ef8164cfb: "1343 MB").
 CUDA_CONTEXT_BYTES = 1343 * 1024**2
-FRAMEWORK_BYTES = CUDA_CONTEXT_BYTES   # the older name
 #: The caching allocator's margin: bytes it reserves beyond the live tensors at the peak
 #: (torch.cuda.max_memory_reserved over max_memory_allocated), as a share of the tensors.
 #: An assumption, stated, not fitted: the allocator rounds large requests up to 2 MiB
@@ -27,9 +26,10 @@ FRAMEWORK_BYTES = CUDA_CONTEXT_BYTES   # the older name
 #: 80 GiB GPU. Settable per Plan (``training.allocator_margin``): 0 for
 #: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps pages instead of segments.
 ALLOCATOR_MARGIN = 0.10
-ALLOCATOR_FRAGMENTATION = ALLOCATOR_MARGIN   # the older name
 #: The kinds ``StepCosts.memory_bytes`` and traces carry, in order.
 MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework")
+
+
 def framework_terms(plan: Plan) -> tuple[float, float, bool]:
     """(CUDA context and library workspaces, the allocator's margin as a share of the tensor
     bytes, count comm buffers): ``training.allocator_margin`` where the Plan sets it; a

@@ -171,7 +171,7 @@ def _cp_comm(plan: Plan, dev: cmp.DeviceModel, b: int, s: int) -> dict[str, floa
         # stage's send (``_p2p_s``), not a collective's base latency; on a calibrated CPU host
         # the ring probe's measured layer cost already holds each exchange's latency
         # (``host_costs``), so only the bytes' term is added, as for TP's DTensor probe
-        hop = 0.0 if sum(dev.parallel_extra_s("cp")) > 0 else (net.inter_hop_s if net.nodes > 1 else net.intra_hop_s)
+        hop = 0.0 if sum(dev.parallel_extra_s("cp")) > 0 else net.hop_s
         return {"cp": (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, hop)}
     if par.cp_comm == CpComm.ALL_GATHER:
         one = coll.all_gather_s(kv * par.cp, net)
@@ -192,7 +192,7 @@ def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     bytes_ = wl.ACT_BYTES * tr.micro_batch * (m.seq_len // par.cp) * m.hidden / par.tp
     stride = par.tp * par.cp * par.dp
     net = coll.group_net(cl, dev, 2, stride)
-    hop = net.inter_hop_s if net.nodes > 1 else net.intra_hop_s
+    hop = net.hop_s
     if dev.p2p_send_s > 0:   # CPU host: the transit to a blocked receiver (calibrate's relay)
         hop = dev.p2p_wake_s
     return coll.send_recv_s(bytes_, net.bus_bytes_per_s, hop)
