@@ -86,7 +86,8 @@ def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunO
     heartbeat()
     first = checkpoint.load(trainer, opts.checkpoint_dir, plan) if opts.resume else 0
     heartbeat()
-    rec = record.Recorder(rank=rank, axis_of=record.axis_map(mesh), enabled=False)
+    rec = record.Recorder(rank=rank, axis_of=record.axis_map(mesh), enabled=False,
+                          sync=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None)
     for stage in trainer.stages:
         record.instrument_stage(stage, rec)
     saved = measure.SavedActivations([p for part in trainer.parts for p in part.parameters()])
@@ -118,14 +119,18 @@ def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunO
     if opts.checkpoint_dir:
         checkpoint.save(trainer, opts.checkpoint_dir, first + opts.steps, plan)
         heartbeat()
-    memory = measure.state_bytes(trainer.parts, trainer.optimizer)
+    memory = measure.state_bytes(trainer.parts, trainer.optimizer, device.type)
     memory["activations"] = float(saved.peak)
     if plan.parallel.zero == ZeroStage.GRADIENTS:   # FSDP2 keeps the unsharded parameters until backward
         memory["weights"] += saved.unsharded_peak
+    cuda = {}
     if device.type == "cuda":
         memory["framework"] = max(0.0, torch.cuda.max_memory_allocated(device) - sum(memory.values()))
+        free, total = torch.cuda.mem_get_info(device)
+        cuda = {"cuda_memory": {"max_allocated": torch.cuda.max_memory_allocated(device),
+                                "max_reserved": torch.cuda.max_memory_reserved(device), "device_used": total - free}}
     return {"rank": rank, "steps": steps, "losses": losses, "memory_bytes": memory,
-            "device": str(device), "host": socket.gethostname()}
+            "device": str(device), "host": socket.gethostname(), **cuda}
 
 
 def _null():

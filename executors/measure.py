@@ -99,13 +99,19 @@ def _storage_ptr(t):
         return None
 
 
-def state_bytes(parts, optimizer) -> dict[str, float]:
-    """Weights, gradients and optimizer states held by this rank, in bytes."""
+def state_bytes(parts, optimizer, device_type: str | None = None) -> dict[str, float]:
+    """Weights, gradients and optimizer states held by this rank, in bytes (with
+    ``device_type``: those on that device alone; CPU offload keeps them on the host)."""
+    def nbytes(t) -> int:
+        local = getattr(t, "_local_tensor", t)
+        if device_type and isinstance(local, torch.Tensor) and local.device.type != device_type:
+            return 0
+        return tensor_bytes(t)
     params = [p for part in parts for p in part.parameters()]
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard in .optim
-    opt = sum(tensor_bytes(v) for state in inner.state.values() for v in state.values())
-    return {"weights": float(sum(map(tensor_bytes, params))),
-            "gradients": float(sum(tensor_bytes(p.grad) for p in params)),
+    opt = sum(nbytes(v) for state in inner.state.values() for v in state.values())
+    return {"weights": float(sum(map(nbytes, params))),
+            "gradients": float(sum(nbytes(p.grad) for p in params)),
             "optimizer_states": float(opt)}
 
 
@@ -180,6 +186,8 @@ def summarise(plan, records: list[dict], warmup: int) -> StepResult:
         extra={"loss_first": records[0]["losses"][0], "loss_last": records[0]["losses"][-1],
                **({"dp_sync_wait_s": sum(waits) / k} if any(waits) else {}),
                **({"recorder_overhead": recorded_time / step_time - 1} if bare else {}),
+               **{f"cuda_memory.{k}": float(max(r["cuda_memory"][k] for r in records))
+                  for k in (records[0].get("cuda_memory") or {})},
                **{f"calls.{kind}.{axis}": float(c) for (kind, axis), c in sorted(calls.items())}})
 
 

@@ -42,6 +42,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from executors import groups, moe, tied
+from executors.float8 import apply_float8
 from executors.recompute import apply_recompute
 from executors.ring_attention import apply_cp
 from executors.support import check_executable  # noqa: F401  (launch and the tests find it here)
@@ -159,9 +160,9 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
     """DDP (zero 0/1), FSDP2-based replicate (zero 0 with TP) or FSDP2 fully_shard (zero 2/3);
     ``ignored`` parameters (an expert-parallel rank's experts) are left to ``executors.moe``."""
     par = plan.parallel
-    if par.dp * par.cp == 1:
+    if par.dp * par.cp == 1 and plan.training.offload == Offload.NONE:
         return model
-    if par.zero >= ZeroStage.GRADIENTS:
+    if par.zero >= ZeroStage.GRADIENTS:   # offload on one rank too: FSDP2 over a mesh of one
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
         return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored))
     if uses_replicate(plan):
@@ -286,7 +287,7 @@ class Trainer:
         prec = self.plan.training.precision
         if prec == Precision.FP32:
             return contextlib.nullcontext()
-        dtype = torch.bfloat16 if prec == Precision.BF16 else torch.float16
+        dtype = torch.float16 if prec == Precision.FP16 else torch.bfloat16   # fp8: the rest of the model in bf16
         return torch.autocast(self.device.type, dtype=dtype)
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, span=None) -> float | None:
@@ -356,6 +357,8 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
     parts, positions, experts = [], None, []
     for sid in ids:
         module = build_stage_module(plan, sid, seed).to(device)
+        if plan.training.precision == Precision.FP8:
+            apply_float8(module, plan.training.fp8_recipe)
         moe.set_aux_scale(module, 1 if par.pp > 1 else plan.num_microbatches)
         if par.cp > 1:
             positions = apply_cp(module, mesh["cp"], plan.model.seq_len)

@@ -102,6 +102,8 @@ def _entry(rank, fn, world, port, outdir, timeout_s, beats, parent, args):
     path = Path(outdir) / f"rank{rank}.pkl"
     try:
         device = init_distributed(rank, world, timeout_s * watchdog.COLLECTIVE_TIMEOUT_FACTOR)
+        if device.type == "cuda":   # a GPU rank's host threads are CPU offload's Adam: its share of the cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         watchdog.heartbeat()
         result = ("ok", fn(rank, world, device, *args))
     except BaseException as exc:  # reported to the parent, which names the rank

@@ -71,6 +71,9 @@ class Recorder:
     counts: Counter = field(default_factory=Counter)
     step_start: float = 0.0
     enabled: bool = True
+    sync: object = None
+    """A GPU's synchronize, called at each compute span's edges so that the span holds its
+    kernels' time, not their launches' (None on a CPU, whose kernels run as they are issued)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _local: threading.local = field(default_factory=threading.local)
 
@@ -84,10 +87,14 @@ class Recorder:
     @contextlib.contextmanager
     def span(self, kind: str, name: str):
         """Time one piece of work on the compute stream."""
+        if self.sync:
+            self.sync()
         start = self.now()
         try:
             yield
         finally:
+            if self.sync:
+                self.sync()
             self.spans.append(("compute", kind, name, start, self.now(), 0.0))
 
     def comm(self, kind: str, axis: str, nbytes: float, start: float, end: float, blocking: bool) -> None:

@@ -1,7 +1,7 @@
 """The layouts this executor cannot run, each refused with one sentence naming the field.
 
 What stays refused needs hardware or libraries a CPU host lacks (offload and fp16 need a
-GPU, FP8 needs torchao's kernels, bf16 gradient compression NCCL, TP communication overlap
+GPU, FP8 a GPU with FP8 tensor cores and torchao, bf16 gradient compression NCCL, TP communication overlap
 CUDA's userbuffers) or a combination torch's wrappers do not compose (DDP's communication
 hooks with DTensor parameters or under the zero-bubble split backward); the strategies of
 other stacks the model prices (DeepSpeed's ZeRO, context parallel's all-gather and Ulysses
@@ -9,6 +9,7 @@ variants, Megatron's uniform recompute groups) are not run here.
 """
 from __future__ import annotations
 
+from executors.float8 import TORCHAO_RECIPES, torchao_available
 from executors.recompute import check_recompute
 from simcore.plan.spec import CpComm, GradCompression, MoeDispatcher, Offload, Plan, Precision, Schedule, ZeroImpl, ZeroStage
 
@@ -22,7 +23,15 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "state off a GPU, and this host has none"),
         (tr.offload == Offload.NONE or par.zero >= ZeroStage.GRADIENTS,
          f"training.offload={tr.offload.value} needs parallel.zero>=2 (FSDP2's CPUOffloadPolicy)"),
-        (tr.precision != Precision.FP8, "training.precision=fp8 is not supported by the executor (needs torchao)"),
+        (tr.offload != Offload.OPTIMIZER, "training.offload=optimizer is priced, not run: FSDP2's CPUOffloadPolicy "
+         "keeps the parameters and gradients on the host too (training.offload: optimizer+params)"),
+        (tr.precision != Precision.FP8 or (device_type == "cuda" and torchao_available()),
+         "training.precision=fp8 needs a GPU with FP8 tensor cores and torchao installed (torchao.float8)"),
+        (tr.precision != Precision.FP8 or tr.fp8_recipe in TORCHAO_RECIPES,
+         f"training.fp8_recipe={tr.fp8_recipe.value} is priced, not run: the executor's FP8 is torchao's "
+         "(fp8_recipe: tensorwise or rowwise)"),
+        (tr.precision != Precision.FP8 or par.tp == 1, "training.precision=fp8 runs with parallel.tp=1: torchao's "
+         "float8 tensor-parallel styles are not applied by the executor"),
         (tr.precision not in (Precision.MXFP8, Precision.NVFP4),
          f"training.precision={tr.precision.value} is not supported by the executor (needs Transformer Engine)"),
         (tr.precision != Precision.FP16 or device_type == "cuda",

@@ -22,6 +22,11 @@ from executors.calibrate.parallel_probes import PARALLEL_PROBE_METHOD
 from executors.calibrate.probes import GIB, PROBE_LAYER, _dispatch_s, probe_kernels, probe_spec, recompute_kernels
 from executors.calibrate.wrapper_probes import wrapper_kernels
 
+#: Host bytes per parameter the offload model charges a CPU Adam step (``efficiency.yaml``'s
+#: ``adam_host_bytes_per_param``: fp32 parameter, gradient and two moments read, three written,
+#: the 16-bit copy written; DeepSpeed csrc/adam/cpu_adam.cpp).
+OFFLOAD_ADAM_BYTES = 32
+
 
 def matmul_curve(rows: list[dict], precision: str, peak: float) -> list[list[float]]:
     """Efficiency points (GEMM FLOPs, fraction of the measured peak), median per size.
@@ -35,11 +40,12 @@ def matmul_curve(rows: list[dict], precision: str, peak: float) -> list[list[flo
     return [[f, round(min(1.0, statistics.median(v)), 4)] for f, v in sorted(by_flops.items())]
 
 
-def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.device, *,
+def build_profile(matmul, memory, collectives, oversub, device: torch.device, *,
                   host: dict | None = None, optimizer: dict | None = None, parallel: dict | None = None,
-                  grouped: dict | None = None, seconds: float = 0.0) -> dict:
+                  grouped: dict | None = None, gpu: dict | None = None, seconds: float = 0.0) -> dict:
     """The profile document from the raw measurements (``grouped``: the parallel probe on more
-    ranks, whose figures are kept under ``name@ranks``, ``at_ranks``)."""
+    ranks, whose figures are kept under ``name@ranks``, ``at_ranks``; ``gpu``: the GPU probes'
+    device facts, host copies and attention rows, ``executors.calibrate.gpu_probes``)."""
     hostname = socket.gethostname()
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     source = f"measured by trainplan calibrate on {hostname}, {date}"
@@ -53,6 +59,11 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
     peak, copy_bytes_per_s = peaks[main_precision], memory["copy_bytes_per_s"]
     cores = os.cpu_count() or 1
     efficiency = _efficiency(matmul, memory, fits, hop, ar, main_precision, peak, source)
+    if gpu:
+        gpu_efficiency(efficiency, gpu, matmul, peaks, source)
+        if torch.cuda.device_count() < 2:
+            efficiency["collective"]["source"] += ("; one GPU: gloo over the host's CPU (NCCL refuses two ranks on "
+                                                   "one device), so no NCCL figure: a single-GPU plan issues none")
     if host:
         _host_efficiency(efficiency, host, oversub, cpu, peak, copy_bytes_per_s, source)
     if optimizer:
@@ -72,23 +83,27 @@ def build_profile(matmul, memory, collectives, oversub, h2d, device: torch.devic
         _rank_tables(efficiency, oversub)
     return {
         "measured_on": {"host": hostname, "date": date, "torch": str(torch.__version__), "device": str(device),
-                        "backend": "gloo" if cpu else "nccl", "cpu_cores": cores,
-                        "calibration_s": round(seconds, 1)},
-        "device": _device(device, peaks, memory, ring, h2d, hostname, source),
+                        "backend": "gloo" if cpu or torch.cuda.device_count() < 2 else "nccl", "cpu_cores": cores,
+                        "calibration_s": round(seconds, 1), **({"gpu": gpu["facts"]} if gpu else {})},
+        "device": _device(device, peaks, memory, ring, (gpu or {}).get("host_copies"), hostname, source),
         "node": {"cpu_cores": cores, "host_memory_gib": round(_host_memory_gib(), 3)},
         "efficiency": efficiency,
         "oversubscription": _oversubscription(oversub, source),
         "collectives": fits,
-        "raw": {"matmul": matmul, "memory": memory, "collectives": collectives, "h2d_bytes_per_s": h2d,
+        "raw": {"matmul": matmul, "memory": memory, "collectives": collectives,
+                **({k: gpu[k] for k in ("host_copies", "attention", "cpu_optimizer") if k in gpu} if gpu else {}),
                 "host_overhead": host, "optimizer": optimizer, "parallel_host": parallel,
                 "executor_one_rank": oversub.get("one_rank_step") or {}},
     }
 
 
-def _device(device: torch.device, peaks: dict, memory: dict, ring: dict, h2d, hostname: str, source: str) -> dict:
+def _device(device: torch.device, peaks: dict, memory: dict, ring: dict, copies: dict | None, hostname: str,
+            source: str) -> dict:
     """The ``device`` section, in the schema of ``topologies/catalog/gpus.yaml``: the measured
-    peaks, memory and copy bandwidth, the all-reduce ring's bus bandwidth as the intra-node link."""
+    peaks, memory and copy bandwidth, the all-reduce ring's bus bandwidth as the intra-node link,
+    the pinned host-to-device copy rate as the PCIe link (a GPU)."""
     cpu = device.type == "cpu"
+    h2d = (copies or {}).get("h2d_pinned")
     if not cpu:
         props = torch.cuda.get_device_properties(device)
         name, hbm_gib = props.name.lower().replace(" ", "-"), props.total_memory / GIB
@@ -148,6 +163,51 @@ def _host_efficiency(efficiency: dict, host: dict, oversub: dict, cpu: bool, pea
             f"{source}; the same probe layer's per-kernel time less its modelled device time (the "
             "cold-cache matmul curve and copy bandwidth): on a CPU the issuing thread runs each kernel, "
             "so simcore.model.compute.phase_s adds this to the device time")
+
+
+#: Reference sequence length of a GPU profile's attention fractions: the catalog's length
+#: curves are relative to 2048 query tokens and hold at 1 from there.
+ATTENTION_REF_SEQ = 2048
+#: Smallest GEMM (FLOPs) whose FP8/BF16 efficiency ratio enters ``fp8_matmul_ratio``: the
+#: sizes a large model's linear layers run at.
+FP8_RATIO_MIN_FLOPS = 1e10
+
+
+def gpu_efficiency(efficiency: dict, gpu: dict, matmul: list[dict], peaks: dict, source: str) -> None:
+    """A GPU's own figures in ``efficiency``: FlashAttention's fractions of the bf16 peak at
+    ``ATTENTION_REF_SEQ`` tokens with the length curve below it (forward), the FP8 GEMM's
+    efficiency relative to bf16's at the same FLOPs, and the host side of optimizer offload
+    (torch's AdamW on this host's cores, as FSDP2's CPUOffloadPolicy runs it)."""
+    rows = sorted(gpu.get("attention") or [], key=lambda r: r["seq"])
+    if rows and "bf16" in peaks:
+        ref = max((r for r in rows if r["seq"] <= ATTENTION_REF_SEQ), key=lambda r: r["seq"], default=rows[0])
+        efficiency["attention"] = {
+            "forward": round(ref["forward_flops_per_s"] / peaks["bf16"], 4),
+            "backward": round(ref["backward_flops_per_s"] / peaks["bf16"], 4),
+            "length_points": [[r["seq"], round(r["forward_flops_per_s"] / ref["forward_flops_per_s"], 4)]
+                              for r in rows if r["seq"] <= ref["seq"]],
+            "source": f"{source}; torch SDPA FlashAttention kernel, causal bf16, {rows[0]['heads']} heads of "
+                      f"{rows[0]['head_dim']}, batch x seq = {rows[0]['batch'] * rows[0]['seq']} tokens, at "
+                      f"{ref['seq']} tokens over the measured bf16 GEMM peak (FLOPs as simcore.model.workload "
+                      "counts them); length_points: forward rate at shorter sequences over it"}
+    if "fp8" in peaks and "bf16" in peaks:
+        bf16 = {r["flops"]: r["flops_per_s"] / peaks["bf16"] for r in matmul if r["precision"] == "bf16"}
+        ratios = [r["flops_per_s"] / peaks["fp8"] / bf16[r["flops"]] for r in matmul
+                  if r["precision"] == "fp8" and r["flops"] in bf16 and r["flops"] >= FP8_RATIO_MIN_FLOPS]
+        if ratios:
+            efficiency["fp8_matmul_ratio"] = round(statistics.median(ratios), 4)
+            efficiency["fp8_matmul_ratio_source"] = (
+                f"{source}; torch._scaled_mm (e4m3, per-tensor scales, bf16 out) over the bf16 GEMM at equal "
+                f"FLOPs, each as a fraction of its own measured peak, median over GEMMs of >= "
+                f"{FP8_RATIO_MIN_FLOPS:.0e} FLOPs: the GEMM alone, without a recipe's casts and amax")
+    cpu_adam = gpu.get("cpu_optimizer")
+    if cpu_adam:
+        efficiency["offload"] = {
+            "host_memory_gbyte_per_s": OFFLOAD_ADAM_BYTES / 4 * cpu_adam["param_bytes_per_s"] / 1e9,
+            "adam_host_bytes_per_param": OFFLOAD_ADAM_BYTES,
+            "source": f"{source}; torch.optim.AdamW on this host's {os.cpu_count()} cores (FSDP2's CPUOffloadPolicy "
+                      f"steps it there), its fp32 parameter rate times {OFFLOAD_ADAM_BYTES // 4}: the bandwidth "
+                      f"that charges {OFFLOAD_ADAM_BYTES} B per parameter at the measured step time"}
 
 
 def _parallel_host(parallel: dict, grouped: dict | None, host: dict | None, oversub: dict, fits: dict, peak: float,

@@ -7,6 +7,7 @@ is a ping-pong, half a round trip (the p2p latency).
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -94,13 +95,26 @@ def _collective_rank(rank: int, world: int, device, sizes: tuple[int, ...], nbyt
 
 
 def bench_collectives(backend: str, group_sizes=GROUP_SIZES, nbytes_list=COLLECTIVE_BYTES) -> list[dict]:
-    """One launch of max(group_sizes) ranks (fork on CPU); rank 0's rows."""
+    """One launch of max(group_sizes) ranks (fork on a CPU host); rank 0's rows. gloo on a host
+    with a GPU (one GPU: NCCL refuses two ranks on a device) runs CPU ranks, started fresh with
+    the GPU hidden from them (CUDA cannot be used in a forked child of a process that holds it)."""
     from executors.procs import spawn
 
-    method = "fork" if backend == "gloo" else "spawn"
+    gpu_host = torch.cuda.is_available()
+    method = "fork" if backend == "gloo" and not gpu_host else "spawn"
     world = max(group_sizes)
-    out = spawn(_collective_rank, world, (tuple(sorted(group_sizes)), tuple(nbytes_list)), timeout_s=120,
-                start_method=method)
+    hide = backend == "gloo" and gpu_host
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hide:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        out = spawn(_collective_rank, world, (tuple(sorted(group_sizes)), tuple(nbytes_list)), timeout_s=120,
+                    start_method=method)
+    finally:
+        if hide and saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        elif hide:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
     return out[0]
 
 

@@ -1,7 +1,7 @@
 """Single-process probes of the device at hand (``executors.calibrate.build`` fits them into a
 profile): GEMM throughput over a grid of shapes and precisions (on a CPU also a transformer
 layer's GEMM shapes with their operands out of cache), memory-bound copy bandwidth and the
-fixed cost of a tiny kernel, pinned host-device copy bandwidth on a GPU, the eager host cost
+fixed cost of a tiny kernel (a GPU's own probes: ``executors.calibrate.gpu_probes``), the eager host cost
 per modelled kernel of a tiny transformer layer (plain and under ``checkpoint_wrapper``), and
 AdamW's cost per parameter tensor and per byte.
 
@@ -134,15 +134,6 @@ def bench_memory(device: torch.device) -> dict:
     tiny = torch.ones(1, device=device)
     tiny_s = time_op(lambda: tiny.add_(1.0), device, min_time_s=0.02)
     return {"copy_bytes_per_s": 2 * n * 4 / copy_s, "kernel_overhead_s": tiny_s}
-
-
-def bench_host_device(device: torch.device) -> float | None:
-    """Pinned host-to-device copy bandwidth, bytes/s (None on a CPU host)."""
-    if device.type != "cuda":
-        return None
-    host = torch.empty(256 * 1024**2, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty_like(host, device=device)
-    return host.numel() / time_op(lambda: dev.copy_(host, non_blocking=True), device, min_time_s=0.2)
 
 
 def probe_spec(**over):

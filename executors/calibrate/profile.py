@@ -18,8 +18,10 @@ What is measured, on the backend a run will use (gloo on CPU, nccl on GPU), and 
   issuing thread runs each kernel, less the layer's modelled device time: the per-kernel
   dispatch time ``simcore.model.compute.phase_s`` adds to the device time), and the same layer
   under full and selective ``checkpoint_wrapper``; the optimizer step (``AdamW`` as the
-  executor builds it): a cost per parameter tensor and a bandwidth; on a GPU the pinned
-  host-device copy bandwidth;
+  executor builds it): a cost per parameter tensor and a bandwidth;
+- ``executors.calibrate.gpu_probes``, on a GPU: GEMMs up to 16k per precision (fp32, tf32,
+  bf16, fp16, fp8), SDPA's FlashAttention forward and backward over sequence lengths,
+  streaming bandwidth beyond the L2, host-device copies (pinned and pageable, both ways);
 - ``executors.calibrate.collective_probes``: all-reduce, all-gather, reduce-scatter, broadcast,
   all-to-all and send/recv latency and bandwidth over message sizes, for group sizes 2
   and 4, fitted as t = a + n/b (Hockney's alpha-beta model);
@@ -58,9 +60,10 @@ from executors.calibrate.oversubscription import (_per_rank, _scale_compute, anc
                                                   one_rank_step_s)
 from executors.calibrate.parallel_probes import (GROUPED_PROBE_MODES, GROUPED_PROBE_RANKS, PARALLEL_PROBE_REPS,
                                                  bench_parallel_host)
-from executors.calibrate.probes import (LAYER_GEMM_HIDDEN, MATMUL_SIZES, _dispatch_s, bench_host_device,
-                                        bench_host_overhead, bench_layer_gemms, bench_matmul, bench_memory,
-                                        bench_optimizer)
+from executors.calibrate.gpu_probes import (ATTENTION_SEQS, GPU_MATMUL_SIZES, bench_attention, bench_cpu_optimizer,
+                                            bench_gpu_matmul, bench_gpu_memory, bench_host_copies, device_facts)
+from executors.calibrate.probes import (LAYER_GEMM_HIDDEN, MATMUL_SIZES, _dispatch_s, bench_host_overhead,
+                                        bench_layer_gemms, bench_matmul, bench_memory, bench_optimizer)
 from simcore.results import atomic_write_text
 from topologies.profile import host_slowdown
 
@@ -84,39 +87,48 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    precisions = ["bf16", "fp16"] if device.type == "cuda" else ["fp32", "bf16"]
-    sizes = MATMUL_SIZES[:4] if quick else MATMUL_SIZES
+    gpu = device.type == "cuda"
+    precisions = ["fp32", "tf32", "bf16", "fp16"] if gpu else ["fp32", "bf16"]
     with tqdm(total=len(precisions) + 8, desc="calibrate", disable=not progress, unit="bench") as bar:
-        matmul = bench_matmul(device, precisions, sizes, bar)
-        if device.type == "cpu":
+        if gpu:
+            matmul = bench_gpu_matmul(device, GPU_MATMUL_SIZES[:4] if quick else GPU_MATMUL_SIZES, bar)
+            memory = _logged("copy bandwidth", bench_gpu_memory, device)
+            extra = {"facts": device_facts(device), "host_copies": _logged("host copies", bench_host_copies, device),
+                     "attention": _logged("attention", bench_attention, device,
+                                          ATTENTION_SEQS[:3] if quick else ATTENTION_SEQS),
+                     "cpu_optimizer": _logged("CPU AdamW", bench_cpu_optimizer)}
+        else:
+            matmul = bench_matmul(device, precisions, MATMUL_SIZES[:4] if quick else MATMUL_SIZES, bar)
             matmul += bench_layer_gemms(hidden=LAYER_GEMM_HIDDEN[:3] if quick else LAYER_GEMM_HIDDEN)
-        memory = bench_memory(device)
+            memory, extra = bench_memory(device), None
+        bar.update(2)
+        host = _logged("host overhead", bench_host_overhead, device, reps=10 if quick else 40)
         bar.update(1)
-        h2d = bench_host_device(device)
-        bar.update(1)
-        host = bench_host_overhead(device, reps=10 if quick else 40)
-        bar.update(1)
-        optimizer = bench_optimizer(device)
+        optimizer = _logged("optimizer", bench_optimizer, device)
         bar.update(1)
         oversub = {}
-        if device.type == "cpu":
+        if not gpu:
             oversub = bench_oversubscription((1, 2), window_s=0.1, cycles=1) if quick else bench_oversubscription()
         bar.update(1)
-        backend = "nccl" if device.type == "cuda" and torch.cuda.device_count() >= 2 else "gloo"
+        # one GPU: NCCL refuses two ranks on one device, so the collectives are gloo's over the
+        # host (single-GPU plans issue none but the loss's all-reduce); the source says so
+        backend = "nccl" if gpu and torch.cuda.device_count() >= 2 else "gloo"
         if backend == "nccl":
             groups = tuple(n for n in GROUP_SIZES if n <= torch.cuda.device_count())
         else:
             groups = (2,) if quick else GROUP_SIZES
-        collectives = bench_collectives(backend, groups, QUICK_COLLECTIVE_BYTES if quick else COLLECTIVE_BYTES)
+        collectives = _logged("collectives", bench_collectives, backend, groups,
+                              QUICK_COLLECTIVE_BYTES if quick else COLLECTIVE_BYTES)
         bar.update(1)
-        parallel = bench_parallel_host(reps=4 if quick else PARALLEL_PROBE_REPS) if backend == "gloo" else None
+        # the torch wrappers' host costs on CPU ranks (a GPU's are its kernels' and NCCL's)
+        parallel = bench_parallel_host(reps=4 if quick else PARALLEL_PROBE_REPS) if not gpu else None
         bar.update(1)
         # four ranks on the cores (the quick calibration measures no four-rank slowdown to convert it by)
         grouped = bench_parallel_host(world=GROUPED_PROBE_RANKS, modes=GROUPED_PROBE_MODES) \
             if parallel and not quick else None
         bar.update(1)
-    profile = build_profile(matmul, memory, collectives, oversub, h2d, device, host=host, optimizer=optimizer,
-                            parallel=parallel, grouped=grouped, seconds=time.perf_counter() - t0)
+    profile = build_profile(matmul, memory, collectives, oversub, device, host=host, optimizer=optimizer,
+                            parallel=parallel, grouped=grouped, gpu=extra, seconds=time.perf_counter() - t0)
     if not quick:
         pool_host_costs(profile, _previous_profile(out))
     if parallel:
@@ -125,6 +137,16 @@ def calibrate(out: str | os.PathLike, *, quick: bool = False, progress: bool = T
         p2p_in_sim_unit(profile["efficiency"], grouped["per_kernel_s"], grouped["ranks"], f"@{grouped['ranks']}")
     atomic_write_text(out, yaml.safe_dump(profile, sort_keys=False))
     return anchor_to_executor(profile, out)
+
+
+def _logged(name: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, its duration on stderr (a probe that runs long shows where)."""
+    import sys
+
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    print(f"calibrate: {name} {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    return out
 
 
 def backup_profile(path) -> Path:

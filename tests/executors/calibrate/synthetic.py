@@ -22,7 +22,7 @@ def synthetic_profile():
     host = {"forward_s": 4e-4, "backward_s": 6e-4, "forward_kernels": 12, "backward_kernels": 16,
             "per_kernel_s": 1e-3 / 28}
     opt = {"per_tensor_s": 2e-5, "param_bytes_per_s": 1e9}
-    return build.build_profile(matmul, memory, coll, oversub, None, torch.device("cpu"), host=host, optimizer=opt)
+    return build.build_profile(matmul, memory, coll, oversub, torch.device("cpu"), host=host, optimizer=opt)
 
 
 DOC = {"name": "t", "model": {"name": "tiny", "layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32,

@@ -80,7 +80,7 @@ def test_wrapper_host_costs_are_converted_to_the_simulators_per_kernel_unit():
     modes = {k: {"forward_kernels": 10.0, "backward_kernels": 20.0} for k in ("tp", "tp_sp", "fsdp_zero2", "fsdp_zero3")}
     parallel = {"ranks": 2, "per_kernel_s": 50e-6, **modes, "optimizer_per_tensor_kernels": 1.0,
                 "optimizer_dtensor_per_tensor_kernels": 4.0}
-    prof = build.build_profile(matmul, memory, coll, oversub, None, torch.device("cpu"), host=host, parallel=parallel)
+    prof = build.build_profile(matmul, memory, coll, oversub, torch.device("cpu"), host=host, parallel=parallel)
     ph = prof["efficiency"]["parallel_host"]
     assert wprobes.wrapper_kernels(parallel, oversub["layer"]) == {k: ph[k] for k in wprobes.wrapper_kernels(parallel, oversub["layer"])}
     unit = 50e-6 * 400.0 * 28
@@ -153,7 +153,7 @@ def test_grouped_probe_figures_are_kept_in_the_simulators_unit_for_their_rank_co
                 "optimizer_dtensor_per_tensor_kernels": 4.0, "comm_share": {"tp": [0.4, 0.3]}}
     grouped = {"ranks": 4, "per_kernel_s": 60e-6, "tp": {"forward_kernels": 30.0, "backward_kernels": 40.0},
                "comm_share": {"tp": [0.7, 0.6]}, "p2p_send_kernels": 2.0, "p2p_latency_kernels": 20.0}
-    prof = build.build_profile(matmul, memory, coll, oversub, None, torch.device("cpu"), host=host,
+    prof = build.build_profile(matmul, memory, coll, oversub, torch.device("cpu"), host=host,
                              parallel=parallel, grouped=grouped)
     eff = prof["efficiency"]
     ph = eff["parallel_host"]
