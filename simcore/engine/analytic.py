@@ -13,7 +13,8 @@ The analytic step, for the slowest pipeline rank with per-micro-batch time T = C
   (``fsdp_calls.fsdp_stage_calls``), and, without pipelining, its per-micro-batch
   reduce-scatters hidden behind the layer's compute by prefetching, the excess exposed;
   pipelined, FSDP2 reduce-scatters once after the stage's last backward, as DDP reduces;
-- offload: PCIe copies overlapped with the host optimizer step; the longer one counts.
+- offload: PCIe copies overlapped with the host optimizer step; the longer one counts
+  (DeepSpeed's); FSDP2's copies run inside the forward and backward, so they add to it.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from itertools import repeat
 from operator import add, truediv
 
 from simcore.model.costs import StepCosts
+from simcore.model.dp_costs import fsdp2_offload
 from simcore.model.schedules import Action, Op, fused_p2p
 from simcore.plan.spec import Offload, Schedule
 from simcore.results import GIB, StepResult, rate_fields
@@ -159,7 +161,7 @@ def analytic(c: StepCosts) -> StepResult:
     dp_exposed = _reduce_tail(grad, buckets, window)
     dp_exposed += _interference_loss(c) * (grad - dp_exposed)   # the hidden part slows the backward
     offloaded = tr.offload != Offload.NONE
-    offload_s = max(opt, copies) if offloaded else 0.0
+    offload_s = (opt + copies if fsdp2_offload(c.plan) else max(opt, copies)) if offloaded else 0.0
     compute_s = m * o["compute"] + (0.0 if offloaded else opt)
     exposed = m * o["comm"] + dp_exposed + sync
     bubble = max(0.0, pipe - m * (o["compute"] + o["comm"]))

@@ -23,7 +23,7 @@ import torch.testing  # noqa: F401  (imported before the ranks fork, like everyt
 from executors import launch, moe, parallel, procs, record
 from executors.model import build_model, loss_fn
 from simcore.plan.load import plan_from_dict
-from simcore.plan.spec import Offload, Precision
+from simcore.plan.spec import Fp8Recipe, Offload, Precision
 
 LR = 0.5
 #: fp32 sums in another order: relative error of the updates well under 1e-4.
@@ -251,6 +251,30 @@ def test_offload_on_cpu_is_a_clear_error():
     plan = dataclasses.replace(plan, training=dataclasses.replace(plan.training, offload=Offload.OPTIMIZER_PARAMS))
     with pytest.raises(ValueError, match="offload=optimizer\\+params needs an accelerator"):
         parallel.check_executable(plan, "cpu")
+
+
+def test_offload_of_the_optimizer_alone_is_a_clear_error():
+    plan = make_plan(dp=2, zero=3)
+    plan = dataclasses.replace(plan, training=dataclasses.replace(plan.training, offload=Offload.OPTIMIZER))
+    with pytest.raises(ValueError, match="CPUOffloadPolicy keeps the parameters and gradients on the host too"):
+        parallel.check_executable(plan, "cuda")
+
+
+@pytest.mark.parametrize("recipe, device, message", [
+    (Fp8Recipe.TENSORWISE, "cpu", "fp8 needs a GPU with FP8 tensor cores and torchao"),
+    (Fp8Recipe.DELAYED, "cuda", "fp8_recipe=delayed is priced, not run"),
+])
+def test_fp8_the_executor_cannot_run_is_a_clear_error(recipe, device, message):
+    import executors.support as support
+
+    plan = make_plan(dp=2)
+    fp8 = dataclasses.replace(plan, training=dataclasses.replace(plan.training, precision=Precision.FP8,
+                                                                 fp8_recipe=recipe))
+    with pytest.MonkeyPatch.context() as mp:
+        # torchao present on the GPU (the recipe rule), absent on the CPU: either way one sentence
+        mp.setattr(support, "torchao_available", lambda: device == "cuda")
+        with pytest.raises(ValueError, match=message):
+            parallel.check_executable(fp8, device)
 
 
 def test_fp16_on_cpu_is_a_clear_error():
