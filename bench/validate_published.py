@@ -17,7 +17,7 @@ How rows map onto Plans (the same rules for every row of a source; nothing per r
 - narayanan2021_table1: full recompute, no flash attention, no SP, tied embeddings, the
   interleaved schedule (Sec. 5.1); ZeRO 0 (Megatron's DDP, 2021).
 - megatron_readme_2024_h100_weak: Megatron-Core r0.8 with TE: flash attention, sequence
-  parallel when tp > 1, selective recompute, distributed optimizer (ZeRO 1), untied
+  parallel and TP communication overlap (the README's --tp-comm-overlap) when tp > 1, selective recompute, distributed optimizer (ZeRO 1), untied
   embeddings (the README's parameter counts need them).
 - llmfoundry_mpt_benchmarks: FSDP FULL_SHARD (ZeRO 3), flash attention, the row's
   recompute and per-device batch; learned positions with biases and tied embeddings: the
@@ -106,8 +106,8 @@ def base_doc(row: pd.Series) -> dict:
                 "precision": "bf16", "recompute": "full", "flash_attention": False}
     if src in ("narayanan2021_table1",) or src.startswith("vtrain"):
         training["precision"] = "fp16"
-    if src == "megatron_readme_2024_h100_weak":
-        parallel.update(zero=1, sequence_parallel=tp > 1)
+    if src == "megatron_readme_2024_h100_weak":   # the README's flags: --tp-comm-overlap with SP (SOURCES.md)
+        parallel.update(zero=1, sequence_parallel=tp > 1, tp_comm_overlap=tp > 1)
         training.update(recompute="selective", flash_attention=True)
     if src == "llmfoundry_mpt_benchmarks":
         parallel["zero"] = 3

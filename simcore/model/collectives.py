@@ -26,6 +26,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from simcore.model import workload as wl
 from simcore.model.compute import DeviceModel
 from simcore.plan.spec import ClusterSpec
 
@@ -169,6 +170,17 @@ def hierarchical_all_reduce_s(size_bytes: float, net: GroupNet) -> float:
     inter = GroupNet(ranks=net.nodes, nodes=net.nodes, bus_bytes_per_s=net.bus_bytes_per_s / k, **hops)
     return (reduce_scatter_s(size_bytes, intra) + ring_all_reduce_s(size_bytes / k, inter)
             + all_gather_s(size_bytes, intra))
+
+
+#: Bytes per element of an fp32 activation.
+FP32_ACT_BYTES = 4
+
+
+def comm_act_bytes(precision) -> int:
+    """Bytes per activation element that TP, SP, CP, EP and pipeline communication moves: fp32
+    in an fp32 plan, else 16-bit (FP8 and the block-scaled recipes keep communication in bf16:
+    Transformer Engine quantizes inside its GEMMs)."""
+    return FP32_ACT_BYTES if getattr(precision, "value", precision) == "fp32" else wl.ACT_BYTES
 
 
 def all_reduce_s(size_bytes: float, net: GroupNet, algorithm: str = "auto") -> float:

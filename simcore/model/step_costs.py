@@ -120,17 +120,19 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
     (CPU host) the host compute TP's DTensor dispatch adds to it (``host_f``, ``host_b``)."""
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     b, s = tr.micro_batch, m.seq_len // par.cp
-    act = wl.ACT_BYTES * b * s * m.hidden
+    act = coll.comm_act_bytes(tr.precision) * b * s * m.hidden
     out = dict.fromkeys(("tp_f", "tp_b", "cp", "cp_f", "cp_b", "ep_f", "ep_b", "host_f", "host_b"), 0.0)
-    if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS
+    if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS,
+        # the same bytes (Korthikanti et al. 2022, Sec. 4.2.2: an all-reduce is a reduce-scatter
+        # and an all-gather)
         net = coll.group_net(cl, dev, par.tp, 1)
-        one = (coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net)) / 2 if par.sequence_parallel \
+        one = coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net) if par.sequence_parallel \
             else coll.all_reduce_s(act, net)
         out["tp_f"] = out["tp_b"] = 2 * one
         if m.moe and par.etp < par.tp:   # folded experts: the MoE block's AG + RS over expert_tp ranks only
             moe = (m.layers - m.dense_layers) / m.layers
             enet = coll.group_net(cl, dev, par.etp, 1)
-            expert = (coll.all_gather_s(act, enet) + coll.reduce_scatter_s(act, enet)) / 2 if par.etp > 1 else 0.0
+            expert = coll.all_gather_s(act, enet) + coll.reduce_scatter_s(act, enet) if par.etp > 1 else 0.0
             out["tp_f"] = out["tp_b"] = 2 * one - moe * (one - expert)
         (tf, tb), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
         if tf + tb + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
@@ -165,7 +167,7 @@ def _cp_comm(plan: Plan, dev: cmp.DeviceModel, b: int, s: int) -> dict[str, floa
     """
     m, par, cl = plan.model, plan.parallel, plan.cluster
     net = coll.group_net(cl, dev, par.cp, par.tp)
-    kv = 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp   # this rank's K and V
+    kv = 2 * coll.comm_act_bytes(plan.training.precision) * b * s * wl.kv_width(m) / par.tp   # this rank's K and V
     if par.cp_comm == CpComm.P2P:
         # each exchange is a point-to-point send and receive: the hop latency, as a pipeline
         # stage's send (``_p2p_s``), not a collective's base latency; on a calibrated CPU host
@@ -176,7 +178,7 @@ def _cp_comm(plan: Plan, dev: cmp.DeviceModel, b: int, s: int) -> dict[str, floa
     if par.cp_comm == CpComm.ALL_GATHER:
         one = coll.all_gather_s(kv * par.cp, net)
         return {"cp_f": one, "cp_b": 2 * one}   # the backward gathers K/V again and reduce-scatters dK/dV
-    qo = 2 * wl.ACT_BYTES * b * s * wl.attention_out_width(m) / par.tp   # this rank's Q and attention output
+    qo = 2 * coll.comm_act_bytes(plan.training.precision) * b * s * wl.attention_out_width(m) / par.tp   # Q, output
     one = coll.all_to_all_s(kv + qo, net)
     return {"cp_f": one, "cp_b": one}
 
@@ -189,7 +191,7 @@ def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     if par.pp == 1:
         return 0.0
-    bytes_ = wl.ACT_BYTES * tr.micro_batch * (m.seq_len // par.cp) * m.hidden / par.tp
+    bytes_ = coll.comm_act_bytes(tr.precision) * tr.micro_batch * (m.seq_len // par.cp) * m.hidden / par.tp
     stride = par.tp * par.cp * par.dp
     net = coll.group_net(cl, dev, 2, stride)
     hop = net.hop_s

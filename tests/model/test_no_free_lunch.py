@@ -237,3 +237,37 @@ def test_deepspeed_zero2_pays_a_reduce_scatter_per_micro_batch(model, node, tp, 
     import pytest
     with pytest.raises(PlanError, match="DeepSpeed's pipeline engine runs ZeRO-1 at most"):
         _plan(model, node, tp=tp, pp=2, dp=32 // tp, zero=2, micro_batch=micro_batch, zero_impl="deepspeed")
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([2, 4, 8]))
+def test_sequence_parallel_moves_the_all_reduces_bytes(model, node, tp):
+    """Sequence parallel turns each TP all-reduce into a reduce-scatter and an all-gather: the
+    same bytes on the wire (Korthikanti et al. 2022, Sec. 4.2.2). Its TP communication costs
+    what plain TP's costs, up to the latency of twice the calls and an all-reduce's tree
+    algorithm on small messages; it once cost half."""
+    from simcore.model.step_costs import step_costs
+
+    def tp_comm(sp: bool) -> float:
+        plan = _plan(model, node, tp=tp, dp=64 // tp, zero=1)
+        doc = plan_to_dict(plan)
+        doc["parallel"]["sequence_parallel"] = sp
+        return step_costs(plan_from_dict(doc)).time_detail_s["tp_comm_per_layer_s"]
+    assert tp_comm(True) >= 0.95 * tp_comm(False)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), tp=st.sampled_from([2, 4, 8]), pp=st.sampled_from([1, 2]),
+       cp=st.sampled_from([1, 2]))
+def test_fp32_activations_cost_twice_the_bytes_on_the_wire(model, tp, pp, cp):
+    """An fp32 plan's TP, CP and pipeline messages are 4 bytes an element, not 16-bit ones."""
+    from simcore.model.step_costs import step_costs
+
+    def comm(precision: str) -> tuple[float, float]:
+        doc = plan_to_dict(_plan(model, "dgx-a100-80gb", tp=tp, pp=pp, cp=cp, dp=64 // (tp * pp * cp)))
+        doc["training"]["precision"] = precision
+        c = step_costs(plan_from_dict(doc))
+        return c.time_detail_s["tp_comm_per_layer_s"], c.p2p_s
+    (tp32, p2p32), (tp16, p2p16) = comm("fp32"), comm("bf16")
+    assert tp32 > 1.5 * tp16
+    assert p2p32 >= p2p16 and (pp == 1 or p2p32 > p2p16)

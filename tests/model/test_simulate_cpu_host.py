@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from simcore.engine import analytic as ana
+from simcore.model import collectives as coll
 from simcore.model import dp_costs as dpm
 from simcore.model import step_costs as sim
 from simcore.plan.load import plan_from_dict
@@ -47,7 +48,6 @@ def test_host_optimizer_is_per_tensor_plus_bytes():
 
 def test_cpu_pipeline_send_and_hand_over_block_sender_and_receiver():
     from simcore.model import compute as cmp
-    from simcore.model import workload as wl
 
     p = _tiny(pp=2)
     dev = cmp.device_model(p.cluster.node.gpu, "fp32")
@@ -58,7 +58,7 @@ def test_cpu_pipeline_send_and_hand_over_block_sender_and_receiver():
     assert [x for v in (0, 1) for x in c.host_p2p_s(v, True)] == pytest.approx([snd, 0.0, 0.0, rcv])
     assert [x for v in (0, 1) for x in c.host_p2p_s(v, False)] == pytest.approx([0.0, rcv, snd, 0.0])
     assert c.forward_comm_s == pytest.approx((0.0, 0.0))   # no TP: no blocking layer comm
-    act = wl.ACT_BYTES * 1 * 32 * 64
+    act = coll.comm_act_bytes(p.training.precision) * 1 * 32 * 64   # fp32 messages
     bus = p.cluster.node.gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
     assert c.p2p_s == pytest.approx(dev.p2p_wake_s + act / bus)
     # interleaved: 4 virtual stages, the first receives no activation and the last sends none
@@ -259,7 +259,6 @@ def test_cpu_ddp_all_reduce_and_zero1_broadcasts_are_lone_calls():
     # broadcast per rank and the broadcast bytes
     import math
 
-    from simcore.model import collectives as coll
     from simcore.model import compute as cmp
     from simcore.model import memory as mem
 
@@ -306,7 +305,6 @@ def test_cpu_ddp_sync_waits_for_the_last_rank_by_the_measured_fraction():
 def test_cpu_ring_exchange_is_not_charged_twice():
     # the ring probe's measured layer cost holds each exchange's latency: with it, the model adds
     # only the bytes' term; without it, a point-to-point hop (never a collective's base latency)
-    from simcore.model import collectives as coll
     from simcore.model import compute as cmp
     from simcore.model import workload as wl
 
@@ -315,7 +313,7 @@ def test_cpu_ring_exchange_is_not_charged_twice():
     probed = dataclasses.replace(dev, parallel_kernels=(*dev.parallel_kernels, ("cp", 40.0, 60.0)))
     bare = dataclasses.replace(dev, parallel_kernels=tuple(k for k in dev.parallel_kernels if k[0] != "cp"))
     net = coll.group_net(p.cluster, dev, 2, 1)
-    kv = 2 * wl.ACT_BYTES * 1 * 16 * wl.kv_width(p.model)
+    kv = 2 * coll.comm_act_bytes(p.training.precision) * 1 * 16 * wl.kv_width(p.model)
     assert sim._cp_comm(p, probed, 1, 16)["cp"] == pytest.approx(kv / net.bus_bytes_per_s)
     assert sim._cp_comm(p, bare, 1, 16)["cp"] == pytest.approx(net.intra_hop_s + kv / net.bus_bytes_per_s)
     assert net.base_latency_s > net.intra_hop_s   # the collective's alpha would have been the larger charge
