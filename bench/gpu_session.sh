@@ -3,21 +3,22 @@
 # executor (nccl, world size 1; bench/gpu_validate.py run), then calibrate the GPU into a profile.
 # Everything lands in $OUT (default bench/out/gpu); afterwards, anywhere:
 # `python bench/gpu_validate.py table --json $OUT/gpu_validate.json --profile $OUT/profile.yaml`.
-# Needs only the image's python3 with CUDA torch; simpy travels as a wheel in .whl/ (the
-# machine may have no package index).
+# Needs only the image's python3 with CUDA torch; simpy (and torchao, for the fp8 layouts) travel as
+# wheels in .whl/ (the machine may have no package index): `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl simpy==4.1.1 torchao==0.17.0`.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRAINPLAN_PROFILE=$OUT/profile.yaml
 { nvidia-smi; python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   > "$OUT/env.txt" 2>&1
 # the runs first (they need no profile: the predictions are made afterwards, anywhere)
 start=$SECONDS
-python3 bench/gpu_validate.py run --out "$OUT" ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/validate.log"
+timeout "${RUNS_LIMIT_S:-290}" python3 bench/gpu_validate.py run --out "$OUT" ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/validate.log"
 echo "runs: $((SECONDS - start)) s"
 if [ "${SKIP_CALIBRATE:-0}" != 1 ]; then
   start=$SECONDS
