@@ -61,6 +61,7 @@ def build_profile(matmul, memory, collectives, oversub, device: torch.device, *,
     efficiency = _efficiency(matmul, memory, fits, hop, ar, main_precision, peak, source)
     if gpu:
         gpu_efficiency(efficiency, gpu, matmul, peaks, source)
+        efficiency["memory"] = {"executor_activations": True, "allocator_peak": True, "source": GPU_MEMORY_SOURCE}
         if torch.cuda.device_count() < 2:
             efficiency["collective"]["source"] += ("; one GPU: gloo over the host's CPU (NCCL refuses two ranks on "
                                                    "one device), so no NCCL figure: a single-GPU plan issues none")
@@ -165,6 +166,11 @@ def _host_efficiency(efficiency: dict, host: dict, oversub: dict, cpu: bool, pea
             "so simcore.model.compute.phase_s adds this to the device time")
 
 
+#: Why a GPU profile counts the executor's own saved tensors (its CUDA context and allocator
+#: margin stay the model's defaults, ``simcore.model.peak``).
+GPU_MEMORY_SOURCE = ("the runs on this GPU are the executor's: its activations are its torch model's saved "
+                     "tensors under autocast (simcore.model.executor_acts), not a Megatron stack's; its peak is "
+                     "torch's allocator's (max_memory_allocated), which holds the loss's transient gradients")
 #: Reference sequence length of a GPU profile's attention fractions: the catalog's length
 #: curves are relative to 2048 query tokens and hold at 1 from there.
 ATTENTION_REF_SEQ = 2048

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 
+from simcore.model import executor_acts as xa
 from simcore.model import recompute as rcp
 from simcore.model import schedules as sch
 from simcore.model import workload as wl
@@ -78,10 +79,16 @@ def in_flight_chunks(plan: Plan, rank: int) -> int:
     return schedule_peaks(par.schedule, par.pp, plan.num_microbatches, par.vpp)[0][rank]
 
 
-def executor_activations(plan: Plan) -> bool:
-    """A calibrated profile whose memory is counted on the executor's own model (CPU hosts)."""
+def _memory_entry(plan: Plan) -> dict:
     ej = plan.cluster.node.gpu.efficiency_json
-    return bool(ej and (json.loads(ej).get("memory") or {}).get("executor_activations"))
+    return (json.loads(ej).get("memory") or {}) if ej else {}
+
+
+def executor_activations(plan: Plan) -> bool:
+    """A calibrated profile whose memory is counted on the executor's own model (its host's runs
+    are the executor's: a CPU host, or a GPU with ``allocator_peak``, whose measured peak is
+    torch's allocator's and holds the loss's transient gradients too)."""
+    return bool(_memory_entry(plan).get("executor_activations"))
 
 
 def loss_bytes(plan: Plan) -> tuple[float, float]:
@@ -142,16 +149,17 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
     m, par, tr = plan.model, plan.parallel, plan.training
     b, s = tr.micro_batch, m.seq_len // par.cp
     sp = par.tp if par.sequence_parallel else 1
-    if executor_activations(plan):
-        e = 4 if tr.precision == Precision.FP32 else 2
-        kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel, elem_bytes=e)
+    if executor_activations(plan):   # the executor's own tensors: fp32, or torch autocast on a GPU
+        kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel,
+                  autocast=tr.precision != Precision.FP32)
         kept_rc = tr.recompute if tr.recompute in (Recompute.SELECTIVE, Recompute.NONE) else Recompute.NONE
         act = rcp.LayerActivations(
-            whole=wl.executor_activation_bytes_per_layer(m, recompute=Recompute.NONE, **kw),
-            kept=wl.executor_activation_bytes_per_layer(m, recompute=kept_rc, **kw),
-            boundary=wl.executor_activation_bytes_per_layer(m, recompute=Recompute.FULL, **kw))
-        return (act, wl.executor_embedding_activation_bytes(m, b=b, s=s),
-                wl.executor_logits_activation_bytes(m, **kw), 0.0, 0.0)
+            whole=xa.layer_bytes(m, recompute=Recompute.NONE, **kw),
+            kept=xa.layer_bytes(m, recompute=kept_rc, **kw),
+            boundary=xa.layer_bytes(m, recompute=Recompute.FULL, **kw))
+        # a GPU's peak is its allocator's (max_memory_allocated): the loss's gradients count there
+        transient = loss_bytes(plan)[1] if _memory_entry(plan).get("allocator_peak") else 0.0
+        return (act, xa.embedding_bytes(m, b=b, s=s), xa.logits_bytes(m, **kw), transient, 0.0)
     kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel)
     gemm_input = wl.saved_gemm_input_bytes(tr.precision.value, tr.fp8_recipe.value)
     whole = wl.activation_bytes_per_layer(m, recompute=Recompute.NONE, flash=tr.flash_attention,

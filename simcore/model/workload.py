@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from simcore.model import params as _params
 from simcore.model.params import attention_in_params, attention_out_width, kv_width, mlp_matrices, q_width
-from simcore.plan.spec import ModelSpec, PositionEmbedding, Recompute
+from simcore.plan.spec import ModelSpec, Recompute
 
 # The parameter counts live in simcore.model.params; their names here are the ones callers use.
 ParamCounts = _params.ParamCounts
@@ -343,58 +343,3 @@ def embedding_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
 def logits_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> float:
     """Last stage: final norm and logits input (4sbh, /t with SP) and the fp32 logits 4sbV/t."""
     return 4 * s * b * m.hidden / (tp if sequence_parallel else 1) + 4 * s * b * m.vocab / tp
-
-
-# --------------------------------------------------------------------------- the executor's model
-
-#: Bytes of a saved int64 index tensor element (token ids, labels, position ids).
-INDEX_BYTES = 8
-#: Bytes of an fp32 statistic (norm mean / rstd, attention log-sum-exp), whatever the precision.
-STAT_BYTES = 4
-
-
-def executor_activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1,
-                                        sequence_parallel: bool = False, recompute: Recompute = Recompute.NONE,
-                                        elem_bytes: int = 4) -> float:
-    """Bytes one layer of ``executors.model.Block`` saves for backward, tensor by tensor, as
-    ``executors.measure.SavedActivations`` counts them (storages once, parameters excluded).
-
-    The executor is not Megatron: no dropout (no masks), PyTorch's fused SDPA (saves Q, K,
-    V, its output, which is also the projection's input, and an fp32 log-sum-exp per query
-    and head; never the s x s scores), norms keep fp32 statistics (LayerNorm mean and rstd,
-    RMSNorm rstd), and every tensor is ``elem_bytes`` wide (4 in fp32). Per layer: the two
-    norm inputs and outputs (4sbh), Q (sbh), K and V (2sb*g*d), the attention output (sbh),
-    the MLP's two (GeLU) or four (SwiGLU) sbf tensors. DTensor TP splits Q, K, V, the output
-    and the MLP tensors; with sequence parallel the norm inputs are sharded but the
-    all-gathered inputs of QKV and the MLP are saved whole (the colwise linear saves them).
-    Selective recompute drops the log-sum-exp (the core is rebuilt); full keeps the layer input.
-    """
-    h, f, sb = m.hidden, m.ffn_hidden, s * b
-    if recompute == Recompute.FULL:
-        return elem_bytes * sb * h / (tp if sequence_parallel else 1)
-    stats = 2 * (1 if m.gated_mlp else 2) * STAT_BYTES * sb           # two norms
-    mlp = (4 if m.gated_mlp else 2) * f * (m.top_k if m.moe else 1)
-    split = elem_bytes * sb * (2 * h + 2 * kv_width(m) + mlp) / tp
-    lse = 0.0 if recompute == Recompute.SELECTIVE else STAT_BYTES * b * m.heads * s / tp
-    if sequence_parallel:
-        norms = elem_bytes * sb * (2 * h / tp + 2 * h) + stats / tp
-    else:
-        norms = elem_bytes * sb * 4 * h + stats
-    return norms + split + lse
-
-
-def executor_embedding_activation_bytes(m: ModelSpec, *, b: int, s: int) -> float:
-    """The executor's first stage: the token ids (and position ids) the embeddings save."""
-    learned = m.position_embedding == PositionEmbedding.LEARNED
-    return INDEX_BYTES * (b * s + (s if learned else 0))
-
-
-def executor_logits_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1,
-                                     sequence_parallel: bool = False, elem_bytes: int = 4) -> float:
-    """The executor's last stage: final norm input, its statistics and output (gathered whole
-    under SP), the fp32 log-softmax of the full vocabulary (the output layer's logits are
-    replicated, ``ColwiseParallel(output_layouts=Replicate())``), and the labels."""
-    sb = s * b
-    norm = elem_bytes * sb * m.hidden * ((1 / tp + 1) if sequence_parallel else 2)
-    stats = (1 if m.gated_mlp else 2) * STAT_BYTES * sb / (tp if sequence_parallel else 1)
-    return norm + stats + STAT_BYTES * sb * m.vocab + INDEX_BYTES * sb

@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from simcore.model import executor_acts as xa
 from simcore.model import workload as wl
 from simcore.plan.spec import ModelSpec, PositionEmbedding, Recompute
 
@@ -109,9 +110,9 @@ def test_executor_activations_count_the_torch_models_saved_tensors():
 
     m = ModelSpec(name="t", layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=256, seq_len=32,
                   tied_embeddings=False)
-    assert wl.executor_activation_bytes_per_layer(m, b=1, s=32) == 4 * 32 * (8 * 64 + 2 * 256) + 4 * 4 * 32 + 16 * 32
-    assert wl.executor_activation_bytes_per_layer(m, b=1, s=32) == 132096
-    outside = wl.executor_embedding_activation_bytes(m, b=1, s=32) + wl.executor_logits_activation_bytes(m, b=1, s=32)
+    assert xa.layer_bytes(m, b=1, s=32) == 4 * 32 * (8 * 64 + 2 * 256) + 4 * 4 * 32 + 16 * 32
+    assert xa.layer_bytes(m, b=1, s=32) == 132096
+    outside = xa.embedding_bytes(m, b=1, s=32) + xa.logits_bytes(m, b=1, s=32)
     assert outside == 50180 - 4   # the scalar loss (4 B) is not modelled
-    tp = wl.executor_activation_bytes_per_layer(m, b=1, s=32, tp=2)
+    tp = xa.layer_bytes(m, b=1, s=32, tp=2)
     assert tp == 4 * 32 * (4 * 64 + (2 * 64 + 2 * 64 + 2 * 256) / 2) + 4 * 4 * 32 / 2 + 16 * 32
