@@ -64,10 +64,6 @@ VERDICTS = {
 }
 
 
-def _tflops(x: float) -> str:
-    return f"{x / 1e12:.0f}"
-
-
 def rows(profile: dict, gpu_name: str) -> list[tuple]:
     """(figure, unit, catalog, profile, difference, verdict key) per compared figure."""
     cat = load_catalog()

@@ -130,7 +130,8 @@ def table(json_path: Path, gpu_node: str, profile: Path, csv_path: Path = CSV_PA
     import yaml
 
     os.environ["TRAINPLAN_PROFILE"] = str(profile)   # the localhost node of the matrix is this GPU
-    measured_on = yaml.safe_load(profile.read_text())["measured_on"]
+    prof = yaml.safe_load(profile.read_text())
+    measured_on = prof["measured_on"]
     facts = measured_on.get("gpu") or {}
     records = json.loads(json_path.read_text())
     rows = []
@@ -177,7 +178,6 @@ def table(json_path: Path, gpu_node: str, profile: Path, csv_path: Path = CSV_PA
                             "alloc err", "resv err"], floatfmt=".3f"))
     print(f"wrote {csv_path.relative_to(ROOT)}")
     if residuals:
-        prof = yaml.safe_load(profile.read_text())
         write_residuals(rows, {r["layout"]: r["doc"] for r in records}, prof["device"]["name"], measured_on)
     return 0
 

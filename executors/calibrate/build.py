@@ -55,6 +55,7 @@ def build_profile(matmul, memory, collectives, oversub, device: torch.device, *,
     hop, ar = split_ring_latency(fits)
     ring = ar[max(ar)]
     cpu = device.type == "cpu"
+    backend = "gloo" if cpu or torch.cuda.device_count() < 2 else "nccl"   # as calibrate's collective probe ran
     main_precision = "bf16" if "bf16" in peaks and not cpu else "fp32"
     peak, copy_bytes_per_s = peaks[main_precision], memory["copy_bytes_per_s"]
     cores = os.cpu_count() or 1
@@ -62,7 +63,7 @@ def build_profile(matmul, memory, collectives, oversub, device: torch.device, *,
     if gpu:
         gpu_efficiency(efficiency, gpu, matmul, peaks, source)
         efficiency["memory"] = {"executor_activations": True, "allocator_peak": True, "source": GPU_MEMORY_SOURCE}
-        if torch.cuda.device_count() < 2:
+        if backend == "gloo":
             efficiency["collective"]["source"] += ("; one GPU: gloo over the host's CPU (NCCL refuses two ranks on "
                                                    "one device), so no NCCL figure: a single-GPU plan issues none")
     if host:
@@ -84,7 +85,7 @@ def build_profile(matmul, memory, collectives, oversub, device: torch.device, *,
         _rank_tables(efficiency, oversub)
     return {
         "measured_on": {"host": hostname, "date": date, "torch": str(torch.__version__), "device": str(device),
-                        "backend": "gloo" if cpu or torch.cuda.device_count() < 2 else "nccl", "cpu_cores": cores,
+                        "backend": backend, "cpu_cores": cores,
                         "calibration_s": round(seconds, 1), **({"gpu": gpu["facts"]} if gpu else {})},
         "device": _device(device, peaks, memory, ring, (gpu or {}).get("host_copies"), hostname, source),
         "node": {"cpu_cores": cores, "host_memory_gib": round(_host_memory_gib(), 3)},

@@ -111,10 +111,10 @@ def bench_collectives(backend: str, group_sizes=GROUP_SIZES, nbytes_list=COLLECT
         out = spawn(_collective_rank, world, (tuple(sorted(group_sizes)), tuple(nbytes_list)), timeout_s=120,
                     start_method=method)
     finally:
-        if hide and saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        elif hide:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        if hide:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+            if saved is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
     return out[0]
 
 

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from executors.calibrate.probes import GIB, time_op
+from executors.calibrate.probes import GIB, gemm_row, time_op
 from simcore.model.compute import FLASH_BACKWARD_FLOP_RATIO
 from simcore.model.workload import CAUSAL_FLASH_FRACTION
 
@@ -43,12 +43,6 @@ def gpu_matmul_shapes(sizes=GPU_MATMUL_SIZES) -> list[tuple[int, int, int]]:
     """Square GEMMs and transformer-shaped ones (tokens x h x 2h), every dimension a
     multiple of 16 (FP8's rule)."""
     return [(s, s, s) for s in sizes] + [(s, s // 2, 2 * s) for s in sizes[1:]]
-
-
-def _gemm_row(precision: str, m: int, k: int, n: int, seconds: float) -> dict:
-    flops = 2.0 * m * n * k
-    return {"precision": precision, "m": m, "k": k, "n": n, "flops": flops, "seconds": seconds,
-            "flops_per_s": flops / seconds}
 
 
 def bench_gpu_matmul(device: torch.device, sizes=GPU_MATMUL_SIZES, progress=None) -> list[dict]:
@@ -80,7 +74,7 @@ PRECISION_BUDGET_S = 30.0
 
 
 def _timed_shapes(precision: str, make, device: torch.device, sizes) -> list[dict]:
-    """``_gemm_row`` of each shape, smallest first, within ``PRECISION_BUDGET_S``; the time
+    """``gemm_row`` of each shape, smallest first, within ``PRECISION_BUDGET_S``; the time
     taken on stderr."""
     rows, start = [], time.perf_counter()
     for m, k, n in sorted(gpu_matmul_shapes(sizes), key=lambda s: s[0] * s[1] * s[2]):
@@ -88,7 +82,7 @@ def _timed_shapes(precision: str, make, device: torch.device, sizes) -> list[dic
             print(f"calibrate: {precision} GEMMs from {m}x{k}x{n} on left out ({PRECISION_BUDGET_S:.0f} s budget)",
                   file=sys.stderr, flush=True)
             break
-        rows.append(_gemm_row(precision, m, k, n, time_op(make(m, k, n), device)))
+        rows.append(gemm_row(precision, m, k, n, time_op(make(m, k, n), device)))
     print(f"calibrate: {precision} GEMMs {time.perf_counter() - start:.1f} s, best "
           f"{max(r['flops_per_s'] for r in rows) / 1e12:.0f} TFLOP/s", file=sys.stderr, flush=True)
     return rows

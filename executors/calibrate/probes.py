@@ -54,6 +54,13 @@ def matmul_shapes(precision: str, device: torch.device, sizes=MATMUL_SIZES) -> l
     return [(s, s, s) for s in sizes] + [(s, s // 2 or 1, 2 * s) for s in sizes[1:]]
 
 
+def gemm_row(precision: str, m: int, k: int, n: int, seconds: float) -> dict:
+    """One timed (m x k) @ (k x n) GEMM: its FLOPs and rate."""
+    flops = 2.0 * m * n * k
+    return {"precision": precision, "m": m, "k": k, "n": n, "flops": flops, "seconds": seconds,
+            "flops_per_s": flops / seconds}
+
+
 def bench_matmul(device: torch.device, precisions, sizes=MATMUL_SIZES, progress=None) -> list[dict]:
     """Achieved FLOP/s for every shape of ``matmul_shapes``."""
     rows = []
@@ -62,9 +69,7 @@ def bench_matmul(device: torch.device, precisions, sizes=MATMUL_SIZES, progress=
         for m, k, n in matmul_shapes(precision, device, sizes):
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
-            t = time_op(lambda: a @ b, device)
-            rows.append({"precision": precision, "m": m, "k": k, "n": n, "flops": 2.0 * m * n * k,
-                         "seconds": t, "flops_per_s": 2.0 * m * n * k / t})
+            rows.append(gemm_row(precision, m, k, n, time_op(lambda: a @ b, device)))
         if progress:
             progress.update(1)
     return rows

@@ -79,7 +79,8 @@ def in_flight_chunks(plan: Plan, rank: int) -> int:
     return schedule_peaks(par.schedule, par.pp, plan.num_microbatches, par.vpp)[0][rank]
 
 
-def _memory_entry(plan: Plan) -> dict:
+def memory_entry(plan: Plan) -> dict:
+    """A calibrated profile's ``efficiency.memory`` entry ({} for a catalog GPU)."""
     ej = plan.cluster.node.gpu.efficiency_json
     return (json.loads(ej).get("memory") or {}) if ej else {}
 
@@ -88,7 +89,7 @@ def executor_activations(plan: Plan) -> bool:
     """A calibrated profile whose memory is counted on the executor's own model (its host's runs
     are the executor's: a CPU host, or a GPU with ``allocator_peak``, whose measured peak is
     torch's allocator's and holds the loss's transient gradients too)."""
-    return bool(_memory_entry(plan).get("executor_activations"))
+    return bool(memory_entry(plan).get("executor_activations"))
 
 
 def loss_bytes(plan: Plan) -> tuple[float, float]:
@@ -158,7 +159,7 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
             kept=xa.layer_bytes(m, recompute=kept_rc, **kw),
             boundary=xa.layer_bytes(m, recompute=Recompute.FULL, **kw))
         # a GPU's peak is its allocator's (max_memory_allocated): the loss's gradients count there
-        transient = loss_bytes(plan)[1] if _memory_entry(plan).get("allocator_peak") else 0.0
+        transient = loss_bytes(plan)[1] if memory_entry(plan).get("allocator_peak") else 0.0
         return (act, xa.embedding_bytes(m, b=b, s=s), xa.logits_bytes(m, **kw), transient, 0.0)
     kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel)
     gemm_input = wl.saved_gemm_input_bytes(tr.precision.value, tr.fp8_recipe.value)

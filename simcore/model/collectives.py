@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from simcore.model import workload as wl
 from simcore.model.compute import DeviceModel
-from simcore.plan.spec import ClusterSpec
+from simcore.plan.spec import ClusterSpec, Precision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,11 +176,11 @@ def hierarchical_all_reduce_s(size_bytes: float, net: GroupNet) -> float:
 FP32_ACT_BYTES = 4
 
 
-def comm_act_bytes(precision) -> int:
+def comm_act_bytes(precision: Precision) -> int:
     """Bytes per activation element that TP, SP, CP, EP and pipeline communication moves: fp32
     in an fp32 plan, else 16-bit (FP8 and the block-scaled recipes keep communication in bf16:
     Transformer Engine quantizes inside its GEMMs)."""
-    return FP32_ACT_BYTES if getattr(precision, "value", precision) == "fp32" else wl.ACT_BYTES
+    return FP32_ACT_BYTES if precision == Precision.FP32 else wl.ACT_BYTES
 
 
 def all_reduce_s(size_bytes: float, net: GroupNet, algorithm: str = "auto") -> float:

@@ -4,8 +4,6 @@ the gradients are live when the activations peak, and one rank's bytes by kind f
 """
 from __future__ import annotations
 
-import json
-
 from simcore.model import activations as acts
 from simcore.plan.spec import Plan, ZeroStage
 
@@ -35,8 +33,7 @@ def framework_terms(plan: Plan) -> tuple[float, float, bool]:
     bytes, count comm buffers): ``training.allocator_margin`` where the Plan sets it; a
     calibrated profile's ``memory`` entry where it has one (a CPU host: no CUDA context, no
     caching allocator, and the executor counts the tensors a rank owns); else the defaults above."""
-    ej = plan.cluster.node.gpu.efficiency_json
-    entry = (json.loads(ej).get("memory") or {}) if ej else {}
+    entry = acts.memory_entry(plan)
     margin = plan.training.allocator_margin
     if margin is None:
         margin = float(entry.get("allocator_fragmentation", ALLOCATOR_MARGIN))

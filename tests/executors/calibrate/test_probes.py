@@ -82,9 +82,12 @@ def test_checkpointing_host_cost_is_what_the_recompute_model_does_not_charge(syn
     assert out["recompute_selective"] == {"forward_kernels": 0.0, "backward_kernels": 0.0}   # never negative
 
 
-def test_executor_activation_formula_matches_the_saved_tensor_hooks():
-    """Differential: simcore.model.executor_acts' count of what executors.model saves, against the
-    executor's own saved-tensor measurement, for two widths and one and two layers."""
+def _saved_and_counted(b: int, autocast: bool):
+    """(saved-tensor peak, executor_acts' count) of one forward and backward of the executor's
+    GPT-style model, at two widths and one and two layers (under CPU autocast, bf16, with
+    ``autocast``)."""
+    import contextlib
+
     from executors.measure import SavedActivations
     from executors.model import build_model, loss_fn
     from simcore.plan.spec import ModelSpec
@@ -95,12 +98,21 @@ def test_executor_activation_formula_matches_the_saved_tensor_hooks():
                          seq_len=32, tied_embeddings=False)
         model = build_model(spec)
         saved = SavedActivations(model.parameters())
-        x, y = torch.randint(0, 256, (1, 32)), torch.randint(0, 256, (1, 32))
+        x, y = torch.randint(0, 256, (b, 32)), torch.randint(0, 256, (b, 32))
+        cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
         with saved.hooks():
-            loss_fn(model(x), y).backward()
-        want = layers * xa.layer_bytes(spec, b=1, s=32) \
-            + xa.embedding_bytes(spec, b=1, s=32) + xa.logits_bytes(spec, b=1, s=32)
-        assert saved.peak == pytest.approx(want, abs=8)   # the 4-byte scalar loss is not modelled
+            with cast:
+                out = model(x)
+            loss_fn(out, y).backward()
+        yield saved.peak, (layers * xa.layer_bytes(spec, b=b, s=32, autocast=autocast)
+                           + xa.embedding_bytes(spec, b=b, s=32) + xa.logits_bytes(spec, b=b, s=32, autocast=autocast))
+
+
+def test_executor_activation_formula_matches_the_saved_tensor_hooks():
+    """Differential: simcore.model.executor_acts' count of what executors.model saves, against the
+    executor's own saved-tensor measurement, for two widths and one and two layers."""
+    for peak, want in _saved_and_counted(b=1, autocast=False):
+        assert peak == pytest.approx(want, abs=8)   # the 4-byte scalar loss is not modelled
 
 
 def test_autocast_activation_formula_matches_the_saved_tensor_hooks():
@@ -109,24 +121,8 @@ def test_autocast_activation_formula_matches_the_saved_tensor_hooks():
     as composite ops that also save the normalized fp32 tensor (CUDA's fused kernel does not:
     the H100 runs of validation/gpu_runs.csv are within 0.6% of this count), so the check uses
     GPT-style LayerNorm models."""
-    from executors.measure import SavedActivations
-    from executors.model import build_model, loss_fn
-    from simcore.plan.spec import ModelSpec
-
-    torch.manual_seed(0)
-    for layers, h, a in ((1, 64, 4), (2, 128, 8)):
-        spec = ModelSpec(name="t", layers=layers, hidden=h, heads=a, kv_heads=a, ffn_hidden=4 * h, vocab=256,
-                         seq_len=32, tied_embeddings=False)
-        model = build_model(spec)
-        saved = SavedActivations(model.parameters())
-        x, y = torch.randint(0, 256, (2, 32)), torch.randint(0, 256, (2, 32))
-        with saved.hooks():
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                out = model(x)
-            loss_fn(out, y).backward()
-        want = layers * xa.layer_bytes(spec, b=2, s=32, autocast=True) + xa.embedding_bytes(spec, b=2, s=32) \
-            + xa.logits_bytes(spec, b=2, s=32, autocast=True)
-        assert saved.peak == pytest.approx(want, rel=0.01)
+    for peak, want in _saved_and_counted(b=2, autocast=True):
+        assert peak == pytest.approx(want, rel=0.01)
 
 
 def test_latency_bound_collective_fit_is_capped_at_the_copy_bandwidth():
