@@ -352,6 +352,7 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
     dp_mesh = groups.dp_cp_mesh(plan, mesh)
     embedding_group = groups.embedding_group(plan)
     ep_group, edp_group = groups.expert_group(plan)
+    idle_gloo_transport()   # the transport threads of the groups just made (dp x cp, embedding, ep)
     pp_rank = mesh.get_local_rank("pp")
     ids = stage_ids(plan, pp_rank) if par.pp > 1 else [0]
     parts, positions, experts = [], None, []

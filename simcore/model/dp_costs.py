@@ -38,7 +38,7 @@ def deepspeed_gathers(plan: Plan, layer_params: float) -> tuple[int, float]:
 POWERSGD_RANK = 1
 
 
-def _grad_wire_bytes(plan: Plan) -> float:
+def grad_wire_bytes(plan: Plan) -> float:
     """Bytes per gradient element on the wire. torch DDP under autocast reduces the fp32
     gradients of its fp32 parameters (4 B) unless a fp16/bf16 comm hook halves them; with
     sharded optimizer states the gradients are the 16-bit ones of the memory model (ZeRO's
@@ -66,7 +66,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     par, tr, cl = plan.parallel, plan.training, plan.cluster
     nd = par.dp * par.cp
     wb = mem.weight_bytes_per_param(tr.precision)
-    gb = _grad_wire_bytes(plan)
+    gb = grad_wire_bytes(plan)
     out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, ag_exposed=0.0, buckets=1, compress=0.0)
     if nd > 1:
         net = coll.group_net(cl, dev, nd, par.tp)

@@ -31,6 +31,7 @@ from dataclasses import replace
 from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
+from simcore.model import end_comm as ec
 from simcore.model import host_costs as hc
 from simcore.model import memory as mem
 from simcore.model import peak as pk
@@ -147,7 +148,13 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
         if par.moe_dispatcher == MoeDispatcher.DEEPEP:   # once per destination rank, expanded there
             copies = dispatch_ranks(m.experts, m.top_k, par.ep)
         routed = act * copies / (par.tp if par.sequence_parallel else 1)
-        out["ep_f"] = out["ep_b"] = 2 * coll.all_to_all_s(routed, net)
+        one = coll.all_to_all_s(routed, net)
+        if sum(dev.parallel_extra_s("ep")) > 0:
+            # CPU host: the EP probe's measured layer cost (``host_costs``) already holds the
+            # four all-to-alls' latency and dispatch; only the bytes' term is added, as for
+            # TP's DTensor probe and the CP ring's
+            one = (net.ranks - 1) / net.ranks * routed / net.bus_bytes_per_s
+        out["ep_f"] = out["ep_b"] = 2 * one
     return out
 
 
@@ -279,6 +286,11 @@ def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], times
     by_layers = {n: (n * (f + host_f), n * (bi + host_b), n * bw, fc * n, bc * n) for n in set(stages)}
     fwd, bin_, bwt, fcomm, bcomm = map(list, zip(*map(by_layers.__getitem__, stages)))
     hc.add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
+    (ef, eb), (hf, hb) = ec.tp_ends_s(plan, dev)   # TP's embedding and head collectives
+    fcomm[0] += ef   # (one list element when there is one virtual stage)
+    bcomm[0] += eb
+    fcomm[-1] += hf
+    bcomm[-1] += hb
     if par.pp > 1 and dev.parallel_kernels:   # CPU host: torch.distributed.pipelining's per-chunk bookkeeping
         cf, cb = dev.parallel_extra_s("pipeline_chunk")
         fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]
@@ -328,6 +340,7 @@ def step_costs(plan: Plan) -> StepCosts:
     ddp = dpm.ddp_reduces(plan)
     grad, sync, opt, off = _per_step_costs(plan, dev, columns, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
                                            ddp, fsdp if per_block else ())
+    grad, gathers = ec.add_step_ends(plan, dev, params, fsdp, grad, gathers, dpc["layer_ag"] > 0)
     buckets = (dpc["buckets"],) * nv
     if per_block:   # FSDP2: one per block
         per_stage = {k: max(1, k[0]) if k[1] else dpc["buckets"] for k in set(zip(stages, map(_SCATTERS, fsdp)))}

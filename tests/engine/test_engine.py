@@ -376,7 +376,15 @@ def test_engine_agrees_with_the_analytic_path_with_interference(name, args):
     assert des.step_time_s == pytest.approx(ana.step_time_s, rel=0.02), name
     # and the interference is what they agree on: without it the engine is faster
     free = simulate_des(costs, comm_compute_interference=1.0)
-    assert des.step_time_s - free.step_time_s == pytest.approx(
-        ana.step_time_s - analytic(dataclasses.replace(
-            costs, time_detail_s={**costs.time_detail_s, "comm_compute_interference": 1.0})).step_time_s, rel=0.3)
-    assert des.step_time_s > free.step_time_s
+    lost_des = des.step_time_s - free.step_time_s
+    lost_ana = ana.step_time_s - analytic(dataclasses.replace(
+        costs, time_detail_s={**costs.time_detail_s, "comm_compute_interference": 1.0})).step_time_s
+    assert lost_des > 0
+    if costs.grad_reduce_per_microbatch:
+        # FSDP2: the engine slows compute once while any data-parallel flow is on the rank, the
+        # analytic path per second of each; a block's prefetch all-gather and the previous
+        # block's reduce-scatter overlap each other in the backward, so the engine charges
+        # less (0.23 s against 0.36 s of a 9.1 s step here); the steps agree, above
+        assert lost_ana * 0.5 < lost_des < lost_ana
+    else:
+        assert lost_des == pytest.approx(lost_ana, rel=0.3)

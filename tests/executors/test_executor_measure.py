@@ -215,6 +215,29 @@ def test_gloo_transport_threads_run_only_on_free_cores():
         assert own == os.SCHED_OTHER
 
 
+def _trainer_transport_policies(rank, world, device, plan):
+    """The same after the rank also built its trainer, which makes the layout's groups beyond
+    the mesh (dp x cp flattened, the embedding group, the expert groups)."""
+    mesh = parallel.build_mesh(plan, device.type)
+    parallel.build_trainer(plan, mesh, device)
+    return [os.sched_getscheduler(t) for t in procs.gloo_transport_threads()]
+
+
+@pytest.mark.parametrize("layout", [{"parallel": {"dp": 2, "ep": 2}, "model": {"experts": 4, "top_k": 2}},
+                                    {"parallel": {"dp": 1, "pp": 2}, "model": {"tied_embeddings": True}}],
+                         ids=["ep2-dp2", "tied-pp2"])
+def test_the_layouts_own_groups_leave_the_cores_to_the_ranks_too(layout):
+    # the expert and embedding groups are made after the mesh: their transport threads left
+    # at the default policy polled a core away from the ranks (ep2-dp2 measured 76-86 ms a
+    # step with them, 39-43 ms without, on the 2-core host)
+    model = {"name": "m", "layers": 2, "hidden": 32, "heads": 2, "vocab": 64, "seq_len": 8,
+             "tied_embeddings": False, **layout["model"]}
+    plan = plan_from_dict({"model": model, "cluster": {"node": "localhost", "gpus_per_node": 2},
+                           "parallel": layout["parallel"], "training": {"global_batch": 4}})
+    for transport in procs.spawn(_trainer_transport_policies, 2, (plan,), timeout_s=60, start_method="fork"):
+        assert len(transport) >= 3 and set(transport) == {os.SCHED_IDLE}
+
+
 @pytest.mark.slow
 def test_tiny_plan_end_to_end(tmp_path):
     plan = load_plan(PLAN)

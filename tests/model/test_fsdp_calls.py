@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from simcore.engine.predict import simulate
+from simcore.model import compute as cmp
+from simcore.model import end_comm as ec
 from simcore.model import fsdp_calls as cp
+from simcore.model import memory as mem
 from simcore.model.fsdp_calls import _fsdp_stage_calls, _lowered_actions, _phase_calls_by_stage
 from simcore.model.step_costs import step_costs
 from simcore.plan.load import plan_from_dict
@@ -86,11 +89,16 @@ def test_the_prediction_charges_every_gather_and_scatter_the_collectives_list_na
     plan = _plan(zero, pp=pp, global_batch=64, schedule=schedule)
     c, m = step_costs(plan), plan.num_microbatches
     ag, rs = (c.time_detail_s[k] for k in ("fsdp_layer_all_gather_s", "fsdp_layer_reduce_scatter_s"))
+    params = mem.stage_params(plan)
+    dev = cmp.device_model(plan.cluster.node.gpu, plan.training.precision.value)
     for v, layers in enumerate(c.layers):
         forward, backward, scatters = cp.fsdp_stage_calls(plan, v)
-        assert m * c.forward_gather_s[v] == pytest.approx(layers * ag * forward)
-        assert m * c.backward_gather_s[v] == pytest.approx(layers * ag * backward)
-        assert c.grad_reduce_per_step_s[v] == pytest.approx(layers * rs * scatters)
+        # each rank's root group (embedding, final norm, output) on its first virtual stage, as often as a block
+        root_ag, root_rs = ec.fsdp_root_s(plan, dev, params[v]) if v < pp else (0.0, 0.0)
+        assert m * c.forward_gather_s[v] == pytest.approx((layers * ag + root_ag) * forward)
+        assert m * c.backward_gather_s[v] == pytest.approx((layers * ag + root_ag) * backward)
+        tied = ec.tied_s(plan, dev) if v in (0, len(c.layers) - 1) else 0.0   # the embedding group's all-reduce
+        assert c.grad_reduce_per_step_s[v] == pytest.approx((layers * rs + root_rs) * scatters + tied)
         # the same counts as the per-rank list of `trainplan collectives` (one call per block)
         acts = cp.rank_actions(plan, v % pp)
         assert cp.fsdp_unit_calls(acts, v, zero == 3, pp > 1) == (forward + backward, scatters)

@@ -46,6 +46,7 @@ def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     n = c.stages
     c = dataclasses.replace(c, forward_s=(c.forward_s[0],) * n, backward_input_s=(c.backward_input_s[0],) * n,
                             backward_weight_s=(c.backward_weight_s[0],) * n, p2p_s=0.0,
+                            forward_comm_s=(c.forward_comm_s[1],) * n, backward_comm_s=(c.backward_comm_s[1],) * n,
                             grad_reduce_per_step_s=(0.0,) * n, optimizer_per_step_s=(0.0,) * n)
     r = ana.analytic(c)
     m, pp = p.num_microbatches, 12
@@ -130,11 +131,13 @@ def test_hidden_fsdp_comm_costs_compute_by_the_interference_factor():
     k = c.time_detail_s["comm_compute_interference"]
     assert k > 1.0
     none = dataclasses.replace(c, time_detail_s={**c.time_detail_s, "comm_compute_interference": 1.0})
-    ag, rs = c.time_detail_s["fsdp_layer_all_gather_s"], c.time_detail_s["fsdp_layer_reduce_scatter_s"]
-    n, f = c.layers[0], c.forward_s[0]
-    bwd = c.backward_s(0) + c.recompute_s[0]
-    hidden = min(n * ag, f) + min(n * (ag + rs), bwd)
     m = p.num_microbatches
+    # per micro-batch: every block's gathers and reduce-scatters and the root group's
+    ag, bg, rs = c.forward_gather_s[0], c.backward_gather_s[0], c.grad_reduce_per_step_s[0] / m
+    assert ag == pytest.approx(c.layers[0] * c.time_detail_s["fsdp_layer_all_gather_s"], rel=0.05)
+    f = c.forward_s[0]
+    bwd = c.backward_s(0) + c.recompute_s[0]
+    hidden = min(ag, f) + min(bg + rs, bwd)
     extra = ana.analytic(c).exposed_comm_s - ana.analytic(none).exposed_comm_s
     assert extra == pytest.approx(m * hidden * (1 - 1 / k), rel=1e-6)
 

@@ -9,6 +9,7 @@ import pytest
 from simcore.engine import analytic as ana
 from simcore.model import collectives as coll
 from simcore.model import dp_costs as dpm
+from simcore.model import end_comm as ec
 from simcore.model import step_costs as sim
 from simcore.plan.load import plan_from_dict
 from tests.model.test_simulate_analytic import plan
@@ -186,21 +187,27 @@ def test_cpu_model_ends_wrapper_cost_sits_on_the_stages_holding_them():
         b = [x - n * lc["tp_b"] for x, n in zip(c.backward_comm_s, c.layers)]
         return dev, f, b
 
-    def comm(dev, mode):
-        return dev.parallel_split_s(mode)[0]
+    def comm(dev, mode):   # the measured cost's comm share, and the ends' collectives' bytes (end_comm)
+        (f, b), part = dev.parallel_split_s(mode)[0], mode.rsplit("_", 1)[1]
+        if part not in ("embed", "head"):
+            return f, b
+        wire = ec.tp_ends_s(plans[-1], dev)[part == "head"]
+        return f + wire[0], b + wire[1]
 
-    dev, f, b = ends(_tiny(tp=2))
+    plans = [_tiny(tp=2)]
+    dev, f, b = ends(plans[-1])
     for mode in ("tp", "tp_sp"):
         for part in ("embed", "head"):
             assert sum(dev.parallel_extra_s(f"{mode}_{part}")) > 0   # the shipped test profile measured it
     (ef, eb), (hf, hb) = comm(dev, "tp_embed"), comm(dev, "tp_head")
     assert f == pytest.approx([ef + hf]) and b == pytest.approx([eb + hb])
-    dev, f, b = ends(_tiny(tp=2, sequence_parallel=True))
+    plans.append(_tiny(tp=2, sequence_parallel=True))
+    dev, f, b = ends(plans[-1])
     (ef, eb), (hf, hb) = comm(dev, "tp_sp_embed"), comm(dev, "tp_sp_head")
     assert f == pytest.approx([ef + hf]) and b == pytest.approx([eb + hb])
     # two stages: the embedding's cost on the first, the head's on the last
-    pp = _tiny(tp=2, pp=2)
-    dev, f, b = ends(pp)
+    plans.append(_tiny(tp=2, pp=2))
+    dev, f, b = ends(plans[-1])
     (ef, eb), (hf, hb) = comm(dev, "tp_embed"), comm(dev, "tp_head")
     assert f == pytest.approx([ef, hf]) and b == pytest.approx([eb, hb])
     # FSDP2: ZeRO-3's root group once per micro-batch, ZeRO-2's its own; plain DP adds none
@@ -298,8 +305,11 @@ def test_cpu_ddp_sync_waits_for_the_last_rank_by_the_measured_fraction():
     assert c.grad_reduce_per_step_s[0] == pytest.approx(c0.grad_reduce_per_step_s[0] + dev.dp_sync_wait * busy)
     # FSDP2 (ZeRO-3) syncs every layer inside its measured wrapper cost: no step-level wait
     z3 = _tiny(dp=2, zero=3)
+    from simcore.model import memory as mem
+
+    root_rs = ec.fsdp_root_s(z3, dev, mem.stage_params(z3)[0])[1]   # the root group's bytes (its calls: measured)
     assert sim.step_costs(z3).grad_reduce_per_step_s[0] == pytest.approx(
-        z3.num_microbatches * 4 * sim.step_costs(z3).time_detail_s["fsdp_layer_reduce_scatter_s"])
+        z3.num_microbatches * (4 * sim.step_costs(z3).time_detail_s["fsdp_layer_reduce_scatter_s"] + root_rs))
 
 
 def test_cpu_ring_exchange_is_not_charged_twice():
@@ -317,3 +327,22 @@ def test_cpu_ring_exchange_is_not_charged_twice():
     assert sim._cp_comm(p, probed, 1, 16)["cp"] == pytest.approx(kv / net.bus_bytes_per_s)
     assert sim._cp_comm(p, bare, 1, 16)["cp"] == pytest.approx(net.intra_hop_s + kv / net.bus_bytes_per_s)
     assert net.base_latency_s > net.intra_hop_s   # the collective's alpha would have been the larger charge
+
+
+def test_cpu_expert_all_to_all_is_not_charged_twice():
+    # the EP probe's measured layer cost holds its four all-to-alls' latency and dispatch: with
+    # it, the model adds only their bytes' term; without it (a GPU), the whole all-to-all
+    from simcore.model import compute as cmp
+
+    p = plan_from_dict({"model": {"name": "tiny-moe", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256,
+                                  "seq_len": 32, "tied_embeddings": False, "experts": 4, "top_k": 2},
+                        "cluster": {"node": "localhost", "gpus_per_node": 4}, "parallel": {"dp": 2, "ep": 2},
+                        "training": {"global_batch": 8, "micro_batch": 1, "precision": "fp32"}})
+    dev = cmp.device_model(p.cluster.node.gpu, "fp32")
+    probed = dataclasses.replace(dev, parallel_kernels=(*dev.parallel_kernels, ("ep", 40.0, 60.0)))
+    bare = dataclasses.replace(dev, parallel_kernels=tuple(k for k in dev.parallel_kernels if k[0] != "ep"))
+    net = coll.group_net(p.cluster, dev, 2, 1)
+    routed = coll.comm_act_bytes(p.training.precision) * 32 * 64 * p.model.top_k * p.model.capacity_factor
+    assert sim._layer_comm(p, probed)["ep_f"] == pytest.approx(2 * 0.5 * routed / net.bus_bytes_per_s)
+    assert sim._layer_comm(p, bare)["ep_f"] == pytest.approx(2 * coll.all_to_all_s(routed, net))
+    assert sim._layer_comm(p, bare)["ep_f"] > 2 * net.base_latency_s   # what the probe's cost holds already

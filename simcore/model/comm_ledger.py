@@ -1,0 +1,120 @@
+"""The bytes the model charges per step, per mesh axis and collective kind, on one rank.
+
+``step_costs`` prices each collective from its size (``collectives.py``); this ledger
+states the same sizes and counts, from the same helpers, as bytes: the whole buffer of each
+call (all-gather output, reduce-scatter input, the all-reduced tensor, a send's message),
+as ``simcore.model.collective_plan`` counts the calls the executor issues. Both engines
+read one ``StepCosts``, so the ledger is what the analytic path and the event engine charge;
+``tests/model/test_comm_ledger.py`` holds it against the executor's list, each difference
+between the two stacks named there.
+
+Modelled stacks: Megatron-Core's TP/SP/CP/EP and pipeline, ZeRO/FSDP2 as ``dp_costs``
+prices them. Not covered (ValueError): folded expert TP, DeepEP's dispatch, the all-gather
+and all-to-all context-parallel variants, DeepSpeed's ZeRO.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from simcore.model import collectives as coll
+from simcore.model import dp_costs as dpm
+from simcore.model import end_comm as ec
+from simcore.model import memory as mem
+from simcore.model import recompute as rcp
+from simcore.model import workload as wl
+from simcore.model.schedules import Op, add_communication, build_schedule
+from simcore.plan.spec import CpComm, MoeDispatcher, Plan, ZeroImpl, ZeroStage
+
+
+def _check(plan: Plan) -> None:
+    par = plan.parallel
+    rules = [(par.etp == par.tp, "parallel.expert_tp"), (par.moe_dispatcher == MoeDispatcher.ALLTOALL,
+                                                         "parallel.moe_dispatcher=deepep"),
+             (par.cp == 1 or par.cp_comm == CpComm.P2P, f"parallel.cp_comm={par.cp_comm.value}"),
+             (par.zero_impl == ZeroImpl.FSDP2 or par.zero < ZeroStage.GRADIENTS, "parallel.zero_impl=deepspeed")]
+    for ok, field in rules:
+        if not ok:
+            raise ValueError(f"{field}: the byte ledger does not cover it")
+
+
+def _layer_bytes(plan: Plan, layers: int) -> Counter:
+    """One micro-batch through ``layers`` layers: TP, CP ring and EP bytes (``step_costs._layer_comm``
+    and ``_layer_blocking``: the recomputed layers re-run their forward's)."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    b, s = tr.micro_batch, m.seq_len // par.cp
+    act = coll.comm_act_bytes(tr.precision) * b * s * m.hidden
+    redo = rcp.full_layers(tr, layers)
+    out: Counter = Counter()
+    if par.tp > 1:   # per forward: 2 all-reduces, or under SP 2 all-gathers and 2 reduce-scatters;
+        # the backward mirrors them, a recomputed layer's forward repeats them
+        for kind in ("all_gather", "reduce_scatter") if par.sequence_parallel else ("all_reduce",):
+            out["tp", kind] += 2 * act * (2 * layers + redo)
+    if par.cp > 1:
+        kv = 2 * coll.comm_act_bytes(tr.precision) * b * s * wl.kv_width(m) / par.tp
+        out["cp", "send"] += (par.cp - 1) * kv * (3 * layers + redo)   # forward K/V; backward K/V and dK/dV
+    if m.moe and par.ep > 1:   # dispatch and combine each way (every layer, as ``_layer_comm`` charges)
+        routed = act * m.top_k * m.capacity_factor / (par.tp if par.sequence_parallel else 1)
+        out["ep", "all_to_all"] += 2 * routed * (2 * layers + redo)
+    return out
+
+
+def _pp_sends(plan: Plan, pp_rank: int) -> int:
+    """Sends per step of pipeline rank ``pp_rank`` (activations forward, gradients backward)."""
+    par = plan.parallel
+    if par.pp == 1:
+        return 0
+    schedule = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp)
+    return sum(a.op in (Op.SEND_F, Op.SEND_B) for a in add_communication(schedule, par.pp, par.vpp)[pp_rank])
+
+
+def step_bytes(plan: Plan, pp_rank: int = 0) -> Counter:
+    """(axis, kind) -> bytes per step that the model charges on pipeline rank ``pp_rank``."""
+    _check(plan)
+    m, par, tr = plan.model, plan.parallel, plan.training
+    stages = plan.layers_per_stage
+    mine = range(pp_rank, len(stages), par.pp)   # virtual stage v runs on rank v % pp
+    mbs = plan.num_microbatches
+    out: Counter = Counter()
+    for v in mine:
+        for key, n in _layer_bytes(plan, stages[v]).items():
+            out[key] += n * mbs
+    (embed, head), end = ec.tp_end_calls(plan), ec.tp_end_bytes(plan)
+    for side, holds in ((embed, 0 in mine), (head, len(stages) - 1 in mine)):
+        for kind in (k for kinds in side for k in kinds) if holds else ():
+            out["tp", kind] += end * mbs
+    if par.pp > 1:   # Megatron's scatter/gather: each TP rank sends 1/tp of the activation
+        act = coll.comm_act_bytes(tr.precision) * tr.micro_batch * (m.seq_len // par.cp) * m.hidden / par.tp
+        out["pp", "send"] += act * _pp_sends(plan, pp_rank)
+    out.update(_dp_bytes(plan, pp_rank, mine))
+    if ec.tied_bytes(plan) and (0 in mine or len(stages) - 1 in mine):
+        out["pp", "all_reduce"] += ec.tied_bytes(plan)
+    return +out
+
+
+def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
+    """The data-parallel wrappers' bytes (``dp_costs.dp_costs`` and ``end_comm``'s root group)."""
+    par, tr = plan.parallel, plan.training
+    nd = par.dp * par.cp
+    out: Counter = Counter()
+    if nd == 1:
+        return out
+    axis = "cp" if par.dp == 1 else "dp"
+    sp = mem.stage_params(plan)[pp_rank]
+    wb, gb = mem.weight_bytes_per_param(tr.precision), dpm.grad_wire_bytes(plan)
+    if par.zero == ZeroStage.NONE:
+        out[axis, "all_reduce"] += gb * sp.total
+    elif par.zero == ZeroStage.OPTIMIZER_STATES:
+        out[axis, "reduce_scatter"] += gb * sp.total
+        out[axis, "all_gather"] += wb * sp.total
+    else:
+        layer = sum(mem.layer_params_per_gpu(plan))
+        calls = dpm.fsdp_calls(plan, len(plan.layers_per_stage))
+        for v in mine:
+            f_ag, b_ag, scatters = calls[v]
+            out[axis, "all_gather"] += wb * layer * (f_ag + b_ag) * plan.layers_per_stage[v]
+            out[axis, "reduce_scatter"] += gb * layer * scatters * plan.layers_per_stage[v]
+        ag, rs = ec.fsdp_root_bytes(plan, sp)
+        f_ag, b_ag, scatters = calls[pp_rank]
+        out[axis, "all_gather"] += ag * (f_ag + b_ag)
+        out[axis, "reduce_scatter"] += rs * scatters
+    return out

@@ -1,0 +1,134 @@
+"""The collectives of the model's ends, which the per-layer terms leave out.
+
+- Tensor parallel's embedding and head, per micro-batch (Megatron-Core
+  ``VocabParallelEmbedding.forward``: the partial embeddings all-reduced, or under sequence
+  parallelism reduce-scattered into the sequence-parallel region, whose backward
+  all-gathers; the output layer's ``ColumnParallelLinear``: its input's gradient
+  all-reduced in backward, or under SP its input all-gathered forward and the gradient
+  reduce-scattered; megatron/core/tensor_parallel/layers.py and mappings.py). The
+  vocab-parallel cross entropy's all-reduces of b*s floats are left out (4 B per token).
+- FSDP2's root group on each pipeline rank: the embedding on the first, the final norm and
+  output on the last (``fully_shard(model)`` after the blocks, torchtitan's
+  ``apply_fsdp``), all-gathered and reduce-scattered as often as a block of that stage.
+- The tied embedding under pipelining: one all-reduce per step of the shared weight's
+  gradient between the first and the last stage (Megatron's embedding group,
+  megatron/core/distributed/finalize_model_grads.py ``_allreduce_word_embedding_grads``).
+
+Where a calibrated CPU host measured the ends' wrapper costs (``parallel_host``), those hold
+the calls' latency and dispatch, and only the bytes' term is added, as for the layers.
+"""
+from __future__ import annotations
+
+from simcore.model import collectives as coll
+from simcore.model import compute as cmp
+from simcore.model import memory as mem
+from simcore.plan.spec import Plan, ZeroStage
+
+
+def tp_end_bytes(plan: Plan) -> float:
+    """One micro-batch's (b, s/cp, hidden) activation at an end, as TP moves it."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    return coll.comm_act_bytes(tr.precision) * tr.micro_batch * (m.seq_len // par.cp) * m.hidden
+
+
+def tp_end_calls(plan: Plan) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[str, ...], tuple[str, ...]]]:
+    """((forward kinds, backward kinds) of the embedding, the same of the head), each call
+    of ``tp_end_bytes``; none without TP."""
+    if plan.parallel.tp == 1:
+        return ((), ()), ((), ())
+    if plan.parallel.sequence_parallel:
+        return (("reduce_scatter",), ("all_gather",)), (("all_gather",), ("reduce_scatter",))
+    return (("all_reduce",), ()), ((), ("all_reduce",))
+
+
+def tp_ends_s(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Per micro-batch: ((forward, backward) seconds of the embedding's TP calls, the same of
+    the head's)."""
+    par = plan.parallel
+    if par.tp == 1:
+        return (0.0, 0.0), (0.0, 0.0)
+    act = tp_end_bytes(plan)
+    net = coll.group_net(plan.cluster, dev, par.tp, 1)
+    mode = "tp_sp" if par.sequence_parallel else "tp"
+    probed = sum(dev.parallel_extra_s(f"{mode}_embed")) + sum(dev.parallel_extra_s(f"{mode}_head")) > 0
+    wire = (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
+    price = {"all_reduce": 2 * wire, "all_gather": wire, "reduce_scatter": wire} if probed else \
+        {"all_reduce": coll.all_reduce_s(act, net), "all_gather": coll.all_gather_s(act, net),
+         "reduce_scatter": coll.reduce_scatter_s(act, net)}
+    return tuple(tuple(sum(map(price.__getitem__, kinds)) for kinds in side) for side in tp_end_calls(plan))
+
+
+def fsdp_root_bytes(plan: Plan, sp: mem.StageParams) -> tuple[float, float]:
+    """(all-gather, reduce-scatter) bytes of one pipeline rank's FSDP2 root group, whose
+    parameters are ``sp.ends``: 16-bit (fp32 in an fp32 plan) parameters gathered, gradients
+    reduced as the blocks' (``dp_costs.grad_wire_bytes``)."""
+    from simcore.model.dp_costs import grad_wire_bytes
+
+    return mem.weight_bytes_per_param(plan.training.precision) * sp.ends, grad_wire_bytes(plan) * sp.ends
+
+
+def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[float, float]:
+    """(all-gather, reduce-scatter) seconds of one call each of a rank's root group (0 where
+    FSDP2 does not shard or the rank holds no ends)."""
+    par = plan.parallel
+    nd = par.dp * par.cp
+    if par.zero < ZeroStage.GRADIENTS or nd == 1 or sp.ends <= 0:
+        return 0.0, 0.0
+    ag, rs = fsdp_root_bytes(plan, sp)
+    net = coll.group_net(plan.cluster, dev, nd, par.tp)
+    mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
+    if sum(dev.parallel_extra_s(f"{mode}_root")) > 0:   # latency in the measured root cost
+        return (nd - 1) / nd * ag / net.bus_bytes_per_s, (nd - 1) / nd * rs / net.bus_bytes_per_s
+    return coll.all_gather_s(ag, net), coll.reduce_scatter_s(rs, net)
+
+
+def tied_bytes(plan: Plan) -> float:
+    """Bytes of the embedding group's all-reduce (0 without it): the shared weight's local
+    gradient, sharded under FSDP2."""
+    m, par = plan.model, plan.parallel
+    if not (m.tied_embeddings and par.pp > 1):
+        return 0.0
+    from simcore.model.dp_costs import grad_wire_bytes
+
+    nd = par.dp * par.cp
+    shard = nd if par.zero >= ZeroStage.GRADIENTS and nd > 1 else 1
+    return grad_wire_bytes(plan) * m.vocab * m.hidden / par.tp / shard
+
+
+def tied_s(plan: Plan, dev: cmp.DeviceModel) -> float:
+    """Seconds of the embedding group's all-reduce per step, on the first and the last stage:
+    two ranks (pp - 1) * tp * cp * dp apart; on a CPU host a lone call plus its bytes."""
+    nbytes = tied_bytes(plan)
+    if nbytes <= 0:
+        return 0.0
+    par = plan.parallel
+    net = coll.group_net(plan.cluster, dev, 2, (par.pp - 1) * par.tp * par.cp * par.dp)
+    if dev.lone_all_reduce_s > 0:
+        return dev.lone_all_reduce_s + nbytes / net.bus_bytes_per_s
+    return coll.all_reduce_s(nbytes, net)
+
+
+def add_step_ends(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams, ...],
+                  fsdp: tuple[tuple[int, int, int], ...], grad: list[float],
+                  gathers: tuple[tuple[float, ...], tuple[float, ...]], gathers_params: bool
+                  ) -> tuple[list[float], tuple[tuple[float, ...], tuple[float, ...]]]:
+    """``step_costs``' per-step gradient reduction and per-micro-batch (forward, backward)
+    FSDP2 gathers per virtual stage, with each pipeline rank's root group on its first
+    virtual stage (``fsdp``: a block's (forward gathers, backward gathers, reduce-scatters)
+    per step there; the gathers only where the stack gathers parameters, ``gathers_params``)
+    and the tied embedding's all-reduce on the first and the last virtual stage."""
+    grad, fwd, bwd = list(grad), list(gathers[0]), list(gathers[1])
+    mbs = plan.num_microbatches
+    for r, sp in enumerate(params):
+        ag, rs = fsdp_root_s(plan, dev, sp)
+        if ag or rs:
+            f_ag, b_ag, scatters = fsdp[r]
+            grad[r] += rs * scatters
+            if gathers_params:
+                fwd[r] += ag * f_ag / mbs
+                bwd[r] += ag * b_ag / mbs
+    tied = tied_s(plan, dev)
+    if tied:
+        grad[0] += tied
+        grad[-1] += tied
+    return grad, (tuple(fwd), tuple(bwd))
