@@ -101,18 +101,27 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
     axis = "cp" if par.dp == 1 else "dp"
     sp = mem.stage_params(plan)[pp_rank]
     wb, gb = mem.weight_bytes_per_param(tr.precision), dpm.grad_wire_bytes(plan)
+    # the experts' gradients over the expert data-parallel ranks (the executor's group name: dp), if several
+    expert_axis = "dp" if nd // par.ep > 1 else None
+    dense_l, expert_l = mem.layer_params_per_gpu(plan)
+
+    def add(kind: str, dense: float, expert: float) -> None:
+        out[axis, kind] += dense
+        if expert_axis:
+            out[expert_axis, kind] += expert
+
     if par.zero == ZeroStage.NONE:
-        out[axis, "all_reduce"] += gb * sp.total
+        add("all_reduce", gb * sp.dense, gb * sp.expert)
     elif par.zero == ZeroStage.OPTIMIZER_STATES:
-        out[axis, "reduce_scatter"] += gb * sp.total
-        out[axis, "all_gather"] += wb * sp.total
+        add("reduce_scatter", gb * sp.dense, gb * sp.expert)
+        add("all_gather", wb * sp.dense, wb * sp.expert)
     else:
-        layer = sum(mem.layer_params_per_gpu(plan))
         calls = dpm.fsdp_calls(plan, len(plan.layers_per_stage))
         for v in mine:
             f_ag, b_ag, scatters = calls[v]
-            out[axis, "all_gather"] += wb * layer * (f_ag + b_ag) * plan.layers_per_stage[v]
-            out[axis, "reduce_scatter"] += gb * layer * scatters * plan.layers_per_stage[v]
+            n = plan.layers_per_stage[v]
+            add("all_gather", wb * dense_l * (f_ag + b_ag) * n, wb * expert_l * (f_ag + b_ag) * n)
+            add("reduce_scatter", gb * dense_l * scatters * n, gb * expert_l * scatters * n)
         ag, rs = ec.fsdp_root_bytes(plan, sp)
         f_ag, b_ag, scatters = calls[pp_rank]
         out[axis, "all_gather"] += ag * (f_ag + b_ag)

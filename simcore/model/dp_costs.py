@@ -71,6 +71,12 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     if nd > 1:
         net = coll.group_net(cl, dev, nd, par.tp)
         params = sp.total
+        # expert parallel: the experts' gradients reduce over the ranks holding the same experts
+        # only (Megatron-Core's expert data-parallel group; torchtitan's dp_shard_mod_ep mesh):
+        # none where each rank holds its own, and the dense ones over all dp x cp ranks
+        edp, expert = nd // par.ep, sp.expert
+        enet = coll.group_net(cl, dev, edp, par.tp * par.ep) if edp > 1 else None
+        dense = params - expert
         if tr.grad_compression == GradCompression.POWERSGD:
             gb = 4.0 * 2 * POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
             out["compress"] = cmp.stream_s(12.0 * params, dev)
@@ -80,27 +86,36 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         if dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
             # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),
             # each a lone call issued after compute, plus the ring's bytes term
-            out["grad"] = buckets * dev.lone_all_reduce_s + 2 * (nd - 1) / nd * gb * params / net.bus_bytes_per_s
+            out["grad"] = buckets * dev.lone_all_reduce_s + 2 * (nd - 1) / nd * gb * dense / net.bus_bytes_per_s \
+                + (2 * (edp - 1) / edp * gb * expert / enet.bus_bytes_per_s if enet else 0.0)
             if par.zero == ZeroStage.OPTIMIZER_STATES:   # the parameter broadcasts' bytes (their calls: step_costs)
                 out["sync"] = (nd - 1) / nd * wb * params / net.bus_bytes_per_s
         elif par.zero == ZeroStage.NONE:
-            out["grad"] = coll.all_reduce_s(gb * params, net)
+            out["grad"] = coll.all_reduce_s(gb * dense, net) + (coll.all_reduce_s(gb * expert, enet) if enet else 0.0)
         elif par.zero == ZeroStage.OPTIMIZER_STATES:
-            out["grad"] = coll.reduce_scatter_s(gb * params, net)
-            out["sync"] = coll.all_gather_s(wb * params, net)
+            out["grad"] = coll.reduce_scatter_s(gb * dense, net) + (coll.reduce_scatter_s(gb * expert, enet)
+                                                                    if enet else 0.0)
+            out["sync"] = coll.all_gather_s(wb * dense, net) + (coll.all_gather_s(wb * expert, enet) if enet else 0.0)
         else:   # FSDP2, ZeRO-2 and 3: per block, as often as fsdp_calls.fsdp_stage_calls counts
-            out["layer_ag"] = coll.all_gather_s(wb * layer_params, net)
+            expert_l = mem.layer_params_per_gpu(plan)[1]
+            dense_l = layer_params - expert_l
+
+            def both(call, nbytes_dense: float, nbytes_expert: float) -> float:   # the dense and the experts' groups
+                return call(nbytes_dense, net) + (call(nbytes_expert, enet) if enet else 0.0)
+
+            out["layer_ag"] = both(coll.all_gather_s, wb * dense_l, wb * expert_l)
             if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero >= ZeroStage.WEIGHTS:
                 calls, out["ag_exposed"] = deepspeed_gathers(plan, layer_params)
                 out["layer_ag"] = calls * coll.all_gather_s(wb * layer_params / calls, net)
             elif par.zero_impl == ZeroImpl.DEEPSPEED:   # ZeRO-2 keeps whole 16-bit parameters:
                 out["layer_ag"] = 0.0                   # one all-gather of the updated shards a step
                 out["sync"] = coll.all_gather_s(wb * params, net)   # (stage_1_and_2.py ``step``)
-            out["layer_rs"] = coll.reduce_scatter_s(gb * layer_params, net)
+            out["layer_rs"] = both(coll.reduce_scatter_s, gb * dense_l, gb * expert_l)
             mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
             if sum(dev.parallel_extra_s(mode)) > 0:   # latency is in the measured layer cost
-                out["layer_ag"] = (nd - 1) / nd * wb * layer_params / net.bus_bytes_per_s
-                out["layer_rs"] = (nd - 1) / nd * gb * layer_params / net.bus_bytes_per_s
+                def wire(nbytes: float, group) -> float:
+                    return (group.ranks - 1) / group.ranks * nbytes / group.bus_bytes_per_s
+                out["layer_ag"], out["layer_rs"] = (both(wire, b * dense_l, b * expert_l) for b in (wb, gb))
         out["buckets"] = buckets
     return out
 

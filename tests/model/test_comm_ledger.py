@@ -5,8 +5,9 @@ the two stacks' dtypes agree) of a Llama-style model (no biases, as the executor
 
 The model prices Megatron-Core's stack and the executor runs torch's; each difference
 between the two is named in ``_as_megatron`` and converted, and nothing else may differ.
-Before the ledger, it found three costs the model left out: TP's embedding and head
-collectives, FSDP2's root group and the tied embedding's all-reduce (``end_comm``)."""
+Before it passed, the ledger found three costs the model left out (TP's embedding and head
+collectives, FSDP2's root group and the tied embedding's all-reduce: ``end_comm``) and one it
+charged that no stack pays (the experts' gradients reduced over every data-parallel rank)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -15,7 +16,6 @@ import pytest
 
 from simcore.model import collective_plan as cplan
 from simcore.model import comm_ledger as ledger
-from simcore.model import memory as mem
 from simcore.model.layout_calls import ep_axis
 from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import Plan, Recompute, ZeroStage
@@ -109,10 +109,6 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
         axis = ep_axis(plan)
         if axis != "ep":
             out["ep", "all_to_all"] += out.pop((axis, "all_to_all"), 0)
-        # the model reduces the experts' gradients over all dp x cp ranks; the executor, as
-        # Megatron, over the ranks holding the same experts (none when every rank holds its own)
-        if par.dp * par.cp // par.ep == 1:
-            out["dp", "all_reduce"] += 4 * mem.stage_params(plan)[pp_rank].expert
     return +out
 
 
@@ -151,3 +147,34 @@ def test_the_ends_cost_time_in_the_prediction():
 def test_the_ledger_refuses_what_it_does_not_cover():
     with pytest.raises(ValueError, match="parallel.cp_comm=a2a"):
         ledger.step_bytes(_plan({"cp": 2, "cp_comm": "a2a"}, {}, {}))
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_expert_gradients_reduce_over_the_ranks_holding_the_same_experts(zero):
+    # Megatron-Core's expert data-parallel group, torchtitan's dp_shard_mod_ep mesh: the dense
+    # gradients over all dp ranks, the experts' over dp / ep of them; none at ep = dp
+    from simcore.model import collectives as coll
+    from simcore.model import compute as cmp
+    from simcore.model import dp_costs as dpm
+    from simcore.model import memory as mem
+
+    for ep in (8, 4):
+        p = plan_from_dict({"model": "mixtral-8x7b", "cluster": {"node": "dgx-h100", "nodes": 4},
+                            "parallel": {"dp": 8, "tp": 4, "ep": ep, "zero": zero},
+                            "training": {"global_batch": 64, "micro_batch": 1}})
+        dev = cmp.device_model(p.cluster.node.gpu, p.training.precision.value)
+        sp = mem.stage_params(p)[0]
+        layer_dense, layer_expert = mem.layer_params_per_gpu(p)
+        got = dpm.dp_costs(p, dev, sp, layer_dense + layer_expert)
+        gb, net = dpm.grad_wire_bytes(p), coll.group_net(p.cluster, dev, 8, 4)
+        assert sp.expert > sp.dense   # most of an MoE's parameters are experts
+        call, key, dense, expert = {0: (coll.all_reduce_s, "grad", sp.dense, sp.expert),
+                                    1: (coll.reduce_scatter_s, "grad", sp.dense, sp.expert),
+                                    3: (coll.reduce_scatter_s, "layer_rs", layer_dense, layer_expert)}[zero]
+        dense_only = call(gb * dense, net)
+        if ep == 8:   # every rank holds its own experts: nothing to reduce for them
+            assert got[key] == pytest.approx(dense_only)
+        else:         # two ranks hold each expert, 4 * ep ranks apart
+            enet = coll.group_net(p.cluster, dev, 2, 4 * ep)
+            assert got[key] == pytest.approx(dense_only + call(gb * expert, enet))
+            assert got[key] > dense_only
