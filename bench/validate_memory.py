@@ -22,7 +22,8 @@ Rules per source:
   per-op SAC (``recompute: op``), SDPA flash attention, bf16 with fp32 master and AdamW
   (FSDP2 MixedPrecisionPolicy), and the loss compiled with the model (torchtitan
   components/loss.py: ``if job_config.training.compile: loss_fn = torch.compile(loss_fn)``,
-  so ``loss: fused``). torchao's float8 rows keep the bf16 Plan: torchao casts to float8 per
+  so ``loss: fused``) from torchtitan bbb1b616e (2025-04-02) on; the H100 table ran torchtitan
+  0.0.2 of March 2025, whose loss is eager (``loss: eager``, ``LOSS_OF_SOURCE``). torchao's float8 rows keep the bf16 Plan: torchao casts to float8 per
   GEMM (no cached FP8 weights; the sharded parameters, gradients, optimizer states and saved
   matmul outputs stay high precision), and the published peaks of each table differ by
   under 1.5 % across recipes. Nodes: dgx-h100 (the README's 80 GB or 96 GB H100: not
@@ -65,6 +66,13 @@ from simcore.results import GIB, atomic_write_text  # noqa: E402
 DEFAULT_VALIDATION = next((p / "shared" / "validation" for p in ROOT.parents[:2]
                            if (p / "shared" / "validation").exists()), ROOT.parent / "shared" / "validation")
 TORCHTITAN = ("torchao_float8_readme_2025_h100", "torchao_float8_readme_2025_mi300x", "torchao_mx_readme_2025_b200")
+#: The loss of each torchtitan source's commit: torchtitan compiles it with the model only from
+#: bbb1b616e (2025-04-02, "refactor train_spec.loss_fn to build_loss_fn"); at the H100 table's
+#: torchtitan (0.0.2, torchao README @8c81863ba of 2025-03-12; torchtitan 54ef42221 of that day)
+#: components/loss.py reads "compiling loss function causes CUDA errors, turning off for now"
+#: and upcasts the whole logits eagerly (``pred.flatten(0, 1).float()``).
+LOSS_OF_SOURCE = {"torchao_float8_readme_2025_h100": "eager", "torchao_float8_readme_2025_mi300x": "fused",
+                  "torchao_mx_readme_2025_b200": "fused"}
 NODE_OF_SOURCE = {"torchao_float8_readme_2025_h100": "dgx-h100", "torchao_float8_readme_2025_mi300x": "mi300x-8",
                   "torchao_mx_readme_2025_b200": "dgx-b200", "torchtune_readme_optimization_flags": "dgx-a100-80gb",
                   "hf_perf_train_gpu_one_2022": "dgx1-v100-16gb"}
@@ -104,7 +112,7 @@ def row_plan(row: pd.Series):
     if src in TORCHTITAN:
         doc = {"model": {"name": "llama3-8b", "seq_len": 8192}, "parallel": {"dp": 8, "zero": 3},
                "training": {"global_batch": gb, "micro_batch": mb, "recompute": "op", "flash_attention": True,
-                            "loss": "fused"}}
+                            "loss": LOSS_OF_SOURCE[src]}}
         return {**doc, "cluster": cluster}, ()
     cluster["gpus_per_node"] = 1
     if src == "torchtune_readme_optimization_flags":
