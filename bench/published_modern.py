@@ -108,8 +108,11 @@ def _model(row: pd.Series) -> dict:
     heads = int(row.heads)
     m = {"name": row.model, "layers": int(row.layers), "hidden": int(row.hidden), "heads": heads,
          "ffn_hidden": int(row.ffn_hidden), "vocab": int(row.vocab), "seq_len": int(row.seq_len)}
-    if row.source in LLMFOUNDRY:
-        return {**m, "gated_mlp": False, "tied_embeddings": True, "position_embedding": "learned"}
+    if row.source in LLMFOUNDRY:   # MPTConfig: resid_pdrop, emb_pdrop and attn_pdrop default to 0.0
+        return {**m, "gated_mlp": False, "tied_embeddings": True, "position_embedding": "learned", "dropout": 0.0}
+    # the Llama-family stacks train without dropout (Megatron-Bridge Llama3ModelProvider and the
+    # Hugging Face configs: hidden_dropout / attention_dropout 0.0; torchtitan's Llama has none)
+    m["dropout"] = 0.0
     kv = _flag(notes, r"kv_heads=(\d+)")
     if re.search(r"\d+ (routed )?experts", notes):
         return {**m, "kv_heads": int(kv) if kv else heads, "position_embedding": "rope", **_moe(notes)}

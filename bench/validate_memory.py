@@ -78,9 +78,10 @@ NODE_OF_SOURCE = {"torchao_float8_readme_2025_h100": "dgx-h100", "torchao_float8
                   "hf_perf_train_gpu_one_2022": "dgx1-v100-16gb"}
 LLAMA32_3B = {"name": "llama3.2-3b", "layers": 28, "hidden": 3072, "heads": 24, "kv_heads": 8, "ffn_hidden": 8192,
               "vocab": 128256, "seq_len": 4096, "gated_mlp": True, "tied_embeddings": True,
-              "position_embedding": "rope"}
+              "position_embedding": "rope", "dropout": 0.0}   # torchtune's llama3_2: attn_dropout 0.0, no other
 BERT_LARGE = {"name": "bert-large-uncased", "layers": 24, "hidden": 1024, "heads": 16, "ffn_hidden": 4096,
-              "vocab": 30522, "seq_len": 512, "tied_embeddings": True, "position_embedding": "learned"}
+              "vocab": 30522, "seq_len": 512, "tied_embeddings": True, "position_embedding": "learned",
+              "dropout": 0.1}   # BertConfig hidden_dropout_prob, attention_probs_dropout_prob
 
 
 def statistic(row: pd.Series) -> str:

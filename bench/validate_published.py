@@ -109,8 +109,9 @@ def base_doc(row: pd.Series) -> dict:
     if src == "megatron_readme_2024_h100_weak":   # the README's flags: --tp-comm-overlap with SP (SOURCES.md)
         parallel.update(zero=1, sequence_parallel=tp > 1, tp_comm_overlap=tp > 1)
         training.update(recompute="selective", flash_attention=True)
-    if src == "llmfoundry_mpt_benchmarks":
+    if src == "llmfoundry_mpt_benchmarks":   # MPTConfig's resid/emb/attn_pdrop default to 0.0
         parallel["zero"] = 3
+        model["dropout"] = 0.0
         training.update(recompute=str(row.recompute), flash_attention=True)
     return {"name": f"{src}:{row.model}", "model": model, "cluster": cluster,
             "parallel": parallel, "training": training}

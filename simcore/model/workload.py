@@ -309,7 +309,8 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     (2sb*g*d each), the projection input (2sbh), a dropout mask (sbh) and, unless flash
     attention or selective recompute drops it, 5*a*s^2*b for softmax, its dropout mask and
     output; the MLP keeps its input (2sbh), the activation input and output (2sbf each,
-    three such with a gated MLP) and a mask (sbh); the two LayerNorms 4sbh. With
+    three such with a gated MLP) and a mask (sbh); the two LayerNorms 4sbh. Without dropout
+    (``model.dropout`` 0) the masks and the attention dropout's output are not kept. With
     ``s`` = 2048, MHA, f = 4h this is sbh(34 + 5as/h). Tensor parallel splits all but the
     10sbh of layer inputs, masks and norms; sequence parallel splits those too. The inputs
     the linear layers keep for their weight gradients (QKV, projection, FC1, FC2) take
@@ -318,7 +319,8 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     h, f, sb = m.hidden, m.ffn_hidden, s * b
     if recompute == Recompute.FULL:  # only the layer input (Korthikanti et al. Sec. 5)
         return ACT_BYTES * sb * h / (tp if sequence_parallel else 1)
-    replicated = (6 + 2 * gemm_input) * sb * h              # LN inputs, QKV and FC1 inputs, dropout masks
+    masks = 2 if m.dropout > 0 else 0                       # the two residual dropouts' 1-byte masks
+    replicated = (4 + masks + 2 * gemm_input) * sb * h      # LN inputs, dropout masks, QKV and FC1 inputs
     attn_split = ACT_BYTES * sb * (q_width(m) + 2 * kv_width(m))     # Q, K, V
     attn_split += gemm_input * sb * attention_out_width(m)            # projection input
     mlp_acts = ((2 if m.gated_mlp else 1) * ACT_BYTES + gemm_input) * sb * f   # FC1 outputs, FC2 input
@@ -328,16 +330,17 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     split = attn_split + mlp_acts
     if flash:
         split += 4 * b * m.heads * s                         # fp32 log-sum-exp per query and head
-    elif recompute != Recompute.SELECTIVE:
-        split += 5 * m.heads * s * s * b                     # softmax out, dropout mask, dropout out
+    elif recompute != Recompute.SELECTIVE:   # softmax out, and with dropout its mask and output
+        split += (5 if m.dropout > 0 else 2) * m.heads * s * s * b
     if sequence_parallel:
         return (replicated + split) / tp
     return replicated + split / tp
 
 
 def embedding_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> float:
-    """First stage: the embedding dropout mask (sbh, /t with SP); Korthikanti et al. Eq. 3."""
-    return s * b * m.hidden / (tp if sequence_parallel else 1)
+    """First stage: the embedding dropout mask (sbh, /t with SP; none without dropout);
+    Korthikanti et al. Eq. 3."""
+    return s * b * m.hidden / (tp if sequence_parallel else 1) if m.dropout > 0 else 0.0
 
 
 def logits_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> float:

@@ -26,6 +26,12 @@ DEFAULT_SEQ_LEN = 8192
 sequence (Llama Team, "The Llama 3 Herd of Models", arXiv 2407.21783, Sec. 3.4.1: 8K
 tokens), capped by the model's max_position_embeddings."""
 
+#: The dropout probabilities a config.json may give (hidden, residual, embedding, attention); the
+#: model's ``dropout`` is the largest given: GPT2Config's defaults are 0.1, and the rotary
+#: families' configs give ``attention_dropout`` 0.0 and have no other dropout layer.
+DROPOUT_KEYS = ("hidden_dropout", "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "attention_dropout",
+                "attn_pdrop", "attention_probs_dropout_prob")
+
 #: Every config.json field this module reads (the importer lists the others as not mapped).
 USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_size", "n_embd",
         "num_attention_heads", "n_head", "num_key_value_heads", "intermediate_size", "n_inner",
@@ -34,7 +40,7 @@ USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_s
         "rope_theta", "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
         "mlp_only_layers", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
         "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-        "moe_layer_freq"}
+        "moe_layer_freq", *DROPOUT_KEYS}
 
 
 def read_config(path: Path) -> dict:
@@ -88,6 +94,8 @@ def hf_fields(cfg: dict, path: Path) -> dict:
                    position_embedding="rope")
         if cfg.get("rope_theta") is not None:
             out["rope_base"] = float(cfg["rope_theta"])
+    given = [cfg[k] for k in DROPOUT_KEYS if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)]
+    out["dropout"] = float(max(given)) if given else (0.1 if mtype == "gpt2" else 0.0)
     out.update(_moe_fields(cfg, mtype, path))
     if cfg.get("kv_lora_rank"):
         out.update(_mla_fields(cfg))

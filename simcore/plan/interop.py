@@ -220,8 +220,8 @@ def _first_last_split(layers: int, pp: int, first, last) -> list[int]:
 _SECTION_ORDER = {
     "model": ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
               "gated_mlp", "experts", "top_k", "capacity_factor", "tied_embeddings", "position_embedding",
-              "kv_channels", "rope_base", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden", "q_lora_rank",
-              "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
+              "kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden",
+              "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
                  "schedule", "cp_comm", "tp_comm_overlap", "moe_dispatcher"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "recompute", "offload",

@@ -135,15 +135,15 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
 #: ModelSpec fields beyond the basic shape (head width, rotary base, MoE and MLA detail):
 #: written by plan_to_dict only where they differ from these defaults.
 _EXTRA_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)
-                   if f.name in ("kv_channels", "rope_base", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden",
-                                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")}
+                   if f.name in ("kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers",
+                                 "shared_ffn_hidden", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")}
 
 
 def _model_extras(doc: dict) -> dict:
     out = {}
     for key, default in _EXTRA_DEFAULTS.items():
-        if isinstance(default, float):
-            out[key] = _float(doc, key, "model", default)
+        if isinstance(default, float):   # a dropout of 0 is none (check_plan bounds it)
+            out[key] = _float(doc, key, "model", default, positive=key != "dropout")
         else:
             out[key] = _int(doc, key, "model", default, minimum=0)
     return out

@@ -245,7 +245,7 @@ def _torchtitan_model(name: str, flavor: str, d: dict, hints: dict) -> dict:
     d["model.name"] = f"llama3-{flavor.lower()}"
     shape = {f"model.{k}": v for k, v in flavors[flavor].items()}
     return {**shape, "model.gated_mlp": True, "model.tied_embeddings": False,
-            "model.position_embedding": "rope"}
+            "model.position_embedding": "rope", "model.dropout": 0.0}   # torchtitan's Llama has no dropout
 
 
 def _torchtitan_parallel(get, hints: dict) -> dict:

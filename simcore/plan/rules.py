@@ -59,6 +59,7 @@ def check_plan(plan: Plan) -> None:
          f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
          f"not {par.schedule.value}"),
         (par.vpp == 1 or par.pp > 1, "parallel.vpp > 1 needs parallel.pp > 1"),
+        (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
         (par.stage_layers is not None or m.layers >= par.pp * par.vpp,
          f"model.layers={m.layers} gives fewer than one layer per virtual stage (pp*vpp={par.pp * par.vpp})"),
         (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or plan.num_microbatches % par.pp == 0,

@@ -202,6 +202,12 @@ class ModelSpec:
     multi-latent attention it is the non-rotary part of a query/key head (``qk_nope_head_dim``)."""
     rope_base: float = 10000.0
     """Rotary base (Hugging Face ``rope_theta``, Megatron --rotary-base)."""
+    dropout: float = 0.1
+    """Hidden and attention dropout probability (Megatron --hidden-dropout and
+    --attention-dropout, default 0.1; Hugging Face ``hidden_dropout``/``resid_pdrop``,
+    ``attention_dropout``/``attn_pdrop``). At 0 no mask is kept: torch's dropout returns its
+    input when p is 0 (aten/src/ATen/native/Dropout.cpp ``_dropout_impl``). Llama-family
+    models train without dropout."""
     dense_ffn_hidden: int = 0
     """MoE models: the MLP width of the dense layers (0: ffn_hidden, which is the expert width)."""
     dense_layers: int = 0

@@ -71,6 +71,8 @@ def _megatron_model_args(plan: Plan) -> list:
         if m.rope_base != int(m.rope_base):
             raise _refuse("model.rope_base", m.rope_base, "Megatron-LM", "--rotary-base takes an integer")
         args += [("--rotary-base", int(m.rope_base)), ("--normalization", "RMSNorm"), ("--disable-bias-linear", None)]
+    if m.dropout != 0.1:   # Megatron's default for both
+        args += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout)]
     if m.gated_mlp:
         args.append(("--swiglu", None))
     if not m.tied_embeddings:

@@ -19,6 +19,8 @@ torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
     --rotary-base 1000000 \
     --normalization RMSNorm \
     --disable-bias-linear \
+    --hidden-dropout 0.0 \
+    --attention-dropout 0.0 \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --num-experts 8 \

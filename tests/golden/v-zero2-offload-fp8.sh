@@ -18,6 +18,8 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --rotary-base 500000 \
     --normalization RMSNorm \
     --disable-bias-linear \
+    --hidden-dropout 0.0 \
+    --attention-dropout 0.0 \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --tensor-model-parallel-size 1 \
