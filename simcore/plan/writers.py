@@ -339,12 +339,16 @@ def hf_config_from_model(model) -> dict:
                              "gated MLP, grouped-query attention or experts")
         return {"model_type": "gpt2", "n_layer": m.layers, "n_embd": m.hidden, "n_head": m.heads,
                 "n_inner": m.ffn_hidden, "vocab_size": m.vocab, "n_positions": m.seq_len,
-                "tie_word_embeddings": m.tied_embeddings}
+                "tie_word_embeddings": m.tied_embeddings,
+                "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout}
     cfg = {"model_type": "llama" if m.gated_mlp else "gpt_neox", "num_hidden_layers": m.layers,
            "hidden_size": m.hidden, "num_attention_heads": m.heads, "num_key_value_heads": m.kv_heads,
            "intermediate_size": m.ffn_hidden, "vocab_size": m.vocab, "max_position_embeddings": m.seq_len,
            "tie_word_embeddings": m.tied_embeddings}
     cfg["rope_theta"] = m.rope_base
+    cfg["attention_dropout"] = m.dropout   # the rotary families' one dropout field (NeoX: also hidden)
+    if cfg["model_type"] == "gpt_neox":
+        cfg["hidden_dropout"] = m.dropout
     if m.kv_channels:
         cfg["head_dim"] = m.kv_channels
     if m.mla:  # DeepSeek-V3's field names (configuration_deepseek_v3.py)

@@ -72,3 +72,16 @@ def test_hugging_face_and_megatron_carry_the_dropout(tmp_path):
     line = " ".join(f"{o} {v}" if v is not None else o for o, v in args)
     assert read_megatron(f"torchrun pretrain_gpt.py {line}").fields["model.dropout"] == 0.0
     assert not any(o == "--hidden-dropout" for o, _ in megatron_args(dataclasses.replace(plan, model=_spec(0.1).model)))
+
+
+@pytest.mark.parametrize("model", ["gpt3-175b", "llama3-8b", "mixtral-8x7b"])
+def test_the_hugging_face_export_reads_back_its_dropout(model, tmp_path):
+    from simcore.plan.writers import hf_config_from_model
+
+    spec = plan_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1}, "parallel": {"dp": 8},
+                           "training": {"global_batch": 8}}).model
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(hf_config_from_model(spec)))
+    back = plan_from_dict({"model": {"hf_config": str(cfg)}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                           "parallel": {"dp": 8}, "training": {"global_batch": 8}}).model
+    assert back.dropout == spec.dropout
