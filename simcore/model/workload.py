@@ -150,8 +150,8 @@ def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bo
     scores = b * heads * s * s_kv
     return [
         _gemm("attn_scores", s, s_kv, d, count=b * heads, batched=True),
-        # fused scale-mask-softmax (read, write) and dropout (read, write, 1-byte mask)
-        _eltwise("softmax_dropout", scores, 4.5),
+        # fused scale-mask-softmax (read, write) and dropout (read, write, 1-byte mask; none at p = 0)
+        _eltwise("softmax_dropout", scores, 4.5 if m.dropout > 0 else 2),
         _gemm("attn_context", s, d, s_kv, count=b * heads, batched=True),
     ]
 
@@ -206,21 +206,23 @@ def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1,
     kernels of ``chunk`` query tokens, default ``attention_chunk(s, cp)``).
 
     Elementwise kernels follow Megatron's fused set: two LayerNorms, the QKV/MLP bias
-    activations, two bias-dropout-add kernels (read x and residual, write out, 1-byte mask).
+    activations, two bias-dropout-add kernels (read x and residual, write out, 1-byte mask;
+    no mask without dropout).
     LayerNorms and dropout-adds work on s/t tokens with sequence parallel, else on all s.
     """
     h, tokens = m.hidden, b * s
     norm_tokens = tokens / tp if sequence_parallel else tokens
     qkv = attention_in_params(m) / h / tp
+    add = 3.5 if m.dropout > 0 else 3   # at p = 0 dropout returns its input: no mask to write
     ops = [
         _eltwise("layernorm_1", norm_tokens * h, 2),
         _gemm("qkv", tokens, qkv, h),
         *attention_core_ops(m, b, s, tp, cp, flash, chunk or attention_chunk(s, cp)),
         _gemm("attn_proj", tokens, h, attention_out_width(m) // tp),
-        _eltwise("dropout_add_1", norm_tokens * h, 3.5),
+        _eltwise("dropout_add_1", norm_tokens * h, add),
         _eltwise("layernorm_2", norm_tokens * h, 2),
         *mlp_ops(m, b, s, tp, ep, etp),
-        _eltwise("dropout_add_2", norm_tokens * h, 3.5),
+        _eltwise("dropout_add_2", norm_tokens * h, add),
     ]
     return ops
 

@@ -1,7 +1,7 @@
 """The bytes the model charges per step (``simcore.model.comm_ledger``) against the calls the
 executor issues (``simcore.model.collective_plan``, which tests/executors holds against the
-calls recorded in real runs): per rank, mesh axis and collective kind, in fp32 plans (where
-the two stacks' dtypes agree) of a Llama-style model (no biases, as the executor's).
+calls recorded in real runs): per rank, mesh axis and collective kind, in fp32 and bf16 plans
+of a Llama-style model (no biases, as the executor's).
 
 The model prices Megatron-Core's stack and the executor runs torch's; each difference
 between the two is named in ``_as_megatron`` and converted, and nothing else may differ.
@@ -16,6 +16,8 @@ import pytest
 
 from simcore.model import collective_plan as cplan
 from simcore.model import comm_ledger as ledger
+from simcore.model import dp_costs as dpm
+from simcore.model import memory as mem
 from simcore.model.layout_calls import ep_axis
 from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import Plan, Recompute, ZeroStage
@@ -44,11 +46,11 @@ LAYOUTS = {
 }
 
 
-def _plan(par: dict, model: dict, training: dict) -> Plan:
+def _plan(par: dict, model: dict, training: dict, precision: str = "fp32") -> Plan:
     doc = {"model": {"name": "llama-like", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32,
                      "position_embedding": "rope", "tied_embeddings": False, **model},
            "cluster": {"node": "dgx-h100", "nodes": 1}, "parallel": {"dp": 1, **par},
-           "training": {"global_batch": 16, "micro_batch": 1, "precision": "fp32", **training}}
+           "training": {"global_batch": 16, "micro_batch": 1, "precision": precision, **training}}
     return plan_from_dict(doc)
 
 
@@ -68,7 +70,8 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
     converted."""
     m, par, tr = plan.model, plan.parallel, plan.training
     out = Counter(exe)
-    mbs, act = plan.num_microbatches, 4 * tr.micro_batch * (m.seq_len // par.cp) * m.hidden
+    e = cplan._ACT_ELEMENT_BYTES[tr.precision]   # activations: the plan's precision in both stacks
+    mbs, act = plan.num_microbatches, e * tr.micro_batch * (m.seq_len // par.cp) * m.hidden
     stages = plan.layers_per_stage
     holds = range(pp_rank, len(stages), par.pp)
     first, last = 0 in holds, len(stages) - 1 in holds
@@ -76,7 +79,7 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
     if par.tp > 1 and last:
         # the executor's loss all-gathers the logits; Megatron's vocab-parallel cross entropy
         # reduces b*s floats instead (left out of both)
-        out["tp", "all_gather"] -= mbs * 4 * tr.micro_batch * m.seq_len * m.vocab
+        out["tp", "all_gather"] -= mbs * e * tr.micro_batch * m.seq_len * m.vocab
     if par.tp > 1 and par.sequence_parallel:
         # DTensor's norm weights hold Partial gradients, all-reduced per read; Megatron all-reduces
         # the SP norms' gradients once per step, coalesced (finalize_model_grads.py), which
@@ -95,9 +98,10 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
         # every TP rank sends the whole activation; Megatron's scatter/gather sends 1/tp each
         out["pp", "send"] /= par.tp
     if par.cp > 1:
-        # the executor's ring sends dK/dV home, one hop more than K/V took: cp sends, not cp - 1
-        kv = 2 * 4 * tr.micro_batch * (m.seq_len // par.cp) * m.kv_heads * m.head_dim // par.tp
-        out["cp", "send"] -= mbs * layers * kv
+        # the executor's ring sends dK/dV home, one hop more than K/V took (cp sends, not cp - 1),
+        # and in fp32
+        kv = 2 * tr.micro_batch * (m.seq_len // par.cp) * m.kv_heads * m.head_dim // par.tp
+        out["cp", "send"] -= mbs * layers * (par.cp * 4 * kv - (par.cp - 1) * e * kv)
     if par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1:
         # DDP's all-reduce and ZeroRedundancyOptimizer's broadcasts move the buffers a
         # reduce-scatter and an all-gather (Megatron's distributed optimizer) do
@@ -109,12 +113,23 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
         axis = ep_axis(plan)
         if axis != "ep":
             out["ep", "all_to_all"] += out.pop((axis, "all_to_all"), 0)
+    # autocast keeps the executor's parameters and gradients fp32, and its data-parallel
+    # wrappers move them so; Megatron's distributed optimizer and FSDP2 under a bf16
+    # MixedPrecisionPolicy reduce 16-bit gradients and gather 16-bit parameters
+    # (``dp_costs.grad_wire_bytes``; torch DDP still reduces fp32)
+    grads, params = dpm.grad_wire_bytes(plan) / 4, mem.weight_bytes_per_param(tr.precision) / 4
+    for axis in {"cp" if par.dp == 1 and par.cp > 1 else "dp", "dp"}:
+        for kind, factor in (("all_reduce", grads), ("reduce_scatter", grads), ("all_gather", params),
+                             ("broadcast", params)):
+            out[axis, kind] *= factor
+    out["pp", "all_reduce"] *= grads   # the tied embedding's gradient
     return +out
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_the_model_charges_the_bytes_the_executor_moves(name):
-    plan = _plan(*LAYOUTS[name])
+def test_the_model_charges_the_bytes_the_executor_moves(name, precision):
+    plan = _plan(*LAYOUTS[name], precision)
     for pp_rank in range(plan.parallel.pp):
         model = ledger.step_bytes(plan, pp_rank)
         exe = _as_megatron(plan, pp_rank, _executor(plan, pp_rank))
