@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from simcore.model import workload as wl
 from simcore.model.compute import DeviceModel
-from simcore.plan.spec import ClusterSpec, Precision
+from simcore.plan.spec import ClusterSpec, GradCompression, Plan, Precision, ZeroStage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +181,22 @@ def comm_act_bytes(precision: Precision) -> int:
     in an fp32 plan, else 16-bit (FP8 and the block-scaled recipes keep communication in bf16:
     Transformer Engine quantizes inside its GEMMs)."""
     return FP32_ACT_BYTES if precision == Precision.FP32 else wl.ACT_BYTES
+
+
+def grad_wire_bytes(plan: Plan) -> float:
+    """Bytes per gradient element on the wire. torch DDP under autocast reduces the fp32
+    gradients of its fp32 parameters (4 B) unless a fp16/bf16 comm hook halves them; with
+    sharded optimizer states the gradients are the 16-bit ones of the memory model (ZeRO's
+    2 + 2 + K bytes per parameter): Megatron's distributed optimizer
+    (``DistributedDataParallelConfig.grad_reduce_in_fp32=False``), DeepSpeed
+    (``communication_data_type`` = the model's dtype) and FSDP2 (``reduce_dtype`` = the
+    16-bit param dtype) reduce 2 B."""
+    if plan.training.precision == Precision.FP32:
+        return 4.0
+    if plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES:
+        return 2.0
+    gc = plan.training.grad_compression
+    return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
 
 
 def all_reduce_s(size_bytes: float, net: GroupNet, algorithm: str = "auto") -> float:

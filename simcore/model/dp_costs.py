@@ -8,6 +8,7 @@ import math
 from simcore.model import fsdp_calls as fc
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
+from simcore.model import end_comm as ec
 from simcore.model import memory as mem
 from simcore.model import workload as wl
 from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
@@ -38,22 +39,6 @@ def deepspeed_gathers(plan: Plan, layer_params: float) -> tuple[int, float]:
 POWERSGD_RANK = 1
 
 
-def grad_wire_bytes(plan: Plan) -> float:
-    """Bytes per gradient element on the wire. torch DDP under autocast reduces the fp32
-    gradients of its fp32 parameters (4 B) unless a fp16/bf16 comm hook halves them; with
-    sharded optimizer states the gradients are the 16-bit ones of the memory model (ZeRO's
-    2 + 2 + K bytes per parameter): Megatron's distributed optimizer
-    (``DistributedDataParallelConfig.grad_reduce_in_fp32=False``), DeepSpeed
-    (``communication_data_type`` = the model's dtype) and FSDP2 (``reduce_dtype`` = the
-    16-bit param dtype) reduce 2 B."""
-    if plan.training.precision == Precision.FP32:
-        return 4.0
-    if plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES:
-        return 2.0
-    gc = plan.training.grad_compression
-    return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
-
-
 def _pcie_bytes_per_s(plan: Plan) -> float:
     """Host-link bandwidth per GPU: GPUs behind one PCIe switch share its uplink."""
     node = plan.cluster.node
@@ -66,8 +51,11 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     par, tr, cl = plan.parallel, plan.training, plan.cluster
     nd = par.dp * par.cp
     wb = mem.weight_bytes_per_param(tr.precision)
-    gb = grad_wire_bytes(plan)
+    gb = coll.grad_wire_bytes(plan)
     out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, ag_exposed=0.0, buckets=1, compress=0.0)
+    # the model's ends (``end_comm``): FSDP2's root group of this rank, the tied embedding's all-reduce
+    out["root_ag"], out["root_rs"] = ec.fsdp_root_s(plan, dev, sp)
+    out["tied"] = ec.tied_s(plan, dev)
     if nd > 1:
         net = coll.group_net(cl, dev, nd, par.tp)
         params = sp.total

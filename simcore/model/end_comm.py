@@ -41,6 +41,24 @@ def tp_end_calls(plan: Plan) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], t
     return (("all_reduce",), ()), ((), ("all_reduce",))
 
 
+#: ``tp_ends_s`` and ``tied_s`` answers by what they read (a search prices few distinct
+#: ones), each with the cluster and device model it was computed for (kept by identity, as
+#: ``collectives.group_net`` keeps its routes); cleared whole at ``_CACHE_MAX``.
+_CACHE: dict[tuple, tuple] = {}
+_CACHE_MAX = 4096
+
+
+def _cached(key: tuple, plan: Plan, dev: cmp.DeviceModel, compute):
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is plan.cluster and hit[1] is dev:
+        return hit[2]
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+    value = compute()
+    _CACHE[key] = (plan.cluster, dev, value)
+    return value
+
+
 def tp_ends_s(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, float], tuple[float, float]]:
     """Per micro-batch: ((forward, backward) seconds of the embedding's TP calls, the same of
     the head's)."""
@@ -48,9 +66,16 @@ def tp_ends_s(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, float], tu
     if par.tp == 1:
         return (0.0, 0.0), (0.0, 0.0)
     act = tp_end_bytes(plan)
+    key = ("tp", id(plan.cluster), id(dev), act, par.tp, par.sequence_parallel)
+    return _cached(key, plan, dev, lambda: _tp_ends_s(plan, dev, act))
+
+
+def _tp_ends_s(plan: Plan, dev: cmp.DeviceModel, act: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    par = plan.parallel
     net = coll.group_net(plan.cluster, dev, par.tp, 1)
     mode = "tp_sp" if par.sequence_parallel else "tp"
-    probed = sum(dev.parallel_extra_s(f"{mode}_embed")) + sum(dev.parallel_extra_s(f"{mode}_head")) > 0
+    probed = bool(dev.parallel_kernels) and \
+        sum(dev.parallel_extra_s(f"{mode}_embed")) + sum(dev.parallel_extra_s(f"{mode}_head")) > 0
     wire = (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
     price = {"all_reduce": 2 * wire, "all_gather": wire, "reduce_scatter": wire} if probed else \
         {"all_reduce": coll.all_reduce_s(act, net), "all_gather": coll.all_gather_s(act, net),
@@ -61,10 +86,8 @@ def tp_ends_s(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, float], tu
 def fsdp_root_bytes(plan: Plan, sp: mem.StageParams) -> tuple[float, float]:
     """(all-gather, reduce-scatter) bytes of one pipeline rank's FSDP2 root group, whose
     parameters are ``sp.ends``: 16-bit (fp32 in an fp32 plan) parameters gathered, gradients
-    reduced as the blocks' (``dp_costs.grad_wire_bytes``)."""
-    from simcore.model.dp_costs import grad_wire_bytes
-
-    return mem.weight_bytes_per_param(plan.training.precision) * sp.ends, grad_wire_bytes(plan) * sp.ends
+    reduced as the blocks' (``collectives.grad_wire_bytes``)."""
+    return mem.weight_bytes_per_param(plan.training.precision) * sp.ends, coll.grad_wire_bytes(plan) * sp.ends
 
 
 def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[float, float]:
@@ -77,7 +100,7 @@ def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[
     ag, rs = fsdp_root_bytes(plan, sp)
     net = coll.group_net(plan.cluster, dev, nd, par.tp)
     mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
-    if sum(dev.parallel_extra_s(f"{mode}_root")) > 0:   # latency in the measured root cost
+    if dev.parallel_kernels and sum(dev.parallel_extra_s(f"{mode}_root")) > 0:   # latency in the measured root cost
         return (nd - 1) / nd * ag / net.bus_bytes_per_s, (nd - 1) / nd * rs / net.bus_bytes_per_s
     return coll.all_gather_s(ag, net), coll.reduce_scatter_s(rs, net)
 
@@ -88,11 +111,9 @@ def tied_bytes(plan: Plan) -> float:
     m, par = plan.model, plan.parallel
     if not (m.tied_embeddings and par.pp > 1):
         return 0.0
-    from simcore.model.dp_costs import grad_wire_bytes
-
     nd = par.dp * par.cp
     shard = nd if par.zero >= ZeroStage.GRADIENTS and nd > 1 else 1
-    return grad_wire_bytes(plan) * m.vocab * m.hidden / par.tp / shard
+    return coll.grad_wire_bytes(plan) * m.vocab * m.hidden / par.tp / shard
 
 
 def tied_s(plan: Plan, dev: cmp.DeviceModel) -> float:
@@ -102,33 +123,41 @@ def tied_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     if nbytes <= 0:
         return 0.0
     par = plan.parallel
-    net = coll.group_net(plan.cluster, dev, 2, (par.pp - 1) * par.tp * par.cp * par.dp)
+    stride = (par.pp - 1) * par.tp * par.cp * par.dp
+    return _cached(("tied", id(plan.cluster), id(dev), nbytes, stride), plan, dev, lambda: _tied_s(plan, dev, nbytes,
+                                                                                                  stride))
+
+
+def _tied_s(plan: Plan, dev: cmp.DeviceModel, nbytes: float, stride: int) -> float:
+    net = coll.group_net(plan.cluster, dev, 2, stride)
     if dev.lone_all_reduce_s > 0:
         return dev.lone_all_reduce_s + nbytes / net.bus_bytes_per_s
     return coll.all_reduce_s(nbytes, net)
 
 
-def add_step_ends(plan: Plan, dev: cmp.DeviceModel, params: tuple[mem.StageParams, ...],
-                  fsdp: tuple[tuple[int, int, int], ...], grad: list[float],
+def add_step_ends(plan: Plan, costs: list[tuple], fsdp: tuple[tuple[int, int, int], ...], grad: list[float],
                   gathers: tuple[tuple[float, ...], tuple[float, ...]], gathers_params: bool
                   ) -> tuple[list[float], tuple[tuple[float, ...], tuple[float, ...]]]:
     """``step_costs``' per-step gradient reduction and per-micro-batch (forward, backward)
     FSDP2 gathers per virtual stage, with each pipeline rank's root group on its first
-    virtual stage (``fsdp``: a block's (forward gathers, backward gathers, reduce-scatters)
-    per step there; the gathers only where the stack gathers parameters, ``gathers_params``)
-    and the tied embedding's all-reduce on the first and the last virtual stage."""
+    virtual stage and the tied embedding's all-reduce on the first and the last virtual
+    stage, as ``dp_costs`` priced them for each rank (``costs``: ``dp_costs.rank_costs``);
+    ``fsdp``: a block's (forward gathers, backward gathers, reduce-scatters) per step on each
+    virtual stage; the gathers only where the stack gathers parameters, ``gathers_params``."""
+    ends = [(r, costs[r][0]) for r in sorted({0, len(costs) - 1})]   # the ranks holding the ends
+    if not any(d["root_rs"] or d["tied"] for _, d in ends):   # (a search's hot path)
+        return grad, gathers
     grad, fwd, bwd = list(grad), list(gathers[0]), list(gathers[1])
     mbs = plan.num_microbatches
-    for r, sp in enumerate(params):
-        ag, rs = fsdp_root_s(plan, dev, sp)
-        if ag or rs:
-            f_ag, b_ag, scatters = fsdp[r]
-            grad[r] += rs * scatters
-            if gathers_params:
-                fwd[r] += ag * f_ag / mbs
-                bwd[r] += ag * b_ag / mbs
-    tied = tied_s(plan, dev)
-    if tied:
-        grad[0] += tied
-        grad[-1] += tied
+    for r, d in ends:
+        f_ag, b_ag, scatters = fsdp[r]
+        grad[r] += d["root_rs"] * scatters
+        if gathers_params:
+            fwd[r] += d["root_ag"] * f_ag / mbs
+            bwd[r] += d["root_ag"] * b_ag / mbs
+    grad[0] += ends[0][1]["tied"]
+    grad[-1] += ends[-1][1]["tied"]
     return grad, (tuple(fwd), tuple(bwd))
+
+
+_cached.cache_clear = _CACHE.clear   # as functools' caches answer (tests clear them all)

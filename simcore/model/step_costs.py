@@ -340,7 +340,7 @@ def step_costs(plan: Plan) -> StepCosts:
     ddp = dpm.ddp_reduces(plan)
     grad, sync, opt, off = _per_step_costs(plan, dev, columns, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
                                            ddp, fsdp if per_block else ())
-    grad, gathers = ec.add_step_ends(plan, dev, params, fsdp, grad, gathers, dpc["layer_ag"] > 0)
+    grad, gathers = ec.add_step_ends(plan, rank_costs, fsdp, grad, gathers, dpc["layer_ag"] > 0)
     buckets = (dpc["buckets"],) * nv
     if per_block:   # FSDP2: one per block
         per_stage = {k: max(1, k[0]) if k[1] else dpc["buckets"] for k in set(zip(stages, map(_SCATTERS, fsdp)))}

@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 
 from simcore.model import collective_plan as cplan
+from simcore.model import collectives as coll
 from simcore.model import comm_ledger as ledger
-from simcore.model import dp_costs as dpm
 from simcore.model import memory as mem
 from simcore.model.layout_calls import ep_axis
 from simcore.plan.load import plan_from_dict
@@ -116,8 +116,8 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
     # autocast keeps the executor's parameters and gradients fp32, and its data-parallel
     # wrappers move them so; Megatron's distributed optimizer and FSDP2 under a bf16
     # MixedPrecisionPolicy reduce 16-bit gradients and gather 16-bit parameters
-    # (``dp_costs.grad_wire_bytes``; torch DDP still reduces fp32)
-    grads, params = dpm.grad_wire_bytes(plan) / 4, mem.weight_bytes_per_param(tr.precision) / 4
+    # (``collectives.grad_wire_bytes``; torch DDP still reduces fp32)
+    grads, params = coll.grad_wire_bytes(plan) / 4, mem.weight_bytes_per_param(tr.precision) / 4
     for axis in {"cp" if par.dp == 1 and par.cp > 1 else "dp", "dp"}:
         for kind, factor in (("all_reduce", grads), ("reduce_scatter", grads), ("all_gather", params),
                              ("broadcast", params)):
@@ -168,7 +168,6 @@ def test_the_ledger_refuses_what_it_does_not_cover():
 def test_expert_gradients_reduce_over_the_ranks_holding_the_same_experts(zero):
     # Megatron-Core's expert data-parallel group, torchtitan's dp_shard_mod_ep mesh: the dense
     # gradients over all dp ranks, the experts' over dp / ep of them; none at ep = dp
-    from simcore.model import collectives as coll
     from simcore.model import compute as cmp
     from simcore.model import dp_costs as dpm
     from simcore.model import memory as mem
@@ -181,7 +180,7 @@ def test_expert_gradients_reduce_over_the_ranks_holding_the_same_experts(zero):
         sp = mem.stage_params(p)[0]
         layer_dense, layer_expert = mem.layer_params_per_gpu(p)
         got = dpm.dp_costs(p, dev, sp, layer_dense + layer_expert)
-        gb, net = dpm.grad_wire_bytes(p), coll.group_net(p.cluster, dev, 8, 4)
+        gb, net = coll.grad_wire_bytes(p), coll.group_net(p.cluster, dev, 8, 4)
         assert sp.expert > sp.dense   # most of an MoE's parameters are experts
         call, key, dense, expert = {0: (coll.all_reduce_s, "grad", sp.dense, sp.expert),
                                     1: (coll.reduce_scatter_s, "grad", sp.dense, sp.expert),
