@@ -67,6 +67,9 @@ class GPU:
     """Host link bandwidth per direction."""
     tdp_w: float
     source: str
+    compute_capability: float = 0.0
+    """CUDA compute capability (NVIDIA GPUs; 0 elsewhere): which GEMM layouts and formats
+    the stack's kernels take (``non_tn_fp8``)."""
     calibrated: bool = False
     efficiency_json: str = ""
     """A calibrated profile's efficiency entry (JSON text, so the GPU stays hashable);
@@ -74,6 +77,16 @@ class GPU:
 
     def peak(self, precision: str) -> float | None:
         return dict(self.peak_flops).get(precision)
+
+    @property
+    def non_tn_fp8(self) -> bool:
+        """Whether FP8 GEMMs take every operand layout (Blackwell: compute capability 10.x and
+        11.x, 13.x and on), so that Transformer Engine keeps no transposed copy of a per-tensor
+        scaled FP8 tensor (transformer_engine/pytorch/utils.py ``is_non_tn_fp8_gemm_supported``;
+        tensor/float8_tensor.py ``update_usage``: ``needs_data_transpose = False``). Hopper
+        and Ada take only TN layouts, and TE writes the transpose beside the data."""
+        cc = self.compute_capability
+        return 10.0 <= cc < 12.0 or cc >= 13.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,6 +197,7 @@ def _gpu(name: str, e: dict, calibrated: bool = False, efficiency: dict | None =
         pcie_bytes_per_s=_num(e, "pcie_gbyte_per_s_bidir", where) * 1e9 / 2,
         tdp_w=_num(e, "tdp_w", where),
         source=str(e.get("source", "")),
+        compute_capability=_num(e, "compute_capability", where, allow_none=True) or 0.0,
         calibrated=calibrated,
         efficiency_json=json.dumps(efficiency, sort_keys=True) if efficiency else "",
     )

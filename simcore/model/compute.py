@@ -74,6 +74,10 @@ class DeviceModel:
     and wgrad GEMMs of the linear layers)."""
     linear_format: str = ""
     """The format of the linear layers' GEMMs (fp8, mxfp8, nvfp4); empty: the 16-bit peak."""
+    fp8_transpose: bool = True
+    """Whether Transformer Engine's per-tensor FP8 cast writes a transposed copy beside the
+    data: on GPUs whose FP8 GEMMs take only TN layouts (Hopper, Ada); not on Blackwell
+    (``GPU.non_tn_fp8``)."""
     parallel_kernels: tuple[tuple[str, float, float], ...] = ()
     """(mode, forward, backward) extra host kernels per layer and micro-batch that a torch
     parallel wrapper costs over the plain eager layer (mode: tp, tp_sp, fsdp_zero2,
@@ -205,6 +209,11 @@ def _attention(entry: dict, gpu: GPU, kernel: str) -> dict:
     return kernels[kernel]
 
 
+#: Transformer Engine's per-tensor FP8 recipes (``Fp8Recipe`` values), whose transposed copies
+#: Blackwell does without; torchao's float8 recipes cast as they always do.
+TE_TENSOR_SCALING = ("delayed", "current")
+
+
 @functools.lru_cache(maxsize=64)
 def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = "delayed",
                  attention_kernel: str = "auto") -> DeviceModel:
@@ -247,6 +256,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         if "length_points" in e["attention"] else None,
         linear_peak_flops=linear_peak,
         linear_format=linear_format,
+        fp8_transpose=not (gpu.non_tn_fp8 and fp8_recipe in TE_TENSOR_SCALING),
         fp8_matmul_ratio=_linear_ratio(e, precision, fp8_recipe),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         **_host_terms(e),

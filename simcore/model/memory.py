@@ -24,6 +24,7 @@ import operator
 from dataclasses import dataclass
 
 from simcore.model import activations as acts
+from simcore.model import compute as cmp
 from simcore.model import workload as wl
 from simcore.model.peak import (MEMORY_KINDS, ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL,
                                 framework_terms, gradients_at_activation_peak, rank_row)
@@ -150,8 +151,8 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     plus the root group (embedding, final norm, output) gathered around the loss with the
     output's unsharded gradient. PP send/receive buffers, the sequence-parallel all-gather
     output, ring attention's K/V chunk in flight and the one received (context_parallel.py).
-    FP8 (Transformer Engine): each linear's cached FP8 weight and its transpose (1 B each,
-    ``is_first_microbatch`` weight caching, transformer_engine/pytorch/module/base.py) and
+    FP8 (Transformer Engine): each linear's cached FP8 weight and, unless FP8 GEMMs take any
+    layout (Blackwell, ``GPU.non_tn_fp8``), its transpose (1 B each, ``is_first_microbatch``), and
     the delayed-scaling amax history (``DelayedScaling.amax_history_len=1024``, fp32, three
     tensors per linear); under ZeRO-3 the weights are gathered in FP8 instead. MXFP8 and NVFP4
     cache their weights' rowwise and columnwise quantized copies with the block scales
@@ -190,7 +191,8 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
         out["cp_ring"] = 2 * 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
     if fp8:
         linears = 4 * (sp.total - sp.ends) / max(sp.layer_max, 1.0)   # four linears per layer
-        cached = 0.0 if par.zero == ZeroStage.WEIGHTS else 2 * (sp.total - sp.ends)
+        copies = 1 if plan.cluster.node.gpu.non_tn_fp8 and tr.fp8_recipe.value in cmp.TE_TENSOR_SCALING else 2
+        cached = 0.0 if par.zero == ZeroStage.WEIGHTS else copies * (sp.total - sp.ends)   # weight, transpose
         out["fp8_weights"] = cached + linears * 3 * FP8_AMAX_HISTORY * 4
     elif tr.precision.value in wl.LOW_PRECISION_FORMATS:   # mxfp8, nvfp4: two block-scaled copies
         out["fp8_weights"] = 2 * wl.quantized_bytes(tr.precision.value) * (sp.total - sp.ends)

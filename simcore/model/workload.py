@@ -94,18 +94,21 @@ def saved_gemm_input_bytes(precision: str, fp8_recipe: str) -> float:
     return quantized_bytes(precision)
 
 
-def cast_passes(fmt: str, dynamic: bool) -> float:
+def cast_passes(fmt: str, dynamic: bool, transpose: bool = True) -> float:
     """HBM traffic of quantizing one GEMM input, in 16-bit passes over it: read it, write its
     rowwise and its columnwise (transposed) copy for the backward; a per-tensor scale taken
     from this tensor's amax (FP8 ``dynamic`` recipes, NVFP4's FP32 second-level scale) reads it
     once more first. MXFP8's block scales come from the block at hand (TE ``MXFP8Quantizer``),
     no extra pass; NVFP4's random Hadamard transform of the wgrad inputs is fused into the cast
-    (TE's Hadamard-cast kernel), so it adds no traffic here."""
+    (TE's Hadamard-cast kernel), so it adds no traffic here. A per-tensor FP8 cast on a GPU
+    whose FP8 GEMMs take any layout writes no transpose (``transpose`` False: Blackwell)."""
     amax = dynamic or fmt == "nvfp4"
-    return (ACT_BYTES + 2 * quantized_bytes(fmt) + (ACT_BYTES if amax else 0.0)) / ACT_BYTES
+    copies = 2 if transpose or fmt != "fp8" else 1   # block scales run along one direction: both copies
+    return (ACT_BYTES + copies * quantized_bytes(fmt) + (ACT_BYTES if amax else 0.0)) / ACT_BYTES
 
 
-def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False, fmt: str = "fp8") -> list[Op]:
+def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False, fmt: str = "fp8",
+                 transpose: bool = True) -> list[Op]:
     """The casts a low-precision recipe adds to a layer: each FP8 GEMM's input is quantized and
     transposed for the backward (Transformer Engine's fused cast-transpose: read 16-bit,
     write FP8 and its FP8 transpose, 4 bytes an element; its backward casts the incoming
@@ -121,7 +124,7 @@ def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False, f
         inputs += tokens * (h + m.shared_ffn_hidden // tp) if m.shared_ffn_hidden else 0
     else:
         inputs += tokens * (h + f)                               # the MLP's two inputs
-    return [_eltwise("fp8_cast_transpose", inputs, cast_passes(fmt, dynamic))]
+    return [_eltwise("fp8_cast_transpose", inputs, cast_passes(fmt, dynamic, transpose))]
 
 
 def _gemm(name: str, m_: float, n: float, k: float, count: int = 1, batched: bool = False) -> Op:
