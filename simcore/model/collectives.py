@@ -199,6 +199,24 @@ def grad_wire_bytes(plan: Plan) -> float:
     return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
 
 
+def sp_gather_element_bytes(plan: Plan) -> float:
+    """Bytes per element of sequence parallelism's all-gathers (the linear layers' inputs
+    forward, their output gradients backward): quantized under Transformer Engine's
+    low-precision recipes, whose ``Linear`` hands its quantizer to ``gather_along_first_dim``
+    (module/linear.py, module/base.py ``grad_output_preprocess``; distributed.py
+    ``_all_gather_fp8`` / ``_all_gather_mxfp8`` / ``_all_gather_nvfp4``, TE d0067d0da), the
+    plan's activation bytes otherwise. torchao's tensorwise float8 gathers FP8 as well
+    (torchao/float8/float8_tensor_parallel.py ``Float8ColwiseParallel`` casts before it
+    redistributes; torchtitan applies it to tensorwise float8 only), its rowwise recipe
+    16-bit. SP's reduce-scatters stay 16-bit."""
+    tr = plan.training
+    if tr.precision == Precision.FP32:
+        return FP32_ACT_BYTES
+    if tr.precision == Precision.FP8 and tr.fp8_recipe.value == "tensorwise":
+        return wl.quantized_bytes("fp8")
+    return wl.saved_gemm_input_bytes(tr.precision.value, tr.fp8_recipe.value)
+
+
 def all_reduce_s(size_bytes: float, net: GroupNet, algorithm: str = "auto") -> float:
     """All-reduce by ``algorithm``: ring, tree, hierarchical, or auto (the fastest of
     ring and tree, as NCCL's tuner picks)."""

@@ -47,8 +47,9 @@ def _layer_bytes(plan: Plan, layers: int) -> Counter:
     out: Counter = Counter()
     if par.tp > 1:   # per forward: 2 all-reduces, or under SP 2 all-gathers and 2 reduce-scatters;
         # the backward mirrors them, a recomputed layer's forward repeats them
+        gathered = act / coll.comm_act_bytes(tr.precision) * coll.sp_gather_element_bytes(plan)   # FP8 under TE
         for kind in ("all_gather", "reduce_scatter") if par.sequence_parallel else ("all_reduce",):
-            out["tp", kind] += 2 * act * (2 * layers + redo)
+            out["tp", kind] += 2 * (gathered if kind == "all_gather" else act) * (2 * layers + redo)
     if par.cp > 1:
         kv = 2 * coll.comm_act_bytes(tr.precision) * b * s * wl.kv_width(m) / par.tp
         out["cp", "send"] += (par.cp - 1) * kv * (3 * layers + redo)   # forward K/V; backward K/V and dK/dV

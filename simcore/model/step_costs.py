@@ -127,7 +127,8 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
         # the same bytes (Korthikanti et al. 2022, Sec. 4.2.2: an all-reduce is a reduce-scatter
         # and an all-gather)
         net = coll.group_net(cl, dev, par.tp, 1)
-        one = coll.all_gather_s(act, net) + coll.reduce_scatter_s(act, net) if par.sequence_parallel \
+        gathered = act / coll.comm_act_bytes(tr.precision) * coll.sp_gather_element_bytes(plan)   # FP8 under TE
+        one = coll.all_gather_s(gathered, net) + coll.reduce_scatter_s(act, net) if par.sequence_parallel \
             else coll.all_reduce_s(act, net)
         out["tp_f"] = out["tp_b"] = 2 * one
         if m.moe and par.etp < par.tp:   # folded experts: the MoE block's AG + RS over expert_tp ranks only

@@ -52,3 +52,22 @@ def test_blackwell_casts_write_no_transpose():
     assert wl.cast_passes("fp8", True, transpose=False) == pytest.approx((2 + 1 + 2) / 2)
     assert wl.cast_passes("fp8", True, transpose=True) == pytest.approx((2 + 2 + 2) / 2)
     assert wl.cast_passes("mxfp8", False, transpose=False) == wl.cast_passes("mxfp8", False, transpose=True)
+
+
+@pytest.mark.parametrize("precision,recipe,element", [("fp8", "current", 1.0), ("fp8", "delayed", 1.0),
+                                                       ("mxfp8", "delayed", 1 + 1 / 32), ("bf16", "delayed", 2.0),
+                                                       ("fp8", "tensorwise", 1.0), ("fp8", "rowwise", 2.0)])
+def test_sequence_parallel_gathers_quantized_under_transformer_engine(precision, recipe, element):
+    # TE's Linear all-gathers its input (and its output gradient) through its quantizer, and
+    # torchao's Float8ColwiseParallel casts tensorwise float8 before its all-gather; the
+    # reduce-scatters stay 16-bit; torchao's rowwise recipe gathers 16-bit
+    from simcore.model import collectives as coll
+    from simcore.model import step_costs as sc
+
+    plan = _plan("dgx-h100" if precision == "fp8" else "dgx-b200", precision, recipe)
+    dev = cmp.device_model(plan.cluster.node.gpu, precision, fp8_recipe=recipe)
+    net = coll.group_net(plan.cluster, dev, 8, 1)
+    tokens = plan.training.micro_batch * plan.model.seq_len * plan.model.hidden
+    assert coll.sp_gather_element_bytes(plan) == pytest.approx(element)
+    want = 2 * (coll.all_gather_s(element * tokens, net) + coll.reduce_scatter_s(2 * tokens, net))
+    assert sc._layer_comm(plan, dev)["tp_f"] == pytest.approx(want)
