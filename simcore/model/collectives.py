@@ -144,7 +144,7 @@ def ring_all_reduce_s(size_bytes: float, net: GroupNet) -> float:
     if n <= 1 or size_bytes <= 0:
         return 0.0
     lat = _ring_latency(net, 2 * (n - 1), 2 * (net.nodes - 1))
-    return lat + 2 * (n - 1) / n * size_bytes / net.bus_bytes_per_s
+    return lat + 2 * ring_bytes_s(size_bytes, net)
 
 
 def tree_all_reduce_s(size_bytes: float, net: GroupNet) -> float:
@@ -199,6 +199,18 @@ def grad_wire_bytes(plan: Plan) -> float:
     return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
 
 
+def tp_act_bytes(plan: Plan) -> float:
+    """One micro-batch's (b, s/cp, hidden) activation as TP, SP and EP move it."""
+    m, tr = plan.model, plan.training
+    return comm_act_bytes(tr.precision) * tr.micro_batch * (m.seq_len // plan.parallel.cp) * m.hidden
+
+
+def sp_gathered_bytes(plan: Plan) -> float:
+    """The same activation as sequence parallelism's all-gathers move it (``sp_gather_element_bytes``)."""
+    m, tr = plan.model, plan.training
+    return sp_gather_element_bytes(plan) * tr.micro_batch * (m.seq_len // plan.parallel.cp) * m.hidden
+
+
 def sp_gather_element_bytes(plan: Plan) -> float:
     """Bytes per element of sequence parallelism's all-gathers (the linear layers' inputs
     forward, their output gradients backward): quantized under Transformer Engine's
@@ -231,12 +243,19 @@ def all_reduce_s(size_bytes: float, net: GroupNet, algorithm: str = "auto") -> f
     raise ValueError(f"unknown all-reduce algorithm {algorithm!r} (known: ring, tree, hierarchical, auto)")
 
 
+def ring_bytes_s(size_bytes: float, net: GroupNet) -> float:
+    """The bandwidth term of a ring all-gather or reduce-scatter of ``size_bytes``: (n-1)/n of it
+    through every rank, no latency (where a calibrated host's measured wrapper cost holds that)."""
+    n = net.ranks
+    return (n - 1) / n * size_bytes / net.bus_bytes_per_s
+
+
 def all_gather_s(size_bytes: float, net: GroupNet) -> float:
     """Ring all-gather of a ``size_bytes`` OUTPUT buffer: (n-1)/n of it through every rank."""
     n = net.ranks
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return _ring_latency(net, n - 1, net.nodes - 1) + (n - 1) / n * size_bytes / net.bus_bytes_per_s
+    return _ring_latency(net, n - 1, net.nodes - 1) + ring_bytes_s(size_bytes, net)
 
 
 def reduce_scatter_s(size_bytes: float, net: GroupNet) -> float:
@@ -250,7 +269,7 @@ def all_to_all_s(size_bytes: float, net: GroupNet) -> float:
     n = net.ranks
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return net.base_latency_s + (n - 1) * net.hop_s + (n - 1) / n * size_bytes / net.bus_bytes_per_s
+    return net.base_latency_s + (n - 1) * net.hop_s + ring_bytes_s(size_bytes, net)
 
 
 def broadcast_s(size_bytes: float, net: GroupNet) -> float:

@@ -42,12 +42,12 @@ def _layer_bytes(plan: Plan, layers: int) -> Counter:
     and ``_layer_blocking``: the recomputed layers re-run their forward's)."""
     m, par, tr = plan.model, plan.parallel, plan.training
     b, s = tr.micro_batch, m.seq_len // par.cp
-    act = coll.comm_act_bytes(tr.precision) * b * s * m.hidden
+    act = coll.tp_act_bytes(plan)
     redo = rcp.full_layers(tr, layers)
     out: Counter = Counter()
     if par.tp > 1:   # per forward: 2 all-reduces, or under SP 2 all-gathers and 2 reduce-scatters;
         # the backward mirrors them, a recomputed layer's forward repeats them
-        gathered = act / coll.comm_act_bytes(tr.precision) * coll.sp_gather_element_bytes(plan)   # FP8 under TE
+        gathered = coll.sp_gathered_bytes(plan)   # FP8 under TE
         for kind in ("all_gather", "reduce_scatter") if par.sequence_parallel else ("all_reduce",):
             out["tp", kind] += 2 * (gathered if kind == "all_gather" else act) * (2 * layers + redo)
     if par.cp > 1:
@@ -79,7 +79,7 @@ def step_bytes(plan: Plan, pp_rank: int = 0) -> Counter:
     for v in mine:
         for key, n in _layer_bytes(plan, stages[v]).items():
             out[key] += n * mbs
-    (embed, head), end = ec.tp_end_calls(plan), ec.tp_end_bytes(plan)
+    (embed, head), end = ec.tp_end_calls(plan), coll.tp_act_bytes(plan)
     for side, holds in ((embed, 0 in mine), (head, len(stages) - 1 in mine)):
         for kind in (k for kinds in side for k in kinds) if holds else ():
             out["tp", kind] += end * mbs

@@ -174,6 +174,11 @@ class DeviceModel:
                 return f * self.host_overhead_s, b * self.host_overhead_s
         return 0.0, 0.0
 
+    def measured(self, *modes: str) -> bool:
+        """Whether this (calibrated CPU) host measured what any wrapper of ``modes`` costs; that
+        cost then holds its collectives' latency and dispatch, and the model adds their bytes."""
+        return bool(self.parallel_kernels) and any(sum(self.parallel_extra_s(m)) > 0 for m in modes)
+
     def parallel_split_s(self, mode: str) -> tuple[tuple[float, float], tuple[float, float]]:
         """``parallel_extra_s(mode)`` split into ((forward, backward) communication, (forward,
         backward) host compute) by the calibrated share a run measures as exposed communication
@@ -207,11 +212,6 @@ def _attention(entry: dict, gpu: GPU, kernel: str) -> dict:
         raise PlanError(f"training.attention_kernel={kernel} has no efficiency for {gpu.name} "
                         f"(efficiency.yaml lists {', '.join(sorted(kernels)) or 'none'} besides auto)")
     return kernels[kernel]
-
-
-#: Transformer Engine's per-tensor FP8 recipes (``Fp8Recipe`` values), whose transposed copies
-#: Blackwell does without; torchao's float8 recipes cast as they always do.
-TE_TENSOR_SCALING = ("delayed", "current")
 
 
 @functools.lru_cache(maxsize=64)
@@ -256,7 +256,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         if "length_points" in e["attention"] else None,
         linear_peak_flops=linear_peak,
         linear_format=linear_format,
-        fp8_transpose=not (gpu.non_tn_fp8 and fp8_recipe in TE_TENSOR_SCALING),
+        fp8_transpose=not (gpu.non_tn_fp8 and fp8_recipe in wl.TE_TENSOR_SCALING),
         fp8_matmul_ratio=_linear_ratio(e, precision, fp8_recipe),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         **_host_terms(e),

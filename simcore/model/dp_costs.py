@@ -74,10 +74,10 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         if dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
             # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),
             # each a lone call issued after compute, plus the ring's bytes term
-            out["grad"] = buckets * dev.lone_all_reduce_s + 2 * (nd - 1) / nd * gb * dense / net.bus_bytes_per_s \
-                + (2 * (edp - 1) / edp * gb * expert / enet.bus_bytes_per_s if enet else 0.0)
+            out["grad"] = buckets * dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(gb * dense, net) \
+                + (2 * coll.ring_bytes_s(gb * expert, enet) if enet else 0.0)
             if par.zero == ZeroStage.OPTIMIZER_STATES:   # the parameter broadcasts' bytes (their calls: step_costs)
-                out["sync"] = (nd - 1) / nd * wb * params / net.bus_bytes_per_s
+                out["sync"] = coll.ring_bytes_s(wb * params, net)
         elif par.zero == ZeroStage.NONE:
             out["grad"] = coll.all_reduce_s(gb * dense, net) + (coll.all_reduce_s(gb * expert, enet) if enet else 0.0)
         elif par.zero == ZeroStage.OPTIMIZER_STATES:
@@ -100,10 +100,8 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
                 out["sync"] = coll.all_gather_s(wb * params, net)   # (stage_1_and_2.py ``step``)
             out["layer_rs"] = both(coll.reduce_scatter_s, gb * dense_l, gb * expert_l)
             mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
-            if sum(dev.parallel_extra_s(mode)) > 0:   # latency is in the measured layer cost
-                def wire(nbytes: float, group) -> float:
-                    return (group.ranks - 1) / group.ranks * nbytes / group.bus_bytes_per_s
-                out["layer_ag"], out["layer_rs"] = (both(wire, b * dense_l, b * expert_l) for b in (wb, gb))
+            if dev.measured(mode):   # latency is in the measured layer cost
+                out["layer_ag"], out["layer_rs"] = (both(coll.ring_bytes_s, b * dense_l, b * expert_l) for b in (wb, gb))
         out["buckets"] = buckets
     return out
 

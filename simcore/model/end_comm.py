@@ -25,15 +25,9 @@ from simcore.model import memory as mem
 from simcore.plan.spec import Plan, ZeroStage
 
 
-def tp_end_bytes(plan: Plan) -> float:
-    """One micro-batch's (b, s/cp, hidden) activation at an end, as TP moves it."""
-    m, par, tr = plan.model, plan.parallel, plan.training
-    return coll.comm_act_bytes(tr.precision) * tr.micro_batch * (m.seq_len // par.cp) * m.hidden
-
-
 def tp_end_calls(plan: Plan) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[str, ...], tuple[str, ...]]]:
     """((forward kinds, backward kinds) of the embedding, the same of the head), each call
-    of ``tp_end_bytes``; none without TP."""
+    of ``collectives.tp_act_bytes``; none without TP."""
     if plan.parallel.tp == 1:
         return ((), ()), ((), ())
     if plan.parallel.sequence_parallel:
@@ -65,7 +59,7 @@ def tp_ends_s(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, float], tu
     par = plan.parallel
     if par.tp == 1:
         return (0.0, 0.0), (0.0, 0.0)
-    act = tp_end_bytes(plan)
+    act = coll.tp_act_bytes(plan)
     key = ("tp", id(plan.cluster), id(dev), act, par.tp, par.sequence_parallel)
     return _cached(key, plan, dev, lambda: _tp_ends_s(plan, dev, act))
 
@@ -74,10 +68,9 @@ def _tp_ends_s(plan: Plan, dev: cmp.DeviceModel, act: float) -> tuple[tuple[floa
     par = plan.parallel
     net = coll.group_net(plan.cluster, dev, par.tp, 1)
     mode = "tp_sp" if par.sequence_parallel else "tp"
-    probed = bool(dev.parallel_kernels) and \
-        sum(dev.parallel_extra_s(f"{mode}_embed")) + sum(dev.parallel_extra_s(f"{mode}_head")) > 0
-    wire = (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
-    price = {"all_reduce": 2 * wire, "all_gather": wire, "reduce_scatter": wire} if probed else \
+    wire = coll.ring_bytes_s(act, net)
+    price = {"all_reduce": 2 * wire, "all_gather": wire, "reduce_scatter": wire} \
+        if dev.measured(f"{mode}_embed", f"{mode}_head") else \
         {"all_reduce": coll.all_reduce_s(act, net), "all_gather": coll.all_gather_s(act, net),
          "reduce_scatter": coll.reduce_scatter_s(act, net)}
     return tuple(tuple(sum(map(price.__getitem__, kinds)) for kinds in side) for side in tp_end_calls(plan))
@@ -100,8 +93,8 @@ def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[
     ag, rs = fsdp_root_bytes(plan, sp)
     net = coll.group_net(plan.cluster, dev, nd, par.tp)
     mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
-    if dev.parallel_kernels and sum(dev.parallel_extra_s(f"{mode}_root")) > 0:   # latency in the measured root cost
-        return (nd - 1) / nd * ag / net.bus_bytes_per_s, (nd - 1) / nd * rs / net.bus_bytes_per_s
+    if dev.measured(f"{mode}_root"):   # latency in the measured root cost
+        return coll.ring_bytes_s(ag, net), coll.ring_bytes_s(rs, net)
     return coll.all_gather_s(ag, net), coll.reduce_scatter_s(rs, net)
 
 

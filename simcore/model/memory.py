@@ -24,7 +24,6 @@ import operator
 from dataclasses import dataclass
 
 from simcore.model import activations as acts
-from simcore.model import compute as cmp
 from simcore.model import workload as wl
 from simcore.model.peak import (MEMORY_KINDS, ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL,
                                 framework_terms, gradients_at_activation_peak, rank_row)
@@ -191,7 +190,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
         out["cp_ring"] = 2 * 2 * wl.ACT_BYTES * b * s * wl.kv_width(m) / par.tp
     if fp8:
         linears = 4 * (sp.total - sp.ends) / max(sp.layer_max, 1.0)   # four linears per layer
-        copies = 1 if plan.cluster.node.gpu.non_tn_fp8 and tr.fp8_recipe.value in cmp.TE_TENSOR_SCALING else 2
+        copies = 1 if plan.cluster.node.gpu.non_tn_fp8 and tr.fp8_recipe.value in wl.TE_TENSOR_SCALING else 2
         cached = 0.0 if par.zero == ZeroStage.WEIGHTS else copies * (sp.total - sp.ends)   # weight, transpose
         out["fp8_weights"] = cached + linears * 3 * FP8_AMAX_HISTORY * 4
     elif tr.precision.value in wl.LOW_PRECISION_FORMATS:   # mxfp8, nvfp4: two block-scaled copies

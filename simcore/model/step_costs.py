@@ -121,13 +121,13 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
     (CPU host) the host compute TP's DTensor dispatch adds to it (``host_f``, ``host_b``)."""
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     b, s = tr.micro_batch, m.seq_len // par.cp
-    act = coll.comm_act_bytes(tr.precision) * b * s * m.hidden
+    act = coll.tp_act_bytes(plan)
     out = dict.fromkeys(("tp_f", "tp_b", "cp", "cp_f", "cp_b", "ep_f", "ep_b", "host_f", "host_b"), 0.0)
     if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS,
         # the same bytes (Korthikanti et al. 2022, Sec. 4.2.2: an all-reduce is a reduce-scatter
         # and an all-gather)
         net = coll.group_net(cl, dev, par.tp, 1)
-        gathered = act / coll.comm_act_bytes(tr.precision) * coll.sp_gather_element_bytes(plan)   # FP8 under TE
+        gathered = coll.sp_gathered_bytes(plan)   # FP8 under TE
         one = coll.all_gather_s(gathered, net) + coll.reduce_scatter_s(act, net) if par.sequence_parallel \
             else coll.all_reduce_s(act, net)
         out["tp_f"] = out["tp_b"] = 2 * one
@@ -138,7 +138,7 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
             out["tp_f"] = out["tp_b"] = 2 * one - moe * (one - expert)
         (tf, tb), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
         if tf + tb + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
-            wire = 2 * 2 * (par.tp - 1) / par.tp * act / net.bus_bytes_per_s
+            wire = 4 * coll.ring_bytes_s(act, net)
             out["tp_f"], out["tp_b"] = tf + wire, tb + wire
             out["host_f"], out["host_b"] = hf, hb   # DTensor's dispatch: host compute
     if par.cp > 1:
@@ -150,11 +150,11 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
             copies = dispatch_ranks(m.experts, m.top_k, par.ep)
         routed = act * copies / (par.tp if par.sequence_parallel else 1)
         one = coll.all_to_all_s(routed, net)
-        if sum(dev.parallel_extra_s("ep")) > 0:
+        if dev.measured("ep"):
             # CPU host: the EP probe's measured layer cost (``host_costs``) already holds the
             # four all-to-alls' latency and dispatch; only the bytes' term is added, as for
             # TP's DTensor probe and the CP ring's
-            one = (net.ranks - 1) / net.ranks * routed / net.bus_bytes_per_s
+            one = coll.ring_bytes_s(routed, net)
         out["ep_f"] = out["ep_b"] = 2 * one
     return out
 
@@ -181,7 +181,7 @@ def _cp_comm(plan: Plan, dev: cmp.DeviceModel, b: int, s: int) -> dict[str, floa
         # stage's send (``_p2p_s``), not a collective's base latency; on a calibrated CPU host
         # the ring probe's measured layer cost already holds each exchange's latency
         # (``host_costs``), so only the bytes' term is added, as for TP's DTensor probe
-        hop = 0.0 if sum(dev.parallel_extra_s("cp")) > 0 else net.hop_s
+        hop = 0.0 if dev.measured("cp") else net.hop_s
         return {"cp": (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, hop)}
     if par.cp_comm == CpComm.ALL_GATHER:
         one = coll.all_gather_s(kv * par.cp, net)

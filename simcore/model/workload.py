@@ -75,6 +75,10 @@ FP8_LINEAR_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out", "expert_in"
 #: Formats spec v1.0 (E4M3 elements, one E8M0 scale per 32); NVFP4: E2M1 elements with one
 #: E4M3 scale per 16 and an FP32 per-tensor scale (NVIDIA, "Pretraining Large Language Models
 #: with NVFP4", arXiv 2509.25149, Sec. 2; Transformer Engine ``NVFP4BlockScaling``).
+#: The FP8 recipes (``Fp8Recipe`` values) of Transformer Engine's per-tensor scaling and of
+#: torchao's float8 (which casts per GEMM and keeps no quantized copies of its own).
+TE_TENSOR_SCALING = ("delayed", "current")
+TORCHAO_FLOAT8 = ("tensorwise", "rowwise")
 LOW_PRECISION_FORMATS = {"fp8": (1.0, 0, 0.0), "mxfp8": (1.0, 32, 1.0), "nvfp4": (0.5, 16, 1.0)}
 
 
@@ -89,7 +93,7 @@ def saved_gemm_input_bytes(precision: str, fp8_recipe: str) -> float:
     copy under Transformer Engine's recipes (module/linear.py, layernorm_mlp.py save ``inputmat``
     / ``ln_out`` / ``act_out`` quantized: FP8 delayed and current, MXFP8, NVFP4); 16-bit under
     torchao's float8 (tensorwise, rowwise: float8_linear.py casts the saved input again)."""
-    if precision not in LOW_PRECISION_FORMATS or fp8_recipe in ("tensorwise", "rowwise"):
+    if precision not in LOW_PRECISION_FORMATS or fp8_recipe in TORCHAO_FLOAT8:
         return ACT_BYTES
     return quantized_bytes(precision)
 

@@ -20,7 +20,7 @@ import re
 import shlex
 
 from simcore.plan.readers import Reading
-from simcore.plan.spec import PlanError
+from simcore.plan.spec import MEGATRON_DROPOUT, PlanError
 
 _LAUNCHERS = {"torchrun", "python", "python3", "deepspeed", "srun", "mpirun", "bash"}
 _SKIP_WORDS = {"if", "then", "else", "elif", "fi", "for", "do", "done", "echo", "mkdir", "export", "set",
@@ -226,8 +226,8 @@ def _megatron_model(a: _Args, f: dict) -> None:
     f["model.kv_channels"] = a.value("--kv-channels")
     f["model.rope_base"] = a.value("--rotary-base", float)
     drops = [a.value(o, float) for o in ("--hidden-dropout", "--attention-dropout")]
-    if any(d is not None for d in drops):   # unset: Megatron's default 0.1, the Plan's
-        f["model.dropout"] = max(0.1 if d is None else d for d in drops)
+    if any(d is not None for d in drops):   # unset: Megatron's default, the Plan's
+        f["model.dropout"] = max(MEGATRON_DROPOUT if d is None else d for d in drops)
     a.value("--normalization", str), a.flag("--disable-bias-linear")  # RMSNorm, no biases: implied by rope
     f["model.seq_len"] = a.value("--seq-length")
     a.value("--max-position-embeddings")  # a capacity; the run uses --seq-length

@@ -173,6 +173,10 @@ class PositionEmbedding(_Choice):
     ROPE = "rope"
 
 
+#: Megatron-LM's --hidden-dropout and --attention-dropout default (arguments.py), the Plan's.
+MEGATRON_DROPOUT = 0.1
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer (plan key ``model``)."""
@@ -202,7 +206,7 @@ class ModelSpec:
     multi-latent attention it is the non-rotary part of a query/key head (``qk_nope_head_dim``)."""
     rope_base: float = 10000.0
     """Rotary base (Hugging Face ``rope_theta``, Megatron --rotary-base)."""
-    dropout: float = 0.1
+    dropout: float = MEGATRON_DROPOUT
     """Hidden and attention dropout probability (Megatron --hidden-dropout and
     --attention-dropout, default 0.1; Hugging Face ``hidden_dropout``/``resid_pdrop``,
     ``attention_dropout``/``attn_pdrop``). At 0 no mask is kept: torch's dropout returns its

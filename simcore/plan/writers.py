@@ -11,7 +11,7 @@ import json
 import re
 import shlex
 
-from simcore.plan.spec import Plan
+from simcore.plan.spec import MEGATRON_DROPOUT, Plan
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
 TARGETS = ("deepspeed", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
@@ -71,7 +71,7 @@ def _megatron_model_args(plan: Plan) -> list:
         if m.rope_base != int(m.rope_base):
             raise _refuse("model.rope_base", m.rope_base, "Megatron-LM", "--rotary-base takes an integer")
         args += [("--rotary-base", int(m.rope_base)), ("--normalization", "RMSNorm"), ("--disable-bias-linear", None)]
-    if m.dropout != 0.1:   # Megatron's default for both
+    if m.dropout != MEGATRON_DROPOUT:   # Megatron's default for both
         args += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout)]
     if m.gated_mlp:
         args.append(("--swiglu", None))
