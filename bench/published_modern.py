@@ -37,7 +37,12 @@ BRIDGE = "megatron_bridge_26.04.01_perf_summary"
 
 def _node(row: pd.Series) -> str | None:
     if row.gpu == TORCHAO_H100:
-        return "dgx-h100"  # the 80 GB SXM part: the README's 47.7 GiB peak fits either
+        # The torchao README names only "8xH100". Its runs are torchtitan's, by the same team
+        # at Meta, and torchtitan's own benchmark page (benchmarks/llama3_h100_202412_torchtitan.md
+        # @820504e20) gives that fleet: Grand Teton, H100 96GB HBM2e at 2.4 TB/s, 500 W limit.
+        # Its tables also peak at 82-84.5 GiB, more than an 80 GB part holds (ASSUMPTION: the
+        # same fleet; the catalog's GPU is fitted to those tables, not to these rows)
+        return "grand-teton-h100"
     return MODERN_NODES.get(row.gpu)
 
 

@@ -26,8 +26,9 @@ Rules per source:
   0.0.2 of March 2025, whose loss is eager (``loss: eager``, ``LOSS_OF_SOURCE``). torchao's float8 rows keep the bf16 Plan: torchao casts to float8 per
   GEMM (no cached FP8 weights; the sharded parameters, gradients, optimizer states and saved
   matmul outputs stay high precision), and the published peaks of each table differ by
-  under 1.5 % across recipes. Nodes: dgx-h100 (the README's 80 GB or 96 GB H100: not
-  stated; capacity does not enter the comparison), mi300x-8, dgx-b200.
+  under 1.5 % across recipes. Nodes: grand-teton-h100 (the README says only H100; the
+  torchtitan team's fleet, as bench/published_modern.py ``_node`` reads it; capacity does
+  not enter the comparison), mi300x-8, dgx-b200.
 - torchtune_readme_optimization_flags: Llama 3.2 3B (28 layers, 3072, 24 heads, 8 KV
   heads, 8192 MLP, vocab 128256, tied), one A100 80GB, batch 2 x 4096 packed, pure bf16
   (``master_weights: false``: torchtune keeps weights, gradients and AdamW states in bf16).
@@ -73,7 +74,7 @@ TORCHTITAN = ("torchao_float8_readme_2025_h100", "torchao_float8_readme_2025_mi3
 #: and upcasts the whole logits eagerly (``pred.flatten(0, 1).float()``).
 LOSS_OF_SOURCE = {"torchao_float8_readme_2025_h100": "eager", "torchao_float8_readme_2025_mi300x": "fused",
                   "torchao_mx_readme_2025_b200": "fused"}
-NODE_OF_SOURCE = {"torchao_float8_readme_2025_h100": "dgx-h100", "torchao_float8_readme_2025_mi300x": "mi300x-8",
+NODE_OF_SOURCE = {"torchao_float8_readme_2025_h100": "grand-teton-h100", "torchao_float8_readme_2025_mi300x": "mi300x-8",
                   "torchao_mx_readme_2025_b200": "dgx-b200", "torchtune_readme_optimization_flags": "dgx-a100-80gb",
                   "hf_perf_train_gpu_one_2022": "dgx1-v100-16gb"}
 LLAMA32_3B = {"name": "llama3.2-3b", "layers": 28, "hidden": 3072, "heads": 24, "kv_heads": 8, "ffn_hidden": 8192,

@@ -86,3 +86,24 @@ def test_every_gpu_type_pays_for_overlapping_communication(cat):
         if e:
             assert e.get("comm_compute_interference", 1.0) > 1.0, name
             assert str(e.get("comm_compute_interference_source", "")).strip(), name
+
+
+def test_a_power_limited_h100_is_never_faster_than_the_full_power_part(cat):
+    # the 500 W Grand Teton H100 (torchtitan's fleet) has the H100 SXM's peaks and less
+    # power and HBM bandwidth: no layout may run faster on it than on a DGX H100
+    from simcore.engine.predict import simulate
+    from simcore.plan.load import plan_from_dict
+    assert cat.node("grand-teton-h100").gpu.hbm_bytes_per_s < cat.node("dgx-h100").gpu.hbm_bytes_per_s
+    assert "h100-sxm-96gb-500w" not in cat.prices.gpus  # not for sale: procure never proposes it
+    model = {"name": "m", "layers": 8, "hidden": 4096, "heads": 32, "ffn_hidden": 14336, "vocab": 128256,
+             "seq_len": 8192, "kv_heads": 8, "gated_mlp": True}
+    layouts = ({"dp": 8, "zero": 3}, {"tp": 8}, {"tp": 2, "pp": 2, "dp": 2}, {"dp": 4, "cp": 2, "zero": 3})
+    for par in layouts:
+        for precision in ("bf16", "fp8"):
+            t = {}
+            for node in ("grand-teton-h100", "dgx-h100"):
+                doc = {"name": "x", "model": model, "cluster": {"node": node, "nodes": 1}, "parallel": par,
+                       "training": {"global_batch": 16, "micro_batch": 1, "precision": precision,
+                                    "flash_attention": True}}
+                t[node] = simulate(plan_from_dict(doc)).step_time_s
+            assert t["grand-teton-h100"] > 1.1 * t["dgx-h100"], (par, precision, t)

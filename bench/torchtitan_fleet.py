@@ -1,0 +1,55 @@
+"""Benchmark: torchtitan's own published Llama 3.1 8B throughput on its benchmark fleet,
+predicted on the catalog's ``grand-teton-h100`` node (H100 96GB HBM2e at a 500 W limit).
+
+The rows are torchtitan's ``benchmarks/llama3_h100_202412_torchtitan.md`` (@820504e20, end
+of 2024): FSDP2 + torch.compile, local batch 2, s = 8192, per-op selective AC, on 8 GPUs
+(Table 1) and 128 GPUs (Table 3). The efficiency factor of ``h100-sxm-96gb-500w`` in
+``topologies/catalog/efficiency.yaml`` is FITTED to them; this script prints the fit. The
+torchao float8 rows of ``../shared/validation/dev_modern.csv`` (the same team, stack and
+fleet) are not used here: ``bench/validate_published.py`` checks the GPU on them.
+
+Loss: eager. torchtitan compiles the loss with the model only from bbb1b616e (2025-04-02);
+the table predates it.
+
+    .venv/bin/python bench/torchtitan_fleet.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from simcore.engine.predict import simulate  # noqa: E402
+from simcore.plan.load import plan_from_dict  # noqa: E402
+
+LLAMA31_8B = {"name": "llama3.1-8b", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
+              "vocab": 128256, "seq_len": 8192, "gated_mlp": True, "tied_embeddings": False,
+              "position_embedding": "rope", "dropout": 0.0}
+#: (table, GPUs, published tokens/s/GPU) of the FSDP + torch.compile rows (bf16, no Float8)
+ROWS = (("Table 1", 8, 6667), ("Table 3", 128, 6514))
+LOCAL_BATCH = 2
+
+
+def plan_doc(gpus: int) -> dict:
+    return {"name": f"torchtitan-llama3.1-8b-{gpus}", "model": LLAMA31_8B,
+            "cluster": {"node": "grand-teton-h100", "nodes": gpus // 8},
+            "parallel": {"dp": gpus, "zero": 3},
+            "training": {"global_batch": LOCAL_BATCH * gpus, "micro_batch": LOCAL_BATCH, "recompute": "op",
+                         "flash_attention": True, "precision": "bf16", "loss": "eager"}}
+
+
+def main() -> int:
+    errors = []
+    for table, gpus, published in ROWS:
+        res = simulate(plan_from_dict(plan_doc(gpus)))
+        tps = LOCAL_BATCH * LLAMA31_8B["seq_len"] / res.step_time_s
+        errors.append(tps / published - 1)
+        print(f"{table}: {gpus:4d} GPUs  published {published:6d} tokens/s/GPU  predicted {tps:7.0f}  "
+              f"error {tps / published - 1:+.1%}  (step {res.step_time_s:.3f} s, MFU {res.mfu:.1%})")
+    print(f"mean |error| {sum(abs(e) for e in errors) / len(errors):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
