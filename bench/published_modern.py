@@ -200,6 +200,10 @@ def base_doc(row: pd.Series) -> dict:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
     if _bridge_tp_overlap(row, tp):
         parallel["tp_comm_overlap"] = True
+    if src == BRIDGE and parallel["zero"] == 1:
+        # Megatron-Bridge's recipes: DistributedDataParallelConfig(use_distributed_optimizer=True,
+        # overlap_grad_reduce=True, overlap_param_gather=True, grad_reduce_in_fp32=True)
+        parallel["overlap_param_gather"] = True
     if _deepep(row, ep):
         parallel["moe_dispatcher"] = "deepep"
     if src in TORCHAO:

@@ -106,8 +106,9 @@ def base_doc(row: pd.Series) -> dict:
                 "precision": "bf16", "recompute": "full", "flash_attention": False}
     if src in ("narayanan2021_table1",) or src.startswith("vtrain"):
         training["precision"] = "fp16"
-    if src == "megatron_readme_2024_h100_weak":   # the README's flags: --tp-comm-overlap with SP (SOURCES.md)
-        parallel.update(zero=1, sequence_parallel=tp > 1, tp_comm_overlap=tp > 1)
+    if src == "megatron_readme_2024_h100_weak":   # the README's flags: --tp-comm-overlap with SP,
+        # --overlap-param-gather with the distributed optimizer (SOURCES.md)
+        parallel.update(zero=1, sequence_parallel=tp > 1, tp_comm_overlap=tp > 1, overlap_param_gather=True)
         training.update(recompute="selective", flash_attention=True)
     if src == "llmfoundry_mpt_benchmarks":   # MPTConfig's resid/emb/attn_pdrop default to 0.0
         parallel["zero"] = 3

@@ -43,10 +43,15 @@ def check_executable(plan: Plan, device_type: str) -> None:
          or par.dp * par.cp == 1,
          "training.grad_compression needs a schedule other than zero-bubble: its split backward "
          "skips DDP's communication hooks"),
+        (tr.grad_compression == GradCompression.NONE or par.zero == 0 or par.dp * par.cp == 1,
+         f"training.grad_compression={tr.grad_compression.value} with parallel.zero={int(par.zero)} is priced, "
+         "not run: the executor's ZeRO and FSDP2 reduce the fp32 gradients autocast keeps"),
         (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",
          "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
     ]
     rules += [
+        (not par.overlap_param_gather, "parallel.overlap_param_gather is priced, not run: the executor's "
+         "ZeroRedundancyOptimizer broadcasts the parameters after the step"),
         (not par.tp_comm_overlap, "parallel.tp_comm_overlap is not run by the executor: overlapping TP's "
          "collectives with the GEMMs needs CUDA (Transformer Engine's userbuffers, torch's symmetric memory)"),
         (par.cp == 1 or par.cp_comm == CpComm.P2P, f"parallel.cp_comm={par.cp_comm.value} is not run by the "

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from simcore.model import workload as wl
 from simcore.model.compute import DeviceModel
-from simcore.plan.spec import ClusterSpec, GradCompression, Plan, Precision, ZeroStage
+from simcore.plan.spec import ClusterSpec, GradCompression, Plan, Precision, ZeroImpl, ZeroStage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,19 +184,31 @@ def comm_act_bytes(precision: Precision) -> int:
 
 
 def grad_wire_bytes(plan: Plan) -> float:
-    """Bytes per gradient element on the wire. torch DDP under autocast reduces the fp32
-    gradients of its fp32 parameters (4 B) unless a fp16/bf16 comm hook halves them; with
-    sharded optimizer states the gradients are the 16-bit ones of the memory model (ZeRO's
-    2 + 2 + K bytes per parameter): Megatron's distributed optimizer
-    (``DistributedDataParallelConfig.grad_reduce_in_fp32=False``), DeepSpeed
-    (``communication_data_type`` = the model's dtype) and FSDP2 (``reduce_dtype`` = the
-    16-bit param dtype) reduce 2 B."""
-    if plan.training.precision == Precision.FP32:
+    """Bytes per gradient element on the wire, and in the buffer that accumulates whole
+    gradients across micro-batches. 16-bit mixed precision reduces fp32 gradients by default
+    in the stacks the Plan stands for:
+    - torch DDP under autocast reduces the fp32 gradients of its fp32 parameters;
+    - Megatron-LM with ``--bf16`` accumulates and reduces fp32 ``main_grads``
+      (megatron/training/arguments.py @d98e8a64dd: ``accumulate_allreduce_grads_in_fp32 =
+      True`` for bfloat16 unless ``--grad-reduce-in-bf16``; docs dist_optimizer.md: bf16
+      parameters with fp32 gradients, 6 + 12/d bytes a parameter), as Megatron-Bridge and
+      NeMo's ``bf16_mixed`` recipes do (``grad_reduce_in_fp32=True``);
+    - torchtitan's FSDP2 reduces in fp32 (``training.mixed_precision_reduce``, whose only
+      choice is float32), and FSDP2 accumulates unsynced gradients in that ``reduce_dtype``.
+    16-bit wires: ``training.grad_compression`` fp16/bf16 (DDP's compress hook, Megatron's
+    ``--grad-reduce-in-bf16``, FSDP2 ``reduce_dtype=bfloat16``); DeepSpeed ZeRO, whose
+    ``communication_data_type`` defaults to the model's dtype; Megatron's ``--fp16`` (fp16
+    gradients: its fp32 accumulation is for bfloat16 only); pure 16-bit training without
+    master weights (its gradients are 16-bit)."""
+    tr, par = plan.training, plan.parallel
+    if tr.precision == Precision.FP32:
         return 4.0
-    if plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES:
+    if tr.grad_compression in (GradCompression.FP16, GradCompression.BF16) or not tr.master_weights:
         return 2.0
-    gc = plan.training.grad_compression
-    return 2.0 if gc in (GradCompression.FP16, GradCompression.BF16) else 4.0
+    if par.zero >= ZeroStage.OPTIMIZER_STATES and (par.zero_impl == ZeroImpl.DEEPSPEED
+                                                    or tr.precision == Precision.FP16):
+        return 2.0
+    return 4.0
 
 
 def tp_act_bytes(plan: Plan) -> float:

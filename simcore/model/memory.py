@@ -5,12 +5,11 @@ Model states follow Rajbhandari et al., "ZeRO: Memory Optimizations Toward Train
 Trillion Parameter Models", SC'20, Sec. 3.1 and 5: mixed-precision Adam keeps 2 + 2 + K
 bytes per parameter (16-bit weights, 16-bit gradients, K = 12 bytes of fp32 master
 weights, momentum and variance); stage 1 divides the K bytes by N_d, stage 2 also the
-gradients, stage 3 everything: (2 + 2 + K) * Psi / N_d. torch FSDP2 (``fully_shard``
-with ``MixedPrecisionPolicy(param_dtype=bf16)``) keeps fp32 sharded parameters (4 B),
-fp32 sharded gradients (4 B) and Adam's fp32 m, v (8 B): the same 16 B per parameter
-over N_d; its gather, reduce-scatter and root-group buffers are ``comm_buffer_terms``
-(torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py). Pure 16-bit training
-(``training.master_weights: false``, torchtune) keeps 2 + 2 + 4 bytes.
+gradients, stage 3 everything: (2 + 2 + K) * Psi / N_d. FSDP2 (``fully_shard``, bf16
+``param_dtype``) keeps fp32 sharded parameters, gradients and Adam's m, v: the same 16 B
+over N_d (buffers: ``comm_buffer_terms``). Megatron's distributed optimizer keeps whole
+gradients in the reduce dtype (``collectives.grad_wire_bytes``; fp32 under ``--bf16``:
+2 + 4 + 12/d, its docs' dist_optimizer.md). Pure 16-bit (``master_weights: false``): 2 + 2 + 4.
 
 Activations (per recompute policy, per schedule's micro-batches in flight, the loss's
 logits) are ``simcore.model.activations``; ``rank_breakdown`` adds everything up per rank,
@@ -24,6 +23,7 @@ import operator
 from dataclasses import dataclass
 
 from simcore.model import activations as acts
+from simcore.model import collectives as coll
 from simcore.model import workload as wl
 from simcore.model.peak import (MEMORY_KINDS, ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL,
                                 framework_terms, gradients_at_activation_peak, rank_row)
@@ -37,8 +37,7 @@ DDP_BUCKET_BYTES = 25 * 1024**2
 #: DeepSpeed ZeRO defaults, in elements (deepspeed/runtime/zero/config.py: reduce_bucket_size,
 #: stage3_prefetch_bucket_size, stage3_max_live_parameters).
 DS_REDUCE_BUCKET, DS_PREFETCH_BUCKET, DS_MAX_LIVE = 5e8, 5e7, 1e9
-#: Buckets in flight at once (one being reduced while the next fills).
-BUCKETS_IN_FLIGHT = 2
+BUCKETS_IN_FLIGHT = 2   # buckets in flight at once: one being reduced while the next fills
 
 
 def weight_bytes_per_param(precision: Precision) -> int:
@@ -218,7 +217,7 @@ def sharded_gradients(plan: Plan) -> bool:
 def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     """Weights, gradients and optimizer states on one GPU, and the host bytes of offload."""
     par, tr = plan.parallel, plan.training
-    wb = weight_bytes_per_param(tr.precision)
+    wb, gb = weight_bytes_per_param(tr.precision), coll.grad_wire_bytes(plan)
     k = optimizer_bytes_per_param(tr.precision, tr.optimizer)
     if not tr.master_weights:   # pure 16-bit: no fp32 master, states in the 16-bit dtype
         k = (k - 4) // 2
@@ -231,14 +230,16 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
         # precision policy (so they are the master copy), and its sharded gradients are fp32
         # (reduce_dtype); ZeRO-2 (reshard_after_forward=False) also keeps every 16-bit
         # parameter gathered from forward to backward. Under pipelining the gradients stay
-        # unsharded in the parameter dtype until the one reduce-scatter.
+        # unsharded until the one reduce-scatter, accumulated in the reduce dtype
+        # (_fsdp_param.py ``to_accumulated_grad_if_needed``: ``unsharded_accumulated_grad``).
         master = 4 if tr.master_weights and tr.precision != Precision.FP32 else 0
         weights = (master or wb) * shard + (wb * sp.total if z == ZeroStage.GRADIENTS else 0.0)
-        grads = (master or wb) * shard if sharded_gradients(plan) else wb * sp.total
+        grads = (master or wb) * shard if sharded_gradients(plan) else gb * sp.total
         opt = (k - master) * shard
     else:   # DDP, Megatron's distributed optimizer, DeepSpeed: the ZeRO paper's partitions
         weights = wb * (shard if z >= ZeroStage.WEIGHTS else sp.total)
-        grads = wb * (shard if sharded_gradients(plan) else sp.total)
+        # the distributed optimizer's main_grads in the reduce dtype; DDP's autocast: 4 + 4 + 8 = 2 + 2 + 12
+        grads = wb * shard if sharded_gradients(plan) else (gb if z == ZeroStage.OPTIMIZER_STATES else wb) * sp.total
         opt = k * (shard if z >= ZeroStage.OPTIMIZER_STATES else sp.total)
     host = 0.0
     if tr.offload != Offload.NONE:

@@ -342,6 +342,9 @@ def step_costs(plan: Plan) -> StepCosts:
     grad, sync, opt, off = _per_step_costs(plan, dev, columns, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
                                            ddp, fsdp if per_block else ())
     grad, gathers = ec.add_step_ends(plan, rank_costs, fsdp, grad, gathers, dpc["layer_ag"] > 0)
+    if par.overlap_param_gather:   # bucket by bucket under the next step's first forward
+        lost = 1.0 - 1.0 / dev.comm_compute_interference
+        sync = [_overlapped_s(x, f, 1.0 / dpc["buckets"], lost) for x, f in zip(sync, fwd)]
     buckets = (dpc["buckets"],) * nv
     if per_block:   # FSDP2: one per block
         per_stage = {k: max(1, k[0]) if k[1] else dpc["buckets"] for k in set(zip(stages, map(_SCATTERS, fsdp)))}

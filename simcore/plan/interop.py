@@ -223,7 +223,7 @@ _SECTION_ORDER = {
               "kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden",
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
-                 "schedule", "cp_comm", "tp_comm_overlap", "moe_dispatcher"),
+                 "schedule", "cp_comm", "tp_comm_overlap", "overlap_param_gather", "moe_dispatcher"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "recompute", "offload",
                  "flash_attention", "optimizer", "grad_compression"),
 }

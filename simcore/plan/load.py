@@ -216,6 +216,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         schedule=Schedule.parse(doc.get("schedule", "1f1b"), "parallel.schedule"),
         cp_comm=CpComm.parse(doc.get("cp_comm", "p2p"), "parallel.cp_comm"),
         tp_comm_overlap=_bool(doc, "tp_comm_overlap", w, False),
+        overlap_param_gather=_bool(doc, "overlap_param_gather", w, False),
         moe_dispatcher=MoeDispatcher.parse(doc.get("moe_dispatcher", "alltoall"), "parallel.moe_dispatcher"),
     )
 
@@ -347,6 +348,8 @@ def plan_to_dict(plan: Plan) -> dict:
         "zero": int(par.zero), "sequence_parallel": par.sequence_parallel, "schedule": par.schedule.value,
         "zero_impl": par.zero_impl.value, "cp_comm": par.cp_comm.value, "tp_comm_overlap": par.tp_comm_overlap,
     }
+    if par.overlap_param_gather:
+        parallel["overlap_param_gather"] = True
     if par.moe_dispatcher != MoeDispatcher.ALLTOALL:
         parallel["moe_dispatcher"] = par.moe_dispatcher.value
     if par.stage_layers is not None:

@@ -282,6 +282,9 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
         f["parallel.sequence_parallel"] = True
     if a.flag("--tp-comm-overlap"):
         f["parallel.tp_comm_overlap"] = True
+    a.flag("--overlap-grad-reduce")   # the model overlaps the reduction with the last backward always
+    if a.flag("--overlap-param-gather"):
+        f["parallel.overlap_param_gather"] = True
     cp_comm = a.value("--cp-comm-type", str)
     if cp_comm:
         kinds = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a"}
@@ -344,7 +347,7 @@ def _megatron_training(a: _Args, f: dict) -> None:
         f["training.optimizer"] = "adamw" if optimizer == "adam" else "sgd"
     elif optimizer is not None:
         a.used.discard("--optimizer")
-    if a.flag("--grad-reduce-in-bf16") and f.get("parallel.zero") is None:
-        f["training.grad_compression"] = "bf16"  # with the distributed optimizer: its reduce-scatter's dtype
+    if a.flag("--grad-reduce-in-bf16"):   # DDP's all-reduce or the distributed optimizer's reduce-scatter
+        f["training.grad_compression"] = "bf16"
 
 

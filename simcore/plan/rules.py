@@ -36,6 +36,8 @@ def check_plan(plan: Plan) -> None:
         (not par.sequence_parallel or (m.seq_len // par.cp) % par.tp == 0,
          f"parallel.tp={par.tp} does not divide the sequence per context rank ({m.seq_len // par.cp}) "
          "as sequence_parallel needs"),
+        (not par.overlap_param_gather or (par.zero == ZeroStage.OPTIMIZER_STATES and par.zero_impl == ZeroImpl.FSDP2),
+         "parallel.overlap_param_gather needs parallel.zero=1 (Megatron's distributed optimizer)"),
         (not par.tp_comm_overlap or par.sequence_parallel,
          "parallel.tp_comm_overlap needs parallel.sequence_parallel (Megatron-Core overlaps SP's all-gathers "
          "and reduce-scatters with the GEMMs)"),
@@ -117,9 +119,8 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
         (tr.master_weights or tr.precision.value in ("bf16", "fp16"),
          f"training.master_weights=false needs a 16-bit training.precision, not {tr.precision.value}"),
-        (tr.grad_compression == GradCompression.NONE or par.zero == ZeroStage.NONE,
-         f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0 "
-         "(it is a DDP communication hook)"),
+        (tr.grad_compression != GradCompression.POWERSGD or par.zero == ZeroStage.NONE,
+         "training.grad_compression=powersgd needs parallel.zero=0 (it is a DDP communication hook)"),
     ]
 
 

@@ -147,6 +147,11 @@ class Offload(_Choice):
 
 
 class GradCompression(_Choice):
+    """The gradients' wire dtype: ``none`` the stack's default (fp32 under 16-bit mixed
+    precision, DeepSpeed's model dtype: ``collectives.grad_wire_bytes``), ``fp16``/``bf16``
+    16-bit reductions (DDP's compress hooks, Megatron's ``--grad-reduce-in-bf16``, FSDP2's
+    ``reduce_dtype``, DeepSpeed's ``communication_data_type``), ``powersgd`` DDP's hook."""
+
     NONE = "none"
     FP16 = "fp16"
     BF16 = "bf16"
@@ -305,6 +310,10 @@ class ParallelSpec:
     tp_comm_overlap: bool = False
     """Overlap TP's all-gathers and reduce-scatters with the GEMMs they feed (Megatron-Core
     ``--tp-comm-overlap`` through Transformer Engine's userbuffers; needs sequence_parallel)."""
+    overlap_param_gather: bool = False
+    """ZeRO-1's parameter all-gather overlapped with the next step's forward, bucket by
+    bucket (Megatron-Core ``--overlap-param-gather`` with the distributed optimizer; off by
+    default there; Megatron-Bridge's recipes set it); otherwise it runs after the step."""
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     """How MoE tokens travel to the expert-parallel ranks (``MoeDispatcher``)."""
 

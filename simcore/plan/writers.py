@@ -132,6 +132,8 @@ def _megatron_parallel_args(plan: Plan) -> list:
         raise _refuse("parallel.zero_impl", "deepspeed", "Megatron-LM", "export it with --to deepspeed")
     if par.zero == 1:
         args.append(("--use-distributed-optimizer", None))
+        if par.overlap_param_gather:   # Megatron requires the grad-reduce overlap beside it
+            args += [("--overlap-grad-reduce", None), ("--overlap-param-gather", None)]
     elif par.zero >= 2:  # Megatron-FSDP's required flags (its user guide)
         args += [("--use-megatron-fsdp", None),
                  ("--data-parallel-sharding-strategy", "optim_grads" if par.zero == 2 else "optim_grads_params"),

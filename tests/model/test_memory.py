@@ -26,8 +26,9 @@ def test_zero_model_states_match_rajbhandari(zero):
     nd = 64
     # ZeRO-2 is FSDP2 with reshard_after_forward=False: the gathered 16-bit parameters, and
     # 16 B per parameter over N_d (fp32 sharded parameters, fp32 sharded gradients, Adam m, v);
-    # DeepSpeed's ZeRO-2 would keep 2 + 14 / N_d
-    expected = {0: (2 + 2 + 12) * psi, 1: (2 + 2) * psi + 12 * psi / nd,
+    # DeepSpeed's ZeRO-2 would keep 2 + 14 / N_d. ZeRO-1 is Megatron's distributed optimizer,
+    # whose whole gradients are fp32 under bf16: 6 + 12 / N_d (its docs' dist_optimizer.md)
+    expected = {0: (2 + 2 + 12) * psi, 1: (2 + 4) * psi + 12 * psi / nd,
                 2: 2 * psi + (4 + 4 + 8) * psi / nd, 3: (4 + 4 + 8) * psi / nd}[zero]
     sp = mem.stage_params(p)[0]
     states = mem.model_state_bytes(p, sp)
@@ -101,3 +102,14 @@ def test_full_recompute_stores_less_than_none():
     a = mem.activation_bytes(plan(), 0)
     b = mem.activation_bytes(plan(training={"recompute": "none"}), 0)
     assert a < b / 5
+
+
+@pytest.mark.parametrize("impl, compression, zero, grads", [
+    ("fsdp2", "none", 1, 4), ("fsdp2", "bf16", 1, 2), ("deepspeed", "none", 1, 2), ("fsdp2", "none", 0, 2)])
+def test_the_distributed_optimizers_whole_gradients_are_in_the_reduce_dtype(impl, compression, zero, grads):
+    # Megatron (--bf16) accumulates fp32 main_grads unless --grad-reduce-in-bf16; DeepSpeed
+    # reduces in the model's dtype; DDP's autocast keeps fp32 parameters and gradients, which
+    # the 2 + 2 + 12 split counts as 16 bytes too
+    p = plan(parallel={"zero": zero, "zero_impl": impl}, training={"precision": "bf16", "grad_compression": compression})
+    sp = mem.stage_params(p)[0]
+    assert mem.model_state_bytes(p, sp)["gradients"] == pytest.approx(grads * sp.total)

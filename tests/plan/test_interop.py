@@ -277,7 +277,8 @@ def test_megatron_example_gives_its_layout():
     doc, _ = import_plan(megatron="examples/megatron/pretrain_llama3_8b.sh", cluster="dgx-h100", base_dir=ROOT)
     # 2 nodes x 8 GPUs / (tp 2 * pp 2) = dp 4; --use-distributed-optimizer is ZeRO-1.
     assert doc["cluster"] == {"node": "dgx-h100", "nodes": 2}
-    assert doc["parallel"] == {"tp": 2, "pp": 2, "dp": 4, "zero": 1, "sequence_parallel": True, "schedule": "1f1b"}
+    assert doc["parallel"] == {"tp": 2, "pp": 2, "dp": 4, "zero": 1, "sequence_parallel": True, "schedule": "1f1b",
+                               "overlap_param_gather": True}
     assert doc["training"]["global_batch"] == 256 and doc["training"]["optimizer"] == "adamw"
 
 
