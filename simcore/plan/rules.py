@@ -37,7 +37,8 @@ def check_plan(plan: Plan) -> None:
          f"parallel.tp={par.tp} does not divide the sequence per context rank ({m.seq_len // par.cp}) "
          "as sequence_parallel needs"),
         (not par.overlap_param_gather or (par.zero == ZeroStage.OPTIMIZER_STATES and par.zero_impl == ZeroImpl.FSDP2),
-         "parallel.overlap_param_gather needs parallel.zero=1 (Megatron's distributed optimizer)"),
+         "parallel.overlap_param_gather needs parallel.zero=1 with parallel.zero_impl=fsdp2 "
+         "(Megatron's distributed optimizer)"),
         (not par.tp_comm_overlap or par.sequence_parallel,
          "parallel.tp_comm_overlap needs parallel.sequence_parallel (Megatron-Core overlaps SP's all-gathers "
          "and reduce-scatters with the GEMMs)"),
