@@ -178,6 +178,20 @@ def _bridge_tp_overlap(row: pd.Series, tp: int) -> bool:
             and not str(row.precision).startswith("nvfp4"))
 
 
+#: The gradient buffer and its reduction of every Megatron-Bridge performance run: the published
+#: table's scripts override the recipes' fp32 default, ``cfg.mixed_precision.grad_reduce_in_fp32 =
+#: False; cfg.ddp.grad_reduce_in_fp32 = False`` in every model family's
+#: scripts/performance/configs/*/*_llm_pretrain.py @21d102f5e (the table's commit), so the gradients
+#: are held and reduced in bf16 (Megatron ``--grad-reduce-in-bf16``).
+BRIDGE_GRAD_DTYPE = "bf16"
+#: The caching allocator's margin (``training.allocator_margin``) of a run under
+#: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, which maps pages into one growing segment
+#: instead of caching fixed segments: 0, as the field documents. Megatron-Bridge's performance
+#: launcher sets it for every run (``PERF_ENV_VARS`` in scripts/performance/utils/executors.py
+#: @21d102f5e).
+EXPANDABLE_SEGMENTS_MARGIN = 0.0
+
+
 def base_doc(row: pd.Series) -> dict:
     """The Plan document of a row by its source's rule."""
     src = row.source
@@ -202,8 +216,11 @@ def base_doc(row: pd.Series) -> dict:
         parallel["tp_comm_overlap"] = True
     if src == BRIDGE and parallel["zero"] == 1:
         # Megatron-Bridge's recipes: DistributedDataParallelConfig(use_distributed_optimizer=True,
-        # overlap_grad_reduce=True, overlap_param_gather=True, grad_reduce_in_fp32=True)
+        # overlap_grad_reduce=True, overlap_param_gather=True)
         parallel["overlap_param_gather"] = True
+    if src == BRIDGE:
+        training["grad_compression"] = BRIDGE_GRAD_DTYPE
+        training["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
     if _deepep(row, ep):
         parallel["moe_dispatcher"] = "deepep"
     if src in TORCHAO:
@@ -217,7 +234,16 @@ def base_doc(row: pd.Series) -> dict:
 def choices(row: pd.Series, doc: dict) -> list[dict]:
     """NeMo's long-context table leaves recompute and the micro-batch blank: the fastest
     fitting of none / selective / full recompute at micro-batch 1 (one sequence of up to
-    1M tokens per rank; the table's batches are 4M tokens in all)."""
+    1M tokens per rank; the table's batches are 4M tokens in all).
+
+    AutoModel's recompute is read from the example config of the table's commit, and its
+    notes say the measurement may predate the config: where the config's ``none`` does not fit
+    the GPU, the run evidently checkpointed, and AutoModel's one switch
+    (``activation_checkpointing: true``) wraps each transformer block whole
+    (nemo_automodel/components/moe/parallelizer.py ``apply_ac`` @e45812012): the fastest
+    fitting of none / full."""
+    if row.source == AUTOMODEL and doc["training"]["recompute"] == "none":
+        return [doc, {**doc, "training": {**doc["training"], "recompute": "full"}}]
     if row.source not in NEMO_LONG:
         return [doc]
     return [{**doc, "training": {**doc["training"], "recompute": rc}} for rc in ("none", "selective", "full")]

@@ -217,6 +217,11 @@ def main(argv=None) -> int:
         name = f.file.iloc[0]
         print(f"{name}: MAPE {100 * f.error.abs().mean():.2f}%  max {100 * f.error.abs().max():.1f}%  "
               f"bias {100 * f.error.mean():+.2f}%  rows {len(f)}")
+    unfit = out[~out.fits]
+    print(f"\npublished runs (all trained) predicted to fit with the allocator margin: "
+          f"{len(out) - len(unfit)}/{len(out)} (target: all)")
+    for r in unfit.itertuples():
+        print(f"  does not fit: {r.file} row {r.row} ({r.source}, {r.model}, {r.gpus} x {r.kind})")
     pairs = modern.fp8_pairs(frames[2])
     print("\nFP8/BF16 speed-up of the same configuration (target: within 10% of the published):")
     print(pairs.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
