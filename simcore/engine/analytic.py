@@ -58,24 +58,44 @@ def _by_rank(x: tuple[float, ...], p: int) -> tuple[float, ...] | list[float]:
     return x if len(x) == p else [sum(x[r::p]) for r in range(p)]
 
 
+def _hops(c: StepCosts) -> list[float]:
+    """Per pipeline rank and micro-batch, the exposed time of its activation and gradient
+    sends (one each per virtual stage). 1F1B and GPipe wait for them (Megatron's
+    ``batch_p2p_comm``: the send and the next receive in one blocking call). The interleaved
+    schedule overlaps them: Megatron-Core posts the next chunk's receive and this chunk's send
+    before computing (``overlap_p2p_comm``, the default with a virtual pipeline: Megatron-LM
+    arguments.py ``--no-overlap-p2p-communication``; Megatron-Bridge comm_overlap.py sets it
+    whenever vp > 1), and torch's interleaved schedules send with ``isend``; a hop is then
+    exposed only by what the chunk it hides behind cannot cover. A calibrated CPU host keeps
+    them whole (gloo's transfers are its blocking costs, ``StepCosts.host_p2p_s``)."""
+    par = c.plan.parallel
+    if par.pp == 1:
+        return [0.0]
+    if par.vpp == 1 or c.forward_send_s or c.forward_recv_wait_s:
+        return [2 * c.p2p_s * (c.stages // par.pp)] * par.pp
+    return [sum(max(0.0, c.p2p_s - c.forward_s[v]) +
+                max(0.0, c.p2p_s - c.backward_input_s[v] - c.backward_weight_s[v] - c.recompute_s[v])
+                for v in range(r, c.stages, par.pp)) for r in range(par.pp)]
+
+
 def _rank_sums(c: StepCosts) -> dict[str, list[float] | tuple[float, ...]]:
     """Per pipeline rank, per micro-batch (a list per part): compute, blocking comm (with FSDP
     exposure and PP sends), weight-gradient time, the CPU host's receive waits (idle), summed
     over the rank's virtual stages."""
     p = c.plan.parallel.pp
     lost = _interference_loss(c)
-    hops = 2 * c.p2p_s * (c.stages // p) if p > 1 else 0.0
+    hops = _hops(c)
     host_p2p = bool(c.forward_send_s or c.forward_recv_wait_s)   # CPU host only
     posted = c.p2p_post_s > 0 and p > 1
     fsdp = any(c.forward_gather_s) or any(c.backward_gather_s) or \
         (c.grad_reduce_per_microbatch and any(c.grad_reduce_per_step_s))
     fwd, bin_, bwt, rec = (_by_rank(x, p) for x in (c.forward_s, c.backward_input_s, c.backward_weight_s,
                                                     c.recompute_s))
-    p2p, wait = [hops] * p, [0.0] * p
+    p2p, wait = list(hops), [0.0] * p
     for r in range(p) if host_p2p or posted else ():
         host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] if host_p2p else ()
         if host:
-            p2p[r], wait[r] = hops + sum(h[0] for h in host), sum(h[1] for h in host)
+            p2p[r], wait[r] = hops[r] + sum(h[0] for h in host), sum(h[1] for h in host)
         if posted:
             posts, saved = _fused_posts(c, r)
             p2p[r], wait[r] = p2p[r] + posts, wait[r] - saved

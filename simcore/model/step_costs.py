@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from dataclasses import replace
 
 from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
@@ -34,6 +33,7 @@ from simcore.model import compute as cmp
 from simcore.model import end_comm as ec
 from simcore.model import host_costs as hc
 from simcore.model import memory as mem
+from simcore.model import overlap as ov
 from simcore.model import peak as pk
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
@@ -67,37 +67,6 @@ def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: st
 
 #: A stage's FSDP2 reduce-scatters per block, of its ``dp_costs.fsdp_calls`` entry.
 _SCATTERS = operator.itemgetter(2)
-
-#: The GEMMs whose inputs TP's all-gathers feed (qkv, mlp_in) and whose outputs its
-#: reduce-scatters take (attn_proj, mlp_out) under sequence parallelism.
-TP_OVERLAP_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out"})
-
-
-@functools.lru_cache(maxsize=1024)
-def _tp_gemm_times(model, b, s, tp, cp, ep, flash, dev) -> tuple[float, float, float, float]:
-    """TP's GEMMs of one layer: (forward, backward) device time, and the (forward, backward)
-    time their split into ``tp`` chunks adds under ``tp_comm_overlap`` (Transformer Engine
-    runs each as tp smaller GEMMs, one per chunk of the collective it overlaps,
-    transformer_engine/pytorch/module/base.py ``initialize_ub``; the weight gradient is the
-    bulk-overlap partner and stays whole)."""
-    ops = [o for o in wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=True, flash=flash)
-           if o.name in TP_OVERLAP_OPS]
-    f = sum(cmp.op_forward_s(o, dev) for o in ops)
-    bi, bw = (sum(x) for x in zip(*(cmp.op_backward_s(o, dev) for o in ops))) if ops else (0.0, 0.0)
-    chunks = [replace(o, flops=o.flops / tp, bytes=o.bytes / tp, count=o.count * tp) for o in ops]
-    fc = sum(cmp.op_forward_s(o, dev) for o in chunks)
-    bic = sum(cmp.op_backward_s(o, dev)[0] for o in chunks)
-    return f, bi + bw, max(0.0, fc - f), max(0.0, bic - bi)
-
-
-def _overlapped_s(comm: float, partner: float, first_chunk: float, lost: float) -> float:
-    """Exposed time of ``comm`` overlapped with ``partner`` compute: the ``first_chunk``
-    share that must finish before any compute can start, what the compute cannot hide, and
-    the slow-down of the compute it hides behind (``lost`` of the hidden time)."""
-    head = comm * first_chunk
-    rest = comm - head
-    return head + max(0.0, rest - partner) + lost * min(rest, partner)
-
 
 @functools.lru_cache(maxsize=1024)
 def _logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
@@ -230,23 +199,6 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, columns: tuple[tuple[float
     return grad, sync, opt, off
 
 
-def _tp_exposed(plan: Plan, dev: cmp.DeviceModel, lc: dict, lost: float) -> tuple[float, float]:
-    """TP's exposed (forward, backward) communication of one layer: all of it, or with
-    ``tp_comm_overlap`` the first of its tp chunks, what the layer's TP GEMMs cannot hide,
-    the slow-down of the GEMMs that hide it, and the cost of running those GEMMs in tp
-    chunks (Megatron-Core ``--tp-comm-overlap``; Wang et al. 2023, "Overlap Communication
-    with Dependent Computation via Decomposition", ASPLOS)."""
-    par = plan.parallel
-    if not par.tp_comm_overlap or par.tp == 1:
-        return lc["tp_f"], lc["tp_b"]
-    m, tr = plan.model, plan.training
-    gf, gb, split_f, split_b = _tp_gemm_times(m, tr.micro_batch, m.seq_len // par.cp, par.tp, par.cp, par.ep,
-                                              tr.flash_attention, dev)
-    first = 1.0 / par.tp
-    return (_overlapped_s(lc["tp_f"], gf, first, lost) + split_f,
-            _overlapped_s(lc["tp_b"], gb, first, lost) + split_b)
-
-
 def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict, float, float, float, float, float]:
     """Per layer and micro-batch: ``_layer_comm``'s figures, the (forward, backward) blocking
     communication, the (forward, backward) host compute of the wrappers (CPU host), and the
@@ -260,8 +212,8 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     # the core cannot hide is exposed, and the part it hides slows the core as any overlapped
     # NCCL kernel does (the GPU's comm_compute_interference, as for data-parallel traffic)
     lost = 1.0 - 1.0 / dev.comm_compute_interference
-    ring = _overlapped_s(lc["cp"], core, 0.0, lost)
-    tp_f, tp_b = _tp_exposed(plan, dev, lc, lost)
+    ring = ov.overlapped_s(lc["cp"], core, 0.0, lost)
+    tp_f, tp_b = ov.tp_exposed(plan, dev, lc, lost)
     # the share of layers recomputed whole, which re-run their forward collectives too
     whole = {n: rcp.full_layers(tr, n) for n in set(plan.layers_per_stage)}
     full = sum(map(whole.__getitem__, plan.layers_per_stage)) / plan.model.layers
@@ -344,7 +296,7 @@ def step_costs(plan: Plan) -> StepCosts:
     grad, gathers = ec.add_step_ends(plan, rank_costs, fsdp, grad, gathers, dpc["layer_ag"] > 0)
     if par.overlap_param_gather:   # bucket by bucket under the next step's first forward
         lost = 1.0 - 1.0 / dev.comm_compute_interference
-        sync = [_overlapped_s(x, f, 1.0 / dpc["buckets"], lost) for x, f in zip(sync, fwd)]
+        sync = [ov.overlapped_s(x, f, 1.0 / dpc["buckets"], lost) for x, f in zip(sync, fwd)]
     buckets = (dpc["buckets"],) * nv
     if per_block:   # FSDP2: one per block
         per_stage = {k: max(1, k[0]) if k[1] else dpc["buckets"] for k in set(zip(stages, map(_SCATTERS, fsdp)))}

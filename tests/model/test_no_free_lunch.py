@@ -118,6 +118,7 @@ def test_tp_comm_overlap_hides_no_more_than_the_gemms_and_its_first_chunk_allow(
     """Overlapping TP's collectives with the GEMMs saves at most the communication itself
     (never beyond a free network) and always leaves the first of the tp chunks exposed."""
     from simcore.model import step_costs as sc
+    from simcore.model import overlap as ov
     from simcore.model.compute import device_model
     try:
         plain, over = (_plan(model, node, tp=tp, pp=pp, dp=64 // (tp * pp), micro_batch=micro_batch,
@@ -128,7 +129,7 @@ def test_tp_comm_overlap_hides_no_more_than_the_gemms_and_its_first_chunk_allow(
     assert b.step_time_s >= a.step_time_s - a.time_s["layer_comm"] - 1e-12
     dev = device_model(over.cluster.node.gpu, over.training.precision.value)
     lc = sc._layer_comm(over, dev)
-    tp_f, tp_b = sc._tp_exposed(over, dev, lc, 1 - 1 / dev.comm_compute_interference)
+    tp_f, tp_b = ov.tp_exposed(over, dev, lc, 1 - 1 / dev.comm_compute_interference)
     assert tp_f >= lc["tp_f"] / tp and tp_b >= lc["tp_b"] / tp
 
 
