@@ -130,10 +130,14 @@ def _megatron_parallel_args(plan: Plan) -> list:
         args.append(("--cp-comm-type", {"all_gather": "allgather", "a2a": "a2a"}[par.cp_comm.value]))
     if par.zero_impl.value == "deepspeed":
         raise _refuse("parallel.zero_impl", "deepspeed", "Megatron-LM", "export it with --to deepspeed")
+    if par.zero <= 1 and par.dp * par.cp > 1:
+        # the model overlaps the gradient reduction with the last backward (analytic and event
+        # engine alike); Megatron does so only when asked (--overlap-grad-reduce, default off)
+        args.append(("--overlap-grad-reduce", None))
     if par.zero == 1:
         args.append(("--use-distributed-optimizer", None))
-        if par.overlap_param_gather:   # Megatron requires the grad-reduce overlap beside it
-            args += [("--overlap-grad-reduce", None), ("--overlap-param-gather", None)]
+        if par.overlap_param_gather:
+            args.append(("--overlap-param-gather", None))
     elif par.zero >= 2:  # Megatron-FSDP's required flags (its user guide)
         args += [("--use-megatron-fsdp", None),
                  ("--data-parallel-sharding-strategy", "optim_grads" if par.zero == 2 else "optim_grads_params"),

@@ -16,6 +16,7 @@ torchrun --nnodes 192 --nproc-per-node 8 pretrain_gpt.py \
     --position-embedding-type learned_absolute \
     --tensor-model-parallel-size 8 \
     --pipeline-model-parallel-size 12 \
+    --overlap-grad-reduce \
     --micro-batch-size 1 \
     --global-batch-size 1536 \
     --bf16 \

@@ -27,6 +27,7 @@ torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
     --pipeline-model-parallel-size 4 \
     --num-virtual-stages-per-pipeline-rank 5 \
     --sequence-parallel \
+    --overlap-grad-reduce \
     --use-distributed-optimizer \
     --micro-batch-size 1 \
     --global-batch-size 128 \

@@ -16,6 +16,7 @@ torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py \
     --untie-embeddings-and-output-weights \
     --tensor-model-parallel-size 1 \
     --pipeline-model-parallel-size 2 \
+    --overlap-grad-reduce \
     --micro-batch-size 1 \
     --global-batch-size 8 \
     --attention-backend unfused \

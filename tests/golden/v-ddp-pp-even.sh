@@ -24,6 +24,7 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --untie-embeddings-and-output-weights \
     --tensor-model-parallel-size 1 \
     --pipeline-model-parallel-size 4 \
+    --overlap-grad-reduce \
     --micro-batch-size 1 \
     --global-batch-size 64 \
     --bf16 \

@@ -30,6 +30,7 @@ torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
     --expert-model-parallel-size 4 \
     --moe-token-dispatcher-type alltoall \
     --sequence-parallel \
+    --overlap-grad-reduce \
     --use-distributed-optimizer \
     --micro-batch-size 1 \
     --global-batch-size 256 \

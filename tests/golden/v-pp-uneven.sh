@@ -26,6 +26,7 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --pipeline-model-parallel-size 4 \
     --decoder-first-pipeline-num-layers 7 \
     --decoder-last-pipeline-num-layers 7 \
+    --overlap-grad-reduce \
     --micro-batch-size 1 \
     --global-batch-size 64 \
     --bf16 \

@@ -32,6 +32,7 @@ torchrun --nnodes 4 --nproc-per-node 8 pretrain_gpt.py \
     --expert-model-parallel-size 8 \
     --moe-token-dispatcher-type alltoall \
     --sequence-parallel \
+    --overlap-grad-reduce \
     --use-distributed-optimizer \
     --micro-batch-size 1 \
     --global-batch-size 128 \

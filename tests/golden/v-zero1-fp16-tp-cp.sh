@@ -27,6 +27,7 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --pipeline-model-parallel-size 1 \
     --context-parallel-size 2 \
     --sequence-parallel \
+    --overlap-grad-reduce \
     --use-distributed-optimizer \
     --micro-batch-size 1 \
     --global-batch-size 64 \

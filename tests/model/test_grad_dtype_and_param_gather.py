@@ -87,3 +87,14 @@ def test_megatron_flags_round_trip(tmp_path):
     (tmp_path / "run.sh").write_text(text)
     doc, _ = import_plan(megatron=str(tmp_path / "run.sh"), cluster="dgx-h100", nodes=4)
     assert doc["parallel"]["overlap_param_gather"] is True and doc["training"]["grad_compression"] == "bf16"
+
+
+@pytest.mark.parametrize("parallel, asked", [
+    ({"zero": 0}, True), ({"zero": 1}, True), ({"zero": 1, "tp": 8, "dp": 1}, False), ({"zero": 3}, False)])
+def test_megatron_export_asks_for_the_gradient_overlap_the_model_charges(parallel, asked):
+    """Both engines hide the data-parallel reduction behind the last backward; Megatron does so
+    only under --overlap-grad-reduce (default off), so the export asks for it wherever DDP or
+    the distributed optimizer reduces gradients across replicas (Megatron-FSDP overlaps its own)."""
+    p = _plan(parallel, nodes=1 if parallel.get("dp") == 1 else 4)
+    args = split_command(export_plan(p, "megatron"))[2]
+    assert ("--overlap-grad-reduce" in args) is asked
