@@ -19,6 +19,8 @@ import re
 
 import pandas as pd
 
+from simcore.model.peak import EXPANDABLE_SEGMENTS_MARGIN
+
 #: GPUs of dev_modern rows, by the catalog node that carries them.
 MODERN_NODES = {"h100-80gb": "dgx-h100", "h100-80gb-sxm": "dgx-h100", "b200 (DGX-B200)": "dgx-b200",
                 "gb200 (DGX-GB200, NVL72)": "gb200-nvl72"}
@@ -35,14 +37,17 @@ NVL72_JOB_GPUS_PER_RACK = 64
 BRIDGE = "megatron_bridge_26.04.01_perf_summary"
 
 
+#: torchtitan's fleet. The torchao README names only "8xH100". Its runs are torchtitan's, by the
+#: same team at Meta, and torchtitan's own benchmark page (benchmarks/llama3_h100_202412_torchtitan.md
+#: @820504e20) gives that fleet: Grand Teton, H100 96GB HBM2e at 2.4 TB/s, 500 W limit. Its
+#: tables also peak at 82-84.5 GiB, more than an 80 GB part holds (ASSUMPTION: the same fleet;
+#: the catalog's GPU is fitted to those tables, not to these rows).
+TORCHTITAN_FLEET_NODE = "grand-teton-h100"
+
+
 def _node(row: pd.Series) -> str | None:
     if row.gpu == TORCHAO_H100:
-        # The torchao README names only "8xH100". Its runs are torchtitan's, by the same team
-        # at Meta, and torchtitan's own benchmark page (benchmarks/llama3_h100_202412_torchtitan.md
-        # @820504e20) gives that fleet: Grand Teton, H100 96GB HBM2e at 2.4 TB/s, 500 W limit.
-        # Its tables also peak at 82-84.5 GiB, more than an 80 GB part holds (ASSUMPTION: the
-        # same fleet; the catalog's GPU is fitted to those tables, not to these rows)
-        return "grand-teton-h100"
+        return TORCHTITAN_FLEET_NODE
     return MODERN_NODES.get(row.gpu)
 
 
@@ -184,12 +189,6 @@ def _bridge_tp_overlap(row: pd.Series, tp: int) -> bool:
 #: scripts/performance/configs/*/*_llm_pretrain.py @21d102f5e (the table's commit), so the gradients
 #: are held and reduced in bf16 (Megatron ``--grad-reduce-in-bf16``).
 BRIDGE_GRAD_DTYPE = "bf16"
-#: The caching allocator's margin (``training.allocator_margin``) of a run under
-#: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, which maps pages into one growing segment
-#: instead of caching fixed segments: 0, as the field documents. Megatron-Bridge's performance
-#: launcher sets it for every run (``PERF_ENV_VARS`` in scripts/performance/utils/executors.py
-#: @21d102f5e).
-EXPANDABLE_SEGMENTS_MARGIN = 0.0
 
 
 def base_doc(row: pd.Series) -> dict:
@@ -220,6 +219,8 @@ def base_doc(row: pd.Series) -> dict:
         parallel["overlap_param_gather"] = True
     if src == BRIDGE:
         training["grad_compression"] = BRIDGE_GRAD_DTYPE
+        # the launcher runs every job under expandable_segments:True (``PERF_ENV_VARS`` in
+        # scripts/performance/utils/executors.py @21d102f5e)
         training["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
     if _deepep(row, ep):
         parallel["moe_dispatcher"] = "deepep"

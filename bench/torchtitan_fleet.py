@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
+from published_modern import TORCHTITAN_FLEET_NODE  # noqa: E402
 
 #: Llama 3.1 8B has Llama 3 8B's architecture: the catalog's entry
 LLAMA31_8B = {"name": "llama3-8b", "seq_len": 8192}
@@ -32,7 +33,7 @@ LOCAL_BATCH = 2
 
 def plan_doc(gpus: int) -> dict:
     return {"name": f"torchtitan-llama3.1-8b-{gpus}", "model": dict(LLAMA31_8B),
-            "cluster": {"node": "grand-teton-h100", "nodes": gpus // 8},
+            "cluster": {"node": TORCHTITAN_FLEET_NODE, "nodes": gpus // 8},
             "parallel": {"dp": gpus, "zero": 3},
             "training": {"global_batch": LOCAL_BATCH * gpus, "micro_batch": LOCAL_BATCH, "recompute": "op",
                          "flash_attention": True, "precision": "bf16", "loss": "eager"}}

@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 from simcore.model.step_costs import memory_report  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 from simcore.results import GIB, atomic_write_text  # noqa: E402
+from published_modern import TORCHTITAN_FLEET_NODE  # noqa: E402
 
 #: ../shared/validation beside the checkout (a worktree under /work/wt/ looks two levels up)
 DEFAULT_VALIDATION = next((p / "shared" / "validation" for p in ROOT.parents[:2]
@@ -74,7 +75,7 @@ TORCHTITAN = ("torchao_float8_readme_2025_h100", "torchao_float8_readme_2025_mi3
 #: and upcasts the whole logits eagerly (``pred.flatten(0, 1).float()``).
 LOSS_OF_SOURCE = {"torchao_float8_readme_2025_h100": "eager", "torchao_float8_readme_2025_mi300x": "fused",
                   "torchao_mx_readme_2025_b200": "fused"}
-NODE_OF_SOURCE = {"torchao_float8_readme_2025_h100": "grand-teton-h100", "torchao_float8_readme_2025_mi300x": "mi300x-8",
+NODE_OF_SOURCE = {"torchao_float8_readme_2025_h100": TORCHTITAN_FLEET_NODE, "torchao_float8_readme_2025_mi300x": "mi300x-8",
                   "torchao_mx_readme_2025_b200": "dgx-b200", "torchtune_readme_optimization_flags": "dgx-a100-80gb",
                   "hf_perf_train_gpu_one_2022": "dgx1-v100-16gb"}
 LLAMA32_3B = {"name": "llama3.2-3b", "layers": 28, "hidden": 3072, "heads": 24, "kv_heads": 8, "ffn_hidden": 8192,

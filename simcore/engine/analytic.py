@@ -23,17 +23,15 @@ from operator import add, truediv
 
 from simcore.model.costs import StepCosts
 from simcore.model.dp_costs import fsdp2_offload
+from simcore.model.overlap import lost_share
 from simcore.model.schedules import Action, Op, fused_p2p
 from simcore.plan.spec import Offload, Schedule
 from simcore.results import GIB, StepResult, rate_fields
 
 
 def _interference_loss(c: StepCosts) -> float:
-    """Compute time lost per second of overlapped communication: compute runs at 1/k of
-    its rate while a NCCL kernel shares the SMs and HBM (k = the GPU's
-    ``comm_compute_interference``), so hiding T seconds of communication costs T (1 - 1/k)."""
-    k = c.time_detail_s.get("comm_compute_interference", 1.0)
-    return 1.0 - 1.0 / k
+    """Compute time lost per second of overlapped communication (``overlap.lost_share``)."""
+    return lost_share(c.time_detail_s.get("comm_compute_interference", 1.0))
 
 
 def _fused_posts(c: StepCosts, r: int) -> tuple[float, float]:
@@ -58,6 +56,11 @@ def _by_rank(x: tuple[float, ...], p: int) -> tuple[float, ...] | list[float]:
     return x if len(x) == p else [sum(x[r::p]) for r in range(p)]
 
 
+def _host_p2p(c: StepCosts) -> bool:
+    """Whether the costs carry a calibrated CPU host's blocking gloo send and receive terms."""
+    return bool(c.forward_send_s or c.forward_recv_wait_s)
+
+
 def _hops(c: StepCosts) -> list[float]:
     """Per pipeline rank and micro-batch, the exposed time of its activation and gradient
     sends (one each per virtual stage). 1F1B and GPipe wait for them (Megatron's
@@ -71,7 +74,7 @@ def _hops(c: StepCosts) -> list[float]:
     par = c.plan.parallel
     if par.pp == 1:
         return [0.0]
-    if par.vpp == 1 or c.forward_send_s or c.forward_recv_wait_s:
+    if par.vpp == 1 or _host_p2p(c):
         return [2 * c.p2p_s * (c.stages // par.pp)] * par.pp
     return [sum(max(0.0, c.p2p_s - c.forward_s[v]) +
                 max(0.0, c.p2p_s - c.backward_input_s[v] - c.backward_weight_s[v] - c.recompute_s[v])
@@ -85,7 +88,7 @@ def _rank_sums(c: StepCosts) -> dict[str, list[float] | tuple[float, ...]]:
     p = c.plan.parallel.pp
     lost = _interference_loss(c)
     hops = _hops(c)
-    host_p2p = bool(c.forward_send_s or c.forward_recv_wait_s)   # CPU host only
+    host_p2p = _host_p2p(c)
     posted = c.p2p_post_s > 0 and p > 1
     fsdp = any(c.forward_gather_s) or any(c.backward_gather_s) or \
         (c.grad_reduce_per_microbatch and any(c.grad_reduce_per_step_s))

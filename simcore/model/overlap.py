@@ -12,6 +12,13 @@ from simcore.model import workload as wl
 from simcore.plan.spec import Plan
 
 
+def lost_share(interference: float) -> float:
+    """Compute time lost per second of communication hidden behind it: compute runs at 1/k of
+    its rate while a NCCL kernel shares the SMs and HBM (k = the GPU's
+    ``comm_compute_interference``), so hiding T seconds of communication costs T (1 - 1/k)."""
+    return 1.0 - 1.0 / interference
+
+
 #: The GEMMs whose inputs TP's all-gathers feed (qkv, mlp_in) and whose outputs its
 #: reduce-scatters take (attn_proj, mlp_out) under sequence parallelism.
 TP_OVERLAP_OPS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out"})

@@ -21,9 +21,12 @@ CUDA_CONTEXT_BYTES = 1343 * 1024**2
 #: but not joined), and a training step frees and re-allocates tensors of a few large sizes
 #: (a layer's gathered parameters and gradients, the logits), so the reserve settles above the
 #: peak by a share of the largest transients; 10% keeps a layout at 72 GiB of tensors off an
-#: 80 GiB GPU. Settable per Plan (``training.allocator_margin``): 0 for
-#: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps pages instead of segments.
+#: 80 GiB GPU. Settable per Plan (``training.allocator_margin``): ``EXPANDABLE_SEGMENTS_MARGIN``
+#: for PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
 ALLOCATOR_MARGIN = 0.10
+#: The margin under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps pages into one
+#: growing segment per stream instead of caching fixed segments.
+EXPANDABLE_SEGMENTS_MARGIN = 0.0
 #: The kinds ``StepCosts.memory_bytes`` and traces carry, in order.
 MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework")
 

@@ -211,7 +211,7 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     # twice the core time): each exchange overlaps the attention of the chunk at hand; what
     # the core cannot hide is exposed, and the part it hides slows the core as any overlapped
     # NCCL kernel does (the GPU's comm_compute_interference, as for data-parallel traffic)
-    lost = 1.0 - 1.0 / dev.comm_compute_interference
+    lost = ov.lost_share(dev.comm_compute_interference)
     ring = ov.overlapped_s(lc["cp"], core, 0.0, lost)
     tp_f, tp_b = ov.tp_exposed(plan, dev, lc, lost)
     # the share of layers recomputed whole, which re-run their forward collectives too
@@ -295,7 +295,7 @@ def step_costs(plan: Plan) -> StepCosts:
                                            ddp, fsdp if per_block else ())
     grad, gathers = ec.add_step_ends(plan, rank_costs, fsdp, grad, gathers, dpc["layer_ag"] > 0)
     if par.overlap_param_gather:   # bucket by bucket under the next step's first forward
-        lost = 1.0 - 1.0 / dev.comm_compute_interference
+        lost = ov.lost_share(dev.comm_compute_interference)
         sync = [ov.overlapped_s(x, f, 1.0 / dpc["buckets"], lost) for x, f in zip(sync, fwd)]
     buckets = (dpc["buckets"],) * nv
     if per_block:   # FSDP2: one per block
