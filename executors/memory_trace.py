@@ -11,16 +11,23 @@ per iteration, so the step traced (and compared with the analytic model) has one
 ``scripts/estimate/estimation.py`` does (FakeStore, ``init_process_group("fake")``,
 ``FSDPMemTracker(mod=model, optm=optimizer)``, ``reset_mod_stats`` after the first step).
 
-What it traces: FSDP2 layouts (``parallel.zero`` 2 or 3, data parallel only), in bf16/fp16
-with fp32 reduction (``MixedPrecisionPolicy`` as torchtitan sets it) or fp32, with the Plan's
+What it traces: FSDP2 layouts (``parallel.zero`` 2 or 3 over dp > 1), tensor parallel
+(``parallel.tp``, with or without sequence parallelism: the executor's DTensor plan,
+``executors.parallel.apply_tp``) and their combination on a (dp, tp) mesh; TP alone runs
+under torch's generic ``MemTracker``. In bf16/fp16 with fp32 reduction (``MixedPrecisionPolicy``
+as torchtitan sets it) or fp32, with the Plan's
 recompute policy applied as the executor applies it (``executors.recompute``: ``layer:N`` and
 ``{layers: N, method: block}`` with ``checkpoint_wrapper`` on the chosen blocks, ``op`` with
 torchtitan's per-op policy, the matmuls and SDPA saved except every second mm). The loss is the executor's eager
-``F.cross_entropy(logits.float())``. The tracker counts tensors only: no allocator margin,
-no CUDA context.
+``F.cross_entropy(logits.float())``, under TP on vocabulary-sharded logits (torch's
+``loss_parallel``, as the executor runs it). The
+tracker counts tensors only: no allocator margin, no CUDA context. The mesh and the
+parallel wrappers are built on the meta device outside ``FakeTensorMode`` (a DTensor mesh
+computes its coordinates with real tensors), then materialised as fake tensors.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import torch
@@ -28,8 +35,8 @@ import torch.distributed as dist
 
 from simcore.plan.spec import Loss, Plan, Precision, Recompute, RecomputeMethod, ZeroStage
 
-#: Training steps traced; the first one's module statistics are reset (optimizer states
-#: are created by the first step, so the second one is the steady state).
+#: Training steps traced; the peak is the last one's (the first creates the optimizer
+#: states; DTensor's first AdamW step also holds temporaries a steady step does not).
 TRACED_STEPS = 2
 
 
@@ -39,13 +46,15 @@ class TraceError(ValueError):
 
 def check_traceable(plan: Plan) -> None:
     par, tr = plan.parallel, plan.training
-    others = {k: getattr(par, k) for k in ("tp", "pp", "cp", "ep") if getattr(par, k) > 1}
+    others = {k: getattr(par, k) for k in ("pp", "cp", "ep") if getattr(par, k) > 1}
     if others:
         names = ", ".join(f"parallel.{k}={v}" for k, v in others.items())
-        raise TraceError(f"--torch traces FSDP2 data parallel only; this plan has {names}")
-    if par.zero < ZeroStage.GRADIENTS or par.dp < 2:
-        raise TraceError(f"--torch traces FSDP2 layouts (parallel.zero 2 or 3 with parallel.dp > 1), "
+        raise TraceError(f"--torch traces FSDP2 and tensor parallel layouts only; this plan has {names}")
+    if par.dp > 1 and par.zero < ZeroStage.GRADIENTS:
+        raise TraceError(f"--torch traces data parallelism as FSDP2 (parallel.zero 2 or 3), "
                          f"not parallel.zero={int(par.zero)} with parallel.dp={par.dp}")
+    if par.dp * par.tp < 2:
+        raise TraceError("--torch traces a layout over more than one GPU (parallel.dp or parallel.tp > 1)")
     if tr.recompute == Recompute.FULL and tr.recompute_method == RecomputeMethod.UNIFORM and tr.recompute_layers > 1:
         raise TraceError("--torch cannot trace training.recompute {layers: N, method: uniform} with N > 1 "
                          "(the executor checkpoints single layers)")
@@ -61,51 +70,76 @@ def apply_recompute(model, plan: Plan) -> None:
     apply(model, plan.training)
 
 
+def _parallelize(plan: Plan, mesh, mp):
+    """The executor's model of ``plan`` on the meta device, with TP, recompute and FSDP2
+    applied in the executor's order (``executors.parallel.build_trainer``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from executors.model import Transformer
+    from executors.parallel import apply_tp
+
+    par = plan.parallel
+    with torch.device("meta"):
+        model = Transformer(plan.model)
+    if par.tp > 1:
+        apply_tp(model, mesh["tp"], par.sequence_parallel)
+    apply_recompute(model, plan)
+    if par.dp > 1:
+        reshard = par.zero == ZeroStage.WEIGHTS
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
+    return model
+
+
 def trace_peak(plan: Plan) -> dict:
     """Peak bytes per kind (and ``Total``) on one rank of ``plan``, as torch's tracker counts them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from executors.model import Transformer, loss_fn
+    from executors.model import loss_context, loss_fn
 
     check_traceable(plan)
     if dist.is_initialized():
         raise TraceError("--torch needs a process without a process group of its own")
     par, tr, m = plan.parallel, plan.training, plan.model
-    dist.init_process_group("fake", rank=0, world_size=par.dp, store=FakeStore())
+    dist.init_process_group("fake", rank=0, world_size=par.dp * par.tp, store=FakeStore())
     try:
-        mesh = init_device_mesh("cpu", (par.dp,))
+        mesh = init_device_mesh("cpu", (par.dp, par.tp), mesh_dim_names=("dp", "tp"))
         low = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(tr.precision)
         mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
-        with FakeTensorMode():
-            with torch.device("meta"):
-                model = Transformer(m)
-            apply_recompute(model, plan)
-            for block in model.layers.values():
-                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=par.zero == ZeroStage.WEIGHTS)
-            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=par.zero == ZeroStage.WEIGHTS)
+        model = _parallelize(plan, mesh, mp)
+        # TP alone keeps fp32 parameters and runs its forward under autocast, as the executor does
+        # (``executors.parallel.Trainer.autocast``); FSDP2 casts by its MixedPrecisionPolicy
+        cast = torch.autocast("cpu", dtype=low) if par.dp == 1 and low is not None else contextlib.nullcontext()
+        with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-            tracker = FSDPMemTracker(mod=model, optm=opt)
+            tracker = FSDPMemTracker(mod=model, optm=opt) if par.dp > 1 else MemTracker()
+            if par.dp == 1:
+                tracker.track_external(model, opt)
             tokens = torch.randint(0, m.vocab, (tr.micro_batch, m.seq_len))
-            tracker.track_inputs((tokens, tokens))
-            with tracker:
-                for step in range(TRACED_STEPS):
-                    out = model(tokens)
-                    loss = loss_fn(out, tokens)
-                    del out
-                    loss.backward()
+            if par.dp > 1:
+                tracker.track_inputs((tokens, tokens))
+            for _ in range(TRACED_STEPS):
+                with tracker:   # entering resets the peak: the last step is the steady state
+                    with cast:
+                        out = model(tokens)
+                    with loss_context(out):
+                        loss = loss_fn(out, tokens)
+                        del out
+                        loss.backward()
                     opt.step()
                     opt.zero_grad()
-                    if step == 0:
-                        tracker.reset_mod_stats()
+                tracker.reset_mod_stats()
             snap = tracker.get_tracker_snapshot("peak")
     finally:
         dist.destroy_process_group()
-    (per_kind,) = snap.values()
+    (per_kind,) = snap.values()   # one device: fake tensors all live on the CPU
     return {str(getattr(k, "value", k)): float(v) for k, v in per_kind.items() if v or k == "Total"}
 
 

@@ -19,6 +19,8 @@ checkpoint exactly the attention core.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -196,8 +198,18 @@ def build_model(spec: ModelSpec, seed: int = 0) -> Transformer:
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy; logits (B, T, V), labels (B, T)."""
+    """Mean next-token cross-entropy; logits (B, T, V), labels (B, T). Logits that TP left
+    sharded over the vocabulary (a DTensor) need ``loss_context`` around this and the backward."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def loss_context(logits: torch.Tensor):
+    """torch's ``loss_parallel`` for vocabulary-sharded logits (``executors.parallel.apply_tp``),
+    nothing for whole ones."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel() if isinstance(logits, DTensor) else contextlib.nullcontext()
 
 
 def count_parameters(model: nn.Module) -> int:

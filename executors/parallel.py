@@ -38,8 +38,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                               PrepareModuleOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+                                               loss_parallel, parallelize_module)
 
 from executors import groups, moe, tied
 from executors.float8 import apply_float8
@@ -111,8 +111,8 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         top["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
         if sequence_parallel:
             top["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
-    if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    if model.output is not None:   # vocabulary-parallel logits for torch's loss_parallel (torchtitan's default)
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
         if sequence_parallel:
             top["norm"] = SequenceParallel()
     if top:
@@ -290,6 +290,12 @@ class Trainer:
         dtype = torch.float16 if prec == Precision.FP16 else torch.bfloat16   # fp8: the rest of the model in bf16
         return torch.autocast(self.device.type, dtype=dtype)
 
+    def loss_context(self):
+        """Under TP the logits stay sharded over the vocabulary and the cross-entropy runs on
+        the shards (``torch.distributed.tensor.parallel.loss_parallel``, torchtitan's default;
+        Megatron's vocab-parallel cross entropy): forward and backward run inside it."""
+        return loss_parallel() if self.plan.parallel.tp > 1 else contextlib.nullcontext()
+
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, span=None) -> float | None:
         """One optimizer step on this rank's (global_batch / dp) sequences; returns the mean
         loss on last-stage ranks, None elsewhere. ``span(kind, name)`` (optional) returns
@@ -299,8 +305,9 @@ class Trainer:
             opt_part.zero_grad(set_to_none=True)
         if self.cp_positions is not None:   # this context-parallel rank's share of each sequence
             tokens, labels = tokens[:, self.cp_positions], labels[:, self.cp_positions]
-        loss = self._pipeline_step(tokens, labels) if self.schedule is not None \
-            else self._accumulate(tokens, labels, span)
+        with self.loss_context():
+            loss = self._pipeline_step(tokens, labels) if self.schedule is not None \
+                else self._accumulate(tokens, labels, span)
         tied.allreduce_shared_grad(tied.shared_weight(self.parts), self.embedding_group)
         if self.experts:
             moe.reduce_expert_grads(self.experts, self.edp_group, self.plan.parallel.dp * self.plan.parallel.cp)

@@ -54,15 +54,16 @@ def _model_step(m, x, labels=None):
     the loss on ``labels`` where it ends in the output projection, else the output's sum.
     Given an ``executors.record.Recorder`` the two phases are drawn on its compute stream,
     as the executor draws a step's."""
-    from executors.model import loss_fn
+    from executors.model import loss_context, loss_fn
 
     def run(rec=None) -> tuple[float, float]:
         t0 = time.perf_counter()
         with rec.span("forward", "forward") if rec else contextlib.nullcontext():
             y = m(x)
-            loss = loss_fn(y, labels) if labels is not None else y.sum()
+            with loss_context(y):
+                loss = loss_fn(y, labels) if labels is not None else y.sum()
         t1 = time.perf_counter()
-        with rec.span("backward", "backward") if rec else contextlib.nullcontext():
+        with rec.span("backward", "backward") if rec else contextlib.nullcontext(), loss_context(y):
             loss.backward()
         return t1 - t0, time.perf_counter() - t1
     return run

@@ -38,8 +38,11 @@ What each API does, and where torch does it (torch 2.13):
   2 all-reduces in forward (wo, w2 outputs) and 2 in backward (attention and MLP inputs);
   with SP an all-gather and a reduce-scatter in their place, each way. The vocabulary-
   parallel embedding all-reduces its output; the output projection's input gradient is
-  all-reduced (SP: all-gathered input, reduce-scattered gradient) and its logits are
-  all-gathered. Under SP the norm weights are Replicate DTensors with Partial gradients:
+  all-reduced (SP: all-gathered input, reduce-scattered gradient); its logits stay
+  vocabulary-sharded and torch's ``loss_parallel`` (``tensor/parallel/loss.py``
+  ``_log_softmax`` and ``_nll_loss_forward``) all-reduces three fp32 values per token in
+  forward (the maximum, the sum of exponentials, the target's log-probability) and
+  nothing in backward. Under SP the norm weights are Replicate DTensors with Partial gradients:
   one all-reduce each when the gradients are reduced (per FSDP/replicate reduction, else
   else at the optimizer step, where every DTensor op that reads a Partial gradient
   all-reduces it: once for SGD, three times for Adam/AdamW, whose ``_single_tensor_adam``
@@ -64,6 +67,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
 from simcore.model.layout_calls import expert_calls, grad_axis, is_expert, moe_capacity, ring_calls, tied_calls
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
@@ -223,7 +227,6 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
     redo = tr.recompute == Recompute.FULL  # recomputation re-runs the attention's collectives
     seq = m.seq_len // par.cp
     act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
-    logits = tr.micro_batch * seq * m.vocab * _ACT_ELEMENT_BYTES[tr.precision]
 
     def call(kind: str, nbytes: int) -> Call:
         return Call(kind=kind, axis="tp", bytes=nbytes, issuer="dtensor")
@@ -248,7 +251,7 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
     else:
         out[call("all_reduce", act)] += n_mb * ((4 + redo) * blocks - 2 * moe + part.embed + part.head)
     if part.head:
-        out[call("all_gather", logits)] += n_mb
+        out[call("all_reduce", tp_loss_bytes(plan))] += LOSS_ALL_REDUCES * n_mb   # fp32 in the executor too
     return +out
 
 

@@ -83,6 +83,8 @@ def step_bytes(plan: Plan, pp_rank: int = 0) -> Counter:
     for side, holds in ((embed, 0 in mine), (head, len(stages) - 1 in mine)):
         for kind in (k for kinds in side for k in kinds) if holds else ():
             out["tp", kind] += end * mbs
+    if len(stages) - 1 in mine:   # the vocabulary-parallel loss
+        out["tp", "all_reduce"] += ec.LOSS_ALL_REDUCES * ec.tp_loss_bytes(plan) * mbs
     if par.pp > 1:   # Megatron's scatter/gather: each TP rank sends 1/tp of the activation
         act = coll.comm_act_bytes(tr.precision) * tr.micro_batch * (m.seq_len // par.cp) * m.hidden / par.tp
         out["pp", "send"] += act * _pp_sends(plan, pp_rank)

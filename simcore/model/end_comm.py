@@ -5,8 +5,9 @@
   parallelism reduce-scattered into the sequence-parallel region, whose backward
   all-gathers; the output layer's ``ColumnParallelLinear``: its input's gradient
   all-reduced in backward, or under SP its input all-gathered forward and the gradient
-  reduce-scattered; megatron/core/tensor_parallel/layers.py and mappings.py). The
-  vocab-parallel cross entropy's all-reduces of b*s floats are left out (4 B per token).
+  reduce-scattered; megatron/core/tensor_parallel/layers.py and mappings.py), and the
+  vocab-parallel cross entropy's three all-reduces of one fp32 value per token in forward
+  (``LOSS_ALL_REDUCES``).
 - FSDP2's root group on each pipeline rank: the embedding on the first, the final norm and
   output on the last (``fully_shard(model)`` after the blocks, torchtitan's
   ``apply_fsdp``), all-gathered and reduce-scattered as often as a block of that stage.
@@ -23,6 +24,20 @@ from simcore.model import collectives as coll
 from simcore.model import compute as cmp
 from simcore.model import memory as mem
 from simcore.plan.spec import Plan, ZeroStage
+
+
+#: The vocabulary-parallel cross entropy's all-reduces per micro-batch, each of one fp32 value
+#: per token: the row maximum, the target's logit and the sum of exponentials (Megatron-Core
+#: megatron/core/tensor_parallel/cross_entropy.py ``VocabParallelCrossEntropy``; torch's
+#: ``loss_parallel``, tensor/parallel/loss.py ``_log_softmax`` and ``_nll_loss_forward``).
+LOSS_ALL_REDUCES = 3
+LOSS_VALUE_BYTES = 4
+
+
+def tp_loss_bytes(plan: Plan) -> int:
+    """Bytes of each of the vocabulary-parallel loss's all-reduces (0 without TP)."""
+    par, tr = plan.parallel, plan.training
+    return tr.micro_batch * (plan.model.seq_len // par.cp) * LOSS_VALUE_BYTES if par.tp > 1 else 0
 
 
 def tp_end_calls(plan: Plan) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[str, ...], tuple[str, ...]]]:
@@ -60,7 +75,7 @@ def tp_ends_s(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, float], tu
     if par.tp == 1:
         return (0.0, 0.0), (0.0, 0.0)
     act = coll.tp_act_bytes(plan)
-    key = ("tp", id(plan.cluster), id(dev), act, par.tp, par.sequence_parallel)
+    key = ("tp", id(plan.cluster), id(dev), act, tp_loss_bytes(plan), par.tp, par.sequence_parallel)
     return _cached(key, plan, dev, lambda: _tp_ends_s(plan, dev, act))
 
 
@@ -73,7 +88,12 @@ def _tp_ends_s(plan: Plan, dev: cmp.DeviceModel, act: float) -> tuple[tuple[floa
         if dev.measured(f"{mode}_embed", f"{mode}_head") else \
         {"all_reduce": coll.all_reduce_s(act, net), "all_gather": coll.all_gather_s(act, net),
          "reduce_scatter": coll.reduce_scatter_s(act, net)}
-    return tuple(tuple(sum(map(price.__getitem__, kinds)) for kinds in side) for side in tp_end_calls(plan))
+    (embed, (head_f, head_b)) = (tuple(sum(map(price.__getitem__, kinds)) for kinds in side)
+                                 for side in tp_end_calls(plan))
+    loss = tp_loss_bytes(plan)
+    head_f += LOSS_ALL_REDUCES * (2 * coll.ring_bytes_s(loss, net) if dev.measured(f"{mode}_head")
+                                  else coll.all_reduce_s(loss, net))
+    return embed, (head_f, head_b)
 
 
 def fsdp_root_bytes(plan: Plan, sp: mem.StageParams) -> tuple[float, float]:

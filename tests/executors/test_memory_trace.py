@@ -38,8 +38,27 @@ def test_more_recompute_holds_less_in_torch_too():
     assert peaks == sorted(peaks, reverse=True) and peaks[0] > 2 * peaks[-1]
 
 
+@pytest.mark.parametrize("dp, tp, zero", [(2, 2, 3), (1, 4, 0)])
+def test_tensor_parallel_traces_with_the_model_states_sharded_over_tp(dp, tp, zero):
+    """TP (DTensor, sequence parallel) alone and under FSDP2: every rank holds 1/(dp x tp) of
+    the parameters and AdamW's states (the whole peak differs by the loss and the eager
+    executor's intermediates: bench/RESULTS.md has the grid)."""
+    plan = _plan(zero, "op", tp=tp, dp=dp, sequence_parallel=True)
+    traced = trace_peak(one_microbatch(plan))
+    alone = trace_peak(one_microbatch(_plan(3, "op")))   # dp 4: the same 1/4 of every parameter
+    params = traced.get("Sharded Param", traced.get("Parameter"))
+    assert params == pytest.approx(alone["Sharded Param"], rel=0.01)
+    assert traced.get("OptState", traced.get("Optstate")) == pytest.approx(alone["OptState"], rel=0.01)
+
+
+def test_sequence_parallel_holds_fewer_activations_in_torch_too():
+    peaks = [trace_peak(one_microbatch(_plan(0, "none", tp=4, dp=1, sequence_parallel=sp)))["Activation"]
+             for sp in (False, True)]
+    assert peaks[1] < peaks[0]
+
+
 def test_layouts_it_cannot_trace_are_one_sentence():
-    with pytest.raises(TraceError, match="parallel.tp=2"):
-        trace_peak(_plan(3, "op", tp=2, dp=2))
+    with pytest.raises(TraceError, match="parallel.pp=2"):
+        trace_peak(_plan(3, "op", pp=2, dp=2))
     with pytest.raises(TraceError, match="parallel.zero=1"):
         trace_peak(_plan(1, "op"))

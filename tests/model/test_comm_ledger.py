@@ -74,12 +74,8 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
     mbs, act = plan.num_microbatches, e * tr.micro_batch * (m.seq_len // par.cp) * m.hidden
     stages = plan.layers_per_stage
     holds = range(pp_rank, len(stages), par.pp)
-    first, last = 0 in holds, len(stages) - 1 in holds
+    first = 0 in holds
     layers = sum(stages[v] for v in holds)
-    if par.tp > 1 and last:
-        # the executor's loss all-gathers the logits; Megatron's vocab-parallel cross entropy
-        # reduces b*s floats instead (left out of both)
-        out["tp", "all_gather"] -= mbs * e * tr.micro_batch * m.seq_len * m.vocab
     if par.tp > 1 and par.sequence_parallel:
         # DTensor's norm weights hold Partial gradients, all-reduced per read; Megatron all-reduces
         # the SP norms' gradients once per step, coalesced (finalize_model_grads.py), which
