@@ -161,5 +161,6 @@ def compare(plan: Plan) -> dict:
     rank = max(memory_report(eager)["ranks"], key=lambda r: r["total"])
     analytic = rank["total"] - rank["terms"]["allocator_margin"] - rank["terms"]["cuda_context"]
     return {"analytic_tensor_bytes": analytic, "torch_peak_bytes": traced["Total"], "torch_by_kind": traced,
+            "tracker": "FSDPMemTracker" if plan.parallel.dp > 1 else "MemTracker",
             "difference": (analytic - traced["Total"]) / traced["Total"],
             "microbatches_traced": 1, "traced_loss_differs": plan.training.loss != Loss.EAGER}

@@ -184,11 +184,14 @@ def cmd_memory(args) -> None:
     if "torch" in report:
         t = report["torch"]
         kinds = ", ".join(f"{k} {v / gib:.2f}" for k, v in t["torch_by_kind"].items() if v and k != "Total")
-        print(f"  torch's FSDPMemTracker on the executor's model (fake tensors, one micro-batch a step): "
+        print(f"  torch's {t['tracker']} on the executor's model (fake tensors, one micro-batch a step): "
               f"peak {t['torch_peak_bytes'] / gib:.2f} GiB of tensors ({kinds})")
         print(f"  the model's tensors for the same step: {t['analytic_tensor_bytes'] / gib:.2f} GiB "
               f"({t['difference']:+.1%}); the trace is eager PyTorch (norms, RoPE, SiLU keep their own "
               f"tensors), the model counts fused kernels (Megatron/TE, torch.compile) as Korthikanti et al.")
+        if plan.parallel.tp > 1:
+            print("  under TP the trace also holds torch's unfused loss_parallel: fp32 copies of the local logits "
+                  "(upcast, log-softmax, and in backward zeros_like, exp and their product)")
         if t["traced_loss_differs"]:
             print(f"  (both with the executor's eager loss, not training.loss={plan.training.loss.value})")
 

@@ -57,3 +57,25 @@ def test_console_script_has_no_traceback(tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def _tp_plan(tmp_path, **parallel):
+    import yaml
+    doc = {"model": {"name": "small", "layers": 2, "hidden": 512, "heads": 8, "kv_heads": 4, "ffn_hidden": 1408,
+                     "vocab": 8000, "seq_len": 512, "gated_mlp": True, "tied_embeddings": False,
+                     "position_embedding": "rope"},
+           "cluster": {"node": "dgx-h100", "nodes": 1},
+           "parallel": {"dp": 1, "tp": 2, "zero": 0, "sequence_parallel": True, **parallel},
+           "training": {"global_batch": 2, "micro_batch": 1, "flash_attention": True, "recompute": "op"}}
+    path = tmp_path / "tp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_memory_torch_traces_tensor_parallel_and_refuses_pipelines_in_one_sentence(tmp_path, capsys):
+    assert main(["memory", _tp_plan(tmp_path), "--torch"]) == 0
+    out = capsys.readouterr().out
+    assert "torch's MemTracker on the executor's model" in out and "loss_parallel" in out
+    assert main(["memory", _tp_plan(tmp_path, pp=2), "--torch"]) == 2
+    err = capsys.readouterr().err
+    assert "parallel.pp=2" in err and "Traceback" not in err
