@@ -83,17 +83,22 @@ def _tp_ends_s(plan: Plan, dev: cmp.DeviceModel, act: float) -> tuple[tuple[floa
     par = plan.parallel
     net = coll.group_net(plan.cluster, dev, par.tp, 1)
     mode = "tp_sp" if par.sequence_parallel else "tp"
-    wire = coll.ring_bytes_s(act, net)
-    price = {"all_reduce": 2 * wire, "all_gather": wire, "reduce_scatter": wire} \
-        if dev.measured(f"{mode}_embed", f"{mode}_head") else \
-        {"all_reduce": coll.all_reduce_s(act, net), "all_gather": coll.all_gather_s(act, net),
-         "reduce_scatter": coll.reduce_scatter_s(act, net)}
-    (embed, (head_f, head_b)) = (tuple(sum(map(price.__getitem__, kinds)) for kinds in side)
+    ends = dev.measured(f"{mode}_embed", f"{mode}_head")
+    (embed, (head_f, head_b)) = (tuple(sum(_price(k, act, net, ends) for k in kinds) for kinds in side)
                                  for side in tp_end_calls(plan))
-    loss = tp_loss_bytes(plan)
-    head_f += LOSS_ALL_REDUCES * (2 * coll.ring_bytes_s(loss, net) if dev.measured(f"{mode}_head")
-                                  else coll.all_reduce_s(loss, net))
-    return embed, (head_f, head_b)
+    loss = _price("all_reduce", tp_loss_bytes(plan), net, dev.measured(f"{mode}_head"))
+    return embed, (head_f + LOSS_ALL_REDUCES * loss, head_b)
+
+
+_PRICES = {"all_reduce": coll.all_reduce_s, "all_gather": coll.all_gather_s, "reduce_scatter": coll.reduce_scatter_s}
+
+
+def _price(kind: str, nbytes: float, net: coll.GroupNet, measured: bool) -> float:
+    """One TP call at an end: its full price, or on a calibrated host whose wrapper probe
+    ``measured`` the end (latency and dispatch in that cost) only its bytes' term."""
+    if measured:
+        return (2 if kind == "all_reduce" else 1) * coll.ring_bytes_s(nbytes, net)
+    return _PRICES[kind](nbytes, net)
 
 
 def fsdp_root_bytes(plan: Plan, sp: mem.StageParams) -> tuple[float, float]:
