@@ -23,7 +23,9 @@ torchtitan's per-op policy, the matmuls and SDPA saved except every second mm). 
 ``loss_parallel``, as the executor runs it). The
 tracker counts tensors only: no allocator margin, no CUDA context. The mesh and the
 parallel wrappers are built on the meta device outside ``FakeTensorMode`` (a DTensor mesh
-computes its coordinates with real tensors), then materialised as fake tensors.
+computes its coordinates with real tensors), then materialised as fake tensors; DTensor's
+sharding propagation gets a fake mode of its own (``_propagation_untracked``), so its
+global-shape copies are not counted as memory.
 """
 from __future__ import annotations
 
@@ -92,6 +94,25 @@ def _parallelize(plan: Plan, mesh, mp):
     return model
 
 
+@contextlib.contextmanager
+def _propagation_untracked():
+    """DTensor's sharding propagation runs every op once more on fake tensors of the global
+    shape to learn the output's metadata (``ShardingPropagator._propagate_tensor_meta_non_cached``,
+    under ``detect_fake_mode() or FakeTensorMode()``). The trackers skip those ops by their fake
+    mode not being the one active when tracking began (pytorch/pytorch#183970); under our
+    outer ``FakeTensorMode`` ``detect_fake_mode`` finds that very mode, so the global-shape
+    copies were counted as memory (at tp 4 the loss alone read 38 B per local logit where the
+    ops hold 16). A mode of their own for the propagation, as in eager, puts them back outside."""
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import _sharding_prop
+
+    own = FakeTensorMode()
+    with mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *args, **kwargs: own):
+        yield
+
+
 def trace_peak(plan: Plan) -> dict:
     """Peak bytes per kind (and ``Total``) on one rank of ``plan``, as torch's tracker counts them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -116,7 +137,7 @@ def trace_peak(plan: Plan) -> dict:
         # TP alone keeps fp32 parameters and runs its forward under autocast, as the executor does
         # (``executors.parallel.Trainer.autocast``); FSDP2 casts by its MixedPrecisionPolicy
         cast = torch.autocast("cpu", dtype=low) if par.dp == 1 and low is not None else contextlib.nullcontext()
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with FakeTensorMode(allow_non_fake_inputs=True), _propagation_untracked():
             model.to_empty(device="cpu")
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
             tracker = FSDPMemTracker(mod=model, optm=opt) if par.dp > 1 else MemTracker()

@@ -11,8 +11,8 @@
   activation_checkpoint.py ``_apply_layer_sac``: a block is wrapped when its count is a
   multiple of N), counted per model chunk as ``simcore.model.recompute`` counts it.
 - ``op``: torchtitan's per-op selective checkpointing (``_apply_op_sac``): the outputs of the
-  matmuls and of the fused attention kernels are saved, except every second ``aten.mm``;
-  the rest is recomputed (``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
+  matmuls, of the fused attention kernels and of the tensor-parallel reduce-scatters are
+  saved, except every second ``aten.mm``; the rest is recomputed (``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
 """
 from __future__ import annotations
 
@@ -24,11 +24,14 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from simcore.plan.spec import Recompute, RecomputeMethod, TrainingSpec
 
-#: torchtitan's op-level SAC save list: matmuls and the fused attention kernels.
+#: torchtitan's op-level SAC save list: matmuls, the fused attention kernels and (its
+#: ``comm_ops``) the reduce-scatters; its all_to_all_single (EP) is not saved here.
 SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
             torch.ops.aten._scaled_dot_product_efficient_attention.default,
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-            torch.ops.aten.max.default}
+            torch.ops.aten.max.default,
+            # torchtitan's comm_ops: a saved reduce-scatter is not re-communicated in the backward
+            torch.ops._c10d_functional.reduce_scatter_tensor.default}
 
 
 def check_recompute(tr: TrainingSpec) -> None:

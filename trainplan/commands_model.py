@@ -190,8 +190,11 @@ def cmd_memory(args) -> None:
               f"({t['difference']:+.1%}); the trace is eager PyTorch (norms, RoPE, SiLU keep their own "
               f"tensors), the model counts fused kernels (Megatron/TE, torch.compile) as Korthikanti et al.")
         if plan.parallel.tp > 1:
-            print("  under TP the trace also holds torch's unfused loss_parallel: fp32 copies of the local logits "
-                  "(upcast, log-softmax, and in backward zeros_like, exp and their product)")
+            print("  under TP both count torch's loss_parallel (the saved fp32 log-softmax of the local logits, "
+                  "and in backward zeros_like, exp and their sum)")
+            if plan.parallel.dp == 1:
+                print("  TP alone: torch's row-parallel embedding keeps a whole-table gradient on every rank "
+                      "(DTensor has no row-sharded embedding backward); the model counts Megatron's shard")
         if t["traced_loss_differs"]:
             print(f"  (both with the executor's eager loss, not training.loss={plan.training.loss.value})")
 

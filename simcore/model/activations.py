@@ -102,16 +102,24 @@ def loss_bytes(plan: Plan) -> tuple[float, float]:
     in place): the 16-bit logits it saves and their gradient (2 B each). ``chunked``:
     torchtune's ``CEWithChunkedOutputLoss`` (8 chunks): the 16-bit logits of every chunk are
     kept and one chunk at a time is upcast and differentiated (12 B per logit of one chunk).
-    The logits are vocabulary-parallel over TP (Megatron; torchtitan's loss_parallel)."""
+    The logits are vocabulary-parallel over TP (Megatron; torchtitan's loss_parallel). The
+    eager loss under TP is torch's ``loss_parallel``, whose backward of the cross entropy and
+    log-softmax together (torch/distributed/tensor/parallel/loss.py,
+    ``_nll_loss_and_log_softmax_backward``: ``(zeros_like(x) + exp(x)) * grad_output``) holds
+    three fp32 copies of the local logits beside the saved log-softmax (12 B transient)."""
     m, par, tr = plan.model, plan.parallel, plan.training
     logits = tr.micro_batch * (m.seq_len // par.cp) * m.vocab / par.tp
     if tr.loss == Loss.FUSED:
         return 2 * logits, 2 * logits
     if tr.loss == Loss.CHUNKED:
         return 2 * logits, 12 * logits / CHUNKED_LOSS_CHUNKS
-    return 4 * logits, 8 * logits
+    return 4 * logits, (LOSS_PARALLEL_TRANSIENT if par.tp > 1 else EAGER_TRANSIENT) * logits
 
 
+#: Bytes per logit of the eager loss's backward beyond its saved fp32 log-softmax: whole
+#: logits, the two gradients of ``nll_loss_backward`` and ``_log_softmax_backward_data``;
+#: torch's ``loss_parallel``, ``zeros_like``, ``exp`` and their sum (fp32 each).
+EAGER_TRANSIENT, LOSS_PARALLEL_TRANSIENT = 8, 12
 #: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` (torchtune/modules/loss/ce_chunked_output_loss.py).
 CHUNKED_LOSS_CHUNKS = 8
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from simcore.model import activations as acts
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
-from simcore.model.peak import (MEMORY_KINDS, ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL,
-                                framework_terms, gradients_at_activation_peak, rank_row)
+from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
+                                gradients_at_activation_peak, rank_row, summary_fields)
 from simcore.plan.spec import Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
@@ -248,7 +248,25 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     if tr.offload == Offload.OPTIMIZER_PARAMS:
         host += weights + grads
         weights = grads = 0.0
-    return {"weights": weights, "gradients": grads, "optimizer_states": opt, "host": host}
+    return {"weights": weights, "gradients": grads, "optimizer_states": opt, "host": host,
+            "root_grad_buffers": root_gradient_buffers(plan, sp) if grads else 0.0}
+
+
+def root_gradient_buffers(plan: Plan, sp: StageParams) -> float:
+    """Bytes beside the whole sharded gradients at the backward's end under FSDP2: the root
+    group (embedding, final norm, output) runs its backward last, so its post-backward holds
+    every block's sharded gradient, the root's parameters gathered (ZeRO-3), and the root's
+    unsharded gradients in the parameter dtype and their copy in the reduce dtype that the
+    reduce-scatter takes (``_fsdp_collectives.py`` ``foreach_reduce``: ``_to_dtype_if_needed``
+    to ``reduce_dtype``). torch's FSDPMemTracker puts the step's peak there for one micro-batch
+    under TP, where the logits no longer outweigh it. Zero where the gradients are not sharded
+    per block (DDP, ZeRO 0-1, DeepSpeed, a pipeline's deferred reduce-scatter)."""
+    par, tr = plan.parallel, plan.training
+    if not (sharded_gradients(plan) and par.zero_impl == ZeroImpl.FSDP2 and par.dp * par.cp > 1):
+        return 0.0
+    wb = weight_bytes_per_param(tr.precision)
+    gathered = wb * sp.ends if par.zero == ZeroStage.WEIGHTS else 0.0
+    return gathered + (wb + coll.grad_wire_bytes(plan)) * sp.ends
 
 
 #: ``_row_maker``'s kinds of rank by what they read and ``params`` (``dp_costs.rank_costs`` keeps one a layout).
@@ -353,8 +371,11 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
         mem = dict(zip(ROW_KEYS, row))
         detail = None
         if terms_too:
-            if not grads_live and row[ROW_GRADIENTS] > 0:   # the optimizer step's peak: no activations
+            root_grads = 0.0
+            if not grads_live and row[ROW_GRADIENTS] > 0:   # the backward's end: no activations
                 act, buffers = (0.0,) * len(act), dict.fromkeys(buffers, 0.0)
+                root_grads = states["root_grad_buffers"]
+            buffers = {**buffers, "fsdp_root_grads": root_grads}
             tensors = sum(row[:ROW_FRAMEWORK])
             detail = {**{k: mem[k] for k in ("weights", "gradients", "optimizer_states")},
                       **{f"activations_{k}": v for k, v in zip(acts.ACTIVATION_PARTS, act)}, **buffers,
@@ -370,31 +391,9 @@ def memory_per_rank(plan: Plan, stages: tuple[int, ...] | None = None,
     return [dict(zip(ROW_KEYS, row)) for row in rank_rows(plan, stages, params)]
 
 
-def summary_fields(totals: tuple[float, ...], worst: tuple[float, ...]) -> dict:
-    """``StepCosts``' memory fields from every rank's total and the fullest rank's row."""
-    return {"memory_bytes": dict(zip(MEMORY_KINDS, worst)), "memory_per_rank_bytes": tuple(totals)}
-
-
 def memory_fields(plan: Plan, per_rank: list[dict[str, float]] | None = None) -> dict:
     """``StepCosts``' memory fields of ``plan`` (the fullest rank by kind, every rank's total)."""
     if per_rank is None:
         return summary_fields(*rank_totals(plan)[:2])
     totals = [r["total"] for r in per_rank]
     return summary_fields(totals, tuple(per_rank[totals.index(max(totals))][k] for k in ROW_KEYS))
-
-
-def host_node_bytes(plan: Plan, host_per_gpu: float) -> float:
-    """Host memory that offload needs on one node, from the most loaded rank's bytes per GPU."""
-    return host_per_gpu * plan.cluster.gpus_per_node
-
-
-def host_bytes_per_node(plan: Plan, per_rank: list[dict[str, float]]) -> float:
-    """Host memory that offload needs on one node (the most loaded rank's figure per GPU)."""
-    return host_node_bytes(plan, max(m["host"] for m in per_rank))
-
-
-def fits(plan: Plan, per_rank: list[dict[str, float]]) -> bool:
-    """Every rank within its GPU's HBM, and offloaded states within the node's host memory."""
-    hbm = plan.cluster.node.gpu.hbm_bytes
-    host_ok = host_bytes_per_node(plan, per_rank) <= plan.cluster.node.host_memory_bytes
-    return max(m["total"] for m in per_rank) <= hbm and host_ok

@@ -1,6 +1,7 @@
 """A GPU's peak: the CUDA context and the caching allocator's margin over the tensors, whether
-the gradients are live when the activations peak, and one rank's bytes by kind from its parts
-(``rank_row``; ``simcore.model.memory`` sums the parts per rank).
+the gradients are live when the activations peak, one rank's bytes by kind from its parts
+(``rank_row``; ``simcore.model.memory`` sums the parts per rank), and whether the ranks fit
+their GPUs and the offloaded states their node's host memory (``fits``).
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def peak_tensor_bytes(states: dict[str, float], activations: float, buffers: flo
     base = states["weights"] + states["optimizer_states"]
     if grads_live:
         return base + states["gradients"] + activations + buffers
-    return base + max(activations + buffers, states["gradients"])
+    return base + max(activations + buffers, states["gradients"] + states["root_grad_buffers"])
 
 
 #: A rank's row (``rank_rows``): its bytes by kind (MEMORY_KINDS), then ``total`` (GPU bytes)
@@ -79,14 +80,37 @@ def rank_row(states: dict[str, float], activations: float, buffers: float, conte
              grads_live: bool) -> tuple[float, ...]:
     """One rank's row (``ROW_KEYS``) from its model states and its activation and buffer sums:
     where the gradients are not live at the activations' peak, the peak is the backward's
-    start or the optimizer step's, whichever is larger; then the allocator's margin and the
+    start or its end (every gradient, and FSDP2's root group's buffers,
+    ``memory.root_gradient_buffers``), whichever is larger; then the allocator's margin and the
     CUDA context."""
     weights, grads, opt = states["weights"], states["gradients"], states["optimizer_states"]
     if not grads_live:
-        if activations + buffers >= grads:
+        if activations + buffers >= grads + states["root_grad_buffers"]:
             grads = 0.0
-        else:
-            activations = buffers = 0.0
+        else:   # the backward's end (FSDP2's root post-backward) or the optimizer step
+            activations, buffers = 0.0, states["root_grad_buffers"]
     tensors = weights + grads + opt + activations + buffers
     framework = context + margin * tensors
     return weights, grads, opt, activations, buffers, framework, tensors + framework, states["host"]
+
+
+def summary_fields(totals: tuple[float, ...], worst: tuple[float, ...]) -> dict:
+    """``StepCosts``' memory fields from every rank's total and the fullest rank's row."""
+    return {"memory_bytes": dict(zip(MEMORY_KINDS, worst)), "memory_per_rank_bytes": tuple(totals)}
+
+
+def host_node_bytes(plan: Plan, host_per_gpu: float) -> float:
+    """Host memory that offload needs on one node, from the most loaded rank's bytes per GPU."""
+    return host_per_gpu * plan.cluster.gpus_per_node
+
+
+def host_bytes_per_node(plan: Plan, per_rank: list[dict[str, float]]) -> float:
+    """Host memory that offload needs on one node (the most loaded rank's figure per GPU)."""
+    return host_node_bytes(plan, max(m["host"] for m in per_rank))
+
+
+def fits(plan: Plan, per_rank: list[dict[str, float]]) -> bool:
+    """Every rank within its GPU's HBM, and offloaded states within the node's host memory."""
+    hbm = plan.cluster.node.gpu.hbm_bytes
+    host_ok = host_bytes_per_node(plan, per_rank) <= plan.cluster.node.host_memory_bytes
+    return max(m["total"] for m in per_rank) <= hbm and host_ok

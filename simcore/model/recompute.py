@@ -133,13 +133,19 @@ def op_sac_kept_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_par
                       flash: bool = True) -> float:
     """Bytes a layer keeps under torchtitan's per-op SAC: the block's input (checkpoint's
     input), the saved matmul outputs (wq: h, wv: kv width, w1: f (x top_k for MoE), w2: h)
-    and SDPA's output and fp32 log-sum-exp (or, without a flash kernel, its s x s scores)."""
+    and SDPA's output and fp32 log-sum-exp (or, without a flash kernel, its s x s scores).
+    Under TP the column-parallel outputs are split over tp, but w2 is row-parallel: its
+    matmul's output is the whole (s x h) partial sum on every rank; with sequence parallelism
+    the outputs of the two reduce-scatters (wo's and w2's, 1/tp of the sequence each) are
+    saved too (torchtitan/distributed/activation_checkpoint.py: ``comm_ops`` keeps
+    ``_c10d_functional.reduce_scatter_tensor`` so the backward does not re-communicate)."""
     h, f, sb, e = m.hidden, m.ffn_hidden, s * b, wl.ACT_BYTES
     sp = tp if sequence_parallel else 1
     mlp = f * (m.top_k * m.capacity_factor if m.moe else 1)
     split = e * sb * (h + wl.kv_width(m) + h + mlp)        # wq, wv, SDPA out, w1 (or fc1)
     split += 4 * b * m.heads * s if flash else 5 * m.heads * s * s * b
-    return e * sb * h / sp + split / tp + e * sb * h / sp   # input, the above, w2's output
+    scattered = 2 * e * sb * h / tp if sequence_parallel and tp > 1 else 0.0
+    return e * sb * h / sp + split / tp + e * sb * h + scattered   # input, the above, w2's output, RS outputs
 
 
 def chunk_stash_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:

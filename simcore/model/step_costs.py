@@ -305,7 +305,7 @@ def step_costs(plan: Plan) -> StepCosts:
     detail = {"tp_comm_per_layer_s": lc["tp_f"] + lc["tp_b"], "cp_comm_per_layer_s": lc["cp"],
               "ep_comm_per_layer_s": lc["ep_f"] + lc["ep_b"], "fsdp_layer_all_gather_s": dpc["layer_ag"],
               "fsdp_layer_reduce_scatter_s": dpc["layer_rs"], "host_memory_per_node_bytes":
-              mem.host_node_bytes(plan, host), "comm_compute_interference": dev.comm_compute_interference}
+              pk.host_node_bytes(plan, host), "comm_compute_interference": dev.comm_compute_interference}
     return StepCosts(
         plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
         backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
@@ -318,7 +318,7 @@ def step_costs(plan: Plan) -> StepCosts:
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
         model_flops_per_step=_model_flops_per_step(m, tr.global_batch),
         hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
-        **mem.summary_fields(totals, worst),
+        **pk.summary_fields(totals, worst),
         time_detail_s=detail,
     )
 
@@ -331,7 +331,7 @@ def memory_report(plan: Plan) -> dict:
     _check_device(plan)
     breakdown = mem.rank_breakdown(plan)
     per_rank = [kinds for kinds, _ in breakdown]
-    host_node = mem.host_bytes_per_node(plan, per_rank)
+    host_node = pk.host_bytes_per_node(plan, per_rank)
     context, margin, _ = pk.framework_terms(plan)
     peak = max(d["total"] for d in per_rank)
     hbm = plan.cluster.node.gpu.hbm_bytes
@@ -348,5 +348,5 @@ def memory_report(plan: Plan) -> dict:
         "cuda_context_bytes": context,
         "headroom_bytes": hbm - peak,
         "headroom_gib": (hbm - peak) / GIB,
-        "fits": mem.fits(plan, per_rank),
+        "fits": pk.fits(plan, per_rank),
     }

@@ -26,6 +26,8 @@ from types import SimpleNamespace
 from typing import Mapping
 
 from simcore.model import memory as mem
+
+from simcore.model import peak as pk
 from simcore.plan.spec import Offload, Plan, PlanError
 from simcore.planner.failures import CheckpointPlan, Scenario, _scenario, plan_checkpoints, storage_bytes_per_s
 from simcore.planner.prices import PriceSheet, resolve_prices
@@ -63,7 +65,7 @@ def nvme_offload_s_per_step(plan: Plan) -> float:
     if plan.training.offload == Offload.NONE:
         return 0.0
     nvme = load_catalog().storage["local-nvme"]
-    per_node = mem.host_bytes_per_node(plan, mem.memory_per_rank(plan))
+    per_node = pk.host_bytes_per_node(plan, mem.memory_per_rank(plan))
     return per_node / nvme.read_bytes_per_s + per_node / nvme.write_bytes_per_s
 
 

@@ -1,11 +1,14 @@
 """torch's own tracker on the executor's model under fake tensors, against the analytic model."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from executors.memory_trace import TraceError, compare, one_microbatch, trace_peak
 from simcore.model.step_costs import memory_report
 from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import Loss
 
 #: A Llama-shaped model small enough to trace in a second or two (fake tensors allocate nothing).
 SMALL = {"name": "small-llama", "layers": 4, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn_hidden": 5632,
@@ -41,14 +44,16 @@ def test_more_recompute_holds_less_in_torch_too():
 @pytest.mark.parametrize("dp, tp, zero", [(2, 2, 3), (1, 4, 0)])
 def test_tensor_parallel_traces_with_the_model_states_sharded_over_tp(dp, tp, zero):
     """TP (DTensor, sequence parallel) alone and under FSDP2: every rank holds 1/(dp x tp) of
-    the parameters and AdamW's states (the whole peak differs by the loss and the eager
-    executor's intermediates: bench/RESULTS.md has the grid)."""
+    the parameters and AdamW's states, and the whole peak is the model's."""
     plan = _plan(zero, "op", tp=tp, dp=dp, sequence_parallel=True)
     traced = trace_peak(one_microbatch(plan))
     alone = trace_peak(one_microbatch(_plan(3, "op")))   # dp 4: the same 1/4 of every parameter
     params = traced.get("Sharded Param", traced.get("Parameter"))
     assert params == pytest.approx(alone["Sharded Param"], rel=0.01)
     assert traced.get("OptState", traced.get("Optstate")) == pytest.approx(alone["OptState"], rel=0.01)
+    # the whole peak: the loss under loss_parallel, the row-parallel matmul's whole partial sums
+    # and the saved reduce-scatters are the model's too (RESULTS.md has the 8B grid)
+    assert compare(plan)["difference"] == pytest.approx(0.0, abs=0.10)
 
 
 def test_sequence_parallel_holds_fewer_activations_in_torch_too():
@@ -62,3 +67,49 @@ def test_layouts_it_cannot_trace_are_one_sentence():
         trace_peak(_plan(3, "op", pp=2, dp=2))
     with pytest.raises(TraceError, match="parallel.zero=1"):
         trace_peak(_plan(1, "op"))
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_the_loss_holds_what_its_ops_hold_not_dtensors_global_shape_copies(tp):
+    """DTensor's sharding propagation re-runs each op on global-shape fake tensors; the tracer
+    keeps them out of the count, so torch's loss_parallel reads what its local ops hold: the
+    saved fp32 log-softmax and, in its backward, zeros_like, exp and their sum (16 B per local
+    logit, the model's eager loss under TP), against eager cross entropy's 12 B without TP."""
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from executors.memory_trace import _propagation_untracked
+    from executors.model import loss_context, loss_fn
+    from simcore.model import activations as acts
+
+    tokens, vocab, hidden = 1024, 8192, 256
+    dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (tp,))
+        with FakeTensorMode(allow_non_fake_inputs=True), _propagation_untracked():
+            weight = torch.empty(vocab // tp, hidden, dtype=torch.bfloat16, requires_grad=True)
+            x = torch.empty(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+            labels = torch.randint(0, vocab, (1, tokens))
+            tracker = MemTracker()
+            tracker.track_external(weight, x)
+            with tracker:
+                local = x @ weight.t()
+                logits = DTensor.from_local(local, mesh, [Shard(-1)]) if tp > 1 else local
+                with loss_context(logits):
+                    loss = loss_fn(logits, labels)
+                    del logits, local
+                    loss.backward()
+            (peak,) = tracker.get_tracker_snapshot("peak").values()
+    finally:
+        dist.destroy_process_group()
+    per_logit = (peak["Total"] - peak["Other"]) / (tokens * vocab / tp)
+    plan = _plan(0, "none", tp=tp, dp=1, sequence_parallel=tp > 1)
+    kept, transient = acts.loss_bytes(replace(plan, training=replace(plan.training, loss=Loss.EAGER)))
+    logits_of_plan = 2 * SMALL["seq_len"] * SMALL["vocab"] / tp
+    assert per_logit == pytest.approx((kept + transient) / logits_of_plan, abs=0.1)
+    assert per_logit == pytest.approx(16 if tp > 1 else 12, abs=0.1)

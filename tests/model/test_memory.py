@@ -4,6 +4,8 @@ import dataclasses
 import pytest
 
 from simcore.model import memory as mem
+
+from simcore.model import peak as pk
 from simcore.model import workload as wl
 from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import Schedule
@@ -53,7 +55,7 @@ def test_optimizer_offload_moves_states_to_host():
     psi = wl.param_counts(p.model).total
     assert r["optimizer_states"] == 0
     assert r["host"] == pytest.approx(12 * psi / 64)
-    assert mem.host_bytes_per_node(p, [r]) == pytest.approx(8 * 12 * psi / 64)
+    assert pk.host_bytes_per_node(p, [r]) == pytest.approx(8 * 12 * psi / 64)
 
 
 def test_offload_checked_against_host_memory():
@@ -62,8 +64,8 @@ def test_offload_checked_against_host_memory():
                                                          "micro_batch": 1})
     per_rank = mem.memory_per_rank(big)
     # 175B x 16 B = 2.8 TB of states on a node with 2 TiB of host memory
-    assert mem.host_bytes_per_node(big, per_rank) > big.cluster.node.host_memory_bytes
-    assert not mem.fits(big, per_rank)
+    assert pk.host_bytes_per_node(big, per_rank) > big.cluster.node.host_memory_bytes
+    assert not pk.fits(big, per_rank)
 
 
 def test_1f1b_first_stage_keeps_p_microbatches():
@@ -91,11 +93,11 @@ def test_embedding_on_first_stage_and_output_copy_on_last():
 
 def test_fits_compares_with_hbm():
     small = plan()
-    assert mem.fits(small, mem.memory_per_rank(small))
+    assert pk.fits(small, mem.memory_per_rank(small))
     huge = plan(training={"micro_batch": 8, "recompute": "none"})
     per_rank = mem.memory_per_rank(huge)
     assert max(r["total"] for r in per_rank) > huge.cluster.node.gpu.hbm_bytes
-    assert not mem.fits(huge, per_rank)
+    assert not pk.fits(huge, per_rank)
 
 
 def test_full_recompute_stores_less_than_none():

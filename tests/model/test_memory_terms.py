@@ -61,7 +61,7 @@ def test_zero_bubble_owes_weight_gradients_and_pays_for_them():
 
 
 def test_loss_buffer_by_kind_of_loss():
-    """eager 12 B, fused 4 B, chunked 2 + 12/8 B per logit, split over TP."""
+    """eager 12 B (16 B under TP's loss_parallel), fused 4 B, chunked 2 + 12/8 B per logit, split over TP."""
     plans = {k: _plan(training={"loss": k}) for k in ("eager", "fused", "chunked")}
     logits = 4096 * 128256
     assert acts.loss_bytes(plans["eager"]) == (4 * logits, 8 * logits)
@@ -69,6 +69,9 @@ def test_loss_buffer_by_kind_of_loss():
     assert acts.loss_bytes(plans["chunked"]) == pytest.approx((2 * logits, 12 / 8 * logits))
     tp = _plan({"tp": 8, "dp": 8}, {"loss": "fused"})
     assert sum(acts.loss_bytes(tp)) == pytest.approx(4 * logits / 8)
+    # eager under TP is torch's loss_parallel: zeros_like, exp and their sum beside the log-softmax
+    tp_eager = _plan({"tp": 8, "dp": 8}, {"loss": "eager"})
+    assert acts.loss_bytes(tp_eager) == pytest.approx((4 * logits / 8, 12 * logits / 8))
 
 
 def test_fsdp2_buffers_and_the_loss_transients_are_not_alive_together():
