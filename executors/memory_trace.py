@@ -72,6 +72,13 @@ def apply_recompute(model, plan: Plan) -> None:
     apply(model, plan.training)
 
 
+def _fsdp(plan: Plan) -> bool:
+    """Whether FSDP2 wraps the traced model (data parallel), which also picks the tracker
+    (``FSDPMemTracker``, else torch's generic ``MemTracker``) and the precision (FSDP2's
+    ``MixedPrecisionPolicy``, else the executor's autocast over fp32 parameters)."""
+    return plan.parallel.dp > 1
+
+
 def _parallelize(plan: Plan, mesh, mp):
     """The executor's model of ``plan`` on the meta device, with TP, recompute and FSDP2
     applied in the executor's order (``executors.parallel.build_trainer``)."""
@@ -86,7 +93,7 @@ def _parallelize(plan: Plan, mesh, mp):
     if par.tp > 1:
         apply_tp(model, mesh["tp"], par.sequence_parallel)
     apply_recompute(model, plan)
-    if par.dp > 1:
+    if _fsdp(plan):
         reshard = par.zero == ZeroStage.WEIGHTS
         for block in model.layers.values():
             fully_shard(block, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
@@ -136,15 +143,16 @@ def trace_peak(plan: Plan) -> dict:
         model = _parallelize(plan, mesh, mp)
         # TP alone keeps fp32 parameters and runs its forward under autocast, as the executor does
         # (``executors.parallel.Trainer.autocast``); FSDP2 casts by its MixedPrecisionPolicy
-        cast = torch.autocast("cpu", dtype=low) if par.dp == 1 and low is not None else contextlib.nullcontext()
+        fsdp = _fsdp(plan)
+        cast = torch.autocast("cpu", dtype=low) if not fsdp and low is not None else contextlib.nullcontext()
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_untracked():
             model.to_empty(device="cpu")
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-            tracker = FSDPMemTracker(mod=model, optm=opt) if par.dp > 1 else MemTracker()
-            if par.dp == 1:
+            tracker = FSDPMemTracker(mod=model, optm=opt) if fsdp else MemTracker()
+            if not fsdp:
                 tracker.track_external(model, opt)
             tokens = torch.randint(0, m.vocab, (tr.micro_batch, m.seq_len))
-            if par.dp > 1:
+            if fsdp:
                 tracker.track_inputs((tokens, tokens))
             for _ in range(TRACED_STEPS):
                 with tracker:   # entering resets the peak: the last step is the steady state
@@ -182,6 +190,6 @@ def compare(plan: Plan) -> dict:
     rank = max(memory_report(eager)["ranks"], key=lambda r: r["total"])
     analytic = rank["total"] - rank["terms"]["allocator_margin"] - rank["terms"]["cuda_context"]
     return {"analytic_tensor_bytes": analytic, "torch_peak_bytes": traced["Total"], "torch_by_kind": traced,
-            "tracker": "FSDPMemTracker" if plan.parallel.dp > 1 else "MemTracker",
+            "tracker": "FSDPMemTracker" if _fsdp(plan) else "MemTracker",
             "difference": (analytic - traced["Total"]) / traced["Total"],
             "microbatches_traced": 1, "traced_loss_differs": plan.training.loss != Loss.EAGER}

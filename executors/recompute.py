@@ -12,7 +12,8 @@
   multiple of N), counted per model chunk as ``simcore.model.recompute`` counts it.
 - ``op``: torchtitan's per-op selective checkpointing (``_apply_op_sac``): the outputs of the
   matmuls, of the fused attention kernels and of the tensor-parallel reduce-scatters are
-  saved, except every second ``aten.mm``; the rest is recomputed (``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
+  saved, except every second ``aten.mm``; the rest is recomputed
+  (``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
 """
 from __future__ import annotations
 

@@ -62,14 +62,6 @@ def gradients_at_activation_peak(plan: Plan) -> bool:
     return par.dp * par.cp > 1 and par.zero <= ZeroStage.OPTIMIZER_STATES
 
 
-def peak_tensor_bytes(states: dict[str, float], activations: float, buffers: float, grads_live: bool) -> float:
-    """The tensors at a rank's peak (``rank_breakdown``'s rule) from its parts."""
-    base = states["weights"] + states["optimizer_states"]
-    if grads_live:
-        return base + states["gradients"] + activations + buffers
-    return base + max(activations + buffers, states["gradients"] + states["root_grad_buffers"])
-
-
 #: A rank's row (``rank_rows``): its bytes by kind (MEMORY_KINDS), then ``total`` (GPU bytes)
 #: and ``host`` (offloaded bytes per GPU).
 ROW_KEYS = MEMORY_KINDS + ("total", "host")
@@ -92,6 +84,12 @@ def rank_row(states: dict[str, float], activations: float, buffers: float, conte
     tensors = weights + grads + opt + activations + buffers
     framework = context + margin * tensors
     return weights, grads, opt, activations, buffers, framework, tensors + framework, states["host"]
+
+
+def peak_tensor_bytes(states: dict[str, float], activations: float, buffers: float, grads_live: bool) -> float:
+    """The tensors at a rank's peak from its parts: ``rank_row``'s total without a CUDA
+    context or an allocator margin."""
+    return rank_row(states, activations, buffers, 0.0, 0.0, grads_live)[ROW_TOTAL]
 
 
 def summary_fields(totals: tuple[float, ...], worst: tuple[float, ...]) -> dict:
