@@ -19,7 +19,9 @@ equal splits, the outputs come back with another (the dispatch and combine of to
 ``torchtitan/models/moe.py`` and GShard); backward sends the gradients back the same way
 (``_AllToAll``: ``torch.distributed.nn.functional.all_to_all_single`` did this and is deprecated;
 the functional collectives' autograd all-to-all issues its backward in C++, out of the
-recorder's sight).
+recorder's sight). Each exchange is the functional ``all_to_all_single``, the op that
+torchtitan's per-op selective checkpointing saves (``comm_ops`` in
+torchtitan/distributed/activation_checkpoint.py), so a recomputed block does not send again.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
@@ -66,15 +69,16 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x.contiguous(), group=group)
-        return out
+        return _exchange(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        out = torch.empty_like(grad)
-        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
-        return out, None
+        return _exchange(grad, ctx.group), None
+
+
+def _exchange(x: torch.Tensor, group) -> torch.Tensor:
+    out = funcol.all_to_all_single(x.contiguous(), None, None, group)
+    return out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out
 
 
 class _AuxLoss(torch.autograd.Function):

@@ -14,7 +14,8 @@ parameters broadcast after the step); 2 = FSDP2 with ``reshard_after_forward=Fal
 (gradients and optimizer states sharded, parameters kept gathered between forward and
 backward); 3 = FSDP2 with ``reshard_after_forward=True``. Without pipelining, FSDP2
 reduce-scatters after every micro-batch (sharded gradients cannot be accumulated
-unsharded), DDP all-reduces after the last one only (``no_sync``).
+unsharded), DDP all-reduces after the last one only (``no_sync``), and so does the
+FSDP2-based ``replicate`` that stands in for DDP (``set_requires_gradient_sync``).
 
 Context parallel (``executors.ring_attention``) replaces each block's attention core by
 ring attention and trains each rank on its head and tail chunks of every sequence; expert
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.distributed import pipelining
-from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -328,6 +329,8 @@ class Trainer:
             last = mb == n - 1
             sync = model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) and not last \
                 else contextlib.nullcontext()
+            if isinstance(model, ReplicateModule):
+                model.set_requires_gradient_sync(last)   # ZeRO 0/1: one all-reduce per step, as DDP's
             with sync:
                 with span("forward", f"F{mb}"), self.autocast():
                     loss = loss_fn(model(x), y) / n

@@ -26,13 +26,14 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from simcore.plan.spec import Recompute, RecomputeMethod, TrainingSpec
 
 #: torchtitan's op-level SAC save list: matmuls, the fused attention kernels and (its
-#: ``comm_ops``) the reduce-scatters; its all_to_all_single (EP) is not saved here.
+#: ``comm_ops``) the reduce-scatters and the experts' all-to-alls.
 SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
             torch.ops.aten._scaled_dot_product_efficient_attention.default,
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
             torch.ops.aten.max.default,
             # torchtitan's comm_ops: a saved reduce-scatter is not re-communicated in the backward
-            torch.ops._c10d_functional.reduce_scatter_tensor.default}
+            torch.ops._c10d_functional.reduce_scatter_tensor.default,
+            torch.ops._c10d_functional.all_to_all_single.default}
 
 
 def check_recompute(tr: TrainingSpec) -> None:

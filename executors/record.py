@@ -8,7 +8,9 @@ the functions DDP's comm hooks, FSDP2, ZeroRedundancyOptimizer, DTensor and the
 pipelining schedules call), from the call to the completion of their ``Work`` future;
 a collective that blocks the host (a synchronous call) is cut out of the compute spans,
 so that ``simcore.results.split_step`` sees compute, exposed communication and bubble as
-the simulator defines them. Functional (DTensor) collectives are waited on at once.
+the simulator defines them. Functional (DTensor) collectives are waited on at once; one that
+a selective checkpoint's recomputation serves from what it saved (``replayed``) moves no
+bytes and is not recorded.
 Pipeline receives are counted but not drawn: their wait is the upstream stage's compute,
 i.e. bubble, not transfer. An asynchronous collective issued and completed inside one
 compute span was awaited there (DDP's bucket all-reduces, which ``backward`` waits for
@@ -30,7 +32,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+import torch.utils.checkpoint as ckpt
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from simcore.results import Span, subtract_intervals
 
@@ -45,6 +49,28 @@ _C10D = {"all_reduce": "all_reduce", "all_gather": "all_gather", "all_gather_int
 _FUNCOL = {"all_reduce": "all_reduce", "all_gather_single": "all_gather", "all_gather_tensor": "all_gather",
            "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
            "all_to_all_single": "all_to_all", "broadcast": "broadcast"}
+
+
+#: functional collective -> the ``_c10d_functional`` op it dispatches (what a selective
+#: checkpoint's policy saves: torchtitan's ``comm_ops``).
+_FUNCOL_OPS = {"all_reduce": "all_reduce", "all_gather_tensor": "all_gather_into_tensor",
+               "all_gather_single": "all_gather_into_tensor", "reduce_scatter_tensor": "reduce_scatter_tensor",
+               "reduce_scatter_single": "reduce_scatter_tensor", "all_to_all_single": "all_to_all_single"}
+
+
+def replayed(name: str) -> bool:
+    """Whether selective checkpointing's recomputation hands back the output it saved in the
+    forward for the next call of functional collective ``name``, so that nothing is
+    communicated: torch.utils.checkpoint's ``_CachedTorchDispatchMode`` serves a saved op
+    from its storage by (op, call index) and runs only the ones stored as ``_RECOMPUTE``."""
+    op = getattr(torch.ops._c10d_functional, _FUNCOL_OPS.get(name, ""), None)
+    if op is None:
+        return False
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, ckpt._CachedTorchDispatchMode):
+            entry = mode.storage.get(op.default, {}).get(mode.func_counter[op.default])
+            return entry is not None and entry is not ckpt._RECOMPUTE and entry is not ckpt._CONSUMED
+    return False
 
 
 def tensor_bytes(t) -> int:
@@ -155,7 +181,7 @@ def _wrap(rec: Recorder, fn, kind: str, functional: bool):
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
-        if getattr(rec._local, "depth", 0) or not rec.enabled:
+        if getattr(rec._local, "depth", 0) or not rec.enabled or (functional and replayed(fn.__name__)):
             return fn(*args, **kwargs)
         bound = sig.bind_partial(*args, **kwargs).arguments
         axis = _axis(rec, bound.get("group"))

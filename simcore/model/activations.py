@@ -178,7 +178,7 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
         kept = wl.activation_bytes_per_layer(m, recompute=Recompute.SELECTIVE, flash=tr.flash_attention,
                                              gemm_input=gemm_input, **kw)
     elif tr.recompute == Recompute.OP:
-        kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, **kw))
+        kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, ep=par.ep, **kw))
     act = rcp.LayerActivations(whole=whole, kept=kept, boundary=wl.ACT_BYTES * b * s * m.hidden / sp)
     last = 4 * s * b * m.hidden / sp                          # final norm's input and output
     wide = 2 if tr.precision == Precision.FP32 else 1   # fp32 training saves 4-byte tensors, not 2

@@ -49,7 +49,9 @@ What each API does, and where torch does it (torch 2.13):
   reads it in ``exp_avg.lerp_(grad)`` and ``addcmul_(grad, grad)``). Full recomputation
   re-runs a block's forward collectives except the last (w2's output), since
   non-reentrant ``torch.utils.checkpoint`` stops recomputing once the tensors backward
-  needs are rebuilt (its early stop).
+  needs are rebuilt (its early stop); so do the blocks ``layer:N`` or ``{layers: N, method:
+  block}`` recompute. torchtitan's per-op SAC re-runs the collectives of
+  ``recompute.op_sac_tp_reruns`` (a saved reduce-scatter is not re-communicated).
 - ``torch.distributed.pipelining``: one send and one receive per activation and per input
   gradient that crosses ranks, from ``simcore.model.schedules`` lowered as torch lowers it.
 
@@ -59,7 +61,8 @@ activations in the plan's precision (approximate under autocast, where some back
 gradients stay fp32). Context parallel, expert parallel and tied embeddings under
 pipelining add the calls of ``simcore.model.layout_calls``; with cp > 1 the data-parallel
 wrappers reduce over dp x cp ranks (axis ``dp``, or ``cp`` when dp is 1). Not modelled
-(ValueError): an MoE with full recomputation, PowerSGD compression.
+(ValueError): an MoE with full or ``layer:N`` recomputation, or with per-op SAC under TP;
+PowerSGD compression.
 """
 from __future__ import annotations
 
@@ -67,12 +70,14 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from simcore.model import recompute as rcp
 from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
 from simcore.model.layout_calls import expert_calls, grad_axis, is_expert, moe_capacity, ring_calls, tied_calls
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
 from simcore.model.schedules import Action, Op, add_communication, build_schedule
+from simcore.plan.load import recompute_doc
 from simcore.plan.spec import (
     GradCompression, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
 )
@@ -155,9 +160,11 @@ def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int
 
 
 def grad_reductions(plan: Plan) -> int:
-    """Gradient reductions per step by an FSDP-based wrapper: once per micro-batch without
-    pipelining (the executor does not disable their gradient sync), else at REDUCE_GRAD."""
-    return 1 if plan.parallel.pp > 1 else plan.num_microbatches
+    """Gradient reductions per step by an FSDP-based wrapper: ``fully_shard`` once per
+    micro-batch without pipelining (its default, which the executor keeps: ZeRO-2/3 reduce
+    what they shard), ``replicate`` once (the executor turns its gradient sync off before
+    the last micro-batch, as DDP's ``no_sync``); under pipelining at REDUCE_GRAD."""
+    return 1 if plan.parallel.pp > 1 or _replicate(plan) else plan.num_microbatches
 
 
 def _fsdp_based(plan: Plan) -> bool:
@@ -224,7 +231,9 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
     if par.tp == 1:
         return Counter()
     n_mb, blocks = plan.num_microbatches, len(part.layers)
-    redo = tr.recompute == Recompute.FULL  # recomputation re-runs the attention's collectives
+    redo = rcp.full_layers(tr, blocks)   # blocks recomputed whole re-run their forward's collectives
+    op = Counter({k: n * blocks for k, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items()}
+                 if tr.recompute == Recompute.OP else {})
     seq = m.seq_len // par.cp
     act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
 
@@ -242,14 +251,15 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
         # per block: forward gathers (attention, MLP inputs) and scatters (wo, w2 outputs),
         # the transposes in backward; recomputation gathers both inputs and scatters wo's; an
         # MoE gathers its input forward and its output's gradient backward, and scatters none
-        out[call("all_gather", act)] += n_mb * ((4 + 2 * redo) * blocks + part.embed + part.head)
-        out[call("reduce_scatter", act)] += n_mb * ((4 + redo) * blocks - 2 * moe + part.head)
+        out[call("all_gather", act)] += n_mb * (4 * blocks + 2 * redo + op["all_gather"] + part.embed + part.head)
+        out[call("reduce_scatter", act)] += n_mb * (4 * blocks + redo - 2 * moe + part.head)
         out[call("all_reduce", act)] += n_mb * part.embed
         reductions = grad_reductions(plan) if _fsdp_based(plan) else OPTIMIZER_GRAD_READS[tr.optimizer]
         for p in part_params(m, part):
             out[call("all_reduce", _numel(p.shape) * PARAM_ELEMENT_BYTES)] += reductions * p.norm
     else:
-        out[call("all_reduce", act)] += n_mb * ((4 + redo) * blocks - 2 * moe + part.embed + part.head)
+        out[call("all_reduce", act)] += n_mb * (4 * blocks + redo + op["all_reduce"] - 2 * moe + part.embed
+                                                + part.head)
     if part.head:
         out[call("all_reduce", tp_loss_bytes(plan))] += LOSS_ALL_REDUCES * n_mb   # fp32 in the executor too
     return +out
@@ -276,18 +286,16 @@ def _pp_calls(plan: Plan, pp_rank: int, tp_rank: int) -> Counter:
 def _check_modelled(plan: Plan) -> None:
     m, tr = plan.model, plan.training
     par = plan.parallel
-    every_layer = tr.recompute in (Recompute.NONE, Recompute.SELECTIVE) or (
-        tr.recompute == Recompute.FULL and tr.recompute_method.value == "uniform")
-    rules = [(not m.moe or tr.recompute != Recompute.FULL,
-              f"model.experts={m.experts} with training.recompute=full: the recomputed MoE's collectives "
-              "are not modelled at torch's granularity"),
+    rules = [(not m.moe or tr.recompute not in (Recompute.FULL, Recompute.LAYER),
+              f"model.experts={m.experts} with training.recompute={recompute_doc(tr)}: the recomputed MoE's "
+              "collectives are not modelled at torch's granularity"),
+             (not m.moe or par.tp == 1 or tr.recompute != Recompute.OP,
+              f"model.experts={m.experts} with training.recompute=op and parallel.tp={par.tp}: which experts' "
+              "all-reduces the per-op policy re-runs is not modelled at torch's granularity"),
              (par.etp == par.tp, f"parallel.expert_tp={par.expert_tp}: the folded expert grid's collectives are "
               "not modelled at torch's granularity (the executor does not run it)"),
              (par.moe_dispatcher.value == "alltoall", "parallel.moe_dispatcher=deepep: DeepEP's dispatch is not "
-              "modelled at torch's granularity (the executor does not run it)"),
-             (every_layer or (par.tp == 1 and par.cp == 1),
-              f"training.recompute={tr.recompute.value} with parallel.tp={par.tp}, cp={par.cp}: the collectives "
-              "its partly recomputed blocks re-run are not modelled at torch's granularity")]
+              "modelled at torch's granularity (the executor does not run it)")]
     for ok, message in rules:
         if not ok:
             raise ValueError(message)

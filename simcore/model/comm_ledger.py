@@ -23,7 +23,7 @@ from simcore.model import memory as mem
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.schedules import Op, add_communication, build_schedule
-from simcore.plan.spec import CpComm, MoeDispatcher, Plan, ZeroImpl, ZeroStage
+from simcore.plan.spec import CpComm, MoeDispatcher, Plan, Recompute, ZeroImpl, ZeroStage
 
 
 def _check(plan: Plan) -> None:
@@ -43,16 +43,21 @@ def _layer_bytes(plan: Plan, layers: int) -> Counter:
     m, par, tr = plan.model, plan.parallel, plan.training
     b, s = tr.micro_batch, m.seq_len // par.cp
     act = coll.tp_act_bytes(plan)
-    redo = rcp.full_layers(tr, layers)
+    redo, attention = rcp.full_layers(tr, layers), rcp.recomputed_layers(tr, layers)
     out: Counter = Counter()
     if par.tp > 1:   # per forward: 2 all-reduces, or under SP 2 all-gathers and 2 reduce-scatters;
-        # the backward mirrors them, a recomputed layer's forward repeats them
+        # the backward mirrors them, a recomputed layer's forward repeats them, and per-op SAC
+        # repeats those it does not save
         gathered = coll.sp_gathered_bytes(plan)   # FP8 under TE
+        size = {"all_gather": gathered, "reduce_scatter": act, "all_reduce": act}
         for kind in ("all_gather", "reduce_scatter") if par.sequence_parallel else ("all_reduce",):
-            out["tp", kind] += 2 * (gathered if kind == "all_gather" else act) * (2 * layers + redo)
-    if par.cp > 1:
+            out["tp", kind] += 2 * size[kind] * (2 * layers + redo)
+        if tr.recompute == Recompute.OP:
+            for kind, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items():
+                out["tp", kind] += n * size[kind] * layers
+    if par.cp > 1:   # forward K/V; backward K/V and dK/dV; K/V again where the attention is recomputed
         kv = 2 * coll.comm_act_bytes(tr.precision) * b * s * wl.kv_width(m) / par.tp
-        out["cp", "send"] += (par.cp - 1) * kv * (3 * layers + redo)   # forward K/V; backward K/V and dK/dV
+        out["cp", "send"] += (par.cp - 1) * kv * (3 * layers + attention)
     if m.moe and par.ep > 1:   # dispatch and combine each way (every layer, as ``_layer_comm`` charges)
         routed = act * m.top_k * m.capacity_factor / (par.tp if par.sequence_parallel else 1)
         out["ep", "all_to_all"] += 2 * routed * (2 * layers + redo)

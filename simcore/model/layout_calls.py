@@ -6,7 +6,8 @@ calls per step).
 
 - Ring attention, per block and micro-batch: forward ``cp - 1`` sends (and receives) of the
   stacked K and V of this rank's tokens; backward ``cp - 1`` of K/V again and ``cp`` of
-  their fp32 gradient; a recomputed attention (selective or full) rotates K/V again.
+  their fp32 gradient; a recomputed attention (every policy's, ``recompute.recomputed_layers``)
+  rotates K/V again.
 - Expert parallel, per MoE block and micro-batch: a dispatch and a combine
   ``all_to_all_single`` of the (experts x capacity, hidden) buffer forward, their
   transposes backward; the experts' gradients are all-reduced once per step over the ranks
@@ -22,7 +23,8 @@ from __future__ import annotations
 import math
 
 from simcore.model.param_layout import ParamTensor, StagePart, _numel, block_params, fsdp_padded_numel, local_shape
-from simcore.plan.spec import Plan, Recompute, ZeroStage
+from simcore.model.recompute import recomputed_layers
+from simcore.plan.spec import Plan, ZeroStage
 
 #: fp32: the executor's parameters and gradients, and the ring's K/V gradient buffers.
 FP32_BYTES = 4
@@ -55,9 +57,9 @@ def ring_calls(plan: Plan, part: StagePart, act_bytes: int) -> list[tuple]:
         return []
     tokens = tr.micro_batch * (m.seq_len // par.cp)
     kv = 2 * tokens * (m.kv_heads // par.tp) * m.head_dim
-    redo = tr.recompute != Recompute.NONE
     per_mb = len(part.layers) * plan.num_microbatches
-    kv_sends = (par.cp - 1) * (2 + redo) * per_mb
+    redo = recomputed_layers(tr, len(part.layers)) * plan.num_microbatches
+    kv_sends = (par.cp - 1) * (2 * per_mb + redo)
     grad_sends = par.cp * per_mb
     out = []
     for kind in ("send", "recv"):

@@ -89,8 +89,9 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
     stages = stages if stages is not None else plan.layers_per_stage
     p = par.pp
     layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
-    first = pc.embedding / par.tp
-    last = pc.output / par.tp + (m.vocab * m.hidden / par.tp if m.tied_embeddings and p > 1 else 0.0)
+    table = m.vocab * m.hidden   # TP splits it; the learned positions and the final norm are whole on every rank
+    first = table / par.tp + pc.embedding - table
+    last = pc.output - (0 if m.tied_embeddings else table) + (table / par.tp if not m.tied_embeddings or p > 1 else 0)
     same: dict = {}   # one value per kind of rank (by layers, and ends where it holds some): look-ups by identity
 
     def value(layers: int, ends: float) -> StageParams:

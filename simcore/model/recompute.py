@@ -58,6 +58,17 @@ def recomputed_layers(tr: TrainingSpec, n: int) -> int:
     return full_layers(tr, n)
 
 
+def op_sac_tp_reruns(sequence_parallel: bool) -> dict[str, int]:
+    """Forward TP collectives (kind -> calls) one layer re-runs under torchtitan's per-op SAC.
+    Its save list holds the reduce-scatters but not the all-gathers or all-reduces
+    (``comm_ops``, torchtitan/distributed/activation_checkpoint.py): under SP the all-gathered
+    inputs of the attention and the MLP are gathered again, since the recomputed wk and w3
+    read them; without SP wo's output is all-reduced again, since the next norm's backward
+    reads the residual it feeds; w2's all-reduce lies past the last tensor the backward
+    needs, where non-reentrant checkpointing stops recomputing (its early stop)."""
+    return {"all_gather": 2} if sequence_parallel else {"all_reduce": 1}
+
+
 def layer_recompute_ops(ops: list[wl.Op], m: ModelSpec, recompute: Recompute) -> list[wl.Op]:
     """The forward ops one recomputed layer re-runs (``ops``: ``workload.layer_forward_ops``)."""
     if recompute in (Recompute.FULL, Recompute.LAYER):
@@ -130,7 +141,7 @@ class LayerActivations:
 
 
 def op_sac_kept_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False,
-                      flash: bool = True) -> float:
+                      flash: bool = True, ep: int = 1) -> float:
     """Bytes a layer keeps under torchtitan's per-op SAC: the block's input (checkpoint's
     input), the saved matmul outputs (wq: h, wv: kv width, w1: f (x top_k for MoE), w2: h)
     and SDPA's output and fp32 log-sum-exp (or, without a flash kernel, its s x s scores).
@@ -138,14 +149,17 @@ def op_sac_kept_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_par
     matmul's output is the whole (s x h) partial sum on every rank; with sequence parallelism
     the outputs of the two reduce-scatters (wo's and w2's, 1/tp of the sequence each) are
     saved too (torchtitan/distributed/activation_checkpoint.py: ``comm_ops`` keeps
-    ``_c10d_functional.reduce_scatter_tensor`` so the backward does not re-communicate)."""
+    ``_c10d_functional.reduce_scatter_tensor`` so the backward does not re-communicate), and
+    under expert parallelism the outputs of the dispatch and combine all-to-alls (``comm_ops``
+    keeps ``all_to_all_single``): the routed tokens' buffer, twice."""
     h, f, sb, e = m.hidden, m.ffn_hidden, s * b, wl.ACT_BYTES
     sp = tp if sequence_parallel else 1
     mlp = f * (m.top_k * m.capacity_factor if m.moe else 1)
     split = e * sb * (h + wl.kv_width(m) + h + mlp)        # wq, wv, SDPA out, w1 (or fc1)
     split += 4 * b * m.heads * s if flash else 5 * m.heads * s * s * b
     scattered = 2 * e * sb * h / tp if sequence_parallel and tp > 1 else 0.0
-    return e * sb * h / sp + split / tp + e * sb * h + scattered   # input, the above, w2's output, RS outputs
+    routed = 2 * e * sb * h * m.top_k * m.capacity_factor / sp if m.moe and ep > 1 else 0.0
+    return e * sb * h / sp + split / tp + e * sb * h + scattered + routed   # input, the above, w2's out, comm outs
 
 
 def chunk_stash_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:

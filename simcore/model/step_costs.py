@@ -199,11 +199,27 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, columns: tuple[tuple[float
     return grad, sync, opt, off
 
 
+def _layer_share(plan: Plan, layers_of) -> float:
+    """The share of the model's layers that ``layers_of(training, layers of a chunk)`` picks."""
+    per_size = {n: layers_of(plan.training, n) for n in set(plan.layers_per_stage)}
+    return sum(map(per_size.__getitem__, plan.layers_per_stage)) / plan.model.layers
+
+
+def _op_sac_tp_share(plan: Plan) -> float:
+    """The share of a layer's forward TP bytes that per-op SAC re-runs (``rcp.op_sac_tp_reruns``)."""
+    par = plan.parallel
+    if plan.training.recompute != Recompute.OP or par.tp == 1:
+        return 0.0
+    act, gathered = coll.tp_act_bytes(plan), coll.sp_gathered_bytes(plan)
+    size = {"all_gather": gathered, "reduce_scatter": act, "all_reduce": act}
+    forward = 2 * (gathered + act) if par.sequence_parallel else 2 * act
+    return sum(n * size[kind] for kind, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items()) / forward
+
+
 def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict, float, float, float, float, float]:
     """Per layer and micro-batch: ``_layer_comm``'s figures, the (forward, backward) blocking
     communication, the (forward, backward) host compute of the wrappers (CPU host), and the
     host compute a full recomputation repeats; ``core`` is the attention core's forward time."""
-    tr = plan.training
     lc = _layer_comm(plan, dev)
     # Ring attention (Megatron-Core through Transformer Engine's P2P context parallel,
     # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
@@ -214,10 +230,10 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     lost = ov.lost_share(dev.comm_compute_interference)
     ring = ov.overlapped_s(lc["cp"], core, 0.0, lost)
     tp_f, tp_b = ov.tp_exposed(plan, dev, lc, lost)
-    # the share of layers recomputed whole, which re-run their forward collectives too
-    whole = {n: rcp.full_layers(tr, n) for n in set(plan.layers_per_stage)}
-    full = sum(map(whole.__getitem__, plan.layers_per_stage)) / plan.model.layers
-    rec_comm = (tp_f + ring + lc["cp_f"] + lc["ep_f"]) * full
+    # the share of layers recomputed whole, which re-run their forward collectives too; of
+    # those whose attention is recomputed, which exchange K/V again; and per-op SAC's TP share
+    full, attention = (_layer_share(plan, fn) for fn in (rcp.full_layers, rcp.recomputed_layers))
+    rec_comm = (tp_f + lc["ep_f"]) * full + (ring + lc["cp_f"]) * attention + tp_f * _op_sac_tp_share(plan)
     host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
     rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
     fc = tp_f + ring + lc["cp_f"] + lc["ep_f"]

@@ -32,6 +32,9 @@ TWO_RANK = {
     "tied-tp2": plan(TIED_LLAMA, tp=2),
     "cp2": plan(GPT, cp=2),
     "cp2-selective": plan(LLAMA, cp=2, recompute="selective"),
+    "cp2-op": plan(LLAMA, cp=2, recompute="op"),
+    "cp2-layer2": plan(GPT, cp=2, recompute="layer:2"),
+    "ep2-dp2-op": plan(MOE_LLAMA, dp=2, ep=2, recompute="op"),   # the saved all-to-alls are not re-sent
     "cp2-zero2": plan(GPT, cp=2, zero=2),
     "ep2-dp2": plan(MOE_GPT, dp=2, ep=2),
     "moe-dp2": plan(MOE_GPT, dp=2),
@@ -43,6 +46,7 @@ FOUR_RANK = {
     "tied-pp2-tp2-sp": plan(TIED_LLAMA, pp=2, tp=2, sequence_parallel=True),
     "cp2-dp2": plan(GPT, cp=2, dp=2),
     "cp2-tp2-sp": plan(LLAMA, cp=2, tp=2, sequence_parallel=True),
+    "cp2-tp2-sp-op": plan(LLAMA, cp=2, tp=2, sequence_parallel=True, recompute="op"),
     "cp2-pp2": plan(GPT, cp=2, pp=2),
     "ep2-dp4": plan(MOE_LLAMA, dp=4, ep=2),
     "ep2-cp2-dp2": plan(MOE_GPT, dp=2, cp=2, ep=2),

@@ -104,6 +104,10 @@ def test_closed_forms_of_the_tiny_gpt():
 def test_unmodelled_layouts_are_value_errors():
     with pytest.raises(ValueError, match="model.experts=4 with training.recompute=full"):
         cp.expected_collectives(make_plan(dict(LLAMA, experts=4, top_k=2), dp=2, recompute="full"))
+    with pytest.raises(ValueError, match="model.experts=4 with training.recompute=layer:2"):
+        cp.expected_collectives(make_plan(dict(LLAMA, experts=4, top_k=2), dp=2, recompute="layer:2"))
+    with pytest.raises(ValueError, match="training.recompute=op and parallel.tp=2"):
+        cp.expected_collectives(make_plan(dict(LLAMA, experts=4, top_k=2), tp=2, recompute="op"))
     with pytest.raises(ValueError, match="grad_compression=powersgd"):
         cp.expected_collectives(make_plan(dp=2, grad_compression="powersgd"))
 
@@ -166,6 +170,13 @@ TWO_RANK = {
     "tp2-recompute-full": make_plan(LLAMA, tp=2, recompute="full"),
     "tp2-sp-adamw": make_plan(tp=2, sequence_parallel=True, optimizer="adamw"),
     "tp2-sp-recompute-full": make_plan(LLAMA, tp=2, sequence_parallel=True, recompute="full"),
+    # torchtitan's per-op SAC re-runs wo's all-reduce, or under SP both inputs' all-gathers;
+    # the saved reduce-scatters are served from its cache (``executors.record.replayed``)
+    "tp2-recompute-op": make_plan(LLAMA, tp=2, recompute="op"),
+    "tp2-sp-recompute-op": make_plan(LLAMA, tp=2, sequence_parallel=True, recompute="op"),
+    "tp2-recompute-layer2": make_plan(LLAMA, tp=2, recompute="layer:2"),
+    "tp2-sp-recompute-block1": make_plan(LLAMA, tp=2, sequence_parallel=True,
+                                         recompute={"layers": 1, "method": "block"}),
     "pp2-1f1b": make_plan(pp=2, schedule="1f1b"),
     "pp2-interleaved": make_plan(pp=2, vpp=2, schedule="interleaved-1f1b"),
     "pp2-zero-bubble": make_plan(pp=2, vpp=2, schedule="zero-bubble"),

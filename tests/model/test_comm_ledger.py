@@ -18,9 +18,10 @@ from simcore.model import collective_plan as cplan
 from simcore.model import collectives as coll
 from simcore.model import comm_ledger as ledger
 from simcore.model import memory as mem
+from simcore.model import recompute as rcp
 from simcore.model.layout_calls import ep_axis
 from simcore.plan.load import plan_from_dict
-from simcore.plan.spec import Plan, Recompute, ZeroStage
+from simcore.plan.spec import Plan, ZeroStage
 from topologies.placement import rank_grid
 
 LAYOUTS = {
@@ -31,8 +32,16 @@ LAYOUTS = {
     "zero3-dp2-pp2": ({"dp": 2, "pp": 2, "zero": 3}, {}, {}),
     "zero3-dp2-pp2-interleaved": ({"dp": 2, "pp": 2, "vpp": 2, "zero": 3, "schedule": "interleaved-1f1b"}, {}, {}),
     "tp2": ({"tp": 2}, {}, {}),
+    "dp2-tp2": ({"dp": 2, "tp": 2}, {}, {}),                 # replicate: one all-reduce per step, as DDP
+    "zero3-dp2-tp2-sp": ({"dp": 2, "tp": 2, "zero": 3, "sequence_parallel": True}, {}, {}),
     "tp4-sp": ({"tp": 4, "sequence_parallel": True}, {}, {}),
     "tp2-full-recompute": ({"tp": 2}, {}, {"recompute": "full"}),
+    "tp2-sp-layer2": ({"tp": 2, "sequence_parallel": True}, {}, {"recompute": "layer:2"}),
+    "tp2-op": ({"tp": 2}, {}, {"recompute": "op"}),
+    "tp4-sp-op": ({"tp": 4, "sequence_parallel": True}, {}, {"recompute": "op"}),
+    "cp2-selective": ({"cp": 2}, {}, {"recompute": "selective"}),
+    "cp2-tp2-op": ({"cp": 2, "tp": 2}, {}, {"recompute": "op"}),
+    "ep2-dp2-op": ({"dp": 2, "ep": 2}, {"experts": 4, "top_k": 2}, {"recompute": "op"}),
     "pp2-1f1b": ({"pp": 2}, {}, {}),
     "pp4-interleaved": ({"pp": 4, "vpp": 2, "schedule": "interleaved-1f1b"}, {"layers": 8}, {}),
     "tp2-pp2": ({"tp": 2, "pp": 2}, {}, {}),
@@ -86,10 +95,12 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
         if first:   # the embedding's Partial output reaches the SP region by an all-reduce; Megatron reduce-scatters
             out["tp", "all_reduce"] -= mbs * act
             out["tp", "reduce_scatter"] += mbs * act
-    if par.tp > 1 and tr.recompute == Recompute.FULL:
+    redo = sum(rcp.full_layers(tr, stages[v]) for v in holds)
+    if par.tp > 1 and redo:
         # torch's non-reentrant checkpoint stops recomputing once backward's tensors are
-        # rebuilt: the block's last forward all-reduce is not re-run; Megatron re-runs it
-        out["tp", "all_reduce"] += mbs * layers * act
+        # rebuilt: the block's last forward all-reduce (SP: reduce-scatter) is not re-run;
+        # Megatron re-runs it
+        out["tp", "reduce_scatter" if par.sequence_parallel else "all_reduce"] += mbs * redo * act
     if par.pp > 1 and par.tp > 1 and not par.sequence_parallel:
         # every TP rank sends the whole activation; Megatron's scatter/gather sends 1/tp each
         out["pp", "send"] /= par.tp

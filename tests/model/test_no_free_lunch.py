@@ -275,3 +275,35 @@ def test_fp32_activations_cost_twice_the_bytes_on_the_wire(model, tp, pp, cp):
     (tp32, p2p32), (tp16, p2p16) = comm("fp32"), comm("bf16")
     assert tp32 > 1.5 * tp16
     assert p2p32 >= p2p16 and (pp == 1 or p2p32 > p2p16)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([1, 2, 4, 8]),
+       cp=st.sampled_from([1, 2]), sp=st.booleans(), recompute=st.sampled_from(["selective", "op", "layer:2"]))
+def test_recomputed_layers_pay_for_the_collectives_they_re_run(model, node, tp, cp, sp, recompute):
+    """A recomputed attention exchanges K/V again (the ring runs inside it); torchtitan's
+    per-op SAC all-gathers the attention's and the MLP's inputs again under SP, or all-reduces
+    wo's output again without it (it saves only the reduce-scatters); a layer recomputed whole
+    re-runs its forward's collectives. Each is charged in the step's backward communication
+    and in the bytes the model says it moves; Megatron's selective recompute re-runs no TP
+    collective."""
+    from simcore.model import comm_ledger
+    from simcore.model.step_costs import step_costs
+    if tp == 1 and cp == 1:
+        return
+
+    def plan(rc: str):
+        doc = plan_to_dict(_plan(model, node, tp=tp, cp=cp, dp=64 // (tp * cp), zero=1, recompute=rc))
+        doc["parallel"]["sequence_parallel"] = sp and tp > 1
+        return plan_from_dict(doc)
+    try:
+        none, rc = plan("none"), plan(recompute)
+    except PlanError:
+        return
+    (comm0, bytes0), (comm1, bytes1) = ((sum(step_costs(p).backward_comm_s), comm_ledger.step_bytes(p))
+                                        for p in (none, rc))
+    re_runs_tp = tp > 1 and recompute != "selective"
+    assert (bytes1["tp", "all_gather" if sp else "all_reduce"] > bytes0["tp", "all_gather" if sp else "all_reduce"]) \
+        == re_runs_tp
+    assert (bytes1["cp", "send"] > bytes0["cp", "send"]) == (cp > 1)
+    assert comm1 > comm0 if re_runs_tp or cp > 1 else comm1 == comm0
