@@ -44,8 +44,11 @@ def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
 
 
 def route(logits: torch.Tensor, top_k: int, cap: int):
-    """(token index, slot in the (experts * cap) buffer, weight) of every kept assignment,
-    and the auxiliary loss. ``logits`` (N, E)."""
+    """(token index, slot in the (experts * cap) buffer, weight) of every one of the N x k
+    assignments, and the auxiliary loss. ``logits`` (N, E). A dropped assignment has slot
+    ``experts * cap`` (one row past the buffer, which ``moe_forward`` discards) and weight 0:
+    the shapes do not depend on the routing, so the model also runs on fake tensors
+    (``executors.memory_trace``), where selecting the kept ones would be data-dependent."""
     n, e = logits.shape
     gates = F.softmax(logits, dim=-1, dtype=torch.float32)          # (N, E)
     weights, chosen = torch.topk(gates, top_k, dim=-1)               # (N, k)
@@ -56,11 +59,11 @@ def route(logits: torch.Tensor, top_k: int, cap: int):
     position = (order.cumsum(0) - 1).view(top_k, n, e).transpose(0, 1)
     position = (position * onehot).sum(-1)                           # (N, k)
     keep = position < cap
-    tok = torch.arange(n, device=logits.device)[:, None].expand(n, top_k)[keep]
-    slot = (chosen * cap + position)[keep]
+    tok = torch.arange(n, device=logits.device)[:, None].expand(n, top_k).reshape(-1)
+    slot = torch.where(keep, chosen * cap + position, e * cap).reshape(-1)
     fraction = onehot.sum(1).float().mean(0) / top_k                 # f_e: share of assignments
     aux = e * (fraction * gates.mean(0)).sum()
-    return tok, slot, weights[keep], aux
+    return tok, slot, (weights * keep).reshape(-1), aux
 
 
 class _AllToAll(torch.autograd.Function):
@@ -101,7 +104,7 @@ def moe_forward(moe, x: torch.Tensor) -> torch.Tensor:
     tokens = x.reshape(-1, shape[-1])                                # (N, H)
     cap = capacity(tokens.shape[0], e, moe.top_k, moe.capacity_factor)
     tok, slot, weight, aux = route(moe.router(tokens), moe.top_k, cap)
-    buf = tokens.new_zeros(e * cap, shape[-1]).index_copy(0, slot, tokens[tok])
+    buf = tokens.new_zeros(e * cap + 1, shape[-1]).index_copy(0, slot, tokens[tok])[:e * cap]   # + the dropped row
     group = moe.ep_group
     ep = dist.get_world_size(group) if group is not None else 1
     if ep > 1:
@@ -113,6 +116,7 @@ def moe_forward(moe, x: torch.Tensor) -> torch.Tensor:
     done = torch.stack(outs, 1).reshape(e * cap, -1)                 # (source, local expert, slot)
     if ep > 1:
         done = _AllToAll.apply(done, group)
+    done = torch.cat([done, done.new_zeros(1, done.shape[-1])])      # the dropped assignments' row
     out = torch.zeros_like(tokens).index_add(0, tok, (done[slot] * weight[:, None]).to(tokens.dtype))
     if torch.is_grad_enabled():
         out = _AuxLoss.apply(out, aux, moe.aux_scale)

@@ -254,6 +254,8 @@ def shape_activation_parts(vpp: int, shape: tuple[int, int, float, bool, bool], 
         stash_work = rcp.chunk_stash_bytes(tr, n, act), rcp.working_bytes(tr, n, act)
         if per_chunk is not None:
             per_chunk[n] = stash_work
-    layers = chunks * stash_work[0] + stash_work[1]
-    return (layers, chunks / vpp * emb if first else 0.0, last if final else 0.0,
-            max(0.0, transient - overlap) if final else 0.0, owed * n * wstash)
+    loss, spike = (last, max(0.0, transient - overlap)) if final else (0.0, 0.0)
+    # the loss's tensors are freed by its backward, before any layer's backward rebuilds its
+    # working set: the two are never live together, so the larger one counts
+    layers = chunks * stash_work[0] + max(0.0, stash_work[1] - loss - spike)
+    return layers, chunks / vpp * emb if first else 0.0, loss, spike, owed * n * wstash

@@ -204,14 +204,11 @@ def comm_buffer_bytes(plan: Plan, sp: StageParams) -> float:
 
 
 def sharded_gradients(plan: Plan) -> bool:
-    """Whether a rank holds only its shard of the gradients through the step. FSDP2
-    (``parallel.zero`` 2 or 3) reduce-scatters each block's gradients right after its
-    backward, every micro-batch, when it runs alone; under torch.distributed.pipelining a
-    stage skips gradient sync until its last backward (``PipelineStage`` with
-    ``set_requires_gradient_sync(False)``, then ``perform_reduce_grad``), so it accumulates
-    whole unsharded gradients and reduce-scatters once per step, as DDP keeps whole
-    gradients for ZeRO 0-1 (``simcore.model.fsdp_calls.fsdp_phase_calls`` counts the
-    calls). A ZeRO-2 that shards gradients pays a reduce-scatter per micro-batch for it."""
+    """Whether a rank holds only its shard of the gradients through the step: FSDP2 (zero 2,
+    3) reduce-scatters each block's gradients after its backward, every micro-batch (paid in
+    time), when it runs alone; under torch.distributed.pipelining a stage skips gradient sync
+    until its last backward (``set_requires_gradient_sync(False)``, ``perform_reduce_grad``)
+    and keeps whole gradients, as DDP does for ZeRO 0-1 (``fsdp_calls.fsdp_phase_calls``)."""
     return plan.parallel.zero >= ZeroStage.GRADIENTS and plan.parallel.pp == 1
 
 
@@ -249,25 +246,28 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     if tr.offload == Offload.OPTIMIZER_PARAMS:
         host += weights + grads
         weights = grads = 0.0
+    end, resharded = backward_end_buffers(plan, sp) if grads else (0.0, 0.0)
     return {"weights": weights, "gradients": grads, "optimizer_states": opt, "host": host,
-            "root_grad_buffers": root_gradient_buffers(plan, sp) if grads else 0.0}
+            "backward_end": end, "resharded_at_end": resharded}
 
 
-def root_gradient_buffers(plan: Plan, sp: StageParams) -> float:
-    """Bytes beside the whole sharded gradients at the backward's end under FSDP2: the root
-    group (embedding, final norm, output) runs its backward last, so its post-backward holds
-    every block's sharded gradient, the root's parameters gathered (ZeRO-3), and the root's
-    unsharded gradients in the parameter dtype and their copy in the reduce dtype that the
-    reduce-scatter takes (``_fsdp_collectives.py`` ``foreach_reduce``: ``_to_dtype_if_needed``
-    to ``reduce_dtype``). torch's FSDPMemTracker puts the step's peak there for one micro-batch
-    under TP, where the logits no longer outweigh it. Zero where the gradients are not sharded
-    per block (DDP, ZeRO 0-1, DeepSpeed, a pipeline's deferred reduce-scatter)."""
+def backward_end_buffers(plan: Plan, sp: StageParams) -> tuple[float, float]:
+    """Bytes beside the whole sharded gradients at the backward's end under FSDP2, the larger of
+    the first block's post-backward (its unsharded gradient and the reduce dtype's copy that
+    ``foreach_reduce`` reduce-scatters, its parameters and, ZeRO-3, the root's gathered: FSDP2
+    keeps the root unsharded after forward) and the root group's, which runs last (its
+    parameters gathered and its gradients in both dtypes). torch's FSDPMemTracker puts the
+    peak there under TP, or where the gradients outweigh the activations (an MoE's experts).
+    Zero where gradients are not sharded per block (DDP, ZeRO 0-1, DeepSpeed, pipelining).
+    Second: the gathered parameters ZeRO-2 has resharded by then (every block's but the first's)."""
     par, tr = plan.parallel, plan.training
     if not (sharded_gradients(plan) and par.zero_impl == ZeroImpl.FSDP2 and par.dp * par.cp > 1):
-        return 0.0
-    wb = weight_bytes_per_param(tr.precision)
-    gathered = wb * sp.ends if par.zero == ZeroStage.WEIGHTS else 0.0
-    return gathered + (wb + coll.grad_wire_bytes(plan)) * sp.ends
+        return 0.0, 0.0
+    wb, zero3 = weight_bytes_per_param(tr.precision), par.zero == ZeroStage.WEIGHTS
+    gathered = wb * (sp.ends + sp.layer_max) if zero3 else 0.0   # the root's and the first block's
+    reduce = wb + coll.grad_wire_bytes(plan)
+    zero2 = wb * max(0.0, sp.total - sp.ends - sp.layer_max) if par.zero == ZeroStage.GRADIENTS else 0.0
+    return max(gathered + reduce * sp.layer_max, (wb * sp.ends if zero3 else 0.0) + reduce * sp.ends), zero2
 
 
 #: ``_row_maker``'s kinds of rank by what they read and ``params`` (``dp_costs.rank_costs`` keeps one a layout).
@@ -372,11 +372,11 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
         mem = dict(zip(ROW_KEYS, row))
         detail = None
         if terms_too:
-            root_grads = 0.0
+            end = 0.0
             if not grads_live and row[ROW_GRADIENTS] > 0:   # the backward's end: no activations
                 act, buffers = (0.0,) * len(act), dict.fromkeys(buffers, 0.0)
-                root_grads = states["root_grad_buffers"]
-            buffers = {**buffers, "fsdp_root_grads": root_grads}
+                end = states["backward_end"]
+            buffers = {**buffers, "fsdp_backward_end": end}
             tensors = sum(row[:ROW_FRAMEWORK])
             detail = {**{k: mem[k] for k in ("weights", "gradients", "optimizer_states")},
                       **{f"activations_{k}": v for k, v in zip(acts.ACTIVATION_PARTS, act)}, **buffers,

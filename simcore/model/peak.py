@@ -72,15 +72,16 @@ def rank_row(states: dict[str, float], activations: float, buffers: float, conte
              grads_live: bool) -> tuple[float, ...]:
     """One rank's row (``ROW_KEYS``) from its model states and its activation and buffer sums:
     where the gradients are not live at the activations' peak, the peak is the backward's
-    start or its end (every gradient, and FSDP2's root group's buffers,
-    ``memory.root_gradient_buffers``), whichever is larger; then the allocator's margin and the
+    start or its end (every gradient, and FSDP2's buffers there,
+    ``memory.backward_end_buffers``), whichever is larger; then the allocator's margin and the
     CUDA context."""
     weights, grads, opt = states["weights"], states["gradients"], states["optimizer_states"]
     if not grads_live:
-        if activations + buffers >= grads + states["root_grad_buffers"]:
+        if activations + buffers >= grads + states["backward_end"] - states["resharded_at_end"]:
             grads = 0.0
-        else:   # the backward's end (FSDP2's root post-backward) or the optimizer step
-            activations, buffers = 0.0, states["root_grad_buffers"]
+        else:   # the backward's end (FSDP2's post-backwards, ZeRO-2's blocks resharded) or the optimizer step
+            activations, buffers = 0.0, states["backward_end"]
+            weights -= states["resharded_at_end"]
     tensors = weights + grads + opt + activations + buffers
     framework = context + margin * tensors
     return weights, grads, opt, activations, buffers, framework, tensors + framework, states["host"]
