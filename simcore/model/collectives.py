@@ -217,6 +217,13 @@ def tp_act_bytes(plan: Plan) -> float:
     return comm_act_bytes(tr.precision) * tr.micro_batch * (m.seq_len // plan.parallel.cp) * m.hidden
 
 
+def tp_call_bytes(plan: Plan) -> dict[str, float]:
+    """Bytes of one TP collective of a layer by kind: SP's all-gathers move ``sp_gathered_bytes``,
+    its reduce-scatters and plain TP's all-reduces the activation (``tp_act_bytes``)."""
+    act = tp_act_bytes(plan)
+    return {"all_gather": sp_gathered_bytes(plan), "reduce_scatter": act, "all_reduce": act}
+
+
 def sp_gathered_bytes(plan: Plan) -> float:
     """The same activation as sequence parallelism's all-gathers move it (``sp_gather_element_bytes``)."""
     m, tr = plan.model, plan.training

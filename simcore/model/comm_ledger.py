@@ -48,8 +48,7 @@ def _layer_bytes(plan: Plan, layers: int) -> Counter:
     if par.tp > 1:   # per forward: 2 all-reduces, or under SP 2 all-gathers and 2 reduce-scatters;
         # the backward mirrors them, a recomputed layer's forward repeats them, and per-op SAC
         # repeats those it does not save
-        gathered = coll.sp_gathered_bytes(plan)   # FP8 under TE
-        size = {"all_gather": gathered, "reduce_scatter": act, "all_reduce": act}
+        size = coll.tp_call_bytes(plan)   # the all-gathers in FP8 under TE
         for kind in ("all_gather", "reduce_scatter") if par.sequence_parallel else ("all_reduce",):
             out["tp", kind] += 2 * size[kind] * (2 * layers + redo)
         if tr.recompute == Recompute.OP:

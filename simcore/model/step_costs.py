@@ -210,9 +210,8 @@ def _op_sac_tp_share(plan: Plan) -> float:
     par = plan.parallel
     if plan.training.recompute != Recompute.OP or par.tp == 1:
         return 0.0
-    act, gathered = coll.tp_act_bytes(plan), coll.sp_gathered_bytes(plan)
-    size = {"all_gather": gathered, "reduce_scatter": act, "all_reduce": act}
-    forward = 2 * (gathered + act) if par.sequence_parallel else 2 * act
+    size = coll.tp_call_bytes(plan)
+    forward = 2 * (size["all_gather"] + size["reduce_scatter"]) if par.sequence_parallel else 2 * size["all_reduce"]
     return sum(n * size[kind] for kind, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items()) / forward
 
 
