@@ -60,6 +60,8 @@ from topologies.placement import AXES
 LEARNING_RATE = 1e-3
 ADAM_BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1
+#: SGD's momentum: Megatron-LM's ``--sgd-momentum`` default (megatron/training/arguments.py), one state a parameter.
+SGD_MOMENTUM = 0.9
 #: PowerSGD rank and warm-up iterations (Vogels et al. 2019; torch's powerSGD_hook defaults).
 POWERSGD_RANK = 1
 POWERSGD_START_ITER = 2
@@ -220,8 +222,9 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh,
     cls, kwargs = {
         Optimizer.ADAMW: (torch.optim.AdamW, {"betas": ADAM_BETAS, "weight_decay": WEIGHT_DECAY}),
         Optimizer.ADAM: (torch.optim.Adam, {"betas": ADAM_BETAS}),
-        Optimizer.SGD: (torch.optim.SGD, {}),
-    }[opt]
+        Optimizer.SGD: (torch.optim.SGD, {"momentum": SGD_MOMENTUM}),
+        Optimizer.ADAFACTOR: (torch.optim.Adafactor, {"weight_decay": WEIGHT_DECAY}),
+    }[opt]   # adamw8bit is refused (executors.support)
     par = plan.parallel
     group = dp_mesh.get_group() if par.ep == 1 else edp_group
     if par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1 and group is not None:
@@ -303,7 +306,7 @@ class Trainer:
         a context manager that times one piece of compute."""
         span = span or (lambda kind, name: contextlib.nullcontext())
         for opt_part in self.parts:
-            opt_part.zero_grad(set_to_none=True)
+            opt_part.zero_grad(set_to_none=self.plan.training.grads_to_none)
         if self.cp_positions is not None:   # this context-parallel rank's share of each sequence
             tokens, labels = tokens[:, self.cp_positions], labels[:, self.cp_positions]
         with self.loss_context():

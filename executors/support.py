@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from executors.float8 import TORCHAO_RECIPES, torchao_available
 from executors.recompute import check_recompute
-from simcore.plan.spec import CpComm, GradCompression, MoeDispatcher, Offload, Plan, Precision, Schedule, ZeroImpl, ZeroStage
+from simcore.plan.spec import (CpComm, GradCompression, MoeDispatcher, Offload, Optimizer, Plan, Precision, Schedule,
+                               ZeroImpl, ZeroStage)
+
+
+def _dtensor_parameters(plan: Plan) -> bool:
+    """Whether the executor's parameters are DTensors: TP, FSDP2, or FSDP2's ``replicate``
+    (``executors.parallel.uses_replicate``: under zero-bubble pipelining)."""
+    par = plan.parallel
+    return par.tp > 1 or par.zero >= ZeroStage.GRADIENTS or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1)
 
 
 def check_executable(plan: Plan, device_type: str) -> None:
@@ -62,6 +70,11 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "layers (the embedding or the loss alone) is priced, not run by the executor"),
         (par.etp == par.tp, f"parallel.expert_tp={par.expert_tp} is priced, not run: the executor's experts are "
          "split over the tp ranks and its ep ranks come from dp x cp (expert_tp = tp)"),
+        (tr.optimizer != Optimizer.ADAMW8BIT, "training.optimizer=adamw8bit is priced, not run: its 8-bit states "
+         "need bitsandbytes' CUDA kernels or torchao's compiled ones, which the executor does not install"),
+        (tr.optimizer != Optimizer.ADAFACTOR or not _dtensor_parameters(plan), "training.optimizer=adafactor "
+         "is priced, not run, with DTensor parameters (parallel.tp>1, zero>=2, or zero-bubble pipelining): "
+         "torch.optim.Adafactor's factored statistics fail on sharded DTensors"),
         (par.moe_dispatcher == MoeDispatcher.ALLTOALL, "parallel.moe_dispatcher=deepep is priced, not run: the "
          "executor dispatches tokens with all_to_all_single (moe_dispatcher: alltoall)"),
     ]

@@ -23,7 +23,7 @@ from simcore.model import executor_acts as xa
 from simcore.model import recompute as rcp
 from simcore.model import schedules as sch
 from simcore.model import workload as wl
-from simcore.plan.spec import Loss, Plan, Precision, Recompute, Schedule
+from simcore.plan.spec import Kernels, Loss, Plan, Precision, Recompute, Schedule
 
 
 @functools.lru_cache(maxsize=1024)
@@ -184,6 +184,10 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
     wide = 2 if tr.precision == Precision.FP32 else 1   # fp32 training saves 4-byte tensors, not 2
     if wide > 1:
         act = rcp.LayerActivations(whole=wide * act.whole, kept=wide * act.kept, boundary=wide * act.boundary)
+    if tr.kernels == Kernels.EAGER:   # per-op SAC saves matmul outputs only: its kept set is the same
+        extra = wl.eager_activation_bytes(m, act_bytes=wide * wl.ACT_BYTES, **kw)
+        act = rcp.LayerActivations(whole=act.whole + extra, kept=act.kept + (extra if tr.recompute != Recompute.OP
+                                                                             else 0.0), boundary=act.boundary)
     kept, transient = loss_bytes(plan)
     return (act, wide * wl.embedding_activation_bytes(m, **kw), wide * last + kept, transient,
             wide * _wgrad_stash_per_layer(plan))

@@ -92,8 +92,10 @@ DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 PARAM_ELEMENT_BYTES = 4
 _ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1,
                       Precision.MXFP8: 2, Precision.NVFP4: 2}   # MX/NV recipes: activations stay 16-bit
-#: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``;
-#: adam.py ``exp_avg.lerp_(grad)``, ``exp_avg_sq.mul_().addcmul_(grad, grad)``).
+#: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``, with
+#: momentum ``buf.mul_(momentum).add_(grad)``; adam.py ``exp_avg.lerp_(grad)``,
+#: ``exp_avg_sq.mul_().addcmul_(grad, grad)``). The executor runs neither 8-bit AdamW nor
+#: Adafactor on DTensor parameters (``executors.support``).
 OPTIMIZER_GRAD_READS = {Optimizer.SGD: 1, Optimizer.ADAM: 3, Optimizer.ADAMW: 3}
 
 
@@ -295,7 +297,10 @@ def _check_modelled(plan: Plan) -> None:
              (par.etp == par.tp, f"parallel.expert_tp={par.expert_tp}: the folded expert grid's collectives are "
               "not modelled at torch's granularity (the executor does not run it)"),
              (par.moe_dispatcher.value == "alltoall", "parallel.moe_dispatcher=deepep: DeepEP's dispatch is not "
-              "modelled at torch's granularity (the executor does not run it)")]
+              "modelled at torch's granularity (the executor does not run it)"),
+             (not par.sequence_parallel or tr.optimizer in OPTIMIZER_GRAD_READS,
+              f"training.optimizer={tr.optimizer.value} with sequence parallelism: how often its step reads a "
+              "DTensor gradient is not modelled (the executor does not run it)")]
     for ok, message in rules:
         if not ok:
             raise ValueError(message)

@@ -11,6 +11,7 @@ from simcore.model import compute as cmp
 from simcore.model import end_comm as ec
 from simcore.model import memory as mem
 from simcore.model import workload as wl
+from simcore.model.optim_states import flat_partitions
 from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
 #: DeepSpeed ZeRO-3's default ``stage3_prefetch_bucket_size``: parameter elements fetched
@@ -147,7 +148,7 @@ def optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
     par, tr = plan.parallel, plan.training
     nd = par.dp * par.cp
     owned = sp.total / nd if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
-    k = mem.optimizer_bytes_per_param(tr.precision, tr.optimizer)
+    k = mem.optimizer_bytes_per_param(tr, plan.model.hidden, flat_partitions(plan))
     wb = mem.weight_bytes_per_param(tr.precision)
     if tr.offload == Offload.NONE and dev.optimizer_bytes_per_s > 0:
         return _host_optimizer_s(plan, dev, owned, tensors), 0.0

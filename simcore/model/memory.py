@@ -10,6 +10,7 @@ gradients, stage 3 everything: (2 + 2 + K) * Psi / N_d. FSDP2 (``fully_shard``, 
 over N_d (buffers: ``comm_buffer_terms``). Megatron's distributed optimizer keeps whole
 gradients in the reduce dtype (``collectives.grad_wire_bytes``; fp32 under ``--bf16``:
 2 + 4 + 12/d, its docs' dist_optimizer.md). Pure 16-bit (``master_weights: false``): 2 + 2 + 4.
+K per optimizer (SGD, 8-bit AdamW, Adafactor): ``simcore.model.optim_states``.
 
 Activations (per recompute policy, per schedule's micro-batches in flight, the loss's
 logits) are ``simcore.model.activations``; ``rank_breakdown`` adds everything up per rank,
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 from simcore.model import activations as acts
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
+from simcore.model.optim_states import flat_partitions, optimizer_bytes_per_param, weight_bytes_per_param
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
                                 gradients_at_activation_peak, rank_row, summary_fields)
-from simcore.plan.spec import Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
+from simcore.plan.spec import Offload, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
 #: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
@@ -38,16 +40,6 @@ DDP_BUCKET_BYTES = 25 * 1024**2
 #: stage3_prefetch_bucket_size, stage3_max_live_parameters).
 DS_REDUCE_BUCKET, DS_PREFETCH_BUCKET, DS_MAX_LIVE = 5e8, 5e7, 1e9
 BUCKETS_IN_FLIGHT = 2   # buckets in flight at once: one being reduced while the next fills
-
-
-def weight_bytes_per_param(precision: Precision) -> int:
-    return 4 if precision == Precision.FP32 else 2
-
-
-def optimizer_bytes_per_param(precision: Precision, optimizer: Optimizer) -> int:
-    """K of the ZeRO paper: fp32 master copy (mixed precision only) plus the states."""
-    states = 4 if optimizer == Optimizer.SGD else 8      # SGD momentum, or Adam m and v
-    return states + (0 if precision == Precision.FP32 else 4)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -216,9 +208,7 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     """Weights, gradients and optimizer states on one GPU, and the host bytes of offload."""
     par, tr = plan.parallel, plan.training
     wb, gb = weight_bytes_per_param(tr.precision), coll.grad_wire_bytes(plan)
-    k = optimizer_bytes_per_param(tr.precision, tr.optimizer)
-    if not tr.master_weights:   # pure 16-bit: no fp32 master, states in the 16-bit dtype
-        k = (k - 4) // 2
+    k = optimizer_bytes_per_param(tr, plan.model.hidden, flat_partitions(plan))
     nd = par.dp * par.cp
     nd_e = max(1, nd * par.tp // (par.ep * par.etp))    # expert data parallel (folded: over TP ranks too)
     shard = sp.dense / nd + sp.expert / nd_e           # parameters this GPU owns

@@ -346,6 +346,23 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     return replicated + split / tp
 
 
+def eager_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False,
+                           act_bytes: int = ACT_BYTES) -> float:
+    """What eager PyTorch keeps per layer beyond fused kernels (``training.kernels: eager``): a
+    gated MLP's activation output (``silu(x W1)``, saved by its product with ``x W3``; split
+    by TP), and a Python-written RMSNorm's upcast input and normalised output (Hugging Face's
+    ``LlamaRMSNorm``, torchtune's ``RMSNorm``: ``x.float()`` is saved by ``pow`` and the
+    ``rsqrt`` product, the normalised tensor cast back by the weight's product): 4 bytes an
+    element beside the fused norm's input, two norms a layer. A GeLU MLP (``F.gelu`` keeps its
+    input, FC2 its output) and LayerNorm (torch's native kernel keeps input, mean and rstd)
+    keep what the fused count does."""
+    if not m.gated_mlp:
+        return 0.0
+    f = m.ffn_hidden * (m.top_k * m.capacity_factor if m.moe else 1) + (m.shared_ffn_hidden if m.moe else 0)
+    norms = 2 * 4 * s * b * m.hidden / (tp if sequence_parallel else 1)
+    return act_bytes * s * b * f / tp + norms
+
+
 def embedding_activation_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> float:
     """First stage: the embedding dropout mask (sbh, /t with SP; none without dropout);
     Korthikanti et al. Eq. 3."""

@@ -19,7 +19,7 @@ import yaml
 from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
-    AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, MoeDispatcher, GradCompression, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
+    AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, MoeDispatcher, GradCompression, Kernels, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
     PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, TrainingSpec, ZeroImpl, ZeroStage,
 )
 from topologies.components import CatalogError
@@ -239,6 +239,8 @@ def _training(value) -> TrainingSpec:
                                                "training.grad_compression"),
         master_weights=_bool(doc, "master_weights", w, True),
         loss=Loss.parse(doc.get("loss", "fused"), "training.loss"),
+        kernels=Kernels.parse(doc.get("kernels", "fused"), "training.kernels"),
+        grads_to_none=_bool(doc, "grads_to_none", w, True),
         allocator_margin=_margin(doc),
     )
 
@@ -370,7 +372,8 @@ def plan_to_dict(plan: Plan) -> dict:
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
     for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True),
-                         ("attention_kernel", AttentionKernel.AUTO.value)):
+                         ("attention_kernel", AttentionKernel.AUTO.value), ("kernels", Kernels.FUSED.value),
+                         ("grads_to_none", True)):
         if training[key] == default:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

@@ -226,6 +226,9 @@ def read_torchtitan(text: str) -> Reading:
     f["training.recompute"] = get("activation_checkpoint", "mode", "selective")
     get("activation_checkpoint", "selective_ac_option")
     f["training.offload"] = "optimizer+params" if get("training", "enable_cpu_offload", False) else "none"
+    compiled = get("compile", "enable")   # 0.2.2 on; 6404b932 and before: training.compile
+    compiled = get("training", "compile", False) if compiled is None else compiled
+    f["training.kernels"] = "fused" if compiled else "eager"   # eager PyTorch unless compiled
     name = str(get("optimizer", "name", "AdamW")).lower()
     if name in ("adam", "adamw"):
         f["training.optimizer"] = name

@@ -86,7 +86,9 @@ def _check(plan: Plan) -> None:
         (tr.offload.value == "optimizer", "training.offload", "optimizer",
          "enable_cpu_offload moves parameters, gradients and optimizer states (optimizer+params)"),
         (tr.grad_compression.value != "none", "training.grad_compression", tr.grad_compression.value, ""),
-        (tr.optimizer.value == "sgd", "training.optimizer", "sgd", ""),
+        (tr.optimizer.value not in ("adamw", "adam"), "training.optimizer", tr.optimizer.value,
+         "its optimizer.name is AdamW or Adam"),
+        (not tr.grads_to_none, "training.grads_to_none", "false", "its optimizer frees the gradients (zero_grad)"),
         (m.moe, "model.experts", m.experts, "its llama3 model is dense, SwiGLU, RoPE, untied"),
         (not m.gated_mlp, "model.gated_mlp", "false", "its llama3 model is dense, SwiGLU, RoPE, untied"),
         (m.tied_embeddings, "model.tied_embeddings", "true", "its llama3 model is dense, SwiGLU, RoPE, untied"),
@@ -161,7 +163,9 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
                 "enable_cpu_offload": tr.offload.value == "optimizer+params"}
     doc = {"job": {"description": plan.name or m.name}, "model": model, "training": training,
            "optimizer": {"name": "AdamW" if tr.optimizer.value == "adamw" else "Adam"},
-           "parallelism": _parallelism(plan, target), "activation_checkpoint": {"mode": tr.recompute.value}}
+           "parallelism": _parallelism(plan, target), "activation_checkpoint": {"mode": tr.recompute.value},
+           # torch.compile (model and loss) is what fused element-wise kernels mean there; off, eager PyTorch
+           "compile": {"enable": tr.kernels.value == "fused"}}
     if tr.recompute.value in ("selective", "op"):  # op-level SAC (nearest to Korthikanti et al.'s selective)
         doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": "op"}
     elif tr.recompute.value == "layer":   # every Nth layer
@@ -207,7 +211,7 @@ def torchtitan_args(plan: Plan) -> list[str]:
     args = ["--module", "llama3", "--config", f"llama3_{flavor.lower()}"]
     if plan.parallel.pp > 1:  # torchtitan/trainer.py (0.3.0): "CUDA graphs do not support pipeline parallelism yet"
         doc["training"]["disable_cuda_graphs"] = True
-    for section in ("training", "parallelism"):
+    for section in ("training", "parallelism", "compile"):
         for key, value in doc[section].items():
             flag = f"--{section}.{key.replace('_', '-')}"
             if isinstance(value, bool):

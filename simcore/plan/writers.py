@@ -184,8 +184,11 @@ def _megatron_training_args(plan: Plan) -> list:
         args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]
     # Megatron's default is auto (Transformer Engine's flash or fused kernel): say which
     args.append(("--attention-backend", "flash" if tr.flash_attention else "unfused"))
-    if tr.optimizer.value == "adam":
-        raise _refuse("training.optimizer", "adam", "Megatron-LM", "its --optimizer adam is AdamW")
+    if tr.optimizer.value in ("adam", "adamw8bit", "adafactor"):
+        raise _refuse("training.optimizer", tr.optimizer.value, "Megatron-LM",
+                      "its --optimizer is adam (AdamW) or sgd")
+    if tr.kernels.value == "eager":
+        raise _refuse("training.kernels", "eager", "Megatron-LM", "its layers run fused kernels")
     args.append(("--optimizer", "sgd" if tr.optimizer.value == "sgd" else "adam"))
     if tr.grad_compression.value == "bf16":
         args.append(("--grad-reduce-in-bf16", None))
@@ -312,8 +315,9 @@ def deepspeed_config(plan: Plan) -> dict:
         cfg["communication_data_type"] = tr.grad_compression.value
     elif tr.grad_compression.value != "none":
         raise _refuse("training.grad_compression", tr.grad_compression.value, "DeepSpeed config")
-    if tr.optimizer.value == "sgd":
-        raise _refuse("training.optimizer", "sgd", "DeepSpeed config", "pass torch.optim.SGD to deepspeed.initialize")
+    if tr.optimizer.value in ("sgd", "adamw8bit", "adafactor"):
+        raise _refuse("training.optimizer", tr.optimizer.value, "DeepSpeed config",
+                      "its optimizer types have none; pass the optimizer to deepspeed.initialize")
     cfg["optimizer"] = ({"type": "AdamW"} if tr.optimizer.value == "adamw"
                         else {"type": "Adam", "params": {"adam_w_mode": False}})
     return cfg

@@ -93,7 +93,7 @@ def reference(plan) -> tuple[list[float], dict[str, torch.Tensor]]:
     it a micro-batch at a time, as the ranks do: an expert's capacity and the auxiliary loss
     are per call (``executors.moe``)."""
     model = build_model(plan.model, seed=0)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=parallel.SGD_MOMENTUM)
     calls = plan.training.global_batch // plan.training.micro_batch if plan.model.moe else 1
     moe.set_aux_scale(model, calls)
     losses = []
@@ -276,6 +276,17 @@ def test_fp8_the_executor_cannot_run_is_a_clear_error(recipe, device, message):
         mp.setattr(support, "torchao_available", lambda: device == "cuda")
         with pytest.raises(ValueError, match=message):
             parallel.check_executable(fp8, device)
+
+
+@pytest.mark.parametrize("optimizer, parallel_kw, message", [
+    ("adamw8bit", {"dp": 2}, "optimizer=adamw8bit is priced, not run"),
+    ("adafactor", {"tp": 2}, "optimizer=adafactor is priced, not run, with DTensor parameters"),
+    ("adafactor", {"dp": 2, "zero": 3}, "optimizer=adafactor is priced, not run, with DTensor parameters"),
+])
+def test_optimizers_the_executor_cannot_run_are_clear_errors(optimizer, parallel_kw, message):
+    with pytest.raises(ValueError, match=message):
+        parallel.check_executable(make_plan(LLAMA, optimizer=optimizer, **parallel_kw), "cpu")
+    parallel.check_executable(make_plan(LLAMA, optimizer="adafactor", dp=2, zero=1), "cpu")   # plain parameters
 
 
 def test_fp16_on_cpu_is_a_clear_error():

@@ -17,4 +17,5 @@ torchrun --nnodes 1 --nproc-per-node 8 -m torchtitan.train \
     --parallelism.context-parallel-degree 1 \
     --parallelism.expert-parallel-degree 1 \
     --parallelism.pipeline-parallel-degree 1 \
+    --compile.enable \
     activation-checkpoint:selective

@@ -23,4 +23,5 @@ torchrun --nnodes 1 --nproc-per-node 8 -m torchtitan.train \
     --parallelism.pipeline-parallel-layers-per-stage 8 \
     --parallelism.pipeline-parallel-first-stage-less-layers 0 \
     --parallelism.pipeline-parallel-last-stage-less-layers 0 \
+    --compile.enable \
     activation-checkpoint:selective

@@ -164,6 +164,7 @@ TWO_RANK = {
     "dp2-three-buckets": make_plan(BIG, dp=2, gb=4),
     "dp2-fp16-compression": make_plan(dp=2, grad_compression="fp16"),
     "zero1-adamw": make_plan(LLAMA, dp=2, zero=1, optimizer="adamw"),
+    "zero1-adafactor": make_plan(LLAMA, dp=2, zero=1, optimizer="adafactor"),
     "zero2": make_plan(dp=2, zero=2),
     "zero3-recompute-full": make_plan(dp=2, zero=3, recompute="full"),
     "tp2": make_plan(LLAMA, tp=2),

@@ -5,7 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from simcore.plan.load import load_plan, plan_from_dict
-from simcore.plan.spec import Offload, Precision, Schedule, ZeroStage
+from simcore.plan.spec import Kernels, Offload, Precision, Schedule, ZeroStage
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted((ROOT / "plans").glob("*.yaml"))
@@ -35,6 +35,7 @@ def _variants() -> dict:
         "v-zero2-offload-fp8": replace(base, parallel=replace(par, zero=ZeroStage.GRADIENTS),
                                        training=replace(tr, offload=Offload.OPTIMIZER, precision=Precision.FP8)),
         "v-zero3-paramoffload": replace(base, training=replace(tr, offload=Offload.OPTIMIZER_PARAMS)),
+        "v-zero3-eager": replace(base, training=replace(tr, kernels=Kernels.EAGER)),
         "v-pp-uneven": replace(base, parallel=replace(par, pp=4, dp=2, zero=ZeroStage.NONE, stage_layers=(7, 9, 9, 7))),
         "v-zero-bubble-cp": replace(base, parallel=replace(par, pp=2, cp=2, dp=2, vpp=2, schedule=Schedule.ZERO_BUBBLE)),
         "v-interleaved-tp": replace(base, parallel=replace(par, tp=2, pp=2, dp=2, vpp=2, zero=ZeroStage.NONE,

@@ -120,6 +120,7 @@ def test_torchtitan_03_parses_the_command_and_accepts_the_layout(name):
     assert dims.dp_replicate * dims.dp_shard == par.dp
     assert cfg.training.seq_len == plan.model.seq_len and cfg.training.global_batch_size == plan.training.global_batch
     assert len(cfg.model_spec.model.layers) == plan.model.layers
+    assert cfg.compile.enable == (plan.training.kernels.value == "fused")   # compiled kernels are fused ones
     ac = type(cfg.activation_checkpoint).__qualname__.lower()
     assert plan.training.recompute.value.split("-")[0] in ac
     if par.pp > 1:

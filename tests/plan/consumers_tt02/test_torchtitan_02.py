@@ -44,6 +44,7 @@ def test_torchtitan_02_loads_the_toml(name, tmp_path):
     assert (dims.tp, dims.pp, dims.cp, dims.dp_replicate * dims.dp_shard) == (
         plan.parallel.tp, plan.parallel.pp, plan.parallel.cp, plan.parallel.dp)
     assert cfg.training.seq_len == plan.model.seq_len and cfg.activation_checkpoint.mode == plan.training.recompute.value
+    assert cfg.compile.enable == (plan.training.kernels.value == "fused")   # compiled kernels are fused ones
     if plan.parallel.pp == 1:
         return
     layers = plan.model.layers

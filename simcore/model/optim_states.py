@@ -1,0 +1,52 @@
+"""Bytes per parameter of the weights and of what the optimizer keeps (K of the ZeRO paper).
+
+Rajbhandari et al. (SC'20, Sec. 3.1): mixed-precision Adam keeps K = 12 bytes per parameter,
+the fp32 master copy (4) and the fp32 momentum and variance (8). The other optimizers keep:
+
+- SGD: its momentum (4; Megatron's ``--sgd-momentum`` 0.9, the executor's too).
+- 8-bit AdamW: momentum and variance as uint8 codes with one fp32 scale per block
+  (torchao ``torchao/optim/adam.py`` @36027d82 ``AdamW8bit(block_size=256)``,
+  ``subclass_8bit.py``: ``codes`` uint8, ``scale`` fp32 of ``numel // block_size``;
+  bitsandbytes' block-wise 8-bit states are alike): 2 + 8/256.
+- Adafactor (Shazeer & Stern 2018; ``torch.optim.Adafactor``, Hugging Face's default
+  ``beta1=None``): no momentum, and for an r x c matrix a row and a column accumulator of
+  its squared gradients (fp32, r + c), at most 8/h per parameter when every side is at least
+  the hidden size h; vectors keep a whole accumulator, a few thousand parameters a layer,
+  left out. Where the optimizer steps flat 1-D partitions instead of the parameters
+  (DeepSpeed's ZeRO 1-3: ``single_partition_of_fp32_groups``, the flattened fp32 groups its
+  optimizer's param_groups hold), nothing is a matrix and the accumulator is whole: 4.
+
+Pure 16-bit training (``master_weights: false``, torchtune's ``dtype: bf16``) keeps no master
+copy and its 32-bit states in the 16-bit dtype; 8-bit states stay 8-bit.
+"""
+from __future__ import annotations
+
+from simcore.plan.spec import Optimizer, Plan, Precision, TrainingSpec, ZeroImpl, ZeroStage
+
+#: torchao's 8-bit AdamW quantisation block (elements per fp32 scale), torchao/optim/adam.py @36027d82.
+EIGHT_BIT_BLOCK = 256
+#: fp32 states, in bytes per parameter, per optimizer (Adafactor's: per hidden-size element, see above).
+_FP32_STATES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4}
+
+
+def weight_bytes_per_param(precision: Precision) -> int:
+    return 4 if precision == Precision.FP32 else 2
+
+
+def flat_partitions(plan: Plan) -> bool:
+    """Whether the optimizer steps flat 1-D partitions of the parameters (DeepSpeed's ZeRO)."""
+    return plan.parallel.zero_impl == ZeroImpl.DEEPSPEED and plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES
+
+
+def optimizer_bytes_per_param(tr: TrainingSpec, hidden: int, flat: bool = False) -> float:
+    """K: the master copy (mixed precision with ``master_weights``) plus the optimizer's states;
+    ``flat``: the optimizer steps flat partitions (``flat_partitions``)."""
+    pure16 = not tr.master_weights and tr.precision != Precision.FP32
+    master = 4.0 if tr.master_weights and tr.precision != Precision.FP32 else 0.0
+    if tr.optimizer == Optimizer.ADAMW8BIT:
+        return master + 2 * (1 + 4 / EIGHT_BIT_BLOCK)
+    if tr.optimizer == Optimizer.ADAFACTOR:
+        states = 4.0 if flat else 8.0 / hidden
+    else:
+        states = float(_FP32_STATES[tr.optimizer])
+    return master + (states / 2 if pure16 else states)

@@ -1,0 +1,183 @@
+"""The enumerated choices of a Plan and ``PlanError``; ``simcore.plan.spec`` re-exports them
+with the section dataclasses that use them."""
+from __future__ import annotations
+
+import enum
+
+
+class PlanError(ValueError):
+    """A Plan is malformed or breaks a rule; the message is one sentence naming the field."""
+
+
+class _Choice(str, enum.Enum):
+    @classmethod
+    def parse(cls, value, where: str):
+        for member in cls:
+            if value == member.value:
+                return member
+        known = ", ".join(m.value for m in cls)
+        raise PlanError(f"{where}={value!r} is not one of: {known}")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Schedule(_Choice):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZERO_BUBBLE = "zero-bubble"
+
+
+class CpComm(_Choice):
+    """How context-parallel ranks exchange keys and values (Megatron-Core ``--cp-comm-type``,
+    Transformer Engine's ``cp_comm_type``): ``p2p`` rotates K/V around the ring, overlapped
+    with the attention of the chunk at hand; ``all_gather`` gathers the whole K/V before
+    attention and reduce-scatters dK/dV after; ``a2a`` (DeepSpeed-Ulysses) re-shards Q, K, V
+    and the output from sequence to heads with all-to-alls."""
+
+    P2P = "p2p"
+    ALL_GATHER = "all_gather"
+    A2A = "a2a"
+
+
+class MoeDispatcher(_Choice):
+    """How an MoE layer sends its tokens to the expert-parallel ranks: ``alltoall`` (Megatron-Core's
+    ``--moe-token-dispatcher-type alltoall``, torchtitan, trainplan's executor) sends a copy of a
+    token for each of its top-k experts; ``deepep`` (DeepSeek's DeepEP, Megatron-Core's ``flex``
+    dispatcher with ``--moe-enable-deepep``, NeMo AutoModel's ``dispatcher: deepep``) sends a token
+    once to each rank holding one or more of its experts and expands it there (DeepEP README,
+    "normal kernels": dispatch by rank, then by expert on the receiving rank)."""
+
+    ALLTOALL = "alltoall"
+    DEEPEP = "deepep"
+
+
+class ZeroImpl(_Choice):
+    """The stack that runs ZeRO: ``fsdp2`` (torch FSDP2 ``fully_shard``, what trainplan's
+    executor runs; one all-gather per block, one block prefetched) or ``deepspeed``
+    (DeepSpeed ZeRO-3: one all-gather per submodule, prefetch bounded by
+    ``stage3_prefetch_bucket_size``)."""
+
+    FSDP2 = "fsdp2"
+    DEEPSPEED = "deepspeed"
+
+
+class Precision(_Choice):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    MXFP8 = "mxfp8"
+    """The linear layers in OCP MXFP8 (E4M3, one E8M0 scale per 32 elements; Blackwell, CDNA 4)."""
+    NVFP4 = "nvfp4"
+    """The linear layers in NVFP4 (E2M1, one E4M3 scale per 16 and a per-tensor FP32 scale; Blackwell)."""
+
+
+class Fp8Recipe(_Choice):
+    """How the FP8 linear layers are scaled: Transformer Engine's ``delayed`` scaling (the
+    amax history of earlier steps; TE before 2.0, Composer's amp_fp8) or ``current`` scaling
+    (FP8-CS: this tensor's amax, one more pass over it), torchao float8 ``tensorwise``
+    (dynamic per-tensor scales, as current) or ``rowwise`` (per-row scales and their GEMMs)."""
+
+    DELAYED = "delayed"
+    CURRENT = "current"
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
+
+
+class AttentionKernel(_Choice):
+    """The flash-attention kernel the stack runs (with ``flash_attention: true``): ``auto``
+    is the GPU's catalog attention entry (FlashAttention-2 class, or the cuDNN/TE fused kernel
+    of that generation); ``flash3`` FlashAttention-3 (Hopper); ``triton`` the 2022 Triton
+    port of FlashAttention that llm-foundry's MPT configs ran (``attn_impl: triton``)."""
+
+    AUTO = "auto"
+    FLASH3 = "flash3"
+    TRITON = "triton"
+
+
+class Recompute(_Choice):
+    """What activation recomputation re-runs (``simcore.model.recompute`` charges each)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    """Megatron's core-attention recompute (Korthikanti et al. 2022, Sec. 5)."""
+    FULL = "full"
+    """Whole layers: every layer, or Megatron's ``--recompute-num-layers`` N with a method."""
+    OP = "op"
+    """torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``)."""
+    LAYER = "layer"
+    """torchtitan's every-Nth-layer checkpointing (``selective_ac_option = "N"``)."""
+
+
+class RecomputeMethod(_Choice):
+    """Megatron's ``--recompute-method`` for full recompute of ``recompute_layers`` layers."""
+
+    UNIFORM = "uniform"
+    BLOCK = "block"
+
+
+class Loss(_Choice):
+    """How the loss holds the logits (``simcore.model.activations.loss_bytes``)."""
+
+    EAGER = "eager"
+    FUSED = "fused"
+    CHUNKED = "chunked"
+
+
+class Kernels(_Choice):
+    """What the layers' element-wise work keeps for the backward (``workload.activation_bytes_per_layer``):
+    ``fused`` kernels (torch.compile, Megatron's and Transformer Engine's fused norms and
+    activations) keep the inputs they need; ``eager`` PyTorch ops (Hugging Face, torchtune or
+    torchtitan without compile) keep every intermediate autograd needs: the gated MLP's
+    activation output, and an RMSNorm written in Python its fp32 upcast input."""
+
+    FUSED = "fused"
+    EAGER = "eager"
+
+
+class Offload(_Choice):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_PARAMS = "optimizer+params"
+
+
+class GradCompression(_Choice):
+    """The gradients' wire dtype: ``none`` the stack's default (fp32 under 16-bit mixed
+    precision, DeepSpeed's model dtype: ``collectives.grad_wire_bytes``), ``fp16``/``bf16``
+    16-bit reductions (DDP's compress hooks, Megatron's ``--grad-reduce-in-bf16``, FSDP2's
+    ``reduce_dtype``, DeepSpeed's ``communication_data_type``), ``powersgd`` DDP's hook."""
+
+    NONE = "none"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWERSGD = "powersgd"
+
+
+class Optimizer(_Choice):
+    """The optimizer and the states it keeps per parameter (``memory.optimizer_bytes_per_param``)."""
+
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+    """With momentum (Megatron's ``--sgd-momentum`` 0.9): one state."""
+    ADAMW8BIT = "adamw8bit"
+    """AdamW with block-wise 8-bit states (bitsandbytes ``AdamW8bit``, torchao ``AdamW8bit``)."""
+    ADAFACTOR = "adafactor"
+    """Adafactor with factored second moments and no first moment (Shazeer & Stern 2018;
+    torch.optim.Adafactor, Hugging Face's ``optim="adafactor"``)."""
+
+
+class ZeroStage(enum.IntEnum):
+    """ZeRO stages are cumulative (DeepSpeed's convention): compare with >=."""
+
+    NONE = 0
+    OPTIMIZER_STATES = 1
+    GRADIENTS = 2
+    WEIGHTS = 3
+
+
+class PositionEmbedding(_Choice):
+    LEARNED = "learned"
+    ROPE = "rope"
