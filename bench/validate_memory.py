@@ -39,7 +39,10 @@ Rules per source:
   The rows before ``+ Compile`` run eager PyTorch (``kernels: eager``: torchtune's RMSNorm
   keeps its fp32 upcast and SwiGLU its silu output, 8.75 GiB over 28 layers here; the table
   shows compile saving 9.0 GiB).
-  Left out: optimizer-in-backward, activation offloading and 8-bit AdamW (no Plan field).
+  ``+ Fuse optimizer step into backward`` is ``optimizer_in_backward`` (one gradient tensor
+  lives at a time: the tied embedding's, through the backward), ``+ 8-bit AdamW`` is
+  ``optimizer: adamw8bit``. Left out: the activation-offloading row and the one after it
+  (cumulative): no Plan field moves activations to the host.
 - hf_perf_train_gpu_one_2022: bert-large-uncased (24 layers, 1024, 16 heads, 4096 MLP,
   vocab 30522, s = 512, learned positions, GeLU), one V100 SXM2 16 GB (dgx1-v100-16gb),
   eager attention (2022), AdamW, gradient checkpointing = ``recompute: full``. ``fp16=True``
@@ -96,21 +99,25 @@ def statistic(row: pd.Series) -> str:
     return "reserved" if kind.startswith("reserved") else "active" if kind.startswith("active") else "nvml"
 
 
+#: torchtune's "Optimization flags" table adds one technique a row, in this order; a row runs
+#: its own and every one above it: (words of the row's name, Plan training fields, or why no
+#: Plan field states it).
+TORCHTUNE_FLAGS = (("packed", {}), ("compile", {"kernels": "fused"}), ("chunked cross", {"loss": "chunked"}),
+                   ("activation checkpointing", {"recompute": "full"}),
+                   ("optimizer step into backward", {"optimizer_in_backward": True}),
+                   ("activation offloading", "activation offloading to the CPU: no Plan field"),
+                   ("8-bit adamw", {"optimizer": "adamw8bit"}))
+
+
 def _torchtune_flags(notes: str) -> dict | str:
     """The Plan's training fields for a torchtune row (cumulative flags), or why it is left out."""
-    for flag, why in (("optimizer step fused", "optimizer-in-backward frees each gradient at once: no Plan field"),
-                      ("activation offloading", "activation offloading to the CPU: no Plan field"),
-                      ("8-bit AdamW", "8-bit AdamW states: no Plan field")):
-        if flag.lower() in notes.lower():
-            return why
+    name = notes.split("Row '", 1)[-1].split("'", 1)[0].lower()
+    last = next(i for i, (words, _) in enumerate(TORCHTUNE_FLAGS) if all(w in name for w in words.split()))
     training = {"master_weights": False, "flash_attention": True, "loss": "eager", "kernels": "eager"}
-    row = notes.split("Row '", 1)[-1].lower()   # the row's cumulative flags ("..." continues the ones above)
-    if "compile" in row or "..." in row:
-        training["kernels"] = "fused"
-    if "chunked c" in notes.lower():
-        training["loss"] = "chunked"
-    if "activation checkpointing" in notes.lower():
-        training["recompute"] = "full"
+    for _, fields in TORCHTUNE_FLAGS[:last + 1]:
+        if isinstance(fields, str):
+            return fields
+        training.update(fields)
     return training
 
 

@@ -70,6 +70,8 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "layers (the embedding or the loss alone) is priced, not run by the executor"),
         (par.etp == par.tp, f"parallel.expert_tp={par.expert_tp} is priced, not run: the executor's experts are "
          "split over the tp ranks and its ep ranks come from dp x cp (expert_tp = tp)"),
+        (not tr.optimizer_in_backward, "training.optimizer_in_backward is priced, not run: the executor steps "
+         "its optimizer after the backward"),
         (tr.optimizer != Optimizer.ADAMW8BIT, "training.optimizer=adamw8bit is priced, not run: its 8-bit states "
          "need bitsandbytes' CUDA kernels or torchao's compiled ones, which the executor does not install"),
         (tr.optimizer != Optimizer.ADAFACTOR or not _dtensor_parameters(plan), "training.optimizer=adafactor "

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from simcore.model import activations as acts
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
-from simcore.model.optim_states import flat_partitions, optimizer_bytes_per_param, weight_bytes_per_param
+from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
+                                        weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
                                 gradients_at_activation_peak, rank_row, summary_fields)
 from simcore.plan.spec import Offload, Plan, Precision, ZeroImpl, ZeroStage
@@ -229,6 +230,8 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
         # the distributed optimizer's main_grads in the reduce dtype; DDP's autocast: 4 + 4 + 8 = 2 + 2 + 12
         grads = wb * shard if sharded_gradients(plan) else (gb if z == ZeroStage.OPTIMIZER_STATES else wb) * sp.total
         opt = k * (shard if z >= ZeroStage.OPTIMIZER_STATES else sp.total)
+    if tr.optimizer_in_backward:   # stepped and freed one tensor at a time: the largest is all that lives
+        grads *= largest_tensor_params(plan.model, par.tp) / sp.total
     host = 0.0
     if tr.offload != Offload.NONE:
         host += opt
@@ -274,7 +277,7 @@ def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
     grads_live = gradients_at_activation_peak(plan)
     vpp, tr = plan.parallel.vpp, plan.training
     key = (plan.model, plan.parallel, tr.precision, tr.optimizer, tr.master_weights, tr.offload, tr.micro_batch,
-           count_buffers, id(params))   # what the kinds read: a layout's recompute variants share them
+           tr.optimizer_in_backward, count_buffers, id(params))   # what the kinds read (recompute variants share)
     hit = _KINDS.get(key)
     if hit is None or hit[0] is not params:
         if len(_KINDS) >= _KINDS_MAX:

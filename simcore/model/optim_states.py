@@ -21,12 +21,21 @@ copy and its 32-bit states in the 16-bit dtype; 8-bit states stay 8-bit.
 """
 from __future__ import annotations
 
-from simcore.plan.spec import Optimizer, Plan, Precision, TrainingSpec, ZeroImpl, ZeroStage
+from simcore.model import workload as wl
+from simcore.plan.spec import ModelSpec, Optimizer, Plan, Precision, TrainingSpec, ZeroImpl, ZeroStage
 
 #: torchao's 8-bit AdamW quantisation block (elements per fp32 scale), torchao/optim/adam.py @36027d82.
 EIGHT_BIT_BLOCK = 256
 #: fp32 states, in bytes per parameter, per optimizer (Adafactor's: per hidden-size element, see above).
 _FP32_STATES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4}
+
+
+def largest_tensor_params(m: ModelSpec, tp: int) -> float:
+    """Parameters of the largest tensor one GPU holds (the vocabulary-parallel embedding or
+    output, an MLP or attention matrix, split over TP): all of the gradients that live at once
+    when the optimizer steps each parameter in the backward (``training.optimizer_in_backward``).
+    A tied embedding's gradient lives through the whole backward; it is that tensor too."""
+    return max(m.vocab * m.hidden, m.hidden * m.ffn_hidden, m.hidden * wl.q_width(m)) / tp
 
 
 def weight_bytes_per_param(precision: Precision) -> int:

@@ -55,10 +55,13 @@ def gradients_at_activation_peak(plan: Plan) -> bool:
     optimizer step (gradients, no activations), whichever is larger. DDP's buckets and
     Megatron's contiguous gradient buffer (``parallel.zero`` 0-1 with data parallel) persist,
     as do gradients accumulated over micro-batches and gradients zeroed rather than freed
-    (``training.grads_to_none: false``, torch 1.x's ``zero_grad()``); a calibrated host counts
+    (``training.grads_to_none: false``, torch 1.x's ``zero_grad()``); stepped in the backward
+    (``optimizer_in_backward``), one tensor's gradient is live from its start; a calibrated host counts
     as its executor measures (every kind at once)."""
     par = plan.parallel
     if acts.executor_activations(plan) or plan.num_microbatches > 1 or par.pp > 1 or not plan.training.grads_to_none:
+        return True
+    if plan.training.optimizer_in_backward:   # one tensor's gradient at a time, from the backward's start
         return True
     return par.dp * par.cp > 1 and par.zero <= ZeroStage.OPTIMIZER_STATES
 

@@ -225,7 +225,7 @@ _SECTION_ORDER = {
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
                  "schedule", "cp_comm", "tp_comm_overlap", "overlap_param_gather", "moe_dispatcher"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "recompute", "offload",
-                 "flash_attention", "optimizer", "grad_compression", "kernels"),
+                 "flash_attention", "optimizer", "grad_compression", "kernels", "optimizer_in_backward"),
 }
 
 

@@ -240,6 +240,7 @@ def _training(value) -> TrainingSpec:
         master_weights=_bool(doc, "master_weights", w, True),
         loss=Loss.parse(doc.get("loss", "fused"), "training.loss"),
         kernels=Kernels.parse(doc.get("kernels", "fused"), "training.kernels"),
+        optimizer_in_backward=_bool(doc, "optimizer_in_backward", w, False),
         grads_to_none=_bool(doc, "grads_to_none", w, True),
         allocator_margin=_margin(doc),
     )
@@ -373,7 +374,7 @@ def plan_to_dict(plan: Plan) -> dict:
     training["recompute"] = recompute_doc(plan.training)
     for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True),
                          ("attention_kernel", AttentionKernel.AUTO.value), ("kernels", Kernels.FUSED.value),
-                         ("grads_to_none", True)):
+                         ("grads_to_none", True), ("optimizer_in_backward", False)):
         if training[key] == default:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

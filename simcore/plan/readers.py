@@ -229,6 +229,7 @@ def read_torchtitan(text: str) -> Reading:
     compiled = get("compile", "enable")   # 0.2.2 on; 6404b932 and before: training.compile
     compiled = get("training", "compile", False) if compiled is None else compiled
     f["training.kernels"] = "fused" if compiled else "eager"   # eager PyTorch unless compiled
+    f["training.optimizer_in_backward"] = bool(get("optimizer", "early_step_in_backward", False))
     name = str(get("optimizer", "name", "AdamW")).lower()
     if name in ("adam", "adamw"):
         f["training.optimizer"] = name

@@ -120,6 +120,10 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
         (tr.master_weights or tr.precision.value in ("bf16", "fp16"),
          f"training.master_weights=false needs a 16-bit training.precision, not {tr.precision.value}"),
+        (not tr.optimizer_in_backward or (plan.num_microbatches == 1 and par.pp == 1 and (
+            par.dp * par.cp == 1 or (par.zero >= ZeroStage.GRADIENTS and par.zero_impl == ZeroImpl.FSDP2))),
+         "training.optimizer_in_backward needs one micro-batch per step, parallel.pp=1 and, with data "
+         "parallel, FSDP2 (parallel.zero>=2): each gradient is stepped and freed as the backward makes it"),
         (tr.grad_compression != GradCompression.POWERSGD or par.zero == ZeroStage.NONE,
          "training.grad_compression=powersgd needs parallel.zero=0 (it is a DDP communication hook)"),
     ]

@@ -6,9 +6,9 @@ YAML; everything downstream takes the ``Plan`` dataclass. Every wrong input rais
 ``PlanError`` with one sentence that names the field and the rule.
 
 This module holds the value: the four section dataclasses and ``Plan`` (with PlanError and
-the enumerated choices of ``simcore.plan.choices``, re-exported here), with ``even_split`` (the default spread of layers over
-pipeline stages). Building a Plan from a document is ``simcore.plan.load``; the
-cross-field rules it must satisfy are ``simcore.plan.rules``.
+the enumerated choices of ``simcore.plan.choices``, re-exported here), with ``even_split``
+(the default spread of layers over pipeline stages). Building a Plan from a document is
+``simcore.plan.load``; the cross-field rules it must satisfy are ``simcore.plan.rules``.
 """
 from __future__ import annotations
 
@@ -208,6 +208,9 @@ class TrainingSpec:
     entropy, llm-foundry's flash-attn fused cross entropy, torchtitan's compiled loss)."""
     kernels: Kernels = Kernels.FUSED
     """Fused (compiled) or eager element-wise kernels: what a layer saves for its backward."""
+    optimizer_in_backward: bool = False
+    """Each parameter stepped in its post-accumulate-grad hook and its gradient freed
+    (torchtune ``optimizer_in_bwd``, torchtitan ``optimizer.early_step_in_backward``)."""
     grads_to_none: bool = True
     """``optimizer.zero_grad(set_to_none=True)``, torch's default since 2.0: gradients are freed
     between steps; False keeps them allocated (zeroed), as torch 1.x's default did."""

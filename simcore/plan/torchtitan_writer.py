@@ -89,6 +89,8 @@ def _check(plan: Plan) -> None:
         (tr.optimizer.value not in ("adamw", "adam"), "training.optimizer", tr.optimizer.value,
          "its optimizer.name is AdamW or Adam"),
         (not tr.grads_to_none, "training.grads_to_none", "false", "its optimizer frees the gradients (zero_grad)"),
+        (tr.optimizer_in_backward and par.ep > 1, "training.optimizer_in_backward", "true",
+         "its optimizers in backward do not support expert parallel (components/optimizer.py)"),
         (m.moe, "model.experts", m.experts, "its llama3 model is dense, SwiGLU, RoPE, untied"),
         (not m.gated_mlp, "model.gated_mlp", "false", "its llama3 model is dense, SwiGLU, RoPE, untied"),
         (m.tied_embeddings, "model.tied_embeddings", "true", "its llama3 model is dense, SwiGLU, RoPE, untied"),
@@ -162,7 +164,8 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
                 "mixed_precision_param": "float32" if tr.precision.value == "fp32" else "bfloat16",
                 "enable_cpu_offload": tr.offload.value == "optimizer+params"}
     doc = {"job": {"description": plan.name or m.name}, "model": model, "training": training,
-           "optimizer": {"name": "AdamW" if tr.optimizer.value == "adamw" else "Adam"},
+           "optimizer": {"name": "AdamW" if tr.optimizer.value == "adamw" else "Adam",
+                         **({"early_step_in_backward": True} if tr.optimizer_in_backward else {})},
            "parallelism": _parallelism(plan, target), "activation_checkpoint": {"mode": tr.recompute.value},
            # torch.compile (model and loss) is what fused element-wise kernels mean there; off, eager PyTorch
            "compile": {"enable": tr.kernels.value == "fused"}}
@@ -208,6 +211,8 @@ def torchtitan_args(plan: Plan) -> list[str]:
                          "llama3_70b, llama3_405b): torchtitan 0.3 takes the shape from a config_registry function")
     if plan.training.precision.value == "fp8":
         raise _refuse("training.precision", "fp8", "torchtitan 0.3 sets float8 in the config_registry function")
+    if plan.training.optimizer_in_backward:   # 0.2.2's optimizer.early_step_in_backward is gone from 0.3.0
+        raise _refuse("training.optimizer_in_backward", "true", "in 0.3 (0.2.2 had optimizer.early_step_in_backward)")
     args = ["--module", "llama3", "--config", f"llama3_{flavor.lower()}"]
     if plan.parallel.pp > 1:  # torchtitan/trainer.py (0.3.0): "CUDA graphs do not support pipeline parallelism yet"
         doc["training"]["disable_cuda_graphs"] = True

@@ -189,6 +189,8 @@ def _megatron_training_args(plan: Plan) -> list:
                       "its --optimizer is adam (AdamW) or sgd")
     if tr.kernels.value == "eager":
         raise _refuse("training.kernels", "eager", "Megatron-LM", "its layers run fused kernels")
+    if tr.optimizer_in_backward:
+        raise _refuse("training.optimizer_in_backward", "true", "Megatron-LM")
     args.append(("--optimizer", "sgd" if tr.optimizer.value == "sgd" else "adam"))
     if tr.grad_compression.value == "bf16":
         args.append(("--grad-reduce-in-bf16", None))
@@ -315,6 +317,8 @@ def deepspeed_config(plan: Plan) -> dict:
         cfg["communication_data_type"] = tr.grad_compression.value
     elif tr.grad_compression.value != "none":
         raise _refuse("training.grad_compression", tr.grad_compression.value, "DeepSpeed config")
+    if tr.optimizer_in_backward:
+        raise _refuse("training.optimizer_in_backward", "true", "DeepSpeed config")
     if tr.optimizer.value in ("sgd", "adamw8bit", "adafactor"):
         raise _refuse("training.optimizer", tr.optimizer.value, "DeepSpeed config",
                       "its optimizer types have none; pass the optimizer to deepspeed.initialize")

@@ -108,8 +108,29 @@ def test_gradients_zeroed_in_place_are_live_at_the_activation_peak():
     assert memory_report(zeroed)["max_gpu_bytes"] >= memory_report(freed)["max_gpu_bytes"]
 
 
+def test_optimizer_in_backward_keeps_one_gradient_tensor_and_needs_one_micro_batch():
+    """torchtune's optimizer_in_bwd / torchtitan's early_step_in_backward: each gradient is
+    stepped and freed in its post-accumulate-grad hook (FSDP2 runs the hooks after its
+    reduce-scatter, _fsdp_collectives.py), so only the largest tensor's gradient is ever whole."""
+    single = _plan(parallel={"dp": 1}, training={"global_batch": 1})
+    fused = dataclasses.replace(single, training=dataclasses.replace(single.training, optimizer_in_backward=True))
+    g_step, g_bwd = (memory_report(p)["ranks"][0]["terms"]["gradients"] for p in (single, fused))
+    m = single.model
+    assert g_bwd == pytest.approx(2 * m.vocab * m.hidden)   # the bf16 gradient of the embedding or output
+    assert pk.gradients_at_activation_peak(fused) and not pk.gradients_at_activation_peak(single)
+    assert memory_report(fused)["max_gpu_bytes"] < memory_report(_plan(parallel={"dp": 1}, training={
+        "global_batch": 1, "grads_to_none": False}))["max_gpu_bytes"]
+    fsdp = _plan({"optimizer_in_backward": True}, {"zero": 3})
+    assert memory_report(fsdp)["ranks"][0]["terms"]["gradients"] == pytest.approx(4 * m.vocab * m.hidden / 8)
+    with pytest.raises(PlanError, match="training.optimizer_in_backward needs one micro-batch per step"):
+        _plan({"optimizer_in_backward": True, "global_batch": 16}, {"zero": 3})
+    with pytest.raises(PlanError, match="with data parallel, FSDP2"):
+        _plan({"optimizer_in_backward": True}, {"zero": 1})
+
+
 def test_new_fields_round_trip_and_bad_values_name_the_field(tmp_path):
-    plan = _plan({"optimizer": "adamw8bit", "kernels": "eager", "grads_to_none": False})
+    plan = _plan({"optimizer": "adamw8bit", "kernels": "eager", "grads_to_none": False, "optimizer_in_backward": True},
+                 {"zero": 3})
     path = tmp_path / "p.yaml"
     path.write_text(dump_plan(plan))
     back = load_plan(path)

@@ -36,6 +36,8 @@ def _variants() -> dict:
                                        training=replace(tr, offload=Offload.OPTIMIZER, precision=Precision.FP8)),
         "v-zero3-paramoffload": replace(base, training=replace(tr, offload=Offload.OPTIMIZER_PARAMS)),
         "v-zero3-eager": replace(base, training=replace(tr, kernels=Kernels.EAGER)),
+        "v-zero3-optim-in-bwd": replace(base, training=replace(tr, optimizer_in_backward=True,
+                                                               global_batch=base.parallel.dp * tr.micro_batch)),
         "v-pp-uneven": replace(base, parallel=replace(par, pp=4, dp=2, zero=ZeroStage.NONE, stage_layers=(7, 9, 9, 7))),
         "v-zero-bubble-cp": replace(base, parallel=replace(par, pp=2, cp=2, dp=2, vpp=2, schedule=Schedule.ZERO_BUBBLE)),
         "v-interleaved-tp": replace(base, parallel=replace(par, tp=2, pp=2, dp=2, vpp=2, zero=ZeroStage.NONE,

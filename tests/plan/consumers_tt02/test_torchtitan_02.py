@@ -45,6 +45,7 @@ def test_torchtitan_02_loads_the_toml(name, tmp_path):
         plan.parallel.tp, plan.parallel.pp, plan.parallel.cp, plan.parallel.dp)
     assert cfg.training.seq_len == plan.model.seq_len and cfg.activation_checkpoint.mode == plan.training.recompute.value
     assert cfg.compile.enable == (plan.training.kernels.value == "fused")   # compiled kernels are fused ones
+    assert cfg.optimizer.early_step_in_backward == plan.training.optimizer_in_backward
     if plan.parallel.pp == 1:
         return
     layers = plan.model.layers

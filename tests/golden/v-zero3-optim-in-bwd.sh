@@ -1,0 +1,1 @@
+REFUSED: training.optimizer_in_backward=true has no Megatron-LM option
