@@ -46,7 +46,7 @@ from executors import groups, moe, tied
 from executors.float8 import apply_float8
 from executors.recompute import apply_recompute
 from executors.ring_attention import apply_cp
-from executors.support import check_executable  # noqa: F401  (launch and the tests find it here)
+from executors.support import check_executable, uses_replicate  # noqa: F401  (launch and the tests find them here)
 from executors.zero1 import LocalShardZero
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
@@ -178,15 +178,6 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
         process_group=dp_mesh.get_group())   # MoE too: every expert runs its padded capacity buffer
     _register_comm_hook(ddp, plan.training.grad_compression, dp_mesh.get_group())
     return ddp
-
-
-def uses_replicate(plan: Plan) -> bool:
-    """ZeRO 0/1 by torch's FSDP2-based ``replicate`` instead of DDP: with TP (DDP cannot hold
-    DTensor parameters), and under the zero-bubble schedule, whose split backward runs the
-    weight gradients outside autograd's backward where DDP's reducer hooks never fire, while
-    pipelining reduces a ``ReplicateModule``'s gradients itself (``stage.py`` REDUCE_GRAD)."""
-    par = plan.parallel
-    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))
 
 
 def apply_fsdp2(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: bool,

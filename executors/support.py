@@ -15,11 +15,18 @@ from simcore.plan.spec import (CpComm, GradCompression, MoeDispatcher, Offload, 
                                ZeroImpl, ZeroStage)
 
 
-def _dtensor_parameters(plan: Plan) -> bool:
-    """Whether the executor's parameters are DTensors: TP, FSDP2, or FSDP2's ``replicate``
-    (``executors.parallel.uses_replicate``: under zero-bubble pipelining)."""
+def uses_replicate(plan: Plan) -> bool:
+    """ZeRO 0/1 by torch's FSDP2-based ``replicate`` instead of DDP: with TP (DDP cannot hold
+    DTensor parameters), and under the zero-bubble schedule, whose split backward runs the
+    weight gradients outside autograd's backward where DDP's reducer hooks never fire, while
+    pipelining reduces a ``ReplicateModule``'s gradients itself (``stage.py`` REDUCE_GRAD)."""
     par = plan.parallel
-    return par.tp > 1 or par.zero >= ZeroStage.GRADIENTS or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1)
+    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))
+
+
+def _dtensor_parameters(plan: Plan) -> bool:
+    """Whether the executor's parameters are DTensors: FSDP2's (ZeRO 2-3) or its ``replicate``'s."""
+    return plan.parallel.zero >= ZeroStage.GRADIENTS or uses_replicate(plan)
 
 
 def check_executable(plan: Plan, device_type: str) -> None:

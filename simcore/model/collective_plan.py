@@ -202,7 +202,7 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) 
 
 
 def _replicate(plan: Plan) -> bool:
-    """ZeRO 0/1 by FSDP2's ``replicate``, not DDP (``executors.parallel.uses_replicate``):
+    """ZeRO 0/1 by FSDP2's ``replicate``, not DDP (``executors.support.uses_replicate``):
     with TP, and under the zero-bubble schedule (its split backward skips DDP's hooks)."""
     par = plan.parallel
     return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))

@@ -127,7 +127,7 @@ class Loss(_Choice):
 
 
 class Kernels(_Choice):
-    """What the layers' element-wise work keeps for the backward (``workload.activation_bytes_per_layer``):
+    """What the layers' element-wise work keeps for the backward (``workload.eager_activation_bytes``):
     ``fused`` kernels (torch.compile, Megatron's and Transformer Engine's fused norms and
     activations) keep the inputs they need; ``eager`` PyTorch ops (Hugging Face, torchtune or
     torchtitan without compile) keep every intermediate autograd needs: the gated MLP's
