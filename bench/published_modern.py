@@ -226,6 +226,10 @@ def base_doc(row: pd.Series) -> dict:
         parallel["moe_dispatcher"] = "deepep"
     if src in TORCHAO:
         training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
+        # torchao's benchmark scripts launch torchtitan's run_train.sh, which sets
+        # PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" (bench/validate_memory.py
+        # ``EXPANDABLE_SEGMENTS_SOURCES``; both tables ran on CUDA)
+        training["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
     if _triton_attention(row):
         training["attention_kernel"] = "triton"
     return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,

@@ -69,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 from simcore.model.step_costs import memory_report  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 from simcore.results import GIB, atomic_write_text  # noqa: E402
+from simcore.model.peak import EXPANDABLE_SEGMENTS_MARGIN  # noqa: E402
 from published_modern import TORCHTITAN_FLEET_NODE  # noqa: E402
 
 #: ../shared/validation beside the checkout (a worktree under /work/wt/ looks two levels up)
@@ -82,6 +83,14 @@ TORCHTITAN = ("torchao_float8_readme_2025_h100", "torchao_float8_readme_2025_mi3
 #: and upcasts the whole logits eagerly (``pred.flatten(0, 1).float()``).
 LOSS_OF_SOURCE = {"torchao_float8_readme_2025_h100": "eager", "torchao_float8_readme_2025_mi300x": "fused",
                   "torchao_mx_readme_2025_b200": "fused"}
+#: The torchtitan runs on CUDA ran under expandable segments: torchtitan's run_train.sh launches
+#: every job with ``PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"`` (since a5e57e4a9 of
+#: 2024-10-22; so at 54ef42221, 2c8b5947 and 6fc499f6), and torchao's benchmark scripts call it
+#: (benchmarks/float8/training/float8_training_benchmark.sh @8c81863ba, llama3.sh @d8bb51f63).
+#: ROCm builds of 2025 ignore the setting (torch's expandable segments were CUDA driver API only,
+#: ``#if !defined(USE_ROCM)`` in c10/cuda/CUDACachingAllocator.cpp, until pytorch/pytorch#173330,
+#: relanded as #177974 in March 2026), so the MI300X run keeps the caching allocator's margin.
+EXPANDABLE_SEGMENTS_SOURCES = ("torchao_float8_readme_2025_h100", "torchao_mx_readme_2025_b200")
 NODE_OF_SOURCE = {"torchao_float8_readme_2025_h100": TORCHTITAN_FLEET_NODE, "torchao_float8_readme_2025_mi300x": "mi300x-8",
                   "torchao_mx_readme_2025_b200": "dgx-b200", "torchtune_readme_optimization_flags": "dgx-a100-80gb",
                   "hf_perf_train_gpu_one_2022": "dgx1-v100-16gb"}
@@ -130,6 +139,8 @@ def row_plan(row: pd.Series):
         doc = {"model": {"name": "llama3-8b", "seq_len": 8192}, "parallel": {"dp": 8, "zero": 3},
                "training": {"global_batch": gb, "micro_batch": mb, "recompute": "op", "flash_attention": True,
                             "loss": LOSS_OF_SOURCE[src]}}
+        if src in EXPANDABLE_SEGMENTS_SOURCES:
+            doc["training"]["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
         return {**doc, "cluster": cluster}, ()
     cluster["gpus_per_node"] = 1
     if src == "torchtune_readme_optimization_flags":
