@@ -105,6 +105,7 @@ def plan_report(res, cost, prediction, memory: dict, *, cluster_figure=None, tok
     from reports.plots import gantt_figure
 
     from simcore.planner import formatting as f
+    from simcore.planner.headroom import is_thin
     from simcore.planner.search import display_table
 
     best = res.best
@@ -112,13 +113,15 @@ def plan_report(res, cost, prediction, memory: dict, *, cluster_figure=None, tok
     od = cost.on_demand
     iv = od.interval
     step_iv = iv.get("step_time_s", [None, None])
+    hbm = f.hbm_gib(best)
+    room = f.headroom_gib(hbm, p.memory_per_gpu_gib)
     summary = (("recommended layout", res.table.iloc[0]["layout"]),
                ("time to train", f"{f.with_interval(od.days, *iv.get('days', [None, None]), f.days)} days"),
                ("cost (on-demand)", f.with_interval(od.usd, *iv.get("usd", [None, None]), f.money)),
                ("MFU", f.percent(p.mfu)),
                ("step time", f"{f.with_interval(p.step_time_s, *step_iv, lambda v: f'{v:.2f}')} s"),
-               ("memory headroom", f"{f.headroom_gib(f.hbm_gib(best), p.memory_per_gpu_gib):.1f} GiB of "
-                                   f"{f.hbm_gib(best):.0f} GiB"),
+               ("memory headroom", f"{room:.1f} GiB of {hbm:.0f} GiB"
+                                   + (" (thin: see 'Why this layout')" if is_thin(room, hbm) else "")),
                ("biggest loss", biggest_loss(p)))
     table_note = ("Step times: the analytic closed forms for every layout, the event engine for the top ones "
                   "re-simulated (their days and $ follow the engine). Days and $ here are useful training "

@@ -172,9 +172,13 @@ def _run(fn, args: list, jobs: int, progress: bool, desc: str, weights: list[int
 def search(model, cluster_doc, global_batch: int, *, objective: str = "time", top_k: int = 10, jobs: int = 1,
            tokens: float | None = None, progress: bool = True, training: dict | None = None,
            space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = False,
-           explain: int = 5) -> SearchResult:
+           explain: int = 5, min_headroom_gib: float = 0.0) -> SearchResult:
     """Every valid layout of ``model`` on the cluster, ranked by ``objective`` (time | cost
-    | pareto); the top ``top_k`` re-simulated on the event engine (0: none)."""
+    | pareto); the top ``top_k`` re-simulated on the event engine (0: none). With
+    ``min_headroom_gib`` only layouts that leave that much GPU memory are ranked."""
+    from simcore.planner.formatting import hbm_gib
+    from simcore.planner.headroom import headroom_note, keep_roomy
+
     if objective not in ("time", "cost", "pareto"):
         raise ValueError(f"objective={objective!r} is not one of: time, cost, pareto")
     if jobs < 1:
@@ -193,13 +197,16 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         raise PlanError(f"no layout of {base.model.name} fits {base.cluster.gpus} x {base.cluster.node.gpu.name} "
                         f"with training.global_batch={global_batch} ({_tally_sentence(tally)})")
     df = _objective_order(merge_ties(_add_cost(pd.DataFrame(rows), base, tokens)), objective).reset_index(drop=True)
+    df = keep_roomy(df, hbm_gib(base), min_headroom_gib, f"{base.model.name} on {base.cluster.gpus} x "
+                                                         f"{base.cluster.node.gpu.name}")
     df = _engine_rerank(df, base, top_k, jobs, progress, objective)
     df.insert(0, "rank", range(1, len(df) + 1))
     df = _with_intervals_and_headroom(df, base)
     best = _layout_of(df.iloc[0]).apply(base)
     best = replace(best, name=f"{base.model.name}-{best.cluster.node.name}x{best.cluster.nodes}-{best.name}")
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
-                        explanations=explain_ranking(df, tally, explain) + _overlap(df))
+                        explanations=explain_ranking(df, tally, explain) + headroom_note(df, hbm_gib(base))
+                        + _overlap(df))
 
 
 def _with_intervals_and_headroom(df: pd.DataFrame, base: Plan) -> pd.DataFrame:
@@ -319,6 +326,7 @@ def display_table(table: pd.DataFrame, rows: int = 20) -> pd.DataFrame:
     and $ figure with its interval, MFU in percent, memory and its headroom. One source for
     the terminal and the planning report."""
     from simcore.planner import formatting as f
+    from simcore.planner.headroom import mark_thin
 
     df = table.head(rows)
     out = df[[c for c in TABLE_COLUMNS if c in df]].copy()
@@ -330,7 +338,7 @@ def display_table(table: pd.DataFrame, rows: int = 20) -> pd.DataFrame:
                                 zip(df["des_step_time_s"], df["des_step_time_s_lo"], df["des_step_time_s_hi"])]
     out["MFU"] = df["mfu"].map(f.percent)
     out["GiB"] = df["memory_per_gpu_gib"].map(lambda v: f"{v:.1f}")
-    out["headroom GiB"] = df["headroom_gib"].map(lambda v: f"{v:.1f}")
+    out["headroom GiB"] = mark_thin(df["headroom_gib"], (df["memory_per_gpu_gib"] + df["headroom_gib"]).max())
     if "days" in df:
         out["days (interval)"] = [f.with_interval(v, lo, hi, f.days) for v, lo, hi in
                                   zip(df["days"], df["days_lo"], df["days_hi"])]

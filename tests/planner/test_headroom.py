@@ -1,0 +1,61 @@
+"""Thin memory headroom in a ranking: the search says so when its best leaves too little, names
+the best layout that leaves more, and ranks only roomy layouts when asked."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from simcore.plan.spec import PlanError
+from simcore.planner.formatting import hbm_gib
+from simcore.planner.headroom import headroom_note, keep_roomy, thin_gib
+from simcore.planner.sanity import THIN_HEADROOM
+from simcore.planner.search import display_table, search
+from simcore.planner.space import base_plan
+from trainplan.cli import main
+
+SMALL = ("gpt-1.7b", {"node": "dgx-h100", "nodes": 2}, 64)
+
+
+def _table(rows):
+    """A ranked table as search returns it: rank, layout, step, memory, headroom on 80 GiB GPUs."""
+    return pd.DataFrame([{"rank": i + 1, "layout": name, "step_time_s": t, "memory_per_gpu_gib": 80 - room,
+                          "headroom_gib": room} for i, (name, t, room) in enumerate(rows)])
+
+
+def test_a_thin_best_is_said_with_the_best_roomy_alternative():
+    assert thin_gib(80) == pytest.approx(THIN_HEADROOM * 80)
+    df = _table([("a", 10.0, 0.9), ("b", 10.05, 1.5), ("c", 10.2, 12.0), ("d", 11.0, 30.0)])
+    (note,) = headroom_note(df, 80)
+    assert "leaves only 0.9 GiB of 80 GiB" in note
+    assert f"{0.9 / 79.1:.1%} short would not fit" in note
+    assert "#3 c, time +2.0%, 12.0 GiB headroom" in note      # not b: thin too; not d: slower
+    assert headroom_note(_table([("c", 10.2, 12.0), ("a", 10.0, 0.9)]), 80) == []
+    (alone,) = headroom_note(_table([("a", 10.0, 0.9), ("b", 10.1, 2.0)]), 80)
+    assert alone.endswith("no layout that fits leaves more.")
+    shown = display_table(df.assign(step_time_s_lo=df.step_time_s, step_time_s_hi=df.step_time_s, mfu=0.5))
+    assert list(shown["headroom GiB"]) == ["0.9 (thin)", "1.5 (thin)", "12.0", "30.0"]
+
+
+def test_min_headroom_ranks_only_the_layouts_that_leave_it():
+    every = search(*SMALL, top_k=0, progress=False).table
+    room = every["headroom_gib"]
+    cut = float(room.median())
+    assert (room < cut).any() and (room >= cut).any()
+    roomy = search(*SMALL, top_k=0, progress=False, min_headroom_gib=cut).table
+    assert (roomy["headroom_gib"] >= cut).all()
+    assert list(roomy["layout"]) == list(every.loc[room >= cut, "layout"])   # same order, nothing else
+    assert list(roomy["rank"]) == list(range(1, len(roomy) + 1))
+    with pytest.raises(PlanError, match=r"no layout of gpt-1.7b on 16 x h100-sxm leaves min_headroom_gib=200 GiB"):
+        search(*SMALL, top_k=0, progress=False, min_headroom_gib=200)
+    assert keep_roomy(every, hbm_gib(base_plan(*SMALL)), 0.0, "x") is every
+
+
+def test_plan_command_min_headroom(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "32",
+            "--top-k", "0", "--rows", "3"]
+    assert main(args + ["--min-headroom", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == ("trainplan: error: --min-headroom -1 must be a number of GiB, "
+                                               "0 or more")
+    assert main(args + ["--min-headroom", "500"]) == 2
+    assert "leaves min_headroom_gib=500 GiB" in capsys.readouterr().err
