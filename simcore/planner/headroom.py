@@ -50,7 +50,7 @@ def headroom_note(df: pd.DataFrame, hbm_gib: float) -> list[str]:
             else "step_time_s"
         out += (f"; the best layout with {thin:.1f} GiB or more is #{int(alt['rank'])} {alt['layout']}, time "
                 f"{100 * (alt[col] / best[col] - 1):+.1f}%, {alt['headroom_gib']:.1f} GiB headroom "
-                f"(--min-headroom {thin:.0f} ranks only such layouts)")
+                f"(trainplan plan --min-headroom {thin:.0f} ranks only such layouts)")
     else:
         out += "; no layout that fits leaves more"
     return [out + "."]

@@ -198,6 +198,8 @@ def _cell_row(cell: dict, cluster) -> dict:
 
 def run_cell(sweep: Sweep, cell: dict) -> tuple[dict, object | None]:
     """Search the cell's best layout and price its run: (table row, RunCost or None)."""
+    from simcore.planner.formatting import hbm_gib
+    from simcore.planner.headroom import headroom_note
     from simcore.planner.runcost import run_cost
 
     row, res, tokens, prices = search_cell(sweep, cell)
@@ -206,7 +208,8 @@ def run_cell(sweep: Sweep, cell: dict) -> tuple[dict, object | None]:
     top = res.table.iloc[0]
     rc = run_cost(res.best, _prediction_of(top), tokens, prices=prices, failures=sweep.failures,
                   monte_carlo=sweep.monte_carlo)
-    row.update(layout=top["layout"], fits=True, **_cost_fields(rc, top, res.best.cluster), layouts=res.tally.simulated)
+    row.update(layout=top["layout"], fits=True, **_cost_fields(rc, top, res.best.cluster), layouts=res.tally.simulated,
+               thin_headroom=" ".join(headroom_note(res.table, hbm_gib(res.best))))
     return row, rc
 
 
@@ -252,11 +255,12 @@ class WhatIfResult:
         return display_table(self.table, list(self.sweep.grid))
 
     def notes(self) -> list[str]:
-        """Why cells could not be priced, one sentence each (spot included), deduplicated."""
+        """Why cells could not be priced, and cells whose best layout leaves thin headroom: one sentence each
+        (spot included), deduplicated."""
         out = []
         for row in self.table.to_dict(orient="records"):
             label = ", ".join(f"{a}={row[a]}" for a in self.sweep.grid)
-            for key in ("note", "infeasible", "spot_infeasible"):
+            for key in ("note", "infeasible", "spot_infeasible", "thin_headroom"):
                 if isinstance(row.get(key), str) and row[key]:
                     out.append(f"{label}: {row[key]}")
         return out
@@ -266,6 +270,7 @@ def display_table(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     """One formatted row per cell (``simcore.planner.formatting``): no scientific notation,
     MFU in percent, $ with units, intervals beside their values."""
     from simcore.planner import formatting as f
+    from simcore.planner.headroom import headroom_text
 
     out = pd.DataFrame({a: table[a].astype(str) for a in axes if a in table})
     get = lambda row, key: row.get(key, float("nan"))  # noqa: E731
@@ -276,7 +281,8 @@ def display_table(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         out["step s"] = [f.with_interval(get(r, "step_time_s"), get(r, "step_time_s_lo"), get(r, "step_time_s_hi"),
                                          lambda v: f"{v:.2f}") for r in rows]
         out["MFU"] = [f.percent(get(r, "mfu")) for r in rows]
-        out["headroom GiB"] = [f"{get(r, 'headroom_gib'):.1f}" if r.get("fits") else "" for r in rows]
+        out["headroom GiB"] = [headroom_text(get(r, "headroom_gib"), get(r, "headroom_gib") + get(r, "memory_per_gpu_gib"))
+                               if r.get("fits") else "" for r in rows]
         out["days"] = [f.with_interval(get(r, "days"), get(r, "days_lo"), get(r, "days_hi"), f.days) for r in rows]
         out["$ on-demand"] = [f.with_interval(get(r, "usd"), get(r, "usd_lo"), get(r, "usd_hi"), f.money)
                               for r in rows]
