@@ -13,6 +13,8 @@ import math
 import pandas as pd
 
 from simcore.planner import formatting as f
+from simcore.planner.headroom import headroom_text, is_thin
+from simcore.planner.sanity import THIN_HEADROOM
 
 MODE_LABELS = {"on_demand": "rent on-demand", "reserved": "rent reserved", "spot": "rent spot", "buy": "buy"}
 
@@ -92,7 +94,14 @@ def option_sentence(row) -> str:
     return (f"{option_label(row)}, {f.with_interval(row['days'], row['days_lo'], row['days_hi'], f.days)} days, "
             f"{f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)} "
             f"(${row['usd_per_gpu_hour']:.2f} per GPU-hour), layout {row['layout']}, "
-            f"{row['headroom_gib']:.1f} GiB memory headroom, MFU {f.percent(row['mfu'])} ({engine}){owned}")
+            f"{row['headroom_gib']:.1f} GiB memory headroom{_thin(row)}, MFU {f.percent(row['mfu'])} ({engine}){owned}")
+
+
+def _thin(row) -> str:
+    """' (thin: ...)' where the option's layout leaves under ``sanity.THIN_HEADROOM`` of its GPU."""
+    if not is_thin(row["headroom_gib"], row["headroom_gib"] + row["memory_per_gpu_gib"]):
+        return ""
+    return f" (thin: under {THIN_HEADROOM:.0%} of the GPU's memory; trainplan plan --min-headroom ranks roomier layouts)"
 
 
 def answer_lines(result) -> list[str]:
@@ -143,7 +152,7 @@ def display_table(options: pd.DataFrame, rows: int | None = None) -> pd.DataFram
         "$": [f.with_interval(r["usd"], r["usd_lo"], r["usd_hi"], f.money) for r in recs],
         "$/GPU-h": [f"{r['usd_per_gpu_hour']:.2f}" for r in recs],
         "MWh": [f"{r['energy_kwh'] / 1000:,.0f}" for r in recs],
-        "headroom GiB": [f"{r['headroom_gib']:.1f}" for r in recs],
+        "headroom GiB": [headroom_text(r["headroom_gib"], r["headroom_gib"] + r["memory_per_gpu_gib"]) for r in recs],
         "MFU": [f.percent(r["mfu"]) for r in recs],
         "engine": [r.get("engine", "") for r in recs]})
 

@@ -59,3 +59,14 @@ def test_plan_command_min_headroom(tmp_path, capsys, monkeypatch):
                                                "0 or more")
     assert main(args + ["--min-headroom", "500"]) == 2
     assert "leaves min_headroom_gib=500 GiB" in capsys.readouterr().err
+
+
+def test_a_procurement_answer_says_a_thin_layout():
+    from simcore.planner.procure_answer import option_sentence
+
+    row = {"mode": "reserved", "nodes": 32, "node": "dgx-h100", "gpus": 256, "fabric": "ib-ndr", "days": 30.0,
+           "days_lo": 28.0, "days_hi": 33.0, "usd": 1e6, "usd_lo": 9e5, "usd_hi": 1.1e6, "usd_per_gpu_hour": 2.5,
+           "layout": "tp4-pp4-dp16", "mfu": 0.45, "engine": "event", "memory_per_gpu_gib": 79.1, "headroom_gib": 0.9}
+    assert "0.9 GiB memory headroom (thin: under 5% of the GPU's memory" in option_sentence(row)
+    roomy = option_sentence({**row, "memory_per_gpu_gib": 60.0, "headroom_gib": 20.0})
+    assert "20.0 GiB memory headroom, MFU" in roomy and "thin" not in roomy
