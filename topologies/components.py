@@ -64,12 +64,15 @@ class GPU:
     """GPU-to-GPU link bandwidth per GPU, per direction."""
     pcie_gen: int
     pcie_bytes_per_s: float
-    """Host link bandwidth per direction."""
+    """PCIe link bandwidth per direction (the host link, and the NICs' path)."""
     tdp_w: float
     source: str
     compute_capability: float = 0.0
     """CUDA compute capability (NVIDIA GPUs; 0 elsewhere): which GEMM layouts and formats
     the stack's kernels take (``non_tn_fp8``)."""
+    host_link_bytes_per_s: float = 0.0
+    """The link to host memory per direction where it is not PCIe (NVLink-C2C on Grace
+    superchips); 0: the PCIe link."""
     calibrated: bool = False
     efficiency_json: str = ""
     """A calibrated profile's efficiency entry (JSON text, so the GPU stays hashable);
@@ -77,6 +80,11 @@ class GPU:
 
     def peak(self, precision: str) -> float | None:
         return dict(self.peak_flops).get(precision)
+
+    @property
+    def host_bytes_per_s(self) -> float:
+        """Bandwidth per direction between this GPU and host memory."""
+        return self.host_link_bytes_per_s or self.pcie_bytes_per_s
 
     @property
     def non_tn_fp8(self) -> bool:
@@ -195,6 +203,7 @@ def _gpu(name: str, e: dict, calibrated: bool = False, efficiency: dict | None =
         intra_link_bytes_per_s=_num(e, "intra_link_gbyte_per_s_bidir", where) * 1e9 / 2,
         pcie_gen=int(e.get("pcie_gen") or 0),
         pcie_bytes_per_s=_num(e, "pcie_gbyte_per_s_bidir", where) * 1e9 / 2,
+        host_link_bytes_per_s=(_num(e, "host_link_gbyte_per_s_bidir", where, allow_none=True) or 0.0) * 1e9 / 2,
         tdp_w=_num(e, "tdp_w", where),
         source=str(e.get("source", "")),
         compute_capability=_num(e, "compute_capability", where, allow_none=True) or 0.0,

@@ -185,6 +185,7 @@ def analytic(c: StepCosts) -> StepResult:
     dp_exposed += _interference_loss(c) * (grad - dp_exposed)   # the hidden part slows the backward
     offloaded = tr.offload != Offload.NONE
     offload_s = (opt + copies if fsdp2_offload(c.plan) else max(opt, copies)) if offloaded else 0.0
+    offload_s += m * sum(sum(c.copies_s(v)) for v in range(crit, c.stages, par.pp))   # activation offload's waits
     compute_s = m * o["compute"] + (0.0 if offloaded else opt)
     exposed = m * o["comm"] + dp_exposed + sync
     bubble = max(0.0, pipe - m * (o["compute"] + o["comm"]))

@@ -27,12 +27,14 @@ def _pieces(costs: StepCosts, a: Action, n: int, posted: bool = False) -> tuple[
     send, wait = costs.host_p2p_s(v, a.op == Op.F)   # CPU host: the receive's hand-over, the send call
     if posted:   # the post ran on this rank after that send (``_Step._post``)
         wait = max(0.0, wait - costs.p2p_post_s)
+    out_s, back_s = costs.copies_s(v)   # activation offload: the layers' waits for their copies
     if a.op == Op.F:
-        work = (("compute", "forward", costs.forward_s[v] / n), ("tp", "all_reduce", costs.forward_comm_s[v] / n))
+        work = (("compute", "forward", costs.forward_s[v] / n), ("tp", "all_reduce", costs.forward_comm_s[v] / n),
+                ("copy", "activation_offload", out_s / n))
     else:
         kind, t = ("backward", costs.backward_s(v)) if a.op == Op.B else ("backward_input", costs.backward_input_s[v])
-        work = (("compute", "recompute", costs.recompute_s[v] / n), ("compute", kind, t / n),
-                ("tp", "all_reduce", costs.backward_comm_s[v] / n))
+        work = (("copy", "activation_reload", back_s / n), ("compute", "recompute", costs.recompute_s[v] / n),
+                ("compute", kind, t / n), ("tp", "all_reduce", costs.backward_comm_s[v] / n))
     return (("wait", "recv", wait / n), *work, ("pp", "send", send / n))
 
 

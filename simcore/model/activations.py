@@ -208,6 +208,11 @@ def _wgrad_stash_per_layer(plan: Plan) -> float:
     return wl.ACT_BYTES * sb * (inputs + grads)
 
 
+def layer_activations(plan: Plan) -> rcp.LayerActivations:
+    """One layer's activation bytes for one micro-batch (``_layer_terms``)."""
+    return _layer_terms(plan)[0]
+
+
 def activation_terms(plan: Plan, overlap: float = 0.0) -> tuple:
     """What ``rank_activation_bytes`` needs of a plan, computed once per plan. ``overlap``:
     bytes of the last rank's buffers that are free while the loss's transients live (FSDP2's
@@ -253,13 +258,30 @@ def shape_activation_parts(vpp: int, shape: tuple[int, int, float, bool, bool], 
     """``shape_activation_bytes``' values in ``ACTIVATION_PARTS`` order (no dict per rank)."""
     (act, emb, last, transient, wstash), tr, overlap = terms
     chunks, owed, n, first, final = shape
-    stash_work = per_chunk.get(n) if per_chunk is not None else None
-    if stash_work is None:
-        stash_work = rcp.chunk_stash_bytes(tr, n, act), rcp.working_bytes(tr, n, act)
-        if per_chunk is not None:
-            per_chunk[n] = stash_work
+    stash_work = _chunk_parts(tr, n, act, per_chunk)
     loss, spike = (last, max(0.0, transient - overlap)) if final else (0.0, 0.0)
     # the loss's tensors are freed by its backward, before any layer's backward rebuilds its
     # working set: the two are never live together, so the larger one counts
     layers = chunks * stash_work[0] + max(0.0, stash_work[1] - loss - spike)
     return layers, chunks / vpp * emb if first else 0.0, loss, spike, owed * n * wstash
+
+
+def _chunk_parts(tr, n: float, act: rcp.LayerActivations, per_chunk: dict | None) -> tuple[float, float, float]:
+    """A model chunk of ``n`` layers: (the stash one micro-batch leaves on the GPU, the working
+    set recomputation adds, the stash offloaded to host memory), kept in ``per_chunk``."""
+    parts = per_chunk.get(n) if per_chunk is not None else None
+    if parts is None:
+        gpu, host = rcp.offload_split(tr, n, rcp.chunk_stash_bytes(tr, n, act))
+        parts = (gpu, rcp.working_bytes(tr, n, act), host)
+        if per_chunk is not None:
+            per_chunk[n] = parts
+    return parts
+
+
+def shape_offloaded_bytes(shape: tuple[int, int, float, bool, bool], terms, per_chunk: dict | None = None) -> float:
+    """Host bytes per GPU of ``training.activation_offload`` on a rank of shape ``shape``: the
+    offloaded layers' stash of every chunk it holds (one without a pipeline)."""
+    (act, *_), tr, _ = terms
+    if not tr.activation_offload:
+        return 0.0
+    return shape[0] * _chunk_parts(tr, shape[2], act, per_chunk)[2]

@@ -82,6 +82,10 @@ class StepCosts:
     a send (``schedules.fused_p2p``: Schedule1F1B's steady phase) it runs on the sender
     right after the send and is comm, as the executor's recorder times the joint call; the
     receive wait above, which holds a post, is that much shorter for a receive posted so."""
+    activation_copies_s: tuple[tuple[float, float], ...] = ()
+    """``training.activation_offload``, per virtual stage: the (forward, backward) wait of one
+    micro-batch for its offloaded activations' copies to and from host memory, the part the
+    layers' compute does not hide (empty: no offload)."""
     grad_sync_holds_send: bool = False
     """A stage's backward that reduces its gradients sends its input gradient upstream only
     once the reduction is complete. torch.distributed.pipelining runs DDP's reduction inside
@@ -97,6 +101,10 @@ class StepCosts:
 
     def backward_s(self, v: int) -> float:
         return self.backward_input_s[v] + self.backward_weight_s[v]
+
+    def copies_s(self, v: int) -> tuple[float, float]:
+        """(forward, backward) activation-offload wait of virtual stage ``v``'s micro-batch."""
+        return self.activation_copies_s[v] if self.activation_copies_s else (0.0, 0.0)
 
     def host_p2p_s(self, v: int, forward: bool) -> tuple[float, float]:
         """(blocking send call, receive wait) of virtual stage ``v``'s forward or backward chunk."""

@@ -40,11 +40,12 @@ def deepspeed_gathers(plan: Plan, layer_params: float) -> tuple[int, float]:
 POWERSGD_RANK = 1
 
 
-def _pcie_bytes_per_s(plan: Plan) -> float:
-    """Host-link bandwidth per GPU: GPUs behind one PCIe switch share its uplink."""
+def host_link_bytes_per_s(plan: Plan) -> float:
+    """Host-link bandwidth per GPU and direction (PCIe, or a superchip's NVLink-C2C): GPUs
+    behind one PCIe switch (one Grace) share its uplink."""
     node = plan.cluster.node
     share = min(1.0, node.pcie_switches / plan.cluster.gpus_per_node) if node.pcie_switches else 1.0
-    return node.gpu.pcie_bytes_per_s * share
+    return node.gpu.host_bytes_per_s * share
 
 
 def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params: float) -> dict[str, float]:
@@ -158,7 +159,7 @@ def optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
     host = owned * dev.adam_host_bytes_per_param / host_bw if host_bw > 0 else math.inf
     if fsdp2_offload(plan):
         return fsdp2_offload_s(plan, owned, host, host_bw)
-    copies = 2 * wb * owned / _pcie_bytes_per_s(plan)       # gradients down, parameters up
+    copies = 2 * wb * owned / host_link_bytes_per_s(plan)       # gradients down, parameters up
     return host, copies
 
 
@@ -189,7 +190,7 @@ def fsdp2_offload_s(plan: Plan, owned: float, host_adam_s: float, host_bw: float
     tr = plan.training
     f, b, r = fc.fsdp_stages_calls(plan, 1)[0]
     stored = mem.weight_bytes_per_param(Precision.FP32 if tr.master_weights else tr.precision)   # the shards' dtype
-    copies = (f + b + r) * stored * owned / _pcie_bytes_per_s(plan)
+    copies = (f + b + r) * stored * owned / host_link_bytes_per_s(plan)
     accumulate = max(0, r - 1) * HOST_ACCUMULATE_BYTES * owned / host_bw if host_bw > 0 else math.inf
     return host_adam_s + accumulate, copies
 

@@ -294,7 +294,10 @@ def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
                 buffers = dict.fromkeys(buffers, 0.0)
             kind = kinds[id(sp)] = (states, buffers, sum(buffers.values()))
         act = acts.shape_activation_parts(vpp, shape, terms, per_chunk)
-        return rank_row(kind[0], sum(act), kind[2], context, margin, grads_live), kind, act
+        states = kind[0]
+        if tr.activation_offload:   # the offloaded activations wait in host memory
+            states = {**states, "host": states["host"] + acts.shape_offloaded_bytes(shape, terms, per_chunk)}
+        return rank_row(states, sum(act), kind[2], context, margin, grads_live), kind, act
     return row_of, grads_live
 
 

@@ -171,6 +171,31 @@ def chunk_stash_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> floa
     return k * act.boundary + (n - k) * act.kept
 
 
+#: Layers of an offloaded stretch on the GPU at once: the one whose backward runs and the one
+#: reloaded ahead of it. Megatron-Core's ``--cpu-offloading`` runs Transformer Engine's
+#: ``AsyncDoubleBufferGroupOffloadHandler`` (transformer_engine/pytorch/cpu_offload.py: double
+#: buffers, "bulk offloading with delay and bulk reloading with prefetch"); torchtune's
+#: ``OffloadActivations`` likewise prefetches the next layer's tensors in the backward.
+OFFLOAD_RESIDENT_LAYERS = 2
+
+
+def offloaded_layers(tr: TrainingSpec, n: float) -> int:
+    """Layers of a model chunk of ``n`` whose saved activations go to host memory."""
+    return min(tr.activation_offload, max(1, int(round(n))))
+
+
+def offload_split(tr: TrainingSpec, n: float, stash: float) -> tuple[float, float]:
+    """A chunk's stash of ``n`` layers as (bytes on the GPU at its peak, bytes on the host).
+    The peak is the forward's end, holding the layers kept on the GPU, or the backward in the
+    offloaded stretch, holding ``OFFLOAD_RESIDENT_LAYERS`` of its layers (the kept layers'
+    backward has freed theirs by then)."""
+    o = offloaded_layers(tr, n)
+    if o == 0:
+        return stash, 0.0
+    per = stash / max(n, 1.0)
+    return per * max(n - o, min(o, OFFLOAD_RESIDENT_LAYERS)), per * o
+
+
 def working_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:
     """What recomputation adds to a chunk's peak beyond its stash: the layer (uniform: the
     group) it rebuilds in its backward, less what that backward has already freed (the

@@ -27,6 +27,7 @@ import functools
 import math
 import operator
 
+from simcore.model import act_offload as ao
 from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
@@ -331,6 +332,7 @@ def step_costs(plan: Plan) -> StepCosts:
         grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple(buckets),
         grad_reduce_per_microbatch=mem.sharded_gradients(plan) and per_block,
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
+        activation_copies_s=ao.activation_copies_s(plan, stages, (f, fc), (bi + bw + rc, bc)),
         model_flops_per_step=_model_flops_per_step(m, tr.global_batch),
         hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
         **pk.summary_fields(totals, worst),

@@ -221,7 +221,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
     )
 
 
-def _training(value) -> TrainingSpec:
+def _training(value, layers: int) -> TrainingSpec:
     doc = _mapping(value, "training")
     _check_keys(doc, _TRAINING_KEYS, "training")
     w = "training"
@@ -233,6 +233,7 @@ def _training(value) -> TrainingSpec:
         attention_kernel=AttentionKernel.parse(doc.get("attention_kernel", "auto"), "training.attention_kernel"),
         **_recompute(doc.get("recompute", "none")),
         offload=Offload.parse(doc.get("offload", "none"), "training.offload"),
+        activation_offload=_offloaded_layers(doc.get("activation_offload", 0), layers),
         flash_attention=_bool(doc, "flash_attention", w, False),
         optimizer=Optimizer.parse(doc.get("optimizer", "adamw"), "training.optimizer"),
         grad_compression=GradCompression.parse(doc.get("grad_compression", "none"),
@@ -244,6 +245,16 @@ def _training(value) -> TrainingSpec:
         grads_to_none=_bool(doc, "grads_to_none", w, True),
         allocator_margin=_margin(doc),
     )
+
+
+def _offloaded_layers(value, layers: int) -> int:
+    """``training.activation_offload``: a number of layers per model chunk, or ``all`` (the
+    model's layers: every layer of any chunk)."""
+    if value == "all":
+        return layers
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanError(f"training.activation_offload={value!r} must be a number of layers (0 or more) or 'all'")
+    return value
 
 
 def _margin(doc: dict) -> float | None:
@@ -296,11 +307,12 @@ def plan_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | No
     if cluster.node.calibrated:  # ranks sharing this host's cores see less of it each
         ranks_per_node = min(parallel.gpus, cluster.gpus_per_node)
         cluster = replace(cluster, node=scale_for_ranks(cluster.node, ranks_per_node))
+    model = _model(doc["model"], cat, base)
     plan = Plan(
-        model=_model(doc["model"], cat, base),
+        model=model,
         cluster=cluster,
         parallel=parallel,
-        training=_training(doc["training"]),
+        training=_training(doc["training"], model.layers),
         name=str(doc.get("name", "")),
     )
     check_plan(plan)
@@ -374,7 +386,7 @@ def plan_to_dict(plan: Plan) -> dict:
     training["recompute"] = recompute_doc(plan.training)
     for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True),
                          ("attention_kernel", AttentionKernel.AUTO.value), ("kernels", Kernels.FUSED.value),
-                         ("grads_to_none", True), ("optimizer_in_backward", False)):
+                         ("grads_to_none", True), ("optimizer_in_backward", False), ("activation_offload", 0)):
         if training[key] == default:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

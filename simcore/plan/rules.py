@@ -124,6 +124,11 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
             par.dp * par.cp == 1 or (par.zero >= ZeroStage.GRADIENTS and par.zero_impl == ZeroImpl.FSDP2))),
          "training.optimizer_in_backward needs one micro-batch per step, parallel.pp=1 and, with data "
          "parallel, FSDP2 (parallel.zero>=2): each gradient is stepped and freed as the backward makes it"),
+        (tr.activation_offload <= m.layers,
+         f"training.activation_offload={tr.activation_offload} exceeds model.layers={m.layers}"),
+        (not tr.activation_offload or par.pp == 1,
+         f"training.activation_offload={tr.activation_offload} needs parallel.pp=1 (Megatron-Core refuses CPU "
+         "offloading with pipeline parallelism, transformer_config.py; torchtune's offloading has no pipeline)"),
         (tr.grad_compression != GradCompression.POWERSGD or par.zero == ZeroStage.NONE,
          "training.grad_compression=powersgd needs parallel.zero=0 (it is a DDP communication hook)"),
     ]

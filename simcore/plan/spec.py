@@ -195,6 +195,10 @@ class TrainingSpec:
     block: checkpointed layers per model chunk); layer: checkpoint every Nth layer."""
     recompute_method: RecomputeMethod = RecomputeMethod.UNIFORM
     offload: Offload = Offload.NONE
+    activation_offload: int = 0
+    """Layers per model chunk whose saved activations wait in host memory between their forward
+    and backward (Megatron-Core ``--cpu-offloading-num-layers``; torchtune's
+    ``enable_activation_offloading`` offloads every layer: ``all`` in a Plan file)."""
     flash_attention: bool = False
     attention_kernel: AttentionKernel = AttentionKernel.AUTO
     """With ``flash_attention``: which kernel (its efficiency is catalog data per GPU)."""

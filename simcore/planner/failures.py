@@ -112,8 +112,8 @@ def plan_checkpoints(plan: Plan, storage: Storage, mtbf_s: float, *, tiered: boo
     write = size / wbw + storage.latency_s
     restore = size / storage_bytes_per_s(storage, nodes, write=False) + storage.latency_s
     blocking = write
-    if tiered:   # each GPU copies its shard to host memory over its PCIe link
-        blocking = size / plan.cluster.gpus / plan.cluster.node.gpu.pcie_bytes_per_s
+    if tiered:   # each GPU copies its shard to host memory over its host link (PCIe or NVLink-C2C)
+        blocking = size / plan.cluster.gpus / plan.cluster.node.gpu.host_bytes_per_s
     if interval_s is not None:
         rule = "given"
     elif math.isinf(mtbf_s):
