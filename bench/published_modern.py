@@ -7,7 +7,7 @@ filled by the fastest predicted choice that fits (as the authors tuned their run
 
 Rows whose hardware, precision or model the Plan cannot express yet are left out with
 the reason printed (``skip_reason``): a power-capped B200, sliding-window attention
-(GPT-OSS), Megatron-FSDP with activation offload. GB200 rows run on the catalog's
+(GPT-OSS). GB200 rows run on the catalog's
 ``gb200-nvl72`` (4-GPU trays in one 72-GPU NVLink domain, of which a job past one rack uses
 64: ``NVL72_JOB_GPUS_PER_RACK``); MXFP8 / NVFP4 rows on
 ``training.precision`` mxfp8 / nvfp4 (Transformer Engine's block-scaled recipes).
@@ -63,8 +63,6 @@ def skip_reason(row: pd.Series) -> str | None:
         return "sliding-window attention and attention sinks (GPT-OSS) have no ModelSpec field"
     if re.search(r"first layer dense", model) and not re.search(r"first \d+ layers? dense \(ffn", model):
         return "the dense layers' MLP width is not in the notes (Kimi K2)"
-    if "cpu_offloading_num_layers" in str(row.notes):
-        return "activation offload of N layers has no Plan field"
     return None
 
 
@@ -222,6 +220,8 @@ def base_doc(row: pd.Series) -> dict:
         # the launcher runs every job under expandable_segments:True (``PERF_ENV_VARS`` in
         # scripts/performance/utils/executors.py @21d102f5e)
         training["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
+    if offloaded := _flag(str(row.notes), r"cpu_offloading_num_layers=(\d+)"):   # Megatron-Core's activation offload
+        training["activation_offload"] = int(offloaded)
     if _deepep(row, ep):
         parallel["moe_dispatcher"] = "deepep"
     if src in TORCHAO:

@@ -114,7 +114,7 @@ def statistic(row: pd.Series) -> str:
 TORCHTUNE_FLAGS = (("packed", {}), ("compile", {"kernels": "fused"}), ("chunked cross", {"loss": "chunked"}),
                    ("activation checkpointing", {"recompute": "full"}),
                    ("optimizer step into backward", {"optimizer_in_backward": True}),
-                   ("activation offloading", "activation offloading to the CPU: no Plan field"),
+                   ("activation offloading", {"activation_offload": "all"}),
                    ("8-bit adamw", {"optimizer": "adamw8bit"}))
 
 

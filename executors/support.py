@@ -65,6 +65,8 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
     ]
     rules += [
+        (not tr.activation_offload, "training.activation_offload is priced, not run: the executor keeps its "
+         "saved activations in device memory"),
         (not par.overlap_param_gather, "parallel.overlap_param_gather is priced, not run: the executor's "
          "ZeroRedundancyOptimizer broadcasts the parameters after the step"),
         (not par.tp_comm_overlap, "parallel.tp_comm_overlap is not run by the executor: overlapping TP's "

@@ -336,6 +336,9 @@ def _megatron_training(a: _Args, f: dict) -> None:
     if granularity or a.flag("--recompute-activations"):
         f["training.recompute"] = granularity or "selective"
         a.value("--recompute-method", str), a.value("--recompute-num-layers")
+    offloaded = a.value("--cpu-offloading-num-layers")
+    if offloaded:   # N > 0 turns cpu_offloading on (arguments.py)
+        f["training.activation_offload"] = offloaded
     if a.flag("--optimizer-cpu-offload"):
         f["training.offload"] = "optimizer"
         a.flag("--use-precision-aware-optimizer"), a.value("--optimizer-offload-fraction", float)

@@ -126,6 +126,9 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "parallel, FSDP2 (parallel.zero>=2): each gradient is stepped and freed as the backward makes it"),
         (tr.activation_offload <= m.layers,
          f"training.activation_offload={tr.activation_offload} exceeds model.layers={m.layers}"),
+        (not tr.activation_offload or (plan.cluster.node.gpu.vendor != "cpu" and plan.cluster.node.gpu.host_bytes_per_s > 0),
+         f"training.activation_offload moves activations from a GPU to host memory; cluster.node="
+         f"{plan.cluster.node.name} has no host link to move them over (a CPU host's activations are in host memory)"),
         (not tr.activation_offload or par.pp == 1,
          f"training.activation_offload={tr.activation_offload} needs parallel.pp=1 (Megatron-Core refuses CPU "
          "offloading with pipeline parallelism, transformer_config.py; torchtune's offloading has no pipeline)"),

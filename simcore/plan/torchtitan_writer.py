@@ -89,6 +89,8 @@ def _check(plan: Plan) -> None:
         (tr.optimizer.value not in ("adamw", "adam"), "training.optimizer", tr.optimizer.value,
          "its optimizer.name is AdamW or Adam"),
         (not tr.grads_to_none, "training.grads_to_none", "false", "its optimizer frees the gradients (zero_grad)"),
+        (tr.activation_offload > 0, "training.activation_offload", tr.activation_offload,
+         "its job config has no activation offload"),
         (tr.optimizer_in_backward and par.ep > 1, "training.optimizer_in_backward", "true",
          "its optimizers in backward do not support expert parallel (components/optimizer.py)"),
         (m.moe, "model.experts", m.experts, "its llama3 model is dense, SwiGLU, RoPE, untied"),

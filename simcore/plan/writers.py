@@ -180,6 +180,15 @@ def _megatron_training_args(plan: Plan) -> list:
         args.append(("--recompute-granularity", "selective"))
     if tr.offload.value == "optimizer+params":
         raise _refuse("training.offload", tr.offload.value, "Megatron-LM", "it offloads optimizer states only")
+    if tr.activation_offload:   # --cpu-offloading-num-layers N > 0 turns on cpu_offloading (arguments.py)
+        if tr.recompute.value != "none":
+            raise ValueError(f"training.activation_offload={tr.activation_offload} with training.recompute="
+                             f"{tr.recompute.value} has no Megatron-LM equivalent: Megatron-Core's CPU offloading "
+                             "does not work when activation recomputation is enabled (transformer_config.py)")
+        if tr.activation_offload >= plan.model.layers:
+            raise ValueError(f"training.activation_offload={tr.activation_offload} has no Megatron-LM equivalent: "
+                             f"--cpu-offloading-num-layers must be below model.layers={plan.model.layers}")
+        args.append(("--cpu-offloading-num-layers", tr.activation_offload))
     if tr.offload.value == "optimizer":
         args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]
     # Megatron's default is auto (Transformer Engine's flash or fused kernel): say which
@@ -319,6 +328,9 @@ def deepspeed_config(plan: Plan) -> dict:
         raise _refuse("training.grad_compression", tr.grad_compression.value, "DeepSpeed config")
     if tr.optimizer_in_backward:
         raise _refuse("training.optimizer_in_backward", "true", "DeepSpeed config")
+    if tr.activation_offload:
+        raise _refuse("training.activation_offload", tr.activation_offload, "DeepSpeed config",
+                      "it offloads only checkpointed activations (activation_checkpointing.cpu_checkpointing)")
     if tr.optimizer.value in ("sgd", "adamw8bit", "adafactor"):
         raise _refuse("training.optimizer", tr.optimizer.value, "DeepSpeed config",
                       "its optimizer types have none; pass the optimizer to deepspeed.initialize")
