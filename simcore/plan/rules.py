@@ -108,7 +108,7 @@ def _expert_tp_rules(plan: Plan) -> list[tuple[bool, str]]:
 
 def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
     """The rules of the ``training`` section's choices against the rest of the Plan."""
-    par, tr, m = plan.parallel, plan.training, plan.model
+    par, tr, m, gpu = plan.parallel, plan.training, plan.model, plan.cluster.node.gpu
     return [
         (tr.attention_kernel == AttentionKernel.AUTO or tr.flash_attention,
          f"training.attention_kernel={tr.attention_kernel.value} needs training.flash_attention=true"),
@@ -126,7 +126,7 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "parallel, FSDP2 (parallel.zero>=2): each gradient is stepped and freed as the backward makes it"),
         (tr.activation_offload <= m.layers,
          f"training.activation_offload={tr.activation_offload} exceeds model.layers={m.layers}"),
-        (not tr.activation_offload or (plan.cluster.node.gpu.vendor != "cpu" and plan.cluster.node.gpu.host_bytes_per_s > 0),
+        (not tr.activation_offload or (gpu.vendor != "cpu" and gpu.host_bytes_per_s > 0),
          f"training.activation_offload moves activations from a GPU to host memory; cluster.node="
          f"{plan.cluster.node.name} has no host link to move them over (a CPU host's activations are in host memory)"),
         (not tr.activation_offload or par.pp == 1,

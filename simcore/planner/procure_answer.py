@@ -94,14 +94,16 @@ def option_sentence(row) -> str:
     return (f"{option_label(row)}, {f.with_interval(row['days'], row['days_lo'], row['days_hi'], f.days)} days, "
             f"{f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)} "
             f"(${row['usd_per_gpu_hour']:.2f} per GPU-hour), layout {row['layout']}, "
-            f"{row['headroom_gib']:.1f} GiB memory headroom{_thin(row)}, MFU {f.percent(row['mfu'])} ({engine}){owned}")
+            f"{row['headroom_gib']:.1f} GiB memory headroom{_thin(row)}, MFU {f.percent(row['mfu'])} "
+            f"({engine}){owned}")
 
 
 def _thin(row) -> str:
     """' (thin: ...)' where the option's layout leaves under ``sanity.THIN_HEADROOM`` of its GPU."""
     if not is_thin(row["headroom_gib"], row["headroom_gib"] + row["memory_per_gpu_gib"]):
         return ""
-    return f" (thin: under {THIN_HEADROOM:.0%} of the GPU's memory; trainplan plan --min-headroom ranks roomier layouts)"
+    return (f" (thin: under {THIN_HEADROOM:.0%} of the GPU's memory; trainplan plan --min-headroom ranks roomier "
+            "layouts)")
 
 
 def answer_lines(result) -> list[str]:
