@@ -37,7 +37,8 @@ def _activation_key(plan: Plan) -> tuple:
     par, tr = plan.parallel, plan.training
     interleaved = par.vpp > 1 or par.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE)   # schedules' own counts
     return (id(plan.model), par.tp, par.pp, par.cp, par.vpp, par.schedule if interleaved else None,
-            par.sequence_parallel, tr.micro_batch, tr.flash_attention, plan.num_microbatches, plan.layers_per_stage)
+            par.sequence_parallel, tr.micro_batch, tr.flash_attention, plan.num_microbatches, plan.layers_per_stage,
+            tr.activation_offload)
 
 
 def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
@@ -51,11 +52,11 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
     buffers = {r: mem.comm_buffer_bytes(plan, params[r]) for r in ranks}
     framework, fragmentation, count_buffers = pk.framework_terms(plan)
     grads_live = pk.gradients_at_activation_peak(plan)
-    acts = {}
+    acts, offloaded = {}, dict.fromkeys(recomputes, 0.0)
     for rc in recomputes:
         key = (_activation_key(plan), rc, tuple(ranks)) if cache is not None else None
+        p_rc = replace(plan, training=replace(plan.training, recompute=rc))
         if key is None or key not in cache:
-            p_rc = replace(plan, training=replace(plan.training, recompute=rc))
             terms = mem._activation_terms(p_rc)
             value = {r: mem.activation_bytes(p_rc, r, stages, terms) for r in ranks}
             if key is None:
@@ -63,6 +64,12 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
                 continue
             cache[key] = value
         acts[rc] = cache[key]
+    if plan.training.activation_offload:   # the offloaded activations wait in the node's host memory
+        for rc in recomputes:
+            p_rc = replace(plan, training=replace(plan.training, recompute=rc))
+            terms = mem._activation_terms(p_rc)
+            offloaded[rc] = plan.cluster.gpus_per_node * max(
+                mem.offloaded_activation_bytes(p_rc, r, stages, terms) for r in ranks)
     out = {}
     for off in offloads:
         p_off = replace(plan, training=replace(plan.training, offload=off))
@@ -71,7 +78,7 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
         for rc in recomputes:
             peak = max(pk.peak_tensor_bytes(states[r], acts[rc][r], buffers[r] if count_buffers else 0.0,
                                               grads_live) * (1 + fragmentation) for r in ranks)
-            out[off, rc] = (peak + framework, host)
+            out[off, rc] = (peak + framework, host + offloaded[rc])
     return out
 
 

@@ -137,3 +137,18 @@ def test_the_executor_refuses_it_in_one_sentence():
     for device in ("cpu", "cuda"):
         with pytest.raises(ValueError, match=r"^training.activation_offload is priced, not run: the executor keeps"):
             check_executable(_plan(16), device)
+
+
+def test_the_planner_s_memory_table_holds_the_offloaded_bytes_in_host_memory():
+    from dataclasses import replace
+
+    from simcore.model import memory as mem
+    from simcore.plan.spec import Offload, Recompute
+    from simcore.planner.evaluate import memory_table
+
+    plan = _plan(16)
+    table = memory_table(plan, (Offload.NONE,), (Recompute.NONE, Recompute.FULL), {})
+    for (_off, rc), (peak, host) in table.items():
+        full = mem.memory_per_rank(replace(plan, training=replace(plan.training, recompute=rc)))
+        assert peak == pytest.approx(max(m["total"] for m in full), rel=1e-12)
+        assert host == pytest.approx(max(m["host"] for m in full) * 8, rel=1e-12) and host > 0
