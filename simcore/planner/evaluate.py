@@ -15,6 +15,7 @@ from simcore.model import memory as mem
 from simcore.model import peak as pk
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule
+from simcore.planner.sanity import THIN_HEADROOM
 from simcore.planner.space import Layout, SearchSpace
 
 
@@ -172,14 +173,54 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
             costs = step_costs(plan) if costs is None else replace(costs, plan=plan, **memory_fields(plan))
             if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
                 cache["costs", lay] = costs
-            return [_row(lay, analytic(costs))]
-    return []
+            rows = [_row(lay, analytic(costs))]
+            return rows if (k, i) == (0, 0) or not space.activation_offload else rows + _offloaded(base, family, tally)
+    return _offloaded(base, family, tally) if space.activation_offload else []
+
+
+def _offloaded(base: Plan, family: Layout, tally: Tally) -> list[dict]:
+    """A layout without a pipeline that fits only with recomputation or optimizer offload (or
+    not at all), with the fewest layers' activations offloaded to host memory that make it fit
+    without either (``training.activation_offload`` below the model's layers, as Megatron-Core
+    requires) and leave ``sanity.THIN_HEADROOM`` of the GPU free where any count does: its row,
+    or none where no count fits the GPU and the host."""
+    from simcore.engine.analytic import analytic
+    from simcore.model.step_costs import step_costs
+
+    top = base.model.layers - 1
+    if family.pp > 1 or top < 1 or base.training.activation_offload:
+        return []
+    tally.candidates += 1
+
+    def plan_of(n: int) -> Plan:
+        return replace(family, recompute=Recompute.NONE, offload=Offload.NONE, activation_offload=n).apply(base, True)
+
+    if _rejected(plan_of(top), tally):
+        return []
+    peak = lambda n: max(mem.rank_totals(plan_of(n))[0])  # noqa: E731
+    hbm, least = base.cluster.node.gpu.hbm_bytes, peak(top)
+    if least > hbm:
+        tally.no_fit += 1
+        return []
+    limit = hbm * (1 - THIN_HEADROOM) if least <= hbm * (1 - THIN_HEADROOM) else hbm
+    lo, hi = 1, top   # the GPU's bytes fall as layers are offloaded: the fewest within the limit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if peak(mid) <= limit else (mid + 1, hi)
+    plan = plan_of(lo)
+    totals, _, host = mem.rank_totals(plan)
+    if not fits_memory(base, max(totals), pk.host_node_bytes(plan, host)):
+        tally.no_fit += 1
+        return []
+    tally.simulated += 1
+    return [_row(replace(family, activation_offload=lo), analytic(step_costs(plan)))]
 
 
 def _row(lay: Layout, res) -> dict:
     return {"layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
             "vpp": lay.vpp, "zero": int(lay.zero), "schedule": lay.schedule.value,
             "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute.value, "offload": lay.offload.value,
+            "activation_offload": lay.activation_offload,
             "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
             "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
             "compute_s": res.compute_s, "exposed_comm_s": res.exposed_comm_s, "bubble_s": res.bubble_s,

@@ -13,7 +13,10 @@ a node, PP across nodes, then DP), and as the automatic planners do by exhaustio
    ``check_plan`` have the final word (a PlanError rejects a candidate);
 2. prunes by memory (``simcore.model.memory``) before any timing, and by dominance: for a
    given layout it keeps only the lightest recompute that fits (recompute only adds
-   time), and tries optimizer offload only where nothing fits without it;
+   time), and tries optimizer offload only where nothing fits without it; without a
+   pipeline, where recompute or offload was needed, it also times the layout with the
+   fewest layers' activations offloaded to host memory that fit without recomputing
+   (``evaluate._offloaded``: cheap over NVLink-C2C, dear over PCIe);
 3. ranks the survivors by the analytic path (``simulate(engine="analytic")``);
 4. re-simulates the top K on the event engine (``engine="des"``) and re-ranks them;
 5. returns the table, the Pareto front of time against cost, the best Plan and why the
@@ -96,10 +99,13 @@ TIE_DIGITS = 6
 
 def _complexity(df: pd.DataFrame) -> pd.DataFrame:
     """What makes a layout harder to run, most important first: parallel dimensions in use,
-    ZeRO stage, then the context-parallel, virtual-stage, expert, tensor and pipeline sizes."""
+    ZeRO stage, activation offload, then the context-parallel, virtual-stage, expert, tensor and
+    pipeline sizes."""
     axes = sum((df[a] > 1).astype(int) for a in ("tp", "pp", "dp", "cp", "ep")) + (df["vpp"] > 1).astype(int)
-    return pd.DataFrame({"axes": axes, "zero": df["zero"], "cp": df["cp"], "vpp": df["vpp"], "ep": df["ep"],
-                         "tp": df["tp"], "pp": df["pp"], "micro_batch": df["micro_batch"]}, index=df.index)
+    offload = df["activation_offload"] if "activation_offload" in df else 0
+    return pd.DataFrame({"axes": axes, "zero": df["zero"], "offload": offload, "cp": df["cp"], "vpp": df["vpp"],
+                         "ep": df["ep"], "tp": df["tp"], "pp": df["pp"], "micro_batch": df["micro_batch"]},
+                        index=df.index)
 
 
 def merge_ties(df: pd.DataFrame) -> pd.DataFrame:
@@ -134,7 +140,8 @@ def _layout_of(row) -> Layout:
     return Layout(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), cp=int(row["cp"]), ep=int(row["ep"]),
                   vpp=int(row["vpp"]), zero=ZeroStage(int(row["zero"])), schedule=Schedule(row["schedule"]),
                   micro_batch=int(row["micro_batch"]), recompute=Recompute(row["recompute"]),
-                  offload=Offload(row["offload"]), sequence_parallel=bool(row["sequence_parallel"]))
+                  offload=Offload(row["offload"]), sequence_parallel=bool(row["sequence_parallel"]),
+                  activation_offload=int(row.get("activation_offload", 0)))
 
 
 def _des(args) -> dict:

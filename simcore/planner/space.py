@@ -45,6 +45,10 @@ class SearchSpace:
     offload: tuple[Offload, ...] = OFFLOAD_ORDER
     sequence_parallel: tuple[bool, ...] = (True,)
     """Sequence parallelism with tp > 1 (where the sequence splits over tp)."""
+    activation_offload: bool = True
+    """Without a pipeline, where recomputation is what makes a layout fit: also the fewest
+    layers whose activations, offloaded to host memory, make it fit without recomputing
+    (``training.activation_offload``, below the model's layers as Megatron-Core requires)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +67,7 @@ class Layout:
     recompute: Recompute = Recompute.NONE
     offload: Offload = Offload.NONE
     sequence_parallel: bool = False
+    activation_offload: int = 0
 
     def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
@@ -72,7 +77,7 @@ class Layout:
                       vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
                       sequence_parallel=self.sequence_parallel)
         tr = replace(base.training, micro_batch=self.micro_batch, recompute=self.recompute,
-                     offload=self.offload)
+                     offload=self.offload, activation_offload=self.activation_offload or base.training.activation_offload)
         cluster = base.cluster
         gpus = self.tp * self.pp * self.dp * self.cp
         if gpus < cluster.gpus and gpus % cluster.gpus_per_node == 0:   # a smaller booking
@@ -83,7 +88,8 @@ class Layout:
         sched = self.schedule.value + (f"x{self.vpp}" if self.vpp > 1 else "")
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}" + (f"-ep{self.ep}" if self.ep > 1 else "")
                 + ("-sp" if self.sequence_parallel else "") + f"-z{int(self.zero)}-mb{self.micro_batch}-{sched}-rc:{self.recompute.value}"
-                + (f"-off:{self.offload.value}" if self.offload != Offload.NONE else ""))
+                + (f"-off:{self.offload.value}" if self.offload != Offload.NONE else "")
+                + (f"-aoff:{self.activation_offload}" if self.activation_offload else ""))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -152,3 +152,34 @@ def test_the_planner_s_memory_table_holds_the_offloaded_bytes_in_host_memory():
         full = mem.memory_per_rank(replace(plan, training=replace(plan.training, recompute=rc)))
         assert peak == pytest.approx(max(m["total"] for m in full), rel=1e-12)
         assert host == pytest.approx(max(m["host"] for m in full) * 8, rel=1e-12) and host > 0
+
+
+def test_the_search_offloads_the_fewest_layers_that_leave_headroom_where_recompute_was_needed():
+    """Llama 3 70B on 64 GB200 as Megatron-Bridge runs it (Megatron-FSDP over 64, micro-batch 2,
+    no recompute: 40 of 80 layers offloaded in their recipe): the search finds the offload."""
+    from dataclasses import replace
+
+    from simcore.plan.spec import ZeroStage
+    from simcore.planner.sanity import THIN_HEADROOM
+    from simcore.planner.search import _layout_of, search
+    from simcore.planner.space import base_plan, derive_space
+
+    args = ({"name": "llama3-70b", "seq_len": 8192}, {"node": "gb200-nvl72", "nodes": 16}, 256)
+    base = base_plan(*args)
+    space = replace(derive_space(base), tp=(1,), pp=(1, 2), cp=(1,), zero=(ZeroStage.WEIGHTS,), micro_batch=(2,),
+                    vpp=(2,))
+    t = search(*args, top_k=0, progress=False, space=space).table
+    off = t[t["activation_offload"] > 0]
+    assert len(off) == 1 and (off["pp"] == 1).all() and (off["recompute"] == "none").all()
+    assert (t.loc[(t["pp"] == 1) & (t["activation_offload"] == 0), "recompute"] != "none").all()
+    row = off.iloc[0]
+    n = int(row["activation_offload"])
+    assert row["layout"].endswith(f"-rc:none-aoff:{n}") and 0 < n < 80
+    plan = _layout_of(row).apply(base)
+    assert plan.training.activation_offload == n
+    limit = (1 - THIN_HEADROOM) * 186
+    assert memory_report(plan)["memory_per_gpu_gib"] <= limit < memory_report(
+        replace(plan, training=replace(plan.training, activation_offload=n - 1)))["memory_per_gpu_gib"]
+    # NVLink-C2C hides the copies: it beats recomputing the same layout
+    recomputed = t[(t["pp"] == 1) & (t["activation_offload"] == 0)]
+    assert row["step_time_s"] < recomputed["step_time_s"].min()
