@@ -278,6 +278,11 @@ def _chunk_parts(tr, n: float, act: rcp.LayerActivations, per_chunk: dict | None
     return parts
 
 
+def rank_offloaded_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms) -> float:
+    """Host bytes per GPU of pipeline rank ``rank``'s offloaded activations (``training.activation_offload``)."""
+    return shape_offloaded_bytes(rank_shapes(plan, stages)[rank], terms)
+
+
 def shape_offloaded_bytes(shape: tuple[int, int, float, bool, bool], terms, per_chunk: dict | None = None) -> float:
     """Host bytes per GPU of ``training.activation_offload`` on a rank of shape ``shape``: the
     offloaded layers' stash of every chunk it holds (one without a pipeline)."""

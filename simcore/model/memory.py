@@ -125,11 +125,6 @@ def loss_overlap(plan: Plan, params: tuple[StageParams, ...] | None = None) -> f
     return t["fsdp_all_gather"] + t["fsdp_reduce_scatter"] + t["fsdp_root"]
 
 
-def offloaded_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms) -> float:
-    """Host bytes per GPU of pipeline rank ``rank``'s offloaded activations (``training.activation_offload``)."""
-    return acts.shape_offloaded_bytes(acts.rank_shapes(plan, stages)[rank], terms)
-
-
 def activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...] | None = None, terms=None) -> float:
     """Activation bytes of pipeline rank ``rank`` at its peak (the loss's buffers included)."""
     stages = stages if stages is not None else plan.layers_per_stage

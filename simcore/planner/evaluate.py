@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from simcore.model import activations
 from simcore.model import memory as mem
 from simcore.model import peak as pk
 from simcore.plan.rules import check_plan
@@ -70,7 +71,7 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
             p_rc = replace(plan, training=replace(plan.training, recompute=rc))
             terms = mem._activation_terms(p_rc)
             offloaded[rc] = plan.cluster.gpus_per_node * max(
-                mem.offloaded_activation_bytes(p_rc, r, stages, terms) for r in ranks)
+                activations.rank_offloaded_bytes(p_rc, r, stages, terms) for r in ranks)
     out = {}
     for off in offloads:
         p_off = replace(plan, training=replace(plan.training, offload=off))
