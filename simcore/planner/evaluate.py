@@ -175,8 +175,9 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
             if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
                 cache["costs", lay] = costs
             rows = [_row(lay, analytic(costs))]
-            return rows if (k, i) == (0, 0) or not space.activation_offload else rows + _offloaded(base, family, tally)
-    return _offloaded(base, family, tally) if space.activation_offload else []
+            return rows if (k, i) == (0, 0) or True not in space.activation_offload else \
+                rows + _offloaded(base, family, tally)
+    return _offloaded(base, family, tally) if True in space.activation_offload else []
 
 
 def _offloaded(base: Plan, family: Layout, tally: Tally) -> list[dict]:

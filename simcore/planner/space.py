@@ -45,10 +45,11 @@ class SearchSpace:
     offload: tuple[Offload, ...] = OFFLOAD_ORDER
     sequence_parallel: tuple[bool, ...] = (True,)
     """Sequence parallelism with tp > 1 (where the sequence splits over tp)."""
-    activation_offload: bool = True
-    """Without a pipeline, where recomputation is what makes a layout fit: also the fewest
-    layers whose activations, offloaded to host memory, make it fit without recomputing
-    (``training.activation_offload``, below the model's layers as Megatron-Core requires)."""
+    activation_offload: tuple[bool, ...] = (False, True)
+    """With True among them: without a pipeline, where recomputation is what makes a layout
+    fit, also the fewest layers whose activations, offloaded to host memory, make it fit
+    without recomputing (``training.activation_offload``, below the model's layers as
+    Megatron-Core requires); a what-if sweep pins ``[false]`` to leave it out."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,7 +41,7 @@ _FIGURES = {
 }
 _SPACE_PARSERS = {"tp": int, "pp": int, "cp": int, "ep": int, "vpp": int, "micro_batch": int,
                   "zero": lambda v: ZeroStage(int(v)), "schedule": Schedule, "recompute": Recompute,
-                  "offload": Offload, "sequence_parallel": bool}
+                  "offload": Offload, "sequence_parallel": bool, "activation_offload": bool}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

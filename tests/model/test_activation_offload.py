@@ -183,3 +183,21 @@ def test_the_search_offloads_the_fewest_layers_that_leave_headroom_where_recompu
     # NVLink-C2C hides the copies: it beats recomputing the same layout
     recomputed = t[(t["pp"] == 1) & (t["activation_offload"] == 0)]
     assert row["step_time_s"] < recomputed["step_time_s"].min()
+
+
+def test_a_sweep_can_leave_the_offload_out_of_the_search():
+    from dataclasses import replace
+
+    from simcore.plan.spec import ZeroStage
+    from simcore.planner.search import search
+    from simcore.planner.space import base_plan, derive_space
+    from simcore.planner.whatif import _space_of, sweep_from_dict
+
+    args = ({"name": "llama3-70b", "seq_len": 8192}, {"node": "gb200-nvl72", "nodes": 16}, 256)
+    base = base_plan(*args)
+    sweep = sweep_from_dict({"name": "t", "model": args[0], "cluster": args[1], "global_batch": 256, "tokens": 1e9,
+                             "grid": {"nodes": [16]}, "space": {"activation_offload": [False]}})
+    assert _space_of(base, sweep, {"nodes": 16}).activation_offload == (False,)
+    space = replace(derive_space(base), tp=(1,), pp=(1,), cp=(1,), zero=(ZeroStage.WEIGHTS,), micro_batch=(2,),
+                    activation_offload=(False,))
+    assert (search(*args, top_k=0, progress=False, space=space).table["activation_offload"] == 0).all()
