@@ -57,8 +57,8 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
     acts, offloaded = {}, dict.fromkeys(recomputes, 0.0)
     for rc in recomputes:
         key = (_activation_key(plan), rc, tuple(ranks)) if cache is not None else None
-        p_rc = replace(plan, training=replace(plan.training, recompute=rc))
         if key is None or key not in cache:
+            p_rc = replace(plan, training=replace(plan.training, recompute=rc))
             terms = mem._activation_terms(p_rc)
             value = {r: mem.activation_bytes(p_rc, r, stages, terms) for r in ranks}
             if key is None:
