@@ -211,9 +211,10 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     df = _with_intervals_and_headroom(df, base)
     best = _layout_of(df.iloc[0]).apply(base)
     best = replace(best, name=f"{base.model.name}-{best.cluster.node.name}x{best.cluster.nodes}-{best.name}")
+    explanations = explain_ranking(df, tally, explain)
+    explanations[2:2] = headroom_note(df, hbm_gib(base))   # right after the best layout's line
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
-                        explanations=explain_ranking(df, tally, explain) + headroom_note(df, hbm_gib(base))
-                        + _overlap(df))
+                        explanations=explanations + _overlap(df))
 
 
 def _with_intervals_and_headroom(df: pd.DataFrame, base: Plan) -> pd.DataFrame:
