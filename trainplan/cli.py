@@ -108,6 +108,8 @@ def _planning_commands(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, help="processes for the search")
     p.add_argument("--allow-fewer-gpus", action="store_true", help="also try layouts using part of the cluster")
     p.add_argument("--rows", type=int, default=20, help="rows of the ranked table to print")
+    p.add_argument("--no-activation-offload", dest="activation_offload", action="store_false",
+                   help="rank no layout that offloads activations to host memory (for stacks without it)")
     p.add_argument("--min-headroom", type=float, default=0.0, metavar="GIB",
                    help="rank only layouts that leave this much GPU memory (default 0: every layout that fits)")
     p.add_argument("--out", type=Path, help="where to write the best Plan (default: NAME.yaml)")

@@ -99,7 +99,8 @@ def cmd_plan(args) -> None:
         raise UsageError(f"--min-headroom {args.min_headroom:g} must be a number of GiB, 0 or more")
     res = search(model, cluster, args.global_batch, objective=args.objective, top_k=args.top_k, jobs=args.jobs,
                  tokens=args.tokens, progress=sys.stderr.isatty() and not args.json,
-                 allow_fewer_gpus=args.allow_fewer_gpus, min_headroom_gib=args.min_headroom)
+                 allow_fewer_gpus=args.allow_fewer_gpus, min_headroom_gib=args.min_headroom,
+                 activation_offload=args.activation_offload)
     out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:

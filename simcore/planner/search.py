@@ -179,10 +179,11 @@ def _run(fn, args: list, jobs: int, progress: bool, desc: str, weights: list[int
 def search(model, cluster_doc, global_batch: int, *, objective: str = "time", top_k: int = 10, jobs: int = 1,
            tokens: float | None = None, progress: bool = True, training: dict | None = None,
            space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = False,
-           explain: int = 5, min_headroom_gib: float = 0.0) -> SearchResult:
+           explain: int = 5, min_headroom_gib: float = 0.0, activation_offload: bool = True) -> SearchResult:
     """Every valid layout of ``model`` on the cluster, ranked by ``objective`` (time | cost
     | pareto); the top ``top_k`` re-simulated on the event engine (0: none). With
-    ``min_headroom_gib`` only layouts that leave that much GPU memory are ranked."""
+    ``min_headroom_gib`` only layouts that leave that much GPU memory are ranked; without
+    ``activation_offload`` none offloads activations (a stack that cannot, such as torchtitan)."""
     from simcore.planner.formatting import hbm_gib
     from simcore.planner.headroom import headroom_note, keep_roomy
 
@@ -192,6 +193,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         raise ValueError(f"jobs={jobs} must be at least 1")
     base = base_plan(model, cluster_doc, global_batch, training)
     space = space or derive_space(base, uneven_pp=uneven_pp)
+    if not activation_offload:
+        space = replace(space, activation_offload=(False,))
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
     results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",

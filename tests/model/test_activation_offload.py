@@ -201,3 +201,19 @@ def test_a_sweep_can_leave_the_offload_out_of_the_search():
     space = replace(derive_space(base), tp=(1,), pp=(1,), cp=(1,), zero=(ZeroStage.WEIGHTS,), micro_batch=(2,),
                     activation_offload=(False,))
     assert (search(*args, top_k=0, progress=False, space=space).table["activation_offload"] == 0).all()
+
+
+def test_the_plan_command_can_rank_without_offload(tmp_path, capsys, monkeypatch):
+    import json
+
+    from trainplan.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "--model", "llama3-70b", "--cluster", "gb200-nvl72", "--nodes", "16", "--global-batch", "256",
+            "--seq-len", "8192", "--top-k", "0", "--rows", "400", "--json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["table"]
+    assert any(r["activation_offload"] > 0 for r in rows)
+    assert main(args + ["--no-activation-offload"]) == 0
+    rows = json.loads(capsys.readouterr().out)["table"]
+    assert rows and all(r["activation_offload"] == 0 for r in rows)
