@@ -9,6 +9,9 @@ completely hidden behind computation if computation time of a layer is longer th
 communication time"; the offload of layer k runs beside layer k+1's forward, the reload of
 layer k-1 beside layer k's backward. The bytes are the layer's stash as the memory model keeps
 it (``recompute.chunk_stash_bytes``), over the GPU's host link (``dp_costs.host_link_bytes_per_s``).
+This is Megatron-Core's timing; torchtune's ``OffloadActivations`` brings each tensor back only
+when its backward node asks for it (the compute stream waits for that copy), which costs more
+than the prefetch charged here.
 """
 from __future__ import annotations
 

@@ -174,8 +174,10 @@ def chunk_stash_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> floa
 #: Layers of an offloaded stretch on the GPU at once: the one whose backward runs and the one
 #: reloaded ahead of it. Megatron-Core's ``--cpu-offloading`` runs Transformer Engine's
 #: ``AsyncDoubleBufferGroupOffloadHandler`` (transformer_engine/pytorch/cpu_offload.py: double
-#: buffers, "bulk offloading with delay and bulk reloading with prefetch"); torchtune's
-#: ``OffloadActivations`` likewise prefetches the next layer's tensors in the backward.
+#: buffers, "bulk offloading with delay and bulk reloading with prefetch"). torchtune's
+#: ``OffloadActivations`` (training/_activation_offloading.py @bd2a0fc7c) holds less: at most
+#: ``max_fwd_stash_size`` (5) tensors while their copies run, and each tensor brought back when
+#: its backward node unpacks it; two layers bound it from above.
 OFFLOAD_RESIDENT_LAYERS = 2
 
 
