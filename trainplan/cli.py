@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from simcore.plan.spec import PlanError
+from simcore.planner.stacks import STACKS
 from topologies.components import CatalogError
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
@@ -108,6 +109,8 @@ def _planning_commands(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, help="processes for the search")
     p.add_argument("--allow-fewer-gpus", action="store_true", help="also try layouts using part of the cluster")
     p.add_argument("--rows", type=int, default=20, help="rows of the ranked table to print")
+    p.add_argument("--stack", choices=[*STACKS, "executor"],
+                   help="rank only layouts this stack runs: its exporter writes them (executor: trainplan's own, on GPUs)")
     p.add_argument("--no-activation-offload", dest="activation_offload", action="store_false",
                    help="rank no layout that offloads activations to host memory (for stacks without it)")
     p.add_argument("--min-headroom", type=float, default=0.0, metavar="GIB",

@@ -82,6 +82,17 @@ def _parse_prices(items: list[str] | None) -> dict[str, float]:
     return out
 
 
+def _executor_refuses(plan) -> str | None:
+    """Why trainplan's executor cannot run ``plan`` on GPU nodes (its sentence), or None."""
+    from executors.support import check_executable
+
+    try:
+        check_executable(plan, "cuda")
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def cmd_plan(args) -> None:
     from simcore.planner.search import search, summary_table
     from simcore.plan.load import plan_to_dict
@@ -100,7 +111,8 @@ def cmd_plan(args) -> None:
     res = search(model, cluster, args.global_batch, objective=args.objective, top_k=args.top_k, jobs=args.jobs,
                  tokens=args.tokens, progress=sys.stderr.isatty() and not args.json,
                  allow_fewer_gpus=args.allow_fewer_gpus, min_headroom_gib=args.min_headroom,
-                 activation_offload=args.activation_offload)
+                 activation_offload=args.activation_offload, stack=args.stack,
+                 refuses=_executor_refuses if args.stack == "executor" else None)
     out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:

@@ -179,11 +179,14 @@ def _run(fn, args: list, jobs: int, progress: bool, desc: str, weights: list[int
 def search(model, cluster_doc, global_batch: int, *, objective: str = "time", top_k: int = 10, jobs: int = 1,
            tokens: float | None = None, progress: bool = True, training: dict | None = None,
            space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = False,
-           explain: int = 5, min_headroom_gib: float = 0.0, activation_offload: bool = True) -> SearchResult:
+           explain: int = 5, min_headroom_gib: float = 0.0, activation_offload: bool = True,
+           stack: str | None = None, refuses=None) -> SearchResult:
     """Every valid layout of ``model`` on the cluster, ranked by ``objective`` (time | cost
     | pareto); the top ``top_k`` re-simulated on the event engine (0: none). With
     ``min_headroom_gib`` only layouts that leave that much GPU memory are ranked; without
-    ``activation_offload`` none offloads activations (a stack that cannot, such as torchtitan)."""
+    ``activation_offload`` none offloads activations; with ``stack`` only layouts that stack
+    runs (``stacks.STACKS``: its exporter writes them; ``refuses(plan)``, where given, says
+    why a layout cannot run instead)."""
     from simcore.planner.formatting import hbm_gib
     from simcore.planner.headroom import headroom_note, keep_roomy
 
@@ -207,8 +210,13 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         raise PlanError(f"no layout of {base.model.name} fits {base.cluster.gpus} x {base.cluster.node.gpu.name} "
                         f"with training.global_batch={global_batch} ({_tally_sentence(tally)})")
     df = _objective_order(merge_ties(_add_cost(pd.DataFrame(rows), base, tokens)), objective).reset_index(drop=True)
-    df = keep_roomy(df, hbm_gib(base), min_headroom_gib, f"{base.model.name} on {base.cluster.gpus} x "
-                                                         f"{base.cluster.node.gpu.name}")
+    what = f"{base.model.name} on {base.cluster.gpus} x {base.cluster.node.gpu.name}"
+    df = keep_roomy(df, hbm_gib(base), min_headroom_gib, what)
+    left_out = ""
+    if stack:
+        from simcore.planner.stacks import exporter_check, keep_runnable
+        df, left_out = keep_runnable(df, lambda row: _layout_of(row).apply(base), refuses or exporter_check(stack),
+                                     stack, what)
     df = _engine_rerank(df, base, top_k, jobs, progress, objective)
     df.insert(0, "rank", range(1, len(df) + 1))
     df = _with_intervals_and_headroom(df, base)
@@ -216,6 +224,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     best = replace(best, name=f"{base.model.name}-{best.cluster.node.name}x{best.cluster.nodes}-{best.name}")
     explanations = explain_ranking(df, tally, explain)
     explanations[2:2] = headroom_note(df, hbm_gib(base))   # right after the best layout's line
+    explanations[1:1] = [left_out] if left_out else []
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
                         explanations=explanations + _overlap(df))
 

@@ -1,0 +1,61 @@
+"""Ranking for the stack a team runs: a layout its launcher cannot express is no recommendation.
+
+Each stack's test is its exporter (``simcore.plan.writers``, ``simcore.plan.torchtitan_writer``):
+the sentence with which it refuses a layout (Megatron-LM refuses ZeRO-3 with FSDP2 gathers per
+block, torchtitan ZeRO-1 and activation offload, DeepSpeed's ds_config tensor parallelism, ...)
+is the reason the layout leaves the ranking. ``trainplan`` adds its own executor as a stack.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Callable
+
+import pandas as pd
+
+from simcore.plan.spec import Plan, PlanError
+
+#: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
+STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
+#: How the sentences name a stack.
+LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
+          "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor"}
+
+
+def exporter_check(stack: str) -> Callable[[Plan], str | None]:
+    """Why ``stack``'s exporter refuses a plan (its sentence), or None where it writes one."""
+    from simcore.plan.writers import export_plan
+
+    if stack not in STACKS:
+        raise PlanError(f"--stack {stack!r} is not one of: {', '.join(STACKS)}")
+
+    def check(plan: Plan) -> str | None:
+        try:
+            export_plan(plan, stack)
+        except ValueError as exc:
+            return str(exc)
+        return None
+    return check
+
+
+def keep_runnable(df: pd.DataFrame, plan_of: Callable[[pd.Series], Plan], refuses: Callable[[Plan], str | None],
+                  stack: str, what: str) -> tuple[pd.DataFrame, str]:
+    """The ranked rows whose plan (``plan_of(row)``) ``stack`` runs, and a sentence on those it
+    does not; one PlanError sentence naming ``what`` when it runs none."""
+    reasons = [refuses(plan_of(row)) for _, row in df.iterrows()]
+    keep = [r is None for r in reasons]
+    refused = Counter(_kind(r) for r in reasons if r is not None)
+    name = LABELS.get(stack, stack)
+    if not any(keep):
+        raise PlanError(f"{name} runs no layout of {what} that fits (most often: {refused.most_common(1)[0][0]})")
+    if not refused:
+        return df, ""
+    common = "; ".join(f"{reason} ({n})" for reason, n in refused.most_common(3))
+    return (df[keep].reset_index(drop=True),
+            f"{sum(refused.values())} layouts that fit were left out because {name} cannot run them: {common}")
+
+
+def _kind(reason: str) -> str:
+    """A refusal without the value it names (``parallel.zero=1`` as ``parallel.zero``), to count
+    refusals by kind."""
+    return re.sub(r"(\b[a-z_]+\.[a-z_]+)=\S+", r"\1", reason)

@@ -1,0 +1,54 @@
+"""Ranking for the stack a team runs: the layouts its exporter (or trainplan's executor)
+refuses leave the ranking, each kind of refusal counted in one sentence."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from simcore.plan.spec import PlanError
+from simcore.planner.search import _layout_of, search
+from simcore.planner.space import base_plan
+from simcore.planner.stacks import exporter_check, keep_runnable
+from simcore.plan.writers import export_plan
+from trainplan.cli import main
+
+QUESTION = ({"name": "llama3-70b", "seq_len": 8192}, {"node": "gb200-nvl72", "nodes": 16}, 256)
+
+
+def test_the_stacks_exporter_decides_and_the_sentence_counts_its_refusals():
+    df = pd.DataFrame({"layout": ["a", "b", "c", "d"], "zero": [1, 3, 1, 2]})
+    refuses = lambda z: None if z >= 2 else f"parallel.zero={z} has no X option"  # noqa: E731
+    kept, sentence = keep_runnable(df, lambda row: row["zero"], refuses, "torchtitan", "m on 8 x g")
+    assert list(kept["layout"]) == ["b", "d"]
+    assert sentence == ("2 layouts that fit were left out because torchtitan 0.3 cannot run them: "
+                        "parallel.zero has no X option (2)")
+    with pytest.raises(PlanError, match=r"^Megatron-LM runs no layout of m on 8 x g that fits \(most often: "
+                                        r"parallel.zero has no X option\)$"):
+        keep_runnable(df.head(1), lambda row: row["zero"], refuses, "megatron", "m on 8 x g")
+    with pytest.raises(PlanError, match="is not one of: megatron, deepspeed, torchtitan, torchtitan-0.2"):
+        exporter_check("jax")
+
+
+def test_a_search_for_torchtitan_ranks_what_torchtitan_runs_in_the_same_order():
+    every = search(*QUESTION, top_k=0, progress=False)
+    res = search(*QUESTION, top_k=0, progress=False, stack="torchtitan")
+    base = base_plan(*QUESTION)
+    for _, row in res.table.head(40).iterrows():
+        export_plan(_layout_of(row).apply(base), "torchtitan")   # no refusal
+    kept = set(res.table["layout"])
+    assert list(res.table["layout"]) == [lay for lay in every.table["layout"] if lay in kept]
+    assert len(res.table) < len(every.table) and (res.table["zero"] != 1).all()
+    assert (res.table["activation_offload"] == 0).all()
+    assert "because torchtitan 0.3 cannot run them: parallel.zero has no torchtitan option" in res.explanations[1]
+
+
+def test_the_plan_command_ranks_for_the_executor(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "--model", "llama3-70b", "--cluster", "gb200-nvl72", "--nodes", "16", "--global-batch", "256",
+            "--seq-len", "8192", "--top-k", "0", "--rows", "5", "--json"]
+    assert main(args + ["--stack", "executor"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(r["offload"] == "none" and r["activation_offload"] == 0 for r in out["table"])
+    assert "because trainplan's executor cannot run them" in out["explanations"][1]
