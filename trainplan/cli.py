@@ -183,6 +183,7 @@ def _procure_command(sub) -> None:
     p.add_argument("--utilisation", type=float, help="buying: share of the life the cluster does paid work")
     p.add_argument("--jobs", type=int, help="processes for the cells")
     p.add_argument("--no-resimulate", action="store_true", help="analytic engine only (no event-engine re-simulation)")
+    p.add_argument("--stack", choices=STACKS, help="rank only layouts this stack runs (its exporter writes them)")
     p.add_argument("--rows", type=int, default=15, help="rows of the options table to print")
     p.add_argument("--report", type=Path, metavar="DIR", help="write the HTML + Markdown report here")
     p.add_argument("--json", action="store_true")

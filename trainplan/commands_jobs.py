@@ -268,7 +268,7 @@ def _procure_doc(args) -> dict:
     over = {"tokens": args.tokens, "global_batch": args.global_batch, "deadline_days": args.deadline_days,
             "budget_usd": args.budget, "jobs": args.jobs, "gpus": _csv(args.gpus, "--gpus"),
             "nodes": _csv(args.nodes, "--nodes", int), "fabrics": _csv(args.fabrics, "--fabrics"),
-            "modes": _csv(args.modes, "--modes")}
+            "modes": _csv(args.modes, "--modes"), "stack": args.stack}
     doc.update({k: v for k, v in over.items() if v is not None})
     buy = {"life_years": args.life_years, "utilisation": args.utilisation}
     if any(v is not None for v in buy.values()):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from simcore.plan.load import read_yaml_file
 from simcore.plan.spec import PlanError
+from simcore.planner.stacks import checked_stack
 from topologies.hardware import load_catalog
 
 #: The ways of paying for the GPUs: rent (simcore/planner/runcost.py, spot.py) or buy (prices.BuySheet).
@@ -62,6 +63,8 @@ class Candidates:
     """Re-simulate the frontier and the answers on the event engine."""
     mixed: tuple = ()
     """Mixed pipelines: {gpus: [BASE, OTHER], nodes: [...], share: 0.5} (``simcore.planner.procure_mixed``)."""
+    stack: str | None = None
+    """Rank only layouts this stack runs (``simcore.planner.stacks.STACKS``); None: any."""
 
 
 def default_gpus() -> tuple[str, ...]:
@@ -180,7 +183,7 @@ def candidates_from_dict(doc: dict) -> Candidates:
         space=dict(DEFAULT_SPACE if doc.get("space") is None else doc["space"]),
         storage=doc.get("storage"), jobs=_number(doc, "jobs", whole=True) if "jobs" in doc else 1,
         failures=bool(doc.get("failures", True)), resimulate=bool(doc.get("resimulate", True)),
-        mixed=tuple(_mixed(doc)))
+        mixed=tuple(_mixed(doc)), stack=checked_stack(doc.get("stack"), "candidates.stack"))
 
 
 def _mixed(doc: dict) -> list[dict]:
@@ -222,7 +225,7 @@ def sweep_of(c: Candidates, gpu: str):
     cluster = {"node": node_for_gpu(gpu), "nodes": 1, **({"storage": c.storage} if c.storage else {})}
     return Sweep(name=c.name, model=c.model, cluster=cluster, global_batch=c.global_batch, tokens=c.tokens,
                  training=c.training, space=c.space, top_k=0, objective="time", jobs=1, monte_carlo=0,
-                 failures=c.failures, prices=rent)
+                 failures=c.failures, prices=rent, stack=c.stack)
 
 
 def buy_sheet_of(c: Candidates, row: dict):

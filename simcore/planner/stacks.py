@@ -22,6 +22,13 @@ LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "to
           "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor"}
 
 
+def checked_stack(value, where: str) -> str | None:
+    """A sweep's or candidates file's ``stack`` (None: any layout), or one sentence naming ``where``."""
+    if value is None or value in STACKS:
+        return value
+    raise PlanError(f"{where}={value!r} is not one of: {', '.join(STACKS)}")
+
+
 def exporter_check(stack: str) -> Callable[[Plan], str | None]:
     """Why ``stack``'s exporter refuses a plan (its sentence), or None where it writes one."""
     from simcore.plan.writers import export_plan

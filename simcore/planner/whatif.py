@@ -29,6 +29,7 @@ import pandas as pd
 
 from simcore.plan.load import read_yaml_file
 from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage
+from simcore.planner.stacks import checked_stack
 from topologies.hardware import load_catalog
 
 _CLUSTER_KEYS = ("node", "nodes", "fabric", "storage", "gpus_per_node")
@@ -61,6 +62,8 @@ class Sweep:
     monte_carlo: int = 0
     failures: bool = True
     prices: dict[str, float] = field(default_factory=dict)
+    stack: str | None = None
+    """Rank only layouts this stack runs (``simcore.planner.stacks.STACKS``); None: any."""
 
 
 def _known_axis(key: str) -> bool:
@@ -101,7 +104,8 @@ def sweep_from_dict(doc: dict, default_name: str = "sweep") -> Sweep:
                  training=dict(doc.get("training") or {}), grid=grid, space=dict(doc.get("space") or {}),
                  top_k=int(doc.get("top_k", 0)), objective=str(doc.get("objective", "time")),
                  jobs=int(doc.get("jobs", 1)), monte_carlo=int(doc.get("monte_carlo", 0)),
-                 failures=bool(doc.get("failures", True)), prices=dict(doc.get("prices") or {}))
+                 failures=bool(doc.get("failures", True)), prices=dict(doc.get("prices") or {}),
+                 stack=checked_stack(doc.get("stack"), "sweep.stack"))
 
 
 def node_for_gpu(gpu: str) -> str:
@@ -184,7 +188,8 @@ def search_cell(sweep: Sweep, cell: dict):
     row = _cell_row(cell, cluster)
     try:
         res = search(model, cluster, gb, objective=sweep.objective, top_k=sweep.top_k, jobs=sweep.jobs,
-                     tokens=tokens, progress=False, training=training, space=_space_of(base, sweep, cell), explain=0)
+                     tokens=tokens, progress=False, training=training, space=_space_of(base, sweep, cell), explain=0,
+                     stack=sweep.stack)
     except PlanError as exc:
         return {**row, "layout": None, "fits": False, "note": str(exc)}, None, tokens, prices
     return row, res, tokens, prices

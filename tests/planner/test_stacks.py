@@ -52,3 +52,20 @@ def test_the_plan_command_ranks_for_the_executor(tmp_path, capsys, monkeypatch):
     out = json.loads(capsys.readouterr().out)
     assert all(r["offload"] == "none" and r["activation_offload"] == 0 for r in out["table"])
     assert "because trainplan's executor cannot run them" in out["explanations"][1]
+
+
+def test_what_if_cells_and_procurement_rank_for_a_stack():
+    from simcore.planner.procure_input import candidates_from_dict, sweep_of
+    from simcore.planner.whatif import run_whatif, sweep_from_dict
+
+    doc = {"name": "t", "model": "llama3-8b", "cluster": {"node": "dgx-h100", "nodes": 1}, "global_batch": 64,
+           "tokens": 1e10, "grid": {"nodes": [1, 2]}, "failures": False,
+           "space": {"zero": [1, 3], "pp": [1], "cp": [1], "micro_batch": [1]}, "stack": "torchtitan"}
+    table = run_whatif(sweep_from_dict(doc), progress=False).table
+    assert table["fits"].all() and (~table["layout"].str.contains("-z1-")).all()   # torchtitan has no ZeRO-1
+    gpt = run_whatif(sweep_from_dict({**doc, "model": "gpt-1.7b"}), progress=False).table   # a GeLU MLP
+    assert not gpt["fits"].any() and gpt["note"].str.startswith("torchtitan 0.3 runs no layout of gpt-1.7b").all()
+    c = candidates_from_dict({"model": "llama3-8b", "tokens": 1e12, "stack": "megatron"})
+    assert c.stack == "megatron" and sweep_of(c, "h100-sxm").stack == "megatron"
+    with pytest.raises(PlanError, match=r"^candidates.stack='jax' is not one of: megatron, deepspeed"):
+        candidates_from_dict({"model": "llama3-8b", "tokens": 1e12, "stack": "jax"})
