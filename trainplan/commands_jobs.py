@@ -82,15 +82,12 @@ def _parse_prices(items: list[str] | None) -> dict[str, float]:
     return out
 
 
-def _executor_refuses(plan) -> str | None:
-    """Why trainplan's executor cannot run ``plan`` on GPU nodes (its sentence), or None."""
+def _executor_refuses():
+    """Why trainplan's executor cannot run a plan on GPU nodes (its sentence), or None."""
     from executors.support import check_executable
+    from simcore.planner.stacks import refusal_of
 
-    try:
-        check_executable(plan, "cuda")
-    except ValueError as exc:
-        return str(exc)
-    return None
+    return refusal_of(lambda plan: check_executable(plan, "cuda"))
 
 
 def cmd_plan(args) -> None:
@@ -112,7 +109,7 @@ def cmd_plan(args) -> None:
                  tokens=args.tokens, progress=sys.stderr.isatty() and not args.json,
                  allow_fewer_gpus=args.allow_fewer_gpus, min_headroom_gib=args.min_headroom,
                  activation_offload=args.activation_offload, stack=args.stack,
-                 refuses=_executor_refuses if args.stack == "executor" else None)
+                 refuses=_executor_refuses() if args.stack == "executor" else None)
     out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:

@@ -29,20 +29,24 @@ def checked_stack(value, where: str) -> str | None:
     raise PlanError(f"{where}={value!r} is not one of: {', '.join(STACKS)}")
 
 
-def exporter_check(stack: str) -> Callable[[Plan], str | None]:
-    """Why ``stack``'s exporter refuses a plan (its sentence), or None where it writes one."""
-    from simcore.plan.writers import export_plan
-
-    if stack not in STACKS:
-        raise PlanError(f"--stack {stack!r} is not one of: {', '.join(STACKS)}")
-
+def refusal_of(run: Callable[[Plan], object]) -> Callable[[Plan], str | None]:
+    """A check that raises ValueError with its sentence (an exporter, the executor's
+    ``check_executable``) as one that returns the sentence, or None where ``run`` passes."""
     def check(plan: Plan) -> str | None:
         try:
-            export_plan(plan, stack)
+            run(plan)
         except ValueError as exc:
             return str(exc)
         return None
     return check
+
+
+def exporter_check(stack: str) -> Callable[[Plan], str | None]:
+    """Why ``stack``'s exporter refuses a plan (its sentence), or None where it writes one."""
+    from simcore.plan.writers import export_plan
+
+    checked_stack(stack, "stack")
+    return refusal_of(lambda plan: export_plan(plan, stack))
 
 
 def keep_runnable(df: pd.DataFrame, plan_of: Callable[[pd.Series], Plan], refuses: Callable[[Plan], str | None],
