@@ -18,7 +18,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRAINPLAN_PROFILE=$OUT/profi
   > "$OUT/env.txt" 2>&1
 # the runs first (they need no profile: the predictions are made afterwards, anywhere)
 start=$SECONDS
-timeout "${RUNS_LIMIT_S:-290}" python3 bench/gpu_validate.py run --out "$OUT" ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/validate.log"
+timeout "${RUNS_LIMIT_S:-290}" python3 bench/gpu_validate.py run --out "$OUT" ${ONLY:+--only $ONLY} \
+  --steps "${STEPS:-12}" --warmup "${WARMUP:-4}" 2>&1 | tee "$OUT/validate.log"
 echo "runs: $((SECONDS - start)) s"
 if [ "${SKIP_CALIBRATE:-0}" != 1 ]; then
   start=$SECONDS

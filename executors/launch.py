@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from executors.act_offload import offload_host_peak
 from executors.procs import init_distributed, spawn
 from executors.watchdog import heartbeat
 from simcore.plan.spec import Plan, ZeroStage
@@ -129,8 +130,10 @@ def run_rank(rank: int, world: int, device: torch.device, plan: Plan, opts: RunO
         free, total = torch.cuda.mem_get_info(device)
         cuda = {"cuda_memory": {"max_allocated": torch.cuda.max_memory_allocated(device),
                                 "max_reserved": torch.cuda.max_memory_reserved(device), "device_used": total - free}}
+    host = offload_host_peak(trainer.parts)
     return {"rank": rank, "steps": steps, "losses": losses, "memory_bytes": memory,
-            "device": str(device), "host": socket.gethostname(), **cuda}
+            "device": str(device), "host": socket.gethostname(), **cuda,
+            **({"offload_host_bytes": host} if host else {})}
 
 
 def _null():

@@ -186,6 +186,8 @@ def summarise(plan, records: list[dict], warmup: int) -> StepResult:
         extra={"loss_first": records[0]["losses"][0], "loss_last": records[0]["losses"][-1],
                **({"dp_sync_wait_s": sum(waits) / k} if any(waits) else {}),
                **({"recorder_overhead": recorded_time / step_time - 1} if bare else {}),
+               **({"activation_offload.host_peak": float(max(r.get("offload_host_bytes", 0) for r in records))}
+                  if any("offload_host_bytes" in r for r in records) else {}),
                **{f"cuda_memory.{k}": float(max(r["cuda_memory"][k] for r in records))
                   for k in (records[0].get("cuda_memory") or {})},
                **{f"calls.{kind}.{axis}": float(c) for (kind, axis), c in sorted(calls.items())}})

@@ -44,6 +44,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from executors import groups, moe, tied
 from executors.float8 import apply_float8
+from executors.act_offload import apply_activation_offload
 from executors.recompute import apply_recompute
 from executors.ring_attention import apply_cp
 from executors.support import check_executable, uses_replicate  # noqa: F401  (launch and the tests find them here)
@@ -372,6 +373,7 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
         if par.tp > 1:
             apply_tp(module, mesh["tp"], par.sequence_parallel)
         apply_recompute(module, plan.training)
+        apply_activation_offload(module, plan.training, device)
         mine = moe.expert_params(module)
         experts += mine
         parts.append(apply_dp(module, plan, dp_mesh, device, frozenset(mine)))

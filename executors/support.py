@@ -9,6 +9,7 @@ variants, Megatron's uniform recompute groups) are not run here.
 """
 from __future__ import annotations
 
+from executors.act_offload import check_activation_offload
 from executors.float8 import TORCHAO_RECIPES, torchao_available
 from executors.recompute import check_recompute
 from simcore.plan.spec import (CpComm, GradCompression, MoeDispatcher, Offload, Optimizer, Plan, Precision, Schedule,
@@ -65,8 +66,8 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
     ]
     rules += [
-        (not tr.activation_offload, "training.activation_offload is priced, not run: the executor keeps its "
-         "saved activations in device memory"),
+        (not tr.activation_offload or device_type == "cuda", "training.activation_offload needs a GPU: it "
+         "moves saved activations from device memory to pinned host memory, where a CPU rank's already are"),
         (not par.overlap_param_gather, "parallel.overlap_param_gather is priced, not run: the executor's "
          "ZeroRedundancyOptimizer broadcasts the parameters after the step"),
         (not par.tp_comm_overlap, "parallel.tp_comm_overlap is not run by the executor: overlapping TP's "
@@ -93,3 +94,4 @@ def check_executable(plan: Plan, device_type: str) -> None:
         if not ok:
             raise ValueError(message)
     check_recompute(tr)
+    check_activation_offload(tr)

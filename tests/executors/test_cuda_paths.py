@@ -55,3 +55,11 @@ def test_torchao_float8_trains_on_cuda(recipe):
     m = _run({"precision": "fp8", "fp8_recipe": recipe})
     _check(m)
     assert m.extra["loss_last"] < m.extra["loss_first"]
+
+
+def test_activation_offload_moves_the_first_blocks_to_pinned_host_memory():
+    plain, off = _run(), _run({"activation_offload": 1})
+    _check(off)
+    assert off.extra["activation_offload.host_peak"] > 0
+    assert off.extra["cuda_memory.max_allocated"] < plain.extra["cuda_memory.max_allocated"]
+    assert off.extra["loss_first"] == pytest.approx(plain.extra["loss_first"], rel=1e-3)

@@ -131,12 +131,15 @@ def test_the_megatron_export_passes_megatron_s_own_rules_which_catch_what_it_ref
                                      "--recompute-granularity full")) == ["cpu-offloading-no-recompute"]
 
 
-def test_the_executor_refuses_it_in_one_sentence():
+def test_the_executor_runs_it_on_a_gpu_alone_and_without_recompute_in_one_sentence():
     from executors.support import check_executable
 
-    for device in ("cpu", "cuda"):
-        with pytest.raises(ValueError, match=r"^training.activation_offload is priced, not run: the executor keeps"):
-            check_executable(_plan(16), device)
+    check_executable(_plan(16), "cuda")
+    with pytest.raises(ValueError, match=r"^training.activation_offload needs a GPU: it moves saved"):
+        check_executable(_plan(16), "cpu")
+    with pytest.raises(ValueError, match=r"^training.activation_offload=16 with training.recompute=selective is "
+                                         r"not run by the executor"):
+        check_executable(_plan(16, recompute="selective"), "cuda")
 
 
 def test_the_planner_s_memory_table_holds_the_offloaded_bytes_in_host_memory():
