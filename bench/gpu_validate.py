@@ -116,7 +116,7 @@ def write_residuals(rows: list[dict], docs: dict, kind: str, measured_on: dict) 
                + ", ".join(r["layout"] for r in kept),
         "when": measured_on.get("date", "")[:10],
         "how": "bench/gpu_validate.py: event-engine prediction on the GPU's calibrated profile against the "
-               "executor (nccl, world size 1; each run's steps in its notes); left out: "
+               "executor (nccl, world size 1; the steps each run took are in bench/RESULTS.md); left out: "
                + "; ".join(f"{k} ({v})" for k, v in RESIDUALS_LEFT_OUT.items()),
         "residual": "ln(measured / predicted)"})
     text = path.read_text()

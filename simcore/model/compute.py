@@ -1,11 +1,10 @@
 """Kernel time from a roofline with measured efficiencies (Williams et al. 2009, "Roofline").
 
 An op takes max(FLOPs / (peak x eff(shape)), bytes / (HBM bandwidth x eff_mem)) plus a
-fixed per-kernel overhead. ``eff(shape)`` is the achieved fraction of the dense peak for a
-GEMM of that many FLOPs, a curve kept as data per GPU in
-``topologies/catalog/efficiency.yaml`` (each with its source) in the manner of Calculon
-(calculon-ai/calculon, ``systems/a100_80g.json`` efficiency tables). No fudge factor
-lives in this module: every number comes from the GPU's catalog entry.
+fixed per-kernel overhead. ``eff(shape)`` is the achieved fraction of the dense peak for a GEMM
+of that many FLOPs, a curve kept as data per GPU in ``topologies/catalog/efficiency.yaml`` (each
+with its source) in the manner of Calculon (calculon-ai/calculon, ``systems/a100_80g.json``
+efficiency tables). No fudge factor lives here: every number comes from the GPU's entry.
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import json
 from dataclasses import dataclass, field, fields
 
 from simcore.plan.spec import PlanError
+from simcore.model import eager_ops as eager
 from simcore.model import workload as wl
 from simcore.model.workload import Op
 from topologies.components import GPU, EfficiencyCurve
@@ -58,8 +58,7 @@ class DeviceModel:
     comm_compute_interference: float = 1.0
     """Factor by which compute slows while an overlapped NCCL kernel shares the GPU (>= 1)."""
     attention_length: EfficiencyCurve | None = None
-    """Multiplier of the attention fractions by the query tokens of one kernel (1 at the
-    plateau): short chunks, as context parallel makes them, run the kernel less efficiently."""
+    """Multiplier of the attention fractions by one kernel's query tokens (1 at the plateau)."""
     fp8_matmul_ratio: float = 1.0
     """An FP8 GEMM's achieved fraction of the FP8 peak relative to a 16-bit GEMM's of its peak
     at the same size (catalog ``fp8_matmul_ratio``, per GPU; 1 where none is given)."""
@@ -78,6 +77,8 @@ class DeviceModel:
     """Whether Transformer Engine's per-tensor FP8 cast writes a transposed copy beside the
     data: on GPUs whose FP8 GEMMs take only TN layouts (Hopper, Ada); not on Blackwell
     (``GPU.non_tn_fp8``)."""
+    eager_autocast: bool = False
+    """The executor's eager autocast stack (a GPU profile of its runs, 16-bit): ``eager_ops`` count."""
     parallel_kernels: tuple[tuple[str, float, float], ...] = ()
     """(mode, forward, backward) extra host kernels per layer and micro-batch that a torch
     parallel wrapper costs over the plain eager layer (mode: tp, tp_sp, fsdp_zero2,
@@ -259,6 +260,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         fp8_transpose=not (gpu.non_tn_fp8 and fp8_recipe in wl.TE_TENSOR_SCALING),
         fp8_matmul_ratio=_linear_ratio(e, precision, fp8_recipe),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
+        eager_autocast=eager.runs_eager(e, gpu.vendor, precision),
         **_host_terms(e),
     )
 

@@ -31,6 +31,7 @@ from simcore.model import act_offload as ao
 from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
+from simcore.model import eager_ops as eager
 from simcore.model import end_comm as ec
 from simcore.model import host_costs as hc
 from simcore.model import memory as mem
@@ -60,6 +61,8 @@ def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: st
                                etp=etp)
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
         ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8", dev.fp8_transpose)
+    if dev.eager_autocast:      # the executor's eager autocast stack on a GPU
+        ops += eager.layer_ops(model, b=b, s=s, tp=tp)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
     core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))
@@ -71,7 +74,8 @@ _SCATTERS = operator.itemgetter(2)
 
 @functools.lru_cache(maxsize=1024)
 def _logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
-    return cmp.ops_time_s(wl.logits_forward_ops(model, b=b, s=s, tp=tp), dev)
+    extra = eager.logits_ops(model, b=b, s=s, tp=tp) if dev.eager_autocast else []
+    return cmp.ops_time_s(wl.logits_forward_ops(model, b=b, s=s, tp=tp) + extra, dev)
 
 
 @functools.lru_cache(maxsize=256)

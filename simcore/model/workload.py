@@ -56,9 +56,14 @@ class Op:
     length: int = 0
     """Query tokens of one attention kernel (0: not an attention kernel); its efficiency
     depends on it (``compute.attention_length_factor``)."""
+    uncounted: bool = False
+    """Kernels outside the modelled set whose launches the per-kernel costs already carry
+    (``eager_ops``): their device time counts, their launches do not."""
 
     @property
     def kernels(self) -> int:
+        if self.uncounted:
+            return 0
         return 1 if self.batched else self.count
 
 

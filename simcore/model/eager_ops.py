@@ -1,0 +1,71 @@
+"""The kernels the executor's eager autocast stack runs beyond the fused 16-bit set the workload
+model counts (``workload.layer_forward_ops``: Megatron-Core / Transformer Engine fusions).
+
+On a GPU in bf16 or fp16 the executor (``executors.model``) runs torch autocast over fp32 master
+weights, uncompiled: the embedding's output and so the residual stream stay fp32, the norms run
+in fp32 (autocast's fp32 list), every linear casts its own input to 16 bits (the attention
+norm's output three times, for wq, wk and wv; the MLP norm's for w1 and w3), every weight is
+cast to 16 bits once per micro-batch (autocast's cache lives for one forward), rotary embeddings
+run as five eager kernels on q and on k (``apply_rope``: neg, cat, two muls, add), SwiGLU as
+``silu`` then ``mul``, the attention output is transposed back into a copy, and the loss upcasts
+the logits to fp32. Each is a memory-bound pass whose bytes are counted here, as the extra over
+what the fused set already charges. Their launches are not counted (``Op.uncounted``): the
+profile's per-kernel host and launch costs are per modelled kernel of the same eager layer
+(``executors.calibrate.probes.bench_host_overhead``), so they already carry them.
+
+Measured (bench/RESULTS.md, twenty-fifth session): the bf16 steps of the 0.9B Llama-style
+matrix ran 26% (H200) and 30% (H100) longer than the fused set predicts, 11-13 ms per
+micro-batch forward and 16-22 ms backward; these counts give 8-11 and 12-17 ms.
+"""
+from __future__ import annotations
+
+from simcore.model import params as pm
+from simcore.model.workload import Op
+from simcore.plan.spec import ModelSpec, PositionEmbedding
+
+#: Bytes of an fp32 and of a 16-bit element.
+FP32, HALF = 4, 2
+#: Bytes per element of width w the eager rotate-half RoPE moves (``executors.model.apply_rope``):
+#: neg of one half (read and write half the tensor), cat (read and write it), x * cos and
+#: rotated * sin (read and write it each), the add (read two, write one), all 16-bit.
+ROPE_BYTES = HALF * (1 + 2 + 2 + 2 + 3)
+#: Bytes per element of casting an fp32 tensor to 16 bits (read 4, write 2).
+CAST_BYTES = FP32 + HALF
+
+
+def runs_eager(entry: dict, vendor: str, precision: str) -> bool:
+    """Whether a GPU's efficiency ``entry`` is a profile of the executor's own runs (its memory is
+    counted on the executor's tensors, ``executor_activations``) at a 16-bit autocast precision."""
+    return vendor != "cpu" and precision in ("bf16", "fp16") and bool((entry.get("memory") or {}).get(
+        "executor_activations"))
+
+
+def _pass(name: str, bytes_: float) -> Op:
+    return Op(name=name, flops=0.0, bytes=bytes_, matmul=False, uncounted=True)
+
+
+def layer_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
+    """One layer's forward, one micro-batch: the eager autocast stack's passes beyond the fused set."""
+    tokens, h = b * s, m.hidden
+    readers = 3 + (2 if m.gated_mlp else 1)          # the linears that cast a norm's output apart
+    pc = pm.param_counts(m)
+    ops = [
+        # fused LayerNorm/RMSNorm: 16-bit in and out (4 B an element); eager autocast: fp32 (8 B)
+        _pass("eager_norms_fp32", 2 * (2 * FP32 - 2 * HALF) * tokens * h),
+        _pass("eager_input_casts", readers * CAST_BYTES * tokens * h),
+        # residual add: fused reads two 16-bit tensors, writes one (6 B); eager: fp32 x + 16-bit y -> fp32 (10 B)
+        _pass("eager_residual_fp32", 2 * (FP32 + HALF + FP32 - 3 * HALF) * tokens * h),
+        _pass("eager_attention_out_copy", 2 * HALF * tokens * pm.attention_out_width(m) / tp),
+        _pass("eager_weight_casts", CAST_BYTES * (pc.attention + pc.mlp) / tp),
+    ]
+    if m.position_embedding == PositionEmbedding.ROPE:
+        ops.append(_pass("eager_rope", ROPE_BYTES * tokens * (pm.q_width(m) + pm.kv_width(m)) / tp))
+    if m.gated_mlp:   # silu (read, write) then mul (read two, write one): 5 passes where the fused kernel makes 3
+        f = m.ffn_hidden * (m.top_k if m.moe else 1) / tp
+        ops.append(_pass("eager_swiglu", 2 * HALF * tokens * f))
+    return ops
+
+
+def logits_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
+    """The loss's upcast of the 16-bit logits to fp32 (``F.cross_entropy(logits.float(), ...)``)."""
+    return [_pass("eager_logits_upcast", (HALF + FP32) * b * s * m.vocab / tp)]

@@ -1,0 +1,73 @@
+"""The executor's eager autocast stack on a GPU (``simcore.model.eager_ops``): counted on a GPU
+profile of the executor's runs in 16-bit precision alone, its passes by hand, never faster than
+the fused set, and no extra launches charged (the per-kernel host cost already carries them)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simcore.model import compute as cmp
+from simcore.model import eager_ops as eager
+from simcore.model import workload as wl
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import ModelSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = ROOT / "topologies" / "catalog" / "profiles" / "h200-141gb.yaml"
+
+
+def _gpu(monkeypatch, precision):
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(H200))
+    plan = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": 2048, "layers": 4},
+                           "cluster": {"node": "localhost", "gpus_per_node": 1},
+                           "training": {"global_batch": 2, "precision": precision}})
+    return cmp.device_model(plan.cluster.node.gpu, precision)
+
+
+def test_only_a_gpu_profile_of_the_executor_in_16_bits_runs_the_eager_stack(monkeypatch):
+    assert _gpu(monkeypatch, "bf16").eager_autocast and _gpu(monkeypatch, "fp16").eager_autocast
+    assert not _gpu(monkeypatch, "fp32").eager_autocast          # no autocast: the fp32 stack
+    catalog = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "hgx-h200"},
+                              "training": {"global_batch": 64}})
+    assert not cmp.device_model(catalog.cluster.node.gpu, "bf16").eager_autocast   # a fused stack
+
+
+def test_the_passes_by_hand():
+    m = ModelSpec(name="t", layers=2, hidden=64, heads=4, kv_heads=2, ffn_hidden=128, vocab=100, seq_len=8,
+                  gated_mlp=True, position_embedding="rope")
+    ops = {o.name: o.bytes for o in eager.layer_ops(m, b=2, s=8)}
+    t, h, kv = 16, 64, 32                                          # tokens, hidden, K/V width (2 of 4 heads)
+    assert ops["eager_norms_fp32"] == 2 * 4 * t * h                # 8 B an element where the fused norm moves 4
+    assert ops["eager_input_casts"] == 5 * 6 * t * h               # wq, wk, wv, w1, w3: read fp32, write 16-bit
+    assert ops["eager_residual_fp32"] == 2 * 4 * t * h
+    assert ops["eager_attention_out_copy"] == 4 * t * h
+    assert ops["eager_rope"] == 20 * t * (h + kv)
+    assert ops["eager_swiglu"] == 4 * t * 128
+    params = 2 * h * h + 2 * h * kv + 3 * h * 128                  # wq, wo, wk, wv, w1, w2, w3
+    assert ops["eager_weight_casts"] == 6 * params
+    assert {o.name: o.bytes for o in eager.logits_ops(m, b=2, s=8)} == {"eager_logits_upcast": 6 * t * 100}
+    assert all(o.kernels == 0 for o in eager.layer_ops(m, b=2, s=8))
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.sampled_from([1, 2, 4, 8]), s=st.sampled_from([256, 1024, 4096]), tp=st.sampled_from([1, 2, 4]))
+def test_the_eager_stack_is_never_faster_and_launches_nothing_more(b, s, tp):
+    import os
+
+    os.environ["TRAINPLAN_PROFILE"] = str(H200)
+    plan = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": s},
+                           "cluster": {"node": "localhost", "gpus_per_node": 1},
+                           "training": {"global_batch": b, "precision": "bf16"}})
+    dev = cmp.device_model(plan.cluster.node.gpu, "bf16")
+    fused = dataclasses.replace(dev, eager_autocast=False)
+    ops = wl.layer_forward_ops(plan.model, b=b, s=s, tp=tp, flash=True)
+    with_eager = ops + eager.layer_ops(plan.model, b=b, s=s, tp=tp)
+    f0, bi0, bw0 = cmp.ops_time_s(ops, fused)
+    f1, bi1, bw1 = cmp.ops_time_s(with_eager, dev)
+    assert f1 >= f0 and bi1 + bw1 >= bi0 + bw0                    # equal only where the host bounds the phase
+    assert sum(cmp.op_forward_s(o, dev) for o in with_eager) > sum(cmp.op_forward_s(o, fused) for o in ops)
+    assert sum(o.kernels for o in with_eager) == sum(o.kernels for o in ops)
