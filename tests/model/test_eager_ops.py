@@ -57,12 +57,13 @@ def test_the_passes_by_hand():
 @given(b=st.sampled_from([1, 2, 4, 8]), s=st.sampled_from([256, 1024, 4096]), tp=st.sampled_from([1, 2, 4]))
 def test_the_eager_stack_is_never_faster_and_launches_nothing_more(b, s, tp):
     import os
+    from unittest import mock
 
-    os.environ["TRAINPLAN_PROFILE"] = str(H200)
-    plan = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": s},
-                           "cluster": {"node": "localhost", "gpus_per_node": 1},
-                           "training": {"global_batch": b, "precision": "bf16"}})
-    dev = cmp.device_model(plan.cluster.node.gpu, "bf16")
+    with mock.patch.dict(os.environ, {"TRAINPLAN_PROFILE": str(H200)}):   # this test alone reads the profile
+        plan = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": s},
+                               "cluster": {"node": "localhost", "gpus_per_node": 1},
+                               "training": {"global_batch": b, "precision": "bf16"}})
+        dev = cmp.device_model(plan.cluster.node.gpu, "bf16")
     fused = dataclasses.replace(dev, eager_autocast=False)
     ops = wl.layer_forward_ops(plan.model, b=b, s=s, tp=tp, flash=True)
     with_eager = ops + eager.layer_ops(plan.model, b=b, s=s, tp=tp)

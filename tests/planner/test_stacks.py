@@ -50,7 +50,11 @@ def test_the_plan_command_ranks_for_the_executor(tmp_path, capsys, monkeypatch):
             "--seq-len", "8192", "--top-k", "0", "--rows", "5", "--json"]
     assert main(args + ["--stack", "executor"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert all(r["offload"] == "none" and r["activation_offload"] == 0 for r in out["table"])
+    # FSDP2's CPUOffloadPolicy moves parameters too (offload: optimizer is refused); activation offload
+    # runs on a GPU (executors/act_offload.py), never with recompute (refused as Megatron-Core refuses it)
+    assert all(r["offload"] != "optimizer" for r in out["table"])
+    assert all(r["recompute"] == "none" for r in out["table"] if r["activation_offload"])
+    assert any(r["activation_offload"] for r in out["table"])
     assert "because trainplan's executor cannot run them" in out["explanations"][1]
 
 
