@@ -6,6 +6,9 @@
 # Needs only the image's python3 with CUDA torch; simpy (and torchao, for the fp8 layouts) travel as
 # wheels in .whl/ (the machine may have no package index): `pip download --no-deps --only-binary=:all:
 # --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl simpy==4.1.1 torchao==0.17.0`.
+# Settings (environment): ONLY="layout ..." (these layouts of the matrix alone), STEPS and WARMUP
+# (default 12 and 4), RUNS_LIMIT_S and CALIBRATE_LIMIT_S (the two parts' time limits), SKIP_CALIBRATE=1.
+# The twenty-fifth session's H200 calls, for instance: ONLY="bf16 bf16-act-offload-12 ..." STEPS=8 WARMUP=3.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/gpu}

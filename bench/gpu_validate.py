@@ -82,8 +82,15 @@ def predictions(doc: dict, gpu_node: str) -> tuple:
     return simulate(plan, engine="des"), rank_breakdown(plan)[0][1], simulate(catalog_plan(doc, gpu_node), engine="des")
 
 
-def _phase(result: dict, phase: str) -> float:
-    return float((result.get("breakdown", {}).get("time_s") or {}).get(phase, math.nan))
+def _phase(result: dict, phase: str, measured: dict | None = None) -> float:
+    """A phase of ``result``; of a prediction (``measured`` given) as the measurement sees it:
+    recompute and activation offload's waits folded into the spans that hold them."""
+    from reports.compare import measurable_phases
+
+    times = (result.get("breakdown", {}).get("time_s") or {})
+    if measured is not None:
+        times = measurable_phases(times, measured.get("breakdown", {}).get("time_s") or {})
+    return float(times.get(phase, math.nan))
 
 
 #: Layouts whose residuals stay out of the prediction intervals, and why: the executor changed
@@ -150,7 +157,7 @@ def table(json_path: Path, gpu_node: str, profile: Path, csv_path: Path = CSV_PA
                "gpu": facts.get("name", ""), "torch": facts.get("torch", ""), "cuda": facts.get("cuda", ""),
                "driver": facts.get("driver", ""), "date": measured_on.get("date", "")[:10],
                "pred_step_s": p["step_time_s"], "catalog_step_s": cat.step_time_s, "meas_step_s": m["step_time_s"],
-               **{f"pred_{ph}_s": _phase(p, ph) for ph in PHASES},
+               **{f"pred_{ph}_s": _phase(p, ph, m) for ph in PHASES},
                **{f"meas_{ph}_s": _phase(m, ph) for ph in PHASES},
                "pred_tensors_gib": (total - margin - context) / GIB,
                "meas_allocated_gib": m.get("cuda_memory.max_allocated", math.nan) / GIB,

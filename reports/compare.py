@@ -33,6 +33,21 @@ FIELDS = (
 )
 
 
+#: Predicted phases that a measurement holds inside another one, where it has none of its own:
+#: the executor recomputes inside its backward spans, and activation offload's copy waits fall
+#: inside the forward and backward spans they delay.
+MEASURED_INSIDE = {"recompute": "backward", "activation_offload": "forward", "activation_reload": "backward"}
+
+
+def measurable_phases(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
+    """The predicted phases as the measurement can see them (``MEASURED_INSIDE`` folded in)."""
+    out = dict(predicted)
+    for phase, into in MEASURED_INSIDE.items():
+        if phase in out and phase not in measured and into in out:
+            out[into] += out.pop(phase)
+    return out
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
     plan_name: str
@@ -85,8 +100,9 @@ def compare(predicted: StepResult, measured: StepResult, *, plan=None, tables: d
     for kind in sorted(set(predicted.memory_bytes) & set(measured.memory_bytes)):
         rows.append(_row(f"memory.{kind}", "GiB", "memory", predicted.memory_bytes[kind] / 2**30,
                          measured.memory_bytes[kind] / 2**30))
-    for phase in sorted(set(predicted.time_s) & set(measured.time_s)):
-        rows.append(_row(f"phase.{phase}", "s", "phase", predicted.time_s[phase], measured.time_s[phase]))
+    phases = measurable_phases(predicted.time_s, measured.time_s)
+    for phase in sorted(set(phases) & set(measured.time_s)):
+        rows.append(_row(f"phase.{phase}", "s", "phase", phases[phase], measured.time_s[phase]))
     intervals = prediction_intervals(plan, predicted, tables) if plan is not None else {}
     return Comparison(plan_name=measured.plan_name or predicted.plan_name, predicted=predicted,
                       measured=measured, table=pd.DataFrame(rows), intervals=intervals)

@@ -1,6 +1,7 @@
 """Reports: built from small inputs, figures carry their series, HTML is self-contained."""
 from __future__ import annotations
 
+import math
 import re
 
 import pandas as pd
@@ -201,3 +202,16 @@ def test_readable_axes_and_numbers():
     table = _fmt_table(pd.DataFrame({"mfu": [0.54, 0.5349], "x": [1.388e-17, 2.5], "usd": [37575906.0, 8e8]}))
     assert list(table["mfu"]) == ["54.0%", "53.5%"] and table["x"][0] == "0"
     assert list(table["usd"]) == ["$37.6M", "$800M"]
+
+
+def test_phases_the_measurement_holds_inside_others_are_folded_into_them():
+    pred = result("des", 1.0, 2.0, forward=0.2, backward=0.4, recompute=0.2, activation_offload=0.1,
+                  activation_reload=0.05)
+    meas = result("measured", 1.0, 2.0, forward=0.3, backward=0.65)
+    comp = compare(pred, meas)
+    assert comp.error("phase.forward") == pytest.approx(0.0)     # 0.2 + 0.1 waiting for the copies
+    assert comp.error("phase.backward") == pytest.approx(0.0)    # 0.4 + 0.2 recomputed + 0.05 reloads
+    assert math.isnan(comp.error("phase.recompute"))
+    # a measurement with a phase of its own keeps it apart
+    apart = compare(pred, result("measured", 1.0, 2.0, forward=0.2, backward=0.4, recompute=0.2))
+    assert apart.error("phase.recompute") == pytest.approx(0.0) and apart.error("phase.backward") == pytest.approx(0.125)
