@@ -3,7 +3,7 @@ predicted on the catalog's ``grand-teton-h100`` node (H100 96GB HBM2e at a 500 W
 
 The rows are torchtitan's ``benchmarks/llama3_h100_202412_torchtitan.md`` (@820504e20, end
 of 2024): FSDP2 + torch.compile, local batch 2, s = 8192, per-op selective AC, on 8 GPUs
-(Table 1) and 128 GPUs (Table 3). The efficiency factor of ``h100-sxm-96gb-500w`` in
+(Table 1) and 128 GPUs (Table 3); and, not fitted to, the same rows without torch.compile. The efficiency factor of ``h100-sxm-96gb-500w`` in
 ``topologies/catalog/efficiency.yaml`` is FITTED to them; this script prints the fit. The
 torchao float8 rows of ``../shared/validation/dev_modern.csv`` (the same team, stack and
 fleet) are not used here: ``bench/validate_published.py`` checks the GPU on them.
@@ -28,26 +28,38 @@ from published_modern import TORCHTITAN_FLEET_NODE  # noqa: E402
 LLAMA31_8B = {"name": "llama3-8b", "seq_len": 8192}
 #: (table, GPUs, published tokens/s/GPU) of the FSDP + torch.compile rows (bf16, no Float8)
 ROWS = (("Table 1", 8, 6667), ("Table 3", 128, 6514))
+#: The same tables' FSDP rows without torch.compile (``training.kernels: eager``): not fitted to,
+#: a check of ``simcore.model.eager_ops.python_layer_ops`` (what compiling saves).
+EAGER_ROWS = (("Table 1", 8, 5762), ("Table 3", 128, 5605))
 LOCAL_BATCH = 2
 
 
-def plan_doc(gpus: int) -> dict:
+def plan_doc(gpus: int, kernels: str = "fused") -> dict:
     return {"name": f"torchtitan-llama3.1-8b-{gpus}", "model": dict(LLAMA31_8B),
             "cluster": {"node": TORCHTITAN_FLEET_NODE, "nodes": gpus // 8},
             "parallel": {"dp": gpus, "zero": 3},
             "training": {"global_batch": LOCAL_BATCH * gpus, "micro_batch": LOCAL_BATCH, "recompute": "op",
-                         "flash_attention": True, "precision": "bf16", "loss": "eager"}}
+                         "flash_attention": True, "precision": "bf16", "loss": "eager", "kernels": kernels}}
+
+
+def _tps(gpus: int, kernels: str = "fused") -> tuple[float, object]:
+    res = simulate(plan_from_dict(plan_doc(gpus, kernels)))
+    return LOCAL_BATCH * LLAMA31_8B["seq_len"] / res.step_time_s, res
 
 
 def main() -> int:
     errors = []
     for table, gpus, published in ROWS:
-        res = simulate(plan_from_dict(plan_doc(gpus)))
-        tps = LOCAL_BATCH * LLAMA31_8B["seq_len"] / res.step_time_s
+        tps, res = _tps(gpus)
         errors.append(tps / published - 1)
         print(f"{table}: {gpus:4d} GPUs  published {published:6d} tokens/s/GPU  predicted {tps:7.0f}  "
               f"error {tps / published - 1:+.1%}  (step {res.step_time_s:.3f} s, MFU {res.mfu:.1%})")
-    print(f"mean |error| {sum(abs(e) for e in errors) / len(errors):.1%}")
+    print(f"mean |error| {sum(abs(e) for e in errors) / len(errors):.1%} (fitted)")
+    for (table, gpus, published), (_, _, compiled) in zip(EAGER_ROWS, ROWS):
+        tps, _ = _tps(gpus, "eager")
+        print(f"{table} without torch.compile: {gpus:4d} GPUs  published {published:6d}  predicted {tps:7.0f}  "
+              f"error {tps / published - 1:+.1%};  compile's gain published {compiled / published:.3f}x, "
+              f"predicted {_tps(gpus)[0] / tps:.3f}x")
     return 0
 
 

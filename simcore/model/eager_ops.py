@@ -1,5 +1,7 @@
-"""The kernels the executor's eager autocast stack runs beyond the fused 16-bit set the workload
-model counts (``workload.layer_forward_ops``: Megatron-Core / Transformer Engine fusions).
+"""The kernels eager PyTorch stacks run beyond the fused 16-bit set the workload model counts
+(``workload.layer_forward_ops``: Megatron-Core / Transformer Engine fusions, torch.compile).
+Two stacks: the executor's eager autocast (``layer_ops``) and the uncompiled modules of
+``training.kernels: eager`` (``python_layer_ops``).
 
 On a GPU in bf16 or fp16 the executor (``executors.model``) runs torch autocast over fp32 master
 weights, uncompiled: the embedding's output and so the residual stream stay fp32, the norms run
@@ -16,6 +18,16 @@ profile's per-kernel host and launch costs are per modelled kernel of the same e
 Measured (bench/RESULTS.md, twenty-fifth session): the bf16 steps of the 0.9B Llama-style
 matrix ran 26% (H200) and 30% (H100) longer than the fused set predicts, 11-13 ms per
 micro-batch forward and 16-22 ms backward; these counts give 8-11 and 12-17 ms.
+
+``training.kernels: eager`` (torchtitan without ``compile``, Hugging Face, torchtune), 16-bit
+parameters and no autocast: the RMSNorm written in Python (torchtitan/models/norms.py
+``RMSNorm`` @ba2469780, Hugging Face's ``LlamaRMSNorm``: ``x.float()``, ``pow``, ``mean``,
+``x * rsqrt``, ``type_as``, ``* weight``), rotary embeddings through fp32 complex numbers
+(torchtitan/models/llama/model.py ``apply_rotary_emb`` @ba2469780: ``xq.float()``, the complex
+product, ``type_as``), SwiGLU as ``silu`` then ``mul`` and the attention output's
+``transpose(1, 2).contiguous()``. torchtitan's own table (benchmarks/llama3_h100_202412_torchtitan.md:
+Llama 3.1 8B, FSDP, 8 and 128 H100) has torch.compile 1.16x faster than eager;
+``bench/torchtitan_fleet.py`` prints these counts' figure beside it.
 """
 from __future__ import annotations
 
@@ -31,6 +43,14 @@ FP32, HALF = 4, 2
 ROPE_BYTES = HALF * (1 + 2 + 2 + 2 + 3)
 #: Bytes per element of casting an fp32 tensor to 16 bits (read 4, write 2).
 CAST_BYTES = FP32 + HALF
+#: Bytes per element of a Python RMSNorm over a 16-bit input, beyond the fused kernel's read and
+#: write (4): upcast (read 2, write 4), pow (4, 4), mean (read 4), x * rsqrt (4, 4), type_as
+#: (4, 2), * weight (2, 2).
+PYTHON_RMSNORM_BYTES = (HALF + FP32) + 2 * FP32 + FP32 + 2 * FP32 + (FP32 + HALF) + 2 * HALF - 2 * HALF
+#: Bytes per element of q or k of rotary embeddings through fp32 complex numbers: upcast (read 2,
+#: write 4), the complex product (read 8 and write 8 per element pair: 4 and 4 an element, the
+#: frequencies broadcast), type_as (read 4, write 2).
+COMPLEX_ROPE_BYTES = (HALF + FP32) + 2 * FP32 + (FP32 + HALF)
 
 
 def runs_eager(entry: dict, vendor: str, precision: str) -> bool:
@@ -69,3 +89,18 @@ def layer_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
 def logits_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
     """The loss's upcast of the 16-bit logits to fp32 (``F.cross_entropy(logits.float(), ...)``)."""
     return [_pass("eager_logits_upcast", (HALF + FP32) * b * s * m.vocab / tp)]
+
+
+def python_layer_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> list[Op]:
+    """One layer's forward, one micro-batch, of uncompiled PyTorch modules (``training.kernels:
+    eager``) beyond the fused set. A LayerNorm model runs torch's native kernels (as fused)."""
+    tokens, h = b * s, m.hidden
+    ops = [_pass("eager_attention_out_copy", 2 * HALF * tokens * pm.attention_out_width(m) / tp)]
+    if m.gated_mlp:   # Llama-style: RMSNorm in Python (two a layer, over s/tp tokens with SP) and SwiGLU
+        norm_tokens = tokens / tp if sequence_parallel else tokens
+        ops.append(_pass("eager_python_rmsnorm", 2 * PYTHON_RMSNORM_BYTES * norm_tokens * h))
+        f = m.ffn_hidden * (m.top_k if m.moe else 1) / tp
+        ops.append(_pass("eager_swiglu", 2 * HALF * tokens * f))
+    if m.position_embedding == PositionEmbedding.ROPE:
+        ops.append(_pass("eager_rope", COMPLEX_ROPE_BYTES * tokens * (pm.q_width(m) + pm.kv_width(m)) / tp))
+    return ops

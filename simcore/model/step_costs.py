@@ -40,7 +40,7 @@ from simcore.model import peak as pk
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import CpComm, Fp8Recipe, MoeDispatcher, Plan, PlanError, Recompute
+from simcore.plan.spec import CpComm, Fp8Recipe, Kernels, MoeDispatcher, Plan, PlanError, Recompute
 from simcore.results import GIB
 
 #: ``workload.model_flops_per_step`` kept per (model, global batch): a search asks for few.
@@ -54,8 +54,10 @@ def _check_device(plan: Plan) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
-                 fp8_dynamic: bool = False, etp: int = 0) -> tuple[float, float, float, float, float]:
-    """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer."""
+                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False
+                 ) -> tuple[float, float, float, float, float]:
+    """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer;
+    ``python_eager``: uncompiled PyTorch modules (``training.kernels: eager``)."""
     chunk = wl.attention_chunk(s, cp, cp_comm)
     ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
                                etp=etp)
@@ -63,6 +65,8 @@ def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: st
         ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8", dev.fp8_transpose)
     if dev.eager_autocast:      # the executor's eager autocast stack on a GPU
         ops += eager.layer_ops(model, b=b, s=s, tp=tp)
+    elif python_eager:
+        ops += eager.python_layer_ops(model, b=b, s=s, tp=tp, sequence_parallel=sp)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
     core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))
@@ -287,7 +291,7 @@ def step_costs(plan: Plan) -> StepCosts:
     b, s = tr.micro_batch, m.seq_len // par.cp
     f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
                                        tr.flash_attention, tr.recompute, dev, par.cp_comm.value,
-                                       tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp)
+                                       tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp, tr.kernels == Kernels.EAGER)
     lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core)
     rc += rec_host
     stages = plan.layers_per_stage
