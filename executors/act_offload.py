@@ -4,17 +4,16 @@ activations in pinned host memory between their forward and their backward.
 As Megatron-Core's ``--cpu-offloading-num-layers`` runs it (Transformer Engine's
 ``AsyncDoubleBufferGroupOffloadHandler``, transformer_engine/pytorch/cpu_offload.py): a block's
 saved tensors are copied to the host on a copy stream beside the next block's forward (which
-waits for that copy at its end), and a
-block's tensors come back on a second copy stream while the block after it runs its backward
-("bulk offloading with delay and bulk reloading with prefetch"), so at most the block whose
-backward runs and the one reloaded ahead of it hold device memory
-(``simcore.model.recompute.OFFLOAD_RESIDENT_LAYERS``). The tensors are caught with torch's
-``saved_tensors_hooks`` (as torchtune's ``OffloadActivations`` does); parameters stay where they
-are (torchtune skips them too; so do their views, F.linear's ``weight.t()``), so do tensor subclasses (torchao's float8 tensors). Autocast's 16-bit weight copies
-are the micro-batch's own tensors and move (``simcore.model.executor_acts`` counts them in the
-stash). Module names
-do not change: the hooks are forward hooks, not wrappers, so FSDP2 and checkpoints key on the
-same names.
+waits for that copy at its end), and a block's tensors come back on a second copy stream while
+the block after it runs its backward ("bulk offloading with delay and bulk reloading with
+prefetch"), so at most the block whose backward runs and the one reloaded ahead of it hold
+device memory (``simcore.model.recompute.OFFLOAD_RESIDENT_LAYERS``). The tensors are caught with
+torch's ``saved_tensors_hooks`` (as torchtune's ``OffloadActivations`` does); parameters and their
+views (F.linear saves ``weight.t()``) stay where they are, as torchtune leaves them, and so do
+tensor subclasses (torchao's float8 tensors). Autocast's 16-bit weight copies are the
+micro-batch's own tensors and move (``simcore.model.executor_acts`` counts them in the stash).
+Module names do not change: the hooks are forward hooks, not wrappers, so FSDP2 and checkpoints
+key on the same names.
 
 On a CPU the "host copy" is a plain copy (no streams): what the tests run to check which tensors
 move, that gradients are unchanged and that no more than two blocks' tensors are reloaded at once.

@@ -12,8 +12,11 @@ run as five eager kernels on q and on k (``apply_rope``: neg, cat, two muls, add
 ``silu`` then ``mul``, the attention output is transposed back into a copy, and the loss upcasts
 the logits to fp32. Each is a memory-bound pass whose bytes are counted here, as the extra over
 what the fused set already charges. Their launches are not counted (``Op.uncounted``): the
-profile's per-kernel host and launch costs are per modelled kernel of the same eager layer
-(``executors.calibrate.probes.bench_host_overhead``), so they already carry them.
+profile's per-kernel host and launch costs are per modelled kernel of an eager layer
+(``executors.calibrate.probes.bench_host_overhead``). That probe layer is GPT-style and fp32, so
+autocast's casts and the RoPE and SwiGLU kernels launch more than it carries (on torch's CPU
+dispatch, 22 and 34 aten kernels forward and backward under autocast against its 12 and 22):
+where the host bounds a phase (micro-batch 1) the prediction stays 27-38% fast.
 
 Measured (bench/RESULTS.md, twenty-fifth session): the bf16 steps of the 0.9B Llama-style
 matrix ran 26% (H200) and 30% (H100) longer than the fused set predicts, 11-13 ms per

@@ -100,8 +100,9 @@ def test_uncompiled_modules_are_never_faster_than_compiled(model, tp, recompute,
     eager_run = simulate(plan_from_dict({**doc, "training": {**doc["training"], "kernels": "eager"}}))
     # equal only where the host bounds the phases (the passes add device time, no launches) or
     # where the model has no Python norm, SwiGLU or RoPE (GPT: the attention output's copy alone)
-    assert eager_run.step_time_s >= fused.step_time_s
-    assert eager_run.time_s["forward"] >= fused.time_s["forward"]
+    tie = 1 - 1e-12                                              # equal times summed in another order
+    assert eager_run.step_time_s >= fused.step_time_s * tie
+    assert eager_run.time_s["forward"] >= fused.time_s["forward"] * tie
     assert eager_run.memory_per_gpu_gib >= fused.memory_per_gpu_gib
 
 
