@@ -4,8 +4,8 @@
 
 Runs layouts of validation/gpu.yaml in this process (one rank: nccl on a GPU, gloo on a CPU),
 warms up, then profiles one step with ``torch.profiler`` (CPU and, on a GPU, CUDA activities) and
-writes DIR/<layout>.txt: the top operators by self device time and by self host time, and the
-step's wall time. What each layout is for (twenty-fifth session, "Left"):
+appends to DIR/profile_steps.txt: the top operators by self device time and by self host time,
+and the step's wall time. What each layout is for (twenty-fifth session, "Left"):
 
 - ``bf16-offload``: FSDP2's ``CPUOffloadPolicy`` backward paid about 2.4 s per accumulated
   micro-batch on the H200 (is it the blocking pageable D2H copy, page faults of fresh host
@@ -69,7 +69,8 @@ def profile_layout(name: str, doc: dict, out: Path, warmup: int) -> str:
     text += [f"## by {sort}", prof.key_averages().table(sort_by=sort, row_limit=30)]
     if cuda:
         text += ["## by self_cpu_time_total", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)]
-    (out / f"{name}.txt").write_text("\n".join(text) + "\n")
+    with open(out / "profile_steps.txt", "a") as f:   # one file: the device tool brings back eight at most
+        f.write("\n".join(text) + "\n\n")
     del trainer
     return text[0]
 

@@ -7,7 +7,8 @@
 # wheels in .whl/ (the machine may have no package index): `pip download --no-deps --only-binary=:all:
 # --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl simpy==4.1.1 torchao==0.17.0`.
 # Settings (environment): ONLY="layout ..." (these layouts of the matrix alone), STEPS and WARMUP
-# (default 12 and 4), RUNS_LIMIT_S and CALIBRATE_LIMIT_S (the two parts' time limits), SKIP_CALIBRATE=1.
+# (default 12 and 4), RUNS_LIMIT_S and CALIBRATE_LIMIT_S (the two parts' time limits), SKIP_CALIBRATE=1,
+# PROFILE=1 (and PROFILE_LIMIT_S: one step per layout under torch.profiler, $OUT/profile_steps.txt).
 # The twenty-fifth session's H200 calls, for instance: ONLY="bf16 bf16-act-offload-12 ..." STEPS=8 WARMUP=3.
 set -u
 cd "$(dirname "$0")/.."
@@ -24,6 +25,11 @@ start=$SECONDS
 timeout "${RUNS_LIMIT_S:-290}" python3 bench/gpu_validate.py run --out "$OUT" ${ONLY:+--only $ONLY} \
   --steps "${STEPS:-12}" --warmup "${WARMUP:-4}" 2>&1 | tee "$OUT/validate.log"
 echo "runs: $((SECONDS - start)) s"
+if [ "${PROFILE:-0}" = 1 ]; then   # one profiled step per layout: bench/gpu_profile_steps.py
+  start=$SECONDS
+  timeout "${PROFILE_LIMIT_S:-150}" python3 bench/gpu_profile_steps.py --out "$OUT" ${ONLY:+--only $ONLY} 2>&1 | tail -8
+  echo "profile: $((SECONDS - start)) s"
+fi
 if [ "${SKIP_CALIBRATE:-0}" != 1 ]; then
   start=$SECONDS
   timeout "${CALIBRATE_LIMIT_S:-300}" python3 -m trainplan.cli calibrate --out "$OUT/profile.yaml" > "$OUT/calibrate.log" 2>&1
