@@ -43,11 +43,11 @@ VERDICTS = {
             "is the best GEMM measured, a lower bound on the peak",
     "fp8_ratio": "catalog for planning: 0.8 is fitted to published FP8/BF16 training pairs and carries the "
                  "recipe's casts and amax work; the profile's is the bare FP8 GEMM against the bf16 GEMM",
-    "attention": "profile for torch SDPA runs, catalog for FlashAttention-2/3 stacks: torch 2.11's SDPA flash "
-                 "kernel (FlashAttention-2) reached 277/210 TFLOP/s forward/backward at 2k tokens here, below the "
-                 "FlashAttention-2 README's H100 figures the catalog holds; a plan that states "
+    "attention": "profile for torch SDPA runs, catalog for FlashAttention-2/3 stacks: torch {torch}'s SDPA flash "
+                 "kernel (FlashAttention-2) reached {att_f:.0f}/{att_b:.0f} TFLOP/s forward/backward at 2k tokens "
+                 "here, below the FlashAttention-2 README's H100 figures the catalog holds; a plan that states "
                  "attention_kernel could select the measured fractions (not yet a catalog kernel entry)",
-    "attention_len": "profile: the measured drop from 2k to 512 tokens (0.67) is steeper than the catalog's "
+    "attention_len": "profile: the measured drop from 2k to 512 tokens ({len512:.2f}) is steeper than the catalog's "
                      "(0.76, read from pytorch/benchmark's FlashAttention-3 and Triton kernels); at 16 heads and "
                      "batch x seq = 16k tokens both runs are the same shape",
     "hbm": "both agree within 10%",
@@ -57,10 +57,11 @@ VERDICTS = {
     "host": "both agree within 15%: the catalog's fitted host time per modelled kernel is eager PyTorch's on a "
             "server CPU, and the probe measures it on this host's",
     "pcie": "profile for this machine: the catalog's is PCIe 5.0 x16's 64 GB/s per direction; the measured pinned "
-            "copy reached 55 GB/s one way (86%), pageable 19 GB/s (host-to-device) and 13 GB/s (back)",
+            "copy reached {pinned:.0f} GB/s one way ({pinned_share:.0%}), pageable {h2d_pageable:.0f} GB/s "
+            "(host-to-device) and {d2h_pageable:.0f} GB/s (back)",
     "offload": "catalog for DeepSpeed's CPU Adam on a DGX host (2 sockets of DDR5, the AVX-512 fused kernel); the "
-               "profile's is torch.optim.AdamW on this VM's 16 cores as FSDP2's CPUOffloadPolicy runs it, 20x "
-               "slower per parameter",
+               "profile's is torch.optim.AdamW on this VM's {cores} cores as FSDP2's CPUOffloadPolicy runs it, "
+               "{adam_factor:.0f}x slower per parameter",
 }
 
 
@@ -101,6 +102,22 @@ def rows(profile: dict, gpu_name: str) -> list[tuple]:
     return [(name, unit, c, p, (p - c) / c if c else math.nan, key) for name, unit, c, p, key in out]
 
 
+def _facts(profile: dict, table: list[tuple]) -> dict:
+    """The profile's own figures that the verdicts quote."""
+    by_name = {name: (c, p) for name, _, c, p, _, _ in table}
+    copies = (profile.get("raw") or {}).get("host_copies") or {}
+    pinned_c, pinned = by_name["host-device copy, one way (pinned)"]
+    adam = by_name.get("offload: host Adam bandwidth (32 B/param)", (math.nan, math.nan))
+    return {"torch": profile["measured_on"]["torch"].split("+")[0],
+            "att_f": by_name["flash attention forward, 2k tokens"][1],
+            "att_b": by_name["flash attention backward, 2k tokens"][1],
+            "len512": by_name["attention at 512 tokens over 2k"][1],
+            "pinned": pinned, "pinned_share": pinned / pinned_c,
+            "h2d_pageable": copies.get("h2d_pageable", math.nan) / 1e9,
+            "d2h_pageable": copies.get("d2h_pageable", math.nan) / 1e9,
+            "cores": profile["measured_on"].get("cpu_cores", "?"), "adam_factor": adam[0] / adam[1]}
+
+
 def markdown(profile: dict, gpu_name: str, table: list[tuple]) -> str:
     on = profile["measured_on"]
     g = on.get("gpu") or {}
@@ -111,8 +128,9 @@ def markdown(profile: dict, gpu_name: str, table: list[tuple]) -> str:
             f"fraction of `topologies/catalog/efficiency.yaml`. Rows that differ by more than "
             f"{THRESHOLD:.0%} say which figure the catalog should use, and why.\n\n")
     lines = ["| figure | unit | catalog | profile | profile vs catalog | which, and why |", "|---|---|---|---|---|---|"]
+    facts = _facts(profile, table)
     for name, unit, c, p, diff, key in table:
-        verdict = VERDICTS[key] if abs(diff) > THRESHOLD else "within 10%"
+        verdict = VERDICTS[key].format(**facts) if abs(diff) > THRESHOLD else "within 10%"
         lines.append(f"| {name} | {unit} | {c:.3g} | {p:.3g} | {diff:+.0%} | {verdict} |")
     return head + "\n".join(lines) + "\n"
 
