@@ -131,7 +131,9 @@ class Kernels(_Choice):
     ``fused`` kernels (torch.compile, Megatron's and Transformer Engine's fused norms and
     activations) keep the inputs they need; ``eager`` PyTorch ops (Hugging Face, torchtune or
     torchtitan without compile) keep every intermediate autograd needs: the gated MLP's
-    activation output, and an RMSNorm written in Python its fp32 upcast input."""
+    activation output, and an RMSNorm written in Python its fp32 upcast input; and they move
+    more bytes (``simcore.model.eager_ops``: the Python RMSNorm's fp32 chain, RoPE through fp32
+    complex numbers, SwiGLU as two kernels)."""
 
     FUSED = "fused"
     EAGER = "eager"

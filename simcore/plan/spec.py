@@ -211,7 +211,8 @@ class TrainingSpec:
     """Fused by default: what the large-scale stacks run (Megatron's vocab-parallel cross
     entropy, llm-foundry's flash-attn fused cross entropy, torchtitan's compiled loss)."""
     kernels: Kernels = Kernels.FUSED
-    """Fused (compiled) or eager element-wise kernels: what a layer saves for its backward."""
+    """Fused (compiled) or eager element-wise kernels: what a layer saves for its backward, and the
+    HBM passes its element-wise work makes (``simcore.model.eager_ops.python_layer_ops``)."""
     optimizer_in_backward: bool = False
     """Each parameter stepped in its post-accumulate-grad hook and its gradient freed
     (torchtune ``optimizer_in_bwd``, torchtitan ``optimizer.early_step_in_backward``)."""
