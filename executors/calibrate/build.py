@@ -159,6 +159,9 @@ def _host_efficiency(efficiency: dict, host: dict, oversub: dict, cpu: bool, pea
         f"{source}; eager forward+backward of a tiny transformer layer (hidden {PROBE_LAYER['hidden']}, "
         f"seq {PROBE_LAYER['seq_len']}) over the {host['forward_kernels'] + host['backward_kernels']} "
         "kernels simcore.model.workload counts for it")
+    if host.get("autocast"):   # a GPU: the probe layer's host time under bf16 autocast over its fp32 time
+        ac, plain = host["autocast"], host["forward_s"] + host["backward_s"]
+        efficiency["autocast_host_factor"] = (ac["forward_s"] + ac["backward_s"]) / plain
     if cpu:
         efficiency["dispatch_us"] = _dispatch_s(efficiency, peak, copy_bytes_per_s) * 1e6
         efficiency["dispatch_source"] = (

@@ -159,16 +159,21 @@ def probe_kernels(spec, ep: int = 1) -> tuple[int, int]:
     return fwd, bwd
 
 
-def _layer_step(spec, device: torch.device):
-    """A closure running one forward and backward of the probe layer; returns (fwd_s, bwd_s)."""
+def _layer_step(spec, device: torch.device, autocast: bool = False):
+    """A closure running one forward and backward of the probe layer; returns (fwd_s, bwd_s).
+    ``autocast``: the forward under bf16 autocast, as the executor runs a 16-bit plan on a GPU."""
+    import contextlib
+
     from executors.model import Block
 
     block = Block(spec).to(device)
     x = torch.randn(1, spec.seq_len, spec.hidden, device=device, requires_grad=True)  # (B, T, H)
+    ctx = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
 
     def step() -> tuple[float, float]:
         t0 = time.perf_counter()
-        y = block(x)
+        with ctx():
+            y = block(x)
         _sync(device)
         t1 = time.perf_counter()
         y.sum().backward()
@@ -198,10 +203,13 @@ def bench_host_overhead(device: torch.device, reps: int = 40, warmup: int = 8) -
     over the kernels the workload model counts for them; and, interleaved with it, the same
     layer under full and selective activation checkpointing (torch's non-reentrant
     ``checkpoint_wrapper``, whose saved-tensor hooks and recomputation bookkeeping cost host
-    time of their own)."""
+    time of their own). On a GPU also under bf16 autocast: its casts are kernels the fp32 layer
+    does not launch (``simcore.model.eager_ops``)."""
     spec = probe_spec()
     steps = {"plain": _layer_step(spec, device), "full": _checkpointed_step(spec, device, "full"),
              "selective": _checkpointed_step(spec, device, "selective")}
+    if device.type == "cuda":
+        steps["autocast"] = _layer_step(spec, device, autocast=True)
     times = {k: [] for k in steps}
     for i in range(reps + warmup):
         for k, step in steps.items():
@@ -213,7 +221,9 @@ def bench_host_overhead(device: torch.device, reps: int = 40, warmup: int = 8) -
     kf, kb = probe_kernels(spec)
     return {"forward_s": fwd_s, "backward_s": bwd_s, "forward_kernels": kf, "backward_kernels": kb,
             "per_kernel_s": (fwd_s + bwd_s) / (kf + kb),
-            "checkpointed": {k: {"forward_s": f, "backward_s": b} for k, (f, b) in med.items() if k != "plain"}}
+            "checkpointed": {k: {"forward_s": f, "backward_s": b} for k, (f, b) in med.items()
+                             if k in ("full", "selective")},
+            **({"autocast": dict(zip(("forward_s", "backward_s"), med["autocast"]))} if "autocast" in med else {})}
 
 
 def recompute_kernels(host: dict, peak: float, copy_bytes_per_s: float, efficiency: dict) -> dict:

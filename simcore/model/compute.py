@@ -242,7 +242,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         attention_backward=float(attention["backward"]),
         memory_efficiency=float(e["memory_bound"]["efficiency"]),
         kernel_overhead_s=float(e.get("kernel_overhead_us", 0.0)) * 1e-6,
-        host_overhead_s=float(e.get("host_overhead_us", 0.0)) * 1e-6,
+        host_overhead_s=float(e.get("host_overhead_us", 0.0)) * 1e-6 * eager.host_factor(e, gpu.vendor, precision),
         dispatch_s=float(e["dispatch_us"]) * 1e-6 if "dispatch_us" in e else None,
         nvlink_efficiency=float(coll["nvlink_efficiency"]),
         nic_efficiency=float(coll["nic_efficiency"]),

@@ -16,7 +16,9 @@ profile's per-kernel host and launch costs are per modelled kernel of an eager l
 (``executors.calibrate.probes.bench_host_overhead``). That probe layer is GPT-style and fp32, so
 autocast's casts and the RoPE and SwiGLU kernels launch more than it carries (on torch's CPU
 dispatch, 22 and 34 aten kernels forward and backward under autocast against its 12 and 22):
-where the host bounds a phase (micro-batch 1) the prediction stays 27-38% fast.
+where the host bounds a phase (micro-batch 1) the prediction stays 27-38% fast. ``trainplan
+calibrate`` now also times the probe layer under autocast on a GPU (``autocast_host_factor``,
+``host_factor``); the H100 and H200 profiles predate it.
 
 Measured (bench/RESULTS.md, twenty-fifth session): the bf16 steps of the 0.9B Llama-style
 matrix ran 26% (H200) and 30% (H100) longer than the fused set predicts, 11-13 ms per
@@ -61,6 +63,13 @@ def runs_eager(entry: dict, vendor: str, precision: str) -> bool:
     counted on the executor's tensors, ``executor_activations``) at a 16-bit autocast precision."""
     return vendor != "cpu" and precision in ("bf16", "fp16") and bool((entry.get("memory") or {}).get(
         "executor_activations"))
+
+
+def host_factor(entry: dict, vendor: str, precision: str) -> float:
+    """The executor's host time per modelled kernel under autocast over its fp32 time: the probe
+    layer timed both ways by ``trainplan calibrate`` on a GPU (``autocast_host_factor``; 1 for
+    profiles calibrated before it was measured, and for every other stack)."""
+    return float(entry.get("autocast_host_factor", 1.0)) if runs_eager(entry, vendor, precision) else 1.0
 
 
 def _pass(name: str, bytes_: float) -> Op:

@@ -115,3 +115,26 @@ def test_compiling_a_llama_saves_its_python_norms_rope_and_swiglu():
     eager_run = simulate(plan_from_dict({**doc, "training": {**doc["training"], "kernels": "eager"}}))
     gain = eager_run.step_time_s / fused.step_time_s
     assert 1.05 < gain < 1.4 and eager_run.time_s["forward"] > fused.time_s["forward"]
+
+
+def test_the_autocast_host_factor_a_gpu_calibration_measures_scales_the_executor_s_16_bit_host_cost(
+        tmp_path, monkeypatch):
+    import yaml
+
+    from executors.calibrate.build import _host_efficiency
+
+    eff = {}
+    host = {"forward_s": 1e-3, "backward_s": 2e-3, "forward_kernels": 12, "backward_kernels": 16,
+            "per_kernel_s": 3e-3 / 28, "autocast": {"forward_s": 1.5e-3, "backward_s": 2.7e-3}}
+    _host_efficiency(eff, host, {}, False, 1e12, 1e12, "test")
+    assert eff["autocast_host_factor"] == pytest.approx(4.2 / 3.0)
+    prof = yaml.safe_load(H200.read_text())
+    prof["efficiency"]["autocast_host_factor"] = 1.4
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(prof, sort_keys=False))
+    base = {p: _gpu(monkeypatch, p).host_overhead_s for p in ("bf16", "fp32")}
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(path))
+    plan = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": 2048, "layers": 4},
+                           "cluster": {"node": "localhost", "gpus_per_node": 1}, "training": {"global_batch": 2}})
+    scaled = {p: cmp.device_model(plan.cluster.node.gpu, p).host_overhead_s for p in ("bf16", "fp32")}
+    assert scaled["bf16"] == pytest.approx(1.4 * base["bf16"]) and scaled["fp32"] == pytest.approx(base["fp32"])
