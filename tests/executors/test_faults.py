@@ -41,12 +41,21 @@ def _group(pgid: int) -> dict[int, str]:
     return out
 
 
+def _end_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the test process dies (Linux ``PR_SET_PDEATHSIG``),
+    so a killed test run leaves no million-step run behind in its own session."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
+
+
 def _start_run(tmp_path, *args: str) -> tuple[subprocess.Popen, dict[int, int]]:
     """``trainplan run PLAN ARGS`` in its own session, temporary files under ``tmp_path``;
     returns once its four ranks run, with their pids by rank."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, "run", PLAN, "--warmup", "1", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_end_with_parent)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         ranks = {int(n.removeprefix("trainplan rank")): pid for pid, n in _group(proc.pid).items()
