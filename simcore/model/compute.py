@@ -292,7 +292,7 @@ def _host_terms(e: dict) -> dict:
         out["p2p_post_kernels"] = float(ph.get("p2p_post_kernels", 0.0))
         out["lone_all_reduce_kernels"] = float(ph.get("lone_all_reduce_kernels", 0.0))
         out["lone_broadcast_kernels"] = float(ph.get("lone_broadcast_kernels", 0.0))
-    if ph and opt.get("param_gbyte_per_s"):
+    if opt.get("param_gbyte_per_s"):   # a GPU profile's too: torch AdamW timed on that GPU
         out["optimizer_bytes_per_s"] = float(opt["param_gbyte_per_s"]) * 1e9
     return out
 

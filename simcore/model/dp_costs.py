@@ -134,13 +134,16 @@ def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
 
 
 def _host_optimizer_s(plan: Plan, dev: cmp.DeviceModel, owned: float, tensors: tuple[int, int]) -> float:
-    """Eager optimizer on a calibrated CPU host: per-tensor host cost (plain or DTensor,
-    ZeroRedundancyOptimizer steps 1/N_d of the tensors) plus the bytes at the measured rate."""
-    par = plan.parallel
+    """The executor's eager optimizer on a calibrated host (a CPU, or a GPU whose profile timed
+    torch's AdamW there): per-tensor host cost (plain or DTensor, ZeroRedundancyOptimizer steps
+    1/N_d of the tensors; CPU profiles) plus the parameter bytes at the measured rate. The
+    executor steps fp32 parameters under autocast (``master_weights``), 16-bit ones without."""
+    par, tr = plan.parallel, plan.training
     share = 1.0 / (par.dp * par.cp) if par.zero == ZeroStage.OPTIMIZER_STATES else 1.0
     per_tensor = share * (tensors[0] * dev.optimizer_per_tensor_kernels
                           + tensors[1] * dev.optimizer_dtensor_per_tensor_kernels) * dev.host_overhead_s
-    return per_tensor + owned * mem.weight_bytes_per_param(plan.training.precision) / dev.optimizer_bytes_per_s
+    stepped = 4 if tr.master_weights else mem.weight_bytes_per_param(tr.precision)
+    return per_tensor + owned * stepped / dev.optimizer_bytes_per_s
 
 
 def optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,

@@ -138,3 +138,20 @@ def test_the_autocast_host_factor_a_gpu_calibration_measures_scales_the_executor
                            "cluster": {"node": "localhost", "gpus_per_node": 1}, "training": {"global_batch": 2}})
     scaled = {p: cmp.device_model(plan.cluster.node.gpu, p).host_overhead_s for p in ("bf16", "fp32")}
     assert scaled["bf16"] == pytest.approx(1.4 * base["bf16"]) and scaled["fp32"] == pytest.approx(base["fp32"])
+
+
+def test_a_gpu_profile_prices_the_executor_s_adamw_at_its_measured_rate_over_fp32_parameters(monkeypatch):
+    import yaml
+
+    from simcore.model import memory as mem
+    from simcore.model import step_costs as sim
+
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(H200))
+    rate = yaml.safe_load(H200.read_text())["efficiency"]["optimizer"]["param_gbyte_per_s"] * 1e9
+    for precision, master in (("bf16", True), ("fp32", True), ("bf16", False)):
+        plan = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": 2048, "layers": 4},
+                               "cluster": {"node": "localhost", "gpus_per_node": 1},
+                               "training": {"global_batch": 2, "precision": precision, "master_weights": master}})
+        stepped = 4 if master else 2   # autocast steps fp32 parameters; pure bf16 its 16-bit ones
+        want = mem.stage_params(plan)[0].total * stepped / rate
+        assert sim.step_costs(plan).optimizer_per_step_s[0] == pytest.approx(want)
