@@ -69,14 +69,12 @@ class DeviceModel:
     torchao's ``convert_to_float8_training`` swaps ``nn.Linear`` only), while attention,
     softmax, norms, the output layer and all communication stay 16-bit (``peak_flops``).
     MXFP8 and NVFP4 (``training.precision``) run the same linear layers at their own peak
-    (Transformer Engine's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling`` recipes: fprop, dgrad
-    and wgrad GEMMs of the linear layers)."""
+    (TE's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling``: the linear layers' fprop, dgrad, wgrad GEMMs)."""
     linear_format: str = ""
     """The format of the linear layers' GEMMs (fp8, mxfp8, nvfp4); empty: the 16-bit peak."""
     fp8_transpose: bool = True
-    """Whether Transformer Engine's per-tensor FP8 cast writes a transposed copy beside the
-    data: on GPUs whose FP8 GEMMs take only TN layouts (Hopper, Ada); not on Blackwell
-    (``GPU.non_tn_fp8``)."""
+    """Whether TE's per-tensor FP8 cast writes a transposed copy beside the data: on GPUs whose FP8
+    GEMMs take only TN layouts (Hopper, Ada); not on Blackwell (``GPU.non_tn_fp8``)."""
     eager_autocast: bool = False
     """The executor's eager autocast stack (a GPU profile of its runs, 16-bit): ``eager_ops`` count."""
     parallel_kernels: tuple[tuple[str, float, float], ...] = ()
@@ -261,7 +259,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         fp8_matmul_ratio=_linear_ratio(e, precision, fp8_recipe),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         eager_autocast=eager.runs_eager(e, gpu.vendor, precision),
-        **_host_terms(e),
+        **_host_terms(e, eager.host_factor(e, gpu.vendor, precision)),
     )
 
 
@@ -274,9 +272,9 @@ def _linear_ratio(e: dict, precision: str, fp8_recipe: str) -> float:
     return float(e.get("low_precision_matmul_ratio", {}).get(precision, 1.0))
 
 
-def _host_terms(e: dict) -> dict:
-    """The calibrated host-side terms of a CPU profile (``parallel_host`` and ``optimizer``
-    entries); catalog GPUs have neither and keep the defaults (no change to their model)."""
+def _host_terms(e: dict, factor: float = 1.0) -> dict:
+    """A calibrated profile's host-side terms (``parallel_host``, ``optimizer``; ``factor``: of its
+    host cost per kernel, ``eager_ops.host_factor``); catalog GPUs have neither, their defaults stand."""
     ph, opt = e.get("parallel_host") or {}, e.get("optimizer") or {}
     out = {}
     if ph:
@@ -294,6 +292,8 @@ def _host_terms(e: dict) -> dict:
         out["lone_broadcast_kernels"] = float(ph.get("lone_broadcast_kernels", 0.0))
     if opt.get("param_gbyte_per_s"):   # a GPU profile's too: torch AdamW timed on that GPU
         out["optimizer_bytes_per_s"] = float(opt["param_gbyte_per_s"]) * 1e9
+    if not ph and opt.get("per_tensor_us") and e.get("host_overhead_us"):   # a GPU's: AdamW's launches per tensor
+        out["optimizer_per_tensor_kernels"] = float(opt["per_tensor_us"]) / (float(e["host_overhead_us"]) * factor)
     return out
 
 

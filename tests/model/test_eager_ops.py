@@ -132,26 +132,36 @@ def test_the_autocast_host_factor_a_gpu_calibration_measures_scales_the_executor
     prof["efficiency"]["autocast_host_factor"] = 1.4
     path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(prof, sort_keys=False))
-    base = {p: _gpu(monkeypatch, p).host_overhead_s for p in ("bf16", "fp32")}
+    before = {p: _gpu(monkeypatch, p) for p in ("bf16", "fp32")}
     monkeypatch.setenv("TRAINPLAN_PROFILE", str(path))
     plan = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": 2048, "layers": 4},
                            "cluster": {"node": "localhost", "gpus_per_node": 1}, "training": {"global_batch": 2}})
-    scaled = {p: cmp.device_model(plan.cluster.node.gpu, p).host_overhead_s for p in ("bf16", "fp32")}
-    assert scaled["bf16"] == pytest.approx(1.4 * base["bf16"]) and scaled["fp32"] == pytest.approx(base["fp32"])
+    after = {p: cmp.device_model(plan.cluster.node.gpu, p) for p in ("bf16", "fp32")}
+    assert after["bf16"].host_overhead_s == pytest.approx(1.4 * before["bf16"].host_overhead_s)
+    assert after["fp32"].host_overhead_s == pytest.approx(before["fp32"].host_overhead_s)
+    # the optimizer's per-tensor launches are AdamW's, outside autocast: the factor leaves them alone
+    for p in ("bf16", "fp32"):
+        launch = before[p].optimizer_per_tensor_kernels * before[p].host_overhead_s
+        assert launch > 0
+        assert after[p].optimizer_per_tensor_kernels * after[p].host_overhead_s == pytest.approx(launch)
 
 
-def test_a_gpu_profile_prices_the_executor_s_adamw_at_its_measured_rate_over_fp32_parameters(monkeypatch):
+def test_a_gpu_profile_prices_the_executor_s_adamw_at_its_measured_rates(monkeypatch):
     import yaml
 
     from simcore.model import memory as mem
     from simcore.model import step_costs as sim
 
+    from simcore.model import dp_costs as dpm
+
     monkeypatch.setenv("TRAINPLAN_PROFILE", str(H200))
-    rate = yaml.safe_load(H200.read_text())["efficiency"]["optimizer"]["param_gbyte_per_s"] * 1e9
+    opt = yaml.safe_load(H200.read_text())["efficiency"]["optimizer"]
+    rate, per_tensor = opt["param_gbyte_per_s"] * 1e9, opt["per_tensor_us"] * 1e-6
     for precision, master in (("bf16", True), ("fp32", True), ("bf16", False)):
         plan = plan_from_dict({"model": {"name": "llama3-8b", "seq_len": 2048, "layers": 4},
                                "cluster": {"node": "localhost", "gpus_per_node": 1},
                                "training": {"global_batch": 2, "precision": precision, "master_weights": master}})
         stepped = 4 if master else 2   # autocast steps fp32 parameters; pure bf16 its 16-bit ones
-        want = mem.stage_params(plan)[0].total * stepped / rate
-        assert sim.step_costs(plan).optimizer_per_step_s[0] == pytest.approx(want)
+        tensors = sum(dpm.param_tensors(plan, 0))                  # each launches AdamW's foreach kernels
+        want = tensors * per_tensor + mem.stage_params(plan)[0].total * stepped / rate
+        assert tensors == 4 * 9 + 3 and sim.step_costs(plan).optimizer_per_step_s[0] == pytest.approx(want)
