@@ -35,7 +35,6 @@ TINY = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 4, "ffn_hidden": 256
 
 def profile_layout(name: str, doc: dict, out: Path, warmup: int) -> str:
     import torch
-    import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
     from executors.launch import local_batch

@@ -181,8 +181,8 @@ def _leave(off: LayerOffload, i: int, n: int):
             ctx.__exit__(None, None, None)
         if i <= n:
             off.forward_done(i)
-        if i <= n and isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(lambda grad: off.backward_reaches(i))
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda grad: off.backward_reaches(i))
         return None
     return hook
 

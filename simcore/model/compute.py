@@ -229,7 +229,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         peak, linear_peak, linear_format = gpu.peak("bf16") or peak, peak, precision
     e = _entry(gpu, catalog_root)
     attention = _attention(e, gpu, attention_kernel)
-    coll, off = e["collective"], e.get("offload", {})
+    coll, off, factor = e["collective"], e.get("offload", {}), eager.host_factor(e, gpu.vendor, precision)
     return DeviceModel(
         name=gpu.name,
         peak_flops=peak,
@@ -240,7 +240,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         attention_backward=float(attention["backward"]),
         memory_efficiency=float(e["memory_bound"]["efficiency"]),
         kernel_overhead_s=float(e.get("kernel_overhead_us", 0.0)) * 1e-6,
-        host_overhead_s=float(e.get("host_overhead_us", 0.0)) * 1e-6 * eager.host_factor(e, gpu.vendor, precision),
+        host_overhead_s=float(e.get("host_overhead_us", 0.0)) * 1e-6 * factor,
         dispatch_s=float(e["dispatch_us"]) * 1e-6 if "dispatch_us" in e else None,
         nvlink_efficiency=float(coll["nvlink_efficiency"]),
         nic_efficiency=float(coll["nic_efficiency"]),
@@ -259,7 +259,7 @@ def device_model(gpu: GPU, precision: str, catalog_root=None, fp8_recipe: str = 
         fp8_matmul_ratio=_linear_ratio(e, precision, fp8_recipe),
         dp_sync_wait=float(e.get("dp_sync_wait", 0.0)),
         eager_autocast=eager.runs_eager(e, gpu.vendor, precision),
-        **_host_terms(e, eager.host_factor(e, gpu.vendor, precision)),
+        **_host_terms(e, factor),
     )
 
 

@@ -76,26 +76,32 @@ def _pass(name: str, bytes_: float) -> Op:
     return Op(name=name, flops=0.0, bytes=bytes_, matmul=False, uncounted=True)
 
 
+def _unfused_ops(m: ModelSpec, tokens: int, tp: int, rope_bytes: float) -> list[Op]:
+    """The passes both eager stacks make: the attention output's copy back from its transpose,
+    RoPE (``rope_bytes`` an element of q and k) and a gated MLP's silu then mul (read, write; read
+    two, write one: 5 passes where the fused kernel makes 3)."""
+    ops = [_pass("eager_attention_out_copy", 2 * HALF * tokens * pm.attention_out_width(m) / tp)]
+    if m.position_embedding == PositionEmbedding.ROPE:
+        ops.append(_pass("eager_rope", rope_bytes * tokens * (pm.q_width(m) + pm.kv_width(m)) / tp))
+    if m.gated_mlp:
+        ops.append(_pass("eager_swiglu", 2 * HALF * tokens * m.ffn_hidden * (m.top_k if m.moe else 1) / tp))
+    return ops
+
+
 def layer_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
     """One layer's forward, one micro-batch: the eager autocast stack's passes beyond the fused set."""
     tokens, h = b * s, m.hidden
     readers = 3 + (2 if m.gated_mlp else 1)          # the linears that cast a norm's output apart
     pc = pm.param_counts(m)
-    ops = [
+    return [
         # fused LayerNorm/RMSNorm: 16-bit in and out (4 B an element); eager autocast: fp32 (8 B)
         _pass("eager_norms_fp32", 2 * (2 * FP32 - 2 * HALF) * tokens * h),
         _pass("eager_input_casts", readers * CAST_BYTES * tokens * h),
         # residual add: fused reads two 16-bit tensors, writes one (6 B); eager: fp32 x + 16-bit y -> fp32 (10 B)
         _pass("eager_residual_fp32", 2 * (FP32 + HALF + FP32 - 3 * HALF) * tokens * h),
-        _pass("eager_attention_out_copy", 2 * HALF * tokens * pm.attention_out_width(m) / tp),
         _pass("eager_weight_casts", CAST_BYTES * (pc.attention + pc.mlp) / tp),
+        *_unfused_ops(m, tokens, tp, ROPE_BYTES),
     ]
-    if m.position_embedding == PositionEmbedding.ROPE:
-        ops.append(_pass("eager_rope", ROPE_BYTES * tokens * (pm.q_width(m) + pm.kv_width(m)) / tp))
-    if m.gated_mlp:   # silu (read, write) then mul (read two, write one): 5 passes where the fused kernel makes 3
-        f = m.ffn_hidden * (m.top_k if m.moe else 1) / tp
-        ops.append(_pass("eager_swiglu", 2 * HALF * tokens * f))
-    return ops
 
 
 def logits_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
@@ -106,13 +112,9 @@ def logits_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
 def python_layer_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> list[Op]:
     """One layer's forward, one micro-batch, of uncompiled PyTorch modules (``training.kernels:
     eager``) beyond the fused set. A LayerNorm model runs torch's native kernels (as fused)."""
-    tokens, h = b * s, m.hidden
-    ops = [_pass("eager_attention_out_copy", 2 * HALF * tokens * pm.attention_out_width(m) / tp)]
-    if m.gated_mlp:   # Llama-style: RMSNorm in Python (two a layer, over s/tp tokens with SP) and SwiGLU
+    tokens = b * s
+    ops = _unfused_ops(m, tokens, tp, COMPLEX_ROPE_BYTES)
+    if m.gated_mlp:   # Llama-style: RMSNorm in Python, two a layer, over s/tp tokens with SP
         norm_tokens = tokens / tp if sequence_parallel else tokens
-        ops.append(_pass("eager_python_rmsnorm", 2 * PYTHON_RMSNORM_BYTES * norm_tokens * h))
-        f = m.ffn_hidden * (m.top_k if m.moe else 1) / tp
-        ops.append(_pass("eager_swiglu", 2 * HALF * tokens * f))
-    if m.position_embedding == PositionEmbedding.ROPE:
-        ops.append(_pass("eager_rope", COMPLEX_ROPE_BYTES * tokens * (pm.q_width(m) + pm.kv_width(m)) / tp))
+        ops.append(_pass("eager_python_rmsnorm", 2 * PYTHON_RMSNORM_BYTES * norm_tokens * m.hidden))
     return ops
