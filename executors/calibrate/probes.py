@@ -230,8 +230,7 @@ def recompute_kernels(host: dict, peak: float, copy_bytes_per_s: float, efficien
     """Host cost of activation checkpointing beyond the recomputed ops, per layer and
     micro-batch, in units of the probe layer's per-kernel time: the checkpointed layer's
     forward less the plain one, and its backward less the plain backward and less the
-    recomputation the simulator charges (``simcore.model.compute.serial_layer_s``)."""
-    from simcore.model.compute import serial_layer_s
+    recomputation the simulator charges (``serial_layer_s``)."""
     from simcore.plan.spec import Recompute
 
     spec, per_kernel = probe_spec(), host["per_kernel_s"]
@@ -307,8 +306,6 @@ def _optimizer_per_tensor_s(params, reps: int) -> float:
 def _probe_dispatch_s(per_kernel_s: float, peak: float, copy_bytes_per_s: float, efficiency: dict) -> float:
     """Per-kernel host time of a serial (CPU) device: the probe layer's measured per-kernel
     time less its device time per kernel under the profile's own curve."""
-    from simcore.model.compute import serial_layer_s
-
     spec = probe_spec()
     f, b = serial_layer_s(spec, peak, copy_bytes_per_s, efficiency["matmul"]["points"],
                           float(efficiency["attention"]["forward"]))
@@ -318,3 +315,28 @@ def _probe_dispatch_s(per_kernel_s: float, peak: float, copy_bytes_per_s: float,
 def _dispatch_s(efficiency: dict, peak: float, copy_bytes_per_s: float) -> float:
     """``_probe_dispatch_s`` of the profile's own per-kernel time (``host_overhead_us``)."""
     return _probe_dispatch_s(efficiency["host_overhead_us"] * 1e-6, peak, copy_bytes_per_s, efficiency)
+
+
+def serial_layer_s(spec, peak_flops: float, hbm_bytes_per_s: float, matmul_points, attention: float,
+                   dispatch_s: float = 0.0, recompute=None) -> tuple[float, float]:
+    """(forward, backward) time of one layer of ``spec`` (micro-batch 1, full sequence) on a
+    serial device given by its calibrated peak, bandwidth, matmul curve and per-kernel
+    dispatch time; with ``recompute`` the forward of the ops that recomputation re-runs
+    instead. With ``dispatch_s=0`` it is the device time alone, which ``executors.calibrate.profile``
+    subtracts from a measured eager layer to get the dispatch time of a CPU host."""
+    from simcore.model import workload as wl
+    from simcore.model.compute import DeviceModel, ops_time_s
+    from topologies.components import EfficiencyCurve
+
+    dev = DeviceModel(
+        name="calibration", peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s,
+        matmul=EfficiencyCurve(points=tuple((float(a), float(b)) for a, b in matmul_points)),
+        attention_forward=attention, attention_backward=attention, memory_efficiency=1.0,
+        kernel_overhead_s=0.0, host_overhead_s=0.0, dispatch_s=dispatch_s, nvlink_efficiency=1.0,
+        nic_efficiency=1.0, base_latency_s=0.0, nvlink_hop_latency_s=0.0, net_hop_latency_s=0.0,
+        host_memory_bytes_per_s=0.0, adam_host_bytes_per_param=0.0)
+    ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len)
+    if recompute is not None:
+        return ops_time_s(wl.recompute_ops(ops, recompute), dev)[0], 0.0
+    f, bi, bw = ops_time_s(ops, dev)
+    return f, bi + bw

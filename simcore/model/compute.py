@@ -357,29 +357,8 @@ def phase_s(device_s: float, kernels: int, dev: DeviceModel) -> float:
     return max(device_s + kernels * dev.kernel_overhead_s, kernels * dev.host_overhead_s)
 
 
-def serial_layer_s(spec, peak_flops: float, hbm_bytes_per_s: float, matmul_points, attention: float,
-                   dispatch_s: float = 0.0, recompute=None) -> tuple[float, float]:
-    """(forward, backward) time of one layer of ``spec`` (micro-batch 1, full sequence) on a
-    serial device given by its calibrated peak, bandwidth, matmul curve and per-kernel
-    dispatch time; with ``recompute`` the forward of the ops that recomputation re-runs
-    instead. With ``dispatch_s=0`` it is the device time alone, which ``executors.calibrate.profile``
-    subtracts from a measured eager layer to get the dispatch time of a CPU host."""
-    dev = DeviceModel(
-        name="calibration", peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s,
-        matmul=EfficiencyCurve(points=tuple((float(a), float(b)) for a, b in matmul_points)),
-        attention_forward=attention, attention_backward=attention, memory_efficiency=1.0,
-        kernel_overhead_s=0.0, host_overhead_s=0.0, dispatch_s=dispatch_s, nvlink_efficiency=1.0,
-        nic_efficiency=1.0, base_latency_s=0.0, nvlink_hop_latency_s=0.0, net_hop_latency_s=0.0,
-        host_memory_bytes_per_s=0.0, adam_host_bytes_per_param=0.0)
-    ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len)
-    if recompute is not None:
-        return ops_time_s(wl.recompute_ops(ops, recompute), dev)[0], 0.0
-    f, bi, bw = ops_time_s(ops, dev)
-    return f, bi + bw
-
-
-def ops_time_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float, float]:
-    """(forward, backward-input, backward-weight) seconds of a list of ops."""
+def _ops_device_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float, float, int, int]:
+    """(forward, backward-input, backward-weight) device seconds and (forward, backward) kernels."""
     fwd = bi = bw = 0.0
     kf = kb = 0
     for op in ops:
@@ -389,10 +368,27 @@ def ops_time_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float, float]:
         bw += w
         kf += op.kernels
         kb += op.kernels * (2 if op.matmul and not op.batched and op.name != "flash_attention" else 1)
+    return fwd, bi, bw, kf, kb
+
+
+def ops_time_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float, float]:
+    """(forward, backward-input, backward-weight) seconds of a list of ops."""
+    fwd, bi, bw, kf, kb = _ops_device_s(ops, dev)
     fwd_s = phase_s(fwd, kf, dev)
     bwd_s = phase_s(bi + bw, kb, dev)
     scale = bwd_s / (bi + bw) if bi + bw > 0 else 0.0
     return fwd_s, bi * scale, bw * scale
+
+
+def ops_host_slack_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float]:
+    """(forward, backward) time the GPU idles in a host-bound phase of ``ops``, waiting for the
+    host to issue the next kernel: device work the host does not wait for (a NCCL kernel on the
+    stream) runs in it free of charge. 0 on a serial device (a CPU host: ``dispatch_s``)."""
+    if dev.dispatch_s is not None:
+        return 0.0, 0.0
+    fwd, bi, bw, kf, kb = _ops_device_s(ops, dev)
+    return (max(0.0, kf * (dev.host_overhead_s - dev.kernel_overhead_s) - fwd),
+            max(0.0, kb * (dev.host_overhead_s - dev.kernel_overhead_s) - bi - bw))
 
 
 def stream_s(bytes_: float, dev: DeviceModel) -> float:

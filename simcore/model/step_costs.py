@@ -34,6 +34,7 @@ from simcore.model import compute as cmp
 from simcore.model import eager_ops as eager
 from simcore.model import end_comm as ec
 from simcore.model import host_costs as hc
+from simcore.model import layer_times as lt
 from simcore.model import memory as mem
 from simcore.model import overlap as ov
 from simcore.model import peak as pk
@@ -52,35 +53,8 @@ def _check_device(plan: Plan) -> None:
         raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
 
 
-@functools.lru_cache(maxsize=4096)
-def _layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
-                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False
-                 ) -> tuple[float, float, float, float, float]:
-    """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer;
-    ``python_eager``: uncompiled PyTorch modules (``training.kernels: eager``)."""
-    chunk = wl.attention_chunk(s, cp, cp_comm)
-    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
-                               etp=etp)
-    if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
-        ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8", dev.fp8_transpose)
-    if dev.eager_autocast:      # the executor's eager autocast stack on a GPU
-        ops += eager.layer_ops(model, b=b, s=s, tp=tp)
-    elif python_eager:
-        ops += eager.python_layer_ops(model, b=b, s=s, tp=tp, sequence_parallel=sp)
-    f, bi, bw = cmp.ops_time_s(ops, dev)
-    r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
-    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))
-    return f, bi, bw, r, core
-
-
 #: A stage's FSDP2 reduce-scatters per block, of its ``dp_costs.fsdp_calls`` entry.
 _SCATTERS = operator.itemgetter(2)
-
-@functools.lru_cache(maxsize=1024)
-def _logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
-    extra = eager.logits_ops(model, b=b, s=s, tp=tp) if dev.eager_autocast else []
-    return cmp.ops_time_s(wl.logits_forward_ops(model, b=b, s=s, tp=tp) + extra, dev)
-
 
 @functools.lru_cache(maxsize=256)
 def dispatch_ranks(experts: int, top_k: int, ep: int) -> float:
@@ -224,10 +198,19 @@ def _op_sac_tp_share(plan: Plan) -> float:
     return sum(n * size[kind] for kind, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items()) / forward
 
 
-def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict, float, float, float, float, float]:
+def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[float, float, float]
+                    ) -> tuple[dict, float, float, float, float, float]:
     """Per layer and micro-batch: ``_layer_comm``'s figures, the (forward, backward) blocking
     communication, the (forward, backward) host compute of the wrappers (CPU host), and the
-    host compute a full recomputation repeats; ``core`` is the attention core's forward time."""
+    host compute a full recomputation repeats; ``core`` is the attention core's forward time,
+    ``slack`` the (forward, backward, recompute) time the layer's GPU waits for its host.
+
+    TP's and CP's NCCL kernels go on the stream without stopping the host (torch's NCCL
+    ``Work.wait`` makes the compute stream wait, not the host), so in a host-bound phase
+    they run while the GPU would wait for the next kernel: what is exposed is what exceeds
+    that wait. EP's all-to-alls are not: Megatron-Core's dispatcher copies the tokens per
+    expert to the host and synchronises on every layer (megatron/core/transformer/moe/
+    token_dispatcher.py ``_maybe_dtoh_and_synchronize`` @d98e8a64)."""
     lc = _layer_comm(plan, dev)
     # Ring attention (Megatron-Core through Transformer Engine's P2P context parallel,
     # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
@@ -244,8 +227,10 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float) -> tuple[dict
     rec_comm = (tp_f + lc["ep_f"]) * full + (ring + lc["cp_f"]) * attention + tp_f * _op_sac_tp_share(plan)
     host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
     rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
-    fc = tp_f + ring + lc["cp_f"] + lc["ep_f"]
-    bc = tp_b + 2 * ring + lc["cp_b"] + lc["ep_b"] + rec_comm
+    sf, sb, sr = slack
+    rec_async = rec_comm - lc["ep_f"] * full
+    fc = max(0.0, tp_f + ring + lc["cp_f"] - sf) + lc["ep_f"]
+    bc = max(0.0, tp_b + 2 * ring + lc["cp_b"] + rec_async - sb - sr * attention) + lc["ep_b"] + lc["ep_f"] * full
     (cf, cb), (hf, hb), (rc, rh) = hc.layer_wrappers_s(plan, dev, full)   # CPU host: torch's wrappers
     return lc, fc + cf, bc + cb + rc, host_f + hf, host_b + hb, rec_host + rh
 
@@ -289,10 +274,13 @@ def step_costs(plan: Plan) -> StepCosts:
     dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
                            attention_kernel=tr.attention_kernel.value)
     b, s = tr.micro_batch, m.seq_len // par.cp
-    f, bi, bw, rc, core = _layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
+    f, bi, bw, rc, core = lt.layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
                                        tr.flash_attention, tr.recompute, dev, par.cp_comm.value,
                                        tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp, tr.kernels == Kernels.EAGER)
-    lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core)
+    slack = lt.layer_slack(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel, tr.flash_attention, tr.recompute,
+                         dev, par.cp_comm.value, tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp,
+                         tr.kernels == Kernels.EAGER)
+    lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core, slack)
     rc += rec_host
     stages = plan.layers_per_stage
     nv = len(stages)
@@ -300,7 +288,7 @@ def step_costs(plan: Plan) -> StepCosts:
     dpc = rank_costs[0][0]   # dp_costs of the first rank's parameters, read only
     host_p2p = hc.host_p2p(dev, par.pp, nv)
     fwd, bin_, bwt, rec, fcomm, bcomm = _stage_work(plan, dev, stages, (f, bi, bw, rc), (fc, bc, host_f, host_b),
-                                                   _logits_times(m, b, s, par.tp, dev))
+                                                   lt.logits_times(m, b, s, par.tp, dev))
     fsdp = dpm.fsdp_calls(plan, nv)
     per_block = any(map(_SCATTERS, fsdp))
     mbs = plan.num_microbatches

@@ -159,8 +159,8 @@ def test_the_ends_cost_time_in_the_prediction():
         with um.patch.object(ec, "tp_ends_s", return_value=((0.0, 0.0), (0.0, 0.0))), \
                 um.patch.object(ec, "fsdp_root_s", return_value=(0.0, 0.0)), \
                 um.patch.object(ec, "tied_s", return_value=0.0):
-            from simcore.model import dp_costs, step_costs
-            step_costs._layer_times.cache_clear()
+            from simcore.model import dp_costs, layer_times
+            layer_times.layer_times.cache_clear()
             dp_costs.rank_costs.cache_clear()
             bare = simulate(plan, engine="analytic").step_time_s
         assert full > bare, name

@@ -10,6 +10,7 @@ from simcore.engine import analytic as ana
 from simcore.model import collectives as coll
 from simcore.model import dp_costs as dpm
 from simcore.model import end_comm as ec
+from simcore.model import layer_times as lt
 from simcore.model import step_costs as sim
 from simcore.plan.load import plan_from_dict
 from tests.model.test_simulate_analytic import plan
@@ -144,14 +145,14 @@ def test_cpu_pipeline_chunk_cost_is_added_per_virtual_stage():
     dev = cmp.device_model(p.cluster.node.gpu, "fp32")
     cf, cb = dev.parallel_extra_s("pipeline_chunk")
     m, tr = p.model, p.training
-    f, bi, _, _, _ = sim._layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, tr.recompute, dev)
+    f, bi, _, _, _ = lt.layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, tr.recompute, dev)
     c = sim.step_costs(p)
     assert c.forward_s[0] == pytest.approx(2 * f + cf)          # two layers and one chunk's bookkeeping
     assert c.backward_input_s[0] == pytest.approx(2 * bi + cb)
     one = sim.step_costs(_tiny(dp=2))                               # no pipeline: no chunk cost
     dev2 = cmp.device_model(_tiny(dp=2).cluster.node.gpu, "fp32")
-    f2 = sim._layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, tr.recompute, dev2)[0]
-    assert one.forward_s[0] == pytest.approx(4 * f2 + sim._logits_times(m, 1, 32, 1, dev2)[0])
+    f2 = lt.layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, tr.recompute, dev2)[0]
+    assert one.forward_s[0] == pytest.approx(4 * f2 + lt.logits_times(m, 1, 32, 1, dev2)[0])
 
 
 def test_cpu_checkpointing_host_cost_is_added_per_layer():
@@ -167,7 +168,7 @@ def test_cpu_checkpointing_host_cost_is_added_per_layer():
         af, ab = dev.parallel_extra_s(f"recompute_{mode.value}")
         assert af > 0 and ab > 0     # the shipped test profile measured both
         m, tr = p.model, p.training
-        rc = sim._layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, mode, dev)[3]
+        rc = lt.layer_times(m, 1, 32, 1, 1, 1, False, tr.flash_attention, mode, dev)[3]
         c, c0 = sim.step_costs(p), sim.step_costs(plain)
         assert c.forward_s[0] == pytest.approx(c0.forward_s[0] + 4 * af)     # four layers, one stage
         assert c.recompute_s[0] == pytest.approx(4 * (rc + ab))

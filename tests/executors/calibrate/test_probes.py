@@ -73,9 +73,9 @@ def test_checkpointing_host_cost_is_what_the_recompute_model_does_not_charge(syn
             "checkpointed": {"full": {"forward_s": 6e-4, "backward_s": 1.5e-3},
                              "selective": {"forward_s": 4e-4, "backward_s": 5e-4}}}
     out = probes.recompute_kernels(host, peak, bw, eff)
-    device = sum(cmp.serial_layer_s(probes.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"]))
+    device = sum(probes.serial_layer_s(probes.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"]))
     dispatch = 1e-3 / 28 - device / 28
-    rec = cmp.serial_layer_s(probes.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"],
+    rec = probes.serial_layer_s(probes.probe_spec(), peak, bw, eff["matmul"]["points"], eff["attention"]["forward"],
                              dispatch, Recompute.FULL)[0]
     assert out["recompute_full"]["forward_kernels"] == pytest.approx(2e-4 * 28 / 1e-3)
     assert out["recompute_full"]["backward_kernels"] == pytest.approx((9e-4 - rec) * 28 / 1e-3)

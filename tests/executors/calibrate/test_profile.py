@@ -36,7 +36,7 @@ def test_profile_round_trip_sets_the_host_floor(synthetic):
     assert dev.dispatch_s == pytest.approx(eff["dispatch_us"] * 1e-6) and 0 < dev.dispatch_s < dev.host_overhead_s
     f, bi, bw = cmp.ops_time_s(wl.layer_forward_ops(plan.model, b=1, s=32), dev)
     assert f + bi + bw == pytest.approx(28 * dev.host_overhead_s)
-    device_f, _ = cmp.serial_layer_s(probes.probe_spec(), dev.peak_flops, dev.hbm_bytes_per_s, dev.matmul.points,
+    device_f, _ = probes.serial_layer_s(probes.probe_spec(), dev.peak_flops, dev.hbm_bytes_per_s, dev.matmul.points,
                                      dev.attention_forward)
     assert f == pytest.approx(device_f + 12 * dev.dispatch_s)
 
