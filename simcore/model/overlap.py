@@ -60,18 +60,27 @@ def overlapped_s(comm: float, partner: float, first_chunk: float, lost: float) -
 UB_SM_SHARE = (2 / 4, 4 / 6)
 
 
+#: The share of a layer's (forward, backward) TP traffic that waits for one of its tp chunks
+#: whatever the GEMMs (transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp):
+#: a ring-exchange all-gather's first GEMM runs on the local chunk (``split_overlap_ag``: "the
+#: initial input chunk is stored _ubuf[rank]"), so none waits; a pipelined reduce-scatter sends
+#: chunk i under GEMM i+1 (``split_gemm_overlap_rs``), so its last chunk's is exposed; the bulk
+#: overlaps (``bulk_gemm_overlap``) run whole beside another GEMM. Forward: two ring all-gathers
+#: and two pipelined reduce-scatters of equal bytes; backward: ring all-gathers and bulk transfers.
+UB_TAIL_SHARE = (2 / 4, 0.0)
+
+
 def tp_exposed(plan: Plan, dev: cmp.DeviceModel, lc: dict, lost: float) -> tuple[float, float]:
     """TP's exposed (forward, backward) communication of one layer: all of it, or with
-    ``tp_comm_overlap`` the first of its tp chunks, what the layer's TP GEMMs cannot hide,
-    the slow-down of the GEMMs that hide it, and the cost of running those GEMMs in tp
-    chunks (Megatron-Core ``--tp-comm-overlap``; Wang et al. 2023, "Overlap Communication
-    with Dependent Computation via Decomposition", ASPLOS)."""
+    ``tp_comm_overlap`` the pipelined reduce-scatters' last chunk (``UB_TAIL_SHARE``), what
+    the layer's TP GEMMs cannot hide, the slow-down of the GEMMs that hide it, and the cost of
+    running those GEMMs in tp chunks (Megatron-Core ``--tp-comm-overlap``; Wang et al. 2023,
+    "Overlap Communication with Dependent Computation via Decomposition", ASPLOS)."""
     par = plan.parallel
     if not par.tp_comm_overlap or par.tp == 1:
         return lc["tp_f"], lc["tp_b"]
     m, tr = plan.model, plan.training
     gf, gb, split_f, split_b = tp_gemm_times(m, tr.micro_batch, m.seq_len // par.cp, par.tp, par.cp, par.ep,
                                               tr.flash_attention, dev)
-    first = 1.0 / par.tp
-    return (overlapped_s(lc["tp_f"], gf, first, lost * UB_SM_SHARE[0]) + split_f,
-            overlapped_s(lc["tp_b"], gb, first, lost * UB_SM_SHARE[1]) + split_b)
+    return (overlapped_s(lc["tp_f"], gf, UB_TAIL_SHARE[0] / par.tp, lost * UB_SM_SHARE[0]) + split_f,
+            overlapped_s(lc["tp_b"], gb, UB_TAIL_SHARE[1] / par.tp, lost * UB_SM_SHARE[1]) + split_b)

@@ -114,9 +114,10 @@ def test_fp8_leaves_attention_and_the_output_layer_at_16_bit():
 @SETTINGS
 @given(model=st.sampled_from(MODELS), node=st.sampled_from(NODES), tp=st.sampled_from([2, 4, 8]),
        pp=st.sampled_from([1, 2]), micro_batch=st.sampled_from([1, 2]))
-def test_tp_comm_overlap_hides_no_more_than_the_gemms_and_its_first_chunk_allow(model, node, tp, pp, micro_batch):
+def test_tp_comm_overlap_hides_no_more_than_the_gemms_and_its_last_chunk_allow(model, node, tp, pp, micro_batch):
     """Overlapping TP's collectives with the GEMMs saves at most the communication itself
-    (never beyond a free network) and always leaves the first of the tp chunks exposed."""
+    (never beyond a free network) and always leaves the forward reduce-scatters' last chunk
+    exposed (userbuffers' pipelined reduce-scatter; its ring all-gathers start on the local chunk)."""
     from simcore.model import step_costs as sc
     from simcore.model import overlap as ov
     from simcore.model.compute import device_model
@@ -130,7 +131,7 @@ def test_tp_comm_overlap_hides_no_more_than_the_gemms_and_its_first_chunk_allow(
     dev = device_model(over.cluster.node.gpu, over.training.precision.value)
     lc = sc._layer_comm(over, dev)
     tp_f, tp_b = ov.tp_exposed(over, dev, lc, 1 - 1 / dev.comm_compute_interference)
-    assert tp_f >= lc["tp_f"] / tp and tp_b >= lc["tp_b"] / tp
+    assert tp_f >= lc["tp_f"] * ov.UB_TAIL_SHARE[0] / tp > 0 and tp_b >= 0.0
 
 
 @SETTINGS
@@ -300,10 +301,15 @@ def test_recomputed_layers_pay_for_the_collectives_they_re_run(model, node, tp, 
         none, rc = plan("none"), plan(recompute)
     except PlanError:
         return
-    (comm0, bytes0), (comm1, bytes1) = ((sum(step_costs(p).backward_comm_s), comm_ledger.step_bytes(p))
-                                        for p in (none, rc))
+    (c0, bytes0), (c1, bytes1) = ((step_costs(p), comm_ledger.step_bytes(p)) for p in (none, rc))
     re_runs_tp = tp > 1 and recompute != "selective"
     assert (bytes1["tp", "all_gather" if sp else "all_reduce"] > bytes0["tp", "all_gather" if sp else "all_reduce"]) \
         == re_runs_tp
     assert (bytes1["cp", "send"] > bytes0["cp", "send"]) == (cp > 1)
-    assert comm1 > comm0 if re_runs_tp or cp > 1 else comm1 == comm0
+    # the backward's communication and recomputation together: what is re-run costs time, though
+    # a host-bound layer may hide the collectives in its GPU's wait for the host (test_host_slack)
+    comm0, comm1 = (sum(c.backward_comm_s) + sum(c.recompute_s) for c in (c0, c1))
+    if re_runs_tp or cp > 1:
+        assert comm1 > comm0
+    else:   # nothing re-run: no more exposed than without recompute
+        assert sum(c1.backward_comm_s) <= sum(c0.backward_comm_s) * (1 + 1e-12)

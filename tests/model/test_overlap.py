@@ -61,17 +61,18 @@ def test_interleaving_never_hides_more_than_the_sends_cost(pp, vpp, tp, node):
 
 
 def test_userbuffers_slow_the_gemms_only_for_their_sm_transfers():
-    """Overlapped TP traffic costs the first chunk plus the SM transfers' share of the NCCL
-    slow-down, never less than the first chunk and never more than NCCL-driven overlap."""
+    """Overlapped TP traffic costs the reduce-scatters' last chunk plus the SM transfers' share
+    of the NCCL slow-down, never less than that chunk and never more than NCCL-driven overlap
+    of the same chunks."""
     plan = _plan(tp_comm_overlap=True)
     dev = cmp.device_model(plan.cluster.node.gpu, plan.training.precision.value)
     lc = sc._layer_comm(plan, dev)
     lost = 1 - 1 / dev.comm_compute_interference
     tp_f, tp_b = ov.tp_exposed(plan, dev, lc, lost)
     gf, gb, split_f, split_b = ov.tp_gemm_times(plan.model, 1, 8192, 4, 1, 1, True, dev)
-    assert tp_f >= lc["tp_f"] / 4 and tp_b >= lc["tp_b"] / 4
-    nccl_f = ov.overlapped_s(lc["tp_f"], gf, 1 / 4, lost) + split_f
-    nccl_b = ov.overlapped_s(lc["tp_b"], gb, 1 / 4, lost) + split_b
+    assert tp_f >= lc["tp_f"] * ov.UB_TAIL_SHARE[0] / 4 and tp_b >= lc["tp_b"] * ov.UB_TAIL_SHARE[1] / 4
+    nccl_f = ov.overlapped_s(lc["tp_f"], gf, ov.UB_TAIL_SHARE[0] / 4, lost) + split_f
+    nccl_b = ov.overlapped_s(lc["tp_b"], gb, ov.UB_TAIL_SHARE[1] / 4, lost) + split_b
     assert tp_f < nccl_f and tp_b < nccl_b
     assert ov.UB_SM_SHARE[0] < 1 and ov.UB_SM_SHARE[1] < 1
 
