@@ -46,9 +46,9 @@ Rules per source:
 - hf_perf_train_gpu_one_2022: bert-large-uncased (24 layers, 1024, 16 heads, 4096 MLP,
   vocab 30522, s = 512, learned positions, GeLU), one V100 SXM2 16 GB (dgx1-v100-16gb),
   eager attention (2022), AdamW, gradient checkpointing = ``recompute: full``. ``fp16=True``
-  is torch autocast over fp32 parameters: fp32 weights, gradients and Adam states, and autocast
-  saves fp32 outputs of softmax, layer norm, GeLU and the residual adds (only matmul outputs
-  are fp16), so these rows are Plans in ``fp32`` (the page's own rows: AMP saves 1 GiB of 14.6). The model is a sequence classifier: its
+  is torch autocast over fp32 parameters (``precision: fp16, autocast: true``): fp32 weights,
+  gradients and Adam states, fp32 norms, softmax and residual stream, and every weight's fp16
+  copy cached to the forward's end, checkpointed or not. The model is a sequence classifier: its
   2-class head has no vocabulary-wide logits, so the report's loss term is not counted.
   The optimizer is the row's: AdamW, ``adafactor`` (``optim="adafactor"``) or ``adamw8bit``
   (bitsandbytes' Adam8bit: the same 8-bit states). The Trainer of 2022 cleared gradients with
@@ -152,7 +152,9 @@ def row_plan(row: pd.Series):
     if src == "hf_perf_train_gpu_one_2022":
         named = str(row["notes"]).split("optimizer ")[-1][:20]
         optimizer = "adafactor" if "Adafactor" in named else "adamw8bit" if "8-bit Adam" in named else "adamw"
-        training = {"global_batch": gb, "micro_batch": mb, "precision": "fp32", "optimizer": optimizer,
+        amp = {"precision": "fp16", "autocast": True} if str(row["precision"]).startswith("fp16") \
+            else {"precision": "fp32"}
+        training = {"global_batch": gb, "micro_batch": mb, **amp, "optimizer": optimizer,
                     "recompute": "full" if row["recompute"] == "full" else "none", "grads_to_none": False}
         no_lm_head = ("activations_loss", "activations_loss_transient")
         return {"model": BERT_LARGE, "cluster": cluster, "parallel": {"dp": 1}, "training": training}, no_lm_head

@@ -23,6 +23,7 @@ from simcore.model import executor_acts as xa
 from simcore.model import recompute as rcp
 from simcore.model import schedules as sch
 from simcore.model import workload as wl
+from simcore.model.params import param_counts
 from simcore.plan.spec import Kernels, Loss, Plan, Precision, Recompute, Schedule
 
 
@@ -181,6 +182,8 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
         kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, ep=par.ep, **kw))
     act = rcp.LayerActivations(whole=whole, kept=kept, boundary=wl.ACT_BYTES * b * s * m.hidden / sp)
     last = 4 * s * b * m.hidden / sp                          # final norm's input and output
+    if tr.autocast:
+        act, last = _autocast_terms(plan, act, last)
     wide = 2 if tr.precision == Precision.FP32 else 1   # fp32 training saves 4-byte tensors, not 2
     if wide > 1:
         act = rcp.LayerActivations(whole=wide * act.whole, kept=wide * act.kept, boundary=wide * act.boundary)
@@ -191,6 +194,31 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
     kept, transient = loss_bytes(plan)
     return (act, wide * wl.embedding_activation_bytes(m, **kw), wide * last + kept, transient,
             wide * _wgrad_stash_per_layer(plan))
+
+
+def _autocast_terms(plan: Plan, act: rcp.LayerActivations, last: float) -> tuple[rcp.LayerActivations, float]:
+    """What torch.autocast over fp32 parameters keeps beyond the 16-bit count (``training.autocast``):
+    the residual stream stays fp32 (an fp32 embedding plus 16-bit branch outputs promote to fp32),
+    so the two norms' inputs and a checkpointed layer's input take 4 bytes; softmax is on autocast's
+    fp32 list, so an unfused attention keeps fp32 probabilities; the final norm runs in fp32 and the
+    head's weight is cast. Each linear casts the fp32 norm output it reads apart and saves its copy
+    (q, k and v; the MLP's input linears: the autocast stacks' modules, as ``executor_acts`` counts
+    them), where the 16-bit count keeps one input for QKV and one for the MLP. Every weight's 16-bit
+    copy is cached from its first cast to the forward's end (autocast's cache keys on the fp32 leaf
+    whatever the grad mode, so a checkpointed forward fills it too: aten/src/ATen/autocast_mode.cpp
+    ``cached_cast``) and saved by its matmul: the layer's share, whatever the recompute."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    b, s = tr.micro_batch, m.seq_len // par.cp
+    sp = par.tp if par.sequence_parallel else 1
+    pc = param_counts(m)
+    copies = wl.ACT_BYTES * (pc.attention + pc.mlp) / par.tp
+    readers = 3 + (2 if m.gated_mlp else 1) - 2           # norm-output copies beyond the 16-bit count's two
+    norms = (2 * (4 - wl.ACT_BYTES) / sp + readers * wl.ACT_BYTES) * b * s * m.hidden
+    probs = 0.0 if tr.flash_attention else (4 - wl.ACT_BYTES) * m.heads * s * s * b / par.tp
+    kept_probs = 0.0 if tr.recompute == Recompute.SELECTIVE else probs
+    act = rcp.LayerActivations(whole=act.whole + norms + probs + copies, kept=act.kept + norms + kept_probs + copies,
+                               boundary=2 * act.boundary + copies)
+    return act, 2 * last + wl.ACT_BYTES * m.vocab * m.hidden / par.tp
 
 
 def _wgrad_stash_per_layer(plan: Plan) -> float:

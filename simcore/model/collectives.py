@@ -205,6 +205,8 @@ def grad_wire_bytes(plan: Plan) -> float:
         return 4.0
     if tr.grad_compression in (GradCompression.FP16, GradCompression.BF16) or not tr.master_weights:
         return 2.0
+    if tr.autocast:   # torch DDP (and ZeroRedundancyOptimizer's) fp32 gradients of fp32 parameters
+        return 4.0
     if par.zero >= ZeroStage.OPTIMIZER_STATES and (par.zero_impl == ZeroImpl.DEEPSPEED
                                                     or tr.precision == Precision.FP16):
         return 2.0

@@ -107,7 +107,7 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
         return out
     axis = "cp" if par.dp == 1 else "dp"
     sp = mem.stage_params(plan)[pp_rank]
-    wb, gb = mem.weight_bytes_per_param(tr.precision), coll.grad_wire_bytes(plan)
+    wb, gb = mem.param_bytes(tr), coll.grad_wire_bytes(plan)
     # the experts' gradients over the expert data-parallel ranks (the executor's group name: dp), if several
     expert_axis = "dp" if nd // par.ep > 1 else None
     dense_l, expert_l = mem.layer_params_per_gpu(plan)

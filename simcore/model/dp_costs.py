@@ -52,7 +52,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     """Per-step gradient reduction, parameter sync, per-micro-batch FSDP gathers, optimizer, offload."""
     par, tr, cl = plan.parallel, plan.training, plan.cluster
     nd = par.dp * par.cp
-    wb = mem.weight_bytes_per_param(tr.precision)
+    wb = mem.param_bytes(tr)
     gb = coll.grad_wire_bytes(plan)
     out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, ag_exposed=0.0, buckets=1, compress=0.0)
     # the model's ends (``end_comm``): FSDP2's root group of this rank, the tied embedding's all-reduce
@@ -153,7 +153,7 @@ def optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
     nd = par.dp * par.cp
     owned = sp.total / nd if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
     k = mem.optimizer_bytes_per_param(tr, plan.model.hidden, flat_partitions(plan))
-    wb = mem.weight_bytes_per_param(tr.precision)
+    wb = mem.param_bytes(tr)
     if tr.offload == Offload.NONE and dev.optimizer_bytes_per_s > 0:
         return _host_optimizer_s(plan, dev, owned, tensors), 0.0
     if tr.offload == Offload.NONE:   # read grad, states; write states and the 16-bit copy

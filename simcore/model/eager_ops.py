@@ -88,8 +88,10 @@ def _unfused_ops(m: ModelSpec, tokens: int, tp: int, rope_bytes: float) -> list[
     return ops
 
 
-def layer_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
-    """One layer's forward, one micro-batch: the eager autocast stack's passes beyond the fused set."""
+def autocast_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
+    """One layer's forward, one micro-batch: what torch.autocast over fp32 parameters adds to the
+    fused 16-bit set (``training.autocast``; the executor's GPU stack too): fp32 norms and residual
+    adds, a 16-bit cast of each linear's input and of every weight, once a forward."""
     tokens, h = b * s, m.hidden
     readers = 3 + (2 if m.gated_mlp else 1)          # the linears that cast a norm's output apart
     pc = pm.param_counts(m)
@@ -100,8 +102,13 @@ def layer_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
         # residual add: fused reads two 16-bit tensors, writes one (6 B); eager: fp32 x + 16-bit y -> fp32 (10 B)
         _pass("eager_residual_fp32", 2 * (FP32 + HALF + FP32 - 3 * HALF) * tokens * h),
         _pass("eager_weight_casts", CAST_BYTES * (pc.attention + pc.mlp) / tp),
-        *_unfused_ops(m, tokens, tp, ROPE_BYTES),
     ]
+
+
+def layer_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:
+    """One layer's forward, one micro-batch: the executor's eager autocast stack's passes beyond
+    the fused set (autocast's, and eager RoPE, SwiGLU and the attention output's copy)."""
+    return [*autocast_ops(m, b=b, s=s, tp=tp), *_unfused_ops(m, b * s, tp, ROPE_BYTES)]
 
 
 def logits_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1) -> list[Op]:

@@ -105,7 +105,7 @@ def fsdp_root_bytes(plan: Plan, sp: mem.StageParams) -> tuple[float, float]:
     """(all-gather, reduce-scatter) bytes of one pipeline rank's FSDP2 root group, whose
     parameters are ``sp.ends``: 16-bit (fp32 in an fp32 plan) parameters gathered, gradients
     reduced as the blocks' (``collectives.grad_wire_bytes``)."""
-    return mem.weight_bytes_per_param(plan.training.precision) * sp.ends, coll.grad_wire_bytes(plan) * sp.ends
+    return mem.param_bytes(plan.training) * sp.ends, coll.grad_wire_bytes(plan) * sp.ends
 
 
 def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[float, float]:

@@ -12,7 +12,7 @@ from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 
 
-def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager) -> list:
+def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast) -> list:
     """One layer's forward ops as the stack runs them (``_layer_times``' arguments)."""
     chunk = wl.attention_chunk(s, cp, cp_comm)
     ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
@@ -20,19 +20,22 @@ def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, et
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
         ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8", dev.fp8_transpose)
     if dev.eager_autocast:      # the executor's eager autocast stack on a GPU
-        ops += eager.layer_ops(model, b=b, s=s, tp=tp)
-    elif python_eager:
+        return ops + eager.layer_ops(model, b=b, s=s, tp=tp)
+    if autocast:                # torch.autocast over fp32 parameters (training.autocast)
+        ops += eager.autocast_ops(model, b=b, s=s, tp=tp)
+    if python_eager:
         ops += eager.python_layer_ops(model, b=b, s=s, tp=tp, sequence_parallel=sp)
     return ops
 
 
 @functools.lru_cache(maxsize=4096)
 def layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
-                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False
+                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False, autocast: bool = False
                  ) -> tuple[float, float, float, float, float]:
     """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer;
-    ``python_eager``: uncompiled PyTorch modules (``training.kernels: eager``)."""
-    ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager)
+    ``python_eager``: uncompiled PyTorch modules (``training.kernels: eager``); ``autocast``:
+    torch.autocast over fp32 parameters (``training.autocast``)."""
+    ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
     chunk = wl.attention_chunk(s, cp, cp_comm)
@@ -42,10 +45,11 @@ def layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str
 
 @functools.lru_cache(maxsize=4096)
 def layer_slack(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
-                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False) -> tuple[float, float, float]:
+                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False, autocast: bool = False
+                 ) -> tuple[float, float, float]:
     """(forward, backward, recomputation) time one layer's GPU waits for the host
     (``compute.ops_host_slack_s``; 0 where the phase is device-bound or on a CPU host)."""
-    ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager)
+    ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast)
     return *cmp.ops_host_slack_s(ops, dev), cmp.ops_host_slack_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
 
 

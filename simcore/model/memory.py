@@ -27,7 +27,7 @@ from simcore.model import activations as acts
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
-                                        weight_bytes_per_param)
+                                        param_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
                                 gradients_at_activation_peak, rank_row, summary_fields)
 from simcore.plan.spec import Offload, Plan, Precision, ZeroImpl, ZeroStage
@@ -151,7 +151,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     (``workload.quantized_bytes``: 1 + 1/32 and 0.5 + 1/16 bytes an element each) and keep
     no amax history (TE's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling`` scale per block)."""
     m, par, tr = plan.model, plan.parallel, plan.training
-    wb = weight_bytes_per_param(tr.precision)
+    wb = param_bytes(tr)
     fp8 = tr.precision == Precision.FP8
     b, s = tr.micro_batch, m.seq_len // par.cp
     out = {"dp_buckets": 0.0, "fsdp_all_gather": 0.0, "fsdp_reduce_scatter": 0.0, "fsdp_root": 0.0,
@@ -208,7 +208,7 @@ def sharded_gradients(plan: Plan) -> bool:
 def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     """Weights, gradients and optimizer states on one GPU, and the host bytes of offload."""
     par, tr = plan.parallel, plan.training
-    wb, gb = weight_bytes_per_param(tr.precision), coll.grad_wire_bytes(plan)
+    wb, gb = param_bytes(tr), coll.grad_wire_bytes(plan)
     k = optimizer_bytes_per_param(tr, plan.model.hidden, flat_partitions(plan))
     nd = par.dp * par.cp
     nd_e = max(1, nd * par.tp // (par.ep * par.etp))    # expert data parallel (folded: over TP ranks too)

@@ -42,6 +42,12 @@ def weight_bytes_per_param(precision: Precision) -> int:
     return 4 if precision == Precision.FP32 else 2
 
 
+def param_bytes(tr: TrainingSpec) -> int:
+    """Bytes of a stored parameter: fp32 under ``training.autocast`` (the casts are transient),
+    else the precision's (16-bit beside an fp32 master copy in the optimizer)."""
+    return 4 if tr.autocast else weight_bytes_per_param(tr.precision)
+
+
 def flat_partitions(plan: Plan) -> bool:
     """Whether the optimizer steps flat 1-D partitions of the parameters (DeepSpeed's ZeRO)."""
     return plan.parallel.zero_impl == ZeroImpl.DEEPSPEED and plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES
@@ -51,7 +57,8 @@ def optimizer_bytes_per_param(tr: TrainingSpec, hidden: int, flat: bool = False)
     """K: the master copy (mixed precision with ``master_weights``) plus the optimizer's states;
     ``flat``: the optimizer steps flat partitions (``flat_partitions``)."""
     pure16 = not tr.master_weights and tr.precision != Precision.FP32
-    master = 4.0 if tr.master_weights and tr.precision != Precision.FP32 else 0.0
+    # under autocast the fp32 parameters are what the optimizer steps: no master copy
+    master = 4.0 if tr.master_weights and tr.precision != Precision.FP32 and not tr.autocast else 0.0
     if tr.optimizer == Optimizer.ADAMW8BIT:
         return master + 2 * (1 + 4 / EIGHT_BIT_BLOCK)
     if tr.optimizer == Optimizer.ADAFACTOR:

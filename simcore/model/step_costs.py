@@ -274,12 +274,11 @@ def step_costs(plan: Plan) -> StepCosts:
     dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
                            attention_kernel=tr.attention_kernel.value)
     b, s = tr.micro_batch, m.seq_len // par.cp
-    f, bi, bw, rc, core = lt.layer_times(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel,
-                                       tr.flash_attention, tr.recompute, dev, par.cp_comm.value,
-                                       tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp, tr.kernels == Kernels.EAGER)
-    slack = lt.layer_slack(m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel, tr.flash_attention, tr.recompute,
-                         dev, par.cp_comm.value, tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp,
-                         tr.kernels == Kernels.EAGER)
+    shape = (m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel, tr.flash_attention, tr.recompute, dev,
+             par.cp_comm.value, tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp, tr.kernels == Kernels.EAGER,
+             tr.autocast)
+    f, bi, bw, rc, core = lt.layer_times(*shape)
+    slack = lt.layer_slack(*shape)
     lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core, slack)
     rc += rec_host
     stages = plan.layers_per_stage

@@ -167,6 +167,11 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
         values["parallel.dp"] = replicate * shard
         never = reshard == "never" or (reshard == "default" and g("parallel.pp") > 1)
         values["parallel.zero"] = 0 if shard == 1 else (2 if never else 3)
+        # torchtitan applies mixed_precision_param through torch.autocast under DDP or one device
+        # and no other parallelism (torchtitan/config/configs.py @b5bcd76c6), through fully_shard else
+        if shard == 1 and g("parallel.tp") == g("parallel.pp") == g("parallel.cp") == 1 \
+                and values.get("training.precision") == "bf16":
+            values["training.autocast"] = True
         if replicate > 1 and shard > 1:
             notes.append(f"torchtitan HSDP ({replicate} replicas x {shard} shards) taken as zero over all dp")
     layers = values.get("model.layers")
@@ -225,7 +230,7 @@ _SECTION_ORDER = {
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
                  "schedule", "cp_comm", "tp_comm_overlap", "overlap_param_gather", "moe_dispatcher"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "recompute", "offload",
-                 "flash_attention", "optimizer", "grad_compression", "kernels", "optimizer_in_backward"),
+                 "flash_attention", "optimizer", "grad_compression", "kernels", "optimizer_in_backward", "autocast"),
 }
 
 

@@ -239,6 +239,7 @@ def _training(value, layers: int) -> TrainingSpec:
         grad_compression=GradCompression.parse(doc.get("grad_compression", "none"),
                                                "training.grad_compression"),
         master_weights=_bool(doc, "master_weights", w, True),
+        autocast=_bool(doc, "autocast", w, False),
         loss=Loss.parse(doc.get("loss", "fused"), "training.loss"),
         kernels=Kernels.parse(doc.get("kernels", "fused"), "training.kernels"),
         optimizer_in_backward=_bool(doc, "optimizer_in_backward", w, False),
@@ -385,14 +386,13 @@ def plan_to_dict(plan: Plan) -> dict:
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
     for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True),
-                         ("attention_kernel", AttentionKernel.AUTO.value), ("kernels", Kernels.FUSED.value),
-                         ("grads_to_none", True), ("optimizer_in_backward", False), ("activation_offload", 0)):
+                         ("autocast", False), ("attention_kernel", AttentionKernel.AUTO.value),
+                         ("kernels", Kernels.FUSED.value), ("grads_to_none", True), ("optimizer_in_backward", False),
+                         ("activation_offload", 0)):
         if training[key] == default:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}
-    if plan.name:
-        doc = {"name": plan.name, **doc}
-    return doc
+    return {"name": plan.name, **doc} if plan.name else doc
 
 
 def dump_plan(plan: Plan) -> str:

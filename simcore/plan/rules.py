@@ -120,6 +120,12 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
         (tr.master_weights or tr.precision.value in ("bf16", "fp16"),
          f"training.master_weights=false needs a 16-bit training.precision, not {tr.precision.value}"),
+        (not tr.autocast or (tr.precision.value in ("bf16", "fp16") and tr.master_weights),
+         f"training.autocast casts fp32 parameters to a 16-bit training.precision (bf16 or fp16, with "
+         f"master_weights), not {tr.precision.value}{'' if tr.master_weights else ' without master weights'}"),
+        (not tr.autocast or (par.zero <= ZeroStage.OPTIMIZER_STATES and par.pp == 1),
+         "training.autocast runs over replicated fp32 parameters on one pipeline stage (DDP, ZeRO-1: "
+         "parallel.zero<=1, parallel.pp=1); FSDP casts through its MixedPrecisionPolicy instead"),
         (not tr.optimizer_in_backward or (plan.num_microbatches == 1 and par.pp == 1 and (
             par.dp * par.cp == 1 or (par.zero >= ZeroStage.GRADIENTS and par.zero_impl == ZeroImpl.FSDP2))),
          "training.optimizer_in_backward needs one micro-batch per step, parallel.pp=1 and, with data "

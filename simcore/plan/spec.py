@@ -207,6 +207,12 @@ class TrainingSpec:
     master_weights: bool = True
     """False: pure 16-bit training (torchtune's ``dtype: bf16``): no fp32 master copy, the
     optimizer's states in the 16-bit dtype."""
+    autocast: bool = False
+    """torch.autocast over fp32 parameters (torch AMP; Hugging Face Trainer ``fp16``/``bf16=True``)
+    instead of 16-bit parameters with an fp32 master copy (Megatron, DeepSpeed): fp32 weights and
+    gradients, the optimizer's states without a master copy, every weight cast to 16 bits once a
+    forward and the copies cached to its end, and the tensors autocast keeps in fp32 (norms,
+    softmax, the residual stream). ``training.precision`` is the 16-bit compute dtype."""
     loss: Loss = Loss.FUSED
     """Fused by default: what the large-scale stacks run (Megatron's vocab-parallel cross
     entropy, llm-foundry's flash-attn fused cross entropy, torchtitan's compiled loss)."""

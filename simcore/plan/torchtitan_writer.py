@@ -33,6 +33,14 @@ _SRC = "pytorch/torchtitan torchtitan/config (0.3.0: manager.py, configs.py; 0.2
 _OUTPUT_MODULE = {"torchtitan": "lm_head", "torchtitan-0.2": "output"}
 
 
+def _ddp_autocast(plan) -> bool:
+    """Whether torchtitan runs this layout under torch.autocast: bf16 parameters' mixed precision
+    under DDP or on one device, with no TP, PP or CP."""
+    par = plan.parallel
+    return (plan.training.precision.value == "bf16" and par.zero == 0
+            and par.tp == par.pp == par.cp == 1)
+
+
 def _refuse(field_: str, value, why: str = "") -> ValueError:
     return ValueError(f"{field_}={value} has no torchtitan option{': ' + why if why else ''}")
 
@@ -80,6 +88,9 @@ def _check(plan: Plan) -> None:
     tr, par, m = plan.training, plan.parallel, plan.model
     refusals = [
         (par.zero == 1, "parallel.zero", 1, "it has DDP (zero 0) and FSDP2 (zero 2, 3)"),
+        (tr.autocast and not _ddp_autocast(plan), "training.autocast", "true",
+         "it applies mixed_precision_param through torch.autocast only under DDP or one device with no other "
+         "parallelism (torchtitan/config/configs.py), through fully_shard's policy else"),
         (par.tp > 1 and not par.sequence_parallel, "parallel.sequence_parallel", "false",
          "its tensor parallel plan always shards the sequence"),
         (tr.precision.value == "fp16", "training.precision", "fp16", "mixed_precision_param is bfloat16 or float32"),
@@ -156,6 +167,9 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
         notes.append(f"# No torchtitan llama3 flavor has this shape: register flavor '{m.name}' in "
                      f"torchtitan/models/llama3/__init__.py with dim={m.hidden}, n_layers={m.layers}, "
                      f"n_heads={m.heads}, n_kv_heads={m.kv_heads}, FFN hidden {m.ffn_hidden}, vocab {m.vocab}.")
+    if _ddp_autocast(plan) and not tr.autocast:
+        notes.append("# torchtitan runs this layout under torch.autocast over fp32 parameters: the Plan's "
+                     "training.autocast: true predicts that run.")
     model = {"name": "llama3", "flavor": flavor}
     if tr.precision.value in ("mxfp8", "nvfp4"):
         raise _refuse("training.precision", tr.precision.value, "trainplan writes torchtitan's float8 converter only")

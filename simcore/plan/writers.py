@@ -20,8 +20,8 @@ _MEGATRON_SRC = ("NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e
                  "parsed by its own parser's definitions, simcore/plan/megatron_args.yaml)")
 _DEEPSPEED_SRC = ("deepspeedai/DeepSpeed deepspeed/runtime/constants.py (088be892), "
                   "zero/config.py (1b88ac36), zero/offload_config.py (1978617c), 2025")
-_RDZV_PORT = 29500
-"""torchrun's conventional rendezvous port (torch/distributed/run.py examples)."""
+_RDZV_PORT = 29500   # torchrun's conventional rendezvous port (torch/distributed/run.py examples)
+_MASTER_COPY = "its bf16/fp16 keep 16-bit parameters with an fp32 master copy in the optimizer"
 
 
 def export_plan(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> str:
@@ -41,10 +41,10 @@ def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tupl
                "slurm-trainplan": lambda p: _export_slurm_trainplan(p, plan_path)}
     if to not in writers:
         raise ValueError(f"unknown export target '{to}' (known: {', '.join(TARGETS)})")
+    if plan.training.autocast and to in ("megatron", "slurm", "deepspeed"):   # torch.autocast over fp32 parameters
+        raise _refuse("training.autocast", "true", "DeepSpeed config" if to == "deepspeed" else "Megatron-LM", _MASTER_COPY)
     text = writers[to](plan)
-    if to == "deepspeed":
-        return text, _deepspeed_notes(plan)
-    return text, []
+    return text, (_deepspeed_notes(plan) if to == "deepspeed" else [])
 
 
 def _refuse(field_: str, value, tool: str, why: str = "") -> ValueError:

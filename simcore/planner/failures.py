@@ -40,7 +40,7 @@ def storage_bytes_per_s(storage: Storage, nodes: int, write: bool) -> float:
 def checkpoint_bytes(plan: Plan) -> float:
     """Full training state: 16-bit (or fp32) weights plus K optimizer bytes per parameter."""
     tr = plan.training
-    per_param = mem.weight_bytes_per_param(tr.precision) + mem.optimizer_bytes_per_param(tr, plan.model.hidden)
+    per_param = mem.param_bytes(tr) + mem.optimizer_bytes_per_param(tr, plan.model.hidden)
     return wl.param_counts(plan.model).total * per_param
 
 

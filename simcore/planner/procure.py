@@ -62,7 +62,7 @@ def states_overflow(c: Candidates, cell: dict) -> str:
     base = base_plan(c.model, {"node": node_for_gpu(cell["gpu"]), "nodes": cell["nodes"]}, c.global_batch,
                      c.training)
     tr = base.training
-    per_param = 2 * mem.weight_bytes_per_param(tr.precision) + mem.optimizer_bytes_per_param(tr, base.model.hidden)
+    per_param = 2 * mem.param_bytes(tr) + mem.optimizer_bytes_per_param(tr, base.model.hidden)
     need = param_counts(base.model).total * per_param / base.cluster.gpus
     hbm = base.cluster.node.gpu.hbm_bytes
     if need <= hbm:
