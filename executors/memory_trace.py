@@ -181,15 +181,19 @@ def one_microbatch(plan: Plan) -> Plan:
 
 def compare(plan: Plan) -> dict:
     """The analytic model's tensors on the fullest rank against the tracker's peak, both for
-    ``one_microbatch(plan)`` with the executor's eager loss."""
+    ``one_microbatch(plan)`` with the executor's eager loss and, where FSDP2 does not cast, its
+    autocast over fp32 parameters (``training.autocast``)."""
     from simcore.model.step_costs import memory_report
 
     one = one_microbatch(plan)
     traced = trace_peak(one)
-    eager = replace(one, training=replace(one.training, loss=Loss.EAGER))   # the loss the executor runs
+    # the loss the executor runs and, without FSDP2, its autocast over fp32 parameters
+    amp = not _fsdp(plan) and plan.training.precision in (Precision.BF16, Precision.FP16)
+    eager = replace(one, training=replace(one.training, loss=Loss.EAGER, autocast=amp or one.training.autocast))
     rank = max(memory_report(eager)["ranks"], key=lambda r: r["total"])
     analytic = rank["total"] - rank["terms"]["allocator_margin"] - rank["terms"]["cuda_context"]
     return {"analytic_tensor_bytes": analytic, "torch_peak_bytes": traced["Total"], "torch_by_kind": traced,
             "tracker": "FSDPMemTracker" if _fsdp(plan) else "MemTracker",
             "difference": (analytic - traced["Total"]) / traced["Total"],
-            "microbatches_traced": 1, "traced_loss_differs": plan.training.loss != Loss.EAGER}
+            "microbatches_traced": 1, "traced_loss_differs": plan.training.loss != Loss.EAGER,
+            "traced_autocast_differs": amp and not plan.training.autocast}

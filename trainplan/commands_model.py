@@ -197,6 +197,9 @@ def cmd_memory(args) -> None:
                       "(DTensor has no row-sharded embedding backward); the model counts Megatron's shard")
         if t["traced_loss_differs"]:
             print(f"  (both with the executor's eager loss, not training.loss={plan.training.loss.value})")
+        if t.get("traced_autocast_differs"):
+            print("  (both under the executor's torch.autocast over fp32 parameters, training.autocast: true, "
+                  "where the Plan keeps 16-bit parameters with an fp32 master copy)")
 
 
 def _torch_trace(plan) -> dict:

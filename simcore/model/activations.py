@@ -215,8 +215,10 @@ def _autocast_terms(plan: Plan, act: rcp.LayerActivations, last: float) -> tuple
     readers = 3 + (2 if m.gated_mlp else 1) - 2           # norm-output copies beyond the 16-bit count's two
     norms = (2 * (4 - wl.ACT_BYTES) / sp + readers * wl.ACT_BYTES) * b * s * m.hidden
     probs = 0.0 if tr.flash_attention else (4 - wl.ACT_BYTES) * m.heads * s * s * b / par.tp
-    kept_probs = 0.0 if tr.recompute == Recompute.SELECTIVE else probs
-    act = rcp.LayerActivations(whole=act.whole + norms + probs + copies, kept=act.kept + norms + kept_probs + copies,
+    # per-op SAC keeps matmul outputs only: the fp32 norm inputs and the input casts are re-run
+    kept = copies if tr.recompute == Recompute.OP else \
+        norms + copies + (0.0 if tr.recompute == Recompute.SELECTIVE else probs)
+    act = rcp.LayerActivations(whole=act.whole + norms + probs + copies, kept=act.kept + kept,
                                boundary=2 * act.boundary + copies)
     return act, 2 * last + wl.ACT_BYTES * m.vocab * m.hidden / par.tp
 
