@@ -218,9 +218,9 @@ def export_torchtitan_toml(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def torchtitan_args(plan: Plan) -> list[str]:
-    """torchtitan 0.3.x: the arguments after ``-m torchtitan.train``."""
-    doc, _ = torchtitan_config(plan, "torchtitan")
+def torchtitan_args(plan: Plan) -> tuple[list[str], list[str]]:
+    """torchtitan 0.3.x: the arguments after ``-m torchtitan.train``, and comment lines for the script."""
+    doc, notes = torchtitan_config(plan, "torchtitan")
     flavor = _flavor(plan)
     if flavor is None:
         raise ValueError(f"model {plan.model.name} is not a torchtitan llama3 config (llama3_debugmodel, llama3_8b, "
@@ -239,7 +239,7 @@ def torchtitan_args(plan: Plan) -> list[str]:
                 args.append(flag if value else f"--{section}.no-{key.replace('_', '-')}")
             else:
                 args += [flag, str(value)]
-    return args + [f"activation-checkpoint:{plan.training.recompute.value}"]
+    return args + [f"activation-checkpoint:{plan.training.recompute.value}"], notes
 
 
 def export_torchtitan_command(plan: Plan, nnodes: int, nproc: int) -> str:
@@ -250,7 +250,8 @@ def export_torchtitan_command(plan: Plan, nnodes: int, nproc: int) -> str:
              f"# Options as {_SRC} parse them (tyro); on several nodes add --node-rank and --rdzv-endpoint.",
              "# Add --dataloader.dataset, --training.steps and --optimizer.lr for your run."]
     cmd = [f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} -m torchtitan.train"]
-    args = torchtitan_args(plan)
+    args, notes = torchtitan_args(plan)
+    lines += [n for n in notes if "register flavor" not in n]   # 0.3 refuses an unknown flavor itself
     cmd += [" ".join(shlex.quote(a) for a in args[i:i + 2]) if args[i].startswith("--") and i + 1 < len(args)
             and not args[i + 1].startswith(("--", "activation-")) else shlex.quote(args[i])
             for i in _arg_starts(args)]
