@@ -13,7 +13,7 @@ from simcore.model import workload as wl
 
 
 def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast) -> list:
-    """One layer's forward ops as the stack runs them (``_layer_times``' arguments)."""
+    """One layer's forward ops as the stack runs them (``layer_times``' arguments)."""
     chunk = wl.attention_chunk(s, cp, cp_comm)
     ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
                                etp=etp)

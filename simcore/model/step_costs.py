@@ -31,7 +31,6 @@ from simcore.model import act_offload as ao
 from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
-from simcore.model import eager_ops as eager
 from simcore.model import end_comm as ec
 from simcore.model import host_costs as hc
 from simcore.model import layer_times as lt
