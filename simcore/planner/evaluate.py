@@ -222,7 +222,7 @@ def _row(lay: Layout, res) -> dict:
     return {"layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
             "vpp": lay.vpp, "zero": int(lay.zero), "schedule": lay.schedule.value,
             "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute.value, "offload": lay.offload.value,
-            "activation_offload": lay.activation_offload,
+            "activation_offload": lay.activation_offload, "autocast": lay.autocast,
             "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
             "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
             "compute_s": res.compute_s, "exposed_comm_s": res.exposed_comm_s, "bubble_s": res.bubble_s,

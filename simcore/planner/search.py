@@ -141,7 +141,7 @@ def _layout_of(row) -> Layout:
                   vpp=int(row["vpp"]), zero=ZeroStage(int(row["zero"])), schedule=Schedule(row["schedule"]),
                   micro_batch=int(row["micro_batch"]), recompute=Recompute(row["recompute"]),
                   offload=Offload(row["offload"]), sequence_parallel=bool(row["sequence_parallel"]),
-                  activation_offload=int(row.get("activation_offload", 0)))
+                  activation_offload=int(row.get("activation_offload", 0)), autocast=bool(row.get("autocast", False)))
 
 
 def _des(args) -> dict:
@@ -198,6 +198,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     space = space or derive_space(base, uneven_pp=uneven_pp)
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
+    if stack in ("torchtitan", "torchtitan-0.2"):   # its DDP runs under torch.autocast (space.ddp_autocast)
+        space = replace(space, ddp_autocast=True)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
     results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",

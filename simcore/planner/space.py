@@ -50,6 +50,10 @@ class SearchSpace:
     fit, also the fewest layers whose activations, offloaded to host memory, make it fit
     without recomputing (``training.activation_offload``, below the model's layers as
     Megatron-Core requires); a what-if sweep pins ``[false]`` to leave it out."""
+    ddp_autocast: bool = False
+    """A stack that runs its bf16 DDP and one-device layouts (no TP, PP, CP or EP) under
+    torch.autocast over fp32 parameters (torchtitan: ``mixed_precision_param``): those layouts
+    are Plans with ``training.autocast``, which costs them its cached copies and casts."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +73,7 @@ class Layout:
     offload: Offload = Offload.NONE
     sequence_parallel: bool = False
     activation_offload: int = 0
+    autocast: bool = False
 
     def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
@@ -77,8 +82,9 @@ class Layout:
         par = replace(base.parallel, tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
                       vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
                       sequence_parallel=self.sequence_parallel)
-        tr = replace(base.training, micro_batch=self.micro_batch, recompute=self.recompute,
-                     offload=self.offload, activation_offload=self.activation_offload or base.training.activation_offload)
+        tr = replace(base.training, micro_batch=self.micro_batch, recompute=self.recompute, offload=self.offload,
+                     activation_offload=self.activation_offload or base.training.activation_offload,
+                     autocast=self.autocast or base.training.autocast)
         cluster = base.cluster
         gpus = self.tp * self.pp * self.dp * self.cp
         if gpus < cluster.gpus and gpus % cluster.gpus_per_node == 0:   # a smaller booking
@@ -90,7 +96,8 @@ class Layout:
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}" + (f"-ep{self.ep}" if self.ep > 1 else "")
                 + ("-sp" if self.sequence_parallel else "") + f"-z{int(self.zero)}-mb{self.micro_batch}-{sched}-rc:{self.recompute.value}"
                 + (f"-off:{self.offload.value}" if self.offload != Offload.NONE else "")
-                + (f"-aoff:{self.activation_offload}" if self.activation_offload else ""))
+                + (f"-aoff:{self.activation_offload}" if self.activation_offload else "")
+                + ("-amp" if self.autocast else ""))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -144,8 +151,10 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
                                                       _schedules(space, pp, m.layers), sps):
             if gb % (dp * mb):
                 continue
+            amp = space.ddp_autocast and base.training.precision.value == "bf16" and zero == ZeroStage.NONE \
+                and tp == pp == cp == ep == 1
             out.append(Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
-                              micro_batch=mb, sequence_parallel=sp))
+                              micro_batch=mb, sequence_parallel=sp, autocast=amp))
     return out
 
 

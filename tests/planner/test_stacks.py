@@ -73,3 +73,27 @@ def test_what_if_cells_and_procurement_rank_for_a_stack():
     assert c.stack == "megatron" and sweep_of(c, "h100-sxm").stack == "megatron"
     with pytest.raises(PlanError, match=r"^candidates.stack='jax' is not one of: megatron, deepspeed"):
         candidates_from_dict({"model": "llama3-8b", "tokens": 1e12, "stack": "jax"})
+
+
+def test_torchtitans_ddp_layouts_pay_for_the_autocast_it_runs_them_under():
+    """torchtitan applies bf16 through torch.autocast under DDP (fp32 weights and gradients, the
+    16-bit copies cached to the forward's end): a search for torchtitan prices its DDP layouts
+    so, where a search for any stack prices 16-bit weights with a master copy."""
+    small_llama = {"name": "llama-1b", "layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "ffn_hidden": 8192,
+                   "vocab": 128256, "seq_len": 2048, "gated_mlp": True, "tied_embeddings": False,
+                   "position_embedding": "rope"}
+    question = (small_llama, {"node": "dgx-h100", "nodes": 1}, 64)
+    every = search(*question, top_k=0, progress=False).table
+    tt = search(*question, top_k=0, progress=False, stack="torchtitan-0.2").table
+    ddp = tt[(tt["zero"] == 0) & (tt["tp"] == 1) & (tt["pp"] == 1) & (tt["cp"] == 1)]
+    assert len(ddp) and ddp["autocast"].all() and ddp["layout"].str.endswith("-amp").all()
+    assert not tt[tt["zero"] > 0]["autocast"].any()
+    base = base_plan(*question)
+    for _, row in ddp.head(3).iterrows():
+        plan = _layout_of(row).apply(base)
+        assert plan.training.autocast
+        export_plan(plan, "torchtitan-0.2")   # no refusal
+        twin = every[every["layout"] == row["layout"].removesuffix("-amp")]
+        if len(twin):   # the same layout priced with a master copy: lighter and faster
+            assert float(row["memory_per_gpu_gib"]) > float(twin["memory_per_gpu_gib"].iloc[0])
+            assert float(row["step_time_s"]) > float(twin["step_time_s"].iloc[0])
