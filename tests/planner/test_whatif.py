@@ -139,3 +139,16 @@ def test_shipped_compile_sweep_prices_eager_modules():
     assert list(fused["layout"]) == list(eager["layout"])        # the same layouts, compiled or not
     gain = eager["step_time_s"] / fused["step_time_s"]
     assert ((gain > 1.05) & (gain < 1.3)).all()                  # torchtitan's table: 1.16x
+
+
+def test_shipped_amp_sweep_prices_autocast():
+    """torch AMP (training.autocast) against a master copy, the same DDP layout: slower by its
+    casts and fp32 passes, and with less headroom by its cached 16-bit copies (2 bytes a
+    parameter of the layers, about 2.6 GiB for this 1.5B model, before the allocator's margin)."""
+    sw = load_sweep(ROOT / "sweeps" / "amp.yaml")
+    t = run_whatif(sw, progress=False).table
+    assert len(t) == 4 and t["fits"].all()
+    master, amp = (t[t["training.autocast"] == a].set_index("nodes") for a in (False, True))
+    assert list(master["layout"]) == list(amp["layout"])
+    assert (amp["step_time_s"] > 1.03 * master["step_time_s"]).all()
+    assert (master["headroom_gib"] - amp["headroom_gib"] > 2.6).all()
