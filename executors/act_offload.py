@@ -189,5 +189,5 @@ def _leave(off: LayerOffload, i: int, n: int):
 
 def offload_host_peak(parts) -> int:
     """The host bytes the trainer's offloaded blocks held at once (0 without offload)."""
-    return max((getattr(m, "activation_offload").peak_host_bytes for part in parts for m in part.modules()
+    return max((m.activation_offload.peak_host_bytes for part in parts for m in part.modules()
                 if isinstance(getattr(m, "activation_offload", None), LayerOffload)), default=0)

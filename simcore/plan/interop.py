@@ -40,7 +40,7 @@ from pathlib import Path
 from simcore.plan.megatron_reader import read_megatron
 from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_torchtitan
 from simcore.plan.spec import PlanError, even_split
-from simcore.plan.torchtitan_writer import stage_split, virtual_stages
+from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts, virtual_stages
 from topologies.components import CatalogError
 from topologies.hardware import load_catalog
 
@@ -167,10 +167,8 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
         values["parallel.dp"] = replicate * shard
         never = reshard == "never" or (reshard == "default" and g("parallel.pp") > 1)
         values["parallel.zero"] = 0 if shard == 1 else (2 if never else 3)
-        # torchtitan applies mixed_precision_param through torch.autocast under DDP or one device
-        # and no other parallelism (torchtitan/config/configs.py @b5bcd76c6), through fully_shard else
-        if shard == 1 and g("parallel.tp") == g("parallel.pp") == g("parallel.cp") == 1 \
-                and values.get("training.precision") == "bf16":
+        if torchtitan_autocasts(values.get("training.precision"), values["parallel.zero"], g("parallel.tp"),
+                                g("parallel.pp"), g("parallel.cp"), g("parallel.ep")):
             values["training.autocast"] = True
         if replicate > 1 and shard > 1:
             notes.append(f"torchtitan HSDP ({replicate} replicas x {shard} shards) taken as zero over all dp")

@@ -33,12 +33,17 @@ _SRC = "pytorch/torchtitan torchtitan/config (0.3.0: manager.py, configs.py; 0.2
 _OUTPUT_MODULE = {"torchtitan": "lm_head", "torchtitan-0.2": "output"}
 
 
+def torchtitan_autocasts(precision: str, zero: int, tp: int, pp: int, cp: int, ep: int = 1) -> bool:
+    """Whether torchtitan runs a layout under torch.autocast over fp32 parameters: its bf16
+    ``mixed_precision_param`` goes through torch.autocast under DDP or on one device with no other
+    parallelism, through fully_shard's policy else (torchtitan/config/configs.py @b5bcd76c6). The
+    one rule its import, its export and a search for it read."""
+    return precision == "bf16" and zero == 0 and tp == pp == cp == ep == 1
+
+
 def _ddp_autocast(plan) -> bool:
-    """Whether torchtitan runs this layout under torch.autocast: bf16 parameters' mixed precision
-    under DDP or on one device, with no TP, PP or CP."""
     par = plan.parallel
-    return (plan.training.precision.value == "bf16" and par.zero == 0
-            and par.tp == par.pp == par.cp == 1)
+    return torchtitan_autocasts(plan.training.precision.value, int(par.zero), par.tp, par.pp, par.cp, par.ep)
 
 
 def _refuse(field_: str, value, why: str = "") -> ValueError:

@@ -18,6 +18,7 @@ from itertools import product
 
 from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage, even_split
+from simcore.plan.torchtitan_writer import torchtitan_autocasts
 
 #: Candidate values of the axes the search does not derive from the model.
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -151,8 +152,7 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
                                                       _schedules(space, pp, m.layers), sps):
             if gb % (dp * mb):
                 continue
-            amp = space.ddp_autocast and base.training.precision.value == "bf16" and zero == ZeroStage.NONE \
-                and tp == pp == cp == ep == 1
+            amp = space.ddp_autocast and torchtitan_autocasts(base.training.precision.value, zero, tp, pp, cp, ep)
             out.append(Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
                               micro_batch=mb, sequence_parallel=sp, autocast=amp))
     return out
