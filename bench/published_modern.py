@@ -187,6 +187,12 @@ def _bridge_tp_overlap(row: pd.Series, tp: int) -> bool:
 #: scripts/performance/configs/*/*_llm_pretrain.py @21d102f5e (the table's commit), so the gradients
 #: are held and reduced in bf16 (Megatron ``--grad-reduce-in-bf16``).
 BRIDGE_GRAD_DTYPE = "bf16"
+#: NeMo 1.0's performance runs of 2024 on DGX-H100 keep Apex DistributedFusedAdam's gradient
+#: buffer and its reduce-scatter in bf16: NVIDIA's launcher examples for every GPT and Llama 2
+#: model on A100 and H100 pass ``+training.model.optim.grad_sync_dtype=bf16`` (NeMo-Framework-
+#: Launcher examples/training/llama/h100/llama2_7b_fp8.sh and 38 others, added in e743722a,
+#: 10 April 2024, "Added to example configs"; Apex's default is the optimizer's fp32).
+NEMO_2024_GRAD_DTYPE = "bf16"
 
 
 def base_doc(row: pd.Series) -> dict:
@@ -215,6 +221,8 @@ def base_doc(row: pd.Series) -> dict:
         # Megatron-Bridge's recipes: DistributedDataParallelConfig(use_distributed_optimizer=True,
         # overlap_grad_reduce=True, overlap_param_gather=True)
         parallel["overlap_param_gather"] = True
+    if src == NEMO_LONG[0]:
+        training["grad_compression"] = NEMO_2024_GRAD_DTYPE
     if src == BRIDGE:
         training["grad_compression"] = BRIDGE_GRAD_DTYPE
         # the launcher runs every job under expandable_segments:True (``PERF_ENV_VARS`` in
