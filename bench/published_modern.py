@@ -240,6 +240,10 @@ def base_doc(row: pd.Series) -> dict:
         training["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
     if _triton_attention(row):
         training["attention_kernel"] = "triton"
+    elif row.source in LLMFOUNDRY:
+        # attn_impl flash: Dao's FlashAttention-2 kernels (submit_benchmarks.py installs
+        # '.[gpu-flash2]' = flash-attn==2.4.2 @5e85bd62d), not the cuDNN kernel of the H100 entry
+        training["attention_kernel"] = "flash2"
     return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,
             "parallel": parallel, "training": training}
 

@@ -19,8 +19,10 @@ How rows map onto Plans (the same rules for every row of a source; nothing per r
 - megatron_readme_2024_h100_weak: Megatron-Core r0.8 with TE: flash attention, sequence
   parallel and TP communication overlap (the README's --tp-comm-overlap) when tp > 1, selective recompute, distributed optimizer (ZeRO 1), untied
   embeddings (the README's parameter counts need them).
-- llmfoundry_mpt_benchmarks: FSDP FULL_SHARD (ZeRO 3), flash attention, the row's
-  recompute and per-device batch; learned positions with biases and tied embeddings: the
+- llmfoundry_mpt_benchmarks: FSDP FULL_SHARD (ZeRO 3), the 2022 Triton FlashAttention
+  (``attention_kernel: triton``: scripts/train/benchmarking/submit_benchmarks.py defaults
+  ``--attn_impl triton`` from its first commit, 300cc5c58, May 2023, through 061f2c7ce, the
+  README's commit), the row's recompute and per-device batch; learned positions with biases and tied embeddings: the
   MPTConfig defaults that the benchmark yamls keep (they set neither ALiBi nor no_bias; the
   published NumParams grow by d_model x seq_len, the position table; SOURCES.md).
 - vtrain_runs: Megatron-DeepSpeed GPT: full recompute, 1F1B, no flash, no SP, ZeRO 0,
@@ -113,7 +115,7 @@ def base_doc(row: pd.Series) -> dict:
     if src == "llmfoundry_mpt_benchmarks":   # MPTConfig's resid/emb/attn_pdrop default to 0.0
         parallel["zero"] = 3
         model["dropout"] = 0.0
-        training.update(recompute=str(row.recompute), flash_attention=True)
+        training.update(recompute=str(row.recompute), flash_attention=True, attention_kernel="triton")
     return {"name": f"{src}:{row.model}", "model": model, "cluster": cluster,
             "parallel": parallel, "training": training}
 

@@ -89,10 +89,13 @@ class Fp8Recipe(_Choice):
 class AttentionKernel(_Choice):
     """The flash-attention kernel the stack runs (with ``flash_attention: true``): ``auto``
     is the GPU's catalog attention entry (FlashAttention-2 class, or the cuDNN/TE fused kernel
-    of that generation); ``flash3`` FlashAttention-3 (Hopper); ``triton`` the 2022 Triton
+    of that generation); ``flash2`` Dao's FlashAttention-2 CUDA kernels (the flash-attn 2.x
+    package, as llm-foundry's ``attn_impl: flash`` runs them) where the catalog's own is
+    another (Hopper: cuDNN); ``flash3`` FlashAttention-3 (Hopper); ``triton`` the 2022 Triton
     port of FlashAttention that llm-foundry's MPT configs ran (``attn_impl: triton``)."""
 
     AUTO = "auto"
+    FLASH2 = "flash2"
     FLASH3 = "flash3"
     TRITON = "triton"
 
