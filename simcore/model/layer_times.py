@@ -12,11 +12,17 @@ from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 
 
+def _megatron_softmax(dev) -> bool:
+    """A GPU stack's non-flash softmax is Megatron's (fused where its kernel takes the shape); a CPU
+    host (``dispatch_s``) and the executor's eager stack (``eager_autocast``) run their own."""
+    return dev.dispatch_s is None and not dev.eager_autocast
+
+
 def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast) -> list:
     """One layer's forward ops as the stack runs them (``layer_times``' arguments)."""
     chunk = wl.attention_chunk(s, cp, cp_comm)
     ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
-                               etp=etp)
+                               etp=etp, megatron_softmax=_megatron_softmax(dev))
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
         ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8", dev.fp8_transpose)
     if dev.eager_autocast:      # the executor's eager autocast stack on a GPU
@@ -39,7 +45,8 @@ def layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
     chunk = wl.attention_chunk(s, cp, cp_comm)
-    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk))
+    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk,
+                                                                        _megatron_softmax(dev)))
     return f, bi, bw, r, core
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simcore.model import params as _params
+from simcore.model.softmax import FP32_SOFTMAX_BYTES, FP32_SOFTMAX_KERNELS, fused_softmax
 from simcore.model.params import attention_in_params, attention_out_width, kv_width, mlp_matrices, q_width
 from simcore.plan.spec import ModelSpec, Recompute
 
@@ -147,11 +148,14 @@ def _eltwise(name: str, elements: float, passes: float) -> Op:
     return Op(name=name, flops=0.0, bytes=ACT_BYTES * elements * passes, matmul=False)
 
 
-def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bool, chunk: int = 0) -> list[Op]:
+def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bool, chunk: int = 0,
+                       megatron_softmax: bool = False) -> list[Op]:
     """Scores Q K^T and context P V of one layer (the s^2 terms), and their softmax.
 
     With context parallel the local ``s`` queries attend over all ``s * cp`` keys, in
-    kernels of ``chunk`` query tokens (default ``s``; see ``attention_chunk``).
+    kernels of ``chunk`` query tokens (default ``s``; see ``attention_chunk``). Without flash,
+    ``megatron_softmax`` (a GPU stack) runs Megatron's fused softmax where its kernel takes the
+    shape and its fp32 torch fallback elsewhere (``softmax.fused_softmax``); else one fused pass.
     """
     heads, d, s_kv = m.heads // tp, m.head_dim, s * cp
     if flash:
@@ -160,12 +164,15 @@ def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bo
         return [Op(name="flash_attention", flops=4.0 * b * heads * s * s_kv * d, bytes=io, matmul=True,
                    exec_fraction=CAUSAL_FLASH_FRACTION, length=chunk or s)]
     scores = b * heads * s * s_kv
-    return [
-        _gemm("attn_scores", s, s_kv, d, count=b * heads, batched=True),
-        # fused scale-mask-softmax (read, write) and dropout (read, write, 1-byte mask; none at p = 0)
-        _eltwise("softmax_dropout", scores, 4.5 if m.dropout > 0 else 2),
-        _gemm("attn_context", s, d, s_kv, count=b * heads, batched=True),
-    ]
+    dropout = 2.5 if m.dropout > 0 else 0.0   # dropout: read, write, 1-byte mask (none at p = 0)
+    if not megatron_softmax or fused_softmax(b * heads, s, s_kv):
+        softmax = [_eltwise("softmax_dropout", scores, 2 + dropout)]   # fused scale-mask-softmax: read, write
+    else:
+        kernels = FP32_SOFTMAX_KERNELS + (dropout > 0)   # ``count`` kernels of equal traffic
+        softmax = [Op(name="softmax_dropout", flops=0.0, bytes=scores * (FP32_SOFTMAX_BYTES + ACT_BYTES * dropout) / kernels,
+                      matmul=False, count=kernels)]
+    return [_gemm("attn_scores", s, s_kv, d, count=b * heads, batched=True), *softmax,
+            _gemm("attn_context", s, d, s_kv, count=b * heads, batched=True)]
 
 
 def mlp_ops(m: ModelSpec, b: int, s: int, tp: int, ep: int, etp: int = 0) -> list[Op]:
@@ -213,9 +220,11 @@ def attention_chunk(s: int, cp: int, cp_comm: str = "p2p") -> int:
 
 
 def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1, ep: int = 1,
-                      sequence_parallel: bool = False, flash: bool = False, chunk: int = 0, etp: int = 0) -> list[Op]:
+                      sequence_parallel: bool = False, flash: bool = False, chunk: int = 0, etp: int = 0,
+                      megatron_softmax: bool = False) -> list[Op]:
     """Every kernel of one layer's forward for one micro-batch on one GPU (attention
-    kernels of ``chunk`` query tokens, default ``attention_chunk(s, cp)``).
+    kernels of ``chunk`` query tokens, default ``attention_chunk(s, cp)``; ``megatron_softmax``
+    as ``attention_core_ops``).
 
     Elementwise kernels follow Megatron's fused set: two LayerNorms, the QKV/MLP bias
     activations, two bias-dropout-add kernels (read x and residual, write out, 1-byte mask;
@@ -229,7 +238,7 @@ def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1,
     ops = [
         _eltwise("layernorm_1", norm_tokens * h, 2),
         _gemm("qkv", tokens, qkv, h),
-        *attention_core_ops(m, b, s, tp, cp, flash, chunk or attention_chunk(s, cp)),
+        *attention_core_ops(m, b, s, tp, cp, flash, chunk or attention_chunk(s, cp), megatron_softmax),
         _gemm("attn_proj", tokens, h, attention_out_width(m) // tp),
         _eltwise("dropout_add_1", norm_tokens * h, add),
         _eltwise("layernorm_2", norm_tokens * h, 2),
@@ -345,7 +354,9 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     if flash:
         split += 4 * b * m.heads * s                         # fp32 log-sum-exp per query and head
     elif recompute != Recompute.SELECTIVE:   # softmax out, and with dropout its mask and output
-        split += (5 if m.dropout > 0 else 2) * m.heads * s * s * b
+        # (Megatron's unfused fp32 softmax keeps its output in fp32: 2 bytes more an element)
+        fp32 = 0 if fused_softmax(b * max(1, m.heads // tp), s, s) else 2
+        split += ((5 if m.dropout > 0 else 2) + fp32) * m.heads * s * s * b
     if sequence_parallel:
         return (replicated + split) / tp
     return replicated + split / tp
