@@ -20,6 +20,8 @@ import re
 import pandas as pd
 
 from simcore.model.peak import EXPANDABLE_SEGMENTS_MARGIN
+from simcore.plan.torchtitan_writer import torchtitan_attention_kernel
+from topologies.hardware import load_catalog
 
 #: GPUs of dev_modern rows, by the catalog node that carries them.
 MODERN_NODES = {"h100-80gb": "dgx-h100", "h100-80gb-sxm": "dgx-h100", "b200 (DGX-B200)": "dgx-b200",
@@ -238,6 +240,9 @@ def base_doc(row: pd.Series) -> dict:
         # PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" (bench/validate_memory.py
         # ``EXPANDABLE_SEGMENTS_SOURCES``; both tables ran on CUDA)
         training["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
+        # torchtitan's attention is SDPA, whose flash backend (Dao's FlashAttention-2 kernels) runs
+        # on H100: torch made its cuDNN backend opt-in in 2.5.1 (pytorch/pytorch#138522)
+        training["attention_kernel"] = torchtitan_attention_kernel(load_catalog().node(cluster["node"]).gpu)
     if _triton_attention(row):
         training["attention_kernel"] = "triton"
     elif row.source in LLMFOUNDRY:

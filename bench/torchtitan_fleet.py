@@ -8,6 +8,10 @@ of 2024): FSDP2 + torch.compile, local batch 2, s = 8192, per-op selective AC, o
 torchao float8 rows of ``../shared/validation/dev_modern.csv`` (the same team, stack and
 fleet) are not used here: ``bench/validate_published.py`` checks the GPU on them.
 
+Attention: SDPA's flash backend, Dao's FlashAttention-2 kernels (``attention_kernel: flash2``):
+torch made its cuDNN backend opt-in in 2.5.1 (pytorch/pytorch#138522), so torch 2.5.1 to 2.10 run
+FA2 on H100 (pytorch/pytorch#142132 measures SDPA at 329 TFLOP/s against cuDNN's 631 there).
+
 Loss: eager. torchtitan compiles the loss with the model only from bbb1b616e (2025-04-02);
 the table predates it.
 
@@ -23,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 from published_modern import TORCHTITAN_FLEET_NODE  # noqa: E402
+from simcore.plan.torchtitan_writer import torchtitan_attention_kernel  # noqa: E402
+from topologies.hardware import load_catalog  # noqa: E402
 
 #: Llama 3.1 8B has Llama 3 8B's architecture: the catalog's entry
 LLAMA31_8B = {"name": "llama3-8b", "seq_len": 8192}
@@ -39,7 +45,9 @@ def plan_doc(gpus: int, kernels: str = "fused") -> dict:
             "cluster": {"node": TORCHTITAN_FLEET_NODE, "nodes": gpus // 8},
             "parallel": {"dp": gpus, "zero": 3},
             "training": {"global_batch": LOCAL_BATCH * gpus, "micro_batch": LOCAL_BATCH, "recompute": "op",
-                         "flash_attention": True, "precision": "bf16", "loss": "eager", "kernels": kernels}}
+                         "flash_attention": True, "precision": "bf16", "loss": "eager",
+                         "attention_kernel": torchtitan_attention_kernel(load_catalog().node(TORCHTITAN_FLEET_NODE).gpu),
+                         "kernels": kernels}}
 
 
 def _tps(gpus: int, kernels: str = "fused") -> tuple[float, object]:

@@ -119,6 +119,12 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
                      "FSDP (parallel.zero=3) over all GPUs")
     cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
     notes += [hints["note.nodes"]] if "note.nodes" in hints else []
+    if torchtitan is not None and "training.attention_kernel" not in values:
+        from simcore.plan.torchtitan_writer import torchtitan_attention_kernel
+        kernel = torchtitan_attention_kernel(load_catalog().node(cluster).gpu)
+        if kernel != "auto":
+            values["training.attention_kernel"] = kernel
+            notes.append(f"training.attention_kernel={kernel} (torch SDPA's flash backend, FlashAttention-2)")
     _resolve_layout(values, hints, world, notes)
     doc = _document(values, cluster_doc, hints)
     ignored = "; ".join(f"{r.source}: {', '.join(r.ignored)}" for r in readings if r.ignored)

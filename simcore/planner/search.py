@@ -153,6 +153,17 @@ def _des(args) -> dict:
             "des_exposed_comm_s": res.exposed_comm_s, "des_bubble_s": res.bubble_s, "des_offload_s": res.offload_s}
 
 
+def _torchtitan_attention(base: Plan) -> Plan:
+    """``base`` with the attention kernel torchtitan's SDPA runs on its GPU, where the Plan leaves it
+    to the catalog (``torchtitan_writer.torchtitan_attention_kernel``)."""
+    from simcore.plan.spec import AttentionKernel
+    from simcore.plan.torchtitan_writer import torchtitan_attention_kernel
+    kernel = torchtitan_attention_kernel(base.cluster.node.gpu)
+    if base.training.attention_kernel != AttentionKernel.AUTO or not base.training.flash_attention or kernel == "auto":
+        return base
+    return replace(base, training=replace(base.training, attention_kernel=AttentionKernel(kernel)))
+
+
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -200,6 +211,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         space = replace(space, activation_offload=(False,))
     if stack in ("torchtitan", "torchtitan-0.2"):   # its DDP runs under torch.autocast (space.ddp_autocast)
         space = replace(space, ddp_autocast=True)
+        base = _torchtitan_attention(base)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
     results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",

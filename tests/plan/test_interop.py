@@ -18,6 +18,7 @@ from simcore.plan.interop import import_plan
 from simcore.plan.megatron_reader import read_megatron
 from simcore.plan.readers import load_tool_options
 from simcore.plan.load import load_plan, plan_from_dict, plan_to_dict
+from simcore.engine.predict import simulate
 from simcore.plan.spec import PlanError
 
 from tests.plan.layouts import ALL, PLANS, ROOT, VARIANTS
@@ -167,7 +168,9 @@ def _held(doc: dict, target: str) -> dict:
         return {"model": doc["model"], "cluster": cluster,
                 "parallel": {"dp": doc["parallel"]["dp"], "zero": doc["parallel"]["zero"]},
                 "training": {k: doc["training"][k] for k in keys}}
-    training = {k: v for k, v in doc["training"].items() if k not in ("flash_attention", "grad_compression")}
+    # torchtitan's config names no attention kernel: SDPA picks it, and the import says which it runs
+    training = {k: v for k, v in doc["training"].items()
+                if k not in ("flash_attention", "grad_compression", "attention_kernel")}
     name = doc.get("name") if target == "torchtitan-0.2" else None  # 0.3's config has no job description
     return {"name": name, "model": doc["model"], "cluster": cluster, "parallel": doc["parallel"],
             "training": training}
@@ -299,6 +302,21 @@ def test_torchtitan_shard_minus_one_takes_the_leftover_ranks():
     assert doc["training"]["global_batch"] == 64 and doc["training"]["recompute"] == "full"
     assert doc["model"]["layers"] == 80 and doc["model"]["ffn_hidden"] == 28672
     plan_from_dict(doc)
+
+
+def test_torchtitan_imports_the_attention_kernel_sdpa_runs_on_its_gpu():
+    """torch 2.5.1-2.10 run SDPA's flash backend (FlashAttention-2) before cuDNN's on Hopper
+    (pytorch/pytorch#138522): the import says so where the catalog has FA2's figures."""
+    doc, warnings = import_plan(torchtitan="examples/torchtitan/llama3_70b.toml", cluster="dgx-h100", nodes=8,
+                                base_dir=ROOT)
+    assert doc["training"]["attention_kernel"] == "flash2"
+    assert any("training.attention_kernel=flash2" in w for w in warnings)
+    fa2 = simulate(plan_from_dict(doc))
+    cudnn = simulate(plan_from_dict({**doc, "training": {**doc["training"], "attention_kernel": "auto"}}))
+    assert fa2.step_time_s > cudnn.step_time_s
+    doc, _ = import_plan(torchtitan="examples/torchtitan/llama3_70b.toml", cluster="dgx-b200", nodes=8,
+                         base_dir=ROOT)
+    assert "attention_kernel" not in doc["training"]   # no FA2 figures for B200: the catalog's own
 
 
 def test_slurm_script_imports_like_the_megatron_command():

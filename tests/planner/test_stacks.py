@@ -97,3 +97,17 @@ def test_torchtitans_ddp_layouts_pay_for_the_autocast_it_runs_them_under():
         if len(twin):   # the same layout priced with a master copy: lighter and faster
             assert float(row["memory_per_gpu_gib"]) > float(twin["memory_per_gpu_gib"].iloc[0])
             assert float(row["step_time_s"]) > float(twin["step_time_s"].iloc[0])
+
+
+def test_a_search_for_torchtitan_prices_the_attention_sdpa_runs():
+    """torchtitan's attention is torch SDPA, FlashAttention-2 on an H100 (cuDNN's is opt-in,
+    pytorch/pytorch#138522): a search for it prices that kernel, not the catalog's cuDNN entry."""
+    small_llama = {"name": "llama-1b", "layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "ffn_hidden": 8192,
+                   "vocab": 128256, "seq_len": 8192, "gated_mlp": True, "tied_embeddings": False,
+                   "position_embedding": "rope"}
+    question = (small_llama, {"node": "dgx-h100", "nodes": 1}, 16)
+    tt = search(*question, top_k=0, progress=False, stack="torchtitan-0.2")   # 0.3 runs its registry's shapes only
+    assert tt.best.training.attention_kernel.value == "flash2"
+    every = search(*question, top_k=0, progress=False).table.set_index("layout")
+    shared = [r for _, r in tt.table.head(5).iterrows() if r["layout"] in every.index]
+    assert shared and all(float(r["step_time_s"]) > float(every.loc[r["layout"], "step_time_s"]) for r in shared)
