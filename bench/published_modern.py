@@ -247,8 +247,11 @@ def base_doc(row: pd.Series) -> dict:
         training["attention_kernel"] = "triton"
     elif row.source in LLMFOUNDRY:
         # attn_impl flash: Dao's FlashAttention-2 kernels (submit_benchmarks.py installs
-        # '.[gpu-flash2]' = flash-attn==2.4.2 @5e85bd62d), not the cuDNN kernel of the H100 entry
-        training["attention_kernel"] = "flash2"
+        # '.[gpu-flash2]' = flash-attn==2.4.2 @5e85bd62d), not the cuDNN kernel of the H100 entry,
+        # through its varlen API: llmfoundry/models/layers/attention.py flash_attn_fn @5e85bd62d
+        # unpads Q, K, V (bert_padding.unpad_input, an all-ones mask when none is given) and pads
+        # the output every layer
+        training.update(attention_kernel="flash2", attention_unpad=True)
     return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,
             "parallel": parallel, "training": training}
 

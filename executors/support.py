@@ -89,6 +89,8 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "torch.optim.Adafactor's factored statistics fail on sharded DTensors"),
         (par.moe_dispatcher == MoeDispatcher.ALLTOALL, "parallel.moe_dispatcher=deepep is priced, not run: the "
          "executor dispatches tokens with all_to_all_single (moe_dispatcher: alltoall)"),
+        (not tr.attention_unpad, "training.attention_unpad is priced, not run: the executor's attention is "
+         "SDPA on the whole batch"),
     ]
     for ok, message in rules:
         if not ok:

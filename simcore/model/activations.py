@@ -173,11 +173,11 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
     kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel)
     gemm_input = wl.saved_gemm_input_bytes(tr.precision.value, tr.fp8_recipe.value)
     whole = wl.activation_bytes_per_layer(m, recompute=Recompute.NONE, flash=tr.flash_attention,
-                                          gemm_input=gemm_input, **kw)
+                                          gemm_input=gemm_input, unpad=tr.attention_unpad, **kw)
     kept = whole
     if tr.recompute == Recompute.SELECTIVE:
         kept = wl.activation_bytes_per_layer(m, recompute=Recompute.SELECTIVE, flash=tr.flash_attention,
-                                             gemm_input=gemm_input, **kw)
+                                             gemm_input=gemm_input, unpad=tr.attention_unpad, **kw)
     elif tr.recompute == Recompute.OP:
         kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, ep=par.ep, **kw))
     act = rcp.LayerActivations(whole=whole, kept=kept, boundary=wl.ACT_BYTES * b * s * m.hidden / sp)

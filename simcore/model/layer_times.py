@@ -18,11 +18,12 @@ def _megatron_softmax(dev) -> bool:
     return dev.dispatch_s is None and not dev.eager_autocast
 
 
-def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast) -> list:
+def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast,
+               unpad=False) -> list:
     """One layer's forward ops as the stack runs them (``layer_times``' arguments)."""
     chunk = wl.attention_chunk(s, cp, cp_comm)
     ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
-                               etp=etp, megatron_softmax=_megatron_softmax(dev))
+                               etp=etp, megatron_softmax=_megatron_softmax(dev), unpad=unpad)
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
         ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8", dev.fp8_transpose)
     if dev.eager_autocast:      # the executor's eager autocast stack on a GPU
@@ -36,12 +37,13 @@ def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, et
 
 @functools.lru_cache(maxsize=4096)
 def layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
-                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False, autocast: bool = False
-                 ) -> tuple[float, float, float, float, float]:
+                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False, autocast: bool = False,
+                 unpad: bool = False) -> tuple[float, float, float, float, float]:
     """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer;
     ``python_eager``: uncompiled PyTorch modules (``training.kernels: eager``); ``autocast``:
-    torch.autocast over fp32 parameters (``training.autocast``)."""
-    ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast)
+    torch.autocast over fp32 parameters (``training.autocast``); ``unpad``: flash-attn's varlen
+    path (``training.attention_unpad``)."""
+    ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast, unpad)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
     chunk = wl.attention_chunk(s, cp, cp_comm)
@@ -52,11 +54,11 @@ def layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str
 
 @functools.lru_cache(maxsize=4096)
 def layer_slack(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str = "p2p",
-                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False, autocast: bool = False
-                 ) -> tuple[float, float, float]:
+                 fp8_dynamic: bool = False, etp: int = 0, python_eager: bool = False, autocast: bool = False,
+                 unpad: bool = False) -> tuple[float, float, float]:
     """(forward, backward, recomputation) time one layer's GPU waits for the host
     (``compute.ops_host_slack_s``; 0 where the phase is device-bound or on a CPU host)."""
-    ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast)
+    ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast, unpad)
     return *cmp.ops_host_slack_s(ops, dev), cmp.ops_host_slack_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
 
 

@@ -275,7 +275,7 @@ def step_costs(plan: Plan) -> StepCosts:
     b, s = tr.micro_batch, m.seq_len // par.cp
     shape = (m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel, tr.flash_attention, tr.recompute, dev,
              par.cp_comm.value, tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp, tr.kernels == Kernels.EAGER,
-             tr.autocast)
+             tr.autocast, tr.attention_unpad)
     f, bi, bw, rc, core = lt.layer_times(*shape)
     slack = lt.layer_slack(*shape)
     lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core, slack)

@@ -149,20 +149,28 @@ def _eltwise(name: str, elements: float, passes: float) -> Op:
 
 
 def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bool, chunk: int = 0,
-                       megatron_softmax: bool = False) -> list[Op]:
+                       megatron_softmax: bool = False, unpad: bool = False) -> list[Op]:
     """Scores Q K^T and context P V of one layer (the s^2 terms), and their softmax.
 
     With context parallel the local ``s`` queries attend over all ``s * cp`` keys, in
     kernels of ``chunk`` query tokens (default ``s``; see ``attention_chunk``). Without flash,
     ``megatron_softmax`` (a GPU stack) runs Megatron's fused softmax where its kernel takes the
     shape and its fp32 torch fallback elsewhere (``softmax.fused_softmax``); else one fused pass.
+    ``unpad`` (flash-attn's varlen API, ``training.attention_unpad``): flash_attn.bert_padding's
+    ``index_first_axis`` gathers Q, K and V (read, write) and ``pad_input`` zero-fills and scatters
+    the output (three passes), as llm-foundry's ``flash_attn_fn`` runs them every layer.
     """
     heads, d, s_kv = m.heads // tp, m.head_dim, s * cp
     if flash:
         kv_local = max(1, m.kv_heads // tp)
         io = ACT_BYTES * b * (2 * s * heads * d + 2 * s_kv * kv_local * d)   # read Q, K, V; write O
-        return [Op(name="flash_attention", flops=4.0 * b * heads * s * s_kv * d, bytes=io, matmul=True,
+        core = [Op(name="flash_attention", flops=4.0 * b * heads * s * s_kv * d, bytes=io, matmul=True,
                    exec_fraction=CAUSAL_FLASH_FRACTION, length=chunk or s)]
+        if not unpad:
+            return core
+        qkv, out = b * (s * heads * d + 2 * s_kv * kv_local * d), b * s * heads * d
+        return [Op(name="unpad_qkv", flops=0.0, bytes=ACT_BYTES * 2 * qkv / 3, matmul=False, count=3), *core,
+                Op(name="pad_output", flops=0.0, bytes=ACT_BYTES * 3 * out / 2, matmul=False, count=2)]
     scores = b * heads * s * s_kv
     dropout = 2.5 if m.dropout > 0 else 0.0   # dropout: read, write, 1-byte mask (none at p = 0)
     if not megatron_softmax or fused_softmax(b * heads, s, s_kv):
@@ -221,10 +229,10 @@ def attention_chunk(s: int, cp: int, cp_comm: str = "p2p") -> int:
 
 def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1, ep: int = 1,
                       sequence_parallel: bool = False, flash: bool = False, chunk: int = 0, etp: int = 0,
-                      megatron_softmax: bool = False) -> list[Op]:
+                      megatron_softmax: bool = False, unpad: bool = False) -> list[Op]:
     """Every kernel of one layer's forward for one micro-batch on one GPU (attention
     kernels of ``chunk`` query tokens, default ``attention_chunk(s, cp)``; ``megatron_softmax``
-    as ``attention_core_ops``).
+    and ``unpad`` as ``attention_core_ops``).
 
     Elementwise kernels follow Megatron's fused set: two LayerNorms, the QKV/MLP bias
     activations, two bias-dropout-add kernels (read x and residual, write out, 1-byte mask;
@@ -238,7 +246,7 @@ def layer_forward_ops(m: ModelSpec, *, b: int, s: int, tp: int = 1, cp: int = 1,
     ops = [
         _eltwise("layernorm_1", norm_tokens * h, 2),
         _gemm("qkv", tokens, qkv, h),
-        *attention_core_ops(m, b, s, tp, cp, flash, chunk or attention_chunk(s, cp), megatron_softmax),
+        *attention_core_ops(m, b, s, tp, cp, flash, chunk or attention_chunk(s, cp), megatron_softmax, unpad),
         _gemm("attn_proj", tokens, h, attention_out_width(m) // tp),
         _eltwise("dropout_add_1", norm_tokens * h, add),
         _eltwise("layernorm_2", norm_tokens * h, 2),
@@ -325,7 +333,7 @@ def megatron_flops_per_step(m: ModelSpec, global_batch: int) -> float:
 
 def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False,
                                recompute: Recompute = Recompute.NONE, flash: bool = False,
-                               gemm_input: float = ACT_BYTES) -> float:
+                               gemm_input: float = ACT_BYTES, unpad: bool = False) -> float:
     """Bytes one layer keeps for the backward of one micro-batch (Korthikanti et al. Sec. 4.1).
 
     Generalised term by term: attention keeps its input (2sbh), Q (2sbh), K and V
@@ -353,6 +361,8 @@ def activation_bytes_per_layer(m: ModelSpec, *, b: int, s: int, tp: int = 1, seq
     split = attn_split + mlp_acts
     if flash:
         split += 4 * b * m.heads * s                         # fp32 log-sum-exp per query and head
+        # varlen flash (``unpad``) keeps its unpadded output; the projection keeps the padded one
+        split += ACT_BYTES * sb * q_width(m) if unpad else 0
     elif recompute != Recompute.SELECTIVE:   # softmax out, and with dropout its mask and output
         # (Megatron's unfused fp32 softmax keeps its output in fp32: 2 bytes more an element)
         fp32 = 0 if fused_softmax(b * max(1, m.heads // tp), s, s) else 2

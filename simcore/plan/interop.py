@@ -233,7 +233,7 @@ _SECTION_ORDER = {
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
                  "schedule", "cp_comm", "tp_comm_overlap", "overlap_param_gather", "moe_dispatcher"),
-    "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "recompute", "offload",
+    "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "attention_unpad", "recompute", "offload",
                  "flash_attention", "optimizer", "grad_compression", "kernels", "optimizer_in_backward", "autocast"),
 }
 

@@ -231,6 +231,7 @@ def _training(value, layers: int) -> TrainingSpec:
         precision=Precision.parse(doc.get("precision", "bf16"), "training.precision"),
         fp8_recipe=Fp8Recipe.parse(doc.get("fp8_recipe", "delayed"), "training.fp8_recipe"),
         attention_kernel=AttentionKernel.parse(doc.get("attention_kernel", "auto"), "training.attention_kernel"),
+        attention_unpad=_bool(doc, "attention_unpad", w, False),
         **_recompute(doc.get("recompute", "none")),
         offload=Offload.parse(doc.get("offload", "none"), "training.offload"),
         activation_offload=_offloaded_layers(doc.get("activation_offload", 0), layers),
@@ -386,7 +387,7 @@ def plan_to_dict(plan: Plan) -> dict:
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
     for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True),
-                         ("autocast", False), ("attention_kernel", AttentionKernel.AUTO.value),
+                         ("autocast", False), ("attention_kernel", AttentionKernel.AUTO.value), ("attention_unpad", False),
                          ("kernels", Kernels.FUSED.value), ("grads_to_none", True), ("optimizer_in_backward", False),
                          ("activation_offload", 0)):
         if training[key] == default:   # written only where the Plan sets it

@@ -112,6 +112,7 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
     return [
         (tr.attention_kernel == AttentionKernel.AUTO or tr.flash_attention,
          f"training.attention_kernel={tr.attention_kernel.value} needs training.flash_attention=true"),
+        (not tr.attention_unpad or tr.flash_attention, "training.attention_unpad=true needs training.flash_attention=true"),
         (tr.fp8_recipe == Fp8Recipe.DELAYED or tr.precision == Precision.FP8,
          f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
         (tr.offload != Offload.OPTIMIZER_PARAMS or par.zero == ZeroStage.WEIGHTS,

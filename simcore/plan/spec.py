@@ -202,6 +202,11 @@ class TrainingSpec:
     flash_attention: bool = False
     attention_kernel: AttentionKernel = AttentionKernel.AUTO
     """With ``flash_attention``: which kernel (its efficiency is catalog data per GPU)."""
+    attention_unpad: bool = False
+    """With ``flash_attention``: each layer unpads Q, K and V before flash-attn's varlen kernel and
+    pads its output after (llm-foundry's MPT ``attn_impl: flash``; Hugging Face's
+    ``flash_attention_2`` whenever an attention mask is passed): three gathers, a zero fill and a
+    scatter a layer, their backward, and the unpadded output flash-attn keeps."""
     optimizer: Optimizer = Optimizer.ADAMW
     grad_compression: GradCompression = GradCompression.NONE
     master_weights: bool = True

@@ -113,6 +113,7 @@ def _check(plan: Plan) -> None:
         (tr.offload.value == "optimizer", "training.offload", "optimizer",
          "enable_cpu_offload moves parameters, gradients and optimizer states (optimizer+params)"),
         (tr.grad_compression.value != "none", "training.grad_compression", tr.grad_compression.value, ""),
+        (tr.attention_unpad, "training.attention_unpad", "true", "its attention is SDPA on the whole batch"),
         (tr.optimizer.value not in ("adamw", "adam"), "training.optimizer", tr.optimizer.value,
          "its optimizer.name is AdamW or Adam"),
         (not tr.grads_to_none, "training.grads_to_none", "false", "its optimizer frees the gradients (zero_grad)"),

@@ -25,11 +25,10 @@ _MASTER_COPY = "its bf16/fp16 keep 16-bit parameters with an fp32 master copy in
 
 
 def export_plan(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> str:
-    """The plan as the target tool's launch file: ``megatron`` (a torchrun script with
-    the pretrain_gpt.py arguments), ``deepspeed`` (ds_config.json, plain JSON),
-    ``torchtitan`` (torchtitan 0.3's torchrun launch), ``torchtitan-0.2`` (the 0.2.x job
-    TOML), ``slurm`` (an sbatch script running Megatron-LM on the plan's nodes) or
-    ``slurm-trainplan`` (an sbatch script running trainplan's executor on ``plan_path``)."""
+    """The plan as the target tool's launch file: ``megatron`` (a torchrun script with the pretrain_gpt.py
+    arguments), ``deepspeed`` (ds_config.json, plain JSON), ``torchtitan`` (torchtitan 0.3's torchrun
+    launch), ``torchtitan-0.2`` (the 0.2.x job TOML), ``slurm`` (an sbatch script running Megatron-LM
+    on the plan's nodes) or ``slurm-trainplan`` (an sbatch script running trainplan's executor on ``plan_path``)."""
     return export_with_notes(plan, to, plan_path)[0]
 
 
@@ -43,6 +42,8 @@ def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tupl
         raise ValueError(f"unknown export target '{to}' (known: {', '.join(TARGETS)})")
     if plan.training.autocast and to in ("megatron", "slurm", "deepspeed"):   # torch.autocast over fp32 parameters
         raise _refuse("training.autocast", "true", "DeepSpeed config" if to == "deepspeed" else "Megatron-LM", _MASTER_COPY)
+    if plan.training.attention_unpad and to in ("megatron", "slurm"):   # TE/flash on the padded batch
+        raise _refuse("training.attention_unpad", "true", "Megatron-LM", "its attention runs on the whole batch")
     text = writers[to](plan)
     return text, (_deepspeed_notes(plan) if to == "deepspeed" else [])
 

@@ -46,3 +46,39 @@ def test_a_kernel_the_catalog_has_no_figure_for_is_refused_in_one_sentence():
         _plan(kernel="triton", flash=False)
     with pytest.raises(PlanError, match=r"training.attention_kernel"):
         _plan(kernel="flash9")
+
+
+def test_unpadding_for_flash_attn_s_varlen_kernel_costs_time_and_memory_and_buys_nothing():
+    """``training.attention_unpad``: llm-foundry's MPT (and Hugging Face's flash_attention_2 with a
+    mask) gather Q, K, V into an unpadded batch and scatter the output back every layer."""
+    doc = {"model": {"name": "gpt-1.7b", "seq_len": 2048}, "cluster": {"node": "dgx-h100"},
+           "parallel": {"dp": 8, "zero": 2},
+           "training": {"global_batch": 96, "micro_batch": 12, "flash_attention": True, "attention_kernel": "flash2"}}
+    whole = simulate(plan_from_dict(doc))
+    unpad = simulate(plan_from_dict({**doc, "training": {**doc["training"], "attention_unpad": True}}))
+    assert unpad.step_time_s > whole.step_time_s and unpad.time_s["forward"] > whole.time_s["forward"]
+    assert unpad.memory_per_gpu_gib > whole.memory_per_gpu_gib    # flash-attn's unpadded output kept
+    assert unpad.model_tflops_per_gpu < whole.model_tflops_per_gpu   # the same FLOPs counted, in more time
+    # the copies are memory-bound passes: a few percent of a GEMM-bound step, not a multiple
+    assert unpad.step_time_s < 1.15 * whole.step_time_s
+
+
+def test_unpadding_needs_flash_attention_and_the_stacks_that_do_not_unpad_refuse_it():
+    from simcore.plan.writers import export_plan
+    with pytest.raises(PlanError, match=r"^training.attention_unpad=true needs training.flash_attention=true"):
+        plan_from_dict({"model": {"name": "gpt-1.7b"}, "cluster": {"node": "dgx-h100"}, "parallel": {"dp": 8},
+                        "training": {"global_batch": 8, "attention_unpad": True}})
+    plan = _plan(kernel="flash2", zero=3)   # FSDP2: a layout both Megatron and torchtitan run
+    unpad = plan_from_dict({**_doc(plan), "training": {**_doc(plan)["training"], "attention_unpad": True}})
+    for to in ("megatron", "torchtitan"):
+        with pytest.raises(ValueError, match=r"^training.attention_unpad=true has no (Megatron-LM|torchtitan) option"):
+            export_plan(unpad, to)
+    export_plan(unpad, "deepspeed")   # a ds_config under Hugging Face's Trainer, whose FA2 unpads
+    from executors.support import check_executable
+    with pytest.raises(ValueError, match=r"^training.attention_unpad is priced, not run"):
+        check_executable(unpad, "cuda")
+
+
+def _doc(plan):
+    from simcore.plan.load import plan_to_dict
+    return plan_to_dict(plan)
