@@ -20,7 +20,7 @@ import re
 import pandas as pd
 
 from simcore.model.peak import EXPANDABLE_SEGMENTS_MARGIN
-from simcore.plan.torchtitan_writer import torchtitan_attention_kernel
+from simcore.plan.readers import sdpa_attention_kernel
 from topologies.hardware import load_catalog
 
 #: GPUs of dev_modern rows, by the catalog node that carries them.
@@ -242,7 +242,7 @@ def base_doc(row: pd.Series) -> dict:
         training["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
         # torchtitan's attention is SDPA, whose flash backend (Dao's FlashAttention-2 kernels) runs
         # on H100: torch made its cuDNN backend opt-in in 2.5.1 (pytorch/pytorch#138522)
-        training["attention_kernel"] = torchtitan_attention_kernel(load_catalog().node(cluster["node"]).gpu)
+        training["attention_kernel"] = sdpa_attention_kernel(load_catalog().node(cluster["node"]).gpu)
     if _triton_attention(row):
         training["attention_kernel"] = "triton"
     elif row.source in LLMFOUNDRY:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 from published_modern import TORCHTITAN_FLEET_NODE  # noqa: E402
-from simcore.plan.torchtitan_writer import torchtitan_attention_kernel  # noqa: E402
+from simcore.plan.readers import sdpa_attention_kernel  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402
 
 #: Llama 3.1 8B has Llama 3 8B's architecture: the catalog's entry
@@ -46,7 +46,7 @@ def plan_doc(gpus: int, kernels: str = "fused") -> dict:
             "parallel": {"dp": gpus, "zero": 3},
             "training": {"global_batch": LOCAL_BATCH * gpus, "micro_batch": LOCAL_BATCH, "recompute": "op",
                          "flash_attention": True, "precision": "bf16", "loss": "eager",
-                         "attention_kernel": torchtitan_attention_kernel(load_catalog().node(TORCHTITAN_FLEET_NODE).gpu),
+                         "attention_kernel": sdpa_attention_kernel(load_catalog().node(TORCHTITAN_FLEET_NODE).gpu),
                          "kernels": kernels}}
 
 

@@ -38,7 +38,7 @@ import re
 from pathlib import Path
 
 from simcore.plan.megatron_reader import read_megatron
-from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_torchtitan
+from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_torchtitan, sdpa_attention_kernel
 from simcore.plan.spec import PlanError, even_split
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts, virtual_stages
 from topologies.components import CatalogError
@@ -119,9 +119,8 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
                      "FSDP (parallel.zero=3) over all GPUs")
     cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
     notes += [hints["note.nodes"]] if "note.nodes" in hints else []
-    if torchtitan is not None and "training.attention_kernel" not in values:
-        from simcore.plan.torchtitan_writer import torchtitan_attention_kernel
-        kernel = torchtitan_attention_kernel(load_catalog().node(cluster).gpu)
+    if (hf or torchtitan) is not None and megatron is None and "training.attention_kernel" not in values:
+        kernel = sdpa_attention_kernel(load_catalog().node(cluster).gpu)   # their attention is torch SDPA
         if kernel != "auto":
             values["training.attention_kernel"] = kernel
             notes.append(f"training.attention_kernel={kernel} (torch SDPA's flash backend, FlashAttention-2)")

@@ -20,6 +20,7 @@ import yaml
 from simcore.plan.hf_config import USED as HF_USED
 from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.spec import PlanError
+from topologies.hardware import load_catalog
 
 TOOL_OPTIONS_PATH = Path(__file__).parent / "tool_options.yaml"
 
@@ -287,3 +288,13 @@ def _torchtitan_parallel(get, hints: dict) -> dict:
         hints["batch.local"] = local
     return f
 
+
+def sdpa_attention_kernel(gpu) -> str:
+    """The flash kernel torch's ``scaled_dot_product_attention`` runs on ``gpu`` (torchtitan's attention,
+    Hugging Face's default ``attn_implementation="sdpa"``): torch 2.5.1 to 2.10 try SDPA's flash
+    backend, Dao's FlashAttention-2 kernels, before cuDNN's, which became opt-in (pytorch/pytorch#138522,
+    cherry-picked into 2.5.1; pytorch/pytorch#142132 measures SDPA at 329 TFLOP/s against cuDNN's 631
+    on an H100). ``flash2`` where the catalog has FA2's figures for the GPU, else the GPU's own entry
+    (``auto``). The one rule the torchtitan and Hugging Face imports and a search for torchtitan read."""
+    entry = json.loads(gpu.efficiency_json) if gpu.efficiency_json else load_catalog().efficiency.get(gpu.name, {})
+    return "flash2" if "flash2" in entry.get("attention", {}).get("kernels", {}) else "auto"

@@ -27,7 +27,6 @@ import shlex
 
 from simcore.plan.readers import load_tool_options
 from simcore.plan.spec import Plan
-from topologies.hardware import load_catalog
 
 VERSIONS = {"torchtitan": "0.3.x (tested: 0.3.0)", "torchtitan-0.2": "0.2.x (0.2.0-0.2.2; rules: 0.2.2)"}
 _SRC = "pytorch/torchtitan torchtitan/config (0.3.0: manager.py, configs.py; 0.2.2: job_config.py)"
@@ -40,16 +39,6 @@ def torchtitan_autocasts(precision: str, zero: int, tp: int, pp: int, cp: int, e
     parallelism, through fully_shard's policy else (torchtitan/config/configs.py @b5bcd76c6). The
     one rule its import, its export and a search for it read."""
     return precision == "bf16" and zero == 0 and tp == pp == cp == ep == 1
-
-
-def torchtitan_attention_kernel(gpu) -> str:
-    """The flash kernel torchtitan's attention (torch SDPA) runs on ``gpu``: torch 2.5.1 to 2.10 try
-    SDPA's flash backend, Dao's FlashAttention-2 kernels, before cuDNN's, which became opt-in
-    (pytorch/pytorch#138522, cherry-picked into 2.5.1; pytorch/pytorch#142132 measures SDPA at 329
-    TFLOP/s against cuDNN's 631 on an H100). ``flash2`` where the catalog has FA2's figures for the
-    GPU, else the GPU's own entry. The one rule torchtitan's import and a search for it read."""
-    entry = json.loads(gpu.efficiency_json) if gpu.efficiency_json else load_catalog().efficiency.get(gpu.name, {})
-    return "flash2" if "flash2" in entry.get("attention", {}).get("kernels", {}) else "auto"
 
 
 def _ddp_autocast(plan) -> bool:

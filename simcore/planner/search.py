@@ -155,10 +155,10 @@ def _des(args) -> dict:
 
 def _torchtitan_attention(base: Plan) -> Plan:
     """``base`` with the attention kernel torchtitan's SDPA runs on its GPU, where the Plan leaves it
-    to the catalog (``torchtitan_writer.torchtitan_attention_kernel``)."""
+    to the catalog (``readers.sdpa_attention_kernel``: torchtitan's attention is torch SDPA)."""
+    from simcore.plan.readers import sdpa_attention_kernel
     from simcore.plan.spec import AttentionKernel
-    from simcore.plan.torchtitan_writer import torchtitan_attention_kernel
-    kernel = torchtitan_attention_kernel(base.cluster.node.gpu)
+    kernel = sdpa_attention_kernel(base.cluster.node.gpu)
     if base.training.attention_kernel != AttentionKernel.AUTO or not base.training.flash_attention or kernel == "auto":
         return base
     return replace(base, training=replace(base.training, attention_kernel=AttentionKernel(kernel)))

@@ -290,8 +290,10 @@ def test_deepspeed_batch_sizes_give_data_parallel():
                          cluster="dgx-h100", nodes=2, base_dir=ROOT)
     # train_batch_size 64 = micro 2 * accumulation 2 * dp 16
     assert doc["parallel"] == {"dp": 16, "zero": 3, "zero_impl": "deepspeed"}   # priced as DeepSpeed runs it
+    # a Hugging Face model's attention is torch SDPA: FlashAttention-2 on an H100 (readers.sdpa_attention_kernel)
     assert doc["training"] == {"global_batch": 64, "micro_batch": 2, "precision": "bf16", "offload": "optimizer",
-                               "optimizer": "adamw", "recompute": "selective", "flash_attention": True}
+                               "optimizer": "adamw", "recompute": "selective", "flash_attention": True,
+                               "attention_kernel": "flash2"}
 
 
 def test_torchtitan_shard_minus_one_takes_the_leftover_ranks():
