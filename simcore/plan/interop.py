@@ -119,7 +119,7 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
                      "FSDP (parallel.zero=3) over all GPUs")
     cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
     notes += [hints["note.nodes"]] if "note.nodes" in hints else []
-    if (hf or torchtitan) is not None and megatron is None and "training.attention_kernel" not in values:
+    if (hf is not None or torchtitan is not None) and megatron is None and "training.attention_kernel" not in values:
         kernel = sdpa_attention_kernel(load_catalog().node(cluster).gpu)   # their attention is torch SDPA
         if kernel != "auto":
             values["training.attention_kernel"] = kernel
