@@ -200,6 +200,9 @@ def cmd_memory(args) -> None:
         if t.get("traced_autocast_differs"):
             print("  (both under the executor's torch.autocast over fp32 parameters, training.autocast: true, "
                   "where the Plan keeps 16-bit parameters with an fp32 master copy)")
+        if plan.training.attention_unpad:
+            print("  the trace runs SDPA on the whole batch; the model also counts flash-attn's unpadded output "
+                  "(training.attention_unpad: true)")
 
 
 def _torch_trace(plan) -> dict:
