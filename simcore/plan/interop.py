@@ -119,8 +119,9 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
                      "FSDP (parallel.zero=3) over all GPUs")
     cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
     notes += [hints["note.nodes"]] if "note.nodes" in hints else []
-    if (hf is not None or torchtitan is not None) and megatron is None and "training.attention_kernel" not in values:
-        kernel = sdpa_attention_kernel(load_catalog().node(cluster).gpu)   # their attention is torch SDPA
+    fa2_stack = megatron is None or deepspeed is not None   # all but Megatron-LM, whose TE runs cuDNN's kernel
+    if fa2_stack and values.get("training.flash_attention") and "training.attention_kernel" not in values:
+        kernel = sdpa_attention_kernel(load_catalog().node(cluster).gpu)
         if kernel != "auto":
             values["training.attention_kernel"] = kernel
             notes.append(f"training.attention_kernel={kernel} (torch SDPA's flash backend, FlashAttention-2)")

@@ -294,7 +294,9 @@ def sdpa_attention_kernel(gpu) -> str:
     Hugging Face's default ``attn_implementation="sdpa"``): torch 2.5.1 to 2.10 try SDPA's flash
     backend, Dao's FlashAttention-2 kernels, before cuDNN's, which became opt-in (pytorch/pytorch#138522,
     cherry-picked into 2.5.1; pytorch/pytorch#142132 measures SDPA at 329 TFLOP/s against cuDNN's 631
-    on an H100). ``flash2`` where the catalog has FA2's figures for the GPU, else the GPU's own entry
-    (``auto``). The one rule the torchtitan and Hugging Face imports and a search for torchtitan read."""
+    on an H100). Megatron-DeepSpeed's ``--use-flash-attn-v2`` runs the same kernels from the flash-attn
+    package. ``flash2`` where the catalog has FA2's figures for the GPU, else the GPU's own entry
+    (``auto``). The one rule the imports (all but a Megatron-LM command, whose Transformer Engine runs
+    cuDNN's kernel) and a search for torchtitan or DeepSpeed read."""
     entry = json.loads(gpu.efficiency_json) if gpu.efficiency_json else load_catalog().efficiency.get(gpu.name, {})
     return "flash2" if "flash2" in entry.get("attention", {}).get("kernels", {}) else "auto"

@@ -153,9 +153,10 @@ def _des(args) -> dict:
             "des_exposed_comm_s": res.exposed_comm_s, "des_bubble_s": res.bubble_s, "des_offload_s": res.offload_s}
 
 
-def _torchtitan_attention(base: Plan) -> Plan:
-    """``base`` with the attention kernel torchtitan's SDPA runs on its GPU, where the Plan leaves it
-    to the catalog (``readers.sdpa_attention_kernel``: torchtitan's attention is torch SDPA)."""
+def _fa2_attention(base: Plan) -> Plan:
+    """``base`` with the attention kernel torch SDPA (torchtitan, Hugging Face under DeepSpeed) or
+    Megatron-DeepSpeed's flash-attn runs on its GPU, where the Plan leaves it to the catalog
+    (``readers.sdpa_attention_kernel``)."""
     from simcore.plan.readers import sdpa_attention_kernel
     from simcore.plan.spec import AttentionKernel
     kernel = sdpa_attention_kernel(base.cluster.node.gpu)
@@ -211,7 +212,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         space = replace(space, activation_offload=(False,))
     if stack in ("torchtitan", "torchtitan-0.2"):   # its DDP runs under torch.autocast (space.ddp_autocast)
         space = replace(space, ddp_autocast=True)
-        base = _torchtitan_attention(base)
+    if stack in ("torchtitan", "torchtitan-0.2", "deepspeed"):   # SDPA or the flash-attn package: FA2
+        base = _fa2_attention(base)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
     results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",

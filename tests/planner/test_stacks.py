@@ -99,14 +99,16 @@ def test_torchtitans_ddp_layouts_pay_for_the_autocast_it_runs_them_under():
             assert float(row["step_time_s"]) > float(twin["step_time_s"].iloc[0])
 
 
-def test_a_search_for_torchtitan_prices_the_attention_sdpa_runs():
+@pytest.mark.parametrize("stack", ["torchtitan-0.2", "deepspeed"])
+def test_a_search_for_torchtitan_or_deepspeed_prices_the_attention_they_run(stack):
     """torchtitan's attention is torch SDPA, FlashAttention-2 on an H100 (cuDNN's is opt-in,
-    pytorch/pytorch#138522): a search for it prices that kernel, not the catalog's cuDNN entry."""
+    pytorch/pytorch#138522), as is Hugging Face's under DeepSpeed and Megatron-DeepSpeed's flash-attn:
+    a search for them prices that kernel, not the catalog's cuDNN entry (Megatron-LM's TE)."""
     small_llama = {"name": "llama-1b", "layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "ffn_hidden": 8192,
                    "vocab": 128256, "seq_len": 8192, "gated_mlp": True, "tied_embeddings": False,
                    "position_embedding": "rope"}
     question = (small_llama, {"node": "dgx-h100", "nodes": 1}, 16)
-    tt = search(*question, top_k=0, progress=False, stack="torchtitan-0.2")   # 0.3 runs its registry's shapes only
+    tt = search(*question, top_k=0, progress=False, stack=stack)   # torchtitan 0.3 runs its registry's shapes only
     assert tt.best.training.attention_kernel.value == "flash2"
     every = search(*question, top_k=0, progress=False).table.set_index("layout")
     shared = [r for _, r in tt.table.head(5).iterrows() if r["layout"] in every.index]
