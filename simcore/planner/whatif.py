@@ -190,8 +190,9 @@ def search_cell(sweep: Sweep, cell: dict):
         res = search(model, cluster, gb, objective=sweep.objective, top_k=sweep.top_k, jobs=sweep.jobs,
                      tokens=tokens, progress=False, training=training, space=_space_of(base, sweep, cell), explain=0,
                      stack=sweep.stack)
-    except PlanError as exc:
-        return {**row, "layout": None, "fits": False, "note": str(exc)}, None, tokens, prices
+    except PlanError as exc:   # no layout fits its memory, or the cell's Plan is invalid on its GPU
+        status = "does not fit" if str(exc).startswith("no layout of ") else "invalid plan"
+        return {**row, "layout": None, "fits": False, "status": status, "note": str(exc)}, None, tokens, prices
     return row, res, tokens, prices
 
 
@@ -281,7 +282,8 @@ def display_table(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     get = lambda row, key: row.get(key, float("nan"))  # noqa: E731
     rows = table.to_dict(orient="records")
     if "layout" in table:
-        out["layout"] = [r["layout"] if isinstance(r.get("layout"), str) else "does not fit" for r in rows]
+        out["layout"] = [r["layout"] if isinstance(r.get("layout"), str) else
+                         r.get("status") if isinstance(r.get("status"), str) else "does not fit" for r in rows]
     if "step_time_s" in table:
         out["step s"] = [f.with_interval(get(r, "step_time_s"), get(r, "step_time_s_lo"), get(r, "step_time_s_hi"),
                                          lambda v: f"{v:.2f}") for r in rows]

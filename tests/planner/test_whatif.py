@@ -77,6 +77,19 @@ def test_bad_sweeps_are_one_sentence():
         node_for_gpu("v100-32gb")
 
 
+def test_a_cell_says_whether_nothing_fits_or_its_plan_is_invalid_on_that_gpu():
+    """A kernel the catalog prices on H100 but not on B200 makes the B200 cell invalid, not full."""
+    from simcore.planner.whatif import display_table
+    res = run_whatif(sweep(grid={"gpu": ["h100-sxm", "b200"]}, training={"flash_attention": True,
+                                                                        "attention_kernel": "flash2"}),
+                     progress=False)
+    shown = display_table(res.table, ["gpu"]).set_index("gpu")["layout"]
+    assert shown["b200"] == "invalid plan" and shown["h100-sxm"].startswith("tp")
+    assert any("training.attention_kernel=flash2 has no efficiency for b200" in n for n in res.notes())
+    full = run_whatif(sweep(model="llama3-70b", grid={"nodes": [1]}), progress=False)
+    assert display_table(full.table, ["nodes"])["layout"].iloc[0] == "does not fit"
+
+
 def test_figures_are_agg_safe(grid, tmp_path):
     heat = whatif_heatmap(grid.table, "days")
     assert isinstance(heat, Figure)
