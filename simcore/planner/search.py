@@ -154,9 +154,9 @@ def _des(args) -> dict:
 
 
 def _fa2_attention(base: Plan) -> Plan:
-    """``base`` with the attention kernel torch SDPA (torchtitan, Hugging Face under DeepSpeed) or
-    Megatron-DeepSpeed's flash-attn runs on its GPU, where the Plan leaves it to the catalog
-    (``readers.sdpa_attention_kernel``)."""
+    """``base`` with the attention kernel torch SDPA (torchtitan, Hugging Face under DeepSpeed,
+    trainplan's executor) or Megatron-DeepSpeed's flash-attn runs on its GPU, where the Plan leaves
+    it to the catalog (``readers.sdpa_attention_kernel``)."""
     from simcore.plan.readers import sdpa_attention_kernel
     from simcore.plan.spec import AttentionKernel
     kernel = sdpa_attention_kernel(base.cluster.node.gpu)
@@ -212,7 +212,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         space = replace(space, activation_offload=(False,))
     if stack in ("torchtitan", "torchtitan-0.2"):   # its DDP runs under torch.autocast (space.ddp_autocast)
         space = replace(space, ddp_autocast=True)
-    if stack in ("torchtitan", "torchtitan-0.2", "deepspeed"):   # SDPA or the flash-attn package: FA2
+    if stack in ("torchtitan", "torchtitan-0.2", "deepspeed", "executor"):   # SDPA or the flash-attn package: FA2
         base = _fa2_attention(base)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
