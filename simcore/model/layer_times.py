@@ -46,9 +46,7 @@ def layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str
     ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast, unpad)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
-    chunk = wl.attention_chunk(s, cp, cp_comm)
-    core = sum(cmp.op_forward_s(o, dev) for o in wl.attention_core_ops(model, b, s, tp, cp, flash, chunk,
-                                                                        _megatron_softmax(dev)))
+    core = sum(cmp.op_forward_s(o, dev) for o in ops if o.name in rcp.ATTENTION_CORE_OPS)
     return f, bi, bw, r, core
 
 

@@ -38,8 +38,8 @@ from simcore.plan.spec import ModelSpec, Recompute, RecomputeMethod, TrainingSpe
 
 #: The attention core's ops (``workload.attention_core_ops``), which selective recompute re-runs.
 _CORE = ("attn_scores", "softmax_dropout", "attn_context")
-#: Matmuls of one layer in ``workload.layer_forward_ops`` and the attention core.
-_ATTENTION_CORE_OPS = _CORE + ("flash_attention",)
+#: The attention core's ops with or without flash attention (``workload.attention_core_ops``).
+ATTENTION_CORE_OPS = _CORE + ("flash_attention",)
 
 
 def full_layers(tr: TrainingSpec, n: int) -> int:
@@ -86,7 +86,7 @@ def _op_sac_recompute(ops: list[wl.Op], m: ModelSpec) -> list[wl.Op]:
     h, kv = m.hidden, wl.kv_width(m)
     out = []
     for op in ops:
-        if op.name in _ATTENTION_CORE_OPS or op.name in ("router",):
+        if op.name in ATTENTION_CORE_OPS or op.name in ("router",):
             continue
         if not op.matmul:
             out.append(op)
