@@ -210,9 +210,10 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     space = space or derive_space(base, uneven_pp=uneven_pp)
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
-    if stack in ("torchtitan", "torchtitan-0.2"):   # its DDP runs under torch.autocast (space.ddp_autocast)
+    from simcore.planner.stacks import DDP_AUTOCAST_STACKS, FA2_STACKS
+    if stack in DDP_AUTOCAST_STACKS:
         space = replace(space, ddp_autocast=True)
-    if stack in ("torchtitan", "torchtitan-0.2", "deepspeed", "executor"):   # SDPA or the flash-attn package: FA2
+    if stack in FA2_STACKS:
         base = _fa2_attention(base)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))

@@ -17,6 +17,13 @@ from simcore.plan.spec import Plan, PlanError
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
 STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
+#: The stacks that run bf16 DDP and one-device layouts under torch.autocast over fp32 parameters
+#: (``torchtitan_writer.torchtitan_autocasts``; a search sets ``SearchSpace.ddp_autocast``).
+DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
+#: The stacks whose attention is torch SDPA or the flash-attn package, FlashAttention-2 where the
+#: catalog has its figures (``readers.sdpa_attention_kernel``): torchtitan, Hugging Face under
+#: DeepSpeed or Megatron-DeepSpeed, trainplan's executor. Megatron-LM's is TE's (the catalog's own).
+FA2_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "executor")
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
           "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor"}
