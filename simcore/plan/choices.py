@@ -9,6 +9,11 @@ class PlanError(ValueError):
     """A Plan is malformed or breaks a rule; the message is one sentence naming the field."""
 
 
+class NoLayoutFits(PlanError):
+    """A search found no layout that fits: none fits the GPUs' memory, none leaves the headroom
+    asked for, or none that fits is one the stack runs (a what-if cell: "does not fit")."""
+
+
 class _Choice(str, enum.Enum):
     @classmethod
     def parse(cls, value, where: str):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from simcore.plan.spec import PlanError
+from simcore.plan.choices import NoLayoutFits
 from simcore.planner.sanity import THIN_HEADROOM
 
 
@@ -27,7 +27,7 @@ def keep_roomy(df: pd.DataFrame, hbm_gib: float, min_headroom_gib: float, what: 
         return df
     room = hbm_gib - df["memory_per_gpu_gib"]
     if not (room >= min_headroom_gib).any():
-        raise PlanError(f"no layout of {what} leaves min_headroom_gib={min_headroom_gib:g} GiB of its "
+        raise NoLayoutFits(f"no layout of {what} leaves min_headroom_gib={min_headroom_gib:g} GiB of its "
                         f"{hbm_gib:.0f} GiB GPUs (the most any fitting layout leaves is {room.max():.1f} GiB)")
     return df[room >= min_headroom_gib].reset_index(drop=True)
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule, ZeroStage
+from simcore.plan.choices import NoLayoutFits
+from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage
 from simcore.planner.evaluate import Tally, _evaluate_chunk
 from simcore.planner.space import Layout, SearchSpace, _gpu_counts, base_plan, derive_space, families
 
@@ -224,7 +225,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         rows += r
         tally.add(t)
     if not rows:
-        raise PlanError(f"no layout of {base.model.name} fits {base.cluster.gpus} x {base.cluster.node.gpu.name} "
+        raise NoLayoutFits(f"no layout of {base.model.name} fits {base.cluster.gpus} x {base.cluster.node.gpu.name} "
                         f"with training.global_batch={global_batch} ({_tally_sentence(tally)})")
     df = _objective_order(merge_ties(_add_cost(pd.DataFrame(rows), base, tokens)), objective).reset_index(drop=True)
     what = f"{base.model.name} on {base.cluster.gpus} x {base.cluster.node.gpu.name}"

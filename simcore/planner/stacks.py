@@ -13,6 +13,7 @@ from typing import Callable
 
 import pandas as pd
 
+from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import Plan, PlanError
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
@@ -65,7 +66,7 @@ def keep_runnable(df: pd.DataFrame, plan_of: Callable[[pd.Series], Plan], refuse
     refused = Counter(_kind(r) for r in reasons if r is not None)
     name = LABELS.get(stack, stack)
     if not any(keep):
-        raise PlanError(f"{name} runs no layout of {what} that fits (most often: {refused.most_common(1)[0][0]})")
+        raise NoLayoutFits(f"{name} runs no layout of {what} that fits (most often: {refused.most_common(1)[0][0]})")
     if not refused:
         return df, ""
     common = "; ".join(f"{reason} ({n})" for reason, n in refused.most_common(3))

@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from simcore.plan.load import read_yaml_file
+from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage
 from simcore.planner.stacks import checked_stack
 from topologies.hardware import load_catalog
@@ -190,8 +191,8 @@ def search_cell(sweep: Sweep, cell: dict):
         res = search(model, cluster, gb, objective=sweep.objective, top_k=sweep.top_k, jobs=sweep.jobs,
                      tokens=tokens, progress=False, training=training, space=_space_of(base, sweep, cell), explain=0,
                      stack=sweep.stack)
-    except PlanError as exc:   # no layout fits its memory, or the cell's Plan is invalid on its GPU
-        status = "does not fit" if str(exc).startswith("no layout of ") else "invalid plan"
+    except PlanError as exc:   # no layout fits (NoLayoutFits), or the cell's Plan is invalid on its GPU
+        status = "does not fit" if isinstance(exc, NoLayoutFits) else "invalid plan"
         return {**row, "layout": None, "fits": False, "status": status, "note": str(exc)}, None, tokens, prices
     return row, res, tokens, prices
 

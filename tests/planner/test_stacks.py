@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import pytest
 
+from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import PlanError
 from simcore.planner.search import _layout_of, search
 from simcore.planner.space import base_plan
@@ -24,7 +25,7 @@ def test_the_stacks_exporter_decides_and_the_sentence_counts_its_refusals():
     assert list(kept["layout"]) == ["b", "d"]
     assert sentence == ("2 layouts that fit were left out because torchtitan 0.3 cannot run them: "
                         "parallel.zero has no X option (2)")
-    with pytest.raises(PlanError, match=r"^Megatron-LM runs no layout of m on 8 x g that fits \(most often: "
+    with pytest.raises(NoLayoutFits, match=r"^Megatron-LM runs no layout of m on 8 x g that fits \(most often: "
                                         r"parallel.zero has no X option\)$"):
         keep_runnable(df.head(1), lambda row: row["zero"], refuses, "megatron", "m on 8 x g")
     with pytest.raises(PlanError, match="is not one of: megatron, deepspeed, torchtitan, torchtitan-0.2"):
