@@ -7,7 +7,8 @@ predicts its bytes per GPU by term, and the figure compared is the statistic the
 reports (the validation README's ``memory_kind``):
 
 - ``reserved`` (``torch.cuda.max_memory_reserved``): the tensors plus the caching
-  allocator's margin (``training.allocator_margin``), no CUDA context;
+  allocator's margin (``training.allocator_margin``) and what FSDP2's side streams keep
+  cached (the report's ``stream_cache``), no CUDA context;
 - ``active`` (``memory_stats()['active_bytes.all.peak']``): the tensors alone;
 - NVML ``used`` after training: the tensors, the allocator's margin and the CUDA context
   (the report's total).
@@ -23,7 +24,10 @@ Rules per source:
   (FSDP2 MixedPrecisionPolicy), and the loss compiled with the model (torchtitan
   components/loss.py: ``if job_config.training.compile: loss_fn = torch.compile(loss_fn)``,
   so ``loss: fused``) from torchtitan bbb1b616e (2025-04-02) on; the H100 table ran torchtitan
-  0.0.2 of March 2025, whose loss is eager (``loss: eager``, ``LOSS_OF_SOURCE``). torchao's float8 rows keep the bf16 Plan: torchao casts to float8 per
+  0.0.2 of March 2025, whose loss is eager (``loss: eager``, ``LOSS_OF_SOURCE``) and whose
+  FSDP2 wrapping keeps the root group and the last block unsharded through the loss
+  (``parallel.fsdp_root: kept``; the later sources ``output_kept``, ``FSDP_ROOT_OF_SOURCE``).
+  Compiled (``--training.compile``, ``kernels: fused``), per-op SAC drops w2's output. torchao's float8 rows keep the bf16 Plan: torchao casts to float8 per
   GEMM (no cached FP8 weights; the sharded parameters, gradients, optimizer states and saved
   matmul outputs stay high precision), and the published peaks of each table differ by
   under 1.5 % across recipes. Nodes: grand-teton-h100 (the README says only H100; the
@@ -91,6 +95,13 @@ LOSS_OF_SOURCE = {"torchao_float8_readme_2025_h100": "eager", "torchao_float8_re
 #: ``#if !defined(USE_ROCM)`` in c10/cuda/CUDACachingAllocator.cpp, until pytorch/pytorch#173330,
 #: relanded as #177974 in March 2026), so the MI300X run keeps the caching allocator's margin.
 EXPANDABLE_SEGMENTS_SOURCES = ("torchao_float8_readme_2025_h100", "torchao_mx_readme_2025_b200")
+#: How each source's torchtitan wraps the model in FSDP2 (``parallel.fsdp_root``): at 54ef42221
+#: (the H100 table, torch 2.7.0a0) the root group holds embedding, norm and output and is never
+#: resharded after forward, nor is the last block (``kept``); at 2c8b5947 and 6fc499f6 the
+#: embedding is a group of its own and ``[norm, output]`` one with reshard_after_forward=False
+#: (llama3/infra/parallelize.py ``apply_fsdp``: ``output_kept``).
+FSDP_ROOT_OF_SOURCE = {"torchao_float8_readme_2025_h100": "kept", "torchao_float8_readme_2025_mi300x": "output_kept",
+                       "torchao_mx_readme_2025_b200": "output_kept"}
 NODE_OF_SOURCE = {"torchao_float8_readme_2025_h100": TORCHTITAN_FLEET_NODE, "torchao_float8_readme_2025_mi300x": "mi300x-8",
                   "torchao_mx_readme_2025_b200": "dgx-b200", "torchtune_readme_optimization_flags": "dgx-a100-80gb",
                   "hf_perf_train_gpu_one_2022": "dgx1-v100-16gb"}
@@ -136,7 +147,8 @@ def row_plan(row: pd.Series):
     cluster = {"node": NODE_OF_SOURCE[src], "nodes": 1}
     gb, mb = int(row["global_batch_seqs"]), int(row["micro_batch"])
     if src in TORCHTITAN:
-        doc = {"model": {"name": "llama3-8b", "seq_len": 8192}, "parallel": {"dp": 8, "zero": 3},
+        doc = {"model": {"name": "llama3-8b", "seq_len": 8192},
+               "parallel": {"dp": 8, "zero": 3, "fsdp_root": FSDP_ROOT_OF_SOURCE[src]},
                "training": {"global_batch": gb, "micro_batch": mb, "recompute": "op", "flash_attention": True,
                             "loss": LOSS_OF_SOURCE[src]}}
         if src in EXPANDABLE_SEGMENTS_SOURCES:
@@ -168,7 +180,7 @@ def predicted_gib(report: dict, stat: str, skip: tuple[str, ...]) -> float:
     tensors = sum(v for k, v in terms.items() if k not in ("allocator_margin", "cuda_context") + skip)
     if stat == "active":
         return tensors / GIB
-    value = tensors * (1 + report["allocator_margin"])
+    value = tensors * (1 + report["allocator_margin"]) + rank["stream_cache"]
     return (value + (terms["cuda_context"] if stat == "nvml" else 0.0)) / GIB
 
 

@@ -176,6 +176,9 @@ def cmd_memory(args) -> None:
               f"of {report['host_memory_bytes_per_node'] / gib:.0f} GiB")
     print(f"  allocator margin {report['allocator_margin']:.0%} of the tensors, CUDA context "
           f"{report['cuda_context_bytes'] / gib:.2f} GiB (both in the total)")
+    if report["stream_cache_bytes"]:
+        print(f"  FSDP2's side-stream pools cache {report['stream_cache_bytes'] / gib:.2f} GiB more (all-gather "
+              f"outputs, sharded gradients): torch's max_memory_reserved counts them, the allocator frees them on demand")
     from simcore.planner.formatting import headroom_gib
 
     room = headroom_gib(report["hbm_bytes"] / gib, report["memory_per_gpu_gib"])

@@ -179,7 +179,8 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
         kept = wl.activation_bytes_per_layer(m, recompute=Recompute.SELECTIVE, flash=tr.flash_attention,
                                              gemm_input=gemm_input, unpad=tr.attention_unpad, **kw)
     elif tr.recompute == Recompute.OP:
-        kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, ep=par.ep, **kw))
+        kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, ep=par.ep,
+                                                 compiled=tr.kernels == Kernels.FUSED, **kw))
     act = rcp.LayerActivations(whole=whole, kept=kept, boundary=wl.ACT_BYTES * b * s * m.hidden / sp)
     last = 4 * s * b * m.hidden / sp                          # final norm's input and output
     if tr.autocast:

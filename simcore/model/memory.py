@@ -24,13 +24,14 @@ import operator
 from dataclasses import dataclass
 
 from simcore.model import activations as acts
+from simcore.model import fsdp_pools
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
                                         param_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
                                 gradients_at_activation_peak, rank_row, summary_fields)
-from simcore.plan.spec import Offload, Plan, Precision, ZeroImpl, ZeroStage
+from simcore.plan.spec import FsdpRoot, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
 #: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
@@ -113,16 +114,18 @@ def _activation_terms(plan: Plan):
 
 def loss_overlap(plan: Plan, params: tuple[StageParams, ...] | None = None) -> float:
     """Buffers of the last rank not alive while the loss's transients are: without a
-    pipeline, FSDP2's root reshards after forward and re-gathers in the output layer's
-    backward, after the loss's backward freed its transients, and no block is gathered or
-    reduce-scattered meanwhile (torchtitan's FSDPMemTracker traces show it)."""
+    pipeline, no block is gathered or reduce-scattered meanwhile, and FSDP2's root reshards
+    after forward and re-gathers in the output layer's backward, after the loss's backward
+    freed its transients (torchtitan's FSDPMemTracker traces show it), except the groups the
+    stack's wrapping leaves unsharded (``parallel.fsdp_root``, ``fsdp_pools.kept_through_loss``)."""
     par = plan.parallel
     if par.pp > 1 or par.zero < ZeroStage.WEIGHTS or par.dp * par.cp == 1 or acts.executor_activations(plan) \
             or par.zero_impl != ZeroImpl.FSDP2:
         return 0.0
     sp = (params or stage_params(plan))[-1]
     t = comm_buffer_terms(plan, sp)
-    return t["fsdp_all_gather"] + t["fsdp_reduce_scatter"] + t["fsdp_root"]
+    kept = fsdp_pools.kept_through_loss(plan, sp.ends, sp.layer_max)
+    return max(0.0, t["fsdp_all_gather"] + t["fsdp_reduce_scatter"] + t["fsdp_root"] - kept)
 
 
 def activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...] | None = None, terms=None) -> float:
@@ -169,10 +172,10 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
             out["fsdp_reduce_scatter"] = (wb + 4) * sp.layer_max
             if par.zero == ZeroStage.WEIGHTS:
                 out["fsdp_all_gather"] = 2 * (1 if fp8 else wb) * sp.layer_max
-                # the root's gathered parameters and, from the loss on, the output layer's
-                # unsharded gradient (half the ends when the embedding is untied)
-                grads = sp.ends if m.tied_embeddings else sp.ends / 2
-                out["fsdp_root"] = wb * (sp.ends + grads)
+                # the root's gathered parameters and, from the loss on, the output's unsharded
+                # gradient; none under ``output_kept`` (fsdp_pools: its groups reshard sooner)
+                if par.fsdp_root != FsdpRoot.OUTPUT_KEPT:
+                    out["fsdp_root"] = wb * (sp.ends + fsdp_pools.output_group(plan, sp.ends))
         else:
             out["dp_buckets"] = BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
     if par.pp > 1:  # send and receive, forward and backward

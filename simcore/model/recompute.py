@@ -141,7 +141,7 @@ class LayerActivations:
 
 
 def op_sac_kept_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False,
-                      flash: bool = True, ep: int = 1) -> float:
+                      flash: bool = True, ep: int = 1, compiled: bool = False) -> float:
     """Bytes a layer keeps under torchtitan's per-op SAC: the block's input (checkpoint's
     input), the saved matmul outputs (wq: h, wv: kv width, w1: f (x top_k for MoE), w2: h)
     and SDPA's output and fp32 log-sum-exp (or, without a flash kernel, its s x s scores).
@@ -151,15 +151,24 @@ def op_sac_kept_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_par
     saved too (torchtitan/distributed/activation_checkpoint.py: ``comm_ops`` keeps
     ``_c10d_functional.reduce_scatter_tensor`` so the backward does not re-communicate), and
     under expert parallelism the outputs of the dispatch and combine all-to-alls (``comm_ops``
-    keeps ``all_to_all_single``): the routed tokens' buffer, twice."""
+    keeps ``all_to_all_single``): the routed tokens' buffer, twice.
+
+    Eager, torch.utils.checkpoint's ``_CachingTorchDispatchMode`` stores every MUST_SAVE
+    output. Compiled (``compiled``: torchtitan's per-block torch.compile, ``training.kernels:
+    fused``), AOTAutograd's partitioner saves only what the backward reads, and nothing reads
+    w2's output (it feeds the residual add alone), nor, under sequence parallelism, the
+    reduce-scatter that follows it; wo's is read (the MLP's norm is recomputed from the sum).
+    tests/model/test_compiled_sac.py traces a Llama block both ways on this host."""
     h, f, sb, e = m.hidden, m.ffn_hidden, s * b, wl.ACT_BYTES
     sp = tp if sequence_parallel else 1
     mlp = f * (m.top_k * m.capacity_factor if m.moe else 1)
     split = e * sb * (h + wl.kv_width(m) + h + mlp)        # wq, wv, SDPA out, w1 (or fc1)
     split += 4 * b * m.heads * s if flash else 5 * m.heads * s * s * b
-    scattered = 2 * e * sb * h / tp if sequence_parallel and tp > 1 else 0.0
+    outs = 1 if compiled else 2                            # w2's (and its reduce-scatter's) kept eagerly only
+    scattered = outs * e * sb * h / tp if sequence_parallel and tp > 1 else 0.0
     routed = 2 * e * sb * h * m.top_k * m.capacity_factor / sp if m.moe and ep > 1 else 0.0
-    return e * sb * h / sp + split / tp + e * sb * h + scattered + routed   # input, the above, w2's out, comm outs
+    w2 = 0.0 if compiled else e * sb * h
+    return e * sb * h / sp + split / tp + w2 + scattered + routed   # input, the above, w2's out, comm outs
 
 
 def chunk_stash_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:

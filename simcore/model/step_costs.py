@@ -32,6 +32,7 @@ from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
 from simcore.model import end_comm as ec
+from simcore.model import fsdp_pools
 from simcore.model import host_costs as hc
 from simcore.model import layer_times as lt
 from simcore.model import memory as mem
@@ -338,10 +339,17 @@ def memory_report(plan: Plan) -> dict:
     """Bytes per GPU by kind and by term on every pipeline rank, host memory for offload,
     HBM, the allocator margin and CUDA context the total includes, the headroom, fits.
     ``headroom_bytes`` is HBM minus the most loaded GPU's total (margin included; negative:
-    it does not fit); ``allocator_margin`` is the share ``memory.framework_terms`` applied."""
+    it does not fit); ``allocator_margin`` is the share ``memory.framework_terms`` applied.
+    ``stream_cache`` (per rank, and the most of any in ``stream_cache_bytes``): what FSDP2's
+    side streams' pools keep reserved beyond the total, which torch's max_memory_reserved
+    counts and the allocator releases on demand (``fsdp_pools.side_stream_cache``)."""
     _check_device(plan)
     breakdown = mem.rank_breakdown(plan)
     per_rank = [kinds for kinds, _ in breakdown]
+    sharded = mem.sharded_gradients(plan)
+    cache = [fsdp_pools.side_stream_cache(plan, sp.ends, sp.layer_max, sharded * max(
+        0.0, mem.model_state_bytes(plan, sp)["gradients"] - kinds["gradients"]))
+        for sp, kinds in zip(mem.stage_params(plan), per_rank)]
     host_node = pk.host_bytes_per_node(plan, per_rank)
     context, margin, _ = pk.framework_terms(plan)
     peak = max(d["total"] for d in per_rank)
@@ -351,7 +359,9 @@ def memory_report(plan: Plan) -> dict:
         "hbm_bytes": hbm,
         "host_memory_bytes_per_node": plan.cluster.node.host_memory_bytes,
         "host_offload_bytes_per_node": host_node,
-        "ranks": [{"pp_rank": r, **kinds, "terms": terms} for r, (kinds, terms) in enumerate(breakdown)],
+        "ranks": [{"pp_rank": r, **kinds, "terms": terms, "stream_cache": c}
+                  for r, ((kinds, terms), c) in enumerate(zip(breakdown, cache))],
+        "stream_cache_bytes": max(cache),
         "max_gpu_bytes": peak,
         "memory_per_gpu_gib": peak / GIB,
         "allocator_margin": margin,

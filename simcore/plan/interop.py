@@ -173,6 +173,8 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
         values["parallel.dp"] = replicate * shard
         never = reshard == "never" or (reshard == "default" and g("parallel.pp") > 1)
         values["parallel.zero"] = 0 if shard == 1 else (2 if never else 3)
+        if values["parallel.zero"] == 3 and reshard != "always":   # its [norm, output] group is not resharded
+            values["parallel.fsdp_root"] = "output_kept"
         if torchtitan_autocasts(values.get("training.precision"), values["parallel.zero"], g("parallel.tp"),
                                 g("parallel.pp"), g("parallel.cp"), g("parallel.ep")):
             values["training.autocast"] = True
@@ -232,7 +234,7 @@ _SECTION_ORDER = {
               "kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden",
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
-                 "schedule", "cp_comm", "tp_comm_overlap", "overlap_param_gather", "moe_dispatcher"),
+                 "fsdp_root", "schedule", "cp_comm", "tp_comm_overlap", "overlap_param_gather", "moe_dispatcher"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "attention_unpad", "recompute", "offload",
                  "flash_attention", "optimizer", "grad_compression", "kernels", "optimizer_in_backward", "autocast"),
 }

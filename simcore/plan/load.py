@@ -19,7 +19,7 @@ import yaml
 from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
-    AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, MoeDispatcher, GradCompression, Kernels, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
+    AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, MoeDispatcher, GradCompression, Kernels, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
     PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, TrainingSpec, ZeroImpl, ZeroStage,
 )
 from topologies.components import CatalogError
@@ -215,6 +215,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         sequence_parallel=_bool(doc, "sequence_parallel", w, False),
         schedule=Schedule.parse(doc.get("schedule", "1f1b"), "parallel.schedule"),
         cp_comm=CpComm.parse(doc.get("cp_comm", "p2p"), "parallel.cp_comm"),
+        fsdp_root=FsdpRoot.parse(doc.get("fsdp_root", "resharded"), "parallel.fsdp_root"),
         tp_comm_overlap=_bool(doc, "tp_comm_overlap", w, False),
         overlap_param_gather=_bool(doc, "overlap_param_gather", w, False),
         moe_dispatcher=MoeDispatcher.parse(doc.get("moe_dispatcher", "alltoall"), "parallel.moe_dispatcher"),
@@ -365,14 +366,11 @@ def plan_to_dict(plan: Plan) -> dict:
         "zero": int(par.zero), "sequence_parallel": par.sequence_parallel, "schedule": par.schedule.value,
         "zero_impl": par.zero_impl.value, "cp_comm": par.cp_comm.value, "tp_comm_overlap": par.tp_comm_overlap,
     }
-    if par.overlap_param_gather:
-        parallel["overlap_param_gather"] = True
-    if par.moe_dispatcher != MoeDispatcher.ALLTOALL:
-        parallel["moe_dispatcher"] = par.moe_dispatcher.value
-    if par.stage_layers is not None:
-        parallel["stage_layers"] = list(par.stage_layers)
-    if par.expert_tp:
-        parallel["expert_tp"] = par.expert_tp
+    optional = {"overlap_param_gather": par.overlap_param_gather or None, "expert_tp": par.expert_tp or None,
+                "moe_dispatcher": par.moe_dispatcher.value if par.moe_dispatcher != MoeDispatcher.ALLTOALL else None,
+                "fsdp_root": par.fsdp_root.value if par.fsdp_root != FsdpRoot.RESHARDED else None,
+                "stage_layers": list(par.stage_layers) if par.stage_layers is not None else None}
+    parallel.update({k: v for k, v in optional.items() if v is not None})
     cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,
                "gpus_per_node": plan.cluster.gpus_per_node, "storage": plan.cluster.storage.name}
     if plan.cluster.node.nics_per_node:

@@ -3,7 +3,7 @@ broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
 from simcore.plan.spec import (
-    AttentionKernel, CpComm, Fp8Recipe, MoeDispatcher, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
+    AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, MoeDispatcher, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
 )
 
 
@@ -45,6 +45,10 @@ def check_plan(plan: Plan) -> None:
         (par.cp_comm != CpComm.A2A or (m.heads // par.tp) % par.cp == 0 and (m.kv_heads // par.tp) % par.cp == 0,
          f"parallel.cp_comm=a2a needs parallel.cp={par.cp} to divide the heads per TP rank "
          f"({m.heads // par.tp} query, {m.kv_heads // par.tp} key/value): Ulysses splits heads over the cp ranks"),
+        (par.fsdp_root == FsdpRoot.RESHARDED or (par.zero == ZeroStage.WEIGHTS and par.zero_impl == ZeroImpl.FSDP2
+                                                 and par.pp == 1 and par.dp * par.cp > 1),
+         f"parallel.fsdp_root={par.fsdp_root.value} needs FSDP2 ZeRO-3 over data parallel ranks without a pipeline "
+         "(parallel.zero=3, zero_impl=fsdp2, pp=1, dp*cp > 1)"),
         (par.zero_impl == ZeroImpl.FSDP2 or par.zero >= ZeroStage.OPTIMIZER_STATES,
          "parallel.zero_impl=deepspeed needs parallel.zero 1, 2 or 3"),
         (par.zero_impl == ZeroImpl.FSDP2 or par.pp == 1 or par.zero <= ZeroStage.OPTIMIZER_STATES,

@@ -16,13 +16,13 @@ import functools
 from dataclasses import dataclass
 
 from simcore.plan.choices import (
-    AttentionKernel, CpComm, Fp8Recipe, GradCompression, Kernels, Loss, MoeDispatcher, Offload, Optimizer, PlanError,
+    AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss, MoeDispatcher, Offload, Optimizer, PlanError,
     PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, ZeroImpl, ZeroStage,
 )
 from topologies.components import Fabric, Node, Storage
 
 __all__ = [
-    "AttentionKernel", "CpComm", "Fp8Recipe", "GradCompression", "Kernels", "Loss", "MoeDispatcher", "Offload",
+    "AttentionKernel", "CpComm", "Fp8Recipe", "FsdpRoot", "GradCompression", "Kernels", "Loss", "MoeDispatcher", "Offload",
     "Optimizer", "PlanError", "PositionEmbedding", "Precision", "Recompute", "RecomputeMethod", "Schedule",
     "ZeroImpl", "ZeroStage", "MEGATRON_DROPOUT", "ModelSpec", "ClusterSpec", "ParallelSpec", "TrainingSpec", "Plan",
     "even_split",
@@ -158,6 +158,8 @@ class ParallelSpec:
     sequence_parallel: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
     cp_comm: CpComm = CpComm.P2P
+    fsdp_root: FsdpRoot = FsdpRoot.RESHARDED
+    """FSDP2 groups left unsharded through the loss (``FsdpRoot``): torchtitan's wrapping."""
     tp_comm_overlap: bool = False
     """Overlap TP's all-gathers and reduce-scatters with the GEMMs they feed (Megatron-Core
     ``--tp-comm-overlap`` through Transformer Engine's userbuffers; needs sequence_parallel)."""

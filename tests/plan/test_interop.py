@@ -301,6 +301,7 @@ def test_torchtitan_shard_minus_one_takes_the_leftover_ranks():
                          base_dir=ROOT)
     # 64 GPUs / tp 8 = 8-way FSDP; global batch = local 8 * dp 8.
     assert doc["parallel"]["dp"] == 8 and doc["parallel"]["zero"] == 3
+    assert doc["parallel"]["fsdp_root"] == "output_kept"   # torchtitan's [norm, output] group, not resharded
     assert doc["training"]["global_batch"] == 64 and doc["training"]["recompute"] == "full"
     assert doc["model"]["layers"] == 80 and doc["model"]["ffn_hidden"] == 28672
     plan_from_dict(doc)
