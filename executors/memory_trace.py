@@ -35,7 +35,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from simcore.plan.spec import Loss, Plan, Precision, Recompute, RecomputeMethod, ZeroStage
+from simcore.plan.spec import Kernels, Loss, Plan, Precision, Recompute, RecomputeMethod, ZeroStage
 
 #: Training steps traced; the peak is the last one's (the first creates the optimizer
 #: states; DTensor's first AdamW step also holds temporaries a steady step does not).
@@ -181,15 +181,17 @@ def one_microbatch(plan: Plan) -> Plan:
 
 def compare(plan: Plan) -> dict:
     """The analytic model's tensors on the fullest rank against the tracker's peak, both for
-    ``one_microbatch(plan)`` with the executor's eager loss and, where FSDP2 does not cast, its
-    autocast over fp32 parameters (``training.autocast``)."""
+    ``one_microbatch(plan)`` with the executor's eager loss and eager kernels (its per-op SAC
+    stores every MUST_SAVE output, w2's too) and, where FSDP2 does not cast, its autocast over
+    fp32 parameters (``training.autocast``)."""
     from simcore.model.step_costs import memory_report
 
     one = one_microbatch(plan)
     traced = trace_peak(one)
     # the loss the executor runs and, without FSDP2, its autocast over fp32 parameters
     amp = not _fsdp(plan) and plan.training.precision in (Precision.BF16, Precision.FP16)
-    eager = replace(one, training=replace(one.training, loss=Loss.EAGER, autocast=amp or one.training.autocast))
+    eager = replace(one, training=replace(one.training, loss=Loss.EAGER, kernels=Kernels.EAGER,
+                                          autocast=amp or one.training.autocast))
     rank = max(memory_report(eager)["ranks"], key=lambda r: r["total"])
     analytic = rank["total"] - rank["terms"]["allocator_margin"] - rank["terms"]["cuda_context"]
     return {"analytic_tensor_bytes": analytic, "torch_peak_bytes": traced["Total"], "torch_by_kind": traced,

@@ -7,6 +7,15 @@ from simcore.plan.spec import (
 )
 
 
+def _fsdp_root_rule(plan: Plan) -> tuple[bool, str]:
+    """``parallel.fsdp_root`` other than ``resharded`` names FSDP2 ZeRO-3 groups around the loss."""
+    par = plan.parallel
+    ok = par.fsdp_root == FsdpRoot.RESHARDED or (par.zero == ZeroStage.WEIGHTS and par.zero_impl == ZeroImpl.FSDP2
+                                                 and par.pp == 1 and par.dp * par.cp > 1)
+    return ok, (f"parallel.fsdp_root={par.fsdp_root.value} needs FSDP2 ZeRO-3 over data parallel ranks without a "
+                "pipeline (parallel.zero=3, zero_impl=fsdp2, pp=1, dp*cp > 1)")
+
+
 def check_plan(plan: Plan) -> None:
     """Every cross-field rule of a Plan; raises PlanError naming the first one broken."""
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
@@ -45,10 +54,6 @@ def check_plan(plan: Plan) -> None:
         (par.cp_comm != CpComm.A2A or (m.heads // par.tp) % par.cp == 0 and (m.kv_heads // par.tp) % par.cp == 0,
          f"parallel.cp_comm=a2a needs parallel.cp={par.cp} to divide the heads per TP rank "
          f"({m.heads // par.tp} query, {m.kv_heads // par.tp} key/value): Ulysses splits heads over the cp ranks"),
-        (par.fsdp_root == FsdpRoot.RESHARDED or (par.zero == ZeroStage.WEIGHTS and par.zero_impl == ZeroImpl.FSDP2
-                                                 and par.pp == 1 and par.dp * par.cp > 1),
-         f"parallel.fsdp_root={par.fsdp_root.value} needs FSDP2 ZeRO-3 over data parallel ranks without a pipeline "
-         "(parallel.zero=3, zero_impl=fsdp2, pp=1, dp*cp > 1)"),
         (par.zero_impl == ZeroImpl.FSDP2 or par.zero >= ZeroStage.OPTIMIZER_STATES,
          "parallel.zero_impl=deepspeed needs parallel.zero 1, 2 or 3"),
         (par.zero_impl == ZeroImpl.FSDP2 or par.pp == 1 or par.zero <= ZeroStage.OPTIMIZER_STATES,
@@ -61,7 +66,7 @@ def check_plan(plan: Plan) -> None:
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
-        *_expert_tp_rules(plan),
+        *_expert_tp_rules(plan), _fsdp_root_rule(plan),
         (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE),
          f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
          f"not {par.schedule.value}"),
