@@ -103,6 +103,8 @@ def _check(plan: Plan) -> None:
          "enable_cpu_offload moves parameters, gradients and optimizer states (optimizer+params)"),
         (tr.grad_compression.value != "none", "training.grad_compression", tr.grad_compression.value, ""),
         (tr.attention_unpad, "training.attention_unpad", "true", "its attention is SDPA on the whole batch"),
+        (par.fsdp_root.value == "kept", "parallel.fsdp_root", "kept",
+         "its FSDP2 wrapping since July 2025 keeps only [norm, output] (output_kept) or nothing (resharded)"),
         (tr.optimizer.value not in ("adamw", "adam"), "training.optimizer", tr.optimizer.value,
          "its optimizer.name is AdamW or Adam"),
         (not tr.grads_to_none, "training.grads_to_none", "false", "its optimizer frees the gradients (zero_grad)"),
@@ -134,7 +136,8 @@ def _parallelism(plan: Plan, target: str) -> dict:
     shard = par.dp if par.zero >= 2 else 1
     out = {"data_parallel_replicate_degree": par.dp // shard, "data_parallel_shard_degree": shard}
     if shard > 1:
-        out["fsdp_reshard_after_forward"] = "never" if par.zero == 2 else "always"
+        out["fsdp_reshard_after_forward"] = ("never" if par.zero == 2 else   # "default" keeps [norm, output]
+                                             "default" if par.fsdp_root.value == "output_kept" else "always")
     out.update(tensor_parallel_degree=par.tp, context_parallel_degree=par.cp, expert_parallel_degree=par.ep,
                pipeline_parallel_degree=par.pp)
     if par.pp > 1:

@@ -63,3 +63,17 @@ def test_fsdp_root_round_trips_through_the_plan_file():
     assert "fsdp_root" not in plan_to_dict(_plan())["parallel"]
     again = plan_from_dict(plan_to_dict(_plan({"fsdp_root": "kept"})))
     assert again.parallel.fsdp_root.value == "kept"
+
+
+def test_torchtitan_export_says_which_groups_it_keeps_and_reads_back_the_same(tmp_path):
+    from simcore.plan.interop import import_plan
+    from simcore.plan.writers import export_plan
+    plan = plan_from_dict({**plan_to_dict(_plan({"fsdp_root": "output_kept"})), "name": "tt"})
+    path = tmp_path / "tt.toml"
+    path.write_text(export_plan(plan, "torchtitan-0.2"))
+    assert 'fsdp_reshard_after_forward = "default"' in path.read_text()
+    doc, _ = import_plan(torchtitan=str(path), cluster="dgx-h100", nodes=1)
+    assert doc["parallel"]["fsdp_root"] == "output_kept" and doc["parallel"]["zero"] == 3
+    assert 'fsdp_reshard_after_forward = "always"' in export_plan(_plan(), "torchtitan-0.2")
+    with pytest.raises(ValueError, match=r"^parallel\.fsdp_root=kept has no torchtitan option"):
+        export_plan(_plan({"fsdp_root": "kept"}), "torchtitan-0.2")
