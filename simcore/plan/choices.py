@@ -74,14 +74,14 @@ class FsdpRoot(_Choice):
 
     - ``resharded``: none. Every group is resharded after its forward and the root group
       (embedding, final norm, output) is gathered again for the output's backward: trainplan's
-      executor, which passes ``reshard_after_forward=True`` to the root explicitly (torch >= 2.8
-      honours it: ``FSDPState._auto_reshard_after_forward``).
+      executor, which passes ``reshard_after_forward=True`` to the root explicitly (torch honours
+      it since pytorch/pytorch#154704 of June 2025, torch 2.8: ``_auto_reshard_after_forward``).
     - ``output_kept``: torchtitan since July 2025 (llama3/infra/parallelize.py @2c8b5947):
       the embedding and every block are groups of their own, resharded; ``[norm, output]`` is
       one group with ``reshard_after_forward=False``, reduce-scattered right after its backward.
     - ``kept``: torchtitan before (parallelize_llama.py @54ef42221, @e7c0cae): the root group
-      holds embedding, norm and output, and torch before 2.8 never reshards the root after
-      forward (``_lazy_init``: ``post_forward_mesh_info = None``); the last block is not
+      holds embedding, norm and output, and torch before that clamps the root to no reshard
+      after forward (``_lazy_init``: ``post_forward_mesh_info = None``, #154655); the last block is not
       resharded either (``reshard_after_forward = layer_id < n_layers - 1``). The root's
       gradients are reduce-scattered together at the backward's end."""
 
