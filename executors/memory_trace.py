@@ -82,8 +82,7 @@ def _fsdp(plan: Plan) -> bool:
 def _parallelize(plan: Plan, mesh, mp):
     """The executor's model of ``plan`` on the meta device, with TP, recompute and FSDP2
     applied in the executor's order (``executors.parallel.build_trainer``)."""
-    from torch.distributed.fsdp import fully_shard
-
+    from executors.fsdp_wrap import shard_groups
     from executors.model import Transformer
     from executors.parallel import apply_tp
 
@@ -94,10 +93,7 @@ def _parallelize(plan: Plan, mesh, mp):
         apply_tp(model, mesh["tp"], par.sequence_parallel)
     apply_recompute(model, plan)
     if _fsdp(plan):
-        reshard = par.zero == ZeroStage.WEIGHTS
-        for block in model.layers.values():
-            fully_shard(block, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
+        shard_groups(model, par.fsdp_root, par.zero == ZeroStage.WEIGHTS, mesh=mesh["dp"], mp_policy=mp)
     return model
 
 

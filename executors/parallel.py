@@ -35,7 +35,7 @@ from torch.distributed import pipelining
 from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
@@ -44,6 +44,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from executors import groups, moe, tied
 from executors.float8 import apply_float8
+from executors.fsdp_wrap import shard_groups
 from executors.act_offload import apply_activation_offload
 from executors.recompute import apply_recompute
 from executors.ring_attention import apply_cp
@@ -52,7 +53,7 @@ from executors.zero1 import LocalShardZero
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
 from simcore.plan.spec import (
-    GradCompression, Offload, Optimizer, Plan, Precision, Schedule, ZeroStage,
+    FsdpRoot, GradCompression, Offload, Optimizer, Plan, Precision, Schedule, ZeroStage,
 )
 from topologies.placement import AXES
 
@@ -168,7 +169,7 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
         return model
     if par.zero >= ZeroStage.GRADIENTS:   # offload on one rank too: FSDP2 over a mesh of one
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
-        return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored))
+        return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored), par.fsdp_root)
     if uses_replicate(plan):
         return replicate(model, mesh=dp_mesh, ignored_params=set(ignored))
     if ignored:
@@ -182,14 +183,13 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
 
 
 def apply_fsdp2(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-                offload: OffloadPolicy | None = None, ignored: set | None = None) -> Transformer:
-    """FSDP2 as torchtitan applies it: one group per block, the rest (embedding, final norm,
-    output) in the root group."""
-    kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload or OffloadPolicy(),
-              ignored_params=ignored or None)
-    for block in model.layers.values():
-        fully_shard(block, **kw)
-    return fully_shard(model, **kw)
+                offload: OffloadPolicy | None = None, ignored: set | None = None,
+                root: FsdpRoot = FsdpRoot.RESHARDED) -> Transformer:
+    """FSDP2 as the Plan's stack groups it (``executors.fsdp_wrap``): one group per block, the
+    rest (embedding, final norm, output) in the root group or, as torchtitan wraps them, in
+    groups of their own."""
+    return shard_groups(model, root, reshard_after_forward, mesh=dp_mesh, offload_policy=offload or OffloadPolicy(),
+                        ignored_params=ignored or None)
 
 
 def _register_comm_hook(ddp, compression: GradCompression, group) -> None:

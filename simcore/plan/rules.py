@@ -12,6 +12,8 @@ def _fsdp_root_rule(plan: Plan) -> tuple[bool, str]:
     par = plan.parallel
     ok = par.fsdp_root == FsdpRoot.RESHARDED or (par.zero == ZeroStage.WEIGHTS and par.zero_impl == ZeroImpl.FSDP2
                                                  and par.pp == 1 and par.dp * par.cp > 1)
+    if par.fsdp_root == FsdpRoot.OUTPUT_KEPT and plan.model.tied_embeddings:
+        return False, "parallel.fsdp_root=output_kept needs an untied output (its group and the embedding's are two)"
     return ok, (f"parallel.fsdp_root={par.fsdp_root.value} needs FSDP2 ZeRO-3 over data parallel ranks without a "
                 "pipeline (parallel.zero=3, zero_impl=fsdp2, pp=1, dp*cp > 1)")
 

@@ -153,6 +153,8 @@ TWO_RANK = {
     "zero1-adamw-free": make_plan(dp=2, zero=1),
     "zero2": make_plan(dp=2, zero=2),
     "zero3": make_plan(dp=2, zero=3),
+    "zero3-output-kept": make_plan(dp=2, zero=3, fsdp_root="output_kept"),   # torchtitan's [norm, output] group
+    "zero3-kept": make_plan(dp=2, zero=3, fsdp_root="kept"),
     "tp2": make_plan(LLAMA, tp=2),
     "tp2-sp": make_plan(LLAMA, tp=2, sequence_parallel=True),
     "dp2-recompute-full": make_plan(LLAMA, dp=2, recompute="full"),

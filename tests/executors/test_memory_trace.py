@@ -36,6 +36,17 @@ def test_model_states_match_torch_and_the_total_is_close(zero, recompute):
     assert compare(plan)["difference"] == pytest.approx(0.0, abs=0.15)
 
 
+def test_torchtitans_wrappings_trace_as_the_model_prices_them():
+    """torch's tracker on the executor's model wrapped as ``parallel.fsdp_root`` says: the groups
+    kept unsharded through the eager loss raise torch's peak too, and the model follows it."""
+    plans = {root: _plan(fsdp_root=root) for root in ("resharded", "output_kept", "kept")}
+    results = {root: compare(plan) for root, plan in plans.items()}
+    for key in ("torch_peak_bytes", "analytic_tensor_bytes"):
+        assert results["resharded"][key] < results["output_kept"][key] < results["kept"][key]
+    for root, r in results.items():
+        assert r["difference"] == pytest.approx(0.0, abs=0.05), root
+
+
 def test_more_recompute_holds_less_in_torch_too():
     peaks = [trace_peak(one_microbatch(_plan(3, rc)))["Activation"] for rc in ("none", "layer:2", "op", "full")]
     assert peaks == sorted(peaks, reverse=True) and peaks[0] > 2 * peaks[-1]
