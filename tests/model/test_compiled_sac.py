@@ -1,22 +1,17 @@
 """torchtitan's per-op SAC under torch.compile saves only what the backward reads: a Llama
 block traced on this host through AOTAutograd's partitioner (the one inductor runs) saves
 exactly ``op_sac_kept_bytes(compiled=True)``; eager SAC stores w2's output too."""
-from collections import defaultdict
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from executors.recompute import op_sac_wrapper
 from simcore.model import recompute as rcp
 from simcore.plan.load import plan_from_dict
 
 D, HEADS, KV, FF, S = 256, 4, 1, 768, 512
 HD = D // HEADS
-#: torchtitan's ``_save_list`` (llama3/infra/parallelize.py @6fc499f6), with this host's SDPA kernel
-SAVE = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-        torch.ops.aten._scaled_dot_product_flash_attention.default}
 
 
 class Block(nn.Module):
@@ -36,23 +31,11 @@ class Block(nn.Module):
         return x + self.w2(F.silu(self.w1(self.n2(x))) * self.w3(self.n2(x)))
 
 
-def _context():
-    meta = defaultdict(int)
-
-    def policy(ctx, func, *args, **kwargs):   # torchtitan's _custom_policy
-        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-        if func == torch.ops.aten.mm.default:
-            meta[key] += 1
-        save = func in SAVE and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
-        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
-    return create_selective_checkpoint_contexts(policy)
-
-
 def _saved_activation_bytes() -> int:
     block = Block().to(torch.bfloat16)
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    run = torch.compile(lambda x: checkpoint(block, x, use_reentrant=False, context_fn=_context),
-                        backend="aot_eager_decomp_partition", fullgraph=True)
+    # the executor's wrapper (torchtitan's policy), compiled as torchtitan compiles each block
+    run = torch.compile(op_sac_wrapper(block), backend="aot_eager_decomp_partition", fullgraph=True)
     saved: dict[int, int] = {}
 
     def pack(t):
