@@ -358,11 +358,12 @@ def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple
 
 def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
                    params: tuple[StageParams, ...] | None = None,
-                   terms_too: bool = True) -> list[tuple[dict[str, float], dict[str, float] | None]]:
+                   terms_too: bool = True, parts: list | None = None,
+                   ) -> list[tuple[dict[str, float], dict[str, float] | None]]:
     """Per pipeline rank: (bytes by kind, trace.MEMORY_KINDS plus ``total`` and ``host``;
     bytes by term, each term one line of ``trainplan memory``, or None without
     ``terms_too``: the layout search needs only the kinds). The kinds sum the terms."""
-    parts: list = []
+    parts = parts if parts is not None else []   # the caller's list receives ``rank_rows``' parts too
     rows = rank_rows(plan, stages, params, parts)
     context, margin, _ = framework_terms(plan)
     grads_live = gradients_at_activation_peak(plan)

@@ -344,12 +344,14 @@ def memory_report(plan: Plan) -> dict:
     side streams' pools keep reserved beyond the total, which torch's max_memory_reserved
     counts and the allocator releases on demand (``fsdp_pools.side_stream_cache``)."""
     _check_device(plan)
-    breakdown = mem.rank_breakdown(plan)
+    params, parts = mem.stage_params(plan), []
+    breakdown = mem.rank_breakdown(plan, params=params, parts=parts)
     per_rank = [kinds for kinds, _ in breakdown]
-    sharded = mem.sharded_gradients(plan)
-    cache = [fsdp_pools.side_stream_cache(plan, sp.ends, sp.layer_max, sharded * max(
-        0.0, mem.model_state_bytes(plan, sp)["gradients"] - kinds["gradients"]))
-        for sp, kinds in zip(mem.stage_params(plan), per_rank)]
+    # the sharded gradients the peak counted as freed (their pool keeps them): the rank's model
+    # states (``parts``) less the gradients its row counts
+    zeroed = [max(0.0, states["gradients"] - kinds["gradients"]) if mem.sharded_gradients(plan) else 0.0
+              for (states, _, _), kinds in zip(parts, per_rank)]
+    cache = [fsdp_pools.side_stream_cache(plan, sp.ends, sp.layer_max, z) for sp, z in zip(params, zeroed)]
     host_node = pk.host_bytes_per_node(plan, per_rank)
     context, margin, _ = pk.framework_terms(plan)
     peak = max(d["total"] for d in per_rank)
