@@ -96,7 +96,7 @@ def cmd_plan(args) -> None:
     from simcore.results import atomic_write_text
 
     model = {"name": args.model}
-    if args.seq_len:
+    if args.seq_len is not None:
         model["seq_len"] = args.seq_len
     cluster = {"node": args.cluster, "nodes": args.nodes}
     if args.fabric:
@@ -259,7 +259,7 @@ def _procure_doc(args) -> dict:
         doc.setdefault("name", Path(args.candidates).stem)
     if args.model:
         doc["model"] = args.model
-    if args.seq_len:
+    if args.seq_len is not None:
         model = doc.get("model") or {}
         doc["model"] = {**({"name": model} if isinstance(model, str) else model), "seq_len": args.seq_len}
     over = {"tokens": args.tokens, "global_batch": args.global_batch, "deadline_days": args.deadline_days,

@@ -38,7 +38,7 @@ def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens:
     from simcore.results import atomic_write_text
     from topologies.build import build_cluster
 
-    model_doc = {"name": model, **({"seq_len": seq_len} if seq_len else {})}
+    model_doc = {"name": model, **({"seq_len": seq_len} if seq_len is not None else {})}
     res = search(model_doc, {"node": cluster, "nodes": nodes}, global_batch, top_k=top_k, jobs=jobs,
                  tokens=tokens, progress=progress)
     best = res.best

@@ -29,6 +29,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from simcore.plan.rules import torch_rounds
 from simcore.plan.spec import Schedule
 
 
@@ -220,7 +221,7 @@ def build_schedule(kind: Schedule | str, pp: int, microbatches: int, vpp: int = 
         if vpp != 1:
             raise ValueError(f"parallel.vpp={vpp} needs schedule interleaved-1f1b or zero-bubble, not {kind.value}")
         return _gpipe(pp, microbatches) if kind == Schedule.GPIPE else _one_f_one_b(pp, microbatches)
-    rounds = max(1, microbatches // pp)
+    rounds = torch_rounds(pp, microbatches)
     if microbatches % rounds:
         raise ValueError(f"the {kind.value} schedule needs micro-batches ({microbatches}) to be a multiple "
                          f"of max(1, micro-batches // pp) = {rounds} (torch's rounds rule)")

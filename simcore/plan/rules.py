@@ -18,6 +18,31 @@ def _fsdp_root_rule(plan: Plan) -> tuple[bool, str]:
                 "pipeline (parallel.zero=3, zero_impl=fsdp2, pp=1, dp*cp > 1)")
 
 
+def torch_rounds(pp: int, microbatches: int) -> int:
+    """The rounds of torch.distributed.pipelining's looped schedules (ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble, torch/distributed/pipelining/schedules.py ``number_of_rounds``):
+    max(1, micro-batches // pp); they refuse micro-batches that are not a multiple of it."""
+    return max(1, microbatches // pp)
+
+
+def _schedule_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """The pipeline schedule's: virtual stages, and the micro-batches its looped forms take
+    (Megatron's interleaved rule, m % pp; torch's rounds rule for zero-bubble)."""
+    par, m = plan.parallel, plan.num_microbatches
+    rounds = torch_rounds(par.pp, m)
+    return [
+        (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE),
+         f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
+         f"not {par.schedule.value}"),
+        (par.vpp == 1 or par.pp > 1, "parallel.vpp > 1 needs parallel.pp > 1"),
+        (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or m % par.pp == 0,
+         f"the interleaved schedule needs the micro-batches per step ({m}) to be a multiple of parallel.pp={par.pp}"),
+        (par.schedule != Schedule.ZERO_BUBBLE or m % rounds == 0,
+         f"the zero-bubble schedule needs the micro-batches per step ({m}) to be a multiple of "
+         f"max(1, micro-batches // parallel.pp) = {rounds} (torch's rounds rule)"),
+    ]
+
+
 def check_plan(plan: Plan) -> None:
     """Every cross-field rule of a Plan; raises PlanError naming the first one broken."""
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
@@ -69,16 +94,10 @@ def check_plan(plan: Plan) -> None:
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
         *_expert_tp_rules(plan), _fsdp_root_rule(plan),
-        (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE),
-         f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
-         f"not {par.schedule.value}"),
-        (par.vpp == 1 or par.pp > 1, "parallel.vpp > 1 needs parallel.pp > 1"),
+        *_schedule_rules(plan),
         (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
         (par.stage_layers is not None or m.layers >= par.pp * par.vpp,
          f"model.layers={m.layers} gives fewer than one layer per virtual stage (pp*vpp={par.pp * par.vpp})"),
-        (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or plan.num_microbatches % par.pp == 0,
-         f"the interleaved schedule needs the micro-batches per step ({plan.num_microbatches}) "
-         f"to be a multiple of parallel.pp={par.pp}"),
         *_training_rules(plan),
     ]
     for ok, message in rules:

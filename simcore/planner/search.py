@@ -207,6 +207,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         raise ValueError(f"objective={objective!r} is not one of: time, cost, pareto")
     if jobs < 1:
         raise ValueError(f"jobs={jobs} must be at least 1")
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k} must be 0 or more (the layouts re-simulated on the event engine)")
     base = base_plan(model, cluster_doc, global_batch, training)
     space = space or derive_space(base, uneven_pp=uneven_pp)
     if not activation_offload:

@@ -149,7 +149,7 @@ def _golden() -> list[dict]:
 
 def test_the_grid_covers_the_features():
     rows = _golden()
-    assert len(rows) >= 300
+    assert len(rows) >= 298   # 300 drawn; two zero-bubble layouts torch's rounds rule refuses were taken out
     seen = {(k, str(v)) for row in rows for k, v in row["layout"].items()}
     for key, values in AXES.items():
         for v in set(values):

@@ -167,3 +167,27 @@ def test_1f1b_fuses_steady_sends_with_the_next_receives_post_as_torch_does():
 def test_other_schedules_send_and_receive_alone(kind):
     assert not any(any(fused_p2p(kind, 2, 4, Action(s, op, i))) for s in range(2) for op in (Op.F, Op.B)
                    for i in range(4))
+
+
+@pytest.mark.parametrize("kind", MULTI)
+@pytest.mark.parametrize("pp,global_batch", [(2, 7), (4, 9), (4, 6), (2, 5), (8, 20), (4, 16), (2, 3)])
+def test_a_plan_check_plan_accepts_builds_its_schedule_and_one_it_refuses_names_the_rule(kind, pp, global_batch):
+    """The planner ranks by the analytic path, which never builds the schedule: ``check_plan`` must
+    refuse what torch's looped schedules (and the event engine) refuse, in one sentence."""
+    from simcore.plan.load import plan_from_dict
+    from simcore.plan.choices import PlanError
+
+    doc = {"model": "gpt-1.7b", "cluster": {"node": "dgx-h100", "nodes": 1},
+           "parallel": {"tp": 1, "pp": pp, "dp": 1, "vpp": 2 if kind == Schedule.INTERLEAVED_1F1B else 1,
+                        "schedule": kind.value},
+           "training": {"global_batch": global_batch, "micro_batch": 1}}
+    try:
+        plan = plan_from_dict(doc)
+    except PlanError as exc:   # Megatron's interleaved rule (m % pp) is stricter than torch's rounds
+        assert "multiple" in str(exc) and "micro-batches per step" in str(exc)
+        if kind == Schedule.ZERO_BUBBLE:   # torch's own rule, word for word
+            with pytest.raises(ValueError, match="multiple"):
+                build_schedule(kind, pp, global_batch, doc["parallel"]["vpp"])
+        return
+    grid = build_schedule(kind, pp, plan.num_microbatches, plan.parallel.vpp)
+    assert len(grid) == pp

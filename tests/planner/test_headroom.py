@@ -61,6 +61,19 @@ def test_plan_command_min_headroom(tmp_path, capsys, monkeypatch):
     assert "leaves min_headroom_gib=500 GiB" in capsys.readouterr().err
 
 
+def test_plan_command_refuses_a_zero_sequence_and_a_negative_top_k_in_one_sentence(tmp_path, capsys, monkeypatch):
+    """A zero ``--seq-len`` is not "the model's own": it is refused, as is a negative ``--top-k``
+    (pandas' ``head(-1)`` would re-simulate every layout but the last), and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "32"]
+    assert main(args + ["--seq-len", "0", "--top-k", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "trainplan: error: model.seq_len=0 must be at least 1"
+    assert main(args + ["--top-k", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == ("trainplan: error: top_k=-1 must be 0 or more (the layouts "
+                                               "re-simulated on the event engine)")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_procurement_answer_says_a_thin_layout():
     from simcore.planner.procure_answer import option_sentence
 
