@@ -99,10 +99,10 @@ def hf_fields(cfg: dict, path: Path) -> dict:
     out.update(_moe_fields(cfg, mtype, path))
     if cfg.get("kv_lora_rank"):
         out.update(_mla_fields(cfg))
-    missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq_len") if out[k] is None]
+    missing = [k for k in ("layers", "hidden", "heads", "vocab") if out[k] is None]
     if missing:
         raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")
-    return {k: v for k, v in out.items() if v is not None}
+    return {k: v for k, v in out.items() if v is not None}   # no seq_len without a context: the caller's
 
 
 def _moe_fields(cfg: dict, mtype: str, path: Path) -> dict:

@@ -246,9 +246,12 @@ def _document(values: dict, cluster_doc: dict, hints: dict) -> dict:
         flavor = hints.get("torchtitan.flavor")
         why = f"torchtitan model {flavor} is not a llama3 flavor known here" if flavor else "no input gives it"
         raise PlanError(f"the model's shape is missing ({why}): pass hf= (a Hugging Face config.json)")
-    for key in ("hidden", "heads", "vocab", "seq_len"):
+    for key in ("hidden", "heads", "vocab"):
         if key not in model:
             raise PlanError(f"model.{key} is not given by any input (pass hf= or the tool's option for it)")
+    if "seq_len" not in model:
+        raise PlanError("model.seq_len is not given by any input (a config.json without max_position_embeddings): "
+                        "pass seq_len= (--seq-len)")
     doc = {"name": values["name"]} if values.get("name") else {}
     doc["model"] = model
     doc["cluster"] = cluster_doc

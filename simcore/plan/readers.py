@@ -58,9 +58,10 @@ def read_hf(path: Path) -> Reading:
     cfg = json.loads(path.read_text())
     fields_.pop("source", None)
     max_pos = fields_.pop("max_positions", None)
-    defaults = {"model.name": fields_.pop("name"), "model.seq_len": fields_.pop("seq_len"),
+    seq_len = fields_.pop("seq_len", None)   # none without a context length: --seq-len must give it
+    defaults = {"model.name": fields_.pop("name"), **({"model.seq_len": seq_len} if seq_len else {}),
                 "training.flash_attention": True, "training.recompute": "selective", "parallel.zero": 3}
-    hints = {"hf.max_positions": max_pos, "hf.seq_len": defaults["model.seq_len"]}
+    hints = {"hf.max_positions": max_pos, **({"hf.seq_len": seq_len} if seq_len else {})}
     return Reading(source=f"hf {path.name}", fields={f"model.{k}": v for k, v in fields_.items()},
                    defaults=defaults, hints=hints, ignored=tuple(sorted(k for k in cfg if k not in HF_USED)))
 

@@ -89,6 +89,21 @@ def test_the_context_length_is_not_the_training_sequence():
     assert _import("gpt2")[0].model.seq_len == 1024  # learned positions: the table's size
 
 
+def test_a_config_without_a_context_length_takes_the_sequence_the_user_gives(tmp_path):
+    cfg = json.loads((HF / "llama3.1-8b" / "config.json").read_text())
+    del cfg["max_position_embeddings"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    doc, _ = import_plan(hf=str(path), cluster="dgx-h100", nodes=1, seq_len=4096)
+    assert plan_from_dict(doc).model.seq_len == 4096
+    with pytest.raises(PlanError, match=r"^model.seq_len is not given by any input .*pass seq_len= \(--seq-len\)$"):
+        import_plan(hf=str(path), cluster="dgx-h100", nodes=1)
+    base = {"cluster": {"node": "dgx-h100", "nodes": 1}, "parallel": {"dp": 8}, "training": {"global_batch": 8}}
+    assert plan_from_dict({**base, "model": {"hf_config": str(path), "seq_len": 2048}}).model.seq_len == 2048
+    with pytest.raises(PlanError, match=r"gives no context length \(max_position_embeddings\): give model.seq_len$"):
+        plan_from_dict({**base, "model": {"hf_config": str(path)}})
+
+
 def test_an_hf_import_defaults_to_a_run_that_fits():
     plan, doc, warnings = _import("llama3.1-8b")
     assert doc["training"]["flash_attention"] is True and doc["training"]["recompute"] == "selective"
