@@ -57,9 +57,13 @@ def read_config(path: Path) -> dict:
     return cfg
 
 
-def hf_config_fields(path: Path) -> dict:
-    """ModelSpec fields of the config.json at ``path`` (plus ``max_positions``)."""
-    return hf_fields(read_config(path), path)
+def hf_config_fields(path: Path, seq_len_given: bool = True) -> dict:
+    """ModelSpec fields of the config.json at ``path`` (plus ``max_positions``); without
+    ``seq_len_given`` (a Plan's model section), a config with no context length is refused."""
+    out = hf_fields(read_config(path), path)
+    if "seq_len" not in out and not seq_len_given:
+        raise PlanError(f"model config {path} gives no context length (max_position_embeddings): give model.seq_len")
+    return out
 
 
 def hf_fields(cfg: dict, path: Path) -> dict:

@@ -98,12 +98,8 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
         hf = _str(doc, "hf_config", "model")
         doc.pop("hf_config")
         if hf is not None:
-            path = _resolve(hf, base_dir)
-            fields_.update(hf_config_fields(path))
+            fields_.update(hf_config_fields(_resolve(hf, base_dir), seq_len_given="seq_len" in doc))
             fields_.pop("max_positions", None)
-            if "seq_len" not in fields_ and "seq_len" not in doc:
-                raise PlanError(f"model config {path} gives no context length (max_position_embeddings): "
-                                "give model.seq_len")
     name = _str(doc, "name", "model")
     if name is not None and name in cat.models:
         fields_ = {**dict(cat.models[name]), **fields_}
