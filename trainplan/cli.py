@@ -96,7 +96,7 @@ def _interop_commands(sub) -> None:
 def _planning_commands(sub) -> None:
     """The search, price, what-if, reports and the demo."""
     p = sub.add_parser("plan", help="search every valid layout of a model on a cluster; rank by time or cost")
-    p.add_argument("--model", required=True, help="catalog model name (trainplan catalog --kind models)")
+    p.add_argument("--model", required=True, help="catalog model name (trainplan catalog --kind models) or a Hugging Face config.json")
     p.add_argument("--cluster", required=True, metavar="NODE", help="catalog node type, e.g. dgx-h100")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--fabric")
@@ -167,7 +167,7 @@ def _procure_command(sub) -> None:
     """What to buy or rent: hardware and layout searched together, the front of days against $."""
     p = sub.add_parser("procure", help="what to buy or rent to train a model by a deadline or within a budget")
     p.add_argument("candidates", type=Path, nargs="?", help="a candidates file (sweeps/procure-llama3-70b.yaml)")
-    p.add_argument("--model", help="catalog model name (default: the file's)")
+    p.add_argument("--model", help="catalog model name or a config.json (default: the file's)")
     p.add_argument("--seq-len", type=int)
     p.add_argument("--tokens", type=float)
     p.add_argument("--global-batch", type=int)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from simcore.plan.load import dump_plan, load_plan
-from trainplan.common import (RunFailed, UsageError, check_prediction, portable_name, print_json, print_prediction,
+from trainplan.common import (RunFailed, UsageError, check_prediction, model_doc, portable_name, print_json, print_prediction,
                               warn)
 
 
@@ -95,9 +95,7 @@ def cmd_plan(args) -> None:
     from simcore.plan.load import plan_to_dict
     from simcore.results import atomic_write_text
 
-    model = {"name": args.model}
-    if args.seq_len is not None:
-        model["seq_len"] = args.seq_len
+    model = model_doc(args.model, args.seq_len)
     cluster = {"node": args.cluster, "nodes": args.nodes}
     if args.fabric:
         cluster["fabric"] = args.fabric
@@ -260,8 +258,7 @@ def _procure_doc(args) -> dict:
     if args.model:
         doc["model"] = args.model
     if args.seq_len is not None:
-        model = doc.get("model") or {}
-        doc["model"] = {**({"name": model} if isinstance(model, str) else model), "seq_len": args.seq_len}
+        doc["model"] = model_doc(doc.get("model"), args.seq_len)
     over = {"tokens": args.tokens, "global_batch": args.global_batch, "deadline_days": args.deadline_days,
             "budget_usd": args.budget, "jobs": args.jobs, "gpus": _csv(args.gpus, "--gpus"),
             "nodes": _csv(args.nodes, "--nodes", int), "fabrics": _csv(args.fabrics, "--fabrics"),

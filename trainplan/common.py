@@ -93,6 +93,14 @@ DIR_OUTPUTS = {"report": ("out",), "demo": ("out",), "whatif": ("report",), "pro
                "run": ("checkpoint_dir",)}
 
 
+def model_doc(model, seq_len: int | None = None) -> dict:
+    """A Plan ``model`` section from ``--model`` (a catalog name or a config.json path, as a
+    Plan's own ``model:`` takes them; or a section already) and ``--seq-len``."""
+    from simcore.plan.hf_config import model_section
+
+    return {**model_section(model or {}), **({"seq_len": seq_len} if seq_len is not None else {})}
+
+
 def portable_name(name: str) -> str:
     """A file name every system takes (scp, rsync, make, Windows): letters, digits, '.', '_'
     and '-' only; anything else (':' above all) becomes '-'."""

@@ -38,8 +38,8 @@ def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens:
     from simcore.results import atomic_write_text
     from topologies.build import build_cluster
 
-    model_doc = {"name": model, **({"seq_len": seq_len} if seq_len is not None else {})}
-    res = search(model_doc, {"node": cluster, "nodes": nodes}, global_batch, top_k=top_k, jobs=jobs,
+    from trainplan.common import model_doc
+    res = search(model_doc(model, seq_len), {"node": cluster, "nodes": nodes}, global_batch, top_k=top_k, jobs=jobs,
                  tokens=tokens, progress=progress)
     best = res.best
     prediction = simulate(best, engine="des")

@@ -57,6 +57,13 @@ def read_config(path: Path) -> dict:
     return cfg
 
 
+def model_section(model) -> dict:
+    """A Plan ``model`` section from a catalog name or a config.json path (anything else as it is)."""
+    if isinstance(model, str):
+        return {"hf_config": model} if model.endswith(".json") else {"name": model}
+    return model
+
+
 def hf_config_fields(path: Path, seq_len_given: bool = True) -> dict:
     """ModelSpec fields of the config.json at ``path`` (plus ``max_positions``); without
     ``seq_len_given`` (a Plan's model section), a config with no context length is refused."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from simcore.plan.hf_config import hf_config_fields
+from simcore.plan.hf_config import hf_config_fields, model_section
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (
     AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, MoeDispatcher, GradCompression, Kernels, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
@@ -89,9 +89,7 @@ def _mapping(value, where: str) -> dict:
 
 
 def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
-    if isinstance(value, str):
-        value = {"hf_config": value} if value.endswith(".json") else {"name": value}
-    doc = dict(_mapping(value, "model"))
+    doc = dict(_mapping(model_section(value) if isinstance(value, str) else value, "model"))
     _check_keys(doc, _MODEL_KEYS, "model")
     fields_: dict = {}
     if "hf_config" in doc:

@@ -32,15 +32,16 @@ def _peak_ranks(plan: Plan) -> list[int]:
     return sorted({0, pp - 1, layers.index(max(layers))})
 
 
-def _activation_key(plan: Plan) -> tuple:
-    """What a rank's activation bytes depend on (``memory.activation_bytes``): not the ZeRO
-    stage, the offload or the recompute (a key of its own), so layouts share them. Within
-    one search every plan holds the base plan's model object, hence its id."""
+def _activation_key(plan: Plan, overlap: float) -> tuple:
+    """What a rank's activation bytes depend on (``memory.activation_bytes``): not the offload
+    or the recompute (a key of its own), and the ZeRO stage only through ``overlap``, the
+    loss's room in FSDP2 ZeRO-3's buffers (``memory.loss_overlap``), so layouts share them.
+    Within one search every plan holds the base plan's model object, hence its id."""
     par, tr = plan.parallel, plan.training
     interleaved = par.vpp > 1 or par.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE)   # schedules' own counts
-    return (id(plan.model), par.tp, par.pp, par.cp, par.vpp, par.schedule if interleaved else None,
+    return (id(plan.model), par.tp, par.pp, par.cp, par.ep, par.vpp, par.schedule if interleaved else None,
             par.sequence_parallel, tr.micro_batch, tr.flash_attention, plan.num_microbatches, plan.layers_per_stage,
-            tr.activation_offload)
+            tr.activation_offload, tr.autocast, overlap)
 
 
 def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
@@ -55,8 +56,9 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
     framework, fragmentation, count_buffers = pk.framework_terms(plan)
     grads_live = pk.gradients_at_activation_peak(plan)
     acts, offloaded = {}, dict.fromkeys(recomputes, 0.0)
+    overlap = mem.loss_overlap(plan, params) if cache is not None else 0.0
     for rc in recomputes:
-        key = (_activation_key(plan), rc, tuple(ranks)) if cache is not None else None
+        key = (_activation_key(plan, overlap), rc, tuple(ranks)) if cache is not None else None
         if key is None or key not in cache:
             p_rc = replace(plan, training=replace(plan.training, recompute=rc))
             terms = mem._activation_terms(p_rc)

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from simcore.plan.hf_config import model_section
 from simcore.plan.load import read_yaml_file
 from simcore.plan.spec import PlanError
 from simcore.planner.stacks import checked_stack
@@ -162,7 +163,7 @@ def candidates_from_dict(doc: dict) -> Candidates:
             raise PlanError(f"unknown candidates field '{key}' (known: {', '.join(sorted(known))})")
     if "model" not in doc or "tokens" not in doc:
         raise PlanError(f"the candidates need '{'model' if 'model' not in doc else 'tokens'}'")
-    model = {"name": doc["model"]} if isinstance(doc["model"], str) else doc["model"]
+    model = model_section(doc["model"])
     if not isinstance(model, dict):
         raise PlanError("candidates.model must be a catalog name or a Plan model section")
     gpus = _check_gpus(doc)

@@ -83,3 +83,18 @@ def test_a_procurement_answer_says_a_thin_layout():
     assert "0.9 GiB memory headroom (thin: under 5% of the GPU's memory" in option_sentence(row)
     roomy = option_sentence({**row, "memory_per_gpu_gib": 60.0, "headroom_gib": 20.0})
     assert "20.0 GiB memory headroom, MFU" in roomy and "thin" not in roomy
+
+
+def test_plan_command_takes_a_config_json_as_its_help_says(tmp_path, capsys, monkeypatch):
+    """``--model`` takes a catalog name or a config.json path (as a Plan's ``model:`` does)."""
+    from pathlib import Path
+
+    from simcore.plan.load import load_plan
+
+    config = Path(__file__).resolve().parents[2] / "examples" / "hf" / "llama3.2-1b" / "config.json"
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "--model", str(config), "--seq-len", "2048", "--cluster", "dgx-h100", "--nodes", "1",
+            "--global-batch", "16", "--top-k", "0", "--rows", "2", "--out", "best.yaml"]
+    assert main(args) == 0
+    plan = load_plan(tmp_path / "best.yaml")
+    assert (plan.model.layers, plan.model.hidden, plan.model.vocab, plan.model.seq_len) == (16, 2048, 128256, 2048)

@@ -204,3 +204,22 @@ def test_layouts_with_the_same_answer_are_one_row_the_simplest():
                             "flash_attention": True, "recompute": "none"}}
         without = simulate(plan_from_dict(doc), engine="analytic")
         assert without.step_time_s < best["step_time_s"] and not without.fits
+
+
+def test_a_batch_s_shared_memory_cache_answers_as_each_layout_alone():
+    """The search evaluates a batch of layouts with one cache of activation bytes, keyed on what
+    they depend on; FSDP2 ZeRO-3 frees the loss's transients into its gathered layers' room
+    (``memory.loss_overlap``), so a ZeRO-3 layout's bytes must not answer for its ZeRO-1/2 twin
+    (a DeepSeek-V3 layout ranked at 82 GiB on 80 GiB GPUs when they did)."""
+    from simcore.planner.evaluate import Tally, evaluate_family
+
+    base = base_plan("llama3-8b", {"node": "dgx-h100", "nodes": 1}, 64)
+    space = replace(derive_space(base), tp=(1, 2), pp=(1,), cp=(1, 2), micro_batch=(1, 2, 4),
+                    zero=(ZeroStage.WEIGHTS, ZeroStage.GRADIENTS, ZeroStage.OPTIMIZER_STATES))
+    fams = families(base, space, base.cluster.gpus)
+    shared, rows = {}, []
+    for fam in fams:
+        got = evaluate_family(base, fam, space, Tally(), shared)
+        assert got == evaluate_family(base, fam, space, Tally(), {}), fam
+        rows += got
+    assert rows and all(r["fits"] for r in rows)
