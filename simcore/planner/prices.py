@@ -81,6 +81,20 @@ def resolve_prices(plan: Plan, overrides: Mapping[str, float] | None = None) -> 
     return sheet
 
 
+def ranking_price(plan: Plan, objective: str = "cost") -> tuple[float, str]:
+    """The on-demand $ per GPU-hour, and a note where the catalog has none: a ranking by time
+    goes on without costs (NaN), one by cost or the Pareto front cannot."""
+    try:
+        return resolve_prices(plan).on_demand_usd, ""
+    except PlanError:
+        gpu = plan.cluster.node.gpu.name
+        if objective != "time":
+            raise PlanError(f"objective={objective} needs a price for GPU '{gpu}', which the catalog lacks "
+                            "(topologies/catalog/prices.yaml): rank by time, or price it there") from None
+        return math.nan, (f"no catalog price for GPU '{gpu}' (topologies/catalog/prices.yaml): the ranking by time "
+                          "shows no costs; `trainplan cost PLAN --price on_demand_usd=X` prices the best plan")
+
+
 # --------------------------------------------------------------------------- buying
 
 #: Hours in a year of 365 days and in an average month (the facility's rate is per month).

@@ -36,6 +36,7 @@ import pandas as pd
 
 from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage
+from simcore.planner.prices import ranking_price
 from simcore.planner.evaluate import Tally, _evaluate_chunk
 from simcore.planner.space import Layout, SearchSpace, _gpu_counts, base_plan, derive_space, families
 
@@ -56,16 +57,9 @@ class SearchResult:
     objective: str
 
 
-def _price(plan: Plan) -> float:
-    from simcore.planner.prices import resolve_prices
-
-    return resolve_prices(plan).on_demand_usd
-
-
-def _add_cost(df: pd.DataFrame, plan: Plan, tokens: float | None) -> pd.DataFrame:
+def _add_cost(df: pd.DataFrame, price: float, tokens: float | None) -> pd.DataFrame:
     """Days and on-demand $ of the run (useful time only: `trainplan cost` adds
     checkpoints and failures), or $ per million tokens without ``tokens``."""
-    price = _price(plan)
     hours_per_token = 1.0 / df["tokens_per_s"] / 3600.0
     if tokens:
         df["days"] = tokens / df["tokens_per_s"] / SECONDS_PER_DAY
@@ -229,7 +223,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     if not rows:
         raise NoLayoutFits(f"no layout of {base.model.name} fits {base.cluster.gpus} x {base.cluster.node.gpu.name} "
                         f"with training.global_batch={global_batch} ({_tally_sentence(tally)})")
-    df = _objective_order(merge_ties(_add_cost(pd.DataFrame(rows), base, tokens)), objective).reset_index(drop=True)
+    price, unpriced = ranking_price(base, objective)
+    df = _objective_order(merge_ties(_add_cost(pd.DataFrame(rows), price, tokens)), objective).reset_index(drop=True)
     what = f"{base.model.name} on {base.cluster.gpus} x {base.cluster.node.gpu.name}"
     df = keep_roomy(df, hbm_gib(base), min_headroom_gib, what)
     left_out = ""
@@ -245,6 +240,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     explanations = explain_ranking(df, tally, explain)
     explanations[2:2] = headroom_note(df, hbm_gib(base))   # right after the best layout's line
     explanations[1:1] = [left_out] if left_out else []
+    explanations += [unpriced] if unpriced else []
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
                         explanations=explanations + _overlap(df))
 
@@ -317,7 +313,8 @@ def why_slower(row, best) -> str:
     why = ", ".join(grow) or "no single part (a tie within 0.5%)"
     extra = f" (it saves {shrink[0]})" if shrink else ""
     cost_col = next((c for c in ("usd", "usd_per_mtok") if c in row), None)
-    cost = f", cost {100 * (row[cost_col] / best[cost_col] - 1):+.1f}%" if cost_col else ""
+    cost = f", cost {100 * (row[cost_col] / best[cost_col] - 1):+.1f}%" \
+        if cost_col and pd.notna(row[cost_col]) and pd.notna(best[cost_col]) else ""
     gpus = f" on {row['gpus']} GPUs (best: {best['gpus']})" if row["gpus"] != best["gpus"] else ""
     engine = "event engine" if pre else "analytic"
     return (f"{row['layout']}: {t:.3g} s per step{gpus}, time {100 * (t / t0 - 1):+.1f}%{cost} on the best "
@@ -382,8 +379,8 @@ def display_table(table: pd.DataFrame, rows: int = 20) -> pd.DataFrame:
     if "days" in df:
         out["days (interval)"] = [f.with_interval(v, lo, hi, f.days) for v, lo, hi in
                                   zip(df["days"], df["days_lo"], df["days_hi"])]
-        out["$ on-demand (interval)"] = [f.with_interval(v, lo, hi, f.money) for v, lo, hi in
-                                         zip(df["usd"], df["usd_lo"], df["usd_hi"])]
+        out["$ on-demand (interval)"] = [f.with_interval(v, lo, hi, f.money) if pd.notna(v) else "n/a" for v, lo, hi
+                                         in zip(df["usd"], df["usd_lo"], df["usd_hi"])]
     elif "usd_per_mtok" in df:
-        out["$ per M tokens"] = df["usd_per_mtok"].map(lambda v: f"{v:,.2f}")
+        out["$ per M tokens"] = df["usd_per_mtok"].map(lambda v: f"{v:,.2f}" if pd.notna(v) else "n/a")
     return out

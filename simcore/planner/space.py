@@ -172,7 +172,15 @@ def base_plan(model, cluster_doc, global_batch: int, training: dict | None = Non
         cluster, cluster_doc = cluster_doc, {"node": cluster_doc.node.name, "nodes": 1}
     doc = {"model": model_doc, "cluster": cluster_doc, "parallel": {"tp": 1, "pp": 1, "dp": 1},
            "training": {"global_batch": global_batch, "flash_attention": True, **(training or {})}}
+    probe = plan_from_dict({**doc, "training": {"global_batch": global_batch, "precision": "fp32"}})   # its cluster
+    if "precision" not in doc["training"]:   # mixed bf16, or fp16 where the GPU has no bf16 (V100)
+        gpu = probe.cluster.node.gpu
+        doc["training"]["precision"] = "bf16" if gpu.peak("bf16") or gpu.peak("fp16") is None else "fp16"
     plan = plan_from_dict(doc)
+    if plan.cluster.node.calibrated:   # a CPU host's figures as all its ranks see them (they share its cores)
+        gpus = probe.cluster.gpus
+        every = {**doc, "parallel": {"tp": 1, "pp": 1, "dp": gpus}, "training": {**doc["training"], "global_batch": gpus}}
+        plan = replace(plan, cluster=plan_from_dict(every).cluster)
     if spec is not None:
         plan = replace(plan, model=spec)
     if cluster is not None:

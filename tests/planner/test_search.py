@@ -223,3 +223,27 @@ def test_a_batch_s_shared_memory_cache_answers_as_each_layout_alone():
         assert got == evaluate_family(base, fam, space, Tally(), {}), fam
         rows += got
     assert rows and all(r["fits"] for r in rows)
+
+
+@pytest.mark.parametrize("cluster", [{"node": "localhost"}, {"node": "dgx-h100", "nodes": 1}])
+def test_the_best_plan_written_and_read_back_predicts_what_the_search_ranked(cluster):
+    """On a CPU host the ranks share its cores, so its figures depend on how many run: the search
+    must rank each layout with the figures its own Plan file gets (it used one rank's)."""
+    from simcore.plan.load import plan_from_dict, plan_to_dict
+
+    res = search("gpt-1.7b", cluster, 8, top_k=0, progress=False)
+    again = simulate(plan_from_dict(plan_to_dict(res.best)))
+    assert again.step_time_s == pytest.approx(res.table.iloc[0]["step_time_s"], rel=1e-12)
+
+
+def test_a_gpu_without_bf16_or_a_price_is_still_ranked_by_time():
+    """V100 has no bf16: the search trains in fp16 there; v100-16gb has no catalog price: the
+    ranking by time goes on without costs and says so, while a ranking by cost refuses."""
+    args = ("gpt-1.7b", {"node": "dgx1-v100-16gb", "nodes": 1}, 64)
+    res = search(*args, top_k=0, progress=False)
+    assert res.best.training.precision.value == "fp16"
+    assert res.table["usd_per_mtok"].isna().all() and res.table["step_time_s"].notna().all()
+    assert any("no catalog price for GPU 'v100-16gb'" in line for line in res.explanations)
+    assert not any("cost +" in line for line in res.explanations)
+    with pytest.raises(PlanError, match=r"^objective=cost needs a price for GPU 'v100-16gb'"):
+        search(*args, top_k=0, progress=False, objective="cost")
