@@ -322,6 +322,10 @@ def why_slower(row, best) -> str:
 
 
 def _tally_sentence(tally: Tally) -> str:
+    if not tally.candidates:
+        return ("no tp x pp x cp x dp of these GPUs meets the divisibility rules: tp divides the heads and KV heads "
+                "inside an NVLink domain, pp the layers, cp the sequence, dp x micro-batch the global batch; "
+                "try another node count or global batch")
     common = max(tally.rules.items(), key=lambda kv: kv[1])[0] if tally.rules else ""
     return (f"{tally.candidates} candidates: {tally.broke_rule} break a rule"
             + (f" (most often: {common})" if common else "")

@@ -247,3 +247,11 @@ def test_a_gpu_without_bf16_or_a_price_is_still_ranked_by_time():
     assert not any("cost +" in line for line in res.explanations)
     with pytest.raises(PlanError, match=r"^objective=cost needs a price for GPU 'v100-16gb'"):
         search(*args, top_k=0, progress=False, objective="cost")
+
+
+def test_a_cluster_no_layout_divides_says_which_rules_leave_none():
+    from simcore.plan.choices import NoLayoutFits
+
+    with pytest.raises(NoLayoutFits, match=r"fits 72 x gb200 .*no tp x pp x cp x dp of these GPUs meets the "
+                                           r"divisibility rules: .*try another node count or global batch\)$"):
+        search("llama3-70b", {"node": "gb200-nvl72", "nodes": 18}, 256, top_k=0, progress=False)
