@@ -93,6 +93,7 @@ def _check(plan: Plan) -> None:
     tr, par, m = plan.training, plan.parallel, plan.model
     refusals = [
         (par.zero == 1, "parallel.zero", 1, "it has DDP (zero 0) and FSDP2 (zero 2, 3)"),
+        (par.zero_impl.value == "deepspeed", "parallel.zero_impl", "deepspeed", "it runs ZeRO as FSDP2 (zero_impl: fsdp2)"),
         (tr.autocast and not _ddp_autocast(plan), "training.autocast", "true",
          "it applies mixed_precision_param through torch.autocast only under DDP or one device with no other "
          "parallelism (torchtitan/config/configs.py), through fully_shard's policy else"),

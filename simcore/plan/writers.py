@@ -12,14 +12,13 @@ import re
 import shlex
 
 from simcore.plan.spec import MEGATRON_DROPOUT, Plan
+from simcore.plan.deepspeed_writer import deepspeed_config, deepspeed_notes, export_deepspeed
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
 TARGETS = ("deepspeed", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
 
 _MEGATRON_SRC = ("NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option "
                  "parsed by its own parser's definitions, simcore/plan/megatron_args.yaml)")
-_DEEPSPEED_SRC = ("deepspeedai/DeepSpeed deepspeed/runtime/constants.py (088be892), "
-                  "zero/config.py (1b88ac36), zero/offload_config.py (1978617c), 2025")
 _RDZV_PORT = 29500   # torchrun's conventional rendezvous port (torch/distributed/run.py examples)
 _MASTER_COPY = "its bf16/fp16 keep 16-bit parameters with an fp32 master copy in the optimizer"
 
@@ -34,7 +33,7 @@ def export_plan(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> str:
 
 def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tuple[str, list[str]]:
     """The export and the notes that do not belong in the file (for stderr)."""
-    writers = {"megatron": _export_megatron, "deepspeed": _export_deepspeed,
+    writers = {"megatron": _export_megatron, "deepspeed": export_deepspeed,
                "torchtitan": lambda p: export_torchtitan_command(p, *_torchrun_shape(p)),
                "torchtitan-0.2": export_torchtitan_toml, "slurm": _export_slurm,
                "slurm-trainplan": lambda p: _export_slurm_trainplan(p, plan_path)}
@@ -45,7 +44,7 @@ def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tupl
     if plan.training.attention_unpad and to in ("megatron", "slurm"):   # TE/flash on the padded batch
         raise _refuse("training.attention_unpad", "true", "Megatron-LM", "its attention runs on the whole batch")
     text = writers[to](plan)
-    return text, (_deepspeed_notes(plan) if to == "deepspeed" else [])
+    return text, (deepspeed_notes(plan) if to == "deepspeed" else [])
 
 
 def _refuse(field_: str, value, tool: str, why: str = "") -> ValueError:
@@ -302,56 +301,6 @@ def _export_slurm_trainplan(plan: Plan, plan_path: str) -> str:
         "# with `trainplan simulate PLAN --json`."]
     cmd = [_srun_torchrun(plan), f"-m executors.launch {shlex.quote(plan_path)}", "--steps 20 --warmup 5"]
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"
-
-
-def deepspeed_config(plan: Plan) -> dict:
-    """The ds_config.json object for this plan."""
-    tr, par = plan.training, plan.parallel
-    cfg: dict = {"train_batch_size": tr.global_batch, "train_micro_batch_size_per_gpu": tr.micro_batch,
-                 "gradient_accumulation_steps": plan.num_microbatches}
-    if tr.precision.value in ("fp8", "mxfp8", "nvfp4"):
-        raise _refuse("training.precision", tr.precision.value, "DeepSpeed config",
-                      f"{tr.precision.value.upper()} comes from Transformer Engine layers")
-    if tr.precision.value in ("bf16", "fp16"):
-        cfg[tr.precision.value] = {"enabled": True}
-    zero: dict = {"stage": int(par.zero)}
-    if tr.offload.value != "none":
-        if par.zero == 0:
-            raise ValueError(f"training.offload={tr.offload.value} needs parallel.zero >= 1 in DeepSpeed "
-                             "(ZeRO-Offload)")
-        zero["offload_optimizer"] = {"device": "cpu"}
-        if tr.offload.value == "optimizer+params":
-            zero["offload_param"] = {"device": "cpu"}
-    cfg["zero_optimization"] = zero
-    if tr.grad_compression.value in ("fp16", "bf16"):
-        cfg["communication_data_type"] = tr.grad_compression.value
-    elif tr.grad_compression.value != "none":
-        raise _refuse("training.grad_compression", tr.grad_compression.value, "DeepSpeed config")
-    if tr.optimizer_in_backward:
-        raise _refuse("training.optimizer_in_backward", "true", "DeepSpeed config")
-    if tr.activation_offload:
-        raise _refuse("training.activation_offload", tr.activation_offload, "DeepSpeed config",
-                      "it offloads only checkpointed activations (activation_checkpointing.cpu_checkpointing)")
-    if tr.optimizer.value in ("sgd", "adamw8bit", "adafactor"):
-        raise _refuse("training.optimizer", tr.optimizer.value, "DeepSpeed config",
-                      "its optimizer types have none; pass the optimizer to deepspeed.initialize")
-    cfg["optimizer"] = ({"type": "AdamW"} if tr.optimizer.value == "adamw"
-                        else {"type": "Adam", "params": {"adam_w_mode": False}})
-    return cfg
-
-
-def _export_deepspeed(plan: Plan) -> str:
-    """Plain JSON: Hugging Face ``TrainingArguments(deepspeed=path)``, accelerate's
-    ``DeepSpeedPlugin(hf_ds_config=path)``, Megatron-DeepSpeed and ``json.load`` take no
-    comments (DeepSpeed itself reads hjson); the notes go to stderr (``export_with_notes``)."""
-    return json.dumps(deepspeed_config(plan), indent=2) + "\n"
-
-
-def _deepspeed_notes(plan: Plan) -> list[str]:
-    par = plan.parallel
-    return [f"DeepSpeed config for plan '{plan.name or plan.model.name}'; keys as spelt in {_DEEPSPEED_SRC}",
-            f"not held in a ds_config: the model, tp={par.tp} pp={par.pp} cp={par.cp} (set by Megatron-DeepSpeed "
-            "or the model code), recompute and flash attention; the optimizer's lr goes in optimizer.params"]
 
 
 def hf_config_from_model(model) -> dict:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from simcore.plan.choices import NoLayoutFits
-from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage
+from simcore.plan.spec import CpComm, Offload, Plan, Recompute, Schedule, ZeroImpl, ZeroStage
 from simcore.planner.prices import ranking_price
 from simcore.planner.evaluate import Tally, _evaluate_chunk
 from simcore.planner.space import Layout, SearchSpace, _gpu_counts, base_plan, derive_space, families
@@ -212,6 +212,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         space = replace(space, ddp_autocast=True)
     if stack in FA2_STACKS:
         base = _fa2_attention(base)
+    if stack == "deepspeed":   # its own ZeRO-1/2/3 (what the exporter requires), and Ulysses for a sequence split
+        base = replace(base, parallel=replace(base.parallel, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
     results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",

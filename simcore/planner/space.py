@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 
 from simcore.plan.load import plan_from_dict
-from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage, even_split
+from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroImpl, ZeroStage, even_split
 from simcore.plan.torchtitan_writer import torchtitan_autocasts
 
 #: Candidate values of the axes the search does not derive from the model.
@@ -80,9 +80,10 @@ class Layout:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
         ``stage_layers`` (the same Plan, with the split computed once: faster to evaluate)."""
         stages = _split(base.model.layers, self.pp * self.vpp) if explicit_stages else None
+        impl = base.parallel.zero_impl if self.zero > ZeroStage.NONE else ZeroImpl.FSDP2   # the base's ZeRO
         par = replace(base.parallel, tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
                       vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
-                      sequence_parallel=self.sequence_parallel)
+                      sequence_parallel=self.sequence_parallel, zero_impl=impl)
         tr = replace(base.training, micro_batch=self.micro_batch, recompute=self.recompute, offload=self.offload,
                      activation_offload=self.activation_offload or base.training.activation_offload,
                      autocast=self.autocast or base.training.autocast)

@@ -73,7 +73,8 @@ def test_unpadding_needs_flash_attention_and_the_stacks_that_do_not_unpad_refuse
     for to in ("megatron", "torchtitan"):
         with pytest.raises(ValueError, match=r"^training.attention_unpad=true has no (Megatron-LM|torchtitan) option"):
             export_plan(unpad, to)
-    export_plan(unpad, "deepspeed")   # a ds_config under Hugging Face's Trainer, whose FA2 unpads
+    ds = plan_from_dict({**_doc(unpad), "parallel": {**_doc(unpad)["parallel"], "zero_impl": "deepspeed"}})
+    export_plan(ds, "deepspeed")   # a ds_config under Hugging Face's Trainer, whose FA2 unpads
     from executors.support import check_executable
     with pytest.raises(ValueError, match=r"^training.attention_unpad is priced, not run"):
         check_executable(unpad, "cuda")

@@ -5,7 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from simcore.plan.load import load_plan, plan_from_dict
-from simcore.plan.spec import Kernels, Offload, Precision, Schedule, ZeroStage
+from simcore.plan.spec import CpComm, Kernels, Offload, Precision, Schedule, ZeroImpl, ZeroStage
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted((ROOT / "plans").glob("*.yaml"))
@@ -48,6 +48,16 @@ def _variants() -> dict:
                                       training=replace(tr, precision=Precision.FP16)),
         "v-ddp-pp-even": replace(base, parallel=replace(par, pp=4, dp=2, zero=ZeroStage.NONE)),
         "v-mixtral-ep": _mixtral(),
+        # DeepSpeed's own ZeRO (the ds_config export refuses FSDP2's ZeRO-2/3), its offload branches and
+        # DeepSpeed-Ulysses for a sequence split
+        "v-ds-zero3-paramoffload": replace(base, parallel=replace(par, zero_impl=ZeroImpl.DEEPSPEED),
+                                           training=replace(tr, offload=Offload.OPTIMIZER_PARAMS)),
+        "v-ds-zero2-offload": replace(base, parallel=replace(par, zero=ZeroStage.GRADIENTS, zero_impl=ZeroImpl.DEEPSPEED),
+                                      training=replace(tr, offload=Offload.OPTIMIZER)),
+        "v-ds-zero1-fp16-tp-ulysses": replace(base, parallel=replace(par, tp=2, cp=2, dp=2, zero=ZeroStage.OPTIMIZER_STATES,
+                                                                     sequence_parallel=True, cp_comm=CpComm.A2A,
+                                                                     zero_impl=ZeroImpl.DEEPSPEED),
+                                              training=replace(tr, precision=Precision.FP16)),
     }
     out = {name: replace(plan, name=name) for name, plan in out.items()}
     out["v-qwen2-moe"] = replace(_qwen_moe(), name="v-qwen2-moe")

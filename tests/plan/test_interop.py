@@ -98,14 +98,15 @@ def test_every_exported_option_is_one_the_tool_defines(name, target):
 
 
 def test_most_pairs_are_exportable():
-    assert len(EXPORTABLE) >= 0.7 * len(ALL) * len(TARGETS)
+    # the DeepSpeed-ZeRO variants (v-ds-*) go to a ds_config and the executor's sbatch alone
+    assert len(EXPORTABLE) >= 0.55 * len(ALL) * len(TARGETS)
 
 
 def test_the_option_check_catches_a_misspelt_option():
     text = export_plan(ALL["gpt3-175b-a100"], "megatron").replace("--tensor-model-parallel-size",
                                                                   "--tensor-model-paralel-size")
     assert undefined_options(text, "megatron") == ["--tensor-model-paralel-size"]
-    ds = export_plan(ALL["llama3-8b-fsdp-h100"], "deepspeed").replace('"stage"', '"stages"')
+    ds = export_plan(ALL["v-ds-zero3-paramoffload"], "deepspeed").replace('"stage"', '"stages"')
     assert undefined_options(ds, "deepspeed") == ["zero_optimization.stages"]
     tt = export_plan(ALL["llama3-8b-fsdp-h100"], "torchtitan-0.2").replace("data_parallel_shard_degree",
                                                                            "data_parallel_shard_dgree")
@@ -141,9 +142,10 @@ def test_exports_cite_the_tool_version():
     plan = ALL["llama3-8b-fsdp-h100"]
     assert "commit d98e8a64" in export_plan(plan, "megatron")
     assert "commit 6404b932" in export_plan(plan, "torchtitan-0.2") and "0.3.0" in export_plan(plan, "torchtitan")
-    assert json.loads(export_plan(plan, "deepspeed"))  # plain JSON: the source goes to stderr
+    ds = ALL["v-ds-zero3-paramoffload"]
+    assert json.loads(export_plan(ds, "deepspeed"))  # plain JSON: the source goes to stderr
     from simcore.plan.writers import export_with_notes
-    assert "088be892" in export_with_notes(plan, "deepspeed")[1][0]
+    assert "088be892" in export_with_notes(ds, "deepspeed")[1][0]
 
 
 # --------------------------------------------------------------------------- round trips

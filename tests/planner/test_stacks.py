@@ -114,3 +114,26 @@ def test_a_search_for_torchtitan_or_deepspeed_prices_the_attention_they_run(stac
     every = search(*question, top_k=0, progress=False).table.set_index("layout")
     shared = [r for _, r in tt.table.head(5).iterrows() if r["layout"] in every.index]
     assert shared and all(float(r["step_time_s"]) > float(every.loc[r["layout"], "step_time_s"]) for r in shared)
+
+
+def test_a_search_for_deepspeed_charges_deepspeed_s_zero_and_no_schedule_it_lacks():
+    """DeepSpeed runs its own ZeRO-2/3 (dearer than FSDP2's), its pipeline engine one 1F1B
+    schedule and a sequence split by Ulysses' all-to-all: a DeepSpeed ranking gets none of
+    FSDP2's, interleaving's or the ring's advantages for free, and each ranked layout exports."""
+    from dataclasses import replace
+
+    from simcore.plan.spec import CpComm, ZeroImpl
+    from simcore.planner.search import _fa2_attention
+
+    question = ("llama3-70b", {"node": "dgx-h100", "nodes": 8}, 256)
+    every = search(*question, top_k=0, progress=False).table
+    t = search(*question, top_k=0, progress=False, stack="deepspeed").table
+    assert (every["schedule"] != "1f1b").any()
+    assert (t.loc[t["pp"] > 1, "schedule"] == "1f1b").all() and (t["vpp"] == 1).all()
+    base = _fa2_attention(base_plan(*question))
+    base = replace(base, parallel=replace(base.parallel, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
+    for _, row in t.head(20).iterrows():
+        plan = _layout_of(row).apply(base)
+        assert plan.parallel.zero == 0 or plan.parallel.zero_impl == ZeroImpl.DEEPSPEED
+        json.loads(export_plan(plan, "deepspeed"))   # no refusal
+    assert t.iloc[0]["step_time_s"] >= every.iloc[0]["step_time_s"]

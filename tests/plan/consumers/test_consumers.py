@@ -31,7 +31,8 @@ TORCHTITAN_02 = _exports("torchtitan-0.2")
 
 
 def test_most_plans_reach_each_consumer():
-    assert len(DEEPSPEED) >= 0.75 * len(ALL) and len(TORCHTITAN) >= 0.4 * len(ALL)
+    # DeepSpeed refuses FSDP2's ZeRO-2/3, pipelines other than 1F1B and ring CP (deepspeed_writer)
+    assert len(DEEPSPEED) >= 0.5 * len(ALL) and len(TORCHTITAN) >= 0.4 * len(ALL)
     assert len(TORCHTITAN_02) >= len(TORCHTITAN)
 
 
