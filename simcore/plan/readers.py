@@ -258,6 +258,9 @@ def _torchtitan_parallel(get, hints: dict) -> dict:
     tp, pp = get("parallelism", "tensor_parallel_degree", 1), get("parallelism", "pipeline_parallel_degree", 1)
     f = {"parallel.tp": tp, "parallel.pp": pp, "parallel.cp": get("parallelism", "context_parallel_degree", 1),
          "parallel.ep": get("parallelism", "expert_parallel_degree", 1), "parallel.sequence_parallel": tp > 1}
+    if f["parallel.cp"] > 1:   # torch's rotate method: allgather by default, alltoall the ring (torchtitan 0.2)
+        rotate = get("parallelism", "context_parallel_rotate_method", "allgather")
+        f["parallel.cp_comm"] = "p2p" if rotate == "alltoall" else "all_gather"
     hints["torchtitan.dp"] = (get("parallelism", "data_parallel_replicate_degree", 1),
                               get("parallelism", "data_parallel_shard_degree", -1),
                               get("parallelism", "fsdp_reshard_after_forward", "default"))

@@ -141,6 +141,7 @@ def _parallelism(plan: Plan, target: str) -> dict:
                                              "default" if par.fsdp_root.value == "output_kept" else "always")
     out.update(tensor_parallel_degree=par.tp, context_parallel_degree=par.cp, expert_parallel_degree=par.ep,
                pipeline_parallel_degree=par.pp)
+    out.update(_cp_rotate(plan, target))
     if par.pp > 1:
         names = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                  "zero-bubble": "InterleavedZeroBubble"}
@@ -155,6 +156,21 @@ def _parallelism(plan: Plan, target: str) -> dict:
             raise _refuse("parallel.stage_layers", list(plan.layers_per_stage),
                           "torchtitan's stage rule cannot give this split (extra layers go to the first stages)")
     return out
+
+
+def _cp_rotate(plan: Plan, target: str) -> dict:
+    """torch's context parallel SDPA gathers K/V by default (``set_rotate_method``: ``allgather``,
+    ``parallel.cp_comm: all_gather``); torchtitan 0.2's ``context_parallel_rotate_method`` can ask
+    for ``alltoall``, the ring's rotation (``p2p``); torchtitan since June 2026 (#3666) has only the
+    all-gather ("CP all-gathers k/v", models/common/attention.py). Neither splits heads (``a2a``)."""
+    par = plan.parallel
+    if par.cp == 1 or par.cp_comm.value == "all_gather":
+        return {}
+    if par.cp_comm.value == "p2p" and target == "torchtitan-0.2":
+        return {"context_parallel_rotate_method": "alltoall"}
+    why = ("its context parallel shards the sequence, not the heads" if par.cp_comm.value == "a2a" else
+           "its context parallel all-gathers K/V (parallel.cp_comm: all_gather)")
+    raise _refuse("parallel.cp_comm", par.cp_comm.value, why)
 
 
 def _llama_fqns(stages: tuple[int, ...], output: str) -> list[list[str]]:

@@ -214,6 +214,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         base = _fa2_attention(base)
     if stack == "deepspeed":   # its own ZeRO-1/2/3 (what the exporter requires), and Ulysses for a sequence split
         base = replace(base, parallel=replace(base.parallel, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
+    if stack == "torchtitan":   # torch's context parallel gathers K/V (torchtitan_writer._cp_rotate)
+        base = replace(base, parallel=replace(base.parallel, cp_comm=CpComm.ALL_GATHER))
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
     results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",

@@ -33,13 +33,24 @@ def test_the_stacks_exporter_decides_and_the_sentence_counts_its_refusals():
 
 
 def test_a_search_for_torchtitan_ranks_what_torchtitan_runs_in_the_same_order():
+    """Its layouts, in the order of the whole ranking where the stack changes nothing (cp 1: torch's
+    context parallel gathers K/V, so a cp layout is priced as torchtitan runs it, all_gather)."""
+    from dataclasses import replace
+
+    from simcore.plan.spec import CpComm
+    from simcore.planner.search import _fa2_attention
+
     every = search(*QUESTION, top_k=0, progress=False)
     res = search(*QUESTION, top_k=0, progress=False, stack="torchtitan")
-    base = base_plan(*QUESTION)
+    base = _fa2_attention(base_plan(*QUESTION))
+    base = replace(base, parallel=replace(base.parallel, cp_comm=CpComm.ALL_GATHER))
     for _, row in res.table.head(40).iterrows():
         export_plan(_layout_of(row).apply(base), "torchtitan")   # no refusal
-    kept = set(res.table["layout"])
-    assert list(res.table["layout"]) == [lay for lay in every.table["layout"] if lay in kept]
+    kept = set(res.table.loc[res.table["cp"] == 1, "layout"])
+    assert list(res.table.loc[res.table["cp"] == 1, "layout"]) == [lay for lay in every.table["layout"] if lay in kept]
+    cp = res.table[res.table["cp"] > 1].merge(every.table, on="layout", suffixes=("", "_ring"))
+    assert len(cp) and (cp["step_time_s"] >= cp["step_time_s_ring"]).all()   # the gather blocks; the ring hides
+    assert (cp["step_time_s"] > cp["step_time_s_ring"]).mean() > 0.5
     assert len(res.table) < len(every.table) and (res.table["zero"] != 1).all()
     assert (res.table["activation_offload"] == 0).all()
     assert "because torchtitan 0.3 cannot run them: parallel.zero has no torchtitan option" in res.explanations[1]
