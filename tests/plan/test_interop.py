@@ -324,23 +324,6 @@ def test_torchtitan_imports_the_attention_kernel_sdpa_runs_on_its_gpu():
     assert "attention_kernel" not in doc["training"]   # no FA2 figures for B200: the catalog's own
 
 
-def test_torchtitan_context_parallel_gathers_unless_0_2_asks_for_the_ring(tmp_path):
-    """torch's context parallel SDPA all-gathers K/V by default; torchtitan 0.2's
-    context_parallel_rotate_method = "alltoall" is the ring; 0.3 has the gather alone."""
-    text = (EXAMPLES / "torchtitan" / "llama3_70b.toml").read_text()
-    text = text.replace("context_parallel_degree = 1", "context_parallel_degree = 2", 1)
-    doc, _ = import_plan(torchtitan=text, cluster="dgx-h100", nodes=8)
-    assert doc["parallel"]["cp"] == 2 and doc["parallel"]["cp_comm"] == "all_gather"
-    ring = text.replace("[parallelism]", '[parallelism]\ncontext_parallel_rotate_method = "alltoall"', 1)
-    doc, _ = import_plan(torchtitan=ring, cluster="dgx-h100", nodes=8)
-    assert doc["parallel"]["cp_comm"] == "p2p"
-    plan = plan_from_dict(doc)
-    assert 'context_parallel_rotate_method = "alltoall"' in export_plan(plan, "torchtitan-0.2")
-    with pytest.raises(ValueError, match=r"^parallel.cp_comm=p2p has no torchtitan option: its context parallel "
-                                         r"all-gathers K/V \(parallel.cp_comm: all_gather\)$"):
-        export_plan(plan, "torchtitan")
-
-
 def test_slurm_script_imports_like_the_megatron_command():
     plan = ALL["llama3-70b-h100"]
     a, _ = import_plan(megatron=export_plan(plan, "slurm"), cluster="dgx-h100")
