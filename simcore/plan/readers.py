@@ -225,6 +225,9 @@ def read_torchtitan(text: str) -> Reading:
     converters = get("model", "converters", []) or []
     param = get("training", "mixed_precision_param", "bfloat16")
     f["training.precision"] = "fp8" if "float8" in converters else {"float32": "fp32"}.get(param, "bf16")
+    if "float8" in converters:   # torchao's float8: tensorwise unless float8.recipe_name says rowwise
+        f["training.fp8_recipe"] = "rowwise" if str(get("float8", "recipe_name", "")).startswith("rowwise") \
+            else "tensorwise"
     f["training.recompute"] = get("activation_checkpoint", "mode", "selective")
     get("activation_checkpoint", "selective_ac_option")
     f["training.offload"] = "optimizer+params" if get("training", "enable_cpu_offload", False) else "none"

@@ -199,7 +199,10 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
     model = {"name": "llama3", "flavor": flavor}
     if tr.precision.value in ("mxfp8", "nvfp4"):
         raise _refuse("training.precision", tr.precision.value, "trainplan writes torchtitan's float8 converter only")
-    if tr.precision.value == "fp8":
+    if tr.precision.value == "fp8":   # torchao's float8 training: tensorwise (its default) or rowwise scaling
+        if tr.fp8_recipe.value not in ("tensorwise", "rowwise"):
+            raise _refuse("training.fp8_recipe", tr.fp8_recipe.value, "its float8 converter (torchao) scales "
+                          "tensorwise or rowwise; delayed and current are Transformer Engine's recipes")
         model["converters"] = ["float8"]
     local = tr.global_batch // par.dp if par.pp > 1 else tr.micro_batch
     training = {"local_batch_size": local, "global_batch_size": tr.global_batch, "seq_len": m.seq_len,
@@ -211,6 +214,8 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
            "parallelism": _parallelism(plan, target), "activation_checkpoint": {"mode": tr.recompute.value},
            # torch.compile (model and loss) is what fused element-wise kernels mean there; off, eager PyTorch
            "compile": {"enable": tr.kernels.value == "fused"}}
+    if tr.precision.value == "fp8" and tr.fp8_recipe.value == "rowwise":
+        doc["float8"] = {"recipe_name": "rowwise"}
     if tr.recompute.value in ("selective", "op"):  # op-level SAC (nearest to Korthikanti et al.'s selective)
         doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": "op"}
     elif tr.recompute.value == "layer":   # every Nth layer

@@ -1,5 +1,8 @@
-"""Context parallel as each stack runs it: torch's (torchtitan) gathers K/V unless torchtitan 0.2
-asks for the ring; DeepSpeed's is Ulysses' all-to-all (tests/planner/test_stacks.py ranks them)."""
+"""What each stack runs, exported and imported as it runs it: torch's context parallel (torchtitan)
+gathers K/V unless torchtitan 0.2 asks for the ring; torchtitan's float8 is torchao's, tensorwise or
+rowwise (tests/planner/test_stacks.py ranks layouts for each stack)."""
+from dataclasses import replace
+
 import pytest
 
 from simcore.plan.interop import import_plan
@@ -23,3 +26,18 @@ def test_torchtitan_context_parallel_gathers_unless_0_2_asks_for_the_ring():
     with pytest.raises(ValueError, match=r"^parallel.cp_comm=p2p has no torchtitan option: its context parallel "
                                          r"all-gathers K/V \(parallel.cp_comm: all_gather\)$"):
         export_plan(plan, "torchtitan")
+
+
+def test_torchtitan_float8_is_torchao_s_tensorwise_or_rowwise_and_reads_back():
+    from simcore.plan.spec import Fp8Recipe, Precision
+    from tests.plan.layouts import ALL
+
+    base = ALL["llama3-8b-fsdp-h100"]
+    for recipe in ("tensorwise", "rowwise"):
+        plan = replace(base, training=replace(base.training, precision=Precision.FP8, fp8_recipe=Fp8Recipe(recipe)))
+        doc, _ = import_plan(torchtitan=export_plan(plan, "torchtitan-0.2"), cluster="dgx-h100", nodes=1)
+        assert (doc["training"]["precision"], doc["training"]["fp8_recipe"]) == ("fp8", recipe)
+    delayed = replace(base, training=replace(base.training, precision=Precision.FP8, fp8_recipe=Fp8Recipe.DELAYED))
+    with pytest.raises(ValueError, match=r"^training.fp8_recipe=delayed has no torchtitan option: its float8 "
+                                         r"converter \(torchao\) scales tensorwise or rowwise"):
+        export_plan(delayed, "torchtitan-0.2")
