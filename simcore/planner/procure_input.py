@@ -29,6 +29,9 @@ DEFAULT_NODES = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 3
 #: Default search axes per cell: the layouts production runs of this size use (TP inside a
 #: node, the distributed optimizer, micro-batch 1), so a cell costs tens of milliseconds.
 DEFAULT_SPACE = {"cp": [1, 2], "zero": [1], "micro_batch": [1], "vpp": [2, 4], "offload": ["none"]}
+#: The ZeRO stage a stack runs where the distributed optimizer is not its own: torchtitan's data
+#: parallelism is FSDP2, resharding after forward by default (ZeRO-3); it has no ZeRO-1.
+STACK_ZERO = {"torchtitan": [3], "torchtitan-0.2": [3]}
 #: Training defaults of a procurement (the Plan's own defaults otherwise).
 DEFAULT_TRAINING = {"precision": "bf16", "flash_attention": True}
 DEFAULT_GLOBAL_BATCH = 1024
@@ -181,10 +184,17 @@ def candidates_from_dict(doc: dict) -> Candidates:
         deadline_days=_number(doc, "deadline_days", optional=True), budget_usd=_number(doc, "budget_usd", optional=True),
         gpus=gpus, nodes=_check_nodes(doc), fabrics=fabrics, modes=modes, buy=_check_buy_fields(doc),
         prices=_check_prices(doc, gpus), price=dict(doc.get("price") or {}),
-        space=dict(DEFAULT_SPACE if doc.get("space") is None else doc["space"]),
+        space=_default_space(doc),
         storage=doc.get("storage"), jobs=_number(doc, "jobs", whole=True) if "jobs" in doc else 1,
         failures=bool(doc.get("failures", True)), resimulate=bool(doc.get("resimulate", True)),
         mixed=tuple(_mixed(doc)), stack=checked_stack(doc.get("stack"), "candidates.stack"))
+
+
+def _default_space(doc: dict) -> dict:
+    """The candidates' search axes, or the defaults with the stack's own ZeRO stage."""
+    if doc.get("space") is not None:
+        return dict(doc["space"])
+    return {**DEFAULT_SPACE, **({"zero": STACK_ZERO[doc["stack"]]} if doc.get("stack") in STACK_ZERO else {})}
 
 
 def _mixed(doc: dict) -> list[dict]:

@@ -82,7 +82,10 @@ def test_what_if_cells_and_procurement_rank_for_a_stack():
     gpt = run_whatif(sweep_from_dict({**doc, "model": "gpt-1.7b"}), progress=False).table   # a GeLU MLP
     assert not gpt["fits"].any() and gpt["note"].str.startswith("torchtitan 0.3 runs no layout of gpt-1.7b").all()
     c = candidates_from_dict({"model": "llama3-8b", "tokens": 1e12, "stack": "megatron"})
-    assert c.stack == "megatron" and sweep_of(c, "h100-sxm").stack == "megatron"
+    assert c.stack == "megatron" and sweep_of(c, "h100-sxm").stack == "megatron" and c.space["zero"] == [1]
+    # procurement's default axes take the stack's own ZeRO: torchtitan's FSDP2, not a distributed optimizer
+    tt = candidates_from_dict({"model": "llama3-8b", "tokens": 1e12, "stack": "torchtitan"})
+    assert tt.space["zero"] == [3]
     with pytest.raises(PlanError, match=r"^candidates.stack='jax' is not one of: megatron, deepspeed"):
         candidates_from_dict({"model": "llama3-8b", "tokens": 1e12, "stack": "jax"})
 
