@@ -17,6 +17,8 @@ from simcore.plan.spec import CpComm, Plan, Schedule, ZeroImpl, ZeroStage
 
 _DEEPSPEED_SRC = ("deepspeedai/DeepSpeed deepspeed/runtime/constants.py (088be892), "
                   "zero/config.py (1b88ac36), zero/offload_config.py (1978617c), 2025")
+
+
 def deepspeed_config(plan: Plan) -> dict:
     """The ds_config.json object for this plan."""
     tr, par = plan.training, plan.parallel

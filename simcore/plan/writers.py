@@ -11,8 +11,8 @@ import json
 import re
 import shlex
 
+from simcore.plan.deepspeed_writer import deepspeed_notes, export_deepspeed
 from simcore.plan.spec import MEGATRON_DROPOUT, Plan
-from simcore.plan.deepspeed_writer import deepspeed_config, deepspeed_notes, export_deepspeed
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
 TARGETS = ("deepspeed", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
