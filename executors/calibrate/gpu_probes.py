@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from executors.calibrate.probes import GIB, gemm_row, time_op
 from simcore.model.compute import FLASH_BACKWARD_FLOP_RATIO
-from simcore.model.workload import CAUSAL_FLASH_FRACTION
+from simcore.model.attention_window import CAUSAL_FLASH_FRACTION
 
 #: Square GEMM sizes on a GPU: from launch-bound (256) to the sizes whose time no longer grows
 #: faster than their FLOPs (8192-16384 on an H100: about 1 and 9 TFLOP per GEMM).

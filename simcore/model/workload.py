@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simcore.model import params as _params
+from simcore.model.attention_window import attention_fraction
 from simcore.model.softmax import FP32_SOFTMAX_BYTES, FP32_SOFTMAX_KERNELS, fused_softmax
 from simcore.model.params import attention_in_params, attention_out_width, kv_width, mlp_matrices, q_width
 from simcore.plan.spec import ModelSpec, Recompute
@@ -34,9 +35,6 @@ active_params_per_token = _params.active_params_per_token
 
 #: Bytes per element of 16-bit activations (the mixed-precision case all sources model).
 ACT_BYTES = 2
-#: Fraction of the s x s attention block a causal FlashAttention kernel computes: it skips
-#: the fully masked tiles (Dao 2023, "FlashAttention-2", Sec. 3.1.1 "causal masking").
-CAUSAL_FLASH_FRACTION = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,7 +163,7 @@ def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bo
         kv_local = max(1, m.kv_heads // tp)
         io = ACT_BYTES * b * (2 * s * heads * d + 2 * s_kv * kv_local * d)   # read Q, K, V; write O
         core = [Op(name="flash_attention", flops=4.0 * b * heads * s * s_kv * d, bytes=io, matmul=True,
-                   exec_fraction=CAUSAL_FLASH_FRACTION, length=chunk or s)]
+                   exec_fraction=attention_fraction(m, s_kv), length=chunk or s)]
         if not unpad:
             return core
         qkv, out = b * (s * heads * d + 2 * s_kv * kv_local * d), b * s * heads * d

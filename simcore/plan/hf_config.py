@@ -40,7 +40,8 @@ USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_s
         "rope_theta", "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
         "mlp_only_layers", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
         "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-        "moe_layer_freq", *DROPOUT_KEYS}
+        "moe_layer_freq", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+        "sliding_window_pattern", *DROPOUT_KEYS}
 
 
 def read_config(path: Path) -> dict:
@@ -108,12 +109,37 @@ def hf_fields(cfg: dict, path: Path) -> dict:
     given = [cfg[k] for k in DROPOUT_KEYS if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)]
     out["dropout"] = float(max(given)) if given else (0.1 if mtype == "gpt2" else 0.0)
     out.update(_moe_fields(cfg, mtype, path))
+    out.update(_window_fields(cfg, mtype))
     if cfg.get("kv_lora_rank"):
         out.update(_mla_fields(cfg))
     missing = [k for k in ("layers", "hidden", "heads", "vocab") if out[k] is None]
     if missing:
         raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")
     return {k: v for k, v in out.items() if v is not None}   # no seq_len without a context: the caller's
+
+
+def _window_fields(cfg: dict, mtype: str) -> dict:
+    """Sliding-window attention: ``sliding_window`` tokens on the layers ``layer_types`` marks
+    ``sliding_attention`` (transformers' newer configs); else Gemma 2's alternation, Gemma 3's
+    ``sliding_window_pattern`` (one global layer in that many), Qwen's ``use_sliding_window``
+    above ``max_window_layers``, and every layer where a config names a window alone (Mistral
+    7B v0.1, Phi-3: ``modeling_mistral``/``modeling_phi3`` window every layer)."""
+    window, layers = cfg.get("sliding_window"), cfg.get("num_hidden_layers") or 0
+    if not isinstance(window, int) or window <= 0 or cfg.get("use_sliding_window") is False or not layers:
+        return {}
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        share = sum(t == "sliding_attention" for t in types) / len(types)
+    elif mtype.startswith("gemma3"):
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        share = (pattern - 1) / pattern
+    elif mtype.startswith("gemma2"):
+        share = 0.5
+    elif cfg.get("use_sliding_window"):
+        share = max(0, layers - int(cfg.get("max_window_layers") or 0)) / layers
+    else:
+        share = 1.0
+    return {"sliding_window": window, "sliding_window_layers": share} if share > 0 else {}
 
 
 def _moe_fields(cfg: dict, mtype: str, path: Path) -> dict:

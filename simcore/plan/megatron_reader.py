@@ -173,6 +173,20 @@ class _Args:
             raise PlanError(f"{self.where} option {name}={values[0]!r} is not a {conv.__name__}") from None
 
 
+def _read_window(a, f: dict) -> None:
+    """--window-size (left, right) and --window-attn-skip-freq N (``writers._window_args``)."""
+    window = a.value("--window-size", str)
+    if window is None:
+        return
+    f["model.sliding_window"] = int(window.strip("()").split(",")[0]) + 1
+    freq = a.value("--window-attn-skip-freq", str)
+    if freq is not None:
+        if not freq.isdigit() or int(freq) < 2:
+            raise PlanError(f"megatron --window-attn-skip-freq={freq!r}: only an integer N >= 2 (one full layer "
+                            "in N) has a model.sliding_window_layers equivalent")
+        f["model.sliding_window_layers"] = (int(freq) - 1) / int(freq)
+
+
 def read_megatron(text: str) -> Reading:
     """A Megatron-LM command line or launch script (pretrain_gpt.py arguments)."""
     pre, _env, opts = split_command(text)
@@ -232,6 +246,7 @@ def _megatron_model(a: _Args, f: dict) -> None:
     f["model.seq_len"] = a.value("--seq-length")
     a.value("--max-position-embeddings")  # a capacity; the run uses --seq-length
     f["model.gated_mlp"] = a.flag("--swiglu")
+    _read_window(a, f)
     f["model.tied_embeddings"] = not a.flag("--untie-embeddings-and-output-weights")
     pos = a.value("--position-embedding-type", str) or "learned_absolute"
     rope = pos == "rope" or a.flag("--use-rotary-position-embeddings")

@@ -96,6 +96,8 @@ def check_plan(plan: Plan) -> None:
         *_expert_tp_rules(plan), _fsdp_root_rule(plan),
         *_schedule_rules(plan),
         (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
+        (0.0 < m.sliding_window_layers <= 1.0,
+         f"model.sliding_window_layers={m.sliding_window_layers} must be a share of the layers in (0, 1]"),
         (par.stage_layers is not None or m.layers >= par.pp * par.vpp,
          f"model.layers={m.layers} gives fewer than one layer per virtual stage (pp*vpp={par.pp * par.vpp})"),
         *_training_rules(plan),

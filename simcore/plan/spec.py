@@ -85,6 +85,12 @@ class ModelSpec:
     """Multi-latent attention: the rotary part of a query/key head."""
     v_head_dim: int = 0
     """Multi-latent attention: the width of a value head."""
+    sliding_window: int = 0
+    """Tokens a query of a windowed layer attends to (Hugging Face ``sliding_window``,
+    Megatron --window-size); 0: every layer attends to the whole causal prefix."""
+    sliding_window_layers: float = 1.0
+    """Share of the layers that are windowed (Gemma 2, GPT-OSS: 0.5; Gemma 3: 5/6; Megatron
+    --window-attn-skip-freq N: (N-1)/N); the rest attend to the whole prefix."""
 
     @property
     def mla(self) -> bool:

@@ -114,6 +114,7 @@ def _check(plan: Plan) -> None:
         (tr.optimizer_in_backward and par.ep > 1, "training.optimizer_in_backward", "true",
          "its optimizers in backward do not support expert parallel (components/optimizer.py)"),
         (m.moe, "model.experts", m.experts, "its llama3 model is dense, SwiGLU, RoPE, untied"),
+        (m.sliding_window > 0, "model.sliding_window", m.sliding_window, "its llama3 attention is full causal"),
         (not m.gated_mlp, "model.gated_mlp", "false", "its llama3 model is dense, SwiGLU, RoPE, untied"),
         (m.tied_embeddings, "model.tied_embeddings", "true", "its llama3 model is dense, SwiGLU, RoPE, untied"),
         (m.position_embedding.value != "rope", "model.position_embedding", m.position_embedding.value,

@@ -75,6 +75,7 @@ def _megatron_model_args(plan: Plan) -> list:
         args += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout)]
     if m.gated_mlp:
         args.append(("--swiglu", None))
+    args += _window_args(m)
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     if m.mla:
@@ -303,6 +304,21 @@ def _export_slurm_trainplan(plan: Plan, plan_path: str) -> str:
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"
 
 
+def _window_args(m) -> list:
+    """Megatron-Core's sliding window: ``window_size`` (left, right) keys beside the query's own,
+    and ``window_attn_skip_freq`` N, one full-attention layer in N (transformer/utils.py)."""
+    if not m.sliding_window:
+        return []
+    args = [("--window-size", f"{m.sliding_window - 1},0")]
+    if m.sliding_window_layers < 1.0:
+        n = round(1.0 / (1.0 - m.sliding_window_layers))
+        if abs((n - 1) / n - m.sliding_window_layers) > 1e-9:
+            raise _refuse("model.sliding_window_layers", m.sliding_window_layers, "Megatron-LM",
+                          "--window-attn-skip-freq N windows N-1 layers in N")
+        args.append(("--window-attn-skip-freq", n))
+    return args
+
+
 def hf_config_from_model(model) -> dict:
     """A Hugging Face config.json object with ``model``'s shape (a ModelSpec): Llama
     field names for dense RoPE models, Mixtral's for MoE, GPT-2's for learned positions,
@@ -346,4 +362,9 @@ def hf_config_from_model(model) -> dict:
         if not m.gated_mlp:
             raise ValueError(f"model {m.name}: an ungated MoE model has no Hugging Face family here")
         cfg.update(model_type="mixtral", num_local_experts=m.experts, num_experts_per_tok=m.top_k)
+    if m.sliding_window:   # Mistral and Mixtral window every layer (modeling_mistral, modeling_mixtral)
+        if m.sliding_window_layers < 1.0 or not m.gated_mlp:
+            raise ValueError(f"model {m.name}: model.sliding_window_layers={m.sliding_window_layers:g} has no "
+                             "Hugging Face family here (Mistral and Mixtral window every layer)")
+        cfg.update(model_type="mixtral" if m.moe else "mistral", sliding_window=m.sliding_window)
     return cfg
