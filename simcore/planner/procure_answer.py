@@ -95,7 +95,27 @@ def option_sentence(row) -> str:
             f"{f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)} "
             f"(${row['usd_per_gpu_hour']:.2f} per GPU-hour), layout {row['layout']}, "
             f"{row['headroom_gib']:.1f} GiB memory headroom{_thin(row)}, MFU {f.percent(row['mfu'])} "
-            f"({engine}){owned}")
+            f"({engine}){owned}{_price_basis(row)}")
+
+
+#: How prices.yaml marks a figure no list price or published quote gives, and how an answer says it.
+UNSOURCED_PRICE = {"ASSUMPTION": "an assumption", "DERIVED": "derived", "PLACEHOLDER": "a placeholder",
+                   "UNVERIFIED": "unverified"}
+
+
+def _price_basis(row) -> str:
+    """'; its price is ... ' where the option's GPU price (rent, or buy) is not a published one:
+    an answer that rests on an assumed price says so, with the catalog's own words."""
+    from topologies.hardware import load_catalog
+
+    prices, gpu = load_catalog().prices, row.get("gpu")
+    entry = ((prices.purchase.get("gpus") or {}).get(gpu) or {}).get("source", "") if row["mode"] == "buy" \
+        else getattr(prices.gpus.get(gpu), "source", "")
+    kind = next((k for k in UNSOURCED_PRICE if str(entry).startswith(k)), None)
+    if kind is None:
+        return ""
+    return f"; its {gpu} {'purchase' if row['mode'] == 'buy' else 'rental'} price is {UNSOURCED_PRICE[kind]} (prices.yaml: " \
+           f"{entry.split(':', 1)[1].strip().split(';')[0]}): check it against a quote"
 
 
 def _thin(row) -> str:

@@ -74,6 +74,21 @@ def test_plan_command_refuses_a_zero_sequence_and_a_negative_top_k_in_one_senten
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_procurement_answer_says_when_its_price_is_not_a_published_one():
+    """An answer that rests on an assumed or derived price (prices.yaml marks them) says so."""
+    from simcore.planner.procure_answer import option_sentence
+
+    row = {"mode": "reserved", "nodes": 128, "node": "mi355x-8", "gpu": "mi355x", "gpus": 1024, "fabric": "roce-400",
+           "days": 88.7, "days_lo": 80.0, "days_hi": 95.0, "usd": 1.3e7, "usd_lo": 1.2e7, "usd_hi": 1.4e7,
+           "usd_per_gpu_hour": 5.98, "layout": "tp1-pp4-dp128", "mfu": 0.37, "engine": "analytic",
+           "memory_per_gpu_gib": 220.0, "headroom_gib": 64.3}
+    assert "; its mi355x rental price is derived (prices.yaml: OCI MI300X list" in option_sentence(row)
+    assert "check it against a quote" in option_sentence(row)
+    assert "its b300 purchase price is an assumption (prices.yaml: b200 x 1.2)" in option_sentence(
+        {**row, "mode": "buy", "gpu": "b300", "capex_usd": 4.28e8})
+    assert "price is" not in option_sentence({**row, "gpu": "h100-sxm"})   # Oracle's list price
+
+
 def test_a_procurement_answer_says_a_thin_layout():
     from simcore.planner.procure_answer import option_sentence
 
