@@ -95,7 +95,15 @@ def option_sentence(row) -> str:
             f"{f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)} "
             f"(${row['usd_per_gpu_hour']:.2f} per GPU-hour), layout {row['layout']}, "
             f"{row['headroom_gib']:.1f} GiB memory headroom{_thin(row)}, MFU {f.percent(row['mfu'])} "
-            f"({engine}){owned}{_price_basis(row)}")
+            f"({engine}){owned}{_price_basis(row)}{_unchecked(row)}")
+
+
+def _unchecked(row) -> str:
+    """'; no published run ...' where no residuals give the option's GPU an interval: its time
+    rests on the catalog's figures for that GPU alone."""
+    if not f.is_missing(row.get("days_lo", math.nan)):
+        return ""
+    return f"; no published run on {row.get('gpu', 'this GPU')} checks its predicted time (no interval)"
 
 
 #: How prices.yaml marks a figure no list price or published quote gives, and how an answer says it.

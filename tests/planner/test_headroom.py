@@ -2,6 +2,8 @@
 the best layout that leaves more, and ranks only roomy layouts when asked."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -87,6 +89,9 @@ def test_a_procurement_answer_says_when_its_price_is_not_a_published_one():
     assert "its b300 purchase price is an assumption (prices.yaml: b200 x 1.2)" in option_sentence(
         {**row, "mode": "buy", "gpu": "b300", "capex_usd": 4.28e8})
     assert "price is" not in option_sentence({**row, "gpu": "h100-sxm"})   # Oracle's list price
+    assert option_sentence({**row, "days_lo": math.nan, "days_hi": math.nan}).endswith(
+        "; no published run on mi355x checks its predicted time (no interval)")
+    assert "no published run" not in option_sentence(row)
 
 
 def test_a_procurement_answer_says_a_thin_layout():
