@@ -123,7 +123,7 @@ def _price_basis(row) -> str:
     if kind is None:
         return ""
     return f"; its {gpu} {'purchase' if row['mode'] == 'buy' else 'rental'} price is {UNSOURCED_PRICE[kind]} (prices.yaml: " \
-           f"{entry.split(':', 1)[1].strip().split(';')[0]}): check it against a quote"
+           f"{entry[len(kind):].lstrip(': ').split(';')[0]}): check it against a quote"
 
 
 def _thin(row) -> str:

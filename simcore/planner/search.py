@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from simcore.plan.choices import NoLayoutFits
-from simcore.plan.spec import CpComm, Offload, Plan, Recompute, Schedule, ZeroImpl, ZeroStage
+from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage
 from simcore.planner.prices import ranking_price
 from simcore.planner.evaluate import Tally, _evaluate_chunk
 from simcore.planner.space import Layout, SearchSpace, _gpu_counts, base_plan, derive_space, families
@@ -148,18 +148,6 @@ def _des(args) -> dict:
             "des_exposed_comm_s": res.exposed_comm_s, "des_bubble_s": res.bubble_s, "des_offload_s": res.offload_s}
 
 
-def _fa2_attention(base: Plan) -> Plan:
-    """``base`` with the attention kernel torch SDPA (torchtitan, Hugging Face under DeepSpeed,
-    trainplan's executor) or Megatron-DeepSpeed's flash-attn runs on its GPU, where the Plan leaves
-    it to the catalog (``readers.sdpa_attention_kernel``)."""
-    from simcore.plan.readers import sdpa_attention_kernel
-    from simcore.plan.spec import AttentionKernel
-    kernel = sdpa_attention_kernel(base.cluster.node.gpu)
-    if base.training.attention_kernel != AttentionKernel.AUTO or not base.training.flash_attention or kernel == "auto":
-        return base
-    return replace(base, training=replace(base.training, attention_kernel=AttentionKernel(kernel)))
-
-
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -207,15 +195,10 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     space = space or derive_space(base, uneven_pp=uneven_pp)
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
-    from simcore.planner.stacks import DDP_AUTOCAST_STACKS, FA2_STACKS
+    from simcore.planner.stacks import DDP_AUTOCAST_STACKS, stack_base
     if stack in DDP_AUTOCAST_STACKS:
         space = replace(space, ddp_autocast=True)
-    if stack in FA2_STACKS:
-        base = _fa2_attention(base)
-    if stack == "deepspeed":   # its own ZeRO-1/2/3 (what the exporter requires), and Ulysses for a sequence split
-        base = replace(base, parallel=replace(base.parallel, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
-    if stack == "torchtitan":   # torch's context parallel gathers K/V (torchtitan_writer._cp_rotate)
-        base = replace(base, parallel=replace(base.parallel, cp_comm=CpComm.ALL_GATHER))
+    base = stack_base(base, stack)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
     results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",

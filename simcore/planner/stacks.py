@@ -13,8 +13,10 @@ from typing import Callable
 
 import pandas as pd
 
+from dataclasses import replace
+
 from simcore.plan.choices import NoLayoutFits
-from simcore.plan.spec import Plan, PlanError
+from simcore.plan.spec import AttentionKernel, CpComm, Plan, PlanError, ZeroImpl
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
 STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
@@ -28,6 +30,26 @@ FA2_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "executor")
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
           "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor"}
+
+
+def stack_base(base: Plan, stack: str | None) -> Plan:
+    """``base`` as ``stack`` runs what the Plan leaves open, so a ranking for it prices that:
+    the attention kernel torch SDPA or the flash-attn package runs on the GPU (``FA2_STACKS``,
+    ``readers.sdpa_attention_kernel``); DeepSpeed's own ZeRO and Ulysses' all-to-all for a
+    sequence split (what ``deepspeed_writer`` requires); torch's context parallel gathering
+    K/V for torchtitan (``torchtitan_writer._cp_rotate``)."""
+    from simcore.plan.readers import sdpa_attention_kernel
+
+    par, tr = base.parallel, base.training
+    if stack in FA2_STACKS and tr.attention_kernel == AttentionKernel.AUTO and tr.flash_attention:
+        kernel = sdpa_attention_kernel(base.cluster.node.gpu)
+        if kernel != "auto":
+            base = replace(base, training=replace(tr, attention_kernel=AttentionKernel(kernel)))
+    if stack == "deepspeed":
+        base = replace(base, parallel=replace(par, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
+    elif stack == "torchtitan":
+        base = replace(base, parallel=replace(par, cp_comm=CpComm.ALL_GATHER))
+    return base
 
 
 def checked_stack(value, where: str) -> str | None:

@@ -35,15 +35,12 @@ def test_the_stacks_exporter_decides_and_the_sentence_counts_its_refusals():
 def test_a_search_for_torchtitan_ranks_what_torchtitan_runs_in_the_same_order():
     """Its layouts, in the order of the whole ranking where the stack changes nothing (cp 1: torch's
     context parallel gathers K/V, so a cp layout is priced as torchtitan runs it, all_gather)."""
-    from dataclasses import replace
-
-    from simcore.plan.spec import CpComm
-    from simcore.planner.search import _fa2_attention
+    from simcore.planner.stacks import stack_base
 
     every = search(*QUESTION, top_k=0, progress=False)
     res = search(*QUESTION, top_k=0, progress=False, stack="torchtitan")
-    base = _fa2_attention(base_plan(*QUESTION))
-    base = replace(base, parallel=replace(base.parallel, cp_comm=CpComm.ALL_GATHER))
+    base = stack_base(base_plan(*QUESTION), "torchtitan")
+    assert base.parallel.cp_comm.value == "all_gather"
     for _, row in res.table.head(40).iterrows():
         export_plan(_layout_of(row).apply(base), "torchtitan")   # no refusal
     kept = set(res.table.loc[res.table["cp"] == 1, "layout"])
@@ -134,18 +131,16 @@ def test_a_search_for_deepspeed_charges_deepspeed_s_zero_and_no_schedule_it_lack
     """DeepSpeed runs its own ZeRO-2/3 (dearer than FSDP2's), its pipeline engine one 1F1B
     schedule and a sequence split by Ulysses' all-to-all: a DeepSpeed ranking gets none of
     FSDP2's, interleaving's or the ring's advantages for free, and each ranked layout exports."""
-    from dataclasses import replace
-
-    from simcore.plan.spec import CpComm, ZeroImpl
-    from simcore.planner.search import _fa2_attention
+    from simcore.plan.spec import ZeroImpl
+    from simcore.planner.stacks import stack_base
 
     question = ("llama3-70b", {"node": "dgx-h100", "nodes": 8}, 256)
     every = search(*question, top_k=0, progress=False).table
     t = search(*question, top_k=0, progress=False, stack="deepspeed").table
     assert (every["schedule"] != "1f1b").any()
     assert (t.loc[t["pp"] > 1, "schedule"] == "1f1b").all() and (t["vpp"] == 1).all()
-    base = _fa2_attention(base_plan(*question))
-    base = replace(base, parallel=replace(base.parallel, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
+    base = stack_base(base_plan(*question), "deepspeed")
+    assert (base.parallel.zero_impl, base.parallel.cp_comm.value) == (ZeroImpl.DEEPSPEED, "a2a")
     for _, row in t.head(20).iterrows():
         plan = _layout_of(row).apply(base)
         assert plan.parallel.zero == 0 or plan.parallel.zero_impl == ZeroImpl.DEEPSPEED
