@@ -125,14 +125,20 @@ def _norm(spec: ModelSpec) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)). Block ``index`` of an
+    MoE model is dense among its first ``dense_layers`` (DeepSeek's ``first_k_dense_replace``), with
+    an MLP of ``dense_ffn_hidden``; without an index, an MoE model's block is an MoE block."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, index: int | None = None):
         super().__init__()
         self.attention_norm = _norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = _norm(spec)
-        self.feed_forward = MoE(spec) if spec.moe else FeedForward(spec.hidden, spec.ffn_hidden, spec.gated_mlp)
+        if spec.moe and (index is None or index >= spec.dense_layers):
+            self.feed_forward = MoE(spec)
+        else:
+            width = (spec.dense_ffn_hidden or spec.ffn_hidden) if spec.moe else spec.ffn_hidden
+            self.feed_forward = FeedForward(spec.hidden, width, spec.gated_mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -163,7 +169,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed: Embedding | None = Embedding(spec)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
         self.norm: nn.Module | None = _norm(spec)
         self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tied_embeddings:

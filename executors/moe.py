@@ -124,10 +124,13 @@ def moe_forward(moe, x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_ep(model: nn.Module, ep_group) -> None:
-    """Keep only this ep rank's experts in every MoE layer of ``model`` (names unchanged)."""
+    """Keep only this ep rank's experts in every MoE layer of ``model`` (names unchanged; an MoE
+    model's dense layers have none)."""
     ep, me = dist.get_world_size(ep_group), dist.get_rank(ep_group)
     for block in model.layers.values():
         moe = block.feed_forward
+        if not hasattr(moe, "experts"):
+            continue
         local = moe.num_experts // ep
         keep = {str(i) for i in range(me * local, (me + 1) * local)}
         for name in list(moe.experts):

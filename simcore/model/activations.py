@@ -20,6 +20,7 @@ import functools
 import json
 
 from simcore.model import executor_acts as xa
+from simcore.model import moe_layers as ml
 from simcore.model import recompute as rcp
 from simcore.model import schedules as sch
 from simcore.model import workload as wl
@@ -247,8 +248,11 @@ def layer_activations(plan: Plan) -> rcp.LayerActivations:
 def activation_terms(plan: Plan, overlap: float = 0.0) -> tuple:
     """What ``rank_activation_bytes`` needs of a plan, computed once per plan. ``overlap``:
     bytes of the last rank's buffers that are free while the loss's transients live (FSDP2's
-    gathered and scattered layers, ``memory.loss_overlap``)."""
-    return (_layer_terms(plan), plan.training, overlap)
+    gathered and scattered layers, ``memory.loss_overlap``). Last: an MoE model's dense layer's
+    activations (``moe_layers.dense_plan``), None where it has no dense layers."""
+    m = plan.model
+    flat = _layer_terms(ml.dense_plan(plan))[0] if m.moe and m.dense_layers else None
+    return (_layer_terms(plan), plan.training, overlap, flat)
 
 
 def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms) -> dict[str, float]:
@@ -259,37 +263,39 @@ def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms)
     return shape_activation_bytes(plan.parallel.vpp, rank_shapes(plan, stages)[rank], terms)
 
 
-def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, float, bool, bool]]:
+def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, float, bool, bool, float]]:
     """Per pipeline rank, what its activation bytes depend on: (chunks in flight, weight
-    gradients owed, layers per model chunk, first rank, last rank)."""
+    gradients owed, layers per model chunk, first rank, last rank, an MoE model's dense layers
+    per model chunk)."""
     par = plan.parallel
     p = par.pp
+    dense = ml.rank_dense_layers(plan.model, stages, p)
     if p == 1:
-        return [(1, 0, sum(stages) / par.vpp, True, True)]
+        return [(1, 0, sum(stages) / par.vpp, True, True, dense[0] / par.vpp)]
     flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp)
     layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
-    per_chunk = {n: n / par.vpp for n in set(layers)}
+    per_chunk = {n: n / par.vpp for n in set(layers) | set(dense)}
     return list(zip(flights, owes, map(per_chunk.__getitem__, layers), (True,) + (False,) * (p - 1),
-                    (False,) * (p - 1) + (True,)))
+                    (False,) * (p - 1) + (True,), map(per_chunk.__getitem__, dense)))
 
 
 #: The parts of a rank's activation bytes, in ``shape_activation_parts``' order.
 ACTIVATION_PARTS = ("layers", "embedding", "loss", "loss_transient", "wgrad_stash")
 
 
-def shape_activation_bytes(vpp: int, shape: tuple[int, int, float, bool, bool], terms,
+def shape_activation_bytes(vpp: int, shape: tuple[int, int, float, bool, bool, float], terms,
                            per_chunk: dict | None = None) -> dict[str, float]:
     """``rank_activation_bytes`` of a rank of shape ``shape`` (``rank_shapes``); ``per_chunk``
     keeps a chunk's (stash, working set) by its layers across the ranks of one plan."""
     return dict(zip(ACTIVATION_PARTS, shape_activation_parts(vpp, shape, terms, per_chunk)))
 
 
-def shape_activation_parts(vpp: int, shape: tuple[int, int, float, bool, bool], terms,
+def shape_activation_parts(vpp: int, shape: tuple[int, int, float, bool, bool, float], terms,
                            per_chunk: dict | None = None) -> tuple[float, float, float, float, float]:
     """``shape_activation_bytes``' values in ``ACTIVATION_PARTS`` order (no dict per rank)."""
-    (act, emb, last, transient, wstash), tr, overlap = terms
-    chunks, owed, n, first, final = shape
-    stash_work = _chunk_parts(tr, n, act, per_chunk)
+    (act, emb, last, transient, wstash), tr, overlap, flat = terms
+    chunks, owed, n, first, final, dense = shape
+    stash_work = _chunk_parts(tr, (n, dense), ml.mixed_activations(act, flat, n, dense), per_chunk)
     loss, spike = (last, max(0.0, transient - overlap)) if final else (0.0, 0.0)
     # the loss's tensors are freed by its backward, before any layer's backward rebuilds its
     # working set: the two are never live together, so the larger one counts
@@ -297,15 +303,17 @@ def shape_activation_parts(vpp: int, shape: tuple[int, int, float, bool, bool], 
     return layers, chunks / vpp * emb if first else 0.0, loss, spike, owed * n * wstash
 
 
-def _chunk_parts(tr, n: float, act: rcp.LayerActivations, per_chunk: dict | None) -> tuple[float, float, float]:
-    """A model chunk of ``n`` layers: (the stash one micro-batch leaves on the GPU, the working
-    set recomputation adds, the stash offloaded to host memory), kept in ``per_chunk``."""
-    parts = per_chunk.get(n) if per_chunk is not None else None
+def _chunk_parts(tr, size: tuple[float, float], act: rcp.LayerActivations, per_chunk: dict | None
+                 ) -> tuple[float, float, float]:
+    """A model chunk of ``size`` (layers, dense layers): (the stash one micro-batch leaves on the
+    GPU, the working set recomputation adds, the stash offloaded to host memory), kept in ``per_chunk``."""
+    parts = per_chunk.get(size) if per_chunk is not None else None
+    n = size[0]
     if parts is None:
         gpu, host = rcp.offload_split(tr, n, rcp.chunk_stash_bytes(tr, n, act))
         parts = (gpu, rcp.working_bytes(tr, n, act), host)
         if per_chunk is not None:
-            per_chunk[n] = parts
+            per_chunk[size] = parts
     return parts
 
 
@@ -314,10 +322,12 @@ def rank_offloaded_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms) 
     return shape_offloaded_bytes(rank_shapes(plan, stages)[rank], terms)
 
 
-def shape_offloaded_bytes(shape: tuple[int, int, float, bool, bool], terms, per_chunk: dict | None = None) -> float:
+def shape_offloaded_bytes(shape: tuple[int, int, float, bool, bool, float], terms,
+                          per_chunk: dict | None = None) -> float:
     """Host bytes per GPU of ``training.activation_offload`` on a rank of shape ``shape``: the
     offloaded layers' stash of every chunk it holds (one without a pipeline)."""
-    (act, *_), tr, _ = terms
+    (act, *_), tr, _, flat = terms
     if not tr.activation_offload:
         return 0.0
-    return shape[0] * _chunk_parts(tr, shape[2], act, per_chunk)[2]
+    size = (shape[2], shape[5])   # (layers, dense layers) per chunk
+    return shape[0] * _chunk_parts(tr, size, ml.mixed_activations(act, flat, *size), per_chunk)[2]

@@ -243,7 +243,8 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
         return Call(kind=kind, axis="tp", bytes=nbytes, issuer="dtensor")
 
     out: Counter = Counter()
-    moe = blocks if m.moe else 0   # an MoE block's MLP half: its experts' own collectives
+    moe = sum(i >= m.dense_layers for i in part.layers) if m.moe else 0   # an MoE block's MLP half: its
+    # experts' own collectives (an MoE model's first, dense, blocks have a dense MLP's)
     if moe:
         # each expert's w2 output all-reduced forward, its w1 and w3 inputs' gradients backward
         # (ColwiseParallel per matrix: no shared input); rows: the capacity buffer of ep ranks

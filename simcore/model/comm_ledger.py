@@ -20,6 +20,7 @@ from simcore.model import collectives as coll
 from simcore.model import dp_costs as dpm
 from simcore.model import end_comm as ec
 from simcore.model import memory as mem
+from simcore.model import moe_layers as ml
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.schedules import Op, add_communication, build_schedule
@@ -37,9 +38,10 @@ def _check(plan: Plan) -> None:
             raise ValueError(f"{field}: the byte ledger does not cover it")
 
 
-def _layer_bytes(plan: Plan, layers: int) -> Counter:
-    """One micro-batch through ``layers`` layers: TP, CP ring and EP bytes (``step_costs._layer_comm``
-    and ``_layer_blocking``: the recomputed layers re-run their forward's)."""
+def _layer_bytes(plan: Plan, layers: int, dense: int = 0) -> Counter:
+    """One micro-batch through ``layers`` layers, ``dense`` of them an MoE model's dense layers:
+    TP, CP ring and EP bytes (``step_costs._layer_comm`` and ``_layer_blocking``: the recomputed
+    layers re-run their forward's)."""
     m, par, tr = plan.model, plan.parallel, plan.training
     b, s = tr.micro_batch, m.seq_len // par.cp
     act = coll.tp_act_bytes(plan)
@@ -57,9 +59,9 @@ def _layer_bytes(plan: Plan, layers: int) -> Counter:
     if par.cp > 1:   # forward K/V; backward K/V and dK/dV; K/V again where the attention is recomputed
         kv = 2 * coll.comm_act_bytes(tr.precision) * b * s * wl.kv_width(m) / par.tp
         out["cp", "send"] += (par.cp - 1) * kv * (3 * layers + attention)
-    if m.moe and par.ep > 1:   # dispatch and combine each way (every layer, as ``_layer_comm`` charges)
+    if m.moe and par.ep > 1 and layers > dense:   # dispatch and combine each way (every MoE layer)
         routed = act * m.top_k * m.capacity_factor / (par.tp if par.sequence_parallel else 1)
-        out["ep", "all_to_all"] += 2 * routed * (2 * layers + redo)
+        out["ep", "all_to_all"] += 2 * routed * (layers - dense) * (2 + redo / layers)
     return out
 
 
@@ -79,9 +81,10 @@ def step_bytes(plan: Plan, pp_rank: int = 0) -> Counter:
     stages = plan.layers_per_stage
     mine = range(pp_rank, len(stages), par.pp)   # virtual stage v runs on rank v % pp
     mbs = plan.num_microbatches
+    dense = ml.stage_dense_layers(m, stages)
     out: Counter = Counter()
     for v in mine:
-        for key, n in _layer_bytes(plan, stages[v]).items():
+        for key, n in _layer_bytes(plan, stages[v], dense[v]).items():
             out[key] += n * mbs
     (embed, head), end = ec.tp_end_calls(plan), coll.tp_act_bytes(plan)
     for side, holds in ((embed, 0 in mine), (head, len(stages) - 1 in mine)):
@@ -124,11 +127,13 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
         add("all_gather", wb * sp.dense, wb * sp.expert)
     else:
         calls = dpm.fsdp_calls(plan, len(plan.layers_per_stage))
+        flat = mem.layer_params_per_gpu(ml.dense_plan(plan))[0]   # an MoE model's dense layer
+        dense = ml.stage_dense_layers(plan.model, plan.layers_per_stage)
         for v in mine:
             f_ag, b_ag, scatters = calls[v]
-            n = plan.layers_per_stage[v]
-            add("all_gather", wb * dense_l * (f_ag + b_ag) * n, wb * expert_l * (f_ag + b_ag) * n)
-            add("reduce_scatter", gb * dense_l * scatters * n, gb * expert_l * scatters * n)
+            n, d = plan.layers_per_stage[v] - dense[v], dense[v]   # MoE (or all) layers, dense layers
+            add("all_gather", wb * (dense_l * n + flat * d) * (f_ag + b_ag), wb * expert_l * (f_ag + b_ag) * n)
+            add("reduce_scatter", gb * (dense_l * n + flat * d) * scatters, gb * expert_l * scatters * n)
         ag, rs = ec.fsdp_root_bytes(plan, sp)
         f_ag, b_ag, scatters = calls[pp_rank]
         out[axis, "all_gather"] += ag * (f_ag + b_ag)

@@ -10,6 +10,7 @@ from simcore.model import collectives as coll
 from simcore.model import compute as cmp
 from simcore.model import end_comm as ec
 from simcore.model import memory as mem
+from simcore.model import moe_layers as ml
 from simcore.model import workload as wl
 from simcore.model.optim_states import flat_partitions
 from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
@@ -49,7 +50,9 @@ def host_link_bytes_per_s(plan: Plan) -> float:
 
 
 def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params: float) -> dict[str, float]:
-    """Per-step gradient reduction, parameter sync, per-micro-batch FSDP gathers, optimizer, offload."""
+    """Per-step gradient reduction, parameter sync, per-micro-batch FSDP gathers, optimizer, offload;
+    FSDP2's gather and scatter of one layer (``layer_ag``, ``layer_rs``) and of an MoE model's
+    dense layer (``dense_layer_ag``, ``dense_layer_rs``: the same where it has none)."""
     par, tr, cl = plan.parallel, plan.training, plan.cluster
     nd = par.dp * par.cp
     wb = mem.param_bytes(tr)
@@ -88,23 +91,43 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out["sync"] = coll.all_gather_s(wb * dense, net) + (coll.all_gather_s(wb * expert, enet) if enet else 0.0)
         else:   # FSDP2, ZeRO-2 and 3: per block, as often as fsdp_calls.fsdp_stage_calls counts
             expert_l = mem.layer_params_per_gpu(plan)[1]
-            dense_l = layer_params - expert_l
-
-            def both(call, nbytes_dense: float, nbytes_expert: float) -> float:   # the dense and the experts' groups
-                return call(nbytes_dense, net) + (call(nbytes_expert, enet) if enet else 0.0)
-
-            out["layer_ag"] = both(coll.all_gather_s, wb * dense_l, wb * expert_l)
-            if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero >= ZeroStage.WEIGHTS:
-                calls, out["ag_exposed"] = deepspeed_gathers(plan, layer_params)
-                out["layer_ag"] = calls * coll.all_gather_s(wb * layer_params / calls, net)
-            elif par.zero_impl == ZeroImpl.DEEPSPEED:   # ZeRO-2 keeps whole 16-bit parameters:
-                out["layer_ag"] = 0.0                   # one all-gather of the updated shards a step
-                out["sync"] = coll.all_gather_s(wb * params, net)   # (stage_1_and_2.py ``step``)
-            out["layer_rs"] = both(coll.reduce_scatter_s, gb * dense_l, gb * expert_l)
-            mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
-            if dev.measured(mode):   # latency is in the measured layer cost
-                out["layer_ag"], out["layer_rs"] = (both(coll.ring_bytes_s, b * dense_l, b * expert_l) for b in (wb, gb))
+            out.update(_fsdp_layer(plan, dev, (net, enet), (wb, gb), (layer_params - expert_l, expert_l)))
+            if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero < ZeroStage.WEIGHTS:
+                # DeepSpeed's ZeRO-2 keeps whole 16-bit parameters: one all-gather of the updated
+                # shards a step (stage_1_and_2.py ``step``)
+                out["sync"] = coll.all_gather_s(wb * params, net)
+            if plan.model.moe and plan.model.dense_layers:
+                flat = mem.layer_params_per_gpu(ml.dense_plan(plan))[0]   # a dense layer: no experts
+                one = _fsdp_layer(plan, dev, (net, enet), (wb, gb), (flat, 0.0))
+                out["dense_layer_ag"], out["dense_layer_rs"] = one["layer_ag"], one["layer_rs"]
         out["buckets"] = buckets
+    out.setdefault("dense_layer_ag", out["layer_ag"])
+    out.setdefault("dense_layer_rs", out["layer_rs"])
+    return out
+
+
+def _fsdp_layer(plan: Plan, dev: cmp.DeviceModel, nets: tuple, sizes: tuple[float, float],
+                params: tuple[float, float]) -> dict[str, float]:
+    """FSDP2's (DeepSpeed's ZeRO-2/3) all-gather and reduce-scatter of one layer of ``params``
+    (replicated, expert) parameters per GPU, each part over its group (``nets``: the data-parallel
+    one and the expert data-parallel one, None where each rank holds its own experts), ``sizes``
+    the (parameter, gradient) bytes on the wire; and the exposed share of DeepSpeed's gathers."""
+    par = plan.parallel
+    (net, enet), (wb, gb), (dense_l, expert_l) = nets, sizes, params
+
+    def both(call, nbytes_dense: float, nbytes_expert: float) -> float:   # the dense and the experts' groups
+        return call(nbytes_dense, net) + (call(nbytes_expert, enet) if enet else 0.0)
+
+    out = {"layer_ag": both(coll.all_gather_s, wb * dense_l, wb * expert_l), "ag_exposed": 0.0}
+    if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero >= ZeroStage.WEIGHTS:
+        calls, out["ag_exposed"] = deepspeed_gathers(plan, dense_l + expert_l)
+        out["layer_ag"] = calls * coll.all_gather_s(wb * (dense_l + expert_l) / calls, net)
+    elif par.zero_impl == ZeroImpl.DEEPSPEED:   # ZeRO-2: no gathers per layer
+        out["layer_ag"] = 0.0
+    out["layer_rs"] = both(coll.reduce_scatter_s, gb * dense_l, gb * expert_l)
+    if dev.measured("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"):
+        # a calibrated host's measured layer cost holds the latency: the bytes' term only
+        out["layer_ag"], out["layer_rs"] = (both(coll.ring_bytes_s, b * dense_l, b * expert_l) for b in (wb, gb))
     return out
 
 
@@ -116,8 +139,9 @@ def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
     sequence parallel the norms too (torch/distributed/tensor/parallel/style.py)."""
     m, par = plan.model, plan.parallel
     layers = sum(plan.layers_per_stage[rank::par.pp])
+    dense = ml.rank_dense_layers(m, plan.layers_per_stage, par.pp)[rank]   # an MoE model's dense layers
     mats = 4 + (m.experts * wl.mlp_matrices(m) + 1 if m.moe else wl.mlp_matrices(m))
-    matrices, norms, plain_emb = layers * mats, layers * 2, 0
+    matrices, norms, plain_emb = (layers - dense) * mats + dense * (4 + wl.mlp_matrices(m)), layers * 2, 0
     if rank == 0:
         matrices += 1
         plain_emb += 1 if m.position_embedding.value == "learned" else 0

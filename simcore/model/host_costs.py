@@ -14,17 +14,16 @@ from simcore.plan.spec import Plan, ZeroStage
 
 def layer_wrappers(plan: Plan) -> list[tuple[str, float, bool]]:
     """(probe mode, share of the layers it applies to, whether a recomputed layer runs its
-    forward again) of each wrapper the executor puts on ``plan``'s transformer layers:
+    forward again) of each wrapper the executor puts on one of ``plan``'s transformer layers:
     the ring attention of context parallel; the MoE layer's routing and dispatch beyond its
-    modelled kernels, and expert parallel's all-to-all over that (on the MoE layers only);
-    FSDP2's per-layer groups."""
+    modelled kernels, and expert parallel's all-to-all over that (an MoE model's dense layers
+    are priced as ``moe_layers.dense_plan``'s, which has none); FSDP2's per-layer groups."""
     par, m = plan.parallel, plan.model
     out = []
     if par.cp > 1:
         out.append(("cp", 1.0, True))
     if m.moe:
-        moe_share = (m.layers - m.dense_layers) / m.layers
-        out += [("moe", moe_share, True)] + ([("ep", moe_share, True)] if par.ep > 1 else [])
+        out += [("moe", 1.0, True)] + ([("ep", 1.0, True)] if par.ep > 1 else [])
     if par.zero >= ZeroStage.GRADIENTS and par.dp * par.cp > 1:
         out.append(("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2", 1.0, False))
     return out

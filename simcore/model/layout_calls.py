@@ -8,10 +8,10 @@ calls per step).
   stacked K and V of this rank's tokens; backward ``cp - 1`` of K/V again and ``cp`` of
   their fp32 gradient; a recomputed attention (every policy's, ``recompute.recomputed_layers``)
   rotates K/V again.
-- Expert parallel, per MoE block and micro-batch: a dispatch and a combine
-  ``all_to_all_single`` of the (experts x capacity, hidden) buffer forward, their
-  transposes backward; the experts' gradients are all-reduced once per step over the ranks
-  holding the same experts (expert data parallel), when there are several.
+- Expert parallel, per MoE block and micro-batch (none for an MoE model's first, dense,
+  blocks): a dispatch and a combine ``all_to_all_single`` of the (experts x capacity, hidden)
+  buffer forward, their transposes backward; the experts' gradients are all-reduced once per
+  step over the ranks holding the same experts (expert data parallel), when there are several.
 - Tied embeddings under pipelining: one all-reduce per step of the shared weight's local
   gradient between the first and the last stage (Megatron's embedding group).
 
@@ -78,13 +78,14 @@ def moe_capacity(plan: Plan) -> int:
 def expert_calls(plan: Plan, part: StagePart, act_bytes: int, tp_rank: int) -> list[tuple]:
     """Dispatch and combine all-to-alls, and the experts' gradient all-reduce, of one chunk."""
     par, m = plan.parallel, plan.model
-    if not m.moe or par.ep == 1 or not part.layers:
+    moe = [i for i in part.layers if i >= m.dense_layers]   # an MoE model's first layers are dense
+    if not m.moe or par.ep == 1 or not moe:
         return []
     buf = m.experts * moe_capacity(plan) * m.hidden * act_bytes
-    out = [("all_to_all", ep_axis(plan), buf, "moe", 4 * len(part.layers) * plan.num_microbatches)]
+    out = [("all_to_all", ep_axis(plan), buf, "moe", 4 * len(moe) * plan.num_microbatches)]
     edp = par.dp * par.cp // par.ep
     if edp > 1:
-        experts = [p for i in part.layers for p in block_params(m, i) if is_expert(p)]
+        experts = [p for i in moe for p in block_params(m, i) if is_expert(p)]
         numel = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in experts) // par.ep   # E / ep experts each
         out.append(("all_reduce", "dp", numel * FP32_BYTES, "moe", 1))
     return out

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from simcore.model import activations as acts
 from simcore.model import fsdp_pools
+from simcore.model import moe_layers as ml
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
@@ -86,25 +87,24 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
     table = m.vocab * m.hidden   # TP splits it; the learned positions and the final norm are whole on every rank
     first = table / par.tp + pc.embedding - table
     last = pc.output - (0 if m.tied_embeddings else table) + (table / par.tp if not m.tied_embeddings or p > 1 else 0)
-    same: dict = {}   # one value per kind of rank (by layers, and ends where it holds some): look-ups by identity
+    dense = ml.rank_dense_layers(m, stages, p)   # an MoE model's first layers: a dense MLP, no experts
+    flat = layer_params_per_gpu(ml.dense_plan(plan))[0] if any(dense) else 0.0
+    same: dict = {}   # one value per kind of rank (by layers, dense layers, ends): look-ups by identity
 
-    def value(layers: int, ends: float) -> StageParams:
-        key = (layers, ends) if ends else layers
-        sp = same.get(key)
-        if sp is None:
-            sp = same[key] = StageParams(dense=layers * dense_l + ends, expert=layers * expert_l,
-                                         layer_max=dense_l + expert_l, ends=ends)
+    def value(layers: int, d: int, ends: float) -> StageParams:
+        if (sp := same.get((layers, d, ends))) is None:
+            big = max(dense_l + expert_l if layers > d or not d else 0.0, flat if d else 0.0)
+            sp = same[layers, d, ends] = StageParams(dense=(layers - d) * dense_l + d * flat + ends,
+                                                     expert=(layers - d) * expert_l, layer_max=big, ends=ends)
         return sp
     if p == 1:
-        return (value(layers[0], first + last),)
-    head, tail = value(layers[0], first), value(layers[-1], last)
-    middle = {n: value(n, 0.0) for n in set(layers[1:-1])}   # the ranks between hold no ends
-    return (head, *map(middle.__getitem__, layers[1:-1]), tail)
+        return (value(layers[0], dense[0], first + last),)
+    head, tail = value(layers[0], dense[0], first), value(layers[-1], dense[-1], last)
+    middle = {k: value(*k, 0.0) for k in set(zip(layers[1:-1], dense[1:-1]))}   # the ranks between hold no ends
+    return (head, *map(middle.__getitem__, zip(layers[1:-1], dense[1:-1])), tail)
 
 
-def in_flight_chunks(plan: Plan, rank: int) -> int:
-    """Model chunks (virtual stages' activations) rank ``rank`` keeps at its peak."""
-    return acts.in_flight_chunks(plan, rank)
+in_flight_chunks = acts.in_flight_chunks   # model chunks (virtual stages' activations) a rank keeps at its peak
 
 
 def _activation_terms(plan: Plan):

@@ -37,24 +37,25 @@ class StagePart:
 
 def block_params(spec: ModelSpec, i: int) -> list[ParamTensor]:
     """Block ``i``'s parameters in forward-use order (registration order differs only in
-    that w3 is registered after w2)."""
-    p, h, hd = f"layers.{i}.", spec.hidden, spec.head_dim
+    that w3 is registered after w2). An MoE model's first ``dense_layers`` blocks hold a dense
+    MLP of ``dense_ffn_hidden`` (``simcore.model.moe_layers``)."""
+    p, h, hd, f = f"layers.{i}.", spec.hidden, spec.head_dim, spec.ffn_hidden
     out = [ParamTensor(name=p + "attention_norm.weight", shape=(h,), norm=True),
            ParamTensor(name=p + "attention.wq.weight", shape=(spec.heads * hd, h), tp_dim=0),
            ParamTensor(name=p + "attention.wk.weight", shape=(spec.kv_heads * hd, h), tp_dim=0),
            ParamTensor(name=p + "attention.wv.weight", shape=(spec.kv_heads * hd, h), tp_dim=0),
            ParamTensor(name=p + "attention.wo.weight", shape=(h, spec.heads * hd), tp_dim=1),
            ParamTensor(name=p + "ffn_norm.weight", shape=(h,), norm=True)]
-    if spec.moe:
+    if spec.moe and i >= spec.dense_layers:
         out.append(ParamTensor(name=p + "feed_forward.router.weight", shape=(spec.experts, h)))
         prefixes = [f"{p}feed_forward.experts.{e}." for e in range(spec.experts)]
     else:
-        prefixes = [p + "feed_forward."]
+        prefixes, f = [p + "feed_forward."], (spec.dense_ffn_hidden or f) if spec.moe else f
     for q in prefixes:
-        out.append(ParamTensor(name=q + "w1.weight", shape=(spec.ffn_hidden, h), tp_dim=0))
+        out.append(ParamTensor(name=q + "w1.weight", shape=(f, h), tp_dim=0))
         if spec.gated_mlp:
-            out.append(ParamTensor(name=q + "w3.weight", shape=(spec.ffn_hidden, h), tp_dim=0))
-        out.append(ParamTensor(name=q + "w2.weight", shape=(h, spec.ffn_hidden), tp_dim=1))
+            out.append(ParamTensor(name=q + "w3.weight", shape=(f, h), tp_dim=0))
+        out.append(ParamTensor(name=q + "w2.weight", shape=(h, f), tp_dim=1))
     return out
 
 

@@ -36,6 +36,7 @@ from simcore.model import fsdp_pools
 from simcore.model import host_costs as hc
 from simcore.model import layer_times as lt
 from simcore.model import memory as mem
+from simcore.model import moe_layers as ml
 from simcore.model import overlap as ov
 from simcore.model import peak as pk
 from simcore.model import recompute as rcp
@@ -70,7 +71,8 @@ def dispatch_ranks(experts: int, top_k: int, ep: int) -> float:
 
 def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
     """Blocking TP / CP / EP communication of one layer and one micro-batch (seconds), and
-    (CPU host) the host compute TP's DTensor dispatch adds to it (``host_f``, ``host_b``)."""
+    (CPU host) the host compute TP's DTensor dispatch adds to it (``host_f``, ``host_b``).
+    An MoE model's layer is an MoE layer; its dense layers are ``moe_layers.dense_plan``'s."""
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     b, s = tr.micro_batch, m.seq_len // par.cp
     act = coll.tp_act_bytes(plan)
@@ -84,10 +86,9 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
             else coll.all_reduce_s(act, net)
         out["tp_f"] = out["tp_b"] = 2 * one
         if m.moe and par.etp < par.tp:   # folded experts: the MoE block's AG + RS over expert_tp ranks only
-            moe = (m.layers - m.dense_layers) / m.layers
             enet = coll.group_net(cl, dev, par.etp, 1)
             expert = coll.all_gather_s(act, enet) + coll.reduce_scatter_s(act, enet) if par.etp > 1 else 0.0
-            out["tp_f"] = out["tp_b"] = 2 * one - moe * (one - expert)
+            out["tp_f"] = out["tp_b"] = one + expert
         (tf, tb), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
         if tf + tb + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
             wire = 4 * coll.ring_bytes_s(act, net)
@@ -162,16 +163,18 @@ def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
 
 def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, columns: tuple[tuple[float, ...], ...],
                     work: tuple[list[float], ...], host_p2p: dict[str, tuple[float, ...]], ddp: bool,
-                    fsdp: list[tuple[int, int, int]]) -> tuple[list[float], list[float], list[float], list[float]]:
+                    fsdp: list[tuple[int, int, int]], flat_rs: list[float]
+                    ) -> tuple[list[float], list[float], list[float], list[float]]:
     """Per virtual stage: (gradient reduction, parameter sync, optimizer, offload) per step,
     from its rank's ``dp_costs.rank_costs`` ``columns``, its per-micro-batch ``work``
     (forward, backward-input, backward-weight, recompute, forward comm, backward comm) and its
     FSDP2 calls per step (``fsdp``: forward gathers, backward gathers, reduce-scatters per
-    block; empty where no stage reduce-scatters per block)."""
+    block; empty where no stage reduce-scatters per block); ``flat_rs``: what the stage's dense
+    layers' reduce-scatters take more than an MoE layer's (an MoE model's dense layers)."""
     stages = plan.layers_per_stage
     grad, layer_rs, sync, opt, off = columns
     if fsdp:   # FSDP2's reduce-scatters: per micro-batch, or once pipelined
-        grad = [g + f[2] * n * rs for g, rs, f, n in zip(grad, layer_rs, fsdp, stages)]
+        grad = [g + f[2] * (n * rs + x) for g, rs, f, n, x in zip(grad, layer_rs, fsdp, stages, flat_rs)]
     if ddp and dev.dp_sync_wait > 0:
         # CPU host: DDP's all-reduce waits for the last rank; its lateness is measured as
         # a fraction of the rest of the step (the rank's work between syncs)
@@ -235,18 +238,35 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[
     return lc, fc + cf, bc + cb + rc, host_f + hf, host_b + hb, rec_host + rh
 
 
-def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], times: tuple[float, float, float, float],
-                blocking: tuple[float, float, float, float], logits: tuple[float, float, float]
-                ) -> tuple[list[float], ...]:
+def _layer_work(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, ...], tuple[float, ...], dict]:
+    """One layer of ``plan``'s model and one micro-batch: its (forward, backward-input,
+    backward-weight, recompute) times, its (forward comm, backward comm, forward host, backward
+    host) ``_layer_blocking`` figures and ``_layer_comm``'s."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    shape = (m, tr.micro_batch, m.seq_len // par.cp, par.tp, par.cp, par.ep, par.sequence_parallel,
+             tr.flash_attention, tr.recompute, dev, par.cp_comm.value, tr.fp8_recipe != Fp8Recipe.DELAYED,
+             par.expert_tp, tr.kernels == Kernels.EAGER, tr.autocast, tr.attention_unpad)
+    f, bi, bw, rc, core = lt.layer_times(*shape)
+    lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core, lt.layer_slack(*shape))
+    return (f, bi, bw, rc + rec_host), (fc, bc, host_f, host_b), lc
+
+
+def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], dense: tuple[int, ...],
+                kinds: tuple[tuple, tuple], logits: tuple[float, float, float]) -> tuple[list[float], ...]:
     """Per virtual stage and micro-batch: (forward, backward-input, backward-weight, recompute,
-    forward comm, backward comm), from one layer's (forward, backward-input, backward-weight,
-    recompute) ``times``, its (forward comm, backward comm, forward host, backward host)
-    ``blocking`` and the (forward, backward-input, backward-weight) ``logits`` on the last
-    virtual stage; each figure once per distinct layer count, repeated over the stages."""
+    forward comm, backward comm), from the (MoE or only, dense) layer ``kinds``, each one layer's
+    ((forward, backward-input, backward-weight, recompute) times, (forward comm, backward comm,
+    forward host, backward host) blocking), the stages' ``dense`` layers (an MoE model's first)
+    and the (forward, backward-input, backward-weight) ``logits`` on the last virtual stage;
+    each figure once per distinct (layers, dense layers), repeated over the stages."""
     par, tr = plan.parallel, plan.training
-    (f, bi, bw, rc), (fc, bc, host_f, host_b) = times, blocking
-    by_layers = {n: (n * (f + host_f), n * (bi + host_b), n * bw, fc * n, bc * n) for n in set(stages)}
-    fwd, bin_, bwt, fcomm, bcomm = map(list, zip(*map(by_layers.__getitem__, stages)))
+
+    def of(n: int, d: int) -> tuple[float, ...]:
+        (t, c), (td, cd) = kinds
+        return tuple((n - d) * x + d * y for x, y in zip((t[0] + c[2], t[1] + c[3], t[2], c[0], c[1]),
+                                                          (td[0] + cd[2], td[1] + cd[3], td[2], cd[0], cd[1])))
+    by_layers = {k: of(*k) for k in set(zip(stages, dense))}
+    fwd, bin_, bwt, fcomm, bcomm = map(list, zip(*map(by_layers.__getitem__, zip(stages, dense))))
     hc.add_ends_host(plan, dev, (fcomm, bcomm), (fwd, bin_))
     (ef, eb), (hf, hb) = ec.tp_ends_s(plan, dev)   # TP's embedding and head collectives
     fcomm[0] += ef   # (one list element when there is one virtual stage)
@@ -259,12 +279,14 @@ def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], times
     fwd[-1] += logits[0]                                # the logits sit on the last virtual stage
     bin_[-1] += logits[1]
     bwt[-1] += logits[2]
+    rc, rcd, extra = kinds[0][0][3], kinds[1][0][3], 0.0
     if tr.recompute != Recompute.NONE and dev.parallel_kernels:   # CPU host: checkpoint_wrapper's bookkeeping per layer
-        af, ab = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
+        af, extra = dev.parallel_extra_s(f"recompute_{tr.recompute.value}")
         fwd = [x + n * af for x, n in zip(fwd, stages)]
-        rc += ab
-    recomputed = {n: rcp.recomputed_layers(tr, n) * rc for n in set(stages)}
-    return fwd, bin_, bwt, list(map(recomputed.__getitem__, stages)), fcomm, bcomm
+    # the recomputed layers of a chunk, at the mean of its MoE and dense layers' recompute
+    recomputed = {(n, d): rcp.recomputed_layers(tr, n) * (extra + ((n - d) * rc + d * rcd) / max(n, 1))
+                  for n, d in set(zip(stages, dense))}
+    return fwd, bin_, bwt, list(map(recomputed.__getitem__, zip(stages, dense))), fcomm, bcomm
 
 
 def step_costs(plan: Plan) -> StepCosts:
@@ -274,36 +296,34 @@ def step_costs(plan: Plan) -> StepCosts:
     dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
                            attention_kernel=tr.attention_kernel.value)
     b, s = tr.micro_batch, m.seq_len // par.cp
-    shape = (m, b, s, par.tp, par.cp, par.ep, par.sequence_parallel, tr.flash_attention, tr.recompute, dev,
-             par.cp_comm.value, tr.fp8_recipe != Fp8Recipe.DELAYED, par.expert_tp, tr.kernels == Kernels.EAGER,
-             tr.autocast, tr.attention_unpad)
-    f, bi, bw, rc, core = lt.layer_times(*shape)
-    slack = lt.layer_slack(*shape)
-    lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core, slack)
-    rc += rec_host
+    times, blocking, lc = _layer_work(plan, dev)
     stages = plan.layers_per_stage
+    dense = ml.stage_dense_layers(m, stages)   # an MoE model's first layers: dense, priced as such
+    kinds = ((times, blocking), _layer_work(ml.dense_plan(plan), dev)[:2] if any(dense) else (times, blocking))
     nv = len(stages)
     params, rank_costs, columns = dpm.rank_costs(plan, dev)
     dpc = rank_costs[0][0]   # dp_costs of the first rank's parameters, read only
     host_p2p = hc.host_p2p(dev, par.pp, nv)
-    fwd, bin_, bwt, rec, fcomm, bcomm = _stage_work(plan, dev, stages, (f, bi, bw, rc), (fc, bc, host_f, host_b),
+    fwd, bin_, bwt, rec, fcomm, bcomm = _stage_work(plan, dev, stages, dense, kinds,
                                                    lt.logits_times(m, b, s, par.tp, dev))
     fsdp = dpm.fsdp_calls(plan, nv)
     per_block = any(map(_SCATTERS, fsdp))
     mbs = plan.num_microbatches
     gathers = ((0.0,) * nv,) * 2   # no FSDP2 gathers
-    if dpc["layer_ag"]:   # once per distinct (layers, calls)
-        per_stage = {(n, f): (n * dpc["layer_ag"] * f[0] / mbs, n * dpc["layer_ag"] * f[1] / mbs)
-                     for n, f in set(zip(stages, fsdp))}
-        gathers = tuple(zip(*map(per_stage.__getitem__, zip(stages, fsdp))))
+    if dpc["layer_ag"]:   # once per distinct (layers, dense layers, calls)
+        ag, dag = dpc["layer_ag"], dpc["dense_layer_ag"]
+        per_stage = {(n, d, f): (((n - d) * ag + d * dag) * f[0] / mbs, ((n - d) * ag + d * dag) * f[1] / mbs)
+                     for n, d, f in set(zip(stages, dense, fsdp))}
+        gathers = tuple(zip(*map(per_stage.__getitem__, zip(stages, dense, fsdp))))
     if dpc["ag_exposed"] > 0:   # DeepSpeed ZeRO-3: what its prefetch bucket cannot fetch ahead blocks
         e = dpc["ag_exposed"]
         fcomm = [x + e * g for x, g in zip(fcomm, gathers[0])]
         bcomm = [x + e * g for x, g in zip(bcomm, gathers[1])]
         gathers = tuple([(1 - e) * g for g in side] for side in gathers)
     ddp = dpm.ddp_reduces(plan)
+    flat_rs = [d * (dpc["dense_layer_rs"] - dpc["layer_rs"]) for d in dense]   # a dense layer's scatter
     grad, sync, opt, off = _per_step_costs(plan, dev, columns, (fwd, bin_, bwt, rec, fcomm, bcomm), host_p2p,
-                                           ddp, fsdp if per_block else ())
+                                           ddp, fsdp if per_block else (), flat_rs)
     grad, gathers = ec.add_step_ends(plan, rank_costs, fsdp, grad, gathers, dpc["layer_ag"] > 0)
     if par.overlap_param_gather:   # bucket by bucket under the next step's first forward
         lost = ov.lost_share(dev.comm_compute_interference)
@@ -327,7 +347,8 @@ def step_costs(plan: Plan) -> StepCosts:
         grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple(buckets),
         grad_reduce_per_microbatch=mem.sharded_gradients(plan) and per_block,
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
-        activation_copies_s=ao.activation_copies_s(plan, stages, (f, fc), (bi + bw + rc, bc)),
+        activation_copies_s=ao.activation_copies_s(plan, stages, (times[0], blocking[0]),
+                                                   (sum(times[1:]), blocking[1])),
         model_flops_per_step=_model_flops_per_step(m, tr.global_batch),
         hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
         **pk.summary_fields(totals, worst),

@@ -9,7 +9,7 @@ import pytest
 
 from executors import procs
 from simcore.model import collective_plan as cp
-from tests.executors.test_executor_moe import MOE_GPT, MOE_LLAMA
+from tests.executors.test_executor_moe import MOE_DENSE1, MOE_GPT, MOE_LLAMA
 from tests.executors.test_executor_tied_cp import GPT, LLAMA, TIED_GPT, TIED_LLAMA, plan
 from tests.model.test_collective_plan import record_step
 
@@ -37,6 +37,7 @@ TWO_RANK = {
     "ep2-dp2-op": plan(MOE_LLAMA, dp=2, ep=2, recompute="op"),   # the saved all-to-alls are not re-sent
     "cp2-zero2": plan(GPT, cp=2, zero=2),
     "ep2-dp2": plan(MOE_GPT, dp=2, ep=2),
+    "ep2-dp2-dense1": plan(MOE_DENSE1, dp=2, ep=2),   # no all-to-all in the dense first layer
     "moe-dp2": plan(MOE_GPT, dp=2),
     "moe-tp2": plan(MOE_LLAMA, tp=2),
     "moe-tp2-sp": plan(MOE_GPT, tp=2, sequence_parallel=True),

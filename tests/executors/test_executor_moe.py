@@ -54,8 +54,11 @@ def test_auxiliary_loss_reaches_the_router_gradient():
 
 MOE_LLAMA = dict(LLAMA, experts=4, top_k=2)            # capacity_factor 1: some tokens dropped
 MOE_GPT = dict(GPT, experts=4, top_k=1, capacity_factor=1.5)
+#: An MoE model whose first layer is dense (DeepSeek's first_k_dense_replace): no experts there.
+MOE_DENSE1 = dict(MOE_GPT, dense_layers=1, dense_ffn_hidden=96)
 TWO_RANK = {
     "ep2-dp2": plan(MOE_LLAMA, dp=2, ep=2),
+    "ep2-dp2-dense1": plan(MOE_DENSE1, dp=2, ep=2),
 }
 #: Under cp a call routes a sequence's share, so capacity and the auxiliary loss see other
 #: token groups than one process does: ep over cp ranks is compared with the same cp run

@@ -50,6 +50,10 @@ LAYOUTS = {
     "cp2-dp2-zero3": ({"cp": 2, "dp": 2, "zero": 3}, {}, {}),
     "ep2-dp2": ({"dp": 2, "ep": 2}, {"experts": 4, "top_k": 2}, {}),
     "ep2-dp4": ({"dp": 4, "ep": 2}, {"experts": 4, "top_k": 2}, {}),
+    # an MoE model's first layer dense (DeepSeek's first_k_dense_replace): no all-to-all, a dense MLP's gathers
+    "ep2-dp2-dense1": ({"dp": 2, "ep": 2}, {"experts": 4, "top_k": 2, "dense_layers": 1, "dense_ffn_hidden": 384}, {}),
+    "ep2-dp4-pp2-zero1-dense3": ({"dp": 4, "ep": 2, "pp": 2, "zero": 1},
+                                 {"experts": 4, "top_k": 2, "dense_layers": 3, "dense_ffn_hidden": 384}, {}),
     "tied-pp2": ({"pp": 2}, {"tied_embeddings": True}, {}),
     "tied-pp2-dp2-zero3": ({"pp": 2, "dp": 2, "zero": 3}, {"tied_embeddings": True}, {}),
 }
