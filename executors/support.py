@@ -12,8 +12,9 @@ from __future__ import annotations
 from executors.act_offload import check_activation_offload
 from executors.float8 import TORCHAO_RECIPES, torchao_available
 from executors.recompute import check_recompute
+from simcore.plan.rules import torch_rounds
 from simcore.plan.spec import (CpComm, GradCompression, MoeDispatcher, Offload, Optimizer, Plan, Precision, Schedule,
-                               ZeroImpl, ZeroStage)
+                               StateDtype, ZeroImpl, ZeroStage)
 
 
 def uses_replicate(plan: Plan) -> bool:
@@ -91,6 +92,13 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "executor dispatches tokens with all_to_all_single (moe_dispatcher: alltoall)"),
         (not tr.attention_unpad, "training.attention_unpad is priced, not run: the executor's attention is "
          "SDPA on the whole batch"),
+        (par.microbatch_group in (0, plan.num_microbatches // torch_rounds(par.pp, plan.num_microbatches)),
+         f"parallel.microbatch_group={par.microbatch_group} is priced, not run: torch's ScheduleInterleaved1F1B "
+         "runs max(1, micro-batches // pp) rounds of equal groups"),
+        (not tr.fp8_param_gather, "training.fp8_param_gather is priced, not run: the executor's float8 (torchao) "
+         "keeps 16-bit weights and casts them per GEMM"),
+        (tr.optimizer_state_dtype == StateDtype.FP32, f"training.optimizer_state_dtype={tr.optimizer_state_dtype.value} "
+         "is priced, not run: torch's AdamW keeps its moments in the parameters' dtype"),
     ]
     for ok, message in rules:
         if not ok:

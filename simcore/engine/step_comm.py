@@ -30,7 +30,7 @@ class _StepState:
         plan, par = costs.plan, costs.plan.parallel
         self.costs, self.granularity, self.full = costs, granularity, mode == "full"
         self.pp, self.stages, self.m = par.pp, costs.stages, plan.num_microbatches
-        self.schedule = build_schedule(par.schedule, par.pp, self.m, par.vpp)
+        self.schedule = build_schedule(par.schedule, par.pp, self.m, par.vpp, par.microbatch_group)
         self.env = _CountingEnv()
         self.net = FairShareLinks(self.env, slowdown)
         self.grid = rank_grid(par.pp, par.dp, par.cp, par.tp)

@@ -10,7 +10,8 @@ equal to it, are what the model uses). GPipe's
 all m, 1F1B's p - r on rank r (Narayanan et al. 2021, Sec. 2.2.1), the interleaved
 schedule's warm-up count + 1 (torch's ``ScheduleInterleaved1F1B`` ``warmup_ops = (v-1)p +
 2(p-1-r)``, Megatron's ``get_forward_backward_func`` the same: L(1 + (p-1)/(pv)) layers on
-rank 0, Korthikanti et al. Sec. 4.2.3) and, for zero-bubble, the inputs of the weight
+rank 0, Korthikanti et al. Sec. 4.2.3; with Megatron-Core's micro-batch groups of N, (v-1)N +
+2(p-1-r): ``get_pp_rank_microbatches``) and, for zero-bubble, the inputs of the weight
 gradients (W) an I has left owed (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3:
 W keeps the linears' inputs and output gradients after the input gradient ran).
 """
@@ -29,21 +30,23 @@ from simcore.plan.spec import Kernels, Loss, Plan, Precision, Recompute, Schedul
 
 
 @functools.lru_cache(maxsize=1024)
-def schedule_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def schedule_peaks(kind: Schedule, pp: int, m: int, vpp: int, group: int = 0
+                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per rank: (most chunks in flight, most weight gradients owed), by closed forms that
-    ``counted_peaks`` on the schedule confirms (tests/model/test_memory_terms.py)."""
-    flights = tuple(_closed_form(kind, pp, m, vpp, r) for r in range(pp))
+    ``counted_peaks`` on the schedule confirms (tests/model/test_memory_terms.py); ``group``:
+    ``parallel.microbatch_group``."""
+    flights = tuple(_closed_form(kind, pp, m, vpp, r, group) for r in range(pp))
     if kind != Schedule.ZERO_BUBBLE:
         return flights, (0,) * pp
     return flights, tuple(min(m, r + 1) for r in range(pp))   # ZB-H1: rank r runs W r + 1 late
 
 
-def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int, group: int = 0) -> tuple[tuple[int, ...], ...]:
     """``schedule_peaks`` counted on ``schedules.build_schedule``'s actions."""
     try:
-        actions = sch.build_schedule(kind, pp, m, vpp)
+        actions = sch.build_schedule(kind, pp, m, vpp, group)
     except ValueError:   # a shape torch's schedule refuses: the closed forms
-        return schedule_peaks(kind, pp, m, vpp)
+        return schedule_peaks(kind, pp, m, vpp, group)
     flights, owed = [], []
     for r in range(pp):
         live = peak = w = peak_w = 0
@@ -63,13 +66,13 @@ def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int) -> tuple[tuple[int,
     return tuple(flights), tuple(owed)
 
 
-def _closed_form(kind: Schedule, p: int, m: int, v: int, rank: int) -> int:
+def _closed_form(kind: Schedule, p: int, m: int, v: int, rank: int, group: int = 0) -> int:
     if kind == Schedule.GPIPE:
         return m * v
     if kind == Schedule.ZERO_BUBBLE and v > 1:   # every chunk's warm-up forward before its first I
         return min(m * v, v * p - rank)
-    if v > 1:
-        return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+    if v > 1:   # a chunk runs ``group`` micro-batches in a row (p by default: m is a multiple of p)
+        return min(m * v, 2 * (p - rank - 1) + (v - 1) * (group or p) + 1)
     return min(m, p - rank)
 
 
@@ -78,7 +81,7 @@ def in_flight_chunks(plan: Plan, rank: int) -> int:
     par = plan.parallel
     if par.pp == 1:
         return 1
-    return schedule_peaks(par.schedule, par.pp, plan.num_microbatches, par.vpp)[0][rank]
+    return schedule_peaks(par.schedule, par.pp, plan.num_microbatches, par.vpp, par.microbatch_group)[0][rank]
 
 
 def memory_entry(plan: Plan) -> dict:
@@ -272,7 +275,7 @@ def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, flo
     dense = ml.rank_dense_layers(plan.model, stages, p)
     if p == 1:
         return [(1, 0, sum(stages) / par.vpp, True, True, dense[0] / par.vpp)]
-    flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp)
+    flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp, par.microbatch_group)
     layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
     per_chunk = {n: n / par.vpp for n in set(layers) | set(dense)}
     return list(zip(flights, owes, map(per_chunk.__getitem__, layers), (True,) + (False,) * (p - 1),

@@ -274,7 +274,7 @@ def _pp_calls(plan: Plan, pp_rank: int, tp_rank: int) -> Counter:
     par, m, tr = plan.parallel, plan.model, plan.training
     if par.pp == 1:
         return Counter()
-    schedule = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp)
+    schedule = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp, par.microbatch_group)
     lowered = add_communication(schedule, par.pp, par.vpp)[pp_rank]
     # under SP a stage's output is a sequence shard, and the stage sends its local tensor
     seq = math.ceil(m.seq_len // par.cp / par.tp) if par.sequence_parallel else m.seq_len // par.cp

@@ -70,7 +70,7 @@ def _pp_sends(plan: Plan, pp_rank: int) -> int:
     par = plan.parallel
     if par.pp == 1:
         return 0
-    schedule = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp)
+    schedule = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp, par.microbatch_group)
     return sum(a.op in (Op.SEND_F, Op.SEND_B) for a in add_communication(schedule, par.pp, par.vpp)[pp_rank])
 
 
@@ -124,7 +124,7 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
         add("all_reduce", gb * sp.dense, gb * sp.expert)
     elif par.zero == ZeroStage.OPTIMIZER_STATES:
         add("reduce_scatter", gb * sp.dense, gb * sp.expert)
-        add("all_gather", wb * sp.dense, wb * sp.expert)
+        add("all_gather", *(mem.stored_weight_bytes(plan, n, e) for n, e in ((sp.dense, sp.ends), (sp.expert, 0.0))))
     else:
         calls = dpm.fsdp_calls(plan, len(plan.layers_per_stage))
         flat = mem.layer_params_per_gpu(ml.dense_plan(plan))[0]   # an MoE model's dense layer

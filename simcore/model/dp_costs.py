@@ -12,7 +12,7 @@ from simcore.model import end_comm as ec
 from simcore.model import memory as mem
 from simcore.model import moe_layers as ml
 from simcore.model import workload as wl
-from simcore.model.optim_states import flat_partitions
+from simcore.model.optim_states import flat_partitions, stored_weight_bytes
 from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
 #: DeepSpeed ZeRO-3's default ``stage3_prefetch_bucket_size``: parameter elements fetched
@@ -88,7 +88,9 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         elif par.zero == ZeroStage.OPTIMIZER_STATES:
             out["grad"] = coll.reduce_scatter_s(gb * dense, net) + (coll.reduce_scatter_s(gb * expert, enet)
                                                                     if enet else 0.0)
-            out["sync"] = coll.all_gather_s(wb * dense, net) + (coll.all_gather_s(wb * expert, enet) if enet else 0.0)
+            # the updated parameters as stored (FP8 primary weights: their FP8 bytes)
+            out["sync"] = coll.all_gather_s(stored_weight_bytes(plan, dense, sp.ends), net) + (
+                coll.all_gather_s(stored_weight_bytes(plan, expert, 0.0), enet) if enet else 0.0)
         else:   # FSDP2, ZeRO-2 and 3: per block, as often as fsdp_calls.fsdp_stage_calls counts
             expert_l = mem.layer_params_per_gpu(plan)[1]
             out.update(_fsdp_layer(plan, dev, (net, enet), (wb, gb), (layer_params - expert_l, expert_l)))

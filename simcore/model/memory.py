@@ -29,7 +29,7 @@ from simcore.model import moe_layers as ml
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
-                                        param_bytes, weight_bytes_per_param)
+                                        param_bytes, stored_weight_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
                                 gradients_at_activation_peak, rank_row, summary_fields)
 from simcore.plan.spec import FsdpRoot, Offload, Plan, Precision, ZeroImpl, ZeroStage
@@ -146,10 +146,10 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     plus the root group (embedding, final norm, output) gathered around the loss with the
     output's unsharded gradient. PP send/receive buffers, the sequence-parallel all-gather
     output, ring attention's K/V chunk in flight and the one received (context_parallel.py).
-    FP8 (Transformer Engine): each linear's cached FP8 weight and, unless FP8 GEMMs take any
-    layout (Blackwell, ``GPU.non_tn_fp8``), its transpose (1 B each, ``is_first_microbatch``), and
-    the delayed-scaling amax history (``DelayedScaling.amax_history_len=1024``, fp32, three
-    tensors per linear); under ZeRO-3 the weights are gathered in FP8 instead. MXFP8 and NVFP4
+    FP8 (Transformer Engine): each linear's cached FP8 weight (the parameter itself under
+    ``fp8_param_gather``) and, unless FP8 GEMMs take any layout (Blackwell, ``GPU.non_tn_fp8``), its
+    transpose (1 B each, ``is_first_microbatch``), the delayed-scaling amax history (fp32, three
+    tensors a linear, ``amax_history_len=1024``); under ZeRO-3 FP8 gathers instead. MXFP8 and NVFP4
     cache their weights' rowwise and columnwise quantized copies with the block scales
     (``workload.quantized_bytes``: 1 + 1/32 and 0.5 + 1/16 bytes an element each) and keep
     no amax history (TE's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling`` scale per block)."""
@@ -187,7 +187,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     if fp8:
         linears = 4 * (sp.total - sp.ends) / max(sp.layer_max, 1.0)   # four linears per layer
         copies = 1 if plan.cluster.node.gpu.non_tn_fp8 and tr.fp8_recipe.value in wl.TE_TENSOR_SCALING else 2
-        cached = 0.0 if par.zero == ZeroStage.WEIGHTS else copies * (sp.total - sp.ends)   # weight, transpose
+        cached = 0.0 if par.zero == ZeroStage.WEIGHTS else (copies - tr.fp8_param_gather) * (sp.total - sp.ends)
         out["fp8_weights"] = cached + linears * 3 * FP8_AMAX_HISTORY * 4
     elif tr.precision.value in wl.LOW_PRECISION_FORMATS:   # mxfp8, nvfp4: two block-scaled copies
         out["fp8_weights"] = 2 * wl.quantized_bytes(tr.precision.value) * (sp.total - sp.ends)
@@ -229,7 +229,7 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
         grads = (master or wb) * shard if sharded_gradients(plan) else gb * sp.total
         opt = (k - master) * shard
     else:   # DDP, Megatron's distributed optimizer, DeepSpeed: the ZeRO paper's partitions
-        weights = wb * (shard if z >= ZeroStage.WEIGHTS else sp.total)
+        weights = wb * shard if z >= ZeroStage.WEIGHTS else stored_weight_bytes(plan, sp.total, sp.ends)
         # the distributed optimizer's main_grads in the reduce dtype; DDP's autocast: 4 + 4 + 8 = 2 + 2 + 12
         grads = wb * shard if sharded_gradients(plan) else (gb if z == ZeroStage.OPTIMIZER_STATES else wb) * sp.total
         opt = k * (shard if z >= ZeroStage.OPTIMIZER_STATES else sp.total)
@@ -279,8 +279,8 @@ def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
     context, margin, count_buffers = framework_terms(plan)
     grads_live = gradients_at_activation_peak(plan)
     vpp, tr = plan.parallel.vpp, plan.training
-    key = (plan.model, plan.parallel, tr.precision, tr.optimizer, tr.master_weights, tr.offload, tr.micro_batch,
-           tr.optimizer_in_backward, count_buffers, id(params))   # what the kinds read (recompute variants share)
+    key = (plan.model, plan.parallel, tr.precision, tr.fp8_recipe, tr.fp8_param_gather, tr.optimizer, tr.master_weights,
+           tr.optimizer_state_dtype, tr.offload, tr.micro_batch, tr.optimizer_in_backward, count_buffers, id(params))
     hit = _KINDS.get(key)
     if hit is None or hit[0] is not params:
         if len(_KINDS) >= _KINDS_MAX:

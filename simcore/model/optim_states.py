@@ -17,12 +17,21 @@ the fp32 master copy (4) and the fp32 momentum and variance (8). The other optim
   optimizer's param_groups hold), nothing is a matrix and the accumulator is whole: 4.
 
 Pure 16-bit training (``master_weights: false``, torchtune's ``dtype: bf16``) keeps no master
-copy and its 32-bit states in the 16-bit dtype; 8-bit states stay 8-bit.
+copy and its 32-bit states in the 16-bit dtype; 8-bit states stay 8-bit. Adam's moments alone in
+16 bits beside an fp32 master copy (``training.optimizer_state_dtype``: Megatron-Core's
+``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, TE's FusedAdam
+with ``exp_avg_dtype``/``exp_avg_sq_dtype``; DeepSeek-V3, arXiv:2412.19437 Sec. 3.3.3): 4 + 2 + 2.
+
+Stored weights are 16-bit (``param_bytes``) but for FP8 primary weights
+(``training.fp8_param_gather``, Megatron-Core ``--fp8-param-gather``): the blocks' linear
+weights are Transformer Engine Float8Tensors (``fp8_model_init``), one byte an element, gathered
+by the distributed optimizer in that dtype; the embedding, the output layer and the norms stay
+16-bit (``stored_weight_bytes``).
 """
 from __future__ import annotations
 
 from simcore.model import workload as wl
-from simcore.plan.spec import ModelSpec, Optimizer, Plan, Precision, TrainingSpec, ZeroImpl, ZeroStage
+from simcore.plan.spec import ModelSpec, Optimizer, Plan, Precision, StateDtype, TrainingSpec, ZeroImpl, ZeroStage
 
 #: torchao's 8-bit AdamW quantisation block (elements per fp32 scale), torchao/optim/adam.py @36027d82.
 EIGHT_BIT_BLOCK = 256
@@ -48,6 +57,16 @@ def param_bytes(tr: TrainingSpec) -> int:
     return 4 if tr.autocast else weight_bytes_per_param(tr.precision)
 
 
+def stored_weight_bytes(plan: Plan, params: float, ends: float) -> float:
+    """Bytes of ``params`` stored parameters of which ``ends`` are the embedding and output (and
+    of what the distributed optimizer all-gathers of them): ``param_bytes`` each, the others
+    FP8's one byte under ``training.fp8_param_gather`` (see above)."""
+    wb = param_bytes(plan.training)
+    if not plan.training.fp8_param_gather:
+        return wb * params
+    return wb * ends + wl.quantized_bytes(Precision.FP8.value) * (params - ends)
+
+
 def flat_partitions(plan: Plan) -> bool:
     """Whether the optimizer steps flat 1-D partitions of the parameters (DeepSpeed's ZeRO)."""
     return plan.parallel.zero_impl == ZeroImpl.DEEPSPEED and plan.parallel.zero >= ZeroStage.OPTIMIZER_STATES
@@ -65,4 +84,5 @@ def optimizer_bytes_per_param(tr: TrainingSpec, hidden: int, flat: bool = False)
         states = 4.0 if flat else 8.0 / hidden
     else:
         states = float(_FP32_STATES[tr.optimizer])
-    return master + (states / 2 if pure16 else states)
+    half = pure16 or tr.optimizer_state_dtype != StateDtype.FP32   # 16-bit moments
+    return master + (states / 2 if half else states)

@@ -17,7 +17,8 @@ Schedules (virtual stage ``v`` runs on rank ``v % pp``, the loop layout):
 - 1F1B (Narayanan et al. 2021, PipeDream-Flush): warm-up forwards, steady one-forward
   one-backward, cool-down backwards (``Schedule1F1B``).
 - Interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2), depth-first over ``vpp``
-  model chunks per rank (``ScheduleInterleaved1F1B``).
+  model chunks per rank (``ScheduleInterleaved1F1B``), a chunk taking ``group`` micro-batches
+  in a row (Megatron-Core's ``microbatch_group_size_per_vp_stage``; torch's rounds rule).
 - Zero bubble ZB-H1 (Qi et al. 2024, arXiv:2401.10241): backward split into input
   gradient ``I`` and weight gradient ``W``; ``W`` fills the cool-down bubble
   (``ScheduleInterleavedZeroBubble``, any ``vpp``).
@@ -102,12 +103,9 @@ def _gpipe(pp: int, m: int) -> dict[int, RankActions]:
 
 
 def _one_f_one_b(pp: int, m: int) -> dict[int, RankActions]:
-    """torch ``Schedule1F1B._get_pipeline_order``, commented by phase.
-
-    torch 2.13 starts the last rank's steady state at micro-batch 1 (its ``forward_mb``
-    starts at 0 when there is no warm-up); here the warm-up count is capped at ``m``
-    and forwards are numbered from 0 on every rank.
-    """
+    """torch ``Schedule1F1B._get_pipeline_order``, commented by phase. torch 2.13 starts the last
+    rank's steady state at micro-batch 1 (its ``forward_mb`` starts at 0 without warm-up); here the
+    warm-up count is capped at ``m`` and forwards are numbered from 0 on every rank."""
     out = {}
     for rank in range(pp):
         ops: RankActions = [None] * rank
@@ -130,9 +128,9 @@ def _warmup_ops(rank: int, vpp: int, per_round: int, pp: int, m: int, factor: in
     return min((vpp - 1) * per_round + factor * (pp - 1 - rank), m * vpp)
 
 
-def _interleaved_rank(rank: int, pp: int, m: int, vpp: int, zero_bubble: bool) -> RankActions:
-    """torch ``_get_1f1b_rank_ops`` for one rank of the interleaved / ZB-H1 schedules."""
-    per_round = m // max(1, m // pp)
+def _interleaved_rank(rank: int, pp: int, m: int, vpp: int, zero_bubble: bool, per_round: int) -> RankActions:
+    """torch ``_get_1f1b_rank_ops`` for one rank of the interleaved / ZB-H1 schedules, ``per_round``
+    micro-batches a chunk (Megatron-Core ``get_schedule_table``, ``get_pp_rank_microbatches``)."""
     warmup = _warmup_ops(rank, vpp, per_round, pp, m, 1 if zero_bubble else 2)
     total = m * vpp
     steady = total - warmup
@@ -212,8 +210,10 @@ def _add_bubbles(actions: dict[int, RankActions], stages: int) -> dict[int, Rank
     return result
 
 
-def build_schedule(kind: Schedule | str, pp: int, microbatches: int, vpp: int = 1) -> dict[int, RankActions]:
-    """Compute-only schedule ``{rank: [Action | None, ...]}`` for ``pp`` ranks, as torch orders it."""
+def build_schedule(kind: Schedule | str, pp: int, microbatches: int, vpp: int = 1, group: int = 0
+                   ) -> dict[int, RankActions]:
+    """Compute-only schedule ``{rank: [Action | None, ...]}`` for ``pp`` ranks, as torch orders it;
+    ``group``: interleaved 1F1B's micro-batches a chunk runs in a row (0: torch's rounds rule)."""
     kind = Schedule(kind)
     if pp < 1 or microbatches < 1 or vpp < 1:
         raise ValueError(f"pp={pp}, microbatches={microbatches} and vpp={vpp} must all be at least 1")
@@ -221,25 +221,25 @@ def build_schedule(kind: Schedule | str, pp: int, microbatches: int, vpp: int = 
         if vpp != 1:
             raise ValueError(f"parallel.vpp={vpp} needs schedule interleaved-1f1b or zero-bubble, not {kind.value}")
         return _gpipe(pp, microbatches) if kind == Schedule.GPIPE else _one_f_one_b(pp, microbatches)
-    rounds = torch_rounds(pp, microbatches)
-    if microbatches % rounds:
+    zb, rounds = kind == Schedule.ZERO_BUBBLE, torch_rounds(pp, microbatches)
+    if group and (zb or microbatches % group or not pp <= group <= microbatches):
+        raise ValueError(f"a micro-batch group of {group} needs the interleaved schedule and must divide the "
+                         f"{microbatches} micro-batches, at least pp={pp}")
+    if not group and microbatches % rounds:
         raise ValueError(f"the {kind.value} schedule needs micro-batches ({microbatches}) to be a multiple "
                          f"of max(1, micro-batches // pp) = {rounds} (torch's rounds rule)")
-    zb = kind == Schedule.ZERO_BUBBLE
-    out = {r: _interleaved_rank(r, pp, microbatches, vpp, zb) for r in range(pp)}
+    out = {r: _interleaved_rank(r, pp, microbatches, vpp, zb, group or microbatches // rounds) for r in range(pp)}
     return _add_bubbles(out, pp * vpp) if zb else out
 
 
 def fused_p2p(kind: Schedule | str, pp: int, microbatches: int, a: Action) -> tuple[bool, bool]:
     """(its send goes out with the post of a later receive, its own receive was posted early)
-    for compute action ``a`` as torch runs schedule ``kind``.
-
-    ``Schedule1F1B._step_microbatches`` (torch 2.13) fires a stage's sends and receives in
-    one ``batch_isend_irecv`` in its steady phase: with ``w = min(m, pp - stage)`` warm-up
-    forwards, the send of forward ``i >= w - 1`` goes with the post of backward
-    ``i - w + 1``'s receive, the send of backward ``j < m - w`` with the post of forward
-    ``j + w``'s. Every other send and receive of it, and of the other schedules (GPipe,
-    ``_PipelineScheduleRuntime``'s SEND/RECV actions), is issued alone, a receive right
+    for compute action ``a`` as torch runs schedule ``kind``. ``Schedule1F1B._step_microbatches``
+    (torch 2.13) fires a stage's sends and receives in one ``batch_isend_irecv`` in its steady
+    phase: with ``w = min(m, pp - stage)`` warm-up forwards, the send of forward ``i >= w - 1``
+    goes with the post of backward ``i - w + 1``'s receive, the send of backward ``j < m - w``
+    with the post of forward ``j + w``'s. Every other send and receive of it, and of the other
+    schedules (GPipe, ``_PipelineScheduleRuntime``'s SEND/RECV), is issued alone, a receive right
     before its wait."""
     if Schedule(kind) != Schedule.ONE_F_ONE_B or pp == 1:
         return False, False
@@ -390,10 +390,9 @@ def format_grid(schedule: dict[int, list], by: str = "rank") -> str:
     if by != "step":
         raise ValueError(f"format_grid by={by!r} must be 'rank' or 'step'")
     labels = ["Step " + str(i).zfill(len(str(steps - 1))) for i in range(steps)]
-    rank_labels = [f"Rank {i}" for i in range(len(ranks))]
     # torch sizes column i by the label of *step* i and rank i's actions; kept for identical output
     widths = [max([len(labels[i])] + [len(c) for c in cells[i]]) for i in range(len(ranks))]
-    header = " " * (len(labels[0]) + 2) + " ".join(f"{lab:<{widths[i]}}" for i, lab in enumerate(rank_labels))
+    header = " " * (len(labels[0]) + 2) + " ".join(f"{f'Rank {i}':<{widths[i]}}" for i in range(len(ranks)))
     rows = [f"{lab}: " + " ".join(f"{cells[i][t]:<{widths[i]}}" for i in range(len(ranks)))
             for t, lab in enumerate(labels)]
     return header + "\n" + "\n".join(rows) + "\n"

@@ -201,6 +201,17 @@ class Optimizer(_Choice):
     torch.optim.Adafactor, Hugging Face's ``optim="adafactor"``)."""
 
 
+class StateDtype(_Choice):
+    """The dtype Adam's two moments are kept in beside the fp32 master weights: ``fp32`` (the
+    stacks' default), ``bf16`` or ``fp16`` (Megatron-Core's ``--use-precision-aware-optimizer``
+    with ``--exp-avg-dtype`` and ``--exp-avg-sq-dtype``, Transformer Engine's FusedAdam;
+    DeepSeek-V3 tracked both moments in BF16, arXiv:2412.19437 Sec. 3.3.3)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
 class ZeroStage(enum.IntEnum):
     """ZeRO stages are cumulative (DeepSpeed's convention): compare with >=."""
 

@@ -48,6 +48,8 @@ def deepspeed_config(plan: Plan) -> dict:
     if tr.activation_offload:
         raise _refuse("training.activation_offload", tr.activation_offload,
                       "it offloads only checkpointed activations (activation_checkpointing.cpu_checkpointing)")
+    if tr.optimizer_state_dtype.value != "fp32":
+        raise _refuse("training.optimizer_state_dtype", tr.optimizer_state_dtype.value)
     if tr.optimizer.value in ("sgd", "adamw8bit", "adafactor"):
         raise _refuse("training.optimizer", tr.optimizer.value,
                       "its optimizer types have none; pass the optimizer to deepspeed.initialize")

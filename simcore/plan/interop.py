@@ -235,9 +235,11 @@ _SECTION_ORDER = {
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
               "sliding_window_layers"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
-                 "fsdp_root", "schedule", "cp_comm", "tp_comm_overlap", "overlap_param_gather", "moe_dispatcher"),
+                 "fsdp_root", "schedule", "microbatch_group", "cp_comm", "tp_comm_overlap", "overlap_param_gather",
+                 "moe_dispatcher"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "attention_unpad", "recompute", "offload",
-                 "flash_attention", "optimizer", "grad_compression", "kernels", "optimizer_in_backward", "autocast"),
+                 "flash_attention", "optimizer", "grad_compression", "kernels", "optimizer_in_backward", "autocast",
+                 "fp8_param_gather", "optimizer_state_dtype"),
 }
 
 

@@ -18,10 +18,9 @@ import yaml
 
 from simcore.plan.hf_config import hf_config_fields, model_section
 from simcore.plan.rules import check_plan
-from simcore.plan.spec import (
-    AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, MoeDispatcher, GradCompression, Kernels, Loss, ModelSpec, Offload, Optimizer, ParallelSpec, Plan,
-    PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, TrainingSpec, ZeroImpl, ZeroStage,
-)
+from simcore.plan.spec import (AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss,
+                               ModelSpec, MoeDispatcher, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
+                               Precision, Recompute, RecomputeMethod, Schedule, StateDtype, TrainingSpec, ZeroImpl, ZeroStage)
 from topologies.components import CatalogError
 from topologies.hardware import Catalog, load_catalog
 from topologies.profile import scale_for_ranks
@@ -36,6 +35,7 @@ _CLUSTER_KEYS = {"node", "nodes", "fabric", "gpus_per_node", "nics_per_node", "s
 _PARALLEL_KEYS = {f.name for f in fields(ParallelSpec)}
 # recompute's layer count and method are written inside ``training.recompute`` itself
 _TRAINING_KEYS = {f.name for f in fields(TrainingSpec)} - {"recompute_layers", "recompute_method"}
+_TRAINING_DEFAULTS = {f.name: getattr(f.default, "value", f.default) for f in fields(TrainingSpec)}
 
 
 def _check_keys(doc: dict, known: set[str], where: str) -> None:
@@ -218,6 +218,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         tp_comm_overlap=_bool(doc, "tp_comm_overlap", w, False),
         overlap_param_gather=_bool(doc, "overlap_param_gather", w, False),
         moe_dispatcher=MoeDispatcher.parse(doc.get("moe_dispatcher", "alltoall"), "parallel.moe_dispatcher"),
+        microbatch_group=_int(doc, "microbatch_group", w, 0, minimum=0),
     )
 
 
@@ -245,6 +246,8 @@ def _training(value, layers: int) -> TrainingSpec:
         kernels=Kernels.parse(doc.get("kernels", "fused"), "training.kernels"),
         optimizer_in_backward=_bool(doc, "optimizer_in_backward", w, False),
         grads_to_none=_bool(doc, "grads_to_none", w, True),
+        fp8_param_gather=_bool(doc, "fp8_param_gather", w, False),
+        optimizer_state_dtype=StateDtype.parse(doc.get("optimizer_state_dtype", "fp32"), f"{w}.optimizer_state_dtype"),
         allocator_margin=_margin(doc),
     )
 
@@ -368,6 +371,7 @@ def plan_to_dict(plan: Plan) -> dict:
     optional = {"overlap_param_gather": par.overlap_param_gather or None, "expert_tp": par.expert_tp or None,
                 "moe_dispatcher": par.moe_dispatcher.value if par.moe_dispatcher != MoeDispatcher.ALLTOALL else None,
                 "fsdp_root": par.fsdp_root.value if par.fsdp_root != FsdpRoot.RESHARDED else None,
+                "microbatch_group": par.microbatch_group or None,
                 "stage_layers": list(par.stage_layers) if par.stage_layers is not None else None}
     parallel.update({k: v for k, v in optional.items() if v is not None})
     cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,
@@ -383,11 +387,10 @@ def plan_to_dict(plan: Plan) -> dict:
     training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
-    for key, default in (("allocator_margin", None), ("loss", Loss.FUSED.value), ("master_weights", True),
-                         ("autocast", False), ("attention_kernel", AttentionKernel.AUTO.value), ("attention_unpad", False),
-                         ("kernels", Kernels.FUSED.value), ("grads_to_none", True), ("optimizer_in_backward", False),
-                         ("activation_offload", 0)):
-        if training[key] == default:   # written only where the Plan sets it
+    for key in ("allocator_margin", "loss", "master_weights", "autocast", "attention_kernel", "attention_unpad",
+                "kernels", "grads_to_none", "optimizer_in_backward", "activation_offload", "fp8_param_gather",
+                "optimizer_state_dtype"):
+        if training[key] == _TRAINING_DEFAULTS[key]:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}
     return {"name": plan.name, **doc} if plan.name else doc

@@ -288,6 +288,7 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
     f["parallel.ep"] = a.value("--expert-model-parallel-size")
     f["parallel.expert_tp"] = a.value("--expert-tensor-parallel-size")
     f["parallel.vpp"] = a.value("--num-virtual-stages-per-pipeline-rank")
+    f["parallel.microbatch_group"] = a.value("--microbatch-group-size-per-virtual-pipeline-stage")
     if (f["parallel.ep"] or 1) > 1:
         dispatcher = a.value("--moe-token-dispatcher-type", str)
         backend = a.value("--moe-flex-dispatcher-backend", str)
@@ -356,7 +357,9 @@ def _megatron_training(a: _Args, f: dict) -> None:
         f["training.activation_offload"] = offloaded
     if a.flag("--optimizer-cpu-offload"):
         f["training.offload"] = "optimizer"
-        a.flag("--use-precision-aware-optimizer"), a.value("--optimizer-offload-fraction", float)
+        a.value("--optimizer-offload-fraction", float)
+    f["training.fp8_param_gather"] = a.flag("--fp8-param-gather") or None
+    _precision_aware_optimizer(a, f)
     backend = a.value("--attention-backend", str)  # AttnBackend: flash, fused, unfused, local, auto
     if backend is not None or a.flag("--use-flash-attn"):
         f["training.flash_attention"] = backend in (None, "flash", "fused", "auto")
@@ -366,6 +369,23 @@ def _megatron_training(a: _Args, f: dict) -> None:
     elif optimizer is not None:
         a.used.discard("--optimizer")
     if a.flag("--grad-reduce-in-bf16"):   # DDP's all-reduce or the distributed optimizer's reduce-scatter
+        f["training.grad_compression"] = "bf16"
+
+
+def _precision_aware_optimizer(a: _Args, f: dict) -> None:
+    """``--use-precision-aware-optimizer`` (Transformer Engine's FusedAdam): Adam's moments in
+    ``--exp-avg-dtype``/``--exp-avg-sq-dtype``; bf16 ``--main-grads-dtype`` leaves the gradient
+    buffer in bf16 (arguments.py keeps ``accumulate_allreduce_grads_in_fp32`` off)."""
+    if not a.flag("--use-precision-aware-optimizer"):
+        return
+    moments = {a.value("--exp-avg-dtype", str) or "fp32", a.value("--exp-avg-sq-dtype", str) or "fp32"}
+    if len(moments) > 1 or moments - {"fp32", "bf16", "fp16"}:
+        raise PlanError(f"megatron --exp-avg-dtype/--exp-avg-sq-dtype {sorted(moments)} have no "
+                        "training.optimizer_state_dtype (one of fp32, bf16, fp16 for both)")
+    f["training.optimizer_state_dtype"] = moments.pop()
+    if (a.value("--main-params-dtype", str) or "fp32") != "fp32":
+        raise PlanError("megatron --main-params-dtype fp16 has no Plan field (the master weights are fp32)")
+    if a.value("--main-grads-dtype", str) == "bf16":
         f["training.grad_compression"] = "bf16"
 
 

@@ -2,9 +2,8 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
-from simcore.plan.spec import (
-    AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, MoeDispatcher, GradCompression, Offload, Plan, PlanError, Precision, Recompute, Schedule, ZeroImpl, ZeroStage,
-)
+from simcore.plan.spec import (AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression, MoeDispatcher, Offload,
+                               Optimizer, Plan, PlanError, Precision, Recompute, Schedule, StateDtype, ZeroImpl, ZeroStage)
 
 
 def _fsdp_root_rule(plan: Plan) -> tuple[bool, str]:
@@ -27,16 +26,24 @@ def torch_rounds(pp: int, microbatches: int) -> int:
 
 def _schedule_rules(plan: Plan) -> list[tuple[bool, str]]:
     """The pipeline schedule's: virtual stages, and the micro-batches its looped forms take
-    (Megatron's interleaved rule, m % pp; torch's rounds rule for zero-bubble)."""
+    (Megatron's interleaved rule, m a multiple of its micro-batch group, pp by default; torch's
+    rounds rule for zero-bubble)."""
     par, m = plan.parallel, plan.num_microbatches
-    rounds = torch_rounds(par.pp, m)
+    rounds, group = torch_rounds(par.pp, m), par.microbatch_group
     return [
         (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE),
          f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
          f"not {par.schedule.value}"),
         (par.vpp == 1 or par.pp > 1, "parallel.vpp > 1 needs parallel.pp > 1"),
-        (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or m % par.pp == 0,
+        (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or group or m % par.pp == 0,
          f"the interleaved schedule needs the micro-batches per step ({m}) to be a multiple of parallel.pp={par.pp}"),
+        (not group or par.schedule == Schedule.INTERLEAVED_1F1B and par.vpp > 1 and par.zero <= 1,
+         f"parallel.microbatch_group={group} needs parallel.schedule interleaved-1f1b with parallel.vpp > 1 and "
+         "parallel.zero <= 1 (Megatron's schedule; FSDP under a pipeline runs torch's, whose groups are its rounds)"),
+        # Megatron-Core (pipeline_parallel/schedules.py): pp <= N <= m; an uneven last group is not modelled
+        (not group or par.pp <= group <= m and m % group == 0,
+         f"parallel.microbatch_group={group} must divide the micro-batches per step ({m}) and be at least "
+         f"parallel.pp={par.pp}"),
         (par.schedule != Schedule.ZERO_BUBBLE or m % rounds == 0,
          f"the zero-bubble schedule needs the micro-batches per step ({m}) to be a multiple of "
          f"max(1, micro-batches // parallel.pp) = {rounds} (torch's rounds rule)"),
@@ -173,6 +180,12 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "offloading with pipeline parallelism, transformer_config.py; torchtune's offloading has no pipeline)"),
         (tr.grad_compression != GradCompression.POWERSGD or par.zero == ZeroStage.NONE,
          "training.grad_compression=powersgd needs parallel.zero=0 (it is a DDP communication hook)"),
+        (not tr.fp8_param_gather or tr.precision == Precision.FP8 and par.zero == ZeroStage.OPTIMIZER_STATES
+         and par.zero_impl == ZeroImpl.FSDP2, "training.fp8_param_gather needs training.precision=fp8 and "
+         "parallel.zero=1 (Megatron's distributed optimizer keeps the fp32 weights it re-quantizes)"),
+        (tr.optimizer_state_dtype == StateDtype.FP32 or tr.optimizer in (Optimizer.ADAMW, Optimizer.ADAM)
+         and tr.master_weights and not tr.autocast, f"training.optimizer_state_dtype={tr.optimizer_state_dtype.value} "
+         "needs optimizer adamw or adam with master weights (the precision-aware Adam of Transformer Engine)"),
     ]
 
 

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 from simcore.plan.choices import (
     AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss, MoeDispatcher, Offload, Optimizer, PlanError,
-    PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, ZeroImpl, ZeroStage,
+    PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, StateDtype, ZeroImpl, ZeroStage,
 )
 from topologies.components import Fabric, Node, Storage
 
 __all__ = [
     "AttentionKernel", "CpComm", "Fp8Recipe", "FsdpRoot", "GradCompression", "Kernels", "Loss", "MoeDispatcher", "Offload",
     "Optimizer", "PlanError", "PositionEmbedding", "Precision", "Recompute", "RecomputeMethod", "Schedule",
-    "ZeroImpl", "ZeroStage", "MEGATRON_DROPOUT", "ModelSpec", "ClusterSpec", "ParallelSpec", "TrainingSpec", "Plan",
-    "even_split",
+    "StateDtype", "ZeroImpl", "ZeroStage", "MEGATRON_DROPOUT", "ModelSpec", "ClusterSpec", "ParallelSpec",
+    "TrainingSpec", "Plan", "even_split",
 ]
 
 
@@ -175,6 +175,11 @@ class ParallelSpec:
     default there; Megatron-Bridge's recipes set it); otherwise it runs after the step."""
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     """How MoE tokens travel to the expert-parallel ranks (``MoeDispatcher``)."""
+    microbatch_group: int = 0
+    """Interleaved 1F1B: micro-batches a model chunk runs in a row before the next chunk takes
+    over (Megatron-Core ``--microbatch-group-size-per-virtual-pipeline-stage``, Llama 3's
+    tunable N, arXiv:2407.21783 Sec. 3.3.2): rank r warms up with (vpp - 1) N + 2 (pp - 1 - r)
+    forwards. 0: the schedule's own (pp; torch's rounds rule)."""
 
     @property
     def gpus(self) -> int:
@@ -238,6 +243,13 @@ class TrainingSpec:
     grads_to_none: bool = True
     """``optimizer.zero_grad(set_to_none=True)``, torch's default since 2.0: gradients are freed
     between steps; False keeps them allocated (zeroed), as torch 1.x's default did."""
+    fp8_param_gather: bool = False
+    """With ``precision: fp8``: the blocks' linear weights are FP8 tensors (no 16-bit copy; the
+    fp32 master copy in the distributed optimizer re-quantizes them after each step) and are
+    all-gathered in FP8 (Megatron-Core ``--fp8-param-gather``, Transformer Engine's
+    ``fp8_model_init``)."""
+    optimizer_state_dtype: StateDtype = StateDtype.FP32
+    """Adam's moments' dtype beside the fp32 master weights (``StateDtype``)."""
     allocator_margin: float | None = None
     """Share of the tensor bytes the caching allocator reserves beyond them (fragmentation);
     None takes ``simcore.model.memory``'s stated default."""

@@ -122,6 +122,8 @@ def _megatron_parallel_args(plan: Plan) -> list:
         raise _refuse("parallel.schedule", schedule, "Megatron-LM", "interleaving needs parallel.vpp > 1")
     if par.vpp > 1:
         args.append(("--num-virtual-stages-per-pipeline-rank", par.vpp))
+    if par.microbatch_group:
+        args.append(("--microbatch-group-size-per-virtual-pipeline-stage", par.microbatch_group))
     args += _megatron_stage_args(plan)
     if par.sequence_parallel:
         args.append(("--sequence-parallel", None))
@@ -190,8 +192,17 @@ def _megatron_training_args(plan: Plan) -> list:
             raise ValueError(f"training.activation_offload={tr.activation_offload} has no Megatron-LM equivalent: "
                              f"--cpu-offloading-num-layers must be below model.layers={plan.model.layers}")
         args.append(("--cpu-offloading-num-layers", tr.activation_offload))
-    if tr.offload.value == "optimizer":
-        args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]
+    if tr.fp8_param_gather:
+        args.append(("--fp8-param-gather", None))
+    if tr.offload.value == "optimizer" or tr.optimizer_state_dtype.value != "fp32":
+        args += [("--optimizer-cpu-offload", None)] if tr.offload.value == "optimizer" else []
+        args.append(("--use-precision-aware-optimizer", None))
+    if tr.optimizer_state_dtype.value != "fp32":   # TE's FusedAdam keeps both moments in that dtype
+        if plan.parallel.zero == 0:
+            raise _refuse("training.optimizer_state_dtype", tr.optimizer_state_dtype.value, "Megatron-LM",
+                          "its precision-aware optimizer needs the distributed optimizer (parallel.zero=1)")
+        args += [("--exp-avg-dtype", tr.optimizer_state_dtype.value),
+                 ("--exp-avg-sq-dtype", tr.optimizer_state_dtype.value)]
     # Megatron's default is auto (Transformer Engine's flash or fused kernel): say which
     args.append(("--attention-backend", "flash" if tr.flash_attention else "unfused"))
     if tr.optimizer.value in ("adam", "adamw8bit", "adafactor"):
