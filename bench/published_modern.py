@@ -173,6 +173,15 @@ def _deepep(row: pd.Series, ep: int) -> bool:
     return ep > 1 and re.search(r"(?i)deepep|hybridep", str(row.notes)) is not None
 
 
+def _moe_overlap(row: pd.Series, ep: int) -> dict:
+    """Megatron-Bridge's MoE presets that set ``moe_a2a_overlap`` (the notes quote the preset of
+    scripts/performance/configs at the table's commit): Megatron-Core's combined 1F1B schedule,
+    ``--overlap-moe-expert-parallel-comm`` (``parallel.moe_a2a_overlap``)."""
+    if row.source == BRIDGE and ep > 1 and re.search(r"Recipe preset[^.]*moe_a2a_overlap", str(row.notes)):
+        return {"moe_a2a_overlap": True}
+    return {}
+
+
 def _bridge_tp_overlap(row: pd.Series, tp: int) -> bool:
     """Megatron-Bridge's Llama recipes overlap TP communication with the GEMMs (Transformer
     Engine userbuffers): ``llama3_70b_pretrain_config`` and ``llama31_405b_pretrain_config``
@@ -236,6 +245,11 @@ def base_doc(row: pd.Series) -> dict:
         training["activation_offload"] = int(offloaded)
     if _deepep(row, ep):
         parallel["moe_dispatcher"] = "deepep"
+    parallel.update(_moe_overlap(row, ep))
+    if ep > 1 and "fake_balanced_gate" in str(row.notes):
+        # AutoModel's benchmark gate: token t runs experts tk .. tk+k-1 (nemo_automodel/components/
+        # moe/layers.py FakeBalancedGate @e45812012, noise 0 by default), the configs' fake_balanced_gate
+        training["moe_routing"] = "round_robin"
     if src in TORCHAO:
         training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
         # torchao's benchmark scripts launch torchtitan's run_train.sh, which sets

@@ -90,6 +90,10 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "torch.optim.Adafactor's factored statistics fail on sharded DTensors"),
         (par.moe_dispatcher == MoeDispatcher.ALLTOALL, "parallel.moe_dispatcher=deepep is priced, not run: the "
          "executor dispatches tokens with all_to_all_single (moe_dispatcher: alltoall)"),
+        (not par.moe_a2a_overlap, "parallel.moe_a2a_overlap is priced, not run: torch's pipeline schedules run one "
+         "micro-batch's forward or backward at a time"),
+        (tr.moe_routing.value == "balanced", f"training.moe_routing={tr.moe_routing.value} is priced, not run: the "
+         "executor's MoE routes by its own gate"),
         (not tr.attention_unpad, "training.attention_unpad is priced, not run: the executor's attention is "
          "SDPA on the whole batch"),
         (par.microbatch_group in (0, plan.num_microbatches // torch_rounds(par.pp, plan.num_microbatches)),

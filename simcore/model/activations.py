@@ -269,13 +269,17 @@ def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms)
 def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, float, bool, bool, float]]:
     """Per pipeline rank, what its activation bytes depend on: (chunks in flight, weight
     gradients owed, layers per model chunk, first rank, last rank, an MoE model's dense layers
-    per model chunk)."""
+    per model chunk). Megatron-Core's combined 1F1B (``parallel.moe_a2a_overlap``) runs one more
+    forward ahead, so that each step's forward and backward are independent (schedules.py
+    ``get_pp_rank_microbatches`` @d98e8a64: ``num_warmup_microbatches + 1``; without a pipeline
+    the next micro-batch's forward beside this one's backward): one more chunk in flight."""
     par = plan.parallel
-    p = par.pp
+    p, ahead = par.pp, int(par.moe_a2a_overlap)
     dense = ml.rank_dense_layers(plan.model, stages, p)
     if p == 1:
-        return [(1, 0, sum(stages) / par.vpp, True, True, dense[0] / par.vpp)]
+        return [(min(1 + ahead, plan.num_microbatches), 0, sum(stages) / par.vpp, True, True, dense[0] / par.vpp)]
     flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp, par.microbatch_group)
+    flights = tuple(min(f + ahead, plan.num_microbatches * par.vpp) for f in flights) if ahead else flights
     layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
     per_chunk = {n: n / par.vpp for n in set(layers) | set(dense)}
     return list(zip(flights, owes, map(per_chunk.__getitem__, layers), (True,) + (False,) * (p - 1),

@@ -45,6 +45,9 @@ class GroupNet:
     base_latency_s: float
     intra_hop_s: float
     inter_hop_s: float
+    nic_bytes_per_s: float = 0.0
+    """A rank's own share of its domain's NICs, every GPU of the domain sending at once (the
+    cross-domain part of an all-to-all); 0 for a group inside one NVLink domain."""
 
     @property
     def ranks_per_node(self) -> int:
@@ -128,10 +131,12 @@ def _group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) 
         return GroupNet(nodes=2, bus_bytes_per_s=min(intra, nic), **common)
     nics = cluster.node.nics_per_node * dom // gpn        # the domain's NICs
     nic = nics * fab.nic_bytes_per_s * dev.nic_efficiency / concurrent
+    own = nics * fab.nic_bytes_per_s * dev.nic_efficiency / dom   # every GPU of the domain at once
     if domains * max(1, min(dom, per_domain * stride) // gpn) > nodes_per_leaf(cluster):
         nic /= fab.oversubscription
+        own /= fab.oversubscription
     bus = min(intra, nic) if per_domain > 1 else nic
-    return GroupNet(nodes=domains, bus_bytes_per_s=bus, **common)
+    return GroupNet(nodes=domains, bus_bytes_per_s=bus, nic_bytes_per_s=own, **common)
 
 
 def _ring_latency(net: GroupNet, steps: int, inter_steps: int) -> float:
@@ -284,13 +289,24 @@ def reduce_scatter_s(size_bytes: float, net: GroupNet) -> float:
     return all_gather_s(size_bytes, net)
 
 
-def all_to_all_s(size_bytes: float, net: GroupNet) -> float:
-    """All-to-all of ``size_bytes`` per rank: (n-1)/n of it leaves every rank, one
-    message per peer (pairwise exchange; latency one hop per peer)."""
+def all_to_all_s(size_bytes: float, net: GroupNet, remote_bytes: float | None = None) -> float:
+    """All-to-all of ``size_bytes`` per rank: (n-1)/n of it leaves every rank, one message per
+    peer (pairwise exchange; latency one hop per peer). Inside an NVLink domain at the group's
+    bus bandwidth. Across domains no ring carries it: each rank sends the share bound for other
+    domains (``remote_bytes``, by default (n-k)/n of it, k ranks a domain) through its own share
+    of its domain's NICs while every GPU of the domain does the same, and the share for its own
+    domain over NVLink alongside: DeepEP's internode dispatch on H800 with one 400 Gb/s NIC (~50
+    GB/s) per GPU moves 43-58 GB/s of RDMA traffic per GPU at EP 16-64 against 153 GB/s over
+    NVLink inside a node (deepseek-ai/DeepEP docs/legacy.md @0297fc80, "Normal kernels")."""
     n = net.ranks
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return net.base_latency_s + (n - 1) * net.hop_s + ring_bytes_s(size_bytes, net)
+    latency = net.base_latency_s + (n - 1) * net.hop_s
+    if net.nodes <= 1 or net.nic_bytes_per_s <= 0:
+        return latency + ring_bytes_s(size_bytes, net)
+    k = net.ranks_per_node
+    remote = (n - k) / n * size_bytes if remote_bytes is None else remote_bytes
+    return latency + max((k - 1) / n * size_bytes / net.intra_bytes_per_s, remote / net.nic_bytes_per_s)
 
 
 def broadcast_s(size_bytes: float, net: GroupNet) -> float:

@@ -24,7 +24,6 @@ waits for every later stage's reduction tail in turn.
 from __future__ import annotations
 
 import functools
-import math
 import operator
 
 from simcore.model import act_offload as ao
@@ -36,13 +35,15 @@ from simcore.model import fsdp_pools
 from simcore.model import host_costs as hc
 from simcore.model import layer_times as lt
 from simcore.model import memory as mem
+from simcore.model import moe_dispatch as md
 from simcore.model import moe_layers as ml
+from simcore.model.moe_dispatch import dispatch_ranks  # noqa: F401  (re-exported: the DeepEP tests read it here)
 from simcore.model import overlap as ov
 from simcore.model import peak as pk
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import CpComm, Fp8Recipe, Kernels, MoeDispatcher, Plan, PlanError, Recompute
+from simcore.plan.spec import CpComm, Fp8Recipe, Kernels, Plan, PlanError, Recompute
 from simcore.results import GIB
 
 #: ``workload.model_flops_per_step`` kept per (model, global batch): a search asks for few.
@@ -56,18 +57,6 @@ def _check_device(plan: Plan) -> None:
 
 #: A stage's FSDP2 reduce-scatters per block, of its ``dp_costs.fsdp_calls`` entry.
 _SCATTERS = operator.itemgetter(2)
-
-@functools.lru_cache(maxsize=256)
-def dispatch_ranks(experts: int, top_k: int, ep: int) -> float:
-    """Ranks a token is sent to when it travels once per rank (DeepEP): the expected number of
-    the ``ep`` ranks, each holding experts/ep of the experts, among which its ``top_k`` distinct
-    experts fall, with routing balanced (every expert equally likely, as the benchmarks force):
-    ep * (1 - C(E - E/ep, k) / C(E, k)). At most top_k (one expert per rank) and at least 1."""
-    if ep <= 1:
-        return 1.0
-    others = experts - experts // ep
-    return ep * (1.0 - math.comb(others, top_k) / math.comb(experts, top_k))
-
 
 def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
     """Blocking TP / CP / EP communication of one layer and one micro-batch (seconds), and
@@ -98,11 +87,8 @@ def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
         out.update(_cp_comm(plan, dev, b, s))
     if m.moe and par.ep > 1:  # dispatch and combine all-to-alls (Lepikhin et al. 2021, GShard)
         net = coll.group_net(cl, dev, par.ep, par.etp if par.etp < par.tp else par.tp * par.cp)   # folded: across TP
-        copies = m.top_k * m.capacity_factor
-        if par.moe_dispatcher == MoeDispatcher.DEEPEP:   # once per destination rank, expanded there
-            copies = dispatch_ranks(m.experts, m.top_k, par.ep)
-        routed = act * copies / (par.tp if par.sequence_parallel else 1)
-        one = coll.all_to_all_s(routed, net)
+        routed, remote = md.ep_bytes(plan, act, net)   # per dispatcher and routing (``moe_dispatch``)
+        one = coll.all_to_all_s(routed, net, remote)
         if dev.measured("ep"):
             # CPU host: the EP probe's measured layer cost (``host_costs``) already holds the
             # four all-to-alls' latency and dispatch; only the bytes' term is added, as for
@@ -201,12 +187,14 @@ def _op_sac_tp_share(plan: Plan) -> float:
     return sum(n * size[kind] for kind, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items()) / forward
 
 
-def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[float, float, float]
-                    ) -> tuple[dict, float, float, float, float, float]:
+def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[float, float, float],
+                    compute: tuple[float, float] = (0.0, 0.0)) -> tuple[dict, float, float, float, float, float]:
     """Per layer and micro-batch: ``_layer_comm``'s figures, the (forward, backward) blocking
     communication, the (forward, backward) host compute of the wrappers (CPU host), and the
     host compute a full recomputation repeats; ``core`` is the attention core's forward time,
-    ``slack`` the (forward, backward, recompute) time the layer's GPU waits for its host.
+    ``slack`` the (forward, backward, recompute) time the layer's GPU waits for its host,
+    ``compute`` the layer's (forward, backward) time, behind which ``parallel.moe_a2a_overlap``
+    hides the expert all-to-alls (``moe_dispatch.a2a_exposed``).
 
     TP's and CP's NCCL kernels go on the stream without stopping the host (torch's NCCL
     ``Work.wait`` makes the compute stream wait, not the host), so in a host-bound phase
@@ -215,6 +203,9 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[
     expert to the host and synchronises on every layer (megatron/core/transformer/moe/
     token_dispatcher.py ``_maybe_dtoh_and_synchronize`` @d98e8a64)."""
     lc = _layer_comm(plan, dev)
+    if plan.parallel.moe_a2a_overlap:
+        ef, eb = md.a2a_exposed(plan, (lc["ep_f"], lc["ep_b"]), compute, dev.comm_compute_interference)
+        lc = {**lc, "ep_f": ef, "ep_b": eb}
     # Ring attention (Megatron-Core through Transformer Engine's P2P context parallel,
     # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
     # flash_attn_p2p_communicate: K/V forward, K/V and dK/dV backward, twice the bytes over
@@ -247,7 +238,7 @@ def _layer_work(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, ...], tu
              tr.flash_attention, tr.recompute, dev, par.cp_comm.value, tr.fp8_recipe != Fp8Recipe.DELAYED,
              par.expert_tp, tr.kernels == Kernels.EAGER, tr.autocast, tr.attention_unpad)
     f, bi, bw, rc, core = lt.layer_times(*shape)
-    lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core, lt.layer_slack(*shape))
+    lc, fc, bc, host_f, host_b, rec_host = _layer_blocking(plan, dev, core, lt.layer_slack(*shape), (f, bi + bw))
     return (f, bi, bw, rc + rec_host), (fc, bc, host_f, host_b), lc
 
 

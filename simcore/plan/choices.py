@@ -58,6 +58,19 @@ class MoeDispatcher(_Choice):
     DEEPEP = "deepep"
 
 
+class MoeRouting(_Choice):
+    """Which experts a token's router picks, as the run's gate does: ``balanced`` draws its top-k
+    experts at random, every expert equally likely (a trained router balanced on average;
+    Megatron-Core's ``--moe-router-force-load-balancing`` replaces the logits by random normals,
+    megatron/core/transformer/moe/router.py ``RandomSTE``); ``round_robin`` gives token t the
+    experts tk .. tk+k-1 modulo the experts (NeMo AutoModel's ``fake_balanced_gate``,
+    nemo_automodel/components/moe/layers.py ``FakeBalancedGate`` @e45812012), so a token's
+    experts are consecutive and share ranks."""
+
+    BALANCED = "balanced"
+    ROUND_ROBIN = "round_robin"
+
+
 class ZeroImpl(_Choice):
     """The stack that runs ZeRO: ``fsdp2`` (torch FSDP2 ``fully_shard``, what trainplan's
     executor runs; one all-gather per block, one block prefetched) or ``deepspeed``

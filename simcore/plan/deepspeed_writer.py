@@ -85,6 +85,10 @@ def _layout_refusals(plan: Plan) -> None:
     if par.pp > 1 and par.schedule != Schedule.ONE_F_ONE_B:
         raise _refuse("parallel.schedule", par.schedule.value, "its pipeline engine runs one 1F1B schedule "
                       "(deepspeed/runtime/pipe/schedule.py TrainSchedule)")
+    if par.moe_a2a_overlap:
+        raise _refuse("parallel.moe_a2a_overlap", "true", "Megatron-Core's combined 1F1B schedule pairs the all-to-alls")
+    if plan.training.moe_routing.value != "balanced":
+        raise _refuse("training.moe_routing", plan.training.moe_routing.value, "NeMo AutoModel's fake gate routes so")
     if par.cp > 1 and par.cp_comm != CpComm.A2A:
         raise _refuse("parallel.cp_comm", par.cp_comm.value, "its sequence parallelism is DeepSpeed-Ulysses' "
                       "all-to-all (parallel.cp_comm: a2a)")

@@ -236,8 +236,9 @@ _SECTION_ORDER = {
               "sliding_window_layers"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "vpp", "stage_layers", "zero", "zero_impl", "sequence_parallel",
                  "fsdp_root", "schedule", "microbatch_group", "cp_comm", "tp_comm_overlap", "overlap_param_gather",
-                 "moe_dispatcher"),
+                 "moe_dispatcher", "moe_a2a_overlap"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "attention_unpad", "recompute", "offload",
+                 "moe_routing",
                  "flash_attention", "optimizer", "grad_compression", "kernels", "optimizer_in_backward", "autocast",
                  "fp8_param_gather", "optimizer_state_dtype"),
 }

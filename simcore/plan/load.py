@@ -19,8 +19,9 @@ import yaml
 from simcore.plan.hf_config import hf_config_fields, model_section
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import (AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss,
-                               ModelSpec, MoeDispatcher, Offload, Optimizer, ParallelSpec, Plan, PlanError, PositionEmbedding,
-                               Precision, Recompute, RecomputeMethod, Schedule, StateDtype, TrainingSpec, ZeroImpl, ZeroStage)
+                               ModelSpec, MoeDispatcher, MoeRouting, Offload, Optimizer, ParallelSpec, Plan, PlanError,
+                               PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, StateDtype, TrainingSpec,
+                               ZeroImpl, ZeroStage)
 from topologies.components import CatalogError
 from topologies.hardware import Catalog, load_catalog
 from topologies.profile import scale_for_ranks
@@ -217,6 +218,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         fsdp_root=FsdpRoot.parse(doc.get("fsdp_root", "resharded"), "parallel.fsdp_root"),
         tp_comm_overlap=_bool(doc, "tp_comm_overlap", w, False),
         overlap_param_gather=_bool(doc, "overlap_param_gather", w, False),
+        moe_a2a_overlap=_bool(doc, "moe_a2a_overlap", w, False),
         moe_dispatcher=MoeDispatcher.parse(doc.get("moe_dispatcher", "alltoall"), "parallel.moe_dispatcher"),
         microbatch_group=_int(doc, "microbatch_group", w, 0, minimum=0),
     )
@@ -244,6 +246,7 @@ def _training(value, layers: int) -> TrainingSpec:
         autocast=_bool(doc, "autocast", w, False),
         loss=Loss.parse(doc.get("loss", "fused"), "training.loss"),
         kernels=Kernels.parse(doc.get("kernels", "fused"), "training.kernels"),
+        moe_routing=MoeRouting.parse(doc.get("moe_routing", "balanced"), "training.moe_routing"),
         optimizer_in_backward=_bool(doc, "optimizer_in_backward", w, False),
         grads_to_none=_bool(doc, "grads_to_none", w, True),
         fp8_param_gather=_bool(doc, "fp8_param_gather", w, False),
@@ -313,13 +316,8 @@ def plan_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | No
         ranks_per_node = min(parallel.gpus, cluster.gpus_per_node)
         cluster = replace(cluster, node=scale_for_ranks(cluster.node, ranks_per_node))
     model = _model(doc["model"], cat, base)
-    plan = Plan(
-        model=model,
-        cluster=cluster,
-        parallel=parallel,
-        training=_training(doc["training"], model.layers),
-        name=str(doc.get("name", "")),
-    )
+    plan = Plan(model=model, cluster=cluster, parallel=parallel, training=_training(doc["training"], model.layers),
+                name=str(doc.get("name", "")))
     check_plan(plan)
     return plan
 
@@ -370,6 +368,7 @@ def plan_to_dict(plan: Plan) -> dict:
     }
     optional = {"overlap_param_gather": par.overlap_param_gather or None, "expert_tp": par.expert_tp or None,
                 "moe_dispatcher": par.moe_dispatcher.value if par.moe_dispatcher != MoeDispatcher.ALLTOALL else None,
+                "moe_a2a_overlap": par.moe_a2a_overlap or None,
                 "fsdp_root": par.fsdp_root.value if par.fsdp_root != FsdpRoot.RESHARDED else None,
                 "microbatch_group": par.microbatch_group or None,
                 "stage_layers": list(par.stage_layers) if par.stage_layers is not None else None}
@@ -388,8 +387,8 @@ def plan_to_dict(plan: Plan) -> dict:
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
     for key in ("allocator_margin", "loss", "master_weights", "autocast", "attention_kernel", "attention_unpad",
-                "kernels", "grads_to_none", "optimizer_in_backward", "activation_offload", "fp8_param_gather",
-                "optimizer_state_dtype"):
+                "moe_routing", "kernels", "grads_to_none", "optimizer_in_backward", "activation_offload",
+                "fp8_param_gather", "optimizer_state_dtype"):
         if training[key] == _TRAINING_DEFAULTS[key]:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

@@ -294,6 +294,8 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
         backend = a.value("--moe-flex-dispatcher-backend", str)
         if dispatcher == "flex" and (a.flag("--moe-enable-deepep") or backend == "deepep"):
             f["parallel.moe_dispatcher"] = "deepep"   # DeepEP: a token once per destination rank
+        if a.flag("--overlap-moe-expert-parallel-comm"):   # the combined 1F1B schedule
+            f["parallel.moe_a2a_overlap"] = True
     if a.flag("--sequence-parallel"):
         f["parallel.sequence_parallel"] = True
     if a.flag("--tp-comm-overlap"):

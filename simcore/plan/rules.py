@@ -100,7 +100,7 @@ def check_plan(plan: Plan) -> None:
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
-        *_expert_tp_rules(plan), _fsdp_root_rule(plan),
+        *_expert_tp_rules(plan), *_moe_overlap_rules(plan), _fsdp_root_rule(plan),
         *_schedule_rules(plan),
         (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
         (0.0 < m.sliding_window_layers <= 1.0,
@@ -142,6 +142,27 @@ def _expert_tp_rules(plan: Plan) -> list[tuple[bool, str]]:
          f"{par.tp * par.cp * par.dp} (the folded expert grid)"),
         (par.sequence_parallel, f"parallel.expert_tp={par.expert_tp} below parallel.tp={par.tp} needs "
                                 "parallel.sequence_parallel (Megatron-Core's MoE under TP)"),
+    ]
+
+
+def _moe_overlap_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """``parallel.moe_a2a_overlap`` as Megatron-Core's TransformerConfig checks
+    ``overlap_moe_expert_parallel_comm`` (megatron/core/transformer/transformer_config.py
+    @d98e8a64): expert parallel, interleaving under a pipeline, no full recompute, a 16-bit
+    model; and ``training.moe_routing`` on an MoE model."""
+    par, tr, m = plan.parallel, plan.training, plan.model
+    rules = [(tr.moe_routing.value == "balanced" or m.experts > 0,
+              f"training.moe_routing={tr.moe_routing.value} needs an MoE model (model.experts > 0)")]
+    if not par.moe_a2a_overlap:
+        return rules
+    return rules + [
+        (par.ep > 1, "parallel.moe_a2a_overlap needs expert parallelism (parallel.ep > 1)"),
+        (par.pp == 1 or par.vpp > 1, f"parallel.moe_a2a_overlap with parallel.pp={par.pp} needs the interleaved "
+                                     "schedule (parallel.vpp > 1), as Megatron-Core's combined 1F1B does"),
+        (tr.recompute not in (Recompute.FULL, Recompute.LAYER),
+         f"parallel.moe_a2a_overlap needs training.recompute other than {tr.recompute.value} (whole layers "
+         "recomputed re-run the all-to-alls it pairs)"),
+        (tr.precision.value != "fp32", "parallel.moe_a2a_overlap needs a 16-bit model (training.precision not fp32)"),
     ]
 
 

@@ -16,15 +16,15 @@ import functools
 from dataclasses import dataclass
 
 from simcore.plan.choices import (
-    AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss, MoeDispatcher, Offload, Optimizer, PlanError,
-    PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, StateDtype, ZeroImpl, ZeroStage,
+    AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss, MoeDispatcher, MoeRouting, Offload, Optimizer,
+    PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, StateDtype, ZeroImpl, ZeroStage,
 )
 from topologies.components import Fabric, Node, Storage
 
 __all__ = [
     "AttentionKernel", "CpComm", "Fp8Recipe", "FsdpRoot", "GradCompression", "Kernels", "Loss", "MoeDispatcher", "Offload",
-    "Optimizer", "PlanError", "PositionEmbedding", "Precision", "Recompute", "RecomputeMethod", "Schedule",
-    "StateDtype", "ZeroImpl", "ZeroStage", "MEGATRON_DROPOUT", "ModelSpec", "ClusterSpec", "ParallelSpec",
+    "MoeRouting", "Optimizer", "PlanError", "PositionEmbedding", "Precision", "Recompute", "RecomputeMethod",
+    "Schedule", "StateDtype", "ZeroImpl", "ZeroStage", "MEGATRON_DROPOUT", "ModelSpec", "ClusterSpec", "ParallelSpec",
     "TrainingSpec", "Plan", "even_split",
 ]
 
@@ -173,6 +173,13 @@ class ParallelSpec:
     """ZeRO-1's parameter all-gather overlapped with the next step's forward, bucket by
     bucket (Megatron-Core ``--overlap-param-gather`` with the distributed optimizer; off by
     default there; Megatron-Bridge's recipes set it); otherwise it runs after the step."""
+    moe_a2a_overlap: bool = False
+    """MoE layers' expert-parallel all-to-alls under another micro-batch's compute (Megatron-Core
+    ``--overlap-moe-expert-parallel-comm``, Megatron-Bridge ``moe_a2a_overlap``): in 1F1B's
+    steady phase one micro-batch's forward and another's backward run layer by layer together,
+    each one's dispatch and combine beside the other's attention and MLP
+    (megatron/core/pipeline_parallel/combined_1f1b.py @d98e8a64); the first forward and the
+    pipeline's warm-up and cool-down run alone."""
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     """How MoE tokens travel to the expert-parallel ranks (``MoeDispatcher``)."""
     microbatch_group: int = 0
@@ -234,6 +241,9 @@ class TrainingSpec:
     loss: Loss = Loss.FUSED
     """Fused by default: what the large-scale stacks run (Megatron's vocab-parallel cross
     entropy, llm-foundry's flash-attn fused cross entropy, torchtitan's compiled loss)."""
+    moe_routing: MoeRouting = MoeRouting.BALANCED
+    """Which experts an MoE layer's gate picks for a token (``MoeRouting``): what a token's
+    dispatch reaches under DeepEP, which sends it once a rank and once a node."""
     kernels: Kernels = Kernels.FUSED
     """Fused (compiled) or eager element-wise kernels: what a layer saves for its backward, and the
     HBM passes its element-wise work makes (``simcore.model.eager_ops.python_layer_ops``)."""

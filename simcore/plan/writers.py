@@ -115,6 +115,11 @@ def _megatron_parallel_args(plan: Plan) -> list:
         args += [("--expert-model-parallel-size", par.ep), ("--moe-token-dispatcher-type", "alltoall")]
     if par.etp != par.tp:   # Megatron's default expert TP is the dense TP
         args.append(("--expert-tensor-parallel-size", par.etp))
+    if par.moe_a2a_overlap:   # the combined 1F1B schedule (megatron/core/pipeline_parallel/combined_1f1b.py)
+        args.append(("--overlap-moe-expert-parallel-comm", None))
+    if plan.training.moe_routing.value != "balanced":
+        raise _refuse("training.moe_routing", plan.training.moe_routing.value, "Megatron-LM",
+                      "its benchmark routing draws random experts (--moe-router-force-load-balancing)")
     schedule = par.schedule.value
     if par.pp > 1 and schedule in ("gpipe", "zero-bubble"):
         raise _refuse("parallel.schedule", schedule, "Megatron-LM", "it runs 1F1B or interleaved 1F1B")
