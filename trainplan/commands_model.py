@@ -276,7 +276,7 @@ def cmd_schedule(args) -> None:
 
     plan = load_plan(args.plan)
     par = plan.parallel
-    sched = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp)
+    sched = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp, par.microbatch_group)
     if args.lowered:
         sched = lower(sched, par.pp, plan.num_microbatches, par.vpp)
     if args.json:

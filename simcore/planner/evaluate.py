@@ -15,7 +15,7 @@ from simcore.model import activations
 from simcore.model import memory as mem
 from simcore.model import peak as pk
 from simcore.plan.rules import check_plan
-from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule
+from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule, evolve
 from simcore.planner.sanity import THIN_HEADROOM
 from simcore.planner.space import Layout, SearchSpace
 
@@ -39,7 +39,8 @@ def _activation_key(plan: Plan, overlap: float) -> tuple:
     Within one search every plan holds the base plan's model object, hence its id."""
     par, tr = plan.parallel, plan.training
     interleaved = par.vpp > 1 or par.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE)   # schedules' own counts
-    return (id(plan.model), par.tp, par.pp, par.cp, par.ep, par.vpp, par.schedule if interleaved else None,
+    return (id(plan.model), par.tp, par.pp, par.cp, par.ep, par.etp, par.vpp, par.microbatch_group,
+            par.schedule if interleaved else None,
             par.sequence_parallel, tr.micro_batch, tr.flash_attention, plan.num_microbatches, plan.layers_per_stage,
             tr.activation_offload, tr.autocast, overlap)
 
@@ -60,7 +61,7 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
     for rc in recomputes:
         key = (_activation_key(plan, overlap), rc, tuple(ranks)) if cache is not None else None
         if key is None or key not in cache:
-            p_rc = replace(plan, training=replace(plan.training, recompute=rc))
+            p_rc = evolve(plan, training=evolve(plan.training, recompute=rc))
             terms = mem._activation_terms(p_rc)
             value = {r: mem.activation_bytes(p_rc, r, stages, terms) for r in ranks}
             if key is None:
@@ -70,13 +71,13 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
         acts[rc] = cache[key]
     if plan.training.activation_offload:   # the offloaded activations wait in the node's host memory
         for rc in recomputes:
-            p_rc = replace(plan, training=replace(plan.training, recompute=rc))
+            p_rc = evolve(plan, training=evolve(plan.training, recompute=rc))
             terms = mem._activation_terms(p_rc)
             offloaded[rc] = plan.cluster.gpus_per_node * max(
                 activations.rank_offloaded_bytes(p_rc, r, stages, terms) for r in ranks)
     out = {}
     for off in offloads:
-        p_off = replace(plan, training=replace(plan.training, offload=off))
+        p_off = evolve(plan, training=evolve(plan.training, offload=off))
         states = {r: mem.model_state_bytes(p_off, params[r]) for r in ranks}
         host = max(states[r]["host"] for r in ranks) * plan.cluster.gpus_per_node
         for rc in recomputes:
@@ -155,7 +156,7 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
     tally.candidates += nrc * len(space.offload)
     valid = []
     for off in space.offload:
-        plan = replace(family, offload=off, recompute=space.recompute[0]).apply(base, True)
+        plan = evolve(family, offload=off, recompute=space.recompute[0]).apply(base, True)
         if not _rejected(plan, tally, nrc):
             valid.append(off)
     if not valid:
@@ -163,7 +164,7 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
     table = memory_table(plan, valid, space.recompute, cache)
     for k, off in enumerate(valid):
         for i, rc in enumerate(space.recompute):
-            lay = replace(family, recompute=rc, offload=off)
+            lay = evolve(family, recompute=rc, offload=off)
             if not fits_memory(base, *table[off, rc]):
                 tally.no_fit += 1
                 continue
@@ -224,7 +225,8 @@ def _row(lay: Layout, res) -> dict:
     return {"layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
             "vpp": lay.vpp, "zero": int(lay.zero), "schedule": lay.schedule.value,
             "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute.value, "offload": lay.offload.value,
-            "activation_offload": lay.activation_offload, "autocast": lay.autocast,
+            "activation_offload": lay.activation_offload, "autocast": lay.autocast, "split": lay.split,
+            "expert_tp": lay.expert_tp,
             "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
             "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
             "compute_s": res.compute_s, "exposed_comm_s": res.exposed_comm_s, "bubble_s": res.bubble_s,
@@ -232,8 +234,29 @@ def _row(lay: Layout, res) -> dict:
 
 
 def _evaluate_chunk(args) -> tuple[list[dict], Tally]:
+    """The rows of one batch of families. A family that fits under no recompute or offload
+    setting at one micro-batch fits at no larger one (``_without_micro_batch``): the bytes a
+    rank holds never fall as the micro-batch grows (a schedule's micro-batches in flight times
+    their size is min(m, k) x b for m = B / b, non-decreasing in b; the model states do not
+    change), so the larger ones are counted as not fitting unevaluated."""
     base, chunk, space = args
-    tally, rows, cache = Tally(), [], {}
+    tally, rows, cache, too_big = Tally(), [], {}, {}
+    per_family = len(space.recompute) * len(space.offload)
     for fam in chunk:
-        rows += evaluate_family(base, fam, space, tally, cache)
+        key = _without_micro_batch(fam)
+        if fam.micro_batch >= too_big.get(key, fam.micro_batch + 1):
+            n = per_family + (True in space.activation_offload and fam.pp == 1)
+            tally.candidates += n
+            tally.no_fit += n
+            continue
+        broke = tally.broke_rule
+        found = evaluate_family(base, fam, space, tally, cache)
+        if not found and tally.broke_rule == broke:
+            too_big[key] = min(fam.micro_batch, too_big.get(key, fam.micro_batch))
+        rows += found
     return rows, tally
+
+
+def _without_micro_batch(fam: Layout) -> tuple:
+    return (fam.tp, fam.pp, fam.dp, fam.cp, fam.ep, fam.expert_tp, fam.vpp, fam.zero, fam.schedule, fam.split,
+            fam.sequence_parallel, fam.autocast, fam.recompute, fam.offload, fam.activation_offload)

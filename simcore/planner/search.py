@@ -136,7 +136,8 @@ def _layout_of(row) -> Layout:
                   vpp=int(row["vpp"]), zero=ZeroStage(int(row["zero"])), schedule=Schedule(row["schedule"]),
                   micro_batch=int(row["micro_batch"]), recompute=Recompute(row["recompute"]),
                   offload=Offload(row["offload"]), sequence_parallel=bool(row["sequence_parallel"]),
-                  activation_offload=int(row.get("activation_offload", 0)), autocast=bool(row.get("autocast", False)))
+                  activation_offload=int(row.get("activation_offload", 0)), autocast=bool(row.get("autocast", False)),
+                  split=str(row.get("split", "even")), expert_tp=int(row.get("expert_tp", 0)))
 
 
 def _des(args) -> dict:
@@ -173,15 +174,17 @@ def _run(fn, args: list, jobs: int, progress: bool, desc: str, weights: list[int
 
 def search(model, cluster_doc, global_batch: int, *, objective: str = "time", top_k: int = 10, jobs: int = 1,
            tokens: float | None = None, progress: bool = True, training: dict | None = None,
-           space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = False,
+           space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = True,
            explain: int = 5, min_headroom_gib: float = 0.0, activation_offload: bool = True,
-           stack: str | None = None, refuses=None) -> SearchResult:
+           stack: str | None = None, refuses=None, parallel: dict | None = None) -> SearchResult:
     """Every valid layout of ``model`` on the cluster, ranked by ``objective`` (time | cost
     | pareto); the top ``top_k`` re-simulated on the event engine (0: none). With
     ``min_headroom_gib`` only layouts that leave that much GPU memory are ranked; without
     ``activation_offload`` none offloads activations; with ``stack`` only layouts that stack
     runs (``stacks.STACKS``: its exporter writes them; ``refuses(plan)``, where given, says
-    why a layout cannot run instead)."""
+    why a layout cannot run instead); ``parallel`` holds the stack's switches each layout takes
+    where it can (``space.SWITCHES``); pipelines of every depth unless ``uneven_pp`` is False
+    (then only those whose stages divide the layers)."""
     from simcore.planner.formatting import hbm_gib
     from simcore.planner.headroom import headroom_note, keep_roomy
 
@@ -191,7 +194,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         raise ValueError(f"jobs={jobs} must be at least 1")
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be 0 or more (the layouts re-simulated on the event engine)")
-    base = base_plan(model, cluster_doc, global_batch, training)
+    base = base_plan(model, cluster_doc, global_batch, training, parallel)
     space = space or derive_space(base, uneven_pp=uneven_pp)
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
@@ -311,7 +314,7 @@ def why_slower(row, best) -> str:
 def _tally_sentence(tally: Tally) -> str:
     if not tally.candidates:
         return ("no tp x pp x cp x dp of these GPUs meets the divisibility rules: tp divides the heads and KV heads "
-                "inside an NVLink domain, pp the layers, cp the sequence, dp x micro-batch the global batch; "
+                "inside an NVLink domain, pp at most the layers, cp the sequence, dp x micro-batch the global batch; "
                 "try another node count or global batch")
     common = max(tally.rules.items(), key=lambda kv: kv[1])[0] if tally.rules else ""
     return (f"{tally.candidates} candidates: {tally.broke_rule} break a rule"

@@ -17,15 +17,37 @@ from dataclasses import dataclass, replace
 from itertools import product
 
 from simcore.plan.load import plan_from_dict
-from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroImpl, ZeroStage, even_split
-from simcore.plan.torchtitan_writer import torchtitan_autocasts
+from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroImpl, ZeroStage, even_split, evolve
+from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts
 
-#: Candidate values of the axes the search does not derive from the model.
+#: Candidate values of the axes the search does not derive from the model and batch.
 MICRO_BATCHES = (1, 2, 4, 8)
-CONTEXT_PARALLEL = (1, 2, 4, 8, 16)
-VIRTUAL_STAGES = (2, 3, 4, 6, 8)
+#: Context-parallel sizes: powers of two (Megatron-Core and torch split the sequence into 2 cp
+#: chunks for causal balance), to NeMo's 1M-token runs on 32 (nemo_longctx_2024_h100) and beyond.
+CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32, 64, 128)
+#: The largest micro-batch ``derive_space`` proposes, in sequences and in tokens: the published runs
+#: tuned theirs to 24 sequences of 2k tokens (vTrain's GPT, 48k tokens) and 16 (llm-foundry's
+#: MPT-13B, 32k tokens); past that a GEMM's token dimension gains nothing more and the memory
+#: check prunes what does not fit.
+MAX_MICRO_BATCH = 32
+MAX_MICRO_BATCH_TOKENS = 65536
+VIRTUAL_STAGES = (2, 3, 4, 5, 6, 7, 8)   # Narayanan et al. 2021 ran 5-8, Megatron-Core 2024 7
 RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 OFFLOAD_ORDER = (Offload.NONE, Offload.OPTIMIZER)
+#: How the search spreads the layers over the (virtual) pipeline stages, where the split differs:
+#: ``even``, the extra layers on the middle stages (``spec.even_split``: the first and the last
+#: stage also hold the embedding and the logits; Llama 3 405B's 126 layers on 16 stages, Dubey et
+#: al. 2024, Sec. 3.3.2: "we reduce one Transformer layer each from the first and the last
+#: stages"); ``ends``, the embedding and the loss counted as one layer each where the stages divide
+#: the layers plus two: Megatron-LM's ``--account-for-embedding-in-pipeline-split
+#: --account-for-loss-in-pipeline-split`` (megatron/core/transformer/transformer_block.py
+#: ``get_num_layers_to_build`` asserts the division), the Megatron-Bridge Llama 3.1 405B and
+#: Qwen3 recipes; ``titan``, torchtitan's rule with its default ``pipeline_parallel_first_stage_less_layers``
+#: = ``last_stage_less_layers`` = 1, the extra layers on the first stages
+#: (``torchtitan_writer.stage_split``), searched for the torchtitan stacks.
+SPLITS = ("even", "ends", "titan")
+#: The splits a search proposes unless a stack says otherwise (``SearchSpace.splits``).
+DEFAULT_SPLITS = ("even", "ends")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +68,8 @@ class SearchSpace:
     offload: tuple[Offload, ...] = OFFLOAD_ORDER
     sequence_parallel: tuple[bool, ...] = (True,)
     """Sequence parallelism with tp > 1 (where the sequence splits over tp)."""
+    splits: tuple[str, ...] = DEFAULT_SPLITS
+    """The layer splits over pipeline stages (``SPLITS``), each where it gives another split."""
     activation_offload: tuple[bool, ...] = (False, True)
     """With True among them: without a pipeline, where recomputation is what makes a layout
     fit, also the fewest layers whose activations, offloaded to host memory, make it fit
@@ -75,23 +99,34 @@ class Layout:
     sequence_parallel: bool = False
     activation_offload: int = 0
     autocast: bool = False
+    split: str = "even"
+    """How the layers spread over the pipeline stages (``SPLITS``)."""
+    expert_tp: int = 0
+    """The experts' tensor parallel (``parallel.expert_tp``; 0: tp): 1 folds the expert group over TP ranks."""
 
     def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
-        ``stage_layers`` (the same Plan, with the split computed once: faster to evaluate)."""
-        stages = _split(base.model.layers, self.pp * self.vpp) if explicit_stages else None
+        ``stage_layers`` too (the same Plan, with the split computed once: faster to evaluate)."""
+        stages = None
+        if explicit_stages or self.split != "even":
+            stages = layer_split(base.model.layers, self.pp * self.vpp, self.split)
         impl = base.parallel.zero_impl if self.zero > ZeroStage.NONE else ZeroImpl.FSDP2   # the base's ZeRO
-        par = replace(base.parallel, tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
+        # the stack's switches (``base_plan``'s ``parallel``), where this layout can take them
+        tp_overlap = base.parallel.tp_comm_overlap and self.tp > 1 and self.sequence_parallel
+        param_gather = base.parallel.overlap_param_gather and self.zero == ZeroStage.OPTIMIZER_STATES \
+            and impl == ZeroImpl.FSDP2
+        par = evolve(base.parallel, tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
                       vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
-                      sequence_parallel=self.sequence_parallel, zero_impl=impl)
-        tr = replace(base.training, micro_batch=self.micro_batch, recompute=self.recompute, offload=self.offload,
+                      sequence_parallel=self.sequence_parallel, zero_impl=impl, tp_comm_overlap=tp_overlap,
+                      overlap_param_gather=param_gather, expert_tp=self.expert_tp)
+        tr = evolve(base.training, micro_batch=self.micro_batch, recompute=self.recompute, offload=self.offload,
                      activation_offload=self.activation_offload or base.training.activation_offload,
                      autocast=self.autocast or base.training.autocast)
         cluster = base.cluster
         gpus = self.tp * self.pp * self.dp * self.cp
         if gpus < cluster.gpus and gpus % cluster.gpus_per_node == 0:   # a smaller booking
-            cluster = replace(cluster, nodes=gpus // cluster.gpus_per_node)
-        return replace(base, cluster=cluster, parallel=par, training=tr, name=self.label())
+            cluster = evolve(cluster, nodes=gpus // cluster.gpus_per_node)
+        return evolve(base, cluster=cluster, parallel=par, training=tr, name=self.label())
 
     def label(self) -> str:
         sched = self.schedule.value + (f"x{self.vpp}" if self.vpp > 1 else "")
@@ -99,23 +134,55 @@ class Layout:
                 + ("-sp" if self.sequence_parallel else "") + f"-z{int(self.zero)}-mb{self.micro_batch}-{sched}-rc:{self.recompute.value}"
                 + (f"-off:{self.offload.value}" if self.offload != Offload.NONE else "")
                 + (f"-aoff:{self.activation_offload}" if self.activation_offload else "")
-                + ("-amp" if self.autocast else ""))
+                + ("-amp" if self.autocast else "") + (f"-split:{self.split}" if self.split != "even" else "")
+                + (f"-etp{self.expert_tp}" if self.expert_tp else ""))
 
 
-@functools.lru_cache(maxsize=1024)
-def _split(layers: int, stages: int) -> tuple[int, ...]:
-    return even_split(layers, stages)
+@functools.lru_cache(maxsize=4096)
+def layer_split(layers: int, stages: int, split: str = "even") -> tuple[int, ...] | None:
+    """Layers per virtual stage under ``split`` (``SPLITS``); None where it gives no valid split
+    (a middle stage without a layer)."""
+    if split == "even":
+        out = even_split(layers, stages)
+    elif split == "ends":
+        per, extra = divmod(layers + 2, stages)
+        out = (per - 1,) + (per,) * (stages - 2) + (per - 1,) if not extra and per >= 1 and stages > 1 else None
+    elif split == "titan":
+        out = stage_split(layers, stages, 1, 1)
+        out = tuple(out) if out is not None else None
+    else:
+        raise ValueError(f"split={split!r} is not one of: {', '.join(SPLITS)}")
+    if out is None or 0 in out[1:-1] or (stages == 1 and out[0] == 0):
+        return None
+    return out
+
+
+def stage_splits(space: "SearchSpace", layers: int, stages: int) -> list[str]:
+    """The splits of ``space`` that give a valid split of ``layers`` over ``stages``, each a
+    different one (the first named wins a tie)."""
+    if stages == 1:
+        return ["even"]
+    seen, out = set(), []
+    for name in space.splits:
+        split = layer_split(layers, stages, name)
+        if split is not None and split not in seen:
+            seen.add(split)
+            out.append(name)
+    return out
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def derive_space(base: Plan, *, uneven_pp: bool = False, max_tp: int | None = None) -> SearchSpace:
+def derive_space(base: Plan, *, uneven_pp: bool = True, max_tp: int | None = None) -> SearchSpace:
     """tp: divisors of heads, KV heads and FFN width up to the GPUs of an NVLink domain (a
-    node, or a GB200/GB300 NVL72 rack: TP may span its trays at NVLink rate); pp:
-    divisors of the layers (every count up to the layers with ``uneven_pp``); cp: powers
-    of two dividing the sequence; ep: divisors of the experts (MoE only)."""
+    node, or a GB200/GB300 NVL72 rack: TP may span its trays at NVLink rate); pp: every
+    count up to the layers, split as ``SPLITS`` say where the stages do not divide the layers
+    (only the divisors of the layers without ``uneven_pp``); cp: powers of two dividing the
+    sequence; ep: divisors of the experts (MoE only); micro-batch: divisors of the global
+    batch up to ``MAX_MICRO_BATCH`` sequences and ``MAX_MICRO_BATCH_TOKENS`` tokens (``families``
+    keeps those dividing a replica's share)."""
     m = base.model
     g = math.gcd(m.heads, math.gcd(m.kv_heads, m.ffn_hidden))
     limit = max_tp or base.cluster.nvlink_domain
@@ -123,18 +190,23 @@ def derive_space(base: Plan, *, uneven_pp: bool = False, max_tp: int | None = No
     return SearchSpace(
         tp=tuple(d for d in _divisors(g) if d <= limit),
         pp=pp,
-        cp=tuple(c for c in CONTEXT_PARALLEL if m.seq_len % c == 0),
+        cp=tuple(c for c in CONTEXT_PARALLEL if m.seq_len % c == 0 and c <= base.cluster.gpus),
         ep=tuple(_divisors(m.experts)) if m.moe else (1,),
+        micro_batch=tuple(d for d in _divisors(base.training.global_batch)
+                          if d <= MAX_MICRO_BATCH and (d == 1 or d * m.seq_len <= MAX_MICRO_BATCH_TOKENS)),
     )
 
 
-def _schedules(space: SearchSpace, pp: int, layers: int) -> list[tuple[Schedule, int]]:
-    """(schedule, vpp) pairs for ``pp`` stages: with pp = 1 the schedule does not matter."""
+def _schedules(space: SearchSpace, pp: int, layers: int) -> list[tuple[Schedule, int, str]]:
+    """(schedule, vpp, split) triples for ``pp`` stages: with pp = 1 the schedule does not
+    matter; each schedule with every split of ``space`` that gives its own stages."""
     if pp == 1:
-        return [(Schedule.ONE_F_ONE_B, 1)]
-    out = [(s, 1) for s in space.schedule if s != Schedule.INTERLEAVED_1F1B]
+        return [(Schedule.ONE_F_ONE_B, 1, "even")]
+    out = [(s, 1, split) for s in space.schedule if s != Schedule.INTERLEAVED_1F1B
+           for split in stage_splits(space, layers, pp)]
     if Schedule.INTERLEAVED_1F1B in space.schedule:
-        out += [(Schedule.INTERLEAVED_1F1B, v) for v in space.vpp if layers % (pp * v) == 0]
+        out += [(Schedule.INTERLEAVED_1F1B, v, split) for v in space.vpp
+                for split in stage_splits(space, layers, pp * v)]
     return out
 
 
@@ -146,23 +218,36 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
         if gpus % (tp * pp * cp):
             continue
         dp = gpus // (tp * pp * cp)
-        eps = [e for e in space.ep if (dp * cp) % e == 0]
+        eps = [(e, 0) for e in space.ep if (dp * cp) % e == 0]
+        # MoE parallel folding: an expert group across TP ranks, the experts unsplit (expert_tp 1;
+        # Liu et al. 2025, arXiv 2504.14960; Megatron-Core --expert-tensor-parallel-size 1)
+        eps += [(e, 1) for e in space.ep if tp > 1 and (dp * cp) % e and (dp * cp * tp) % e == 0]
         zeros = space.zero if dp * cp > 1 else (ZeroStage.NONE,)
         sps = sorted({s and tp > 1 and (m.seq_len // cp) % tp == 0 for s in space.sequence_parallel})
-        for ep, zero, mb, (sched, vpp), sp in product(eps, zeros, space.micro_batch,
-                                                      _schedules(space, pp, m.layers), sps):
+        for (ep, etp), zero, mb, (sched, vpp, split), sp in product(eps, zeros, space.micro_batch,
+                                                                    _schedules(space, pp, m.layers), sps):
             if gb % (dp * mb):
                 continue
             amp = space.ddp_autocast and torchtitan_autocasts(base.training.precision.value, zero, tp, pp, cp, ep)
             out.append(Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
-                              micro_batch=mb, sequence_parallel=sp, autocast=amp))
+                              micro_batch=mb, sequence_parallel=sp, autocast=amp, split=split, expert_tp=etp))
     return out
 
 
-def base_plan(model, cluster_doc, global_batch: int, training: dict | None = None) -> Plan:
+#: The ``parallel`` fields a search takes from its caller as the stack's switches (``base_plan``),
+#: each layout where it can (``Layout.apply``): TP communication overlap with sequence parallel,
+#: the distributed optimizer's overlapped parameter gather, the ZeRO implementation, the MoE
+#: dispatcher, context parallel's communication.
+SWITCHES = ("tp_comm_overlap", "overlap_param_gather", "zero_impl", "moe_dispatcher", "cp_comm")
+
+
+def base_plan(model, cluster_doc, global_batch: int, training: dict | None = None,
+              parallel: dict | None = None) -> Plan:
     """The Plan every layout derives from: ``model`` is a catalog name, a Plan ``model``
-    section or a ModelSpec; ``cluster_doc`` a Plan ``cluster`` section (or a ClusterSpec)."""
-    from simcore.plan.spec import ClusterSpec, ModelSpec
+    section or a ModelSpec; ``cluster_doc`` a Plan ``cluster`` section (or a ClusterSpec);
+    ``parallel`` the stack's switches (``SWITCHES``), which each layout takes where it can."""
+    from simcore.plan.load import _parallel
+    from simcore.plan.spec import ClusterSpec, ModelSpec, PlanError
 
     model_doc = {"name": model} if isinstance(model, str) else model
     spec = None
@@ -186,6 +271,11 @@ def base_plan(model, cluster_doc, global_batch: int, training: dict | None = Non
         plan = replace(plan, model=spec)
     if cluster is not None:
         plan = replace(plan, cluster=cluster)
+    if parallel:
+        if unknown := sorted(set(parallel) - set(SWITCHES)):
+            raise PlanError(f"parallel.{unknown[0]} is not a switch a search takes (those are: {', '.join(SWITCHES)})")
+        switches = _parallel({"tp": 1, "pp": 1, "dp": 1, **parallel}, plan.cluster.gpus)
+        plan = replace(plan, parallel=replace(plan.parallel, **{k: getattr(switches, k) for k in parallel}))
     return plan
 
 

@@ -33,8 +33,10 @@ def test_derive_space_follows_divisibility():
     base = base_plan("gpt3-175b", {"node": "dgx-a100-80gb", "nodes": 192}, 1536)
     sp = derive_space(base)
     assert sp.tp == (1, 2, 3, 4, 6, 8)                 # divisors of 96 heads up to 8 GPUs per node
-    assert sp.pp == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96)
-    assert sp.cp == (1, 2, 4, 8, 16)
+    assert sp.pp == tuple(range(1, 97))                  # every depth: the stages need not divide the layers
+    assert derive_space(base, uneven_pp=False).pp == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96)
+    assert sp.cp == (1, 2, 4, 8, 16, 32, 64, 128)
+    assert sp.micro_batch == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)   # divisors of 1536, to 32 sequences
     for f in families(base, sp, base.cluster.gpus)[::97]:
         assert f.tp * f.pp * f.dp * f.cp == 1536 and 1536 % (f.dp * f.micro_batch) == 0
 
@@ -47,7 +49,7 @@ def test_every_result_obeys_the_rules_and_fits(small):
         lay = Layout(tp=row.tp, pp=row.pp, dp=row.dp, cp=row.cp, ep=row.ep, vpp=row.vpp, zero=ZeroStage(row.zero),
                      schedule=Schedule(row.schedule), micro_batch=row.micro_batch,
                      recompute=Recompute(row.recompute), offload=Offload(row.offload),
-                     sequence_parallel=row.sequence_parallel)
+                     sequence_parallel=row.sequence_parallel, split=row.split)
         plan = lay.apply(base)
         check_plan(plan)                                          # raises if a rule is broken
         assert plan.parallel.gpus == 16
@@ -252,6 +254,7 @@ def test_a_gpu_without_bf16_or_a_price_is_still_ranked_by_time():
 def test_a_cluster_no_layout_divides_says_which_rules_leave_none():
     from simcore.plan.choices import NoLayoutFits
 
-    with pytest.raises(NoLayoutFits, match=r"fits 72 x gb200 .*no tp x pp x cp x dp of these GPUs meets the "
+    # 37 trays: 148 GPUs = 4 x 37, a pipeline of 37 stages is deeper than the 24 layers
+    with pytest.raises(NoLayoutFits, match=r"fits 148 x gb200 .*no tp x pp x cp x dp of these GPUs meets the "
                                            r"divisibility rules: .*try another node count or global batch\)$"):
-        search("llama3-70b", {"node": "gb200-nvl72", "nodes": 18}, 256, top_k=0, progress=False)
+        search("gpt-1.7b", {"node": "gb200-nvl72", "nodes": 37}, 256, top_k=0, progress=False)
