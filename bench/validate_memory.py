@@ -205,6 +205,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--validation", type=Path, default=DEFAULT_VALIDATION)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--write-residuals", action="store_true",
+                    help="store ln(measured/predicted) of every row in validation/residuals.yaml: the planner's "
+                         "memory margin (what 'fits', 'thin' and 'may not fit' mean) comes from them")
     args = ap.parse_args(argv)
     path = args.validation / "dev_memory.csv"
     if not path.exists():
@@ -225,7 +228,38 @@ def main(argv=None) -> int:
     target = ROOT / "bench" / "out" / "validate_memory.csv"
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(target, out.to_csv(index=False))
+    if args.write_residuals:
+        write_residuals(out)
     return 0
+
+
+def write_residuals(out: pd.DataFrame) -> None:
+    """The rows' residuals, pooled over GPU kinds (the memory model counts bytes alike on every
+    GPU), as the kind ``uncertainty.MEMORY_KIND`` of validation/residuals.yaml."""
+    import datetime
+    import subprocess
+
+    import yaml
+
+    from simcore.planner.uncertainty import MEMORY_KIND, load_residuals, merge_residuals, residual_table
+
+    path = ROOT / "validation" / "residuals.yaml"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    table = residual_table([{"class": "all", "pred_memory_per_gpu_gib": r["predicted_gib"],
+                             "meas_memory_per_gpu_gib": r["measured_gib"]} for r in out.to_dict("records")],
+                           ("memory_per_gpu_gib",))
+    sources = ", ".join(f"{src} ({n})" for src, n in out.groupby("source").size().items())
+    doc = merge_residuals({"kinds": load_residuals(path)}, MEMORY_KIND, table, {
+        "set": f"published peak memory (dev_memory.csv): {sources}", "when": datetime.date.today().isoformat(),
+        "how": f"bench/validate_memory.py: the memory model's peak per GPU against the statistic each source "
+               f"reports (commit {commit})", "residual": "ln(measured / predicted)"})
+    header = ("# Residuals ln(measured/predicted) per hardware kind and layout class, written by the benches\n"
+              "# (bench/validate_local.py, bench/validate_published.py --write-residuals,\n"
+              "# bench/validate_memory.py --write-residuals);\n"
+              "# simcore/planner/uncertainty.py turns them into prediction intervals.\n")
+    atomic_write_text(path, header + yaml.safe_dump(doc, sort_keys=False))
+    print(f"residuals written to {path}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from simcore.model import memory as mem
 from simcore.model import peak as pk
 from simcore.plan.rules import check_plan
 from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule, evolve
-from simcore.planner.sanity import THIN_HEADROOM
+from simcore.planner.headroom import FITS, fit_class, memory_margin
 from simcore.planner.space import Layout, SearchSpace
 
 
@@ -101,6 +101,8 @@ class Tally:
     no_fit: int = 0
     dominated: int = 0
     simulated: int = 0
+    near: int = 0
+    """Of the simulated, those thin or that may not fit (``headroom.fit_class``)."""
     rules: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: "Tally") -> None:
@@ -109,6 +111,7 @@ class Tally:
         self.no_fit += other.no_fit
         self.dominated += other.dominated
         self.simulated += other.simulated
+        self.near += other.near
         for k, v in other.rules.items():
             self.rules[k] = self.rules.get(k, 0) + v
 
@@ -142,15 +145,13 @@ def _twin(family: Layout) -> Layout | None:
 
 def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally,
                     cache: dict | None = None) -> list[dict]:
-    """Rows for one layout: for each offload setting, the lightest recompute that fits
-    (heavier recompute only adds time). Offload is tried only when nothing fits without
-    it. The rules of ``check_plan`` do not depend on recompute, so each offload setting
-    is checked once. ``cache`` (per batch of layouts) reuses activation bytes and a
-    zero-bubble layout's 1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls."""
-    from simcore.engine.analytic import analytic
-    from simcore.model.memory import memory_fields
-    from simcore.model.step_costs import step_costs
-
+    """Rows for one layout: for each offload setting, the lightest recompute that fits with the
+    memory model's margin (heavier recompute only adds time), and on the way every lighter one
+    that is thin or may not fit (``headroom.fit_class``: ranked and marked, so the search can
+    say what the margin costs). Offload is tried only when nothing fits without it. The rules
+    of ``check_plan`` do not depend on recompute, so each offload setting is checked once.
+    ``cache`` (per batch of layouts) reuses activation bytes and a zero-bubble layout's 1F1B
+    twin's StepCosts (``_twin``): the same numbers, fewer calls."""
     cache = {} if cache is None else cache
     nrc = len(space.recompute)
     tally.candidates += nrc * len(space.offload)
@@ -162,32 +163,50 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
     if not valid:
         return []
     table = memory_table(plan, valid, space.recompute, cache)
+    node, rows = base.cluster.node, []
     for k, off in enumerate(valid):
+        lighter = float("inf")   # the peak of the last row kept at this offload
         for i, rc in enumerate(space.recompute):
-            lay = evolve(family, recompute=rc, offload=off)
-            if not fits_memory(base, *table[off, rc]):
+            peak, host = table[off, rc]
+            cls = fit_class(peak, node.gpu.hbm_bytes) if host <= node.host_memory_bytes else None
+            if cls is None:
                 tally.no_fit += 1
                 continue
+            if peak >= lighter:   # more recompute that holds no fewer bytes: only slower
+                tally.dominated += 1
+                continue
+            lighter = peak
             tally.simulated += 1
-            tally.dominated += nrc - i - 1 + nrc * (len(valid) - k - 1)
-            plan = lay.apply(base, True)
-            twin = _twin(lay)
-            costs = cache.pop(("costs", twin), None) if twin is not None else None
-            # the twin's time, this schedule's memory (zero-bubble keeps owed weight gradients)
-            costs = step_costs(plan) if costs is None else replace(costs, plan=plan, **memory_fields(plan))
-            if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
-                cache["costs", lay] = costs
-            rows = [_row(lay, analytic(costs))]
-            return rows if (k, i) == (0, 0) or True not in space.activation_offload else \
-                rows + _offloaded(base, family, tally)
-    return _offloaded(base, family, tally) if True in space.activation_offload else []
+            tally.near += cls != FITS
+            rows.append(_timed(base, evolve(family, recompute=rc, offload=off), cache, cls))
+            if cls == FITS:
+                tally.dominated += nrc - i - 1 + nrc * (len(valid) - k - 1)
+                return rows if (k, i) == (0, 0) or True not in space.activation_offload else \
+                    rows + _offloaded(base, family, tally)
+    return rows + (_offloaded(base, family, tally) if True in space.activation_offload else [])
+
+
+def _timed(base: Plan, lay: Layout, cache: dict, cls: str) -> dict:
+    """The analytic row of one layout (``cls`` its fit class)."""
+    from simcore.engine.analytic import analytic
+    from simcore.model.memory import memory_fields
+    from simcore.model.step_costs import step_costs
+
+    plan = lay.apply(base, True)
+    twin = _twin(lay)
+    costs = cache.pop(("costs", twin), None) if twin is not None else None
+    # the twin's time, this schedule's memory (zero-bubble keeps owed weight gradients)
+    costs = step_costs(plan) if costs is None else replace(costs, plan=plan, **memory_fields(plan))
+    if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
+        cache["costs", lay] = costs
+    return _row(lay, analytic(costs), cls)
 
 
 def _offloaded(base: Plan, family: Layout, tally: Tally) -> list[dict]:
     """A layout without a pipeline that fits only with recomputation or optimizer offload (or
     not at all), with the fewest layers' activations offloaded to host memory that make it fit
     without either (``training.activation_offload`` below the model's layers, as Megatron-Core
-    requires) and leave ``sanity.THIN_HEADROOM`` of the GPU free where any count does: its row,
+    requires) with the memory model's margin where any count does (``headroom``): its row,
     or none where no count fits the GPU and the host."""
     from simcore.engine.analytic import analytic
     from simcore.model.step_costs import step_costs
@@ -207,7 +226,8 @@ def _offloaded(base: Plan, family: Layout, tally: Tally) -> list[dict]:
     if least > hbm:
         tally.no_fit += 1
         return []
-    limit = hbm * (1 - THIN_HEADROOM) if least <= hbm * (1 - THIN_HEADROOM) else hbm
+    roomy = hbm / memory_margin().hi
+    limit = roomy if least <= roomy else hbm
     lo, hi = 1, top   # the GPU's bytes fall as layers are offloaded: the fewest within the limit
     while lo < hi:
         mid = (lo + hi) // 2
@@ -218,10 +238,12 @@ def _offloaded(base: Plan, family: Layout, tally: Tally) -> list[dict]:
         tally.no_fit += 1
         return []
     tally.simulated += 1
-    return [_row(replace(family, activation_offload=lo), analytic(step_costs(plan)))]
+    cls = fit_class(max(totals), hbm)
+    tally.near += cls != FITS
+    return [_row(replace(family, activation_offload=lo), analytic(step_costs(plan)), cls)]
 
 
-def _row(lay: Layout, res) -> dict:
+def _row(lay: Layout, res, fit: str) -> dict:
     return {"layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
             "vpp": lay.vpp, "zero": int(lay.zero), "schedule": lay.schedule.value,
             "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute.value, "offload": lay.offload.value,
@@ -230,7 +252,7 @@ def _row(lay: Layout, res) -> dict:
             "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
             "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
             "compute_s": res.compute_s, "exposed_comm_s": res.exposed_comm_s, "bubble_s": res.bubble_s,
-            "offload_s": res.offload_s, "memory_per_gpu_gib": res.memory_per_gpu_gib, "fits": res.fits}
+            "offload_s": res.offload_s, "memory_per_gpu_gib": res.memory_per_gpu_gib, "fits": res.fits, "fit": fit}
 
 
 def _evaluate_chunk(args) -> tuple[list[dict], Tally]:

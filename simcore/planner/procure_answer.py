@@ -13,8 +13,7 @@ import math
 import pandas as pd
 
 from simcore.planner import formatting as f
-from simcore.planner.headroom import headroom_text, is_thin
-from simcore.planner.sanity import THIN_HEADROOM
+from simcore.planner.headroom import headroom_text, is_thin, memory_margin
 
 MODE_LABELS = {"on_demand": "rent on-demand", "reserved": "rent reserved", "spot": "rent spot", "buy": "buy"}
 
@@ -127,11 +126,10 @@ def _price_basis(row) -> str:
 
 
 def _thin(row) -> str:
-    """' (thin: ...)' where the option's layout leaves under ``sanity.THIN_HEADROOM`` of its GPU."""
+    """' (thin: ...)' where the option's layout leaves less than the memory model's margin."""
     if not is_thin(row["headroom_gib"], row["headroom_gib"] + row["memory_per_gpu_gib"]):
         return ""
-    return (f" (thin: under {THIN_HEADROOM:.0%} of the GPU's memory; trainplan plan --min-headroom ranks roomier "
-            "layouts)")
+    return (f" (thin: {memory_margin().describe()}; trainplan plan --min-headroom ranks roomier layouts)")
 
 
 def answer_lines(result) -> list[str]:

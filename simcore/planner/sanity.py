@@ -12,15 +12,13 @@ import math
 
 from simcore.plan.rules import plan_warnings
 from simcore.planner.formatting import binary_bytes, hbm_gib, headroom_gib
+from simcore.planner.headroom import is_thin, memory_margin
 from simcore.planner.spot import LOW_GOODPUT
 
 #: A step longer than this (one day) is not a training step anyone runs: check the inputs.
 LONG_STEP_S = 86400.0
 #: A step longer than a year has no sensible answer: refused, not priced.
 LONGEST_STEP_S = 365 * 86400.0
-#: Headroom below this share of GPU memory: the allocator's fragmentation and the framework's
-#: workspaces are the same order (PyTorch CUDA caching allocator notes), so "fits" is fragile.
-THIN_HEADROOM = 0.05
 
 
 def refusal(plan, prediction) -> str:
@@ -45,9 +43,9 @@ def prediction_warnings(plan, prediction) -> list[str]:
     if room < 0:
         out.append(f"the plan does not fit: {binary_bytes(peak * 2**30)} per GPU against {hbm:.0f} GiB "
                    f"({peak / hbm:,.3g}x the GPU's memory); its time and cost are for a run that cannot start")
-    elif room < THIN_HEADROOM * hbm:
-        out.append(f"only {room:.1f} GiB of {hbm:.0f} GiB left per GPU ({room / hbm:.1%}): allocator "
-                   "fragmentation and workspaces may not fit")
+    elif is_thin(room, hbm):
+        out.append(f"only {room:.1f} GiB of {hbm:.0f} GiB left per GPU ({room / hbm:.1%}): within the memory "
+                   f"model's error of the limit ({memory_margin().describe()})")
     if prediction.step_time_s > LONG_STEP_S:
         out.append(f"one step takes {prediction.step_time_s / 86400:,.3g} days: check model.layers, "
                    "model.seq_len and training.global_batch")

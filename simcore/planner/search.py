@@ -186,7 +186,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     where it can (``space.SWITCHES``); pipelines of every depth unless ``uneven_pp`` is False
     (then only those whose stages divide the layers)."""
     from simcore.planner.formatting import hbm_gib
-    from simcore.planner.headroom import headroom_note, keep_roomy
+    from simcore.planner.headroom import headroom_note, keep_roomy, recommended_first
 
     if objective not in ("time", "cost", "pareto"):
         raise ValueError(f"objective={objective!r} is not one of: time, cost, pareto")
@@ -198,9 +198,11 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     space = space or derive_space(base, uneven_pp=uneven_pp)
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
-    from simcore.planner.stacks import DDP_AUTOCAST_STACKS, stack_base
+    from simcore.planner.stacks import DDP_AUTOCAST_STACKS, STACK_SPLITS, stack_base
     if stack in DDP_AUTOCAST_STACKS:
         space = replace(space, ddp_autocast=True)
+    if stack in STACK_SPLITS:
+        space = replace(space, splits=STACK_SPLITS[stack])
     base = stack_base(base, stack)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
@@ -222,7 +224,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         from simcore.planner.stacks import exporter_check, keep_runnable
         df, left_out = keep_runnable(df, lambda row: _layout_of(row).apply(base), refuses or exporter_check(stack),
                                      stack, what)
-    df = _engine_rerank(df, base, top_k, jobs, progress, objective)
+    df = recommended_first(_engine_rerank(df, base, top_k, jobs, progress, objective))
     df.insert(0, "rank", range(1, len(df) + 1))
     df = _with_intervals_and_headroom(df, base)
     best = _layout_of(df.iloc[0]).apply(base)
@@ -320,7 +322,9 @@ def _tally_sentence(tally: Tally) -> str:
     return (f"{tally.candidates} candidates: {tally.broke_rule} break a rule"
             + (f" (most often: {common})" if common else "")
             + f", {tally.no_fit} do not fit in memory, {tally.dominated} are dominated "
-            f"(heavier recompute than needed, or offload where none is needed), {tally.simulated} simulated")
+            f"(heavier recompute than needed, or offload where none is needed), {tally.simulated} simulated"
+            + (f" ({tally.near} of them within the memory model's error of the GPU's memory: thin or may not fit)"
+               if tally.near else ""))
 
 
 def explain_ranking(df: pd.DataFrame, tally: Tally, explain: int = 5) -> list[str]:

@@ -23,6 +23,9 @@ STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
 #: The stacks that run bf16 DDP and one-device layouts under torch.autocast over fp32 parameters
 #: (``torchtitan_writer.torchtitan_autocasts``; a search sets ``SearchSpace.ddp_autocast``).
 DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
+#: The layer splits over pipeline stages each stack's launcher writes (``space.SPLITS``): torchtitan's
+#: own rule (its exporter expresses it and the even split where the stages divide the layers).
+STACK_SPLITS = {"torchtitan": ("even", "titan"), "torchtitan-0.2": ("even", "titan")}
 #: The stacks whose attention is torch SDPA or the flash-attn package, FlashAttention-2 where the
 #: catalog has its figures (``readers.sdpa_attention_kernel``): torchtitan, Hugging Face under
 #: DeepSpeed or Megatron-DeepSpeed, trainplan's executor. Megatron-LM's is TE's (the catalog's own).

@@ -36,6 +36,9 @@ EMPIRICAL_MIN_N = 20
 MIN_CLASS_N = 3
 #: The default two-sided level of an interval.
 DEFAULT_LEVEL = 0.9
+#: The residual set of the memory model's peak per GPU on published runs, pooled over GPU kinds
+#: (``bench/validate_memory.py --write-residuals``): the planner's memory margin.
+MEMORY_KIND = "gpu-peak-memory"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,6 +164,18 @@ def prediction_interval(plan, value: float, field: str = "step_time_s", level: f
     rs, source = picked
     lo, hi = interval(value, rs, level)
     return Interval(field=field, value=value, lo=lo, hi=hi, level=level, n=len(rs), source=source)
+
+
+def memory_log_bounds(level: float = DEFAULT_LEVEL, tables: dict | None = None) -> tuple[float, float, int, str]:
+    """(lower, upper) log-ratio bounds of a true peak memory over its prediction, from the
+    published peaks' residuals (``MEMORY_KIND``), with their count and source; (0, 0) where
+    the residuals file holds none."""
+    tables = load_residuals() if tables is None else tables
+    picked = pick_residuals(tables, MEMORY_KIND, "all", "memory_per_gpu_gib")
+    if picked is None:
+        return 0.0, 0.0, 0, f"no residuals of {MEMORY_KIND} in {RESIDUALS_PATH.name}: no margin"
+    lo, hi = log_bounds(picked[0], level)
+    return lo, hi, len(picked[0]), picked[1]
 
 
 def residual_table(rows: list[dict], fields: tuple[str, ...]) -> dict:

@@ -163,7 +163,7 @@ def test_the_search_offloads_the_fewest_layers_that_leave_headroom_where_recompu
     from dataclasses import replace
 
     from simcore.plan.spec import ZeroStage
-    from simcore.planner.sanity import THIN_HEADROOM
+    from simcore.planner.headroom import memory_margin
     from simcore.planner.search import _layout_of, search
     from simcore.planner.space import base_plan, derive_space
 
@@ -180,7 +180,7 @@ def test_the_search_offloads_the_fewest_layers_that_leave_headroom_where_recompu
     assert row["layout"].endswith(f"-rc:none-aoff:{n}") and 0 < n < 80
     plan = _layout_of(row).apply(base)
     assert plan.training.activation_offload == n
-    limit = (1 - THIN_HEADROOM) * 186
+    limit = 186 / memory_margin().hi
     assert memory_report(plan)["memory_per_gpu_gib"] <= limit < memory_report(
         replace(plan, training=replace(plan.training, activation_offload=n - 1)))["memory_per_gpu_gib"]
     # NVLink-C2C hides the copies: it beats recomputing the same layout

@@ -9,33 +9,58 @@ import pytest
 
 from simcore.plan.spec import PlanError
 from simcore.planner.formatting import hbm_gib
-from simcore.planner.headroom import headroom_note, keep_roomy, thin_gib
-from simcore.planner.sanity import THIN_HEADROOM
+from simcore.planner.headroom import (FITS, MAY_NOT_FIT, THIN, MemoryMargin, fit_class, headroom_note, keep_roomy,
+                                      memory_margin, recommended_first, thin_gib)
 from simcore.planner.search import display_table, search
 from simcore.planner.space import base_plan
+from simcore.planner.uncertainty import load_residuals, memory_log_bounds, pick_residuals
 from trainplan.cli import main
 
 SMALL = ("gpt-1.7b", {"node": "dgx-h100", "nodes": 2}, 64)
 
 
 def _table(rows):
-    """A ranked table as search returns it: rank, layout, step, memory, headroom on 80 GiB GPUs."""
+    """A ranked table as search returns it: rank, layout, step, memory, headroom on 80 GiB GPUs, fit class."""
     return pd.DataFrame([{"rank": i + 1, "layout": name, "step_time_s": t, "memory_per_gpu_gib": 80 - room,
-                          "headroom_gib": room} for i, (name, t, room) in enumerate(rows)])
+                          "headroom_gib": room, "fit": fit_class((80 - room) * 2**30, 80 * 2**30)}
+                         for i, (name, t, room) in enumerate(rows)])
 
 
-def test_a_thin_best_is_said_with_the_best_roomy_alternative():
-    assert thin_gib(80) == pytest.approx(THIN_HEADROOM * 80)
-    df = _table([("a", 10.0, 0.9), ("b", 10.05, 1.5), ("c", 10.2, 12.0), ("d", 11.0, 30.0)])
-    (note,) = headroom_note(df, 80)
-    assert "leaves only 0.9 GiB of 80 GiB" in note
-    assert f"{0.9 / 79.1:.1%} short would not fit" in note
-    assert "#3 c, time +2.0%, 12.0 GiB headroom" in note      # not b: thin too; not d: slower
-    assert headroom_note(_table([("c", 10.2, 12.0), ("a", 10.0, 0.9)]), 80) == []
-    (alone,) = headroom_note(_table([("a", 10.0, 0.9), ("b", 10.1, 2.0)]), 80)
-    assert alone.endswith("no layout that fits leaves more.")
+def test_the_memory_margin_is_the_published_peaks_interval():
+    """The margin comes from the residuals bench/validate_memory.py wrote: their 90% bounds."""
+    rs, _ = pick_residuals(load_residuals(), "gpu-peak-memory", "all", "memory_per_gpu_gib")
+    m = memory_margin()
+    assert m.n == len(rs) >= 20
+    lo, hi, _, _ = memory_log_bounds()
+    assert (m.lo, m.hi) == (pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
+    assert m.lo < 1 < m.hi
+    assert sum(m.lo <= math.exp(r) <= m.hi for r in rs) / len(rs) >= 0.85   # it covers what it says
+    assert thin_gib(80) == pytest.approx(80 * (1 - 1 / m.hi))
+
+
+def test_fit_classes_follow_the_margin():
+    m, gib = MemoryMargin(lo=0.95, hi=1.08, n=30, source="test"), 2**30
+    assert fit_class(70 * gib, 80 * gib, m) == FITS                  # 75.6 GiB at worst
+    assert fit_class(78 * gib, 80 * gib, m) == THIN                  # fits as predicted, not at worst
+    assert fit_class(83 * gib, 80 * gib, m) == MAY_NOT_FIT           # 78.9 GiB at best
+    assert fit_class(85 * gib, 80 * gib, m) is None
+
+
+def test_the_recommendation_keeps_the_margin_and_says_what_it_costs():
+    thin = thin_gib(80)
+    df = _table([("a", 10.0, -1.0), ("b", 10.05, thin / 2), ("c", 10.2, 12.0), ("d", 11.0, 30.0)])
+    assert list(df["fit"]) == [MAY_NOT_FIT, THIN, FITS, FITS]
+    ranked = recommended_first(df).assign(rank=range(1, 5))
+    assert list(ranked["layout"]) == ["c", "a", "b", "d"]              # the roomy one first, the rest in order
+    (note,) = headroom_note(ranked, 80)
+    assert f"Kept {thin:.1f} GiB of 80 GiB free per GPU as the memory model's margin" in note
+    assert "without it #2 a would be 2.0% faster at 81.0 GiB per GPU (may not fit)" in note
+    assert headroom_note(recommended_first(_table([("c", 10.2, 12.0), ("a", 10.5, 0.9)])), 80) == []
+    (alone,) = headroom_note(recommended_first(_table([("a", 10.0, thin / 2), ("b", 10.1, thin / 3)])), 80)
+    assert alone.startswith(f"The recommended layout leaves only {thin / 2:.1f} GiB of 80 GiB per GPU (thin")
+    assert alone.endswith("no layout fits with that margin.")
     shown = display_table(df.assign(step_time_s_lo=df.step_time_s, step_time_s_hi=df.step_time_s, mfu=0.5))
-    assert list(shown["headroom GiB"]) == ["0.9 (thin)", "1.5 (thin)", "12.0", "30.0"]
+    assert list(shown["headroom GiB"]) == ["-1.0 (may not fit)", f"{thin / 2:.1f} (thin)", "12.0", "30.0"]
 
 
 def test_min_headroom_ranks_only_the_layouts_that_leave_it():
@@ -100,7 +125,7 @@ def test_a_procurement_answer_says_a_thin_layout():
     row = {"mode": "reserved", "nodes": 32, "node": "dgx-h100", "gpus": 256, "fabric": "ib-ndr", "days": 30.0,
            "days_lo": 28.0, "days_hi": 33.0, "usd": 1e6, "usd_lo": 9e5, "usd_hi": 1.1e6, "usd_per_gpu_hour": 2.5,
            "layout": "tp4-pp4-dp16", "mfu": 0.45, "engine": "event", "memory_per_gpu_gib": 79.1, "headroom_gib": 0.9}
-    assert "0.9 GiB memory headroom (thin: under 5% of the GPU's memory" in option_sentence(row)
+    assert "0.9 GiB memory headroom (thin: the memory model's peaks lie within" in option_sentence(row)
     roomy = option_sentence({**row, "memory_per_gpu_gib": 60.0, "headroom_gib": 20.0})
     assert "20.0 GiB memory headroom, MFU" in roomy and "thin" not in roomy
 

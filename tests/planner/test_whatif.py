@@ -13,7 +13,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from reports.planning_plots import breakdown_bars, pareto_figure, whatif_figures, whatif_heatmap  # noqa: E402
 from simcore.planner.search import search  # noqa: E402
 from simcore.plan.spec import PlanError  # noqa: E402
-from simcore.planner.sanity import THIN_HEADROOM  # noqa: E402
+from simcore.planner.headroom import thin_gib  # noqa: E402
 from simcore.planner.whatif import cells, load_sweep, node_for_gpu, run_whatif, sweep_from_dict  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402
 
@@ -137,8 +137,8 @@ def test_shipped_example_sweep():
     for gpu in sw.grid["gpu"]:   # more nodes, fewer days
         days = t[t.gpu == gpu].sort_values("nodes")["days"].tolist()
         assert days == sorted(days, reverse=True)
-    # a cell whose best layout leaves under 5% of its GPU's memory is marked and said, no other
-    thin = t["headroom_gib"] < THIN_HEADROOM * (t["headroom_gib"] + t["memory_per_gpu_gib"])
+    # a cell whose best layout leaves less than the memory model's margin is marked and said, no other
+    thin = t["headroom_gib"] < thin_gib(t["headroom_gib"] + t["memory_per_gpu_gib"])
     said = {n.split(":")[0] for n in res.notes() if "leaves only" in n}
     assert said == {f"gpu={g}, nodes={n}" for g, n in zip(t.gpu[thin], t.nodes[thin])}
     assert list(res.display_table()["headroom GiB"].str.endswith("(thin)")) == list(thin)
