@@ -115,6 +115,9 @@ def _planning_commands(sub) -> None:
                    help="rank no layout that offloads activations to host memory (for stacks without it)")
     p.add_argument("--min-headroom", type=float, default=0.0, metavar="GIB",
                    help="rank only layouts that leave this much GPU memory (default 0: every layout that fits)")
+    p.add_argument("--precision", metavar="P,Q",
+                   help="training precisions to search, e.g. bf16,fp8 (fp8, mxfp8, nvfp4 where the GPU has them), "
+                        "or 'all' (default: bf16)")
     p.add_argument("--out", type=Path, help="where to write the best Plan (default: NAME.yaml)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=jobs.cmd_plan)
@@ -184,6 +187,8 @@ def _procure_command(sub) -> None:
     p.add_argument("--jobs", type=int, help="processes for the cells")
     p.add_argument("--no-resimulate", action="store_true", help="analytic engine only (no event-engine re-simulation)")
     p.add_argument("--stack", choices=STACKS, help="rank only layouts this stack runs (its exporter writes them)")
+    p.add_argument("--precision", metavar="P,Q",
+                   help="training precisions each cell searches, e.g. bf16,fp8, or 'all' (default: the file's, else bf16)")
     p.add_argument("--rows", type=int, default=15, help="rows of the options table to print")
     p.add_argument("--report", type=Path, metavar="DIR", help="write the HTML + Markdown report here")
     p.add_argument("--json", action="store_true")

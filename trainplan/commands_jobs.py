@@ -107,7 +107,8 @@ def cmd_plan(args) -> None:
                  tokens=args.tokens, progress=sys.stderr.isatty() and not args.json,
                  allow_fewer_gpus=args.allow_fewer_gpus, min_headroom_gib=args.min_headroom,
                  activation_offload=args.activation_offload, stack=args.stack,
-                 refuses=_executor_refuses() if args.stack == "executor" else None)
+                 refuses=_executor_refuses() if args.stack == "executor" else None,
+                 precisions=_csv(args.precision, "--precision"))
     out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:
@@ -264,6 +265,8 @@ def _procure_doc(args) -> dict:
             "nodes": _csv(args.nodes, "--nodes", int), "fabrics": _csv(args.fabrics, "--fabrics"),
             "modes": _csv(args.modes, "--modes"), "stack": args.stack}
     doc.update({k: v for k, v in over.items() if v is not None})
+    if args.precision:
+        doc["space"] = {**(doc.get("space") or {}), "precision": _csv(args.precision, "--precision")}
     buy = {"life_years": args.life_years, "utilisation": args.utilisation}
     if any(v is not None for v in buy.values()):
         doc["buy"] = {**(doc.get("buy") or {}), **{k: v for k, v in buy.items() if v is not None}}

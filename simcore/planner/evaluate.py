@@ -15,7 +15,7 @@ from simcore.model import activations
 from simcore.model import memory as mem
 from simcore.model import peak as pk
 from simcore.plan.rules import check_plan
-from simcore.plan.spec import Offload, Plan, PlanError, Recompute, Schedule, evolve
+from simcore.plan.spec import Offload, Plan, PlanError, Recompute, RecomputeMethod, Schedule, evolve
 from simcore.planner.headroom import FITS, fit_class, memory_margin
 from simcore.planner.space import Layout, SearchSpace
 
@@ -42,7 +42,7 @@ def _activation_key(plan: Plan, overlap: float) -> tuple:
     return (id(plan.model), par.tp, par.pp, par.cp, par.ep, par.etp, par.vpp, par.microbatch_group,
             par.schedule if interleaved else None,
             par.sequence_parallel, tr.micro_batch, tr.flash_attention, plan.num_microbatches, plan.layers_per_stage,
-            tr.activation_offload, tr.autocast, overlap)
+            tr.activation_offload, tr.autocast, tr.precision, tr.fp8_recipe, overlap)
 
 
 def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
@@ -176,14 +176,37 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
                 tally.dominated += 1
                 continue
             lighter = peak
+            lay = evolve(family, recompute=rc, offload=off)
+            if rc == Recompute.FULL and cls == FITS and space.block_recompute:   # the fewest layers that fit
+                lay, cls = _least_block(base, lay, tally), FITS
             tally.simulated += 1
             tally.near += cls != FITS
-            rows.append(_timed(base, evolve(family, recompute=rc, offload=off), cache, cls))
+            rows.append(_timed(base, lay, cache, cls))
             if cls == FITS:
                 tally.dominated += nrc - i - 1 + nrc * (len(valid) - k - 1)
                 return rows if (k, i) == (0, 0) or True not in space.activation_offload else \
                     rows + _offloaded(base, family, tally)
     return rows + (_offloaded(base, family, tally) if True in space.activation_offload else [])
+
+
+def _least_block(base: Plan, lay: Layout, tally: Tally) -> Layout:
+    """``lay`` (full recompute, which fits with the memory model's margin) recomputing only the
+    fewest layers of each chunk that fit with it (Megatron-LM's block method; a chunk's bytes
+    fall as more of its layers recompute), or ``lay`` itself where every layer must."""
+    plan = lay.apply(base, True)
+    chunk = max(plan.layers_per_stage)
+    if chunk <= 1 or plan.training.recompute_method == RecomputeMethod.BLOCK:
+        return lay
+    roomy = base.cluster.node.gpu.hbm_bytes / memory_margin().hi
+    peak = lambda n: max(mem.rank_totals(evolve(lay, recompute_layers=n).apply(base, True))[0])  # noqa: E731
+    if peak(chunk - 1) > roomy:
+        return lay
+    lo, hi = 1, chunk - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if peak(mid) <= roomy else (mid + 1, hi)
+    tally.candidates += 1
+    return evolve(lay, recompute_layers=lo)
 
 
 def _timed(base: Plan, lay: Layout, cache: dict, cls: str) -> dict:
@@ -248,7 +271,7 @@ def _row(lay: Layout, res, fit: str) -> dict:
             "vpp": lay.vpp, "zero": int(lay.zero), "schedule": lay.schedule.value,
             "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute.value, "offload": lay.offload.value,
             "activation_offload": lay.activation_offload, "autocast": lay.autocast, "split": lay.split,
-            "expert_tp": lay.expert_tp,
+            "expert_tp": lay.expert_tp, "recompute_layers": lay.recompute_layers, "precision": lay.precision,
             "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
             "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
             "compute_s": res.compute_s, "exposed_comm_s": res.exposed_comm_s, "bubble_s": res.bubble_s,
@@ -281,4 +304,4 @@ def _evaluate_chunk(args) -> tuple[list[dict], Tally]:
 
 def _without_micro_batch(fam: Layout) -> tuple:
     return (fam.tp, fam.pp, fam.dp, fam.cp, fam.ep, fam.expert_tp, fam.vpp, fam.zero, fam.schedule, fam.split,
-            fam.sequence_parallel, fam.autocast, fam.recompute, fam.offload, fam.activation_offload)
+            fam.sequence_parallel, fam.autocast, fam.recompute, fam.offload, fam.activation_offload, fam.precision)

@@ -38,7 +38,7 @@ from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage
 from simcore.planner.prices import ranking_price
 from simcore.planner.evaluate import Tally, _evaluate_chunk
-from simcore.planner.space import Layout, SearchSpace, _gpu_counts, base_plan, derive_space, families
+from simcore.planner.space import Layout, SearchSpace, _gpu_counts, base_plan, derive_space, families, precision_axis
 
 SECONDS_PER_DAY = 86400.0
 
@@ -137,7 +137,8 @@ def _layout_of(row) -> Layout:
                   micro_batch=int(row["micro_batch"]), recompute=Recompute(row["recompute"]),
                   offload=Offload(row["offload"]), sequence_parallel=bool(row["sequence_parallel"]),
                   activation_offload=int(row.get("activation_offload", 0)), autocast=bool(row.get("autocast", False)),
-                  split=str(row.get("split", "even")), expert_tp=int(row.get("expert_tp", 0)))
+                  split=str(row.get("split", "even")), expert_tp=int(row.get("expert_tp", 0)),
+                  recompute_layers=int(row.get("recompute_layers", 0)), precision=str(row.get("precision", "")))
 
 
 def _des(args) -> dict:
@@ -176,7 +177,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
            tokens: float | None = None, progress: bool = True, training: dict | None = None,
            space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = True,
            explain: int = 5, min_headroom_gib: float = 0.0, activation_offload: bool = True,
-           stack: str | None = None, refuses=None, parallel: dict | None = None) -> SearchResult:
+           stack: str | None = None, refuses=None, parallel: dict | None = None,
+           precisions: list[str] | None = None) -> SearchResult:
     """Every valid layout of ``model`` on the cluster, ranked by ``objective`` (time | cost
     | pareto); the top ``top_k`` re-simulated on the event engine (0: none). With
     ``min_headroom_gib`` only layouts that leave that much GPU memory are ranked; without
@@ -184,7 +186,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     runs (``stacks.STACKS``: its exporter writes them; ``refuses(plan)``, where given, says
     why a layout cannot run instead); ``parallel`` holds the stack's switches each layout takes
     where it can (``space.SWITCHES``); pipelines of every depth unless ``uneven_pp`` is False
-    (then only those whose stages divide the layers)."""
+    (then only those whose stages divide the layers); ``precisions`` the training precisions to
+    search (``['all']``: every one the GPU has a peak for; default: the base plan's)."""
     from simcore.planner.formatting import hbm_gib
     from simcore.planner.headroom import headroom_note, keep_roomy, recommended_first
 
@@ -196,11 +199,15 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         raise ValueError(f"top_k={top_k} must be 0 or more (the layouts re-simulated on the event engine)")
     base = base_plan(model, cluster_doc, global_batch, training, parallel)
     space = space or derive_space(base, uneven_pp=uneven_pp)
+    if precisions:
+        space = replace(space, precision=precision_axis(precisions, base.cluster.node.gpu))
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
-    from simcore.planner.stacks import DDP_AUTOCAST_STACKS, STACK_SPLITS, stack_base
+    from simcore.planner.stacks import DDP_AUTOCAST_STACKS, STACK_SPLITS, WHOLE_RECOMPUTE_STACKS, stack_base
     if stack in DDP_AUTOCAST_STACKS:
         space = replace(space, ddp_autocast=True)
+    if stack in WHOLE_RECOMPUTE_STACKS:
+        space = replace(space, block_recompute=False)
     if stack in STACK_SPLITS:
         space = replace(space, splits=STACK_SPLITS[stack])
     base = stack_base(base, stack)
@@ -224,7 +231,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         from simcore.planner.stacks import exporter_check, keep_runnable
         df, left_out = keep_runnable(df, lambda row: _layout_of(row).apply(base), refuses or exporter_check(stack),
                                      stack, what)
-    df = recommended_first(_engine_rerank(df, base, top_k, jobs, progress, objective))
+    # the recommendation among the layouts re-simulated (it joins them where it ranked lower)
+    df = recommended_first(_engine_rerank(recommended_first(df), base, top_k, jobs, progress, objective))
     df.insert(0, "rank", range(1, len(df) + 1))
     df = _with_intervals_and_headroom(df, base)
     best = _layout_of(df.iloc[0]).apply(base)

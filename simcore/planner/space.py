@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from itertools import product
 
 from simcore.plan.load import plan_from_dict
-from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroImpl, ZeroStage, even_split, evolve
+from simcore.plan.spec import (Offload, Plan, Precision, Recompute, RecomputeMethod, Schedule, ZeroImpl, ZeroStage,
+                               even_split, evolve)
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts
 
 #: Candidate values of the axes the search does not derive from the model and batch.
@@ -70,6 +71,12 @@ class SearchSpace:
     """Sequence parallelism with tp > 1 (where the sequence splits over tp)."""
     splits: tuple[str, ...] = DEFAULT_SPLITS
     """The layer splits over pipeline stages (``SPLITS``), each where it gives another split."""
+    precision: tuple[str, ...] = ()
+    """Training precisions to search (``training.precision`` values; empty: the base plan's alone);
+    each where the GPU has a peak for it (``precisions_of``)."""
+    block_recompute: bool = True
+    """Where full recompute is what makes a layout fit, recompute only the fewest layers of each
+    chunk that do (Megatron-LM's block method; ``evaluate._least_block``)."""
     activation_offload: tuple[bool, ...] = (False, True)
     """With True among them: without a pipeline, where recomputation is what makes a layout
     fit, also the fewest layers whose activations, offloaded to host memory, make it fit
@@ -103,6 +110,11 @@ class Layout:
     """How the layers spread over the pipeline stages (``SPLITS``)."""
     expert_tp: int = 0
     """The experts' tensor parallel (``parallel.expert_tp``; 0: tp): 1 folds the expert group over TP ranks."""
+    recompute_layers: int = 0
+    """With full recompute: 0 every layer; N the first N layers of each chunk (Megatron-LM's
+    ``--recompute-method block --recompute-num-layers N``), the rest keep their activations."""
+    precision: str = ""
+    """The training precision where it is not the base plan's (``SearchSpace.precision``)."""
 
     def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
@@ -119,7 +131,11 @@ class Layout:
                       vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
                       sequence_parallel=self.sequence_parallel, zero_impl=impl, tp_comm_overlap=tp_overlap,
                       overlap_param_gather=param_gather, expert_tp=self.expert_tp)
-        tr = evolve(base.training, micro_batch=self.micro_batch, recompute=self.recompute, offload=self.offload,
+        block = {"recompute_layers": self.recompute_layers, "recompute_method": RecomputeMethod.BLOCK} \
+            if self.recompute_layers else {}
+        if self.precision:
+            block["precision"] = Precision(self.precision)
+        tr = evolve(base.training, micro_batch=self.micro_batch, recompute=self.recompute, offload=self.offload, **block,
                      activation_offload=self.activation_offload or base.training.activation_offload,
                      autocast=self.autocast or base.training.autocast)
         cluster = base.cluster
@@ -132,10 +148,11 @@ class Layout:
         sched = self.schedule.value + (f"x{self.vpp}" if self.vpp > 1 else "")
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}" + (f"-ep{self.ep}" if self.ep > 1 else "")
                 + ("-sp" if self.sequence_parallel else "") + f"-z{int(self.zero)}-mb{self.micro_batch}-{sched}-rc:{self.recompute.value}"
+                + (f"-block{self.recompute_layers}" if self.recompute_layers else "")
                 + (f"-off:{self.offload.value}" if self.offload != Offload.NONE else "")
                 + (f"-aoff:{self.activation_offload}" if self.activation_offload else "")
                 + ("-amp" if self.autocast else "") + (f"-split:{self.split}" if self.split != "even" else "")
-                + (f"-etp{self.expert_tp}" if self.expert_tp else ""))
+                + (f"-etp{self.expert_tp}" if self.expert_tp else "") + (f"-{self.precision}" if self.precision else ""))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -210,10 +227,42 @@ def _schedules(space: SearchSpace, pp: int, layers: int) -> list[tuple[Schedule,
     return out
 
 
+#: The training precisions a search may try, cheapest arithmetic last (``precisions_of``).
+SEARCH_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
+
+
+def precisions_of(gpu) -> tuple[str, ...]:
+    """The 16-bit and lower precisions ``gpu`` has a catalog peak for (``--precision all``)."""
+    return tuple(p for p in SEARCH_PRECISIONS[1:] if gpu.peak(p))
+
+
+def precision_axis(values, gpu) -> tuple[str, ...]:
+    """A search's precisions from the user's list (``all``: ``precisions_of(gpu)``), each a known
+    precision the GPU has a peak for, or one sentence naming the one it has not."""
+    from simcore.plan.spec import PlanError
+
+    if list(values) == ["all"]:
+        return precisions_of(gpu)
+    out = tuple(Precision.parse(v, "precision").value for v in values)
+    if missing := [p for p in out if not gpu.peak(p)]:
+        raise PlanError(f"precision={missing[0]} is not supported by {gpu.name} (its catalog entry has no "
+                        f"dense_tflops.{missing[0]} peak; it has: {', '.join(precisions_of(gpu))})")
+    return out
+
+
+def _precisions(base: Plan, space: SearchSpace) -> list[str]:
+    """The ``Layout.precision`` values of a search: '' for the base plan's own, the others where the
+    GPU has a peak for them."""
+    own, gpu = base.training.precision.value, base.cluster.node.gpu
+    wanted = space.precision or (own,)
+    return [("" if p == own else p) for p in wanted if p == own or gpu.peak(p)]
+
+
 def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
     """Every layout with recompute / offload left open (``evaluate_family`` picks them)."""
     m, gb = base.model, base.training.global_batch
     out = []
+    precisions = _precisions(base, space)
     for tp, pp, cp in product(space.tp, space.pp, space.cp):
         if gpus % (tp * pp * cp):
             continue
@@ -228,9 +277,12 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
                                                                     _schedules(space, pp, m.layers), sps):
             if gb % (dp * mb):
                 continue
-            amp = space.ddp_autocast and torchtitan_autocasts(base.training.precision.value, zero, tp, pp, cp, ep)
-            out.append(Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
-                              micro_batch=mb, sequence_parallel=sp, autocast=amp, split=split, expert_tp=etp))
+            for prec in precisions:
+                amp = space.ddp_autocast and torchtitan_autocasts(prec or base.training.precision.value, zero, tp, pp,
+                                                                  cp, ep)
+                out.append(Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
+                                  micro_batch=mb, sequence_parallel=sp, autocast=amp, split=split, expert_tp=etp,
+                                  precision=prec))
     return out
 
 

@@ -26,6 +26,9 @@ DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
 #: The layer splits over pipeline stages each stack's launcher writes (``space.SPLITS``): torchtitan's
 #: own rule (its exporter expresses it and the even split where the stages divide the layers).
 STACK_SPLITS = {"torchtitan": ("even", "titan"), "torchtitan-0.2": ("even", "titan")}
+#: The stacks that recompute every layer or none (no Megatron block method: torchtitan checkpoints
+#: every layer or every Nth, DeepSpeed's and Hugging Face's checkpointing wraps every layer).
+WHOLE_RECOMPUTE_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed")
 #: The stacks whose attention is torch SDPA or the flash-attn package, FlashAttention-2 where the
 #: catalog has its figures (``readers.sdpa_attention_kernel``): torchtitan, Hugging Face under
 #: DeepSpeed or Megatron-DeepSpeed, trainplan's executor. Megatron-LM's is TE's (the catalog's own).

@@ -29,7 +29,7 @@ import pandas as pd
 
 from simcore.plan.load import read_yaml_file
 from simcore.plan.choices import NoLayoutFits
-from simcore.plan.spec import Offload, PlanError, Recompute, Schedule, ZeroStage
+from simcore.plan.spec import Offload, PlanError, Precision, Recompute, Schedule, ZeroStage
 from simcore.planner.stacks import checked_stack
 from topologies.hardware import load_catalog
 
@@ -42,6 +42,7 @@ _FIGURES = {
     "storage.per_client_gbyte_per_s": ("storage", "per_client_bytes_per_s", 1e9),
 }
 _SPACE_PARSERS = {"tp": int, "pp": int, "cp": int, "ep": int, "vpp": int, "micro_batch": int,
+                  "precision": lambda v: "all" if v == "all" else Precision.parse(v, "space.precision").value,
                   "zero": lambda v: ZeroStage(int(v)), "schedule": Schedule, "recompute": Recompute,
                   "offload": Offload, "sequence_parallel": bool, "activation_offload": bool}
 
@@ -150,7 +151,7 @@ def _cluster_of(sweep: Sweep, cell: dict):
 
 
 def _space_of(base, sweep: Sweep, cell: dict):
-    from simcore.planner.space import derive_space
+    from simcore.planner.space import derive_space, precisions_of
 
     space = derive_space(base)
     pins = {k: v for k, v in sweep.space.items()}
@@ -160,6 +161,8 @@ def _space_of(base, sweep: Sweep, cell: dict):
             raise PlanError(f"unknown search axis '{key}' (known: {', '.join(_SPACE_PARSERS)})")
         values = values if isinstance(values, list) else [values]
         space = replace(space, **{key: tuple(_SPACE_PARSERS[key](v) for v in values)})
+    if "all" in space.precision:   # each cell: every precision its GPU has (the others are skipped there)
+        space = replace(space, precision=precisions_of(base.cluster.node.gpu))
     return space
 
 

@@ -136,3 +136,65 @@ def test_a_pipeline_deeper_than_the_layers_divide_runs_on_the_event_engine():
     assert sum(plan.layers_per_stage) == 80 and len(set(plan.layers_per_stage)) > 1
     des, ana = simulate(plan, engine="des"), simulate(plan)
     assert des.step_time_s == pytest.approx(ana.step_time_s, rel=0.15)
+
+
+def test_the_least_recompute_that_fits():
+    """Where full recompute is what makes a layout fit, the search recomputes the fewest layers of
+    each chunk that fit with the memory model's margin (Megatron-LM's block method): one layer fewer
+    would not, and it costs no more time and saves no more memory than recomputing every layer."""
+    from simcore.model import memory as mem
+    from simcore.planner.headroom import memory_margin
+
+    base = base_plan(*META)
+    lay = next(f for f in _families_like(base, tp=8, pp=16, dp=128, cp=1, zero=ZeroStage.OPTIMIZER_STATES,
+                                           micro_batch=1, schedule=Schedule.INTERLEAVED_1F1B, vpp=4))
+    space = derive_space(base)
+    rows = evaluate_family(base, lay, space, Tally(), {})
+    block = [r for r in rows if r["recompute_layers"]]
+    assert len(block) == 1 and block[0]["layout"].endswith(f"-rc:full-block{block[0]['recompute_layers']}")
+    n = block[0]["recompute_layers"]
+    roomy = base.cluster.node.gpu.hbm_bytes / memory_margin().hi
+    peak = lambda k: max(mem.rank_totals(replace(lay, recompute=Recompute.FULL, recompute_layers=k)  # noqa: E731
+                                         .apply(base, True))[0])
+    assert peak(n) <= roomy and (n == 1 or peak(n - 1) > roomy)
+    full = simulate(replace(lay, recompute=Recompute.FULL).apply(base, True))
+    part = simulate(replace(lay, recompute=Recompute.FULL, recompute_layers=n).apply(base, True))
+    none = simulate(replace(lay, recompute=Recompute.NONE).apply(base, True))
+    assert none.step_time_s <= part.step_time_s <= full.step_time_s
+    assert full.memory_per_gpu_gib <= part.memory_per_gpu_gib <= none.memory_per_gpu_gib
+
+
+def test_precision_is_an_axis_of_the_search(tmp_path, capsys, monkeypatch):
+    """bf16 against fp8 on H100 in one ranking; a precision the GPU lacks is refused in one sentence
+    by the command line, and skipped per cell by what-if and procurement (an A100 cell trains bf16)."""
+    from simcore.planner.space import precisions_of
+    from simcore.planner.whatif import _space_of
+    from trainplan.cli import main
+    from topologies.hardware import load_catalog
+
+    args = ("gpt-1.7b", {"node": "dgx-h100", "nodes": 1}, 32)
+    res = search(*args, top_k=0, progress=False, explain=0, precisions=["bf16", "fp8"])
+    assert set(res.table["precision"]) == {"", "fp8"}
+    fp8 = res.table[res.table["precision"] == "fp8"].iloc[0]
+    assert fp8["layout"].endswith("-fp8") and search_best_of(res, "") > fp8["step_time_s"]   # FP8 GEMMs are faster
+    gpus = load_catalog().gpus
+    assert precisions_of(gpus["h100-sxm"]) == ("fp16", "bf16", "fp8")
+    assert "nvfp4" in precisions_of(gpus["b200"]) and "fp8" not in precisions_of(gpus["a100-80gb"])
+    monkeypatch.chdir(tmp_path)
+    a100 = ["plan", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb", "--nodes", "1", "--global-batch", "32",
+            "--top-k", "0"]
+    assert main(a100 + ["--precision", "fp8"]) == 2
+    assert capsys.readouterr().err.strip() == ("trainplan: error: precision=fp8 is not supported by a100-80gb (its "
+                                               "catalog entry has no dense_tflops.fp8 peak; it has: fp16, bf16)")
+    assert main(a100 + ["--precision", "bf17"]) == 2
+    assert capsys.readouterr().err.strip() == ("trainplan: error: precision='bf17' is not one of: fp32, fp16, bf16, "
+                                               "fp8, mxfp8, nvfp4")
+    from simcore.planner.whatif import Sweep
+    sweep = Sweep(name="s", model={"name": "gpt-1.7b"}, cluster={"node": "dgx-a100-80gb", "nodes": 1}, global_batch=32,
+                  tokens=1e9, space={"precision": ["all"]})
+    base = base_plan("gpt-1.7b", {"node": "dgx-a100-80gb", "nodes": 1}, 32)
+    assert _space_of(base, sweep, {}).precision == ("fp16", "bf16")
+
+
+def search_best_of(res, precision: str) -> float:
+    return float(res.table.loc[res.table["precision"] == precision, "step_time_s"].min())
