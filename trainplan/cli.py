@@ -15,7 +15,7 @@ from simcore.planner.stacks import STACKS
 from topologies.components import CatalogError
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
-from trainplan.common import UsageError, check_outputs
+from trainplan.common import UsageError, check_outputs, stop_on_signals
 
 
 def _plan_file_commands(sub) -> None:
@@ -260,13 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        check_outputs(args)
-        args.func(args)
+        with stop_on_signals():
+            check_outputs(args)
+            args.func(args)
     except (PlanError, CatalogError, UsageError, ValueError) as exc:
         print(f"trainplan: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:   # a run's ranks were ended first (executors.watchdog.RunInterrupted)
-        print(f"trainplan: {exc or 'interrupted'}", file=sys.stderr)
+    except KeyboardInterrupt as exc:   # Stopped, or a run's RunInterrupted: its ranks or workers were ended first
+        print(f"trainplan: {exc}" if str(exc) else "trainplan: stopped by SIGINT", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
     except BrokenPipeError:
         return 0

@@ -12,6 +12,52 @@ class RunFailed(ValueError):
     """A real run failed (a rank raised, hung past the timeout, or torch refused the layout)."""
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped a command; ``exit_code`` is the shell's 128 + signal number."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum, self.exit_code = signum, 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}: every worker process it started was ended "
+                         "and no file was left half-written")
+
+
+class stop_on_signals:   # noqa: N801 (a context manager read as a phrase)
+    """While a command runs, its first SIGINT or SIGTERM raises ``Stopped`` in the main thread
+    (the worker pools end their workers as it unwinds, ``simcore.planner.workers``); later ones
+    are ignored so that the clean-up is not cut short. A real run's own handler
+    (``executors.watchdog.ParentSignals``) takes over while its ranks run. A signal the process
+    ignored (``nohup``) stays ignored."""
+
+    def __init__(self):
+        self.got, self._old = None, {}
+
+    def _handle(self, signum, frame):
+        if self.got is None:
+            self.got = signum
+            raise Stopped(signum)
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old = signal.getsignal(sig)
+                if old is not signal.SIG_IGN:
+                    self._old[sig] = old
+                    signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
 def warn(lines) -> None:
     """Warnings, one sentence a line, on stderr (stdout stays the answer)."""
     import sys

@@ -29,7 +29,6 @@ runs them (in ``jobs`` processes), ranks, re-simulates the top K and explains.
 from __future__ import annotations
 
 import math
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -155,21 +154,22 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 def _run(fn, args: list, jobs: int, progress: bool, desc: str, weights: list[int] | None = None) -> list:
-    """``map(fn, args)`` in ``jobs`` processes, with a tqdm bar (weights: units per item)."""
+    """``map(fn, args)`` in up to ``jobs`` processes (``simcore.planner.workers``: they end with
+    the command, whatever stops it), with a tqdm bar (weights: units per item)."""
     from tqdm import tqdm
+
+    from simcore.planner.workers import imap
 
     weights = weights or [1] * len(args)
     out = []
-    with tqdm(total=sum(weights), desc=desc, unit="layout", disable=not progress, leave=False) as bar:
-        if jobs > 1 and len(args) > 1:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                for w, res in zip(weights, pool.map(fn, args)):
-                    out.append(res)
-                    bar.update(w)
-        else:
-            for w, a in zip(weights, args):
-                out.append(fn(a))
+    results = imap(fn, args, jobs)
+    try:
+        with tqdm(total=sum(weights), desc=desc, unit="layout", disable=not progress, leave=False) as bar:
+            for w, res in zip(weights, results):
+                out.append(res)
                 bar.update(w)
+    finally:
+        results.close()
     return out
 
 
