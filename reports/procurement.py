@@ -35,7 +35,8 @@ def frontier_figure(result) -> Figure:
     if c.deadline_days is not None:
         ax.axvline(c.deadline_days, color="0.3", ls="--", lw=1, label=f"deadline {c.deadline_days:g} days")
     if c.budget_usd is not None:
-        ax.axhline(c.budget_usd, color="0.3", ls=":", lw=1, label="budget")
+        ax.axhline(c.budget_usd, color="0.3", ls=":", lw=1,
+                   label="budget (held against cash paid out: a purchase's whole capex, not its share drawn here)")
     for pick, name in ((deadline_choice(options, c.deadline_days), "deadline answer"),
                        (budget_choice(options, c.budget_usd), "budget answer")):
         if pick is not None:
@@ -65,8 +66,10 @@ def _summary(result) -> list[tuple[str, str]]:
                     f"{option_label(pick)}: {f.money(pick['usd'])}, {f.days(pick['days'])} days"))
     if c.budget_usd is not None:
         pick = budget_choice(options, c.budget_usd)
-        out.append((f"fastest within {f.money(c.budget_usd)}", "none does" if pick is None else
-                    f"{option_label(pick)}: {f.days(pick['days'])} days, {f.money(pick['usd'])}"))
+        paid = "" if pick is None or pick.get("cash_usd", pick["usd"]) == pick["usd"] else \
+            f" ({f.money(pick['cash_usd'])} paid out)"
+        out.append((f"fastest within {f.money(c.budget_usd)} paid out", "none does" if pick is None else
+                    f"{option_label(pick)}: {f.days(pick['days'])} days, {f.money(pick['usd'])}{paid}"))
     priced = int(result.cells["fits"].sum()) if "fits" in result.cells else 0
     out += [("hardware cells", f"{len(result.cells)} searched, {priced} fit"),
             ("options", f"{len(feasible(options))} priced"), ("event engine", f"{result.resimulated} cells re-simulated"),

@@ -25,8 +25,12 @@ import pandas as pd
 from simcore.planner.procure_input import Candidates, buy_sheet_of, sweep_of
 from simcore.planner.whatif import node_for_gpu, run_cell
 
-#: The columns of one option (a cell and a way of paying), besides the cell's own.
-OPTION_KEYS = ("mode", "days", "days_lo", "days_hi", "usd", "usd_lo", "usd_hi", "usd_per_gpu_hour", "infeasible")
+#: The columns of one option (a cell and a way of paying), besides the cell's own. ``usd`` is
+#: what the run costs (a purchase: its amortised share); ``cash_usd`` what the buyer pays out for
+#: it (a rental: the bill; a purchase: the capex of GPUs, servers and fabric before the run, then
+#: the facility and energy while it runs), which a budget is held against.
+OPTION_KEYS = ("mode", "days", "days_lo", "days_hi", "usd", "usd_lo", "usd_hi", "usd_per_gpu_hour", "infeasible",
+               "cash_usd", "cash_usd_lo", "cash_usd_hi")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,28 +94,34 @@ def _scenario_option(mode: str, s, gpus: int) -> dict:
     days_iv, usd_iv = iv.get("days", [math.nan, math.nan]), iv.get("usd", [math.nan, math.nan])
     return {"mode": mode, "days": s.days, "days_lo": days_iv[0], "days_hi": days_iv[1], "usd": s.usd,
             "usd_lo": usd_iv[0], "usd_hi": usd_iv[1], "usd_per_gpu_hour": s.usd_per_gpu_hour,
-            "infeasible": s.infeasible}
+            "infeasible": s.infeasible, "cash_usd": s.usd, "cash_usd_lo": usd_iv[0], "cash_usd_hi": usd_iv[1]}
 
 
 def buy_option(c: Candidates, row: dict, rc) -> dict:
     """Owning the cell's GPUs for the run: its share of the capex (life, utilisation), of the
     facility (per kW of the nodes' system power) and the energy it draws; days as on-demand
-    (owned GPUs fail alike) plus the lead time. Intervals follow the on-demand run's days."""
+    (owned GPUs fail alike) plus the lead time. Intervals follow the on-demand run's days.
+    The cash it needs is the whole capex up front (or the capex the run wears out, where it
+    outlasts the life) and the facility and energy while it runs."""
     from topologies.hardware import load_catalog
 
     sheet = buy_sheet_of(c, row)
     node = load_catalog().node(row["node"])
     od = rc.on_demand
     if od.infeasible:
-        return {"mode": "buy", **{k: math.nan for k in OPTION_KEYS[1:-1]}, "infeasible": od.infeasible}
+        return {"mode": "buy", **{k: math.nan for k in OPTION_KEYS if k not in ("mode", "infeasible")},
+                "infeasible": od.infeasible}
     hours = od.wall_s / 3600 * rc.gpus
-    per_hour = sheet.capex_usd_per_gpu_hour() + sheet.facility_usd_per_gpu_hour(node.system_power_w / node.gpus_per_node)
-    usd = hours * per_hour + rc.energy_usd
+    share = hours * sheet.capex_usd_per_gpu_hour()
+    running = hours * sheet.facility_usd_per_gpu_hour(node.system_power_w / node.gpus_per_node) + rc.energy_usd
+    usd, capex = share + running, sheet.capex_per_gpu * rc.gpus
     iv = od.interval.get("days", [math.nan, math.nan])
     scale = [d / od.days if od.days else math.nan for d in iv]
+    cash = [max(capex, share * k) + running * k for k in (1.0, *scale)]
     return {"mode": "buy", "days": od.days + sheet.lead_time_days, "days_lo": iv[0] + sheet.lead_time_days,
             "days_hi": iv[1] + sheet.lead_time_days, "usd": usd, "usd_lo": usd * scale[0], "usd_hi": usd * scale[1],
-            "usd_per_gpu_hour": usd / hours, "infeasible": "", "capex_usd": sheet.capex_per_gpu * rc.gpus}
+            "usd_per_gpu_hour": usd / hours, "infeasible": "", "capex_usd": capex, "cash_usd": cash[0],
+            "cash_usd_lo": cash[1], "cash_usd_hi": cash[2]}
 
 
 def options_of(c: Candidates, row: dict, rc) -> list[dict]:

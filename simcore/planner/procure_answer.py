@@ -53,13 +53,22 @@ def deadline_choice(options: pd.DataFrame, deadline_days: float | None):
     return None if meets.empty else meets.sort_values(["usd", "days"], kind="stable").iloc[0]
 
 
+def cash(options: pd.DataFrame) -> pd.Series:
+    """What the buyer pays out for each option (``procure.OPTION_KEYS``: a rental's bill, a
+    purchase's capex before the run): what a budget is held against."""
+    return options["cash_usd"] if "cash_usd" in options else options["usd"]
+
+
 def budget_choice(options: pd.DataFrame, budget_usd: float | None):
-    """The fastest feasible option whose predicted dollars fit the budget (ties: cheaper), or None."""
+    """The fastest feasible option whose cash fits the budget (ties: less cash), or None. A
+    budget is money out of the buyer's pocket: a purchase needs its capex, not the run's share."""
     ok = feasible(options)
     if budget_usd is None or ok.empty:
         return None
-    fits = ok[ok["usd"] <= budget_usd]
-    return None if fits.empty else fits.sort_values(["days", "usd"], kind="stable").iloc[0]
+    fits = ok[cash(ok) <= budget_usd]
+    if fits.empty:
+        return None
+    return fits.assign(_cash=cash(fits)).sort_values(["days", "_cash"], kind="stable").drop(columns="_cash").iloc[0]
 
 
 def _key(row) -> tuple:
@@ -73,7 +82,7 @@ def to_resimulate(options: pd.DataFrame, c) -> list[tuple]:
     ok = feasible(options)
     picks = [deadline_choice(options, c.deadline_days), budget_choice(options, c.budget_usd)]
     if len(ok):
-        picks += [ok.loc[ok["days"].idxmin()], ok.loc[ok["usd"].idxmin()]]
+        picks += [ok.loc[ok["days"].idxmin()], ok.loc[ok["usd"].idxmin()], ok.loc[cash(ok).idxmin()]]
     keys += [_key(p) for p in picks if p is not None]
     return list(dict.fromkeys(keys))
 
@@ -88,13 +97,16 @@ def option_label(row) -> str:
 def option_sentence(row) -> str:
     """An option's answer in one sentence: days and $ with intervals, layout, headroom, engine."""
     engine = "event engine" if row.get("engine") == "event" else "analytic engine"
-    owned = (f"; buying means owning {f.money(row['capex_usd'])} of GPUs, servers and fabric, of which the run bears "
-             "its share" if row["mode"] == "buy" and isinstance(row.get("capex_usd"), float) else "")
+    usd = f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)
+    money = (f"{f.money(row['cash_usd'])} paid out ({f.money(row['capex_usd'])} up front for GPUs, servers and "
+             f"fabric, the facility and energy while it runs), of which the run bears {usd} (its amortised share, "
+             f"${row['usd_per_gpu_hour']:.2f} per GPU-hour)"
+             if row["mode"] == "buy" and isinstance(row.get("capex_usd"), float)
+             else f"{usd} (${row['usd_per_gpu_hour']:.2f} per GPU-hour)")
     return (f"{option_label(row)}, {f.with_interval(row['days'], row['days_lo'], row['days_hi'], f.days)} days, "
-            f"{f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)} "
-            f"(${row['usd_per_gpu_hour']:.2f} per GPU-hour), layout {row['layout']}, "
+            f"{money}, layout {row['layout']}, "
             f"{row['headroom_gib']:.1f} GiB memory headroom{_thin(row)}, MFU {f.percent(row['mfu'])} "
-            f"({engine}){owned}{_price_basis(row)}{_unchecked(row)}")
+            f"({engine}){_price_basis(row)}{_unchecked(row)}")
 
 
 def _unchecked(row) -> str:
@@ -155,13 +167,13 @@ def answer_lines(result) -> list[str]:
     if c.budget_usd is not None:
         pick = budget_choice(options, c.budget_usd)
         if pick is None:
-            cheap = ok.loc[ok["usd"].idxmin()]
-            out.append(f"No evaluated option trains {what} within {f.money(c.budget_usd)}; the cheapest is "
-                       f"{option_sentence(cheap)}.")
+            cheap = ok.loc[cash(ok).idxmin()]
+            out.append(f"No evaluated option trains {what} within {f.money(c.budget_usd)} paid out; the one that "
+                       f"needs the least cash is {option_sentence(cheap)}.")
         else:
-            over = (f" Its interval reaches {f.money(pick['usd_hi'])}, over the budget."
-                    if pick["usd_hi"] > c.budget_usd else "")
-            out.append(f"Fastest option that trains {what} within {f.money(c.budget_usd)}: "
+            hi = pick.get("cash_usd_hi", pick["usd_hi"])
+            over = f" Its interval reaches {f.money(hi)}, over the budget." if hi > c.budget_usd else ""
+            out.append(f"Fastest option that trains {what} within {f.money(c.budget_usd)} paid out: "
                        f"{option_sentence(pick)}.{over}")
     return out
 
@@ -173,11 +185,12 @@ def display_table(options: pd.DataFrame, rows: int | None = None) -> pd.DataFram
     df = df.head(rows) if rows else df
     recs = df.to_dict(orient="records")
     return pd.DataFrame({
-        "GPU": [r["gpu"] for r in recs], "nodes": [int(r["nodes"]) for r in recs],
+        "GPU": [r["gpu"] for r in recs], "GPUs": [int(r["gpus"]) for r in recs], "nodes": [int(r["nodes"]) for r in recs],
         "fabric": [r["fabric"] for r in recs], "pay": [MODE_LABELS[r["mode"]] for r in recs],
         "layout": [r["layout"] for r in recs],
         "days": [f.with_interval(r["days"], r["days_lo"], r["days_hi"], f.days) for r in recs],
-        "$": [f.with_interval(r["usd"], r["usd_lo"], r["usd_hi"], f.money) for r in recs],
+        "$ of the run": [f.with_interval(r["usd"], r["usd_lo"], r["usd_hi"], f.money) for r in recs],
+        "$ paid out": [f.money(r.get("cash_usd", r["usd"])) for r in recs],
         "$/GPU-h": [f"{r['usd_per_gpu_hour']:.2f}" for r in recs],
         "MWh": [f"{r['energy_kwh'] / 1000:,.0f}" for r in recs],
         "headroom GiB": [headroom_text(r["headroom_gib"], r["headroom_gib"] + r["memory_per_gpu_gib"]) for r in recs],
@@ -227,7 +240,10 @@ def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
     out += ["an option's days and $ carry the 90% interval of the step time's validation residuals; the front and the "
             "answers are re-simulated on the event engine (the cell's best analytic layout), the rest are analytic",
             "a bought cluster is charged its share of capex (wall time / (life x utilisation)), the same share of the "
-            "facility, and the energy it draws; a rented one its price per GPU-hour, energy included"]
+            "facility, and the energy it draws; a rented one its price per GPU-hour, energy included",
+            "'$ of the run' is that charge; '$ paid out' is the money the buyer spends: a rental's bill, a purchase's "
+            "capex of GPUs, servers and fabric before the run starts and the facility and energy while it runs; a "
+            "budget is held against '$ paid out'"]
     if c.mixed:
         out.append("a mixed pipeline (simcore/planner/procure_mixed.py) runs its later stages on the other GPU type on "
                    "the event engine, is priced at the GPU-weighted blend of both types' prices, and counts energy at "

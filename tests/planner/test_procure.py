@@ -3,14 +3,16 @@ utilisation, bad candidates are one sentence, priced GPUs the catalog lacks wait
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from simcore.plan.spec import PlanError
 from simcore.planner.prices import HOURS_PER_YEAR, buy_sheet
 from simcore.planner.procure import hardware_cells, run_procure, states_overflow
-from simcore.planner.procure_answer import (answer_lines, budget_choice, deadline_choice, feasible, mode_fronts,
-                                            to_resimulate)
+from simcore.planner.formatting import money
+from simcore.planner.procure_answer import (answer_lines, budget_choice, deadline_choice, display_table, feasible,
+                                            mode_fronts, option_sentence, to_resimulate)
 from simcore.planner.procure_input import candidates_from_dict, default_gpus
 from topologies.hardware import load_catalog
 
@@ -47,9 +49,30 @@ def test_deadline_answer_is_the_cheapest_that_meets_it(result):
 def test_budget_answer_is_the_fastest_within_it(result):
     opts, c = feasible(result.options), result.candidates
     pick = budget_choice(result.options, c.budget_usd)
-    assert pick is not None and pick["usd"] <= c.budget_usd
-    assert (opts[opts["usd"] <= c.budget_usd]["days"] >= pick["days"]).all()
+    assert pick is not None and pick["cash_usd"] <= c.budget_usd
+    assert (opts[opts["cash_usd"] <= c.budget_usd]["days"] >= pick["days"]).all()
     assert pick["engine"] == "event"
+
+
+def test_a_budget_is_held_against_the_cash_a_purchase_needs_up_front(result):
+    # issue 57: "fastest within $10M" chose a $428M purchase because its run's amortised share was $8M
+    opts = feasible(result.options)
+    buy, rent = opts[opts["mode"] == "buy"], opts[opts["mode"] != "buy"]
+    assert (buy["cash_usd"] > buy["capex_usd"]).all() and (buy["cash_usd"] >= buy["usd"]).all()
+    assert (rent["cash_usd"] == rent["usd"]).all()
+    fast = buy.sort_values("days").iloc[0]
+    between = (fast["usd"] + fast["cash_usd"]) / 2           # above the run's share, below the capex
+    pick = budget_choice(result.options, between)
+    assert pick is None or pick["cash_usd"] <= between
+    assert pick is None or (pick["mode"], pick["gpu"], pick["nodes"]) != ("buy", fast["gpu"], fast["nodes"])
+    res = replace(result, candidates=replace(result.candidates, budget_usd=between))
+    line = answer_lines(res)[-1]
+    assert f"within {money(between)} paid out" in line
+    buy_pick = budget_choice(result.options, float(fast["cash_usd"]))
+    if buy_pick is not None and buy_pick["mode"] == "buy":
+        sentence = option_sentence(buy_pick)
+        assert (f"{money(buy_pick['cash_usd'])} paid out ({money(buy_pick['capex_usd'])} up front for GPUs, servers "
+                "and fabric, the facility and energy while it runs), of which the run bears") in sentence
 
 
 def test_each_front_is_undominated_and_re_simulated(result):
@@ -64,6 +87,14 @@ def test_each_front_is_undominated_and_re_simulated(result):
     assert set(fronts["mode"]) == {"on_demand", "reserved", "spot", "buy"}
     assert not [k for k in to_resimulate(result.options, result.candidates)
                 if result.cells.set_index(["gpu", "nodes"]).loc[k[:2], "engine"] != "event"]
+
+
+def test_the_options_table_counts_gpus_beside_nodes(result):
+    # issue 57: a GB200 node is a 4-GPU tray, a B200 node 8 GPUs: "64 nodes" alone compares unlike things
+    table = display_table(result.options)
+    opts = feasible(result.options).sort_values(["days", "usd"], kind="stable")
+    assert list(table["GPUs"]) == [int(g) for g in opts["gpus"]]
+    assert list(table.columns[:3]) == ["GPU", "GPUs", "nodes"]
 
 
 def test_options_carry_layout_headroom_energy_and_intervals(result):
@@ -82,7 +113,8 @@ def test_none_meets_is_said_clearly():
                       progress=False)
     lines = answer_lines(res)
     assert lines[0].startswith("No evaluated option trains llama3-70b on 15 T tokens within 1 days; the fastest is")
-    assert lines[1].startswith("No evaluated option trains llama3-70b on 15 T tokens within $1k; the cheapest is")
+    assert lines[1].startswith("No evaluated option trains llama3-70b on 15 T tokens within $1k paid out; the one that "
+                               "needs the least cash is")
 
 
 def _crossover_utilisation(life_years: float, gpu: str = "h100-sxm") -> float:
