@@ -193,13 +193,16 @@ def _price_assumptions(plan: Plan, cost) -> list[tuple[str, str]]:
 def whatif_report(res) -> Report:
     """The procurement report of a what-if sweep (``simcore.planner.whatif.WhatIfResult``):
     the same formatted table the terminal prints, every grid axis in the figures."""
-    from reports.planning_plots import whatif_figures
+    from reports.planning_plots import gpus_text, whatif_figures
     from simcore.planner import formatting as f
 
     ok = res.table[res.table["fits"]]
     summary = []
     axes = list(res.sweep.grid)
-    label = lambda row: ", ".join(f"{a}={row[a]}" for a in axes)  # noqa: E731
+
+    def label(row) -> str:   # the GPUs beside the axes: a node is 4 GPUs of one kind, 8 of another
+        return ", ".join(f"{a}={row[a]}" for a in axes) + ("" if "gpus" in axes else gpus_text(row))
+
     priced = ok[ok["days"].notna()] if "days" in ok else ok
     if len(priced):
         fastest = priced.loc[priced["days"].idxmin()]

@@ -37,9 +37,16 @@ def _front_mask(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
     return mask
 
 
+def gpus_text(row) -> str:
+    """' (512 GPUs)' where the row counts its GPUs and the label does not: a node is 4 GPUs of one
+    kind and 8 of another, so node counts alone compare unlike clusters."""
+    gpus = row.get("gpus") if hasattr(row, "get") else None
+    return f" ({int(gpus):,} GPUs)" if gpus is not None and pd.notna(gpus) else ""
+
+
 def _label(row: pd.Series, axes: list[str] | None = None) -> str:
     if axes:
-        return ", ".join(f"{a}={row[a]}" for a in axes)
+        return ", ".join(f"{a}={row[a]}" for a in axes) + ("" if "gpus" in axes else gpus_text(row))
     if "layout" in row and isinstance(row["layout"], str) and "gpu" not in row:
         return row["layout"]
     parts = [str(row[c]) for c in ("gpu", "nodes") if c in row]
@@ -114,8 +121,11 @@ def _cell_text(v: float, value: str) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
-def _draw_grid(ax, grid: pd.DataFrame, value: str, rows: str, cols: str | None, vmin: float, vmax: float):
+def _draw_grid(ax, grid: pd.DataFrame, value: str, rows: str, cols: str | None, vmin: float, vmax: float,
+               gpus: pd.DataFrame | None = None):
+    """The grid's values as coloured cells, each with its figure and (``gpus``) its GPU count."""
     data = grid.to_numpy(float)
+    counts = gpus.reindex(index=grid.index, columns=grid.columns).to_numpy(float) if gpus is not None else None
     im = ax.imshow(data, cmap="viridis_r", aspect="auto", vmin=vmin, vmax=vmax)
     ax.set_xticks(range(data.shape[1]), [str(c) for c in grid.columns] if cols else [value])
     ax.set_yticks(range(data.shape[0]), [str(i) for i in grid.index])
@@ -123,8 +133,9 @@ def _draw_grid(ax, grid: pd.DataFrame, value: str, rows: str, cols: str | None, 
     ax.set_ylabel(rows)
     mid = (vmin + vmax) / 2
     for (i, j), v in np.ndenumerate(data):
-        ax.text(j, i, _cell_text(v, value), ha="center", va="center", fontsize=8,
-                color="white" if np.isfinite(v) and v > mid else "black")
+        n = counts[i, j] if counts is not None else np.nan
+        ax.text(j, i, _cell_text(v, value) + (f"\n{int(n):,} GPUs" if np.isfinite(n) else ""), ha="center",
+                va="center", fontsize=8, color="white" if np.isfinite(v) and v > mid else "black")
     return im
 
 
@@ -152,7 +163,11 @@ def whatif_heatmap(df: pd.DataFrame, value: str, axes: list[str] | None = None) 
     for ax, (key, part) in zip(panels, groups):
         grid = part.pivot_table(index=rows, columns=cols, values=value, aggfunc="min", dropna=False) if cols \
             else part.groupby(rows)[[value]].min()
-        im = _draw_grid(ax, grid, value, rows, cols, vmin, vmax)
+        gpus = None
+        if "gpus" in part and "gpus" not in (rows, cols):   # the cells compare clusters: say how many GPUs each is
+            gpus = part.pivot_table(index=rows, columns=cols, values="gpus", aggfunc="max", dropna=False) if cols \
+                else part.groupby(rows)[["gpus"]].max().rename(columns={"gpus": value})
+        im = _draw_grid(ax, grid, value, rows, cols, vmin, vmax, gpus)
         key = key if isinstance(key, tuple) else (key,)
         ax.set_title(", ".join(f"{a}={k}" for a, k in zip(facets, key)) or f"{VALUE_LABELS.get(value, value)} by "
                      f"{rows}" + (f" x {cols}" if cols else ""), fontsize=9)

@@ -283,6 +283,8 @@ def display_table(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     from simcore.planner.headroom import headroom_text
 
     out = pd.DataFrame({a: table[a].astype(str) for a in axes if a in table})
+    if "gpus" in table and "gpus" not in axes:   # a GB200 node is 4 GPUs, a B200 node 8: nodes alone mislead
+        out["GPUs"] = table["gpus"].map(lambda g: f"{int(g):,}" if pd.notna(g) else "")
     get = lambda row, key: row.get(key, float("nan"))  # noqa: E731
     rows = table.to_dict(orient="records")
     if "layout" in table:
@@ -300,7 +302,7 @@ def display_table(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         out["$ spot"] = [f.money(get(r, "usd_spot")) for r in rows]
         out["goodput"] = [f.percent(get(r, "goodput")) for r in rows]
         missing = [not r.get("fits") for r in rows]
-        figures = [c for c in out.columns if c not in axes and c != "layout"]
+        figures = [c for c in out.columns if c not in axes and c not in ("layout", "GPUs")]
         out.loc[missing, figures] = ""
     return out
 

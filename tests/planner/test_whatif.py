@@ -121,11 +121,31 @@ def test_fabric_by_nodes_figures_show_every_cell():
     ax = next(a for a in figs["heatmap_days"].axes if a.get_title() == "gpu=h100-sxm")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["ib-hdr", "ib-ndr"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4"]
-    shown = {round(float(t.get_text().replace(",", "")), 1) for t in ax.texts}
+    shown = {round(float(t.get_text().splitlines()[0].replace(",", "")), 1) for t in ax.texts}
     expect = res.table[res.table.gpu == "h100-sxm"]["days"]
     assert shown == {round(float(f"{d:.3g}" if d < 100 else f"{d:.0f}"), 1) for d in expect}
     labels = [t.get_text() for t in figs["pareto"].axes[0].texts]
     assert labels and all(lab.startswith("fabric=") and "nodes=" in lab and "gpu=" in lab for lab in labels)
+
+
+def test_every_comparison_of_gpu_kinds_counts_the_gpus():
+    """Issue 57.3: a GB200 node is a 4-GPU tray, a B200 node 8 GPUs; "2 nodes" beside "2 nodes"
+    compares 8 GPUs with 16. The table, the heat maps and the Pareto labels say how many."""
+    from reports.build import whatif_report
+
+    res = run_whatif(sweep(grid={"gpu": ["gb200", "b200"], "nodes": [2]}), progress=False)
+    gpus = dict(zip(res.table["gpu"], res.table["gpus"]))
+    assert gpus == {"gb200": 8, "b200": 16}
+    table = res.display_table()
+    assert list(table.columns[:3]) == ["gpu", "nodes", "GPUs"] and list(table["GPUs"]) == ["8", "16"]
+    figs = whatif_figures(res)
+    for name in ("heatmap_days", "heatmap_usd"):
+        texts = [t.get_text() for t in figs[name].axes[0].texts]
+        assert sorted(t.splitlines()[1] for t in texts) == ["16 GPUs", "8 GPUs"], texts
+    labels = [t.get_text() for t in figs["pareto"].axes[0].texts]
+    assert labels and all(lab.endswith(("(8 GPUs)", "(16 GPUs)")) for lab in labels)
+    cards = dict(whatif_report(res).summary)
+    assert cards["fastest"].split(":")[0].endswith("GPUs)") and cards["cheapest"].split(":")[0].endswith("GPUs)")
 
 
 def test_shipped_example_sweep():
