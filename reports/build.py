@@ -106,7 +106,7 @@ def plan_report(res, cost, prediction, memory: dict, *, cluster_figure=None, tok
 
     from simcore.planner import formatting as f
     from simcore.planner.headroom import is_thin
-    from simcore.planner.search import display_table
+    from simcore.planner.ranking import display_table, legend
 
     best = res.best
     p = prediction
@@ -123,10 +123,8 @@ def plan_report(res, cost, prediction, memory: dict, *, cluster_figure=None, tok
                ("memory headroom", f"{room:.1f} GiB of {hbm:.0f} GiB"
                                    + (" (thin: see 'Why this layout')" if is_thin(room, hbm) else "")),
                ("biggest loss", biggest_loss(p)))
-    table_note = ("Step times: the analytic closed forms for every layout, the event engine for the top ones "
-                  "re-simulated (their days and $ follow the engine). Days and $ here are useful training "
-                  "time only; the cards above and 'The run' are the event engine's step with checkpoints and "
-                  "expected failures added (trainplan cost). Intervals (90%): "
+    table_note = (legend(res.table) + ". The cards above and 'The run' are the event engine's step with "
+                  "checkpoints and expected failures added (trainplan cost). Intervals (90%): "
                   + (iv.get("source") or "none"))
     sections = [
         Section("Why this layout", text="\n\n".join(res.explanations)),

@@ -15,7 +15,7 @@ from simcore.planner.stacks import STACKS
 from topologies.components import CatalogError
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
-from trainplan.common import UsageError, check_outputs, stop_on_signals
+from trainplan.common import SEARCH_TOP_K, UsageError, check_outputs, stop_on_signals
 
 
 def _plan_file_commands(sub) -> None:
@@ -105,7 +105,7 @@ def _planning_commands(sub) -> None:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--tokens", type=float, help="tokens to train, for days and $ of the whole run")
     p.add_argument("--objective", choices=["time", "cost", "pareto"], default="time")
-    p.add_argument("--top-k", type=int, default=10, help="re-simulate the best K with the event engine")
+    p.add_argument("--top-k", type=int, default=SEARCH_TOP_K, help="re-simulate the best K with the event engine")
     p.add_argument("--jobs", type=int, default=1, help="processes for the search")
     p.add_argument("--allow-fewer-gpus", action="store_true", help="also try layouts using part of the cluster")
     p.add_argument("--rows", type=int, default=20, help="rows of the ranked table to print")
@@ -153,7 +153,7 @@ def _planning_commands(sub) -> None:
     p.add_argument("--global-batch", type=int, default=1024)
     p.add_argument("--seq-len", type=int)
     p.add_argument("--tokens", type=float)
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=int, default=SEARCH_TOP_K, help="re-simulate the best K with the event engine")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--matrix", type=Path)
     p.add_argument("--only", action="append", metavar="LAYOUT")

@@ -4,6 +4,11 @@ from __future__ import annotations
 import json
 
 
+#: Layouts the event engine re-simulates and re-ranks in `plan`, `report plan` and the demo: one
+#: default for the three, so that the same inputs give the same recommendation.
+SEARCH_TOP_K = 10
+
+
 class UsageError(ValueError):
     """A command-line argument breaks a rule."""
 

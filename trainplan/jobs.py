@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from reports.render import render
+from trainplan.common import SEARCH_TOP_K
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,7 @@ DEMO_LAYOUTS = ("dp2", "pp2-1f1b", "tp2")
 
 
 def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens: float, out,
-             seq_len: int | None = None, top_k: int = 5, jobs: int = 1, progress: bool = True) -> Path:
+             seq_len: int | None = None, top_k: int = SEARCH_TOP_K, jobs: int = 1, progress: bool = True) -> Path:
     """Search, price and explain the best layout; write the planning report."""
     from reports.build import plan_report
     from reports.plots import topology_figure

@@ -98,9 +98,9 @@ def option_sentence(row) -> str:
     """An option's answer in one sentence: days and $ with intervals, layout, headroom, engine."""
     engine = "event engine" if row.get("engine") == "event" else "analytic engine"
     usd = f.with_interval(row['usd'], row['usd_lo'], row['usd_hi'], f.money)
-    money = (f"{f.money(row['cash_usd'])} paid out ({f.money(row['capex_usd'])} up front for GPUs, servers and "
-             f"fabric, the facility and energy while it runs), of which the run bears {usd} (its amortised share, "
-             f"${row['usd_per_gpu_hour']:.2f} per GPU-hour)"
+    money = (f"{f.money(row.get('cash_usd', row.get('capex_usd')))} paid out ({f.money(row['capex_usd'])} up front "
+             f"for GPUs, servers and fabric, the facility and energy while it runs), of which the run bears {usd} "
+             f"(its amortised share, ${row['usd_per_gpu_hour']:.2f} per GPU-hour)"
              if row["mode"] == "buy" and isinstance(row.get("capex_usd"), float)
              else f"{usd} (${row['usd_per_gpu_hour']:.2f} per GPU-hour)")
     return (f"{option_label(row)}, {f.with_interval(row['days'], row['days_lo'], row['days_hi'], f.days)} days, "

@@ -103,6 +103,6 @@ def evaluate_mixed(c, cell: dict) -> tuple[dict, object | None]:
                                                 "bubble_s", "offload_s")}
     stages = f"stage {pp - 1}" if moved == 1 else f"stages {pp - moved}-{pp - 1}"
     row.update(layout=f"{top['layout']} ({stages} on {cell['stage_gpu']})", fits=True,
-               **_cost_fields(rc, figures, plan.cluster), engine="event", stage_share=share)
+               **{**_cost_fields(rc, figures, plan.cluster), "engine": "event"}, stage_share=share)
     row["headroom_gib"] = room
     return row, rc

@@ -37,6 +37,7 @@ from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage
 from simcore.planner.prices import ranking_price
 from simcore.planner.evaluate import Tally, _evaluate_chunk
+from simcore.planner.ranking import display_table, explain_ranking, summary_table, tally_sentence  # noqa: F401
 from simcore.planner.space import Layout, SearchSpace, _gpu_counts, base_plan, derive_space, families, precision_axis
 
 SECONDS_PER_DAY = 86400.0
@@ -221,7 +222,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         tally.add(t)
     if not rows:
         raise NoLayoutFits(f"no layout of {base.model.name} fits {base.cluster.gpus} x {base.cluster.node.gpu.name} "
-                        f"with training.global_batch={global_batch} ({_tally_sentence(tally)})")
+                        f"with training.global_batch={global_batch} ({tally_sentence(tally)})")
     price, unpriced = ranking_price(base, objective)
     df = _objective_order(merge_ties(_add_cost(pd.DataFrame(rows), price, tokens)), objective).reset_index(drop=True)
     what = f"{base.model.name} on {base.cluster.gpus} x {base.cluster.node.gpu.name}"
@@ -251,7 +252,8 @@ def _with_intervals_and_headroom(df: pd.DataFrame, base: Plan) -> pd.DataFrame:
     from simcore.planner.formatting import hbm_gib, headroom_gib
     from simcore.planner.uncertainty import interval_columns
 
-    df = interval_columns(df, base.cluster.node, ("step_time_s", "des_step_time_s", "days", "usd", "usd_per_mtok"))
+    df = interval_columns(df, base.cluster.node, ("step_time_s", "days", "usd", "usd_per_mtok", "des_step_time_s",
+                                                  "des_days", "des_usd", "des_usd_per_mtok"))
     df.insert(df.columns.get_loc("memory_per_gpu_gib") + 1, "headroom_gib",
               headroom_gib(hbm_gib(base), df["memory_per_gpu_gib"]))
     return df
@@ -273,8 +275,9 @@ def _overlap(df: pd.DataFrame) -> list[str]:
 def _engine_rerank(df: pd.DataFrame, base: Plan, top_k: int, jobs: int, progress: bool,
                    objective: str) -> pd.DataFrame:
     """Re-simulate the first ``top_k`` rows on the event engine and re-rank them by its step
-    time (their days and $ scale with it); the rest keep the analytic order. ``step_time_s``
-    stays the analytic figure; ``des_*`` columns hold the engine's."""
+    time (or its $); the rest keep the analytic order. ``step_time_s``, ``days``, ``usd`` stay
+    the analytic figures; ``des_*`` columns hold the engine's (its days and $ scale with its
+    step), one engine per column (``simcore.planner.ranking``)."""
     if top_k <= 0:
         return df
     head = df.iloc[:top_k].copy()
@@ -284,109 +287,8 @@ def _engine_rerank(df: pd.DataFrame, base: Plan, top_k: int, jobs: int, progress
     scale = head["des_step_time_s"] / head["step_time_s"]
     for col in ("days", "gpu_hours", "usd", "usd_per_mtok"):
         if col in head:
-            head[col] = head[col] * scale
-    key = {"time": ["des_step_time_s"], "cost": [_cost_column(head), "des_step_time_s"]}.get(objective)
+            head["des_" + col] = head[col] * scale
+    key = {"time": ["des_step_time_s"], "cost": ["des_" + _cost_column(head), "des_step_time_s"]}.get(objective)
     if key:
         head = head.sort_values(key, kind="stable")
     return pd.concat([head, df.iloc[top_k:]]).reset_index(drop=True)
-
-
-# --------------------------------------------------------------------------- explanations
-
-_PARTS = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
-          ("offload_s", "offload stall"))
-
-
-def _time_col(row, best) -> str:
-    both = "des_step_time_s" in row and pd.notna(row.get("des_step_time_s")) and pd.notna(best.get("des_step_time_s"))
-    return "des_" if both else ""
-
-
-def why_slower(row, best) -> str:
-    """One sentence: how ``row`` compares with ``best`` in time (and cost, and GPUs when they
-    differ) and which parts of the step grow."""
-    pre = _time_col(row, best)
-    t, t0 = row[pre + "step_time_s"], best[pre + "step_time_s"]
-    deltas = sorted(((row[pre + c] - best[pre + c], name) for c, name in _PARTS), reverse=True)
-    grow = [f"{name} {d:+.3g} s" for d, name in deltas if d > 0.005 * t0][:2]
-    shrink = [f"{name} {d:+.3g} s" for d, name in deltas[::-1] if d < -0.005 * t0][:1]
-    why = ", ".join(grow) or "no single part (a tie within 0.5%)"
-    extra = f" (it saves {shrink[0]})" if shrink else ""
-    cost_col = next((c for c in ("usd", "usd_per_mtok") if c in row), None)
-    cost = f", cost {100 * (row[cost_col] / best[cost_col] - 1):+.1f}%" \
-        if cost_col and pd.notna(row[cost_col]) and pd.notna(best[cost_col]) else ""
-    gpus = f" on {row['gpus']} GPUs (best: {best['gpus']})" if row["gpus"] != best["gpus"] else ""
-    engine = "event engine" if pre else "analytic"
-    return (f"{row['layout']}: {t:.3g} s per step{gpus}, time {100 * (t / t0 - 1):+.1f}%{cost} on the best "
-            f"({engine}); its step differs by {why}{extra}; {row['memory_per_gpu_gib']:.1f} GiB per GPU")
-
-
-def _tally_sentence(tally: Tally) -> str:
-    if not tally.candidates:
-        return ("no tp x pp x cp x dp of these GPUs meets the divisibility rules: tp divides the heads and KV heads "
-                "inside an NVLink domain, pp at most the layers, cp the sequence, dp x micro-batch the global batch; "
-                "try another node count or global batch")
-    common = max(tally.rules.items(), key=lambda kv: kv[1])[0] if tally.rules else ""
-    return (f"{tally.candidates} candidates: {tally.broke_rule} break a rule"
-            + (f" (most often: {common})" if common else "")
-            + f", {tally.no_fit} do not fit in memory, {tally.dominated} are dominated "
-            f"(heavier recompute than needed, or offload where none is needed), {tally.simulated} simulated"
-            + (f" ({tally.near} of them within the memory model's error of the GPU's memory: thin or may not fit)"
-               if tally.near else ""))
-
-
-def explain_ranking(df: pd.DataFrame, tally: Tally, explain: int = 5) -> list[str]:
-    """Why the runners-up lose: the top ``explain`` after the best, then the best layout of
-    each tp and pp value that is not among them."""
-    best = df.iloc[0]
-    ties = f"; {best['ties']} more complex layouts give the same answer ({best['tied_with']})" \
-        if best.get("ties", 0) else ""
-    out = [_tally_sentence(tally), f"best: {best['layout']} at {best['step_time_s']:.2f} s per step (analytic), "
-                                   f"MFU {best['mfu']:.1%}, {best['memory_per_gpu_gib']:.1f} GiB per GPU{ties}"]
-    shown = set(range(1, min(len(df), explain + 1)))
-    out += [f"#{i + 1} {why_slower(df.iloc[i], best)}" for i in sorted(shown)]
-    for axis in ("tp", "pp", "cp"):
-        for value, idx in df.groupby(axis).head(1).set_index(axis)["rank"].items() if "rank" in df else ():
-            i = int(idx) - 1
-            if i > 0 and i not in shown:
-                shown.add(i)
-                out.append(f"best with {axis}={value} is #{i + 1}: {why_slower(df.iloc[i], best)}")
-    return out
-
-
-#: Columns the CLI prints for ``trainplan plan`` (the table has more), with their headings.
-TABLE_COLUMNS = ("rank", "layout", "ties")
-
-
-def summary_table(result: SearchResult, rows: int = 20) -> str:
-    """The first ``rows`` of the ranked table as the terminal prints it (``display_table``)."""
-    source = result.table["interval_source"].iloc[0] if len(result.table) else ""
-    return display_table(result.table, rows).to_string(index=False) + f"\nintervals: 90%, step time {source}"
-
-
-def display_table(table: pd.DataFrame, rows: int = 20) -> pd.DataFrame:
-    """The first ``rows`` of the ranked table, in the columns a reader needs: each time, day
-    and $ figure with its interval, MFU in percent, memory and its headroom. One source for
-    the terminal and the planning report."""
-    from simcore.planner import formatting as f
-    from simcore.planner.headroom import mark_thin
-
-    df = table.head(rows)
-    out = df[[c for c in TABLE_COLUMNS if c in df]].copy()
-    secs = lambda v: f"{v:.3f}"  # noqa: E731
-    out["step s (interval)"] = [f.with_interval(v, lo, hi, secs) for v, lo, hi in
-                                zip(df["step_time_s"], df["step_time_s_lo"], df["step_time_s_hi"])]
-    if "des_step_time_s" in df:
-        out["engine step s"] = [f.with_interval(v, lo, hi, secs) if pd.notna(v) else "" for v, lo, hi in
-                                zip(df["des_step_time_s"], df["des_step_time_s_lo"], df["des_step_time_s_hi"])]
-    out["MFU"] = df["mfu"].map(f.percent)
-    out["GiB"] = df["memory_per_gpu_gib"].map(lambda v: f"{v:.1f}")
-    out["headroom GiB"] = mark_thin(df["headroom_gib"], (df["memory_per_gpu_gib"] + df["headroom_gib"]).max())
-    if "days" in df:
-        out["days (interval)"] = [f.with_interval(v, lo, hi, f.days) for v, lo, hi in
-                                  zip(df["days"], df["days_lo"], df["days_hi"])]
-        out["$ on-demand (interval)"] = [f.with_interval(v, lo, hi, f.money) if pd.notna(v) else "n/a" for v, lo, hi
-                                         in zip(df["usd"], df["usd_lo"], df["usd_hi"])]
-    elif "usd_per_mtok" in df:
-        out["$ per M tokens"] = df["usd_per_mtok"].map(lambda v: f"{v:,.2f}" if pd.notna(v) else "n/a")
-    return out

@@ -166,12 +166,17 @@ def _space_of(base, sweep: Sweep, cell: dict):
     return space
 
 
+def _engine_of(row) -> str:
+    """The column prefix of the engine a cell's figures come from: the event engine where it ran
+    on the cell's layout, else the analytic path (``simcore.planner.ranking``)."""
+    return "des_" if "des_step_time_s" in row and pd.notna(row.get("des_step_time_s")) else ""
+
+
 def _prediction_of(row):
     """The step figures run_cost needs, from the engine where it ran, else the analytic path."""
     from types import SimpleNamespace
 
-    des = "des_step_time_s" in row and pd.notna(row.get("des_step_time_s"))
-    pre = "des_" if des else ""
+    pre = _engine_of(row)
     return SimpleNamespace(step_time_s=float(row[pre + "step_time_s"]), compute_s=float(row[pre + "compute_s"]))
 
 
@@ -229,10 +234,11 @@ def _cost_fields(rc, top, cluster) -> dict:
     from simcore.planner.formatting import headroom_gib
 
     od, sp = rc.on_demand, rc.spot
-    iv = od.interval
+    iv, pre = od.interval, _engine_of(top)   # every figure of the cell from the engine its step came from
     lo_hi = lambda key, i: iv[key][i] if key in iv else float("nan")  # noqa: E731
     fields = dict(step_time_s=rc.step_time_s, step_time_s_lo=lo_hi("step_time_s", 0),
-                  step_time_s_hi=lo_hi("step_time_s", 1), mfu=float(top["mfu"]),
+                  step_time_s_hi=lo_hi("step_time_s", 1), mfu=float(top[pre + "mfu"]),
+                  engine="event" if pre else "analytic",
                   memory_per_gpu_gib=float(top["memory_per_gpu_gib"]),
                   headroom_gib=headroom_gib(cluster.node.gpu.hbm_bytes / 2**30, float(top["memory_per_gpu_gib"])),
                   days=od.days, days_lo=lo_hi("days", 0), days_hi=lo_hi("days", 1), gpu_hours=od.gpu_hours,
@@ -241,8 +247,8 @@ def _cost_fields(rc, top, cluster) -> dict:
                   spot_infeasible=sp.infeasible, infeasible=od.infeasible, energy_kwh=rc.energy_kwh,
                   energy_usd=rc.energy_usd, goodput=od.goodput, checkpoint_write_s=rc.checkpoint.write_s,
                   checkpoint_interval_s=rc.checkpoint.interval_s, storage_bound=bool(rc.data["storage_bound"]),
-                  compute_s=float(top["compute_s"]), exposed_comm_s=float(top["exposed_comm_s"]),
-                  bubble_s=float(top["bubble_s"]), offload_s=float(top["offload_s"]),
+                  compute_s=float(top[pre + "compute_s"]), exposed_comm_s=float(top[pre + "exposed_comm_s"]),
+                  bubble_s=float(top[pre + "bubble_s"]), offload_s=float(top[pre + "offload_s"]),
                   interval_source=iv.get("source", ""))
     mc = od.monte_carlo
     if "runs" in mc:
@@ -291,18 +297,23 @@ def display_table(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         out["layout"] = [r["layout"] if isinstance(r.get("layout"), str) else
                          r.get("status") if isinstance(r.get("status"), str) else "does not fit" for r in rows]
     if "step_time_s" in table:
-        out["step s"] = [f.with_interval(get(r, "step_time_s"), get(r, "step_time_s_lo"), get(r, "step_time_s_hi"),
-                                         lambda v: f"{v:.2f}") for r in rows]
-        out["MFU"] = [f.percent(get(r, "mfu")) for r in rows]
+        engines = set(table.loc[table["fits"].fillna(False).astype(bool), "engine"]) if "engine" in table else set()
+        tag = f" [{engines.pop()}]" if len(engines) == 1 else ""   # one engine per column, named in its heading
+        if len(engines) > 1:
+            out["engine"] = [r.get("engine") if r.get("fits") else "" for r in rows]
+        out["step s" + tag] = [f.with_interval(get(r, "step_time_s"), get(r, "step_time_s_lo"),
+                                               get(r, "step_time_s_hi"), lambda v: f"{v:.2f}") for r in rows]
+        out["MFU" + tag] = [f.percent(get(r, "mfu")) for r in rows]
         out["headroom GiB"] = [headroom_text(get(r, "headroom_gib"), get(r, "headroom_gib") + get(r, "memory_per_gpu_gib"))
                                if r.get("fits") else "" for r in rows]
-        out["days"] = [f.with_interval(get(r, "days"), get(r, "days_lo"), get(r, "days_hi"), f.days) for r in rows]
-        out["$ on-demand"] = [f.with_interval(get(r, "usd"), get(r, "usd_lo"), get(r, "usd_hi"), f.money)
-                              for r in rows]
-        out["$ spot"] = [f.money(get(r, "usd_spot")) for r in rows]
+        out["days" + tag] = [f.with_interval(get(r, "days"), get(r, "days_lo"), get(r, "days_hi"), f.days)
+                             for r in rows]
+        out["$ on-demand" + tag] = [f.with_interval(get(r, "usd"), get(r, "usd_lo"), get(r, "usd_hi"), f.money)
+                                    for r in rows]
+        out["$ spot" + tag] = [f.money(get(r, "usd_spot")) for r in rows]
         out["goodput"] = [f.percent(get(r, "goodput")) for r in rows]
         missing = [not r.get("fits") for r in rows]
-        figures = [c for c in out.columns if c not in axes and c not in ("layout", "GPUs")]
+        figures = [c for c in out.columns if c not in axes and c not in ("layout", "GPUs", "engine")]
         out.loc[missing, figures] = ""
     return out
 

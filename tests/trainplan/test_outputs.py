@@ -82,7 +82,7 @@ def test_whatif_report_is_the_same_from_every_command(tmp_path, capsys):
     assert files("a") == files("b") and {"index.html", "report.md", "cells.csv"} <= set(files("a"))
     assert (tmp_path / "a" / "cells.csv").read_text() == (tmp_path / "b" / "cells.csv").read_text()
     header = printed.splitlines()[0].split()
-    assert header[:3] == ["fabric", "nodes", "layout"] and "e+" not in printed
+    assert header[:4] == ["fabric", "nodes", "GPUs", "layout"] and "e+" not in printed
     assert len([ln for ln in printed.splitlines() if ln.startswith(("ib-hdr", " ib-hdr", "ib-ndr", " ib-ndr"))]) == 4
 
 

@@ -1,0 +1,105 @@
+"""The ranked table as a reader sees it (simcore/planner/ranking.py): one engine per column,
+days, $ and MFU under the engine their step came from, comparisons on one engine (issue 57.4);
+and one recommendation for every entry point (issue 57.5)."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from simcore.planner.ranking import display_table, why_slower
+from simcore.planner.search import search
+from simcore.planner.space import base_plan, derive_space
+from simcore.plan.spec import ZeroStage
+
+SMALL = ("gpt-1.7b", {"node": "dgx-h100", "nodes": 2}, 64)
+TOKENS = 1e10
+TOP_K = 3
+
+
+@pytest.fixture(scope="module")
+def ranked():
+    space = replace(derive_space(base_plan(*SMALL)), cp=(1, 2), micro_batch=(1, 4),
+                    zero=(ZeroStage.NONE, ZeroStage.WEIGHTS), vpp=(2,))
+    return search(*SMALL, top_k=TOP_K, tokens=TOKENS, progress=False, space=space)
+
+
+def test_each_column_holds_one_engine_named_in_its_heading(ranked):
+    t = ranked.table
+    shown = display_table(t, len(t))
+    figures = [c for c in shown.columns if c not in ("rank", "layout", "ties", "GiB", "headroom GiB")]
+    assert figures and all(c.endswith(("[event]", "[analytic]")) for c in figures)
+    ran = t["des_step_time_s"].notna()
+    assert ran.sum() == TOP_K
+    for c in figures:   # the event engine's columns are blank exactly where it did not run
+        if c.endswith("[event]"):
+            assert list(shown[c] != "") == list(ran), c
+        else:
+            assert (shown[c] != "").all(), c
+    # days, $ and MFU follow the step of their own engine
+    assert t["days"].to_numpy() == pytest.approx((TOKENS / t["tokens_per_s"] / 86400).to_numpy(), rel=1e-9)
+    head = t[ran]
+    assert (head["des_days"] / head["days"]).to_numpy() == pytest.approx(
+        (head["des_step_time_s"] / head["step_time_s"]).to_numpy(), rel=1e-9)
+    assert (head["des_usd"] / head["usd"]).to_numpy() == pytest.approx(
+        (head["des_step_time_s"] / head["step_time_s"]).to_numpy(), rel=1e-9)
+    assert list(shown["MFU [event]"][ran]) == [f"{v:.1%}" for v in head["des_mfu"]]
+    assert list(shown["MFU [analytic]"]) == [f"{v:.1%}" for v in t["mfu"]]
+
+
+def test_the_first_row_is_the_recommendation_and_the_rest_in_time_order(ranked):
+    t = ranked.table
+    ran = t["des_step_time_s"].notna()
+    rest = t.iloc[1:]
+    event = rest[ran.iloc[1:]]
+    assert list(event["des_step_time_s"]) == sorted(event["des_step_time_s"])
+    later = rest[~ran.iloc[1:]]
+    assert list(later["step_time_s"]) == sorted(later["step_time_s"])
+    # no later row is faster on the analytic path than the rows the event engine re-ranked
+    assert later["step_time_s"].min() >= t.loc[ran, "step_time_s"].max()
+
+
+def _percent(sentence: str, what: str) -> float:
+    return float(re.search(rf"{what} ([+-][0-9.]+)%", sentence).group(1))
+
+
+def test_a_row_is_compared_with_the_first_on_one_engine(ranked):
+    """A row the event engine did not run is set against the first row's analytic figures, in
+    time and in cost (issue 57: "#11: time +3.2%, cost -3.2%" set analytic $ against the engine's)."""
+    t = ranked.table
+    best = t.iloc[0]
+    for i in range(1, len(t)):
+        row = t.iloc[i]
+        line = why_slower(row, best)
+        pre = "des_" if pd.notna(row["des_step_time_s"]) and pd.notna(best["des_step_time_s"]) else ""
+        assert ("(event engine)" in line) == bool(pre)
+        time = 100 * (row[pre + "step_time_s"] / best[pre + "step_time_s"] - 1)
+        cost = 100 * (row[pre + "usd"] / best[pre + "usd"] - 1)
+        assert _percent(line, "time") == pytest.approx(time, abs=0.051)
+        assert _percent(line, "cost") == pytest.approx(cost, abs=0.051)
+        assert (time >= -0.05) == (cost >= -0.05)   # on one engine a slower row is never cheaper on the same GPUs
+
+
+def test_plan_report_plan_and_the_demo_recommend_the_same_layout(tmp_path, monkeypatch):
+    """Issue 57.5: `plan`, `report plan` and the demo's planning report pick one layout for the
+    same inputs (simcore.planner.headroom.recommended_first behind all three)."""
+    import yaml
+
+    from trainplan import jobs
+    from trainplan.cli import main
+
+    args = dict(model="gpt-1.7b", cluster="dgx-h100", nodes=2, global_batch=64, seq_len=2048, tokens=TOKENS)
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--model", args["model"], "--cluster", args["cluster"], "--nodes", "2", "--global-batch",
+                 "64", "--seq-len", "2048", "--tokens", str(TOKENS), "--out", "plan.yaml"]) == 0
+    assert main(["report", "plan", "--model", args["model"], "--cluster", args["cluster"], "--nodes", "2",
+                 "--global-batch", "64", "--seq-len", "2048", "--tokens", str(TOKENS), "--out", "report"]) == 0
+    monkeypatch.setattr(jobs, "DEMO_PLAN", args)
+    jobs.plan_job(**{**jobs.DEMO_PLAN, "out": tmp_path / "demo"}, progress=False)   # the demo's own call
+    picked = [yaml.safe_load((tmp_path / p).read_text())["parallel"] for p in
+              ("plan.yaml", "report/best-plan.yaml", "demo/best-plan.yaml")]
+    assert picked[0] == picked[1] == picked[2]
+    layouts = {pd.read_csv(tmp_path / d / "layouts.csv")["layout"].iloc[0] for d in ("report", "demo")}
+    assert len(layouts) == 1
