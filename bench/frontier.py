@@ -76,11 +76,16 @@ def question_key(doc: dict) -> str:
     return json.dumps([doc["model"], doc["cluster"], training, switches], sort_keys=True, default=str)
 
 
-def _same_layout(a: Plan, b: Plan) -> bool:
-    pa, pb = a.parallel, b.parallel
-    fields = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "schedule", "sequence_parallel", "etp", "zero_impl")
-    return (all(getattr(pa, f) == getattr(pb, f) for f in fields) and a.layers_per_stage == b.layers_per_stage
-            and a.training.micro_batch == b.training.micro_batch)
+def _same_layout(searched: Plan, published: Plan) -> bool:
+    """The same layout, or the searched one with sequence parallelism where the published ran TP
+    without it: the search turns it on with every tp > 1, as it moves the same bytes as TP's
+    all-reduces and divides the activations by tp (Korthikanti et al. 2022, Sec. 4.2.2)."""
+    pa, pb = searched.parallel, published.parallel
+    fields = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "schedule", "etp", "zero_impl")
+    sp = pa.sequence_parallel == pb.sequence_parallel or (pa.sequence_parallel and pb.tp > 1)
+    return (sp and all(getattr(pa, f) == getattr(pb, f) for f in fields)
+            and searched.layers_per_stage == published.layers_per_stage
+            and searched.training.micro_batch == published.training.micro_batch)
 
 
 def in_space(base: Plan, published: Plan) -> tuple[bool, str]:

@@ -148,23 +148,19 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
     """Rows for one layout: for each offload setting, the lightest recompute that fits with the
     memory model's margin (heavier recompute only adds time), and on the way every lighter one
     that is thin or may not fit (``headroom.fit_class``: ranked and marked, so the search can
-    say what the margin costs). Offload is tried only when nothing fits without it. The rules
-    of ``check_plan`` do not depend on recompute, so each offload setting is checked once.
-    ``cache`` (per batch of layouts) reuses activation bytes and a zero-bubble layout's 1F1B
-    twin's StepCosts (``_twin``): the same numbers, fewer calls."""
+    say what the margin costs). An offload setting is checked (rules, memory) only when nothing
+    fits without it; the rules of ``check_plan`` do not depend on recompute, so each is checked
+    once. ``cache`` (per batch of layouts) reuses activation bytes and a zero-bubble layout's
+    1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls."""
     cache = {} if cache is None else cache
-    nrc = len(space.recompute)
-    tally.candidates += nrc * len(space.offload)
-    valid = []
-    for off in space.offload:
+    nrc, noff = len(space.recompute), len(space.offload)
+    tally.candidates += nrc * noff
+    node, rows, first = base.cluster.node, [], None
+    for k, off in enumerate(space.offload):
         plan = evolve(family, offload=off, recompute=space.recompute[0]).apply(base, True)
-        if not _rejected(plan, tally, nrc):
-            valid.append(off)
-    if not valid:
-        return []
-    table = memory_table(plan, valid, space.recompute, cache)
-    node, rows = base.cluster.node, []
-    for k, off in enumerate(valid):
+        if _rejected(plan, tally, nrc):
+            continue
+        table = memory_table(plan, (off,), space.recompute, cache)
         lighter = float("inf")   # the peak of the last row kept at this offload
         for i, rc in enumerate(space.recompute):
             peak, host = table[off, rc]
@@ -175,15 +171,15 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
             if peak >= lighter:   # more recompute that holds no fewer bytes: only slower
                 tally.dominated += 1
                 continue
-            lighter = peak
+            lighter, first = peak, (k, i) if first is None else first
             lay = evolve(family, recompute=rc, offload=off)
             if rc == Recompute.FULL and cls == FITS and space.block_recompute:   # the fewest layers that fit
-                lay, cls = _least_block(base, lay, tally), FITS
+                lay = _least_block(base, lay, tally)
             tally.simulated += 1
             tally.near += cls != FITS
             rows.append(_timed(base, lay, cache, cls))
             if cls == FITS:
-                tally.dominated += nrc - i - 1 + nrc * (len(valid) - k - 1)
+                tally.dominated += nrc - i - 1 + nrc * (noff - k - 1)
                 return rows if (k, i) == (0, 0) or True not in space.activation_offload else \
                     rows + _offloaded(base, family, tally)
     return rows + (_offloaded(base, family, tally) if True in space.activation_offload else [])
@@ -198,7 +194,11 @@ def _least_block(base: Plan, lay: Layout, tally: Tally) -> Layout:
     if chunk <= 1 or plan.training.recompute_method == RecomputeMethod.BLOCK:
         return lay
     roomy = base.cluster.node.gpu.hbm_bytes / memory_margin().hi
-    peak = lambda n: max(mem.rank_totals(evolve(lay, recompute_layers=n).apply(base, True))[0])  # noqa: E731
+
+    def peak(n: int) -> float:   # the ranks that can be fullest (``memory_table``)
+        block = evolve(lay, recompute_layers=n).apply(base, True)
+        return memory_table(block, (lay.offload,), (Recompute.FULL,))[lay.offload, Recompute.FULL][0]
+
     if peak(chunk - 1) > roomy:
         return lay
     lo, hi = 1, chunk - 1
