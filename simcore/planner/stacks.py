@@ -23,6 +23,12 @@ STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
 #: The stacks that run bf16 DDP and one-device layouts under torch.autocast over fp32 parameters
 #: (``torchtitan_writer.torchtitan_autocasts``; a search sets ``SearchSpace.ddp_autocast``).
 DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
+#: What a search for Megatron-LM turns on where a layout can take it, as NVIDIA's recipes do:
+#: Megatron-Bridge's Llama recipes overlap TP communication with the GEMMs (``CommOverlapConfig(
+#: tp_comm_overlap=True)``, src/megatron/bridge/recipes/llama/llama3.py @0d5f5558) and every recipe
+#: runs the distributed optimizer with ``overlap_param_gather=True`` (``DistributedDataParallelConfig``);
+#: the export writes them as ``--tp-comm-overlap`` and ``--overlap-param-gather``.
+MEGATRON_RECIPE_SWITCHES = {"tp_comm_overlap": True, "overlap_param_gather": True}
 #: The layer splits over pipeline stages each stack's launcher writes (``space.SPLITS``): torchtitan's
 #: own rule (its exporter expresses it and the even split where the stages divide the layers).
 STACK_SPLITS = {"torchtitan": ("even", "titan"), "torchtitan-0.2": ("even", "titan")}
@@ -41,9 +47,9 @@ LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "to
 def stack_base(base: Plan, stack: str | None) -> Plan:
     """``base`` as ``stack`` runs what the Plan leaves open, so a ranking for it prices that:
     the attention kernel torch SDPA or the flash-attn package runs on the GPU (``FA2_STACKS``,
-    ``readers.sdpa_attention_kernel``); DeepSpeed's own ZeRO and Ulysses' all-to-all for a
-    sequence split (what ``deepspeed_writer`` requires); torch's context parallel gathering
-    K/V for torchtitan (``torchtitan_writer._cp_rotate``)."""
+    ``readers.sdpa_attention_kernel``); Megatron's recipes' overlaps (``MEGATRON_RECIPE_SWITCHES``);
+    DeepSpeed's own ZeRO and Ulysses' all-to-all for a sequence split (what ``deepspeed_writer``
+    requires); torch's context parallel gathering K/V for torchtitan (``torchtitan_writer._cp_rotate``)."""
     from simcore.plan.readers import sdpa_attention_kernel
 
     par, tr = base.parallel, base.training
@@ -51,7 +57,9 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
         kernel = sdpa_attention_kernel(base.cluster.node.gpu)
         if kernel != "auto":
             base = replace(base, training=replace(tr, attention_kernel=AttentionKernel(kernel)))
-    if stack == "deepspeed":
+    if stack == "megatron":   # the recipes' switches, which each layout takes where it can (space.SWITCHES)
+        base = replace(base, parallel=replace(par, **MEGATRON_RECIPE_SWITCHES))
+    elif stack == "deepspeed":
         base = replace(base, parallel=replace(par, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
     elif stack == "torchtitan":
         base = replace(base, parallel=replace(par, cp_comm=CpComm.ALL_GATHER))

@@ -149,3 +149,23 @@ def test_a_search_for_deepspeed_charges_deepspeed_s_zero_and_no_schedule_it_lack
         assert plan.parallel.zero == 0 or plan.parallel.zero_impl == ZeroImpl.DEEPSPEED
         json.loads(export_plan(plan, "deepspeed"))   # no refusal
     assert t.iloc[0]["step_time_s"] >= every.iloc[0]["step_time_s"]
+
+
+def test_a_search_for_megatron_takes_its_recipes_overlaps_where_a_layout_can():
+    """TP communication overlap (with SP) and the overlapped parameter gather (ZeRO-1), as NVIDIA's
+    recipes run Megatron: every layout that can take them has them, its export writes them, and
+    they cost nothing where they cannot apply."""
+    from simcore.planner.stacks import MEGATRON_RECIPE_SWITCHES, stack_base
+
+    res = search("llama3-70b", {"node": "dgx-h100", "nodes": 8}, 128, top_k=0, progress=False, stack="megatron",
+                 explain=0)
+    base = stack_base(base_plan("llama3-70b", {"node": "dgx-h100", "nodes": 8}, 128), "megatron")
+    assert all(getattr(base.parallel, k) == v for k, v in MEGATRON_RECIPE_SWITCHES.items())
+    for _, row in res.table.head(30).iterrows():
+        par = _layout_of(row).apply(base).parallel
+        assert par.tp_comm_overlap == (par.tp > 1 and par.sequence_parallel)
+        assert par.overlap_param_gather == (int(par.zero) == 1)
+    best = _layout_of(res.table.iloc[0]).apply(base)
+    command = export_plan(best, "megatron")
+    assert ("--tp-comm-overlap" in command) == best.parallel.tp_comm_overlap
+    assert ("--overlap-param-gather" in command) == best.parallel.overlap_param_gather
