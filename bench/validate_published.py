@@ -8,6 +8,14 @@ as the validation README says per source. Prints a table and the MAPE per file; 
 the per-row CSV to bench/out/validate_published.csv. Target: MAPE <= 8 % on each file
 and no row above 25 %.
 
+Then (``bench/crossval.py``): the leave-one-source-out (LOSO) error per file and source,
+each source predicted with the FITTED figures refitted without it (``bench/fit.py`` stores
+them in validation/fits.yaml; targets: within 2 points of in-sample, at most 8 % per file);
+the coverage of the 90 % intervals built from the LOSO residuals per GPU kind (target
+85-95 %); whether the model orders a publication's layouts as measured (target 90 %); and
+the noise floor where one configuration was published twice. ``--write-residuals`` stores
+the LOSO residuals, with what the published runs cover, in validation/residuals.yaml.
+
 How rows map onto Plans (the same rules for every row of a source; nothing per row):
 - node: the catalog's DGX of the row's GPU (a100-80gb -> dgx-a100-80gb, a100-40gb ->
   dgx-a100-40gb, h100-80gb(-sxm) -> dgx-h100). vTrain's ``a100`` -> dgx-a100-80gb with
@@ -52,8 +60,9 @@ from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 from simcore.plan.spec import PlanError  # noqa: E402
 from simcore.results import atomic_write_text  # noqa: E402
-from simcore.planner.uncertainty import hardware_kind, layout_class, load_residuals, merge_residuals, residual_table  # noqa: E402
+from simcore.planner.uncertainty import hardware_kind, layout_class, load_residuals, merge_residuals  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402
+import crossval  # noqa: E402
 import published_modern as modern  # noqa: E402
 
 NODE_OF_GPU = {"a100-80gb": "dgx-a100-80gb", "a100-40gb": "dgx-a100-40gb", "a100": "dgx-a100-80gb",
@@ -179,8 +188,19 @@ def validate(path: Path, catalog) -> pd.DataFrame:
                      "seq_len": int(row.seq_len), "global_batch": int(row.global_batch_seqs),
                      "precision": plan.training.precision.value + (f"/{plan.training.fp8_recipe.value}"
                                                                    if plan.training.precision.value == "fp8" else ""),
-                     "measured_s": meas, "predicted_s": pred, "error": (pred - meas) / meas, "fits": fits})
+                     "measured_s": meas, "predicted_s": pred, "error": (pred - meas) / meas, "fits": fits,
+                     "mb_published": _int(row.micro_batch) is not None, **_shape(plan)})
     return pd.DataFrame(rows)
+
+
+def _shape(plan) -> dict:
+    """What the cross-validation reads beyond the error: the layout in one word, the axes the
+    uncertainty's coverage summary records, the model's size and MoE shape."""
+    p, t, m = plan.parallel, plan.training, plan.model
+    layout = (f"tp{p.tp}-pp{p.pp}-dp{p.dp}-cp{p.cp}-ep{p.ep}-z{int(p.zero)}-mb{t.micro_batch}-vpp{p.vpp}"
+              f"-b{t.global_batch}-rc:{getattr(t.recompute, 'value', t.recompute)}")
+    return {"cp": p.cp, "ep": p.ep, "layout": layout, "layers": m.layers, "hidden": m.hidden,
+            "ffn_hidden": m.ffn_hidden, "experts": m.experts, "top_k": m.top_k}
 
 
 def main(argv=None) -> int:
@@ -188,7 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--validation", type=Path, default=DEFAULT_VALIDATION)
     ap.add_argument("--quiet", action="store_true", help="print only the summary")
     ap.add_argument("--write-residuals", action="store_true",
-                    help="store ln(measured/predicted) per GPU kind and layout class in validation/residuals.yaml "
+                    help="store the leave-one-source-out ln(measured/predicted) per GPU kind and layout class in "
+                         "validation/residuals.yaml "
                          "(the prediction intervals of `trainplan simulate` come from them)")
     args = ap.parse_args(argv)
     catalog = load_catalog()
@@ -202,6 +223,7 @@ def main(argv=None) -> int:
     frames = [validate(args.validation / name, catalog) for name in FILES]
     out = pd.concat(frames, ignore_index=True)
     elapsed = time.perf_counter() - t0
+    csv = {name: pd.read_csv(args.validation / name) for name in FILES}
     pd.set_option("display.width", 200)
     pd.set_option("display.max_rows", 100)
     if not args.quiet:
@@ -233,10 +255,15 @@ def main(argv=None) -> int:
         print("\nBlock-scaled precisions, same layout (published vs predicted speed-up):")
         print(block.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"({len(out)} rows in {elapsed:.1f} s)")
+    fits = crossval.load_fits()
+    out = crossval.report(out, csv, lambda row, mod: predict_row(row, catalog, mod)[0], fits)
     dest = ROOT / "bench" / "out" / "validate_published.csv"
     dest.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(dest, index=False)
     if args.write_residuals:
+        if crossval.stale(fits):
+            print(f"residuals not written: {crossval.stale(fits)}", file=sys.stderr)
+            return 2
         write_residuals(out)
     return 0
 
@@ -252,15 +279,16 @@ def write_residuals(out: pd.DataFrame) -> None:
     doc = {"kinds": load_residuals(path)}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
+    tables, covers = crossval.residual_tables(out, "loso_s"), crossval.coverage_summary(out)
     for kind, rows in out.groupby("kind"):
-        table = residual_table([{"class": r["class"], "pred_step_time_s": r["predicted_s"],
-                                 "meas_step_time_s": r["measured_s"]} for r in rows.to_dict("records")],
-                               ("step_time_s",))
         sources = ", ".join(f"{src} ({n})" for src, n in rows.groupby("source").size().items())
-        doc = merge_residuals(doc, kind, table, {
+        doc = merge_residuals(doc, kind, tables[kind], {
             "set": f"published runs: {sources}", "when": datetime.date.today().isoformat(),
-            "how": f"bench/validate_published.py: analytic prediction from catalog figures against the "
-                   f"published step time (commit {commit})", "residual": "ln(measured / predicted)"})
+            "how": f"bench/validate_published.py: analytic prediction against the published step time, each "
+                   f"source predicted with the catalog's FITTED figures refitted without it (bench/fit.py, "
+                   f"validation/fits.yaml; commit {commit})",
+            "residual": "ln(measured / predicted), leave-one-source-out",
+            "covers": covers[kind]})
     header = ("# Residuals ln(measured/predicted) per hardware kind and layout class, written by the benches\n"
               "# (bench/validate_local.py, bench/validate_published.py --write-residuals);\n"
               "# simcore/planner/uncertainty.py turns them into prediction intervals.\n")

@@ -39,6 +39,13 @@ DEFAULT_LEVEL = 0.9
 #: The residual set of the memory model's peak per GPU on published runs, pooled over GPU kinds
 #: (``bench/validate_memory.py --write-residuals``): the planner's memory margin.
 MEMORY_KIND = "gpu-peak-memory"
+#: Each thing a question takes beyond every published run (a GPU kind none ran on, more GPUs,
+#: a precision, a larger parallel degree, a finer MoE than any run has) widens the interval's
+#: log half-width by this factor (ASSUMPTION, not fitted: no published run measures the error
+#: out there; the leave-one-source-out residuals already carry an unseen publication's).
+EXTRAPOLATION_WIDENING = 1.5
+#: The parallel axes whose largest published degree bounds a question (``covers`` in residuals.yaml).
+COVERED_AXES = ("tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,36 +206,144 @@ def merge_residuals(doc: dict, kind: str, table: dict, measured: dict) -> dict:
 
 def interval_fields(plan, prediction, level: float = DEFAULT_LEVEL, tables: dict | None = None) -> dict:
     """The JSON fields ``trainplan simulate`` prints: ``interval_s`` ([lo, hi] of the step
-    time, or None), ``interval_level`` and ``interval_source`` (which residuals, or why none)."""
-    iv = prediction_interval(plan, prediction.step_time_s, "step_time_s", level, tables)
-    if iv is None:
-        kind, cls = hardware_kind(plan.cluster.node), layout_class(plan.parallel)
-        return {"interval_s": None, "interval_level": level,
+    time, or None), ``interval_level``, ``interval_source`` (which residuals, or why none) and
+    ``extrapolated`` (``extrapolation``'s line, or None): an interval widened for what the
+    question takes beyond the published runs, from every published GPU kind's residuals where
+    its own kind has none."""
+    tables = load_residuals() if tables is None else tables
+    kind, cls = hardware_kind(plan.cluster.node), layout_class(plan.parallel)
+    factor, line = extrapolation(plan, tables)
+    picked = pick_residuals(tables, kind, cls, "step_time_s") or (pooled_published(tables) if line else None)
+    if picked is None:
+        return {"interval_s": None, "interval_level": level, "extrapolated": line,
                 "interval_source": f"no validation residuals for hardware kind {kind} (layout class {cls})"}
-    return {"interval_s": [iv.lo, iv.hi], "interval_level": level, "interval_source": iv.source}
+    lo, hi = widen(*log_bounds(picked[0], level), factor)
+    value = prediction.step_time_s
+    source = picked[1] + (f", widened {factor:.2g}x: {line}" if line else "")
+    return {"interval_s": [value * math.exp(lo), value * math.exp(hi)], "interval_level": level,
+            "interval_source": source, "extrapolated": line}
 
 
 def interval_columns(df, node, columns: tuple[str, ...] = ("step_time_s", "days", "usd"),
-                     level: float = DEFAULT_LEVEL, tables: dict | None = None):
+                     level: float = DEFAULT_LEVEL, tables: dict | None = None, plan=None):
     """``df`` (a search or what-if table: one row per layout with tp, pp, dp, cp, ep, zero)
     with ``<col>_lo`` / ``<col>_hi`` for each of ``columns`` present, from the step-time
     residuals of each row's layout class on ``node``'s hardware kind (days and $ of useful
-    time scale with the step time), and ``interval_source``. NaN where no residuals exist."""
+    time scale with the step time), and ``interval_source``. NaN where no residuals exist.
+    With ``plan`` (the search's base plan: model, precision, GPUs), intervals widen where a
+    layout goes beyond the published runs and ``extrapolated`` says how (``extrapolation``),
+    once per layout class and parallel degrees."""
     tables = load_residuals() if tables is None else tables
     kind = hardware_kind(node)
     out = df.copy()
-    bounds, sources = {}, []
+    bounds, sources, lines = {}, [], []
     for row in out.itertuples(index=False):
-        cls = layout_class(row)
-        if cls not in bounds:
-            picked = pick_residuals(tables, kind, cls, "step_time_s")
-            bounds[cls] = (log_bounds(picked[0], level), picked[1]) if picked else \
-                ((math.nan, math.nan), f"no validation residuals for {kind} (layout class {cls})")
-        sources.append(bounds[cls][1])
-    factors = [bounds[layout_class(r)][0] for r in out.itertuples(index=False)]
+        key = _class_key(row, plan)
+        if key not in bounds:
+            bounds[key] = _class_bounds(tables, kind, key, row, plan, level)
+        sources.append(bounds[key][1])
+        lines.append(bounds[key][2])
+    factors = [bounds[_class_key(r, plan)][0] for r in out.itertuples(index=False)]
+    if plan is not None:
+        out["extrapolated"] = lines
     for col in columns:
         if col in out:
             out[col + "_lo"] = [v * math.exp(lo) for v, (lo, _) in zip(out[col], factors)]
             out[col + "_hi"] = [v * math.exp(hi) for v, (_, hi) in zip(out[col], factors)]
     out["interval_source"] = sources
     return out
+
+
+def _class_key(row, plan) -> tuple:
+    cls = layout_class(row)
+    return (cls,) if plan is None else (cls, *(int(getattr(row, a, 1) or 1) for a in COVERED_AXES))
+
+
+def _class_bounds(tables: dict, kind: str, key: tuple, row, plan, level: float) -> tuple:
+    """((lo, hi) log bounds, source, extrapolated line) of one layout class (and degrees)."""
+    cls, line, factor = key[0], None, 1.0
+    if plan is not None:
+        axes = {a: int(getattr(row, a, 1) or 1) for a in COVERED_AXES}
+        factor, line = extrapolation(plan, tables, axes)
+    picked = pick_residuals(tables, kind, cls, "step_time_s") or (pooled_published(tables) if line else None)
+    if picked is None:
+        return (math.nan, math.nan), f"no validation residuals for {kind} (layout class {cls})", line
+    source = picked[1] + (f", widened {factor:.2g}x: {line}" if line else "")
+    return widen(*log_bounds(picked[0], level), factor), source, line
+
+
+def published_covers(tables: dict) -> dict:
+    """{GPU kind: what its published runs cover} (``covers`` of residuals.yaml, written by
+    ``bench/validate_published.py``: most GPUs, precisions, each axis's largest degree, MoE)."""
+    return {k: e["measured"]["covers"] for k, e in tables.items()
+            if isinstance(e, dict) and isinstance(e.get("measured"), dict) and e["measured"].get("covers")}
+
+
+def pooled_published(tables: dict, field: str = "step_time_s") -> tuple[list[float], str] | None:
+    """Every published GPU kind's residuals pooled: the interval of a GPU no run was published on."""
+    kinds = sorted(published_covers(tables))
+    rs = [r for k in kinds for c in (tables[k].get("residuals") or {}).values() for r in (c or {}).get(field, [])
+          if math.isfinite(r)]
+    if len(rs) < 2:
+        return None
+    return rs, f"{len(rs)} residuals of {field} of every published GPU kind pooled ({', '.join(kinds)})"
+
+
+def _merged(covers: dict) -> dict:
+    """What any published run covers: the most GPUs, every precision, each axis's largest
+    degree, the finest MoE (most experts, largest top-k, narrowest expert)."""
+    cs = list(covers.values())
+    moe = [c for c in cs if c.get("experts")]
+    return {"gpus": max(c["gpus"] for c in cs), "precisions": sorted({p for c in cs for p in c["precisions"]}),
+            **{a: max(c[a] for c in cs) for a in COVERED_AXES},
+            "experts": max((c["experts"] for c in moe), default=0), "top_k": max((c["top_k"] for c in moe), default=0),
+            "expert_width": min((c["expert_width"] for c in moe), default=0.0)}
+
+
+def extrapolated(kind: str, gpus: int, precision: str, axes: dict, moe: tuple | None, tables: dict) -> list[str]:
+    """What a question takes beyond every published run, one phrase each: a GPU kind none ran
+    on; more GPUs, a precision, a larger parallel degree or a finer MoE than any run has. None
+    where no published coverage is recorded, or the kind has residuals of its own without one
+    (a calibrated host or GPU: its own runs measured it). ``moe``: (experts, top-k, expert
+    width / hidden) of an MoE model."""
+    covers = published_covers(tables)
+    if not covers or (kind in tables and kind not in covers):
+        return []
+    c = _merged(covers)
+    out = [] if kind in covers else [f"{kind}: no published run on this GPU"]
+    if gpus > c["gpus"]:
+        out.append(f"{gpus} GPUs (published runs reach {c['gpus']})")
+    if precision.split("/")[0] not in c["precisions"]:
+        out.append(f"precision {precision} (published runs: {', '.join(c['precisions'])})")
+    out += [f"{a} {axes[a]} (published runs reach {c[a]})" for a in COVERED_AXES if axes.get(a, 1) > c[a]]
+    if moe:
+        experts, top_k, width = moe
+        if not c["experts"]:
+            out.append(f"MoE ({experts} experts, top-{top_k}): no published run is MoE")
+        elif experts > c["experts"] or top_k > c["top_k"] or width < c["expert_width"]:
+            out.append(f"MoE granularity {experts} experts, top-{top_k}, expert width {width:.3g} x hidden "
+                       f"(published runs reach {c['experts']}, top-{c['top_k']}, {c['expert_width']:.3g})")
+    return out
+
+
+def extrapolation(plan, tables: dict | None = None, axes: dict | None = None) -> tuple[float, str | None]:
+    """(the factor an interval's log half-width widens by, one line saying what is
+    extrapolated, or None) for ``plan`` (``axes``: the parallel degrees, where they differ
+    from the plan's, as a search's layouts do)."""
+    tables = load_residuals() if tables is None else tables
+    if not published_covers(tables):
+        return 1.0, None
+    par, m = plan.parallel, plan.model
+    axes = axes or {a: int(getattr(par, a, 1)) for a in COVERED_AXES}
+    moe = (m.experts, m.top_k, m.ffn_hidden / m.hidden) if m.experts > 0 else None
+    precision = plan.training.precision.value
+    items = extrapolated(hardware_kind(plan.cluster.node), plan.cluster.gpus, precision, axes, moe, tables)
+    if not items:
+        return 1.0, None
+    return EXTRAPOLATION_WIDENING ** len(items), "extrapolated: " + "; ".join(items)
+
+
+def widen(lo: float, hi: float, factor: float) -> tuple[float, float]:
+    """Log bounds (lo, hi) with their half-width times ``factor`` about their middle."""
+    mid, half = (lo + hi) / 2, (hi - lo) / 2 * factor
+    return mid - half, mid + half
