@@ -15,7 +15,7 @@ from simcore.planner.stacks import STACKS
 from topologies.components import CatalogError
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
-from trainplan.common import SEARCH_TOP_K, UsageError, check_outputs, stop_on_signals
+from trainplan.common import SEARCH_TOP_K, UsageError, check_numbers, check_outputs, stop_on_signals
 
 
 def _plan_file_commands(sub) -> None:
@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         with stop_on_signals():
+            check_numbers(args)
             check_outputs(args)
             args.func(args)
     except (PlanError, CatalogError, UsageError, ValueError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from simcore.plan.bounds import check_event_budget
 from simcore.plan.load import dump_plan, load_plan
 from topologies.hardware import load_catalog
 from trainplan.common import UsageError, check_prediction, fmt_s, print_json, print_prediction
@@ -88,6 +89,7 @@ def cmd_simulate(args) -> None:
     plan = load_plan(args.plan)
     kwargs = {}
     if args.engine == "des":
+        check_event_budget(plan, "the event engine", args.granularity, args.mode)
         kwargs = {"granularity": args.granularity, "mode": args.mode}
         if args.slow:
             kwargs["stragglers"] = _parse_stragglers(args.slow)
@@ -275,6 +277,7 @@ def cmd_schedule(args) -> None:
     from simcore.model.schedules import build_schedule, format_grid, lower
 
     plan = load_plan(args.plan)
+    check_event_budget(plan, "trainplan schedule")
     par = plan.parallel
     sched = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp, par.microbatch_group)
     if args.lowered:
@@ -292,6 +295,7 @@ def cmd_collectives(args) -> None:
     from topologies.placement import rank_grid
 
     plan = load_plan(args.plan)
+    check_event_budget(plan, "trainplan collectives", per_stage=True)
     if args.json:
         par = plan.parallel
         grid = rank_grid(par.pp, par.dp, par.cp, par.tp)

@@ -187,6 +187,30 @@ def _creatable(folder, flag: str, path, *, itself: bool = False) -> None:
         raise UsageError(f"{flag} {path}: cannot create {folder}: {existing} is not writable")
 
 
+#: The command line's numeric options and the least each takes (``None``: above it, not at it),
+#: with what they count; the rest of their rules (tokens, top-k, the Plan's own) are checked
+#: where they are used.
+NUMBERS = {"rows": (0, "rows to print"), "jobs": (1, "processes"), "monte_carlo": (0, "Monte-Carlo runs"),
+           "seed": (0, "a random seed"), "steps": (1, "steps to run"), "warmup": (0, "warm-up steps"),
+           "timeout": (None, "seconds")}
+
+
+def check_numbers(args) -> None:
+    """Every numeric option of the command within its range (``NUMBERS``): one sentence naming
+    the option otherwise (UsageError, exit 2), before any work."""
+    import math
+
+    for attr, (least, what) in NUMBERS.items():
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        rule = "above 0" if least is None else f"{least} or more"
+        if not math.isfinite(value):
+            raise UsageError(f"{_flag(attr)} {value:g} must be a finite number, {rule} ({what})")
+        if not (value > 0 if least is None else value >= least):
+            raise UsageError(f"{_flag(attr)} {value:g} must be {rule} ({what})")
+
+
 def check_outputs(args) -> None:
     """Every output argument of the command checked before any work: a file's folder exists
     and is writable (or lies inside the working directory, where it is created), a file is not

@@ -18,6 +18,7 @@ import yaml
 
 from simcore.plan.hf_config import hf_config_fields, model_section
 from simcore.plan.rules import check_plan
+from simcore.plan.yaml_file import read_yaml_file
 from simcore.plan.spec import (AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss,
                                ModelSpec, MoeDispatcher, MoeRouting, Offload, Optimizer, ParallelSpec, Plan, PlanError,
                                PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, StateDtype, TrainingSpec,
@@ -320,28 +321,6 @@ def plan_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | No
                 name=str(doc.get("name", "")))
     check_plan(plan)
     return plan
-
-
-def read_yaml_file(path: str | os.PathLike, what: str):
-    """The parsed document of a YAML file the user names (``what``: "plan file", "sweep
-    file", ...); PlanError with one sentence if it cannot be read, parsed, or is empty."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlanError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"{what} {path} is not a text file") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" (line {mark.line + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise PlanError(f"{what} {path} is not valid YAML{line}: {problem}") from None
-    if doc is None:
-        raise PlanError(f"{what} {path} is empty")
-    return doc
 
 
 def load_plan(path: str | os.PathLike, catalog: Catalog | None = None) -> Plan:

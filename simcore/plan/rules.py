@@ -51,7 +51,11 @@ def _schedule_rules(plan: Plan) -> list[tuple[bool, str]]:
 
 
 def check_plan(plan: Plan) -> None:
-    """Every cross-field rule of a Plan; raises PlanError naming the first one broken."""
+    """Every cross-field rule of a Plan; raises PlanError naming the first one broken (first the
+    bounds no run could pass, ``simcore.plan.bounds``)."""
+    from simcore.plan.bounds import check_bounds
+
+    check_bounds(plan)
     m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
     rules = [
         (m.heads % m.kv_heads == 0, f"model.kv_heads={m.kv_heads} does not divide model.heads={m.heads}"),

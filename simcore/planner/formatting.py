@@ -35,6 +35,8 @@ def money(x: float) -> str:
     """$1.23B, $3.59M, $12.3k, $950; ``infeasible`` for NaN/inf."""
     if is_missing(x):
         return INFEASIBLE
+    if abs(x) >= 1e15:   # past any budget: no 300-digit figure
+        return f"${x:.3g}"
     for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
             return f"${x / scale:,.3g}{unit}" if abs(x) < 1000 * scale else f"${x / scale:,.0f}{unit}"
@@ -42,7 +44,9 @@ def money(x: float) -> str:
 
 
 def days(x: float) -> str:
-    return INFEASIBLE if is_missing(x) else f"{x:,.1f}"
+    if is_missing(x):
+        return INFEASIBLE
+    return f"{x:,.1f}" if abs(x) < 1e9 else f"{x:.3g}"   # past any deadline: no 300-digit figure
 
 
 def percent(x: float) -> str:

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from simcore.plan.bounds import check_tokens
 from simcore.plan.hf_config import model_section
 from simcore.plan.load import read_yaml_file
 from simcore.plan.spec import PlanError
@@ -178,7 +179,8 @@ def candidates_from_dict(doc: dict) -> Candidates:
             raise PlanError(f"candidates.{key} must be a mapping")
     _check_model(model, gpus, doc)
     return Candidates(
-        name=str(doc.get("name", "procure")), model=dict(model), tokens=_number(doc, "tokens"),
+        name=str(doc.get("name", "procure")), model=dict(model),
+        tokens=check_tokens(_number(doc, "tokens"), "candidates.tokens"),
         global_batch=_number(doc, "global_batch", whole=True) if "global_batch" in doc else DEFAULT_GLOBAL_BATCH,
         training={**DEFAULT_TRAINING, **(doc.get("training") or {})},
         deadline_days=_number(doc, "deadline_days", optional=True), budget_usd=_number(doc, "budget_usd", optional=True),

@@ -239,8 +239,9 @@ def run_cost(plan: Plan, prediction, tokens: float, *, prices: Mapping[str, floa
     """Time, GPU-hours, $ (on-demand / reserved / spot), energy, checkpoints and failures of a
     run of ``tokens`` tokens with ``prediction``'s step time (any object with
     ``step_time_s`` and ``compute_s``). ``failures=False``: no failures, no preemptions."""
-    if not (isinstance(tokens, (int, float)) and math.isfinite(tokens) and tokens > 0):
-        raise PlanError(f"tokens={tokens} must be a positive, finite number")
+    from simcore.plan.bounds import check_tokens
+
+    check_tokens(tokens)
     st = _storage(plan, storage)
     sheet = resolve_prices(plan, prices)
     cl = plan.cluster

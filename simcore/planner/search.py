@@ -141,13 +141,26 @@ def _layout_of(row) -> Layout:
                   recompute_layers=int(row.get("recompute_layers", 0)), precision=str(row.get("precision", "")))
 
 
+#: The most layouts the event engine re-simulates in one search: each takes it up to a few
+#: seconds (``simcore.plan.bounds.EVENT_PASSES``), so more would run for minutes; the analytic
+#: ranking covers the rest.
+MAX_TOP_K = 32
+_DES_KEYS = ("des_step_time_s", "des_mfu", "des_compute_s", "des_exposed_comm_s", "des_bubble_s", "des_offload_s")
+
+
 def _des(args) -> dict:
+    """The event engine's figures of one layout; NaN (``des_skipped``) where its step holds more
+    passes than the engine plays within seconds."""
     from simcore.engine.predict import simulate
+    from simcore.plan.bounds import EVENT_PASSES, event_passes
 
     base, lay = args
-    res = simulate(lay.apply(base, True), engine="des")
-    return {"des_step_time_s": res.step_time_s, "des_mfu": res.mfu, "des_compute_s": res.compute_s,
-            "des_exposed_comm_s": res.exposed_comm_s, "des_bubble_s": res.bubble_s, "des_offload_s": res.offload_s}
+    plan = lay.apply(base, True)
+    if event_passes(plan) > EVENT_PASSES:
+        return {**dict.fromkeys(_DES_KEYS, math.nan), "des_skipped": True}
+    res = simulate(plan, engine="des")
+    return {**dict(zip(_DES_KEYS, (res.step_time_s, res.mfu, res.compute_s, res.exposed_comm_s, res.bubble_s,
+                                   res.offload_s))), "des_skipped": False}
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -196,8 +209,15 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         raise ValueError(f"objective={objective!r} is not one of: time, cost, pareto")
     if jobs < 1:
         raise ValueError(f"jobs={jobs} must be at least 1")
+    if tokens is not None:
+        from simcore.plan.bounds import check_tokens
+
+        tokens = check_tokens(tokens)
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be 0 or more (the layouts re-simulated on the event engine)")
+    if top_k > MAX_TOP_K:
+        raise ValueError(f"top_k={top_k} is over {MAX_TOP_K}: the event engine takes up to a few seconds a layout, "
+                         "and the analytic ranking covers the rest")
     base = base_plan(model, cluster_doc, global_batch, training, parallel)
     space = space or derive_space(base, uneven_pp=uneven_pp)
     if precisions:
@@ -242,6 +262,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     explanations[2:2] = headroom_note(df, hbm_gib(base))   # right after the best layout's line
     explanations[1:1] = [left_out] if left_out else []
     explanations += [unpriced] if unpriced else []
+    explanations += _skipped(df)
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
                         explanations=explanations + _overlap(df))
 
@@ -289,6 +310,16 @@ def _engine_rerank(df: pd.DataFrame, base: Plan, top_k: int, jobs: int, progress
         if col in head:
             head["des_" + col] = head[col] * scale
     key = {"time": ["des_step_time_s"], "cost": ["des_" + _cost_column(head), "des_step_time_s"]}.get(objective)
-    if key:
-        head = head.sort_values(key, kind="stable")
+    if key:   # a layout the engine could not play keeps its analytic place after those it did
+        head = head.sort_values(key, kind="stable", na_position="last")
     return pd.concat([head, df.iloc[top_k:]]).reset_index(drop=True)
+
+
+def _skipped(df: pd.DataFrame) -> list[str]:
+    """A sentence where layouts meant for the event engine were left to the analytic path."""
+    from simcore.plan.bounds import EVENT_PASSES
+
+    n = int(df["des_skipped"].fillna(False).astype(bool).sum()) if "des_skipped" in df else 0
+    return [f"{n} of the layouts ranked first {'was' if n == 1 else 'were'} not re-simulated on the event engine: "
+            f"a step of {'it' if n == 1 else 'each'} holds more than {EVENT_PASSES:,} micro-batch passes (pp x vpp x "
+            "micro-batches), which the engine plays one by one; their figures are the analytic path's."] if n else []

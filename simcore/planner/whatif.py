@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simcore.plan.bounds import check_tokens
 from simcore.plan.load import read_yaml_file
 from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import Offload, PlanError, Precision, Recompute, Schedule, ZeroStage
@@ -102,7 +103,7 @@ def sweep_from_dict(doc: dict, default_name: str = "sweep") -> Sweep:
             raise PlanError(f"sweep axis grid.{key} must be a non-empty list")
     model = {"name": doc["model"]} if isinstance(doc["model"], str) else dict(doc["model"])
     return Sweep(name=str(doc.get("name", default_name)), model=model, cluster=dict(doc["cluster"]),
-                 global_batch=int(doc["global_batch"]), tokens=float(doc["tokens"]),
+                 global_batch=int(doc["global_batch"]), tokens=check_tokens(doc["tokens"], "sweep.tokens"),
                  training=dict(doc.get("training") or {}), grid=grid, space=dict(doc.get("space") or {}),
                  top_k=int(doc.get("top_k", 0)), objective=str(doc.get("objective", "time")),
                  jobs=int(doc.get("jobs", 1)), monte_carlo=int(doc.get("monte_carlo", 0)),

@@ -103,3 +103,17 @@ def test_plan_report_plan_and_the_demo_recommend_the_same_layout(tmp_path, monke
     assert picked[0] == picked[1] == picked[2]
     layouts = {pd.read_csv(tmp_path / d / "layouts.csv")["layout"].iloc[0] for d in ("report", "demo")}
     assert len(layouts) == 1
+
+
+def test_layouts_the_event_engine_cannot_play_keep_their_analytic_figures(monkeypatch):
+    """Issue 57.6: `plan --global-batch 131072` re-simulated layouts of 16,384 micro-batches on the
+    event engine for minutes; past its budget a layout keeps the analytic figures, and a sentence says so."""
+    import simcore.plan.bounds as bounds
+
+    monkeypatch.setattr(bounds, "EVENT_PASSES", 0)   # every layout is past it
+    res = search(*SMALL, top_k=2, progress=False)
+    assert res.table["des_step_time_s"].isna().all() and res.table["des_skipped"].iloc[:2].all()
+    assert any(line.startswith("2 of the layouts ranked first were not re-simulated on the event engine")
+               for line in res.explanations)
+    with pytest.raises(ValueError, match="top_k=33 is over 32"):
+        search(*SMALL, top_k=33, progress=False)

@@ -111,6 +111,10 @@ def test_absurd_input_is_warned_or_refused(tmp_path, capsys):
     doc["model"]["layers"] = 1_000_000_000
     deep = tmp_path / "deep.yaml"
     deep.write_text(yaml.safe_dump(doc))
+    assert main(["cost", str(deep), "--tokens", "1e12"]) == 2   # no run could be: the bound and its reason
+    assert "model.layers=1,000,000,000 is over 10,000: ten times the deepest transformer trained" in one_error(capsys)
+    doc["model"] = {"name": "wide", "layers": 80, "hidden": 2**40, "heads": 1024, "vocab": 100, "seq_len": 128}
+    deep.write_text(yaml.safe_dump(doc))   # within every bound, and still a step of years
     assert main(["cost", str(deep), "--tokens", "1e12"]) == 2
     assert "no run can train" in one_error(capsys)
 
