@@ -172,6 +172,8 @@ def spawn(fn, world: int, args: tuple = (), *, timeout_s: float = 300.0, start_m
             signals.armed = False   # ending the ranks must not be cut short by a second signal
             if ctx is not None:
                 watchdog.end_ranks(ctx.processes)
+                for name in ctx.error_files:   # torch's per-rank traceback files in $TMPDIR: ours are in outdir
+                    Path(name).unlink(missing_ok=True)
         return [pickle.loads((Path(outdir) / f"rank{r}.pkl").read_bytes())[1] for r in range(world)]
 
 

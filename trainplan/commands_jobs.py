@@ -42,7 +42,13 @@ def cmd_validate(args) -> None:
         raise UsageError("validate needs either a PLAN or --matrix FILE")
     from topologies.profile import default_profile_path
     from trainplan.jobs import host_conditions
+    from trainplan.validate import matrix_layouts
 
+    # the input is refused before the profile's host speed is re-measured into it (a mistyped --only was not)
+    if args.matrix:
+        matrix_layouts(args.matrix, args.only)
+    elif default_profile_path().exists():
+        load_plan(args.plan)
     for line in host_conditions(default_profile_path()):   # the load, a fresh host speed, how far to trust
         print(f"trainplan: host: {line}", file=sys.stderr)
     if args.plan:
@@ -204,6 +210,7 @@ def cmd_calibrate(args) -> None:
     from topologies.profile import default_profile_path
 
     out = args.out or default_profile_path()
+    _check_calibrate_flags(args)
     if args.refresh:
         from executors.calibrate.profile import refresh_host_speed
 
@@ -233,6 +240,19 @@ def cmd_calibrate(args) -> None:
         peaks = ", ".join(f"{k} {v:.3f}" for k, v in dev["dense_tflops"].items() if v)
         print(f"wrote {out}: {dev['name']}, peak TFLOP/s {peaks}, "
               f"memory {dev['hbm_tbyte_per_s'] * 1e3:.1f} GB/s, link {dev['intra_link_gbyte_per_s_bidir'] / 2:.2f} GB/s")
+
+
+def _check_calibrate_flags(args) -> None:
+    """One way of calibrating at a time, its own flags only: a flag of another way (``--plan``
+    without ``--from-run`` ran a full calibration over the cached profile) is one sentence."""
+    if args.plan and not args.from_run:
+        raise UsageError("calibrate --plan names the plan of a measured run and needs --from-run RUN_JSON; "
+                         "nothing was measured or written")
+    if args.refresh and args.from_run:
+        raise UsageError("calibrate --refresh and --from-run are two ways of updating a profile: give one")
+    if args.quick and (args.refresh or args.from_run):
+        raise UsageError("calibrate --quick shortens a full calibration; --refresh and --from-run measure nothing "
+                         "it would shorten")
 
 
 def _csv(text: str | None, flag: str, kind=str) -> list | None:

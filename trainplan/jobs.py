@@ -142,10 +142,11 @@ def validate_job(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, pro
     import yaml
 
     from reports.build import validate_report
-    from trainplan.validate import validate_matrix
+    from trainplan.validate import matrix_layouts, validate_matrix
     from simcore.results import atomic_write_text
     from topologies.profile import default_profile_path
 
+    matrix_layouts(matrix, list(only) if only else None)   # a mistyped --only refused before the profile is re-measured
     path = default_profile_path()
     conditions = host_conditions(path)
     for line in conditions if say else ():

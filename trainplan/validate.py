@@ -41,6 +41,19 @@ def load_matrix(path: str | os.PathLike) -> list[tuple[str, dict]]:
     return [(name, {"name": name, **_merge(base, over or {})}) for name, over in doc["layouts"].items()]
 
 
+def matrix_layouts(path: str | os.PathLike, only: list[str] | None = None) -> list[tuple[str, dict]]:
+    """The layouts of a matrix file to validate (the ``only`` ones); PlanError naming an unknown
+    one. Checked before anything is measured or written (a mistyped --only once re-measured
+    the cached profile first)."""
+    layouts = load_matrix(path)
+    if only:
+        unknown = sorted(set(only) - {n for n, _ in layouts})
+        if unknown:
+            raise PlanError(f"unknown layout '{unknown[0]}' (known: {', '.join(n for n, _ in layouts)})")
+        layouts = [(n, d) for n, d in layouts if n in only]
+    return layouts
+
+
 def ensure_profile(*, progress: bool = True) -> None:
     """Calibrate this host first when a localhost plan has no profile yet."""
     path = default_profile_path()
@@ -113,12 +126,7 @@ def validate_matrix(path: str | os.PathLike, *, steps: int = 8, warmup: int = 3,
     With ``trace_dir``, each layout's predicted and measured Chrome traces go there, named by the layout."""
     from tqdm import tqdm
 
-    layouts = load_matrix(path)
-    if only:
-        unknown = sorted(set(only) - {n for n, _ in layouts})
-        if unknown:
-            raise PlanError(f"unknown layout '{unknown[0]}' (known: {', '.join(n for n, _ in layouts)})")
-        layouts = [(n, d) for n, d in layouts if n in only]
+    layouts = matrix_layouts(path, only)
     if any(_is_localhost(d) for _, d in layouts):
         ensure_profile(progress=progress)
     rows, comps, failures = [], [], []
