@@ -196,12 +196,24 @@ def cmd_report(args) -> None:
     print(f"wrote {html} and {html.parent / 'report.md'}; open {open_hint(html)}")
 
 
-def cmd_demo(args) -> None:
-    from trainplan.jobs import demo, open_hint
+#: The headings of the demo's answers on the terminal, by report.
+DEMO_HEADINGS = {"plan": "the answer (planning report)", "whatif": "what-if", "validate": "validation on this machine"}
 
-    reports = demo(args.out)
+
+def cmd_demo(args) -> None:
+    from trainplan.jobs import DEMO_PLAN, demo, open_hint
+
+    done = demo(args.out)
+    d = DEMO_PLAN
+    print(f"\n{d['model']} on {d['nodes']} x {d['cluster']}, {d['tokens']:.3g} tokens, global batch "
+          f"{d['global_batch']} x {d['seq_len']} tokens (intervals: 90%)")
+    for name, cards in done.answers.items():
+        print(f"\n{DEMO_HEADINGS.get(name, name)}:")
+        width = max((len(label) for label, _ in cards), default=0)
+        for label, value in cards:
+            print(f"  {label:<{width}}  {value}")
     print("\nreports:")
-    for name, html in reports.items():
+    for name, html in done.reports.items():
         print(f"  {name:>9}: {open_hint(html)}")
 
 

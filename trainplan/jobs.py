@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from reports.render import render
 from trainplan.common import SEARCH_TOP_K
@@ -26,9 +27,16 @@ DEMO_MATRIX = ROOT / "validation" / "local.yaml"
 DEMO_LAYOUTS = ("dp2", "pp2-1f1b", "tp2")
 
 
-def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens: float, out,
-             seq_len: int | None = None, top_k: int = SEARCH_TOP_K, jobs: int = 1, progress: bool = True) -> Path:
-    """Search, price and explain the best layout; write the planning report."""
+def plan_job(**kwargs) -> Path:
+    """Search, price and explain the best layout; write the planning report (``planning``)."""
+    return planning(**kwargs)[0]
+
+
+def planning(*, model: str, cluster: str, nodes: int, global_batch: int, tokens: float, out,
+             seq_len: int | None = None, top_k: int = SEARCH_TOP_K, jobs: int = 1,
+             progress: bool = True) -> tuple[Path, tuple]:
+    """The planning report written, and its answer: the report's cards (the recommendation,
+    days and $ with their intervals, MFU, step, headroom)."""
     from reports.build import plan_report
     from reports.plots import topology_figure
     from simcore.planner.runcost import run_cost
@@ -51,7 +59,7 @@ def plan_job(*, model: str, cluster: str, nodes: int, global_batch: int, tokens:
     html = render(report, out)
     atomic_write_text(out / "best-plan.yaml", dump_plan(best))
     atomic_write_text(out / "layouts.csv", res.table.to_csv(index=False))
-    return html
+    return html, report.summary
 
 
 def whatif_job(sweep, out, *, progress: bool = True) -> Path:
@@ -63,12 +71,18 @@ def whatif_job(sweep, out, *, progress: bool = True) -> Path:
 def write_whatif_report(res, out) -> Path:
     """The what-if report, the same files from every command that writes one (`whatif
     --report`, `report whatif`, the demo): index.html, report.md, its figures and cells.csv."""
+    return whatif_answer(res, out)[0]
+
+
+def whatif_answer(res, out) -> tuple[Path, tuple]:
+    """The what-if report written, and its cards (the fastest and cheapest cells)."""
     from reports.build import whatif_report
     from simcore.results import atomic_write_text
 
-    html = render(whatif_report(res), out)
+    report = whatif_report(res)
+    html = render(report, out)
     atomic_write_text(Path(out) / "cells.csv", res.table.to_csv(index=False))
-    return html
+    return html, report.summary
 
 
 def write_procure_report(res, out) -> Path:
@@ -137,8 +151,14 @@ def host_conditions(profile_path: Path, *, refresh: bool = True) -> list[str]:
     return lines
 
 
-def validate_job(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, progress: bool = True,
-                 say=None) -> Path:
+def validate_job(matrix, out, **kwargs) -> Path:
+    """Validate a matrix's layouts for real here; write the validation report (``validation``)."""
+    return validation(matrix, out, **kwargs)[0]
+
+
+def validation(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, progress: bool = True,
+               say=None) -> tuple[Path, tuple]:
+    """The validation report written, and its cards (median and worst step-time error, memory)."""
     import yaml
 
     from reports.build import validate_report
@@ -154,16 +174,24 @@ def validate_job(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, pro
     result = validate_matrix(matrix, steps=steps, warmup=warmup, only=list(only) if only else None,
                              progress=progress)
     profile = yaml.safe_load(path.read_text()) if path.exists() else None
-    html = render(validate_report(result, profile=profile, notes=tuple(conditions)), out)
+    report = validate_report(result, profile=profile, notes=tuple(conditions))
+    html = render(report, out)
     atomic_write_text(Path(out) / "layouts.csv", result.table.to_csv(index=False))
-    return html
+    return html, report.summary
 
 
-def demo(out="out/demo", *, progress: bool | None = None) -> dict[str, Path]:
-    """The main job on its embedded default; returns the report paths."""
+class Demo(NamedTuple):
+    reports: dict
+    """name -> the report's index.html."""
+    answers: dict
+    """name -> the report's cards ((label, value) pairs): what the terminal prints."""
+
+
+def demo(out="out/demo", *, progress: bool | None = None) -> Demo:
+    """The main job on its embedded default: the reports written, and their answers."""
     progress = sys.stderr.isatty() if progress is None else progress
     out = Path(out)
-    reports, t0 = {}, time.perf_counter()
+    reports, answers, t0 = {}, {}, time.perf_counter()
 
     def say(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
@@ -171,17 +199,19 @@ def demo(out="out/demo", *, progress: bool | None = None) -> dict[str, Path]:
     d = DEMO_PLAN
     say(f"1/3 planning {d['model']} on {d['nodes']} x {d['cluster']} ({d['tokens']:.3g} tokens): "
         "searching every layout, pricing the best")
-    reports["plan"] = plan_job(model=d["model"], cluster=d["cluster"], nodes=d["nodes"],
-                               global_batch=d["global_batch"], seq_len=d["seq_len"], tokens=d["tokens"],
-                               out=out / "plan", progress=progress)
+    reports["plan"], answers["plan"] = planning(model=d["model"], cluster=d["cluster"], nodes=d["nodes"],
+                                                global_batch=d["global_batch"], seq_len=d["seq_len"],
+                                                tokens=d["tokens"], out=out / "plan", progress=progress)
     say(f"2/3 what-if over GPU type x node count ({DEMO_SWEEP.name})")
-    reports["whatif"] = whatif_job(DEMO_SWEEP, out / "whatif", progress=progress)
+    from simcore.planner.whatif import run_whatif
+
+    reports["whatif"], answers["whatif"] = whatif_answer(run_whatif(DEMO_SWEEP, progress=progress), out / "whatif")
     say(f"3/3 validating {len(DEMO_LAYOUTS)} tiny layouts for real on this machine "
         "(calibrates it first if needed)")
-    reports["validate"] = validate_job(DEMO_MATRIX, out / "validate", steps=6, warmup=2, only=DEMO_LAYOUTS,
-                                       progress=progress, say=say)
+    reports["validate"], answers["validate"] = validation(DEMO_MATRIX, out / "validate", steps=6, warmup=2,
+                                                          only=DEMO_LAYOUTS, progress=progress, say=say)
     say("done")
-    return reports
+    return Demo(reports, answers)
 
 
 def open_hint(path: Path) -> str:

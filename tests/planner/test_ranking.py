@@ -87,7 +87,6 @@ def test_plan_report_plan_and_the_demo_recommend_the_same_layout(tmp_path, monke
     same inputs (simcore.planner.headroom.recommended_first behind all three)."""
     import yaml
 
-    from trainplan import jobs
     from trainplan.cli import main
 
     args = dict(model="gpt-1.7b", cluster="dgx-h100", nodes=2, global_batch=64, seq_len=2048, tokens=TOKENS)
@@ -96,13 +95,43 @@ def test_plan_report_plan_and_the_demo_recommend_the_same_layout(tmp_path, monke
                  "64", "--seq-len", "2048", "--tokens", str(TOKENS), "--out", "plan.yaml"]) == 0
     assert main(["report", "plan", "--model", args["model"], "--cluster", args["cluster"], "--nodes", "2",
                  "--global-batch", "64", "--seq-len", "2048", "--tokens", str(TOKENS), "--out", "report"]) == 0
-    monkeypatch.setattr(jobs, "DEMO_PLAN", args)
-    jobs.plan_job(**{**jobs.DEMO_PLAN, "out": tmp_path / "demo"}, progress=False)   # the demo's own call
+    _quick_demo(monkeypatch, args)
+    assert main(["demo", "--out", "demo"]) == 0   # the demo's own path, its what-if and validation stubbed
     picked = [yaml.safe_load((tmp_path / p).read_text())["parallel"] for p in
-              ("plan.yaml", "report/best-plan.yaml", "demo/best-plan.yaml")]
+              ("plan.yaml", "report/best-plan.yaml", "demo/plan/best-plan.yaml")]
     assert picked[0] == picked[1] == picked[2]
-    layouts = {pd.read_csv(tmp_path / d / "layouts.csv")["layout"].iloc[0] for d in ("report", "demo")}
+    layouts = {pd.read_csv(tmp_path / d / "layouts.csv")["layout"].iloc[0] for d in ("report", "demo/plan")}
     assert len(layouts) == 1
+
+
+def _quick_demo(monkeypatch, plan: dict) -> None:
+    """The demo on ``plan``, its what-if and its validation (minutes of real runs) stubbed."""
+    from pathlib import Path
+
+    import simcore.planner.whatif as whatif
+    from trainplan import jobs
+
+    monkeypatch.setattr(jobs, "DEMO_PLAN", plan)
+    monkeypatch.setattr(whatif, "run_whatif", lambda *a, **k: None)
+    monkeypatch.setattr(jobs, "whatif_answer", lambda res, out: (Path(out) / "index.html", (("fastest", "stub"),)))
+    monkeypatch.setattr(jobs, "validation", lambda m, out, **k: (Path(out) / "index.html", (("worst", "stub"),)))
+
+
+def test_the_demo_prints_its_answer_not_only_report_paths(tmp_path, monkeypatch, capsys):
+    """Issue 57.8: `make demo` printed three report paths and no result."""
+    from trainplan.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    _quick_demo(monkeypatch, dict(model="gpt-1.7b", cluster="dgx-h100", nodes=2, global_batch=64, seq_len=2048,
+                                  tokens=TOKENS))
+    assert main(["demo", "--out", "demo"]) == 0
+    out = capsys.readouterr().out
+    answer = out[out.index("the answer (planning report):"):out.index("what-if:")]
+    layout = pd.read_csv(tmp_path / "demo/plan/layouts.csv")["layout"].iloc[0]
+    assert f"recommended layout  {layout}" in answer
+    assert re.search(r"time to train +[0-9.,]+ \([0-9.,]+-[0-9.,]+\) days", answer), answer   # days, interval
+    assert re.search(r"cost \(on-demand\) +\$[0-9.,]+[kMB]? \(\$[0-9.,]+[kMB]?-\$", answer), answer
+    assert "intervals: 90%" in out and out.index("the answer") < out.index("reports:")
 
 
 def test_layouts_the_event_engine_cannot_play_keep_their_analytic_figures(monkeypatch):
