@@ -137,6 +137,8 @@ def cmd_simulate(args) -> None:
             lo, hi = interval["interval_s"]
             print(f"  {interval['interval_level']:.0%} interval of the step time: {fmt_s(lo)} - {fmt_s(hi)} "
                   f"({interval['interval_source']})")
+            if interval.get("extrapolated"):
+                print(f"  {interval['extrapolated']}")
         else:
             print(f"  no interval: {interval['interval_source']}")
 

@@ -93,7 +93,8 @@ def _scenario_option(mode: str, s, gpus: int) -> dict:
     days_iv, usd_iv = iv.get("days", [math.nan, math.nan]), iv.get("usd", [math.nan, math.nan])
     return {"mode": mode, "days": s.days, "days_lo": days_iv[0], "days_hi": days_iv[1], "usd": s.usd,
             "usd_lo": usd_iv[0], "usd_hi": usd_iv[1], "usd_per_gpu_hour": s.usd_per_gpu_hour,
-            "infeasible": s.infeasible, "cash_usd": s.usd, "cash_usd_lo": usd_iv[0], "cash_usd_hi": usd_iv[1]}
+            "infeasible": s.infeasible, "cash_usd": s.usd, "cash_usd_lo": usd_iv[0], "cash_usd_hi": usd_iv[1],
+            "extrapolated": iv.get("extrapolated") or ""}
 
 
 def buy_option(c: Candidates, row: dict, rc) -> dict:

@@ -110,11 +110,13 @@ def option_sentence(row) -> str:
 
 
 def _unchecked(row) -> str:
-    """'; no published run ...' where no residuals give the option's GPU an interval: its time
-    rests on the catalog's figures for that GPU alone."""
-    if not f.is_missing(row.get("days_lo", math.nan)):
-        return ""
-    return f"; no published run on {row.get('gpu', 'this GPU')} checks its predicted time (no interval)"
+    """'; no published run ...' where no residuals give the option's GPU an interval, or '; its
+    interval is widened: ...' where the question goes beyond the published runs
+    (``uncertainty.extrapolation``): its time rests on the catalog's figures for that GPU alone."""
+    if f.is_missing(row.get("days_lo", math.nan)):
+        return f"; no published run on {row.get('gpu', 'this GPU')} checks its predicted time (no interval)"
+    line = row.get("extrapolated")
+    return f"; its interval is widened ({line})" if isinstance(line, str) and line else ""
 
 
 #: How prices.yaml marks a figure no list price or published quote gives, and how an answer says it.

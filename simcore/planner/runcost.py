@@ -228,7 +228,8 @@ def _with_intervals(plan: Plan, scen: dict[str, Scenario], step_s: float, steps:
         return [min(values), max(values)]
     return {k: replace(s, interval={"days": ends(k, "days"), "usd": ends(k, "usd"),
                                     "step_time_s": [lo_s, hi_s], "level": iv["interval_level"],
-                                    "source": f"step time {iv['interval_source']}"})
+                                    "source": f"step time {iv['interval_source']}",
+                                    "extrapolated": iv.get("extrapolated")})
             for k, s in scen.items()}
 
 

@@ -262,6 +262,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     explanations[2:2] = headroom_note(df, hbm_gib(base))   # right after the best layout's line
     explanations[1:1] = [left_out] if left_out else []
     explanations += [unpriced] if unpriced else []
+    if isinstance(wide := df.iloc[0].get("extrapolated"), str) and wide:   # uncertainty.extrapolation's line
+        explanations.append(f"The best layout's interval is widened for what no published run covers: {wide}.")
     explanations += _skipped(df)
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
                         explanations=explanations + _overlap(df))
@@ -274,7 +276,7 @@ def _with_intervals_and_headroom(df: pd.DataFrame, base: Plan) -> pd.DataFrame:
     from simcore.planner.uncertainty import interval_columns
 
     df = interval_columns(df, base.cluster.node, ("step_time_s", "days", "usd", "usd_per_mtok", "des_step_time_s",
-                                                  "des_days", "des_usd", "des_usd_per_mtok"))
+                                                  "des_days", "des_usd", "des_usd_per_mtok"), plan=base)
     df.insert(df.columns.get_loc("memory_per_gpu_gib") + 1, "headroom_gib",
               headroom_gib(hbm_gib(base), df["memory_per_gpu_gib"]))
     return df
