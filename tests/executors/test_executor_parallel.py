@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.testing  # noqa: F401  (imported before the ranks fork, like everything they use)
 
-from executors import launch, moe, parallel, procs, record
+from executors import launch, moe, parallel, procs, record, watchdog
 from executors.model import build_model, loss_fn
 from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import Fp8Recipe, Offload, Precision
@@ -83,6 +83,7 @@ def train_steps(rank, world, device, plans):
                 loss = trainer.step(tokens, labels)
                 rec.enabled = False
                 losses.append(launch.global_loss(plan, loss, device))
+                watchdog.heartbeat()   # progress: the timeout bounds a step, not the batch of layouts
         out.append({"losses": losses, "params": full_params(trainer), "counts": dict(rec.counts)})
         dist.barrier()
     return out

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 import torch.distributed as dist
 
-from executors import launch, parallel, procs, record
+from executors import launch, parallel, procs, record, watchdog
 from executors.model import build_model
 from simcore.model import collective_plan as cp
 from simcore.model import fsdp_calls as fc
@@ -139,6 +139,7 @@ def record_step(rank, world, device, plans):
                 trainer.step(tokens, labels)
                 rec.enabled = False
                 dist.barrier()  # every completion callback of the step has run
+                watchdog.heartbeat()   # progress: the timeout bounds a step, not the batch of layouts
         sizes = Counter((kind, stream, int(nbytes))
                         for stream, kind, _, _, _, nbytes in rec.spans if stream != "compute")
         out.append({"counts": Counter(rec.counts), "bytes": sizes})

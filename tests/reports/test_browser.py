@@ -40,7 +40,7 @@ document.getElementById('f').onload = function () {
 def browser_check(report_dir, user_dir) -> dict[str, int]:
     (report_dir / "harness.html").write_text(HARNESS)
     proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={user_dir}", "--dump-dom",
-                           f"file://{report_dir / 'harness.html'}"], capture_output=True, text=True, timeout=120)
+                           f"file://{report_dir / 'harness.html'}"], capture_output=True, text=True, timeout=600)
     found = re.search(r"images=(\d+) broken=(\d+) h2=(\d+) overflow=(\d+)", proc.stdout)
     assert found, f"the harness did not report (chromium said: {proc.stderr[-400:]})"
     return dict(zip(("images", "broken", "h2", "overflow"), map(int, found.groups())))
