@@ -16,6 +16,7 @@ from topologies.components import CatalogError
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
 from trainplan.common import SEARCH_TOP_K, UsageError, check_numbers, check_outputs, stop_on_signals
+from trainplan.help_text import describe
 
 
 def _plan_file_commands(sub) -> None:
@@ -253,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     _interop_commands(sub)
     _planning_commands(sub)
     _execution_commands(sub)
+    describe(parser, sub)   # what each command answers, with one example
     return parser
 
 

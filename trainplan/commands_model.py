@@ -306,3 +306,18 @@ def cmd_collectives(args) -> None:
         print_json({str(r): {f"{k}/{a}": n for (k, a), n in sorted(counts[r].items())} for r in sorted(firsts)})
     else:
         print(format_collectives(plan))
+        print(wire_note(plan))
+
+
+def wire_note(plan) -> str:
+    """What the listed bytes are: the executor's dtypes, which keep fp32 parameters and gradients
+    whatever the plan's precision (``simcore.model.collective_plan.PARAM_ELEMENT_BYTES``); a
+    16-bit plan's own stacks move its parameters at half that."""
+    tr = plan.training
+    act = tr.precision.value
+    own = "" if tr.autocast or act == "fp32" else (
+        f"; this plan keeps 16-bit parameters beside an fp32 master copy, so the stacks that run it as written "
+        "(Megatron-LM's distributed optimizer, FSDP2's MixedPrecisionPolicy) gather and broadcast parameters at 2 "
+        "bytes each, half the 4 listed in those rows (gradients are reduced in fp32 by Megatron-LM's default too)")
+    return (f"bytes as trainplan's executor issues them: parameters and gradients in fp32 (it trains {act} by "
+            f"autocast over fp32 parameters), activations and their gradients in {act}{own}")

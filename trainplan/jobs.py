@@ -151,6 +151,17 @@ def host_conditions(profile_path: Path, *, refresh: bool = True) -> list[str]:
     return lines
 
 
+def load_moves(before: float, after: float) -> list[str]:
+    """The sentence a CPU host's validation report opens its notes with: the load while the
+    layouts ran moves the measured figures (the terminal warns about it at the start)."""
+    cores = os.cpu_count() or 1
+    return [f"The host's load while the layouts ran moves these figures: the ranks share this host's {cores} cores "
+            f"with whatever else runs, so the measured steps, and the errors against the prediction, move with it "
+            f"(load average {before:.1f} when the runs started, {after:.1f} when they ended; "
+            f"{LOADED_PER_CORE * cores:.1f} is where other work starts to show). Rerun on an idle host for the "
+            "model's own error."]
+
+
 def validate_job(matrix, out, **kwargs) -> Path:
     """Validate a matrix's layouts for real here; write the validation report (``validation``)."""
     return validation(matrix, out, **kwargs)[0]
@@ -171,10 +182,12 @@ def validation(matrix, out, *, steps: int = 8, warmup: int = 3, only=None, progr
     conditions = host_conditions(path)
     for line in conditions if say else ():
         say(line)
+    before = os.getloadavg()[0]
     result = validate_matrix(matrix, steps=steps, warmup=warmup, only=list(only) if only else None,
                              progress=progress)
     profile = yaml.safe_load(path.read_text()) if path.exists() else None
-    report = validate_report(result, profile=profile, notes=tuple(conditions))
+    moved = load_moves(before, os.getloadavg()[0]) if conditions else []   # a CPU host's figures
+    report = validate_report(result, profile=profile, notes=tuple(moved + conditions))
     html = render(report, out)
     atomic_write_text(Path(out) / "layouts.csv", result.table.to_csv(index=False))
     return html, report.summary

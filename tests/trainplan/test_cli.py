@@ -79,3 +79,46 @@ def test_memory_torch_traces_tensor_parallel_and_refuses_pipelines_in_one_senten
     assert main(["memory", _tp_plan(tmp_path, pp=2), "--torch"]) == 2
     err = capsys.readouterr().err
     assert "parallel.pp=2" in err and "Traceback" not in err
+
+
+def test_help_says_what_each_command_answers_with_an_example(capsys):
+    """Issue 57.10: `trainplan --help` and each command's help are enough to start without the
+    README: the question each answers and one example, which the parser takes."""
+    import shlex
+
+    import pytest
+
+    from trainplan.cli import build_parser
+    from trainplan.help_text import COMMANDS
+
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "Start here:" in top and "trainplan check plans/llama3-70b-h100.yaml" in top
+    commands = parser._subparsers._group_actions[0].choices
+    assert set(commands) == set(COMMANDS)
+    for name, (answers, example) in COMMANDS.items():
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert " ".join(answers.split()) in text and f"example: {example}" in text, name
+        argv = shlex.split(example.split(" > ")[0])
+        assert argv[0] == "trainplan" and argv[1] == name
+        parser.parse_args(argv[1:])   # the example is a command line the parser takes
+
+
+def test_collectives_say_which_dtypes_their_bytes_are(tmp_path, capsys):
+    """Issue 57.10: `collectives` listed a bf16 plan's parameter traffic at fp32's 4 bytes without a word."""
+    import yaml
+
+    assert main(["collectives", str(ROOT / "plans/llama3-70b-h100.yaml")]) == 0
+    note = capsys.readouterr().out.strip().splitlines()[-1]
+    assert note.startswith("bytes as trainplan's executor issues them: parameters and gradients in fp32")
+    assert "activations and their gradients in bf16" in note and "at 2 bytes each, half the 4 listed" in note
+    doc = yaml.safe_load((ROOT / "plans/llama3-70b-h100.yaml").read_text())
+    doc["training"]["precision"] = "fp32"
+    path = tmp_path / "fp32.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["collectives", str(path)]) == 0
+    assert "half" not in capsys.readouterr().out.strip().splitlines()[-1]

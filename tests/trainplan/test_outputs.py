@@ -142,3 +142,26 @@ def test_local_validation_says_how_loaded_the_host_is(tmp_path, monkeypatch):
     assert "300% per core" in busy[0] and "shared with other work" in busy[-1]
     path.write_text(yaml.safe_dump({"measured_on": {"device": "cuda"}}))
     assert jobs.host_conditions(path) == []                 # a GPU's speed does not follow the CPU load
+
+
+def test_the_validation_report_says_the_hosts_load_moves_its_figures(tmp_path, monkeypatch):
+    """Issue 57.10: the terminal warned that the host's load moves the figures, the HTML report did not."""
+    import pandas as pd
+
+    import executors.calibrate.profile as calib
+    import trainplan.validate as validate
+    from trainplan import jobs
+
+    path = tmp_path / "localhost.yaml"
+    path.write_text((ROOT / "tests/data/localhost-profile.yaml").read_text())
+    monkeypatch.setenv("TRAINPLAN_PROFILE", str(path))
+    monkeypatch.setattr(calib, "refresh_host_speed", lambda p: None)
+    loads = iter([(0.4, 0, 0), (0.4, 0, 0), (5.5, 0, 0)])
+    monkeypatch.setattr(os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(validate, "validate_matrix", lambda *a, **k: validate.MatrixResult(pd.DataFrame(), (), ()))
+    html = jobs.validate_job(ROOT / "validation/local.yaml", tmp_path / "rep", only=["dp2"], progress=False)
+    from html import unescape
+
+    for text in (unescape(html.read_text()), (tmp_path / "rep/report.md").read_text()):
+        assert "The host's load while the layouts ran moves these figures" in text
+        assert "load average 0.4 when the runs started, 5.5 when they ended" in text
