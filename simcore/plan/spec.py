@@ -31,6 +31,16 @@ __all__ = [
 
 #: Megatron-LM's --hidden-dropout and --attention-dropout default (arguments.py), the Plan's.
 MEGATRON_DROPOUT = 0.1
+#: ``training.allocator_margin`` under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps
+#: pages into one growing segment per stream instead of caching fixed segments: the pages are the
+#: large pool's 20 MiB (``ExpandableSegment``: "2MB for small pool, 20MB for large pool",
+#: c10/cuda/CUDACachingAllocator.cpp), and before it reports an out-of-memory the allocator unmaps
+#: every whole free page (``release_cached_blocks``), so what it cannot give back is under a page at
+#: each free block's ends: nothing on a GPU's scale. torchtitan's and torchao's published reserved
+#: peaks under it are the tensors' (bench/validate_memory.py, within 6%).
+EXPANDABLE_SEGMENTS_MARGIN = 0.0
+#: The environment setting that gives it, which the exports of such a Plan write.
+EXPANDABLE_SEGMENTS_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,7 +272,8 @@ class TrainingSpec:
     """Adam's moments' dtype beside the fp32 master weights (``StateDtype``)."""
     allocator_margin: float | None = None
     """Share of the tensor bytes the caching allocator reserves beyond them (fragmentation);
-    None takes ``simcore.model.memory``'s stated default."""
+    None takes ``simcore.model.memory``'s stated default; ``EXPANDABLE_SEGMENTS_MARGIN`` is what
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True leaves (the exports then set it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
