@@ -6,7 +6,7 @@ their GPUs and the offloaded states their node's host memory (``fits``).
 from __future__ import annotations
 
 from simcore.model import activations as acts
-from simcore.plan.spec import Plan, ZeroStage
+from simcore.plan.spec import EXPANDABLE_SEGMENTS_MARGIN, Plan, ZeroStage  # noqa: F401 (re-exported)
 
 #: CUDA context with torch's kernels loaded, cuBLAS/cuDNN workspaces, per process: what
 #: NVML counts as used and torch's allocator statistics do not (PyTorch docs, "CUDA
@@ -25,14 +25,6 @@ CUDA_CONTEXT_BYTES = 1343 * 1024**2
 #: 80 GiB GPU. Settable per Plan (``training.allocator_margin``): ``EXPANDABLE_SEGMENTS_MARGIN``
 #: for PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
 ALLOCATOR_MARGIN = 0.10
-#: The margin under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps pages into one
-#: growing segment per stream instead of caching fixed segments: the pages are the large pool's
-#: 20 MiB (``ExpandableSegment``: "2MB for small pool, 20MB for large pool",
-#: c10/cuda/CUDACachingAllocator.cpp), and before it reports an out-of-memory the allocator unmaps
-#: every whole free page (``release_cached_blocks``), so what it cannot give back is under a page at
-#: each free block's ends: nothing on a GPU's scale. torchtitan's and torchao's published reserved
-#: peaks under it are the tensors' (bench/validate_memory.py, within 6%).
-EXPANDABLE_SEGMENTS_MARGIN = 0.0
 #: The kinds ``StepCosts.memory_bytes`` and traces carry, in order.
 MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "comm_buffers", "framework")
 

@@ -26,7 +26,7 @@ import math
 import shlex
 
 from simcore.plan.readers import load_tool_options
-from simcore.plan.spec import Plan
+from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan
 
 VERSIONS = {"torchtitan": "0.3.x (tested: 0.3.0)", "torchtitan-0.2": "0.2.x (0.2.0-0.2.2; rules: 0.2.2)"}
 _SRC = "pytorch/torchtitan torchtitan/config (0.3.0: manager.py, configs.py; 0.2.2: job_config.py)"
@@ -286,7 +286,10 @@ def export_torchtitan_command(plan: Plan, nnodes: int, nproc: int) -> str:
              "written by trainplan.",
              f"# Options as {_SRC} parse them (tyro); on several nodes add --node-rank and --rdzv-endpoint.",
              "# Add --dataloader.dataset, --training.steps and --optimizer.lr for your run."]
-    cmd = [f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} -m torchtitan.train"]
+    # torchtitan's own run_train.sh sets the allocator this way; a Plan that assumes it says so here
+    env = "=".join(EXPANDABLE_SEGMENTS_ENV) + " " if plan.training.allocator_margin == EXPANDABLE_SEGMENTS_MARGIN \
+        else ""
+    cmd = [f"{env}torchrun --nnodes {nnodes} --nproc-per-node {nproc} -m torchtitan.train"]
     args, notes = torchtitan_args(plan)
     lines += [n for n in notes if "register flavor" not in n]   # 0.3 refuses an unknown flavor itself
     cmd += [" ".join(shlex.quote(a) for a in args[i:i + 2]) if args[i].startswith("--") and i + 1 < len(args)

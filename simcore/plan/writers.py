@@ -12,7 +12,7 @@ import re
 import shlex
 
 from simcore.plan.deepspeed_writer import deepspeed_notes, export_deepspeed
-from simcore.plan.spec import MEGATRON_DROPOUT, Plan
+from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, MEGATRON_DROPOUT, Plan
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
 TARGETS = ("deepspeed", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
@@ -247,10 +247,21 @@ def _arg_lines(args: list) -> list[str]:
 def megatron_env(plan: Plan) -> dict[str, str]:
     """The launch environment Megatron-LM's validate_args needs: CUDA_DEVICE_MAX_CONNECTIONS=1
     with tensor or context parallel (megatron/training/arguments.py, commit d98e8a64, line
-    1453: asserted before Blackwell), but never with Megatron-FSDP (line 1166: it must be > 1)."""
+    1453: asserted before Blackwell), but never with Megatron-FSDP (line 1166: it must be > 1);
+    and the allocator setting the Plan's memory assumes (``allocator_env``)."""
     par = plan.parallel
+    env = allocator_env(plan)
     if (par.tp > 1 or par.cp > 1) and par.zero < 2:
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return env
+
+
+def allocator_env(plan: Plan) -> dict[str, str]:
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where the Plan's memory assumes it
+    (``training.allocator_margin`` = ``EXPANDABLE_SEGMENTS_MARGIN``), so the run reserves what the
+    prediction says."""
+    if plan.training.allocator_margin == EXPANDABLE_SEGMENTS_MARGIN:
+        return dict([EXPANDABLE_SEGMENTS_ENV])
     return {}
 
 

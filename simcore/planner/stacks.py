@@ -16,7 +16,7 @@ import pandas as pd
 from dataclasses import replace
 
 from simcore.plan.choices import NoLayoutFits
-from simcore.plan.spec import AttentionKernel, CpComm, Plan, PlanError, ZeroImpl
+from simcore.plan.spec import EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Plan, PlanError, ZeroImpl
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
 STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
@@ -29,6 +29,12 @@ DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
 #: runs the distributed optimizer with ``overlap_param_gather=True`` (``DistributedDataParallelConfig``);
 #: the export writes them as ``--tp-comm-overlap`` and ``--overlap-param-gather``.
 MEGATRON_RECIPE_SWITCHES = {"tp_comm_overlap": True, "overlap_param_gather": True}
+#: The stacks whose launchers run PyTorch's allocator with expandable segments: torchtitan's
+#: run_train.sh exports PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", and Megatron-Bridge's
+#: performance launcher does for every job (``PERF_ENV_VARS`` in scripts/performance/utils/executors.py
+#: @21d102f5e); a search for them charges its margin (``spec.EXPANDABLE_SEGMENTS_MARGIN``) unless the
+#: Plan sets one, and their exports write the setting.
+EXPANDABLE_SEGMENTS_STACKS = ("megatron", "torchtitan", "torchtitan-0.2")
 #: The layer splits over pipeline stages each stack's launcher writes (``space.SPLITS``): torchtitan's
 #: own rule (its exporter expresses it and the even split where the stages divide the layers).
 STACK_SPLITS = {"torchtitan": ("even", "titan"), "torchtitan-0.2": ("even", "titan")}
@@ -57,6 +63,8 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
         kernel = sdpa_attention_kernel(base.cluster.node.gpu)
         if kernel != "auto":
             base = replace(base, training=replace(tr, attention_kernel=AttentionKernel(kernel)))
+    if stack in EXPANDABLE_SEGMENTS_STACKS and tr.allocator_margin is None:
+        base = replace(base, training=replace(base.training, allocator_margin=EXPANDABLE_SEGMENTS_MARGIN))
     if stack == "megatron":   # the recipes' switches, which each layout takes where it can (space.SWITCHES)
         base = replace(base, parallel=replace(par, **MEGATRON_RECIPE_SWITCHES))
     elif stack == "deepspeed":

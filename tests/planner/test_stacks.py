@@ -169,3 +169,27 @@ def test_a_search_for_megatron_takes_its_recipes_overlaps_where_a_layout_can():
     command = export_plan(best, "megatron")
     assert ("--tp-comm-overlap" in command) == best.parallel.tp_comm_overlap
     assert ("--overlap-param-gather" in command) == best.parallel.overlap_param_gather
+
+
+def test_the_stacks_that_run_expandable_segments_are_charged_its_margin_and_their_exports_set_it():
+    """torchtitan's run_train.sh and Megatron-Bridge's launcher run PyTorch's allocator with
+    expandable segments: a search for them charges no caching margin, and the exported launch sets
+    the allocator so the run reserves what was predicted; a Plan that says otherwise keeps its own."""
+    from dataclasses import replace
+
+    from simcore.model.peak import EXPANDABLE_SEGMENTS_MARGIN
+    from simcore.planner.stacks import stack_base
+
+    plain = base_plan("llama3-70b", {"node": "dgx-h100", "nodes": 8}, 128)
+    assert plain.training.allocator_margin is None
+    for stack in ("megatron", "torchtitan"):
+        base = stack_base(plain, stack)
+        assert base.training.allocator_margin == EXPANDABLE_SEGMENTS_MARGIN
+    own = replace(plain, training=replace(plain.training, allocator_margin=0.05))
+    assert stack_base(own, "megatron").training.allocator_margin == 0.05
+    res = search("llama3-70b", {"node": "dgx-h100", "nodes": 8}, 128, top_k=0, progress=False, stack="megatron",
+                 explain=0)
+    best = _layout_of(res.table.iloc[0]).apply(stack_base(plain, "megatron"))
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in export_plan(best, "megatron")
+    cached = replace(best, training=replace(best.training, allocator_margin=None))
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in export_plan(cached, "megatron")
