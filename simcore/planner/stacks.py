@@ -16,7 +16,7 @@ import pandas as pd
 from dataclasses import replace
 
 from simcore.plan.choices import NoLayoutFits
-from simcore.plan.spec import EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Plan, PlanError, ZeroImpl
+from simcore.plan.spec import EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Fp8Recipe, Plan, PlanError, ZeroImpl
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
 STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
@@ -63,6 +63,10 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
         kernel = sdpa_attention_kernel(base.cluster.node.gpu)
         if kernel != "auto":
             base = replace(base, training=replace(tr, attention_kernel=AttentionKernel(kernel)))
+    if stack in ("torchtitan", "torchtitan-0.2") and tr.fp8_recipe == Fp8Recipe.DELAYED:
+        # torchtitan's float8 is torchao's, tensorwise unless asked (float8.recipe_name): an FP8
+        # search for it prices that, not Transformer Engine's delayed scaling it cannot run
+        base = replace(base, training=replace(base.training, fp8_recipe=Fp8Recipe.TENSORWISE))
     if stack in EXPANDABLE_SEGMENTS_STACKS and tr.allocator_margin is None:
         base = replace(base, training=replace(base.training, allocator_margin=EXPANDABLE_SEGMENTS_MARGIN))
     if stack == "megatron":   # the recipes' switches, which each layout takes where it can (space.SWITCHES)
