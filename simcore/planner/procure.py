@@ -156,6 +156,7 @@ def run_procure(c: Candidates, *, progress: bool = True) -> ProcureResult:
     t0 = time.perf_counter()
     cells = hardware_cells(c)
     results = {_cell_key(row): (row, rc) for row, rc in _run_cells(c, cells, 0, progress, "procure: cells")}
+    analytic = dict(results)   # every cell's analytic figures, kept beside the event engine's
     done = {k for k, (row, _) in results.items() if isinstance(row.get("stage_gpu"), str)}   # event engine already
     while c.resimulate:
         options = _options_table(c, results)
@@ -168,12 +169,25 @@ def run_procure(c: Candidates, *, progress: bool = True) -> ProcureResult:
         done |= set(todo)
     rows = list(results.values())
     table = pd.DataFrame([r for r, _ in rows])
-    return ProcureResult(candidates=c, cells=table, options=_options_table(c, results),
+    return ProcureResult(candidates=c, cells=table, options=_options_table(c, results, analytic),
                          assumptions=assumptions_of(c, [(r, rc) for r, rc in rows if rc is not None]),
                          seconds=time.perf_counter() - t0, resimulated=len(done))
 
 
-def _options_table(c: Candidates, results: dict) -> pd.DataFrame:
-    rows = [{**o, "fabric_asked": key[2]} for key, (row, rc) in results.items() for o in options_of(c, row, rc)]
+#: An option's figures from the analytic pass, kept as ``analytic_*`` beside those of the engine
+#: it rests on (``days``, ``usd``, ...: the event engine's where it re-simulated the cell), so
+#: that a table gives each engine its own columns (``simcore.planner.ranking``).
+ANALYTIC_KEYS = ("days", "days_lo", "days_hi", "usd", "usd_lo", "usd_hi", "cash_usd", "mfu", "energy_kwh")
+
+
+def _options_table(c: Candidates, results: dict, analytic: dict | None = None) -> pd.DataFrame:
+    first = {(key, o["mode"]): o for key, (row, rc) in (analytic or {}).items() for o in options_of(c, row, rc)}
+    rows = []
+    for key, (row, rc) in results.items():
+        for o in options_of(c, row, rc):
+            a = first.get((key, o["mode"]))
+            # a mixed pipeline has no analytic pass; a cell whose engine picked another layout, none of this one
+            a = a if a is not None and a.get("engine") != "event" and a.get("layout") == o.get("layout") else {}
+            rows.append({**o, "fabric_asked": key[2], **{f"analytic_{k}": a.get(k, math.nan) for k in ANALYTIC_KEYS}})
     cols = ["gpu", "node", "nodes", "gpus", "fabric", "fabric_asked", "layout", *OPTION_KEYS]
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=cols)

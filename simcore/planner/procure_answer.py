@@ -180,32 +180,59 @@ def answer_lines(result) -> list[str]:
     return out
 
 
+def _engine_figures(r: dict) -> tuple[dict, dict]:
+    """An option's figures by engine: (the event engine's or {}, the analytic pass's or {})."""
+    own = {k: r.get(k, math.nan) for k in ("days", "days_lo", "days_hi", "usd", "usd_lo", "usd_hi", "cash_usd", "mfu",
+                                            "energy_kwh")}
+    own["cash_usd"] = r.get("cash_usd", r["usd"])
+    if r.get("engine") != "event":
+        return {}, own
+    first = {k: r.get("analytic_" + k, math.nan) for k in own}
+    return own, ({} if f.is_missing(first["days"]) else first)
+
+
+def _order(df: pd.DataFrame) -> pd.DataFrame:
+    """Fastest first by one engine, the analytic pass every option has (a mixed pipeline, which
+    has none, by its event-engine days)."""
+    days = df["analytic_days"].fillna(df["days"]) if "analytic_days" in df else df["days"]
+    return df.assign(_days=days).sort_values(["_days", "usd"], kind="stable").drop(columns="_days")
+
+
+def _columns(recs: list[dict], name: str, pick: int) -> dict[str, list[str]]:
+    figs = [_engine_figures(r)[pick] for r in recs]
+    return {f"days [{name}]": [f.with_interval(g["days"], g["days_lo"], g["days_hi"], f.days) if g else "" for g in figs],
+            f"$ of the run [{name}]": [f.with_interval(g["usd"], g["usd_lo"], g["usd_hi"], f.money) if g else ""
+                                       for g in figs],
+            f"$ paid out [{name}]": [f.money(g["cash_usd"]) if g else "" for g in figs],
+            f"MFU [{name}]": [f.percent(g["mfu"]) if g else "" for g in figs],
+            f"MWh [{name}]": [f"{g['energy_kwh'] / 1000:,.0f}" if g else "" for g in figs]}
+
+
 def display_table(options: pd.DataFrame, rows: int | None = None) -> pd.DataFrame:
-    """The options as a reader sees them, fastest first: hardware, way of paying, layout, days
-    and $ with their intervals, $ per GPU-hour, energy, headroom, MFU, engine."""
-    df = feasible(options).sort_values(["days", "usd"], kind="stable")
+    """The options as a reader sees them, fastest first: hardware (GPUs beside nodes), way of
+    paying, layout; days, $ and MFU with their intervals under the engine they come from (the
+    event engine's where it re-simulated the option, the analytic pass's for every option);
+    $ per GPU-hour, energy, headroom."""
+    df = _order(feasible(options))
     df = df.head(rows) if rows else df
     recs = df.to_dict(orient="records")
-    return pd.DataFrame({
-        "GPU": [r["gpu"] for r in recs], "GPUs": [int(r["gpus"]) for r in recs], "nodes": [int(r["nodes"]) for r in recs],
-        "fabric": [r["fabric"] for r in recs], "pay": [MODE_LABELS[r["mode"]] for r in recs],
-        "layout": [r["layout"] for r in recs],
-        "days": [f.with_interval(r["days"], r["days_lo"], r["days_hi"], f.days) for r in recs],
-        "$ of the run": [f.with_interval(r["usd"], r["usd_lo"], r["usd_hi"], f.money) for r in recs],
-        "$ paid out": [f.money(r.get("cash_usd", r["usd"])) for r in recs],
-        "$/GPU-h": [f"{r['usd_per_gpu_hour']:.2f}" for r in recs],
-        "MWh": [f"{r['energy_kwh'] / 1000:,.0f}" for r in recs],
-        "headroom GiB": [headroom_text(r["headroom_gib"], r["headroom_gib"] + r["memory_per_gpu_gib"]) for r in recs],
-        "MFU": [f.percent(r["mfu"]) for r in recs],
-        "engine": [r.get("engine", "") for r in recs]})
+    out = {"GPU": [r["gpu"] for r in recs], "GPUs": [int(r["gpus"]) for r in recs],
+           "nodes": [int(r["nodes"]) for r in recs], "fabric": [r["fabric"] for r in recs],
+           "pay": [MODE_LABELS[r["mode"]] for r in recs], "layout": [r["layout"] for r in recs]}
+    if any(r.get("engine") == "event" for r in recs):
+        out.update(_columns(recs, "event", 0))
+    out.update(_columns(recs, "analytic", 1))
+    out["$/GPU-h"] = [f"{r['usd_per_gpu_hour']:.2f}" for r in recs]
+    out["headroom GiB"] = [headroom_text(r["headroom_gib"], r["headroom_gib"] + r["memory_per_gpu_gib"]) for r in recs]
+    return pd.DataFrame(out)
 
 
 def frontier_table(options: pd.DataFrame) -> pd.DataFrame:
-    """Each way of paying's front as a reader sees it (``display_table``'s columns, fastest
-    first), ``*`` beside the options on the front of all of them."""
+    """Each way of paying's front as a reader sees it (``display_table``'s columns and order),
+    ``*`` beside the options on the front of all of them."""
     fronts = mode_fronts(options)
     table = display_table(fronts)
-    marks = fronts.sort_values(["days", "usd"], kind="stable")["overall"].map({True: "*", False: ""})
+    marks = _order(fronts)["overall"].map({True: "*", False: ""})
     return table.assign(front=list(marks))
 
 
@@ -240,7 +267,8 @@ def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
                        f"${s.facility_usd_per_kw_month:,.2f} per kW-month of the nodes' system power, lead time "
                        f"{s.lead_time_days:g} days: {s.source}")
     out += ["an option's days and $ carry the 90% interval of the step time's validation residuals; the front and the "
-            "answers are re-simulated on the event engine (the cell's best analytic layout), the rest are analytic",
+            "answers are re-simulated on the event engine (the cell's best analytic layout), the rest are analytic; the "
+            "tables give each engine its own columns ([event], [analytic]) and order the rows by the analytic pass",
             "a bought cluster is charged its share of capex (wall time / (life x utilisation)), the same share of the "
             "facility, and the energy it draws; a rented one its price per GPU-hour, energy included",
             "'$ of the run' is that charge; '$ paid out' is the money the buyer spends: a rental's bill, a purchase's "

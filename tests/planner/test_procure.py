@@ -97,6 +97,22 @@ def test_the_options_table_counts_gpus_beside_nodes(result):
     assert list(table.columns[:3]) == ["GPU", "GPUs", "nodes"]
 
 
+def test_the_options_tables_give_each_engine_its_own_columns(result):
+    """Issue 57.4: the options re-simulated on the event engine sat in one days column with the
+    analytic ones, so an analytic row could look faster than an event-engine one it was not."""
+    table = display_table(result.options)
+    opts = feasible(result.options)
+    event = opts["engine"] == "event"
+    assert event.any() and (~event).any()
+    assert all(c.endswith(("[event]", "[analytic]")) for c in table.columns if c.split(" [")[0] in
+               ("days", "$ of the run", "$ paid out", "MFU", "MWh"))
+    assert (table["days [event]"] != "").sum() == event.sum()             # blank where the engine did not run
+    assert (table["days [analytic]"] != "").sum() >= (~event).sum()
+    days = opts["analytic_days"].fillna(opts["days"]).sort_values(kind="stable")
+    shown = [float(d.split(" ")[0].replace(",", "")) for d in table["days [analytic]"] if d]
+    assert shown == sorted(shown) and len(days) == len(table)             # one engine orders the rows
+
+
 def test_options_carry_layout_headroom_energy_and_intervals(result):
     opts = feasible(result.options)
     h100 = opts[(opts["gpu"] == "h100-sxm") & (opts["mode"] == "on_demand")]
