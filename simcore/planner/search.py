@@ -138,7 +138,8 @@ def _layout_of(row) -> Layout:
                   offload=Offload(row["offload"]), sequence_parallel=bool(row["sequence_parallel"]),
                   activation_offload=int(row.get("activation_offload", 0)), autocast=bool(row.get("autocast", False)),
                   split=str(row.get("split", "even")), expert_tp=int(row.get("expert_tp", 0)),
-                  recompute_layers=int(row.get("recompute_layers", 0)), precision=str(row.get("precision", "")))
+                  recompute_layers=int(row.get("recompute_layers", 0)), precision=str(row.get("precision", "")),
+                  fp8_recipe=str(row.get("fp8_recipe", "")))
 
 
 #: The most layouts the event engine re-simulates in one search: each takes it up to a few
@@ -224,11 +225,14 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         space = replace(space, precision=precision_axis(precisions, base.cluster.node.gpu))
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
-    from simcore.planner.stacks import DDP_AUTOCAST_STACKS, STACK_SPLITS, WHOLE_RECOMPUTE_STACKS, stack_base
+    from simcore.planner.stacks import (DDP_AUTOCAST_STACKS, STACK_FP8_RECIPE, STACK_SPLITS, WHOLE_RECOMPUTE_STACKS,
+                                        stack_base)
     if stack in DDP_AUTOCAST_STACKS:
         space = replace(space, ddp_autocast=True)
     if stack in WHOLE_RECOMPUTE_STACKS:
         space = replace(space, block_recompute=False)
+    if stack in STACK_FP8_RECIPE:
+        space = replace(space, fp8_recipe=STACK_FP8_RECIPE[stack])
     if stack in STACK_SPLITS:
         space = replace(space, splits=STACK_SPLITS[stack])
     base = stack_base(base, stack)

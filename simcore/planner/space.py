@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from itertools import product
 
 from simcore.plan.load import plan_from_dict
-from simcore.plan.spec import (Offload, Plan, Precision, Recompute, RecomputeMethod, Schedule, ZeroImpl, ZeroStage,
-                               even_split, evolve)
+from simcore.plan.spec import (Fp8Recipe, Offload, Plan, Precision, Recompute, RecomputeMethod, Schedule, ZeroImpl,
+                               ZeroStage, even_split, evolve)
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts
 
 #: Candidate values of the axes the search does not derive from the model and batch.
@@ -74,6 +74,9 @@ class SearchSpace:
     precision: tuple[str, ...] = ()
     """Training precisions to search (``training.precision`` values; empty: the base plan's alone);
     each where the GPU has a peak for it (``precisions_of``)."""
+    fp8_recipe: str = ""
+    """The FP8 scaling of the layouts the search trains in fp8 where the base plan is not fp8 (its
+    own recipe else; a stack's, ``stacks.STACK_FP8_RECIPE``)."""
     block_recompute: bool = True
     """Where full recompute is what makes a layout fit, recompute only the fewest layers of each
     chunk that do (Megatron-LM's block method; ``evaluate._least_block``)."""
@@ -115,6 +118,8 @@ class Layout:
     ``--recompute-method block --recompute-num-layers N``), the rest keep their activations."""
     precision: str = ""
     """The training precision where it is not the base plan's (``SearchSpace.precision``)."""
+    fp8_recipe: str = ""
+    """With ``precision`` fp8: its scaling where it is not the base plan's (``SearchSpace.fp8_recipe``)."""
 
     def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
@@ -135,6 +140,8 @@ class Layout:
             if self.recompute_layers else {}
         if self.precision:
             block["precision"] = Precision(self.precision)
+            if self.fp8_recipe:
+                block["fp8_recipe"] = Fp8Recipe(self.fp8_recipe)
         tr = evolve(base.training, micro_batch=self.micro_batch, recompute=self.recompute, offload=self.offload, **block,
                      activation_offload=self.activation_offload or base.training.activation_offload,
                      autocast=self.autocast or base.training.autocast)
@@ -282,7 +289,7 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
                                                                   cp, ep)
                 out.append(Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
                                   micro_batch=mb, sequence_parallel=sp, autocast=amp, split=split, expert_tp=etp,
-                                  precision=prec))
+                                  precision=prec, fp8_recipe=space.fp8_recipe if prec == "fp8" else ""))
     return out
 
 

@@ -16,7 +16,8 @@ import pandas as pd
 from dataclasses import replace
 
 from simcore.plan.choices import NoLayoutFits
-from simcore.plan.spec import EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Fp8Recipe, Plan, PlanError, ZeroImpl
+from simcore.plan.spec import (EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Fp8Recipe, Plan, PlanError, Precision,
+                               ZeroImpl)
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
 STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
@@ -35,6 +36,10 @@ MEGATRON_RECIPE_SWITCHES = {"tp_comm_overlap": True, "overlap_param_gather": Tru
 #: @21d102f5e); a search for them charges its margin (``spec.EXPANDABLE_SEGMENTS_MARGIN``) unless the
 #: Plan sets one, and their exports write the setting.
 EXPANDABLE_SEGMENTS_STACKS = ("megatron", "torchtitan", "torchtitan-0.2")
+#: The FP8 scaling a stack runs where the Plan leaves Transformer Engine's delayed default: torchtitan's
+#: float8 is torchao's, tensorwise unless ``float8.recipe_name`` says rowwise (an FP8 search for it
+#: prices that, not the delayed scaling its exporter refuses; ``SearchSpace.fp8_recipe``).
+STACK_FP8_RECIPE = {"torchtitan": "tensorwise", "torchtitan-0.2": "tensorwise"}
 #: The layer splits over pipeline stages each stack's launcher writes (``space.SPLITS``): torchtitan's
 #: own rule (its exporter expresses it and the even split where the stages divide the layers).
 STACK_SPLITS = {"torchtitan": ("even", "titan"), "torchtitan-0.2": ("even", "titan")}
@@ -63,10 +68,8 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
         kernel = sdpa_attention_kernel(base.cluster.node.gpu)
         if kernel != "auto":
             base = replace(base, training=replace(tr, attention_kernel=AttentionKernel(kernel)))
-    if stack in ("torchtitan", "torchtitan-0.2") and tr.fp8_recipe == Fp8Recipe.DELAYED:
-        # torchtitan's float8 is torchao's, tensorwise unless asked (float8.recipe_name): an FP8
-        # search for it prices that, not Transformer Engine's delayed scaling it cannot run
-        base = replace(base, training=replace(base.training, fp8_recipe=Fp8Recipe.TENSORWISE))
+    if stack in STACK_FP8_RECIPE and tr.precision == Precision.FP8 and tr.fp8_recipe == Fp8Recipe.DELAYED:
+        base = replace(base, training=replace(base.training, fp8_recipe=Fp8Recipe(STACK_FP8_RECIPE[stack])))
     if stack in EXPANDABLE_SEGMENTS_STACKS and tr.allocator_margin is None:
         base = replace(base, training=replace(base.training, allocator_margin=EXPANDABLE_SEGMENTS_MARGIN))
     if stack == "megatron":   # the recipes' switches, which each layout takes where it can (space.SWITCHES)
