@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from simcore.plan.bounds import check_event_budget
+from simcore.plan.bounds import check_event_budget, check_graph_budget
 from simcore.plan.load import dump_plan, load_plan
 from topologies.hardware import load_catalog
 from trainplan.common import UsageError, check_prediction, fmt_s, print_json, print_prediction
@@ -62,6 +62,7 @@ def cmd_topology(args) -> None:
     from tqdm import tqdm
 
     plan = load_plan(args.plan)
+    check_graph_budget(plan)
     steps = 3 if args.draw else 2   # a bar only when it takes over two seconds (100k GPUs: ~10 s)
     with tqdm(total=steps, desc="topology: graph", unit="phase", delay=2, leave=False,
               disable=not sys.stderr.isatty()) as bar:

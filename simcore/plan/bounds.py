@@ -97,3 +97,20 @@ def check_event_budget(plan: Plan, what: str, granularity: str = "microbatch", m
                         f"micro-batches per step{layers}{ranks}{stages}), over the {bound:,} it plays within seconds: "
                         "the analytic engine (trainplan simulate) answers for it, or give fewer micro-batches per "
                         "step (a larger training.micro_batch or parallel.dp)")
+
+
+#: GPUs of the cluster graph ``trainplan topology`` builds and cuts (a vertex per GPU, NIC and
+#: switch; bisection by max flow): 65,536 GPUs took it 6 s on this 2-core host, so this bound
+#: is a quarter of a minute. The prediction and the cost model need no graph (``simulate`` and
+#: ``cost`` answer for a million GPUs in a second).
+GRAPH_GPUS = 2**17
+
+
+def check_graph_budget(plan: Plan) -> None:
+    """PlanError (one sentence) when the cluster is past what ``trainplan topology`` builds within seconds."""
+    gpus = plan.cluster.gpus
+    if gpus > GRAPH_GPUS:
+        raise PlanError(f"trainplan topology builds the cluster's graph GPU by GPU, and {gpus:,} GPUs are over the "
+                        f"{GRAPH_GPUS:,} it builds within seconds: trainplan simulate and cost answer for this "
+                        "cluster without it")
+

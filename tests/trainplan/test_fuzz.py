@@ -216,3 +216,12 @@ def test_the_step_by_step_tools_refuse_what_they_cannot_play_within_seconds():
         code, _, err = run(*argv)
         assert code == 2 and "plays a step pass by pass, and this one has" in err and "over the" in err, (argv, err)
         assert err.count("\n") == 1
+
+
+def test_topology_refuses_a_graph_it_cannot_build_within_seconds():
+    doc = {"model": "llama3-8b", "cluster": {"node": "dgx-h100", "nodes": 131072}, "parallel": {"tp": 8},
+           "training": {"global_batch": 131072}}
+    Path("huge.yaml").write_text(yaml.safe_dump(doc))
+    assert run("simulate", "huge.yaml")[0] == 0   # a million GPUs: the prediction needs no graph
+    code, _, err = run("topology", "huge.yaml")
+    assert code == 2 and "1,048,576 GPUs are over the 131,072 it builds within seconds" in err
