@@ -225,17 +225,9 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         space = replace(space, precision=precision_axis(precisions, base.cluster.node.gpu))
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
-    from simcore.planner.stacks import (DDP_AUTOCAST_STACKS, STACK_FP8_RECIPE, STACK_SPLITS, WHOLE_RECOMPUTE_STACKS,
-                                        stack_base)
-    if stack in DDP_AUTOCAST_STACKS:
-        space = replace(space, ddp_autocast=True)
-    if stack in WHOLE_RECOMPUTE_STACKS:
-        space = replace(space, block_recompute=False)
-    if stack in STACK_FP8_RECIPE:
-        space = replace(space, fp8_recipe=STACK_FP8_RECIPE[stack])
-    if stack in STACK_SPLITS:
-        space = replace(space, splits=STACK_SPLITS[stack])
-    base = stack_base(base, stack)
+    from simcore.planner.stacks import stack_base, stack_space
+
+    space, base = stack_space(space, stack), stack_base(base, stack)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
     results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",

@@ -81,6 +81,20 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
     return base
 
 
+def stack_space(space, stack: str | None):
+    """The search space (``space.SearchSpace``) as ``stack`` runs it: torchtitan's DDP under
+    autocast, its float8 recipe and layer split; no block recompute where the stack has none."""
+    if stack in DDP_AUTOCAST_STACKS:
+        space = replace(space, ddp_autocast=True)
+    if stack in WHOLE_RECOMPUTE_STACKS:
+        space = replace(space, block_recompute=False)
+    if stack in STACK_FP8_RECIPE:
+        space = replace(space, fp8_recipe=STACK_FP8_RECIPE[stack])
+    if stack in STACK_SPLITS:
+        space = replace(space, splits=STACK_SPLITS[stack])
+    return space
+
+
 def checked_stack(value, where: str) -> str | None:
     """A sweep's or candidates file's ``stack`` (None: any layout), or one sentence naming ``where``."""
     if value is None or value in STACKS:
