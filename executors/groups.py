@@ -64,8 +64,9 @@ def embedding_groups(plan: Plan) -> list[list[int]]:
 
 
 def embedding_group(plan: Plan):
-    """This rank's embedding group (None without tied embeddings under pipelining)."""
-    if not (plan.model.tied_embeddings and plan.parallel.pp > 1):
+    """This rank's embedding group (None without tied embeddings under pipelining, and under
+    DualPipeV, whose V puts both ends on rank 0: ``tied.sum_local_copies``)."""
+    if not (plan.model.tied_embeddings and plan.parallel.pp > 1) or plan.parallel.v_shape:
         return None
     return _subgroup(embedding_groups(plan), "pp")
 

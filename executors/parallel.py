@@ -81,8 +81,9 @@ def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
 
 def stage_ids(plan: Plan, pp_rank: int) -> list[int]:
     """Virtual stages held by one pipeline rank, "loop" style (rank i: i, i+pp, ...), the
-    assignment ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble expect."""
-    return [pp_rank + k * plan.parallel.pp for k in range(plan.parallel.vpp)]
+    assignment ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble expect, or "v" style for
+    ScheduleDualPipeV (rank i: i and 2pp-1-i; torchtitan's ``_get_pp_rank_to_stage_indices_mapping``)."""
+    return list(plan.parallel.rank_stages(pp_rank))
 
 
 def build_stage_module(plan: Plan, stage: int, seed: int) -> Transformer:
@@ -235,6 +236,7 @@ _SCHEDULES = {
     Schedule.ONE_F_ONE_B: "Schedule1F1B",
     Schedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
     Schedule.ZERO_BUBBLE: "ScheduleInterleavedZeroBubble",
+    Schedule.DUALPIPE_V: "ScheduleDualPipeV",
 }
 
 
@@ -277,7 +279,8 @@ class Trainer:
 
     @property
     def is_last_stage(self) -> bool:
-        return self.mesh.get_local_rank("pp") == self.plan.parallel.pp - 1
+        par = self.plan.parallel
+        return self.mesh.get_local_rank("pp") == par.stage_rank(par.pp * par.vpp - 1)
 
     def autocast(self):
         prec = self.plan.training.precision
@@ -305,6 +308,8 @@ class Trainer:
             loss = self._pipeline_step(tokens, labels) if self.schedule is not None \
                 else self._accumulate(tokens, labels, span)
         tied.allreduce_shared_grad(tied.shared_weight(self.parts), self.embedding_group)
+        if self.plan.parallel.v_shape and self.plan.model.tied_embeddings:
+            tied.sum_local_copies(self.parts)
         if self.experts:
             moe.reduce_expert_grads(self.experts, self.edp_group, self.plan.parallel.dp * self.plan.parallel.cp)
         with span("optimizer", "optimizer"):

@@ -3,7 +3,8 @@
 What stays refused needs hardware or libraries a CPU host lacks (offload and fp16 need a
 GPU, FP8 a GPU with FP8 tensor cores and torchao, bf16 gradient compression NCCL, TP communication overlap
 CUDA's userbuffers) or a combination torch's wrappers do not compose (DDP's communication
-hooks with DTensor parameters or under the zero-bubble split backward); the strategies of
+hooks with DTensor parameters or under the zero-bubble and DualPipeV split backward, and FSDP2's
+ZeRO-3 under it, which loses weight gradients); the strategies of
 other stacks the model prices (DeepSpeed's ZeRO, context parallel's all-gather and Ulysses
 variants, Megatron's uniform recompute groups) are not run here.
 """
@@ -19,16 +20,32 @@ from simcore.plan.spec import (CpComm, GradCompression, MoeDispatcher, Offload, 
 
 def uses_replicate(plan: Plan) -> bool:
     """ZeRO 0/1 by torch's FSDP2-based ``replicate`` instead of DDP: with TP (DDP cannot hold
-    DTensor parameters), and under the zero-bubble schedule, whose split backward runs the
-    weight gradients outside autograd's backward where DDP's reducer hooks never fire, while
-    pipelining reduces a ``ReplicateModule``'s gradients itself (``stage.py`` REDUCE_GRAD)."""
+    DTensor parameters), and under the zero-bubble and DualPipeV schedules, whose split backward
+    runs the weight gradients outside autograd's backward where DDP's reducer hooks never fire,
+    while pipelining reduces a ``ReplicateModule``'s gradients itself (``stage.py`` REDUCE_GRAD)."""
     par = plan.parallel
-    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))
+    split = par.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V)
+    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (split and par.pp > 1))
 
 
 def _dtensor_parameters(plan: Plan) -> bool:
     """Whether the executor's parameters are DTensors: FSDP2's (ZeRO 2-3) or its ``replicate``'s."""
     return plan.parallel.zero >= ZeroStage.GRADIENTS or uses_replicate(plan)
+
+
+def _split_backward_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """The zero-bubble and DualPipeV schedules' (a backward split into I and W)."""
+    par, tr = plan.parallel, plan.training
+    split = par.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V) and par.pp > 1 and par.dp * par.cp > 1
+    return [
+        (not split or tr.grad_compression == GradCompression.NONE,
+         f"training.grad_compression needs a schedule other than {par.schedule.value}: its split backward "
+         "skips DDP's communication hooks"),
+        (not split or par.zero < ZeroStage.WEIGHTS,
+         f"parallel.zero=3 with parallel.schedule={par.schedule.value} is priced, not run: torch 2.13's FSDP2 "
+         "reshards a stage after each forward, and the weight gradients its split backward computes later "
+         "are lost (the executor's update differs from the single process's; parallel.zero=2 runs it)"),
+    ]
 
 
 def check_executable(plan: Plan, device_type: str) -> None:
@@ -56,10 +73,7 @@ def check_executable(plan: Plan, device_type: str) -> None:
         (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp * par.cp == 1,
          "training.grad_compression needs parallel.tp=1: DDP's communication hooks cannot "
          "wrap DTensor parameters"),
-        (par.schedule != Schedule.ZERO_BUBBLE or par.pp == 1 or tr.grad_compression == GradCompression.NONE
-         or par.dp * par.cp == 1,
-         "training.grad_compression needs a schedule other than zero-bubble: its split backward "
-         "skips DDP's communication hooks"),
+        *_split_backward_rules(plan),
         (tr.grad_compression == GradCompression.NONE or par.zero == 0 or par.dp * par.cp == 1,
          f"training.grad_compression={tr.grad_compression.value} with parallel.zero={int(par.zero)} is priced, "
          "not run: the executor's ZeRO and FSDP2 reduce the fp32 gradients autocast keeps"),
@@ -86,7 +100,7 @@ def check_executable(plan: Plan, device_type: str) -> None:
         (tr.optimizer != Optimizer.ADAMW8BIT, "training.optimizer=adamw8bit is priced, not run: its 8-bit states "
          "need bitsandbytes' CUDA kernels or torchao's compiled ones, which the executor does not install"),
         (tr.optimizer != Optimizer.ADAFACTOR or not _dtensor_parameters(plan), "training.optimizer=adafactor "
-         "is priced, not run, with DTensor parameters (parallel.tp>1, zero>=2, or zero-bubble pipelining): "
+         "is priced, not run, with DTensor parameters (parallel.tp>1, zero>=2, or split-backward pipelining): "
          "torch.optim.Adafactor's factored statistics fail on sharded DTensors"),
         (par.moe_dispatcher == MoeDispatcher.ALLTOALL, "parallel.moe_dispatcher=deepep is priced, not run: the "
          "executor dispatches tokens with all_to_all_single (moe_dispatcher: alltoall)"),

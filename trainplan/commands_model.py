@@ -282,7 +282,8 @@ def cmd_schedule(args) -> None:
     plan = load_plan(args.plan)
     check_event_budget(plan, "trainplan schedule")
     par = plan.parallel
-    sched = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp, par.microbatch_group)
+    # DualPipeV's overlapped pairs as torch's pipeline_order prints them: (0F5;5B2)OVERLAP_F_B
+    sched = build_schedule(par.schedule, par.pp, plan.num_microbatches, par.vpp, par.microbatch_group, paired=True)
     if args.lowered:
         sched = lower(sched, par.pp, plan.num_microbatches, par.vpp)
     if args.json:

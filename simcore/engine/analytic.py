@@ -6,6 +6,8 @@ The analytic step, for the slowest pipeline rank with per-micro-batch time T = C
   (Narayanan et al. 2021, Sec. 2.2.1: bubble fraction (p - 1)/m);
 - interleaved 1F1B: m T_max + (sum_r T_r - T_max) / v (Sec. 2.2.2: bubble (p - 1)/(m v));
 - zero-bubble (ZB-H1, Qi et al. 2024, arXiv 2401.10241): bubble (p - 1)(T_F + T_B - T_W) / v;
+- DualPipeV (DeepSeek-V3, arXiv 2412.19437 Table 2): bubble (p - 1)(F&B + B - 3W) in chunk times,
+  F&B = F + B as torch runs a pair, floored where the weight gradients cannot fill it;
 - data-parallel gradient reduction overlapped with the last micro-batch's backward up
   to the compute available (torch DDP buckets, Li et al. 2020, VLDB, Sec. 3.2.3), the
   last bucket always exposed; ZeRO-1 parameter all-gather after the step exposed;
@@ -41,7 +43,7 @@ def _fused_posts(c: StepCosts, r: int) -> tuple[float, float]:
     if c.p2p_post_s <= 0 or par.pp == 1:
         return 0.0, 0.0
     posts = saved = 0.0
-    for v in range(r, c.stages, par.pp):
+    for v in par.rank_stages(r):
         for op in (Op.F, Op.B):
             wait = c.host_p2p_s(v, op == Op.F)[1]
             for i in range(m):
@@ -51,9 +53,9 @@ def _fused_posts(c: StepCosts, r: int) -> tuple[float, float]:
     return posts / m, saved / m
 
 
-def _by_rank(x: tuple[float, ...], p: int) -> tuple[float, ...] | list[float]:
+def _by_rank(x: tuple[float, ...], par) -> tuple[float, ...]:
     """Per pipeline rank, the sum of its virtual stages' values of ``x`` (read only)."""
-    return x if len(x) == p else [sum(x[r::p]) for r in range(p)]
+    return x if len(x) == par.pp else par.by_rank(x)
 
 
 def _host_p2p(c: StepCosts) -> bool:
@@ -70,41 +72,47 @@ def _hops(c: StepCosts) -> list[float]:
     arguments.py ``--no-overlap-p2p-communication``; Megatron-Bridge comm_overlap.py sets it
     whenever vp > 1), and torch's interleaved schedules send with ``isend``; a hop is then
     exposed only by what the chunk it hides behind cannot cover. A calibrated CPU host keeps
-    them whole (gloo's transfers are its blocking costs, ``StepCosts.host_p2p_s``)."""
+    them whole (gloo's transfers are its blocking costs, ``StepCosts.host_p2p_s``). DualPipeV's
+    paired forward sends its activation only after the pair's backward (``actions.Overlap``): the
+    hand-offs around the V stay on the critical path, 2(p - 1)/p hops a micro-batch whatever the
+    chunks' times (the event engine's walk of torch's order, tests/engine/test_dualpipe_engine.py)."""
     par = c.plan.parallel
     if par.pp == 1:
         return [0.0]
+    if par.v_shape and not _host_p2p(c):
+        return [2 * c.p2p_s * (par.pp - 1) / par.pp] * par.pp
     if par.vpp == 1 or _host_p2p(c):
         return [2 * c.p2p_s * (c.stages // par.pp)] * par.pp
     return [sum(max(0.0, c.p2p_s - c.forward_s[v]) +
                 max(0.0, c.p2p_s - c.backward_input_s[v] - c.backward_weight_s[v] - c.recompute_s[v])
-                for v in range(r, c.stages, par.pp)) for r in range(par.pp)]
+                for v in par.rank_stages(r)) for r in range(par.pp)]
 
 
 def _rank_sums(c: StepCosts) -> dict[str, list[float] | tuple[float, ...]]:
     """Per pipeline rank, per micro-batch (a list per part): compute, blocking comm (with FSDP
     exposure and PP sends), weight-gradient time, the CPU host's receive waits (idle), summed
     over the rank's virtual stages."""
-    p = c.plan.parallel.pp
+    par = c.plan.parallel
+    p = par.pp
     lost = _interference_loss(c)
     hops = _hops(c)
     host_p2p = _host_p2p(c)
     posted = c.p2p_post_s > 0 and p > 1
     fsdp = any(c.forward_gather_s) or any(c.backward_gather_s) or \
         (c.grad_reduce_per_microbatch and any(c.grad_reduce_per_step_s))
-    fwd, bin_, bwt, rec = (_by_rank(x, p) for x in (c.forward_s, c.backward_input_s, c.backward_weight_s,
+    fwd, bin_, bwt, rec = (_by_rank(x, par) for x in (c.forward_s, c.backward_input_s, c.backward_weight_s,
                                                     c.recompute_s))
     p2p, wait = list(hops), [0.0] * p
     for r in range(p) if host_p2p or posted else ():
-        host = [c.host_p2p_s(v, f) for v in range(r, c.stages, p) for f in (True, False)] if host_p2p else ()
+        host = [c.host_p2p_s(v, f) for v in par.rank_stages(r) for f in (True, False)] if host_p2p else ()
         if host:
             p2p[r], wait[r] = hops[r] + sum(h[0] for h in host), sum(h[1] for h in host)
         if posted:
             posts, saved = _fused_posts(c, r)
             p2p[r], wait[r] = p2p[r] + posts, wait[r] - saved
-    comm = list(map(add, map(add, _by_rank(c.forward_comm_s, p), _by_rank(c.backward_comm_s, p)), p2p))
+    comm = list(map(add, map(add, _by_rank(c.forward_comm_s, par), _by_rank(c.backward_comm_s, par)), p2p))
     if fsdp:
-        comm = list(map(add, comm, _by_rank(_fsdp_exposed(c, lost), p)))
+        comm = list(map(add, comm, _by_rank(_fsdp_exposed(c, lost), par)))
     return dict(compute=list(map(add, map(add, map(add, fwd, bin_), bwt), rec)), comm=comm, w=bwt, fwd=fwd,
                 bwd=list(map(add, bin_, bwt)), rec=rec, p2p=p2p, wait=wait)
 
@@ -126,19 +134,43 @@ def _fsdp_exposed(c: StepCosts, lost: float) -> list[float]:
     return out
 
 
-def _pipeline_s(c: StepCosts, t: list[float], w_crit: float, crit: int) -> float:
+def _pipeline_s(c: StepCosts, t: list[float], ranks: dict, crit: int) -> float:
     """Forward/backward span of all micro-batches on the critical rank, bubble included
-    (``t``: each rank's time per micro-batch, ``w_crit``: the critical rank's weight gradients)."""
+    (``t``: each rank's time per micro-batch, ``ranks``: their parts, ``_rank_sums``)."""
     par = c.plan.parallel
     m, p, v = c.plan.num_microbatches, par.pp, par.vpp
-    tmax = t[crit]
+    tmax, w_crit = t[crit], ranks["w"][crit]
     if p == 1:
         return m * tmax
+    if par.schedule == Schedule.DUALPIPE_V:
+        return m * tmax + _dualpipe_bubble(t, ranks, crit)
     if par.schedule == Schedule.ZERO_BUBBLE:   # ZB-H1: the weight gradients fill the bubble
         return m * tmax + (p - 1) * max(0.0, tmax - w_crit) / v
     if v > 1:
         return m * tmax + (sum(t) - tmax) / v
     return (m - 1) * tmax + sum(t)
+
+
+def _dualpipe_bubble(t: list[float], ranks: dict, crit: int) -> float:
+    """DualPipeV's bubble, in chunk times (a chunk: half a rank's per micro-batch time ``t[r]``):
+    the DualPipe paper's (p - 1)(F&B + B - 3W) (arXiv 2412.19437 Table 2; the DualPipe README's
+    (PP/2 - 1)(F&B + B - 3W), PP = 2p stages), F&B the paired forward and backward as torch runs
+    them, one after the other (F + B; B = I + W, so F + 2I - W). The weight gradients fill the
+    bubble only as far as there are input gradients to pair them with: where W > I or F > I the
+    walk of torch's order floors it at 2F + (I - W)+ and F + I a rank, and where I > F the first
+    forward's wait is min(F, (p - 1)(I - F)) shorter (the event engine's answer on uniform stages,
+    tests/engine/test_dualpipe_engine.py). Each rank but the critical one adds its own term, as the
+    interleaved form sums the others' times. F is the forward's share of a chunk's time less W
+    (its communication shared alike)."""
+    def chunk(r: int) -> tuple[float, float, float]:
+        x, w = t[r] / 2, ranks["w"][r] / 2
+        busy = ranks["compute"][r] - ranks["w"][r]
+        f = (x - w) * (ranks["fwd"][r] / busy if busy > 0 else 0.5)
+        return f, x - w - f, w
+
+    per_rank = [max(f + 2 * i - w, 2 * f + max(0.0, i - w), f + i) for f, i, w in map(chunk, range(len(t)))]
+    f, i, _ = chunk(crit)
+    return sum(per_rank) - per_rank[crit] - min(f, (len(t) - 1) * max(0.0, i - f))
 
 
 def _reduce_tail(grad: float, buckets: int, window: float) -> float:
@@ -156,8 +188,9 @@ def _held_sends_s(c: StepCosts) -> float:
     """The drain's wait where every stage's gradient sync holds its last input-gradient send
     (``StepCosts.grad_sync_holds_send``): the last micro-batch's backward passes the virtual
     stages from last to first, each after the previous one's reduction tail. Zero-bubble
-    reduces in its weight-gradient pass, which sends nothing."""
-    if not c.grad_sync_holds_send or c.plan.parallel.schedule == Schedule.ZERO_BUBBLE:
+    reduces in its weight-gradient pass, which sends nothing; DualPipeV's data parallel is
+    ``replicate`` (``executors.support.uses_replicate``), whose REDUCE_GRAD follows the send."""
+    if not c.grad_sync_holds_send or c.plan.parallel.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V):
         return 0.0
     return sum(_reduce_tail_s(c, v) for v in range(1, c.stages))
 
@@ -171,21 +204,21 @@ def analytic(c: StepCosts) -> StepResult:
     t = list(map(add, map(add, ranks["compute"], ranks["comm"]), ranks["wait"]))
     crit = t.index(max(t))
     o = {k: col[crit] for k, col in ranks.items()}
-    pipe = _pipeline_s(c, t, o["w"], crit) + _held_sends_s(c)
-    mine = slice(crit, c.stages, par.pp)           # the critical rank's virtual stages
-    grad = sum(c.grad_reduce_per_step_s[mine])
+    pipe = _pipeline_s(c, t, ranks, crit) + _held_sends_s(c)
+    mine = par.rank_stages(crit)                   # the critical rank's virtual stages
+    grad = sum(c.grad_reduce_per_step_s[v] for v in mine)
     if c.grad_reduce_per_microbatch:               # FSDP2's reduce-scatters: per layer, in _rank_sums
         grad = 0.0
-    sync = sum(c.param_sync_per_step_s[mine])
-    opt = sum(c.optimizer_per_step_s[mine])
-    copies = sum(c.offload_per_step_s[mine])
-    buckets = max(c.grad_buckets[mine])
+    sync = sum(c.param_sync_per_step_s[v] for v in mine)
+    opt = sum(c.optimizer_per_step_s[v] for v in mine)
+    copies = sum(c.offload_per_step_s[v] for v in mine)
+    buckets = max(c.grad_buckets[v] for v in mine)
     window = o["bwd"] + o["rec"]                   # the last micro-batch's backward
     dp_exposed = _reduce_tail(grad, buckets, window)
     dp_exposed += _interference_loss(c) * (grad - dp_exposed)   # the hidden part slows the backward
     offloaded = tr.offload != Offload.NONE
     offload_s = (opt + copies if fsdp2_offload(c.plan) else max(opt, copies)) if offloaded else 0.0
-    offload_s += m * sum(sum(c.copies_s(v)) for v in range(crit, c.stages, par.pp))   # activation offload's waits
+    offload_s += m * sum(sum(c.copies_s(v)) for v in mine)   # activation offload's waits
     compute_s = m * o["compute"] + (0.0 if offloaded else opt)
     exposed = m * o["comm"] + dp_exposed + sync
     bubble = max(0.0, pipe - m * (o["compute"] + o["comm"]))

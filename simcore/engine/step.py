@@ -93,6 +93,7 @@ class _Step(_StepComm):
         acts = [a for a in self.schedule[unit[0]] if a is not None]
         items = self._items(acts)
         reductions, held, gather = [], [], self._gather(unit, items[0]) if items else None
+        paired = None   # a paired forward whose activation waits for its pair's backward
         for idx, item in enumerate(items):
             a, c, n, reduce = item
             key = self._input_key(a) if c == 0 else None
@@ -109,10 +110,16 @@ class _Step(_StepComm):
                 reductions += issued
                 held = (held if c else []) + issued
             if c == n - 1:
-                if reduce and self.costs.grad_sync_holds_send:   # DDP's reducer inside torch's stage backward
+                if reduce and self.holds_send:   # DDP's reducer inside torch's stage backward
                     for ev in held:
                         if not ev.triggered:
                             yield ev
+                if a in self.paired:
+                    paired = a
+                    continue
+                if paired is not None:
+                    self._output(unit, paired)
+                    paired = None
                 self._output(unit, a)
                 yield from self._post(unit, a)
         for ev in reductions:
@@ -122,7 +129,7 @@ class _Step(_StepComm):
 
     def _optimizer(self, unit):
         """Offload copy down, optimizer step, copy up, ZeRO-1 parameter all-gather."""
-        local = range(unit[0], self.stages, self.pp)
+        local = self.costs.plan.parallel.rank_stages(unit[0])
         c, rank = self.costs, self.label[unit]
         copy_s = sum(c.offload_per_step_s[v] for v in local)
         opt_s = sum(c.optimizer_per_step_s[v] for v in local)

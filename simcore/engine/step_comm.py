@@ -17,6 +17,7 @@ import simpy
 from simcore.engine.links import FairShareLinks
 from simcore.engine.streams import _CountingEnv, _Fifo
 from simcore.model.costs import StepCosts
+from simcore.model.dualpipe import paired_forwards
 from simcore.model.schedules import Action, Op, build_schedule, fused_p2p
 from simcore.plan.spec import ZeroStage
 from topologies.placement import rank_grid
@@ -31,6 +32,12 @@ class _StepState:
         self.costs, self.granularity, self.full = costs, granularity, mode == "full"
         self.pp, self.stages, self.m = par.pp, costs.stages, plan.num_microbatches
         self.schedule = build_schedule(par.schedule, par.pp, self.m, par.vpp, par.microbatch_group)
+        self.rank_of = [par.stage_rank(v) for v in range(costs.stages)]   # v % pp, or DualPipeV's V
+        # DualPipeV: a paired forward's activation leaves after the pair's backward (``Overlap``)
+        self.paired = paired_forwards(par.pp, self.m) if par.v_shape else frozenset()
+        # DDP's reducer inside the stage backward holds its send; DualPipeV reduces by replicate's
+        # REDUCE_GRAD, after the send (``analytic._held_sends_s``)
+        self.holds_send = costs.grad_sync_holds_send and not par.v_shape
         self.env = _CountingEnv()
         self.net = FairShareLinks(self.env, slowdown)
         self.grid = rank_grid(par.pp, par.dp, par.cp, par.tp)
@@ -119,7 +126,7 @@ class _StepComm(_StepState):
             peer, key, name = a.stage - 1, ("B", a.stage - 1, a.microbatch), f"{a.stage}SEND_B{a.microbatch}"
         else:
             return
-        dst = (peer % self.pp, unit[1])
+        dst = (self.rank_of[peer], unit[1])
         if dst == unit or self.costs.p2p_s <= 0:
             self._arrive(key + (unit[1],))
         else:

@@ -36,20 +36,27 @@ def schedule_peaks(kind: Schedule, pp: int, m: int, vpp: int, group: int = 0
     ``counted_peaks`` on the schedule confirms (tests/model/test_memory_terms.py); ``group``:
     ``parallel.microbatch_group``."""
     flights = tuple(_closed_form(kind, pp, m, vpp, r, group) for r in range(pp))
-    if kind != Schedule.ZERO_BUBBLE:
+    if kind not in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V):
         return flights, (0,) * pp
-    return flights, tuple(min(m, r + 1) for r in range(pp))   # ZB-H1: rank r runs W r + 1 late
+    return flights, tuple(min(m, r + 1) for r in range(pp))   # ZB-H1, DualPipeV: rank r runs W r + 1 late
 
 
 def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int, group: int = 0) -> tuple[tuple[int, ...], ...]:
     """``schedule_peaks`` counted on ``schedules.build_schedule``'s actions."""
     try:
-        actions = sch.build_schedule(kind, pp, m, vpp, group)
+        states = counted_states(kind, pp, m, vpp, group)
     except ValueError:   # a shape torch's schedule refuses: the closed forms
         return schedule_peaks(kind, pp, m, vpp, group)
-    flights, owed = [], []
+    return tuple(max(s[0] for s in st) for st in states), tuple(max(s[1] for s in st) for st in states)
+
+
+def counted_states(kind: Schedule, pp: int, m: int, vpp: int, group: int = 0) -> list[set[tuple[int, int]]]:
+    """Per rank, every (chunks in flight, weight gradients owed) its actions pass through: an F
+    adds a chunk, a B or I frees one (an I owes its W), a W pays."""
+    actions, out = sch.build_schedule(kind, pp, m, vpp, group), []
     for r in range(pp):
-        live = peak = w = peak_w = 0
+        live = w = 0
+        seen = {(0, 0)}
         for a in actions[r]:
             if a is None:
                 continue
@@ -60,15 +67,16 @@ def counted_peaks(kind: Schedule, pp: int, m: int, vpp: int, group: int = 0) -> 
                 w += a.op == sch.Op.I
             elif a.op == sch.Op.W:
                 w -= 1
-            peak, peak_w = max(peak, live), max(peak_w, w)
-        flights.append(peak)
-        owed.append(peak_w)
-    return tuple(flights), tuple(owed)
+            seen.add((live, w))
+        out.append(seen)
+    return out
 
 
 def _closed_form(kind: Schedule, p: int, m: int, v: int, rank: int, group: int = 0) -> int:
     if kind == Schedule.GPIPE:
         return m * v
+    if kind == Schedule.DUALPIPE_V:   # 2p + 1 on every rank: the DualPipe README's PP + 1 (PP = 2p stages)
+        return min(m * v, 2 * p + 1)
     if kind == Schedule.ZERO_BUBBLE and v > 1:   # every chunk's warm-up forward before its first I
         return min(m * v, v * p - rank)
     if v > 1:   # a chunk runs ``group`` micro-batches in a row (p by default: m is a multiple of p)
@@ -232,7 +240,7 @@ def _wgrad_stash_per_layer(plan: Plan) -> float:
     """Zero-bubble: what a layer keeps for a W its I left owed: the inputs of its linears
     (QKV and MLP-in take the whole hidden input, the projection and MLP-out their TP shard)
     and the gradients of their outputs."""
-    if plan.parallel.schedule != Schedule.ZERO_BUBBLE:
+    if plan.parallel.schedule not in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V):
         return 0.0
     m, par, tr = plan.model, plan.parallel, plan.training
     h, t, sb = m.hidden, par.tp, tr.micro_batch * (m.seq_len // par.cp)
@@ -252,10 +260,11 @@ def activation_terms(plan: Plan, overlap: float = 0.0) -> tuple:
     """What ``rank_activation_bytes`` needs of a plan, computed once per plan. ``overlap``:
     bytes of the last rank's buffers that are free while the loss's transients live (FSDP2's
     gathered and scattered layers, ``memory.loss_overlap``). Last: an MoE model's dense layer's
-    activations (``moe_layers.dense_plan``), None where it has no dense layers."""
+    activations (``moe_layers.dense_plan``), None where it has no dense layers; and whether the
+    chunks in flight and the weight gradients owed peak apart (DualPipeV: ``peak_apart``)."""
     m = plan.model
     flat = _layer_terms(ml.dense_plan(plan))[0] if m.moe and m.dense_layers else None
-    return (_layer_terms(plan), plan.training, overlap, flat)
+    return (_layer_terms(plan), plan.training, overlap, flat, plan.parallel.v_shape)
 
 
 def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms) -> dict[str, float]:
@@ -275,15 +284,16 @@ def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, flo
     the next micro-batch's forward beside this one's backward): one more chunk in flight."""
     par = plan.parallel
     p, ahead = par.pp, int(par.moe_a2a_overlap)
-    dense = ml.rank_dense_layers(plan.model, stages, p)
+    dense = ml.rank_dense_layers(plan.model, stages, p, par.v_shape)
     if p == 1:
         return [(min(1 + ahead, plan.num_microbatches), 0, sum(stages) / par.vpp, True, True, dense[0] / par.vpp)]
     flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp, par.microbatch_group)
     flights = tuple(min(f + ahead, plan.num_microbatches * par.vpp) for f in flights) if ahead else flights
-    layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
+    layers = par.by_rank(stages)
     per_chunk = {n: n / par.vpp for n in set(layers) | set(dense)}
+    last = (True,) + (False,) * (p - 1) if par.v_shape else (False,) * (p - 1) + (True,)   # DualPipeV: rank 0
     return list(zip(flights, owes, map(per_chunk.__getitem__, layers), (True,) + (False,) * (p - 1),
-                    (False,) * (p - 1) + (True,), map(per_chunk.__getitem__, dense)))
+                    last, map(per_chunk.__getitem__, dense)))
 
 
 #: The parts of a rank's activation bytes, in ``shape_activation_parts``' order.
@@ -300,14 +310,27 @@ def shape_activation_bytes(vpp: int, shape: tuple[int, int, float, bool, bool, f
 def shape_activation_parts(vpp: int, shape: tuple[int, int, float, bool, bool, float], terms,
                            per_chunk: dict | None = None) -> tuple[float, float, float, float, float]:
     """``shape_activation_bytes``' values in ``ACTIVATION_PARTS`` order (no dict per rank)."""
-    (act, emb, last, transient, wstash), tr, overlap, flat = terms
+    (act, emb, last, transient, wstash), tr, overlap, flat, apart = terms
     chunks, owed, n, first, final, dense = shape
     stash_work = _chunk_parts(tr, (n, dense), ml.mixed_activations(act, flat, n, dense), per_chunk)
+    if apart and owed:
+        chunks, owed = peak_apart(chunks, owed, stash_work[0], n * wstash)
     loss, spike = (last, max(0.0, transient - overlap)) if final else (0.0, 0.0)
     # the loss's tensors are freed by its backward, before any layer's backward rebuilds its
     # working set: the two are never live together, so the larger one counts
     layers = chunks * stash_work[0] + max(0.0, stash_work[1] - loss - spike)
     return layers, chunks / vpp * emb if first else 0.0, loss, spike, owed * n * wstash
+
+
+def peak_apart(chunks: int, owed: int, chunk: float, weight: float) -> tuple[int, int]:
+    """DualPipeV's (chunks in flight, weight gradients owed) at a rank's peak, a chunk's stash
+    ``chunk`` bytes and an owed W's ``weight``: the two counts peak apart on its schedule. Each rank
+    holds 2p + 1 chunks with no W owed and, but the last, 2p - 1 beside the one its I1W1F1 warm-up
+    owes; in the cool-down rank r owes k of its last r + 1 W beside p - k chunks (``counted_states``;
+    tests/model/test_memory_terms.py holds these points to its states)."""
+    p = (chunks - 1) // 2
+    points = ((chunks, 0), (chunks - 2 if owed < p else p - 1, 1), (max(0, p - owed), owed))
+    return max(points, key=lambda x: x[0] * chunk + x[1] * weight)
 
 
 def _chunk_parts(tr, size: tuple[float, float], act: rcp.LayerActivations, per_chunk: dict | None
@@ -333,7 +356,7 @@ def shape_offloaded_bytes(shape: tuple[int, int, float, bool, bool, float], term
                           per_chunk: dict | None = None) -> float:
     """Host bytes per GPU of ``training.activation_offload`` on a rank of shape ``shape``: the
     offloaded layers' stash of every chunk it holds (one without a pipeline)."""
-    (act, *_), tr, _, flat = terms
+    (act, *_), tr, _, flat, _ = terms
     if not tr.activation_offload:
         return 0.0
     size = (shape[2], shape[5])   # (layers, dense layers) per chunk

@@ -29,7 +29,7 @@ What each API does, and where torch does it (torch 2.13):
   unsharded and skip gradient sync; ``perform_reduce_grad`` (the REDUCE_GRAD action)
   reduce-scatters once per step; the multi-stage schedules also UNSHARD and RESHARD stages
   (``_add_unshard_reshard``). ``simcore.model.fsdp_calls`` walks these rules over the rank's actions.
-- FSDP2-based ``replicate`` (zero 0/1 with TP or under the zero-bubble schedule): like a
+- FSDP2-based ``replicate`` (zero 0/1 with TP or under the zero-bubble and DualPipeV schedules): like a
   single FSDP unit holding every parameter, with an all-reduce instead of a reduce-scatter
   and no all-gather; ZeRO-1 then broadcasts each tensor's local shard (``executors.zero1``).
 - DTensor tensor parallel (``torch/distributed/tensor/parallel/style.py``; the plan in
@@ -203,9 +203,10 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) 
 
 def _replicate(plan: Plan) -> bool:
     """ZeRO 0/1 by FSDP2's ``replicate``, not DDP (``executors.support.uses_replicate``):
-    with TP, and under the zero-bubble schedule (its split backward skips DDP's hooks)."""
+    with TP, and under the zero-bubble and DualPipeV schedules (their split backward skips DDP's hooks)."""
     par = plan.parallel
-    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (par.schedule == Schedule.ZERO_BUBBLE and par.pp > 1))
+    split = par.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V)
+    return par.zero < ZeroStage.GRADIENTS and (par.tp > 1 or (split and par.pp > 1))
 
 
 def _held_expert(plan: Plan, p: ParamTensor, held: list[ParamTensor]) -> bool:

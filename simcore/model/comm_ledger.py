@@ -79,7 +79,7 @@ def step_bytes(plan: Plan, pp_rank: int = 0) -> Counter:
     _check(plan)
     m, par, tr = plan.model, plan.parallel, plan.training
     stages = plan.layers_per_stage
-    mine = range(pp_rank, len(stages), par.pp)   # virtual stage v runs on rank v % pp
+    mine = par.rank_stages(pp_rank) if par.pp > 1 else (0,)   # virtual stage v on rank v % pp, or the V
     mbs = plan.num_microbatches
     dense = ml.stage_dense_layers(m, stages)
     out: Counter = Counter()

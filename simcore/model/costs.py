@@ -6,7 +6,8 @@ two answer from the same numbers and differ only in how they schedule the work.
 
 All tuples are indexed by *virtual* stage ``v`` in model order (``pp * vpp`` of them);
 virtual stage ``v`` runs on pipeline rank ``v % pp`` (the interleaved layout of
-Narayanan et al. 2021, Sec. 2.2.2). Times are seconds for ONE micro-batch unless the
+Narayanan et al. 2021, Sec. 2.2.2), or for DualPipeV on the rank of its V
+(``ParallelSpec.stage_rank``). Times are seconds for ONE micro-batch unless the
 name says ``per_step``.
 """
 from __future__ import annotations

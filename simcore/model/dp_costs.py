@@ -140,14 +140,14 @@ def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:
     make every parameter a DTensor; TP alone its split matrices and embeddings, and with
     sequence parallel the norms too (torch/distributed/tensor/parallel/style.py)."""
     m, par = plan.model, plan.parallel
-    layers = sum(plan.layers_per_stage[rank::par.pp])
-    dense = ml.rank_dense_layers(m, plan.layers_per_stage, par.pp)[rank]   # an MoE model's dense layers
+    layers = par.by_rank(plan.layers_per_stage)[rank]
+    dense = ml.rank_dense_layers(m, plan.layers_per_stage, par.pp, par.v_shape)[rank]   # an MoE model's dense layers
     mats = 4 + (m.experts * wl.mlp_matrices(m) + 1 if m.moe else wl.mlp_matrices(m))
     matrices, norms, plain_emb = (layers - dense) * mats + dense * (4 + wl.mlp_matrices(m)), layers * 2, 0
     if rank == 0:
         matrices += 1
         plain_emb += 1 if m.position_embedding.value == "learned" else 0
-    if rank == par.pp - 1:
+    if rank == par.stage_rank(par.pp * par.vpp - 1):   # the last stage's rank (DualPipeV: 0)
         matrices += 0 if m.tied_embeddings and par.pp == 1 else 1
         norms += 1
     total = matrices + norms + plain_emb
@@ -298,7 +298,8 @@ def _stage_columns(plan: Plan, dev: cmp.DeviceModel, costs: list[tuple]) -> tupl
         d, (o, c), _ = rc
         per_kind[id(rc)] = ((d["grad"] + d["compress"]) * share, d["layer_rs"], d["sync"] * share + bcast,
                             o * share, c * share)
-    return tuple(zip(*map(per_kind.__getitem__, map(id, costs * par.vpp))))   # virtual stage v runs on rank v % pp
+    ranks = costs + costs[::-1] if par.v_shape else costs * par.vpp   # virtual stage v's rank: v % pp, or the V
+    return tuple(zip(*map(per_kind.__getitem__, map(id, ranks))))
 
 
 rank_costs.cache_clear = _KINDS.clear   # as functools' caches answer (tests clear them all)

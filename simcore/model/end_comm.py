@@ -125,9 +125,9 @@ def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[
 
 def tied_bytes(plan: Plan) -> float:
     """Bytes of the embedding group's all-reduce (0 without it): the shared weight's local
-    gradient, sharded under FSDP2."""
+    gradient, sharded under FSDP2. DualPipeV's V keeps both copies on rank 0: no group."""
     m, par = plan.model, plan.parallel
-    if not (m.tied_embeddings and par.pp > 1):
+    if not (m.tied_embeddings and par.pp > 1) or par.v_shape:
         return 0.0
     nd = par.dp * par.cp
     shard = nd if par.zero >= ZeroStage.GRADIENTS and nd > 1 else 1

@@ -104,6 +104,9 @@ def _fsdp_stage_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_aft
         return m, (m if reshard_after_forward else 0), m
     if not reshard_after_forward and (schedule not in _RUNTIME_SCHEDULES or vpp <= MAX_ACTIVE_STAGES):
         return 1, 0, 1
+    if schedule == Schedule.DUALPIPE_V:   # its V's two stages stay unsharded (MAX_ACTIVE_STAGES): compute counts
+        acts = _compute_actions(schedule, pp, m, vpp)[stage if stage < pp else 2 * pp - 1 - stage]
+        return _phase_calls_by_stage(acts, reshard_after_forward, True).get(stage, (0, 0, 0))[:2] + (1,)
     if schedule not in _RUNTIME_SCHEDULES:
         lead = m if schedule == Schedule.GPIPE else min(m, pp - stage)
         return lead, m - lead + 1, 1

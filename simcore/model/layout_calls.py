@@ -92,9 +92,10 @@ def expert_calls(plan: Plan, part: StagePart, act_bytes: int, tp_rank: int) -> l
 
 
 def tied_calls(plan: Plan, part: StagePart, tp_rank: int) -> list[tuple]:
-    """The embedding group's all-reduce of the tied weight's local gradient, on a pipeline end."""
+    """The embedding group's all-reduce of the tied weight's local gradient, on a pipeline end
+    (none under DualPipeV, whose rank 0 holds both ends)."""
     par, m = plan.parallel, plan.model
-    if not (m.tied_embeddings and par.pp > 1 and (part.embed or part.head)):
+    if not (m.tied_embeddings and par.pp > 1 and (part.embed or part.head)) or par.v_shape:
         return []
     shape = local_shape(ParamTensor(name="embed.tok.weight", shape=(m.vocab, m.hidden), tp_dim=0), par.tp, tp_rank)
     nd = par.dp * par.cp

@@ -75,19 +75,19 @@ def layer_params_per_gpu(plan: Plan) -> tuple[float, float]:
 
 
 def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[StageParams, ...]:
-    """Parameters per GPU on each pipeline rank: its virtual stages' layers, the
-    embedding on the first stage, the output layer (or the tied embedding's copy that
-    Megatron keeps when pp > 1) on the last."""
+    """Parameters per GPU on each pipeline rank: its virtual stages' layers, the embedding on
+    the first stage, the output layer (or the tied embedding's copy that Megatron keeps when
+    pp > 1) on the last (DualPipeV's V: both on rank 0)."""
     m, par = plan.model, plan.parallel
     pc = wl.param_counts(m)
     dense_l, expert_l = layer_params_per_gpu(plan)
     stages = stages if stages is not None else plan.layers_per_stage
     p = par.pp
-    layers = stages if len(stages) == p else [sum(stages[r::p]) for r in range(p)]
+    layers = par.by_rank(stages)
     table = m.vocab * m.hidden   # TP splits it; the learned positions and the final norm are whole on every rank
     first = table / par.tp + pc.embedding - table
     last = pc.output - (0 if m.tied_embeddings else table) + (table / par.tp if not m.tied_embeddings or p > 1 else 0)
-    dense = ml.rank_dense_layers(m, stages, p)   # an MoE model's first layers: a dense MLP, no experts
+    dense = ml.rank_dense_layers(m, stages, p, par.v_shape)   # an MoE model's first layers: a dense MLP, no experts
     flat = layer_params_per_gpu(ml.dense_plan(plan))[0] if any(dense) else 0.0
     same: dict = {}   # one value per kind of rank (by layers, dense layers, ends): look-ups by identity
 
@@ -99,7 +99,7 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
         return sp
     if p == 1:
         return (value(layers[0], dense[0], first + last),)
-    head, tail = value(layers[0], dense[0], first), value(layers[-1], dense[-1], last)
+    head, tail = value(layers[0], dense[0], first + par.v_shape * last), value(layers[-1], dense[-1], (not par.v_shape) * last)
     middle = {k: value(*k, 0.0) for k in set(zip(layers[1:-1], dense[1:-1]))}   # the ranks between hold no ends
     return (head, *map(middle.__getitem__, zip(layers[1:-1], dense[1:-1])), tail)
 

@@ -41,7 +41,7 @@ def mixed_costs(plan: Plan, stage_gpus: dict[int, str]) -> StepCosts:
     for name in COMPUTE_FIELDS:
         values = list(getattr(base, name))
         for v in range(len(values)):
-            gpu = stage_gpus.get(v % pp)
+            gpu = stage_gpus.get(plan.parallel.stage_rank(v))
             if gpu is not None:
                 values[v] = getattr(variants[gpu], name)[v]
         fields[name] = tuple(values)

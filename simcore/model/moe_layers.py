@@ -18,7 +18,7 @@ import functools
 from dataclasses import replace
 
 from simcore.model.recompute import LayerActivations
-from simcore.plan.spec import ModelSpec, Plan
+from simcore.plan.spec import ModelSpec, Plan, rank_sums
 
 
 @functools.lru_cache(maxsize=256)
@@ -51,12 +51,9 @@ def stage_dense_layers(m: ModelSpec, stages: tuple[int, ...]) -> tuple[int, ...]
     return _split(m.dense_layers if m.moe else 0, tuple(stages))
 
 
-def rank_dense_layers(m: ModelSpec, stages: tuple[int, ...], pp: int) -> tuple[int, ...]:
-    """Dense layers of each pipeline rank (virtual stage v runs on rank v % pp)."""
-    per_stage = stage_dense_layers(m, stages)
-    if len(per_stage) == pp:
-        return per_stage
-    return tuple(sum(per_stage[r::pp]) for r in range(pp))
+def rank_dense_layers(m: ModelSpec, stages: tuple[int, ...], pp: int, v_shape: bool = False) -> tuple[int, ...]:
+    """Dense layers of each pipeline rank (virtual stage v on rank v % pp, or DualPipeV's V: ``rank_sums``)."""
+    return rank_sums(stage_dense_layers(m, stages), pp, v_shape)
 
 
 def moe_layers(m: ModelSpec, first: int, count: int) -> int:

@@ -89,9 +89,9 @@ def num_parameter_tensors(spec: ModelSpec) -> int:
 
 
 def stage_parts(plan: Plan, pp_rank: int) -> list[StagePart]:
-    """The chunks of one pipeline rank, loop style (``executors.parallel.stage_ids``)."""
+    """The chunks of one pipeline rank, loop style or DualPipeV's V (``executors.parallel.stage_ids``)."""
     par, sizes = plan.parallel, plan.layers_per_stage
-    ids = [pp_rank + k * par.pp for k in range(par.vpp)] if par.pp > 1 else [0]
+    ids = par.rank_stages(pp_rank) if par.pp > 1 else [0]
     out = []
     for s in ids:
         start = sum(sizes[:s])

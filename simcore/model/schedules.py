@@ -5,13 +5,14 @@ torch 2.13) so that the simulated order and the executed order can be compared e
 by element:
 
 - an ``Action`` prints like torch's ``_Action``: ``"2F0"`` is stage 2, forward,
-  micro-batch 0; ``"1SEND_B3"``; ``"0UNSHARD"`` (no micro-batch);
+  micro-batch 0; ``"1SEND_B3"``; ``"0UNSHARD"`` (no micro-batch); an ``Overlap`` like torch's
+  overlapped pair, ``"(0F5;5B2)OVERLAP_F_B"`` (``simcore.model.actions``);
 - a schedule is ``dict[rank, list[Action | None]]`` where ``None`` is an idle slot;
 - compute-only schedules are lowered by passes that add communication
   (``add_communication``, torch's ``_add_send_recv``) and FSDP unshard/reshard
   (``add_unshard_reshard``, torch's ``_add_unshard_reshard``).
 
-Schedules (virtual stage ``v`` runs on rank ``v % pp``, the loop layout):
+Schedules (virtual stage ``v`` runs on rank ``v % pp``, the loop layout, but DualPipeV's V):
 
 - GPipe (Huang et al. 2019): all forwards, then all backwards (``ScheduleGPipe``).
 - 1F1B (Narayanan et al. 2021, PipeDream-Flush): warm-up forwards, steady one-forward
@@ -22,70 +23,18 @@ Schedules (virtual stage ``v`` runs on rank ``v % pp``, the loop layout):
 - Zero bubble ZB-H1 (Qi et al. 2024, arXiv:2401.10241): backward split into input
   gradient ``I`` and weight gradient ``W``; ``W`` fills the cool-down bubble
   (``ScheduleInterleavedZeroBubble``, any ``vpp``).
+- DualPipeV (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.1): two stages a rank as a V, a forward
+  paired with another micro-batch's backward, the backward split where it fills the bubble
+  (``ScheduleDualPipeV``; ``simcore.model.dualpipe``).
 """
 from __future__ import annotations
 
-import enum
-import re
 from collections import defaultdict
-from dataclasses import dataclass
 
+from simcore.model import dualpipe as dp
+from simcore.model.actions import COMPUTE_OPS, Action, Op, Overlap, RankActions, leaves  # noqa: F401  (re-exported)
 from simcore.plan.rules import torch_rounds
 from simcore.plan.spec import Schedule
-
-
-class Op(str, enum.Enum):
-    """Computation types, spelled as torch's ``_ComputationType`` values."""
-
-    F = "F"
-    I = "I"  # noqa: E741  (torch's name: backward w.r.t. the stage input)
-    W = "W"
-    B = "B"
-    SEND_F = "SEND_F"
-    RECV_F = "RECV_F"
-    SEND_B = "SEND_B"
-    RECV_B = "RECV_B"
-    UNSHARD = "UNSHARD"
-    RESHARD = "RESHARD"
-    REDUCE_GRAD = "REDUCE_GRAD"
-
-
-COMPUTE_OPS = (Op.F, Op.I, Op.W, Op.B)
-_ACTION_RE = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """One step of a rank's work: ``stage`` (virtual stage), ``op``, ``microbatch``."""
-
-    stage: int
-    op: Op
-    microbatch: int | None = None
-
-    def __str__(self) -> str:
-        mb = "" if self.microbatch is None else str(self.microbatch)
-        return f"{self.stage}{self.op.value}{mb}"
-
-    __repr__ = __str__
-
-    @property
-    def is_compute(self) -> bool:
-        return self.op in COMPUTE_OPS
-
-    @staticmethod
-    def from_str(text: str) -> Action | None:
-        """Parse torch's notation (``"2F0"``, ``"1UNSHARD"``); an empty string is an idle slot."""
-        text = text.strip()
-        if not text:
-            return None
-        match = _ACTION_RE.match(text)
-        if match is None:
-            raise ValueError(f"action {text!r} is not [stage][op][microbatch], e.g. 2F0")
-        stage, op, mb = match.groups()
-        return Action(int(stage), Op(op), int(mb) if mb else None)
-
-
-RankActions = list[Action | None]
 
 
 # --------------------------------------------------------------------------- compute schedules
@@ -210,13 +159,18 @@ def _add_bubbles(actions: dict[int, RankActions], stages: int) -> dict[int, Rank
     return result
 
 
-def build_schedule(kind: Schedule | str, pp: int, microbatches: int, vpp: int = 1, group: int = 0
-                   ) -> dict[int, RankActions]:
+def build_schedule(kind: Schedule | str, pp: int, microbatches: int, vpp: int = 1, group: int = 0,
+                   paired: bool = False) -> dict[int, RankActions]:
     """Compute-only schedule ``{rank: [Action | None, ...]}`` for ``pp`` ranks, as torch orders it;
-    ``group``: interleaved 1F1B's micro-batches a chunk runs in a row (0: torch's rounds rule)."""
+    ``group``: interleaved 1F1B's micro-batches a chunk runs in a row (0: torch's rounds rule);
+    ``paired``: DualPipeV's overlapped pairs as ``Overlap`` actions (torch's ``pipeline_order``),
+    else each as its forward and then its backward (what torch's runtime runs)."""
     kind = Schedule(kind)
     if pp < 1 or microbatches < 1 or vpp < 1:
         raise ValueError(f"pp={pp}, microbatches={microbatches} and vpp={vpp} must all be at least 1")
+    if kind == Schedule.DUALPIPE_V:
+        dp.check_shape(pp, microbatches, vpp)
+        return dp.torch_order(pp, microbatches) if paired else dp.flat_order(pp, microbatches)
     if kind in (Schedule.GPIPE, Schedule.ONE_F_ONE_B):
         if vpp != 1:
             raise ValueError(f"parallel.vpp={vpp} needs schedule interleaved-1f1b or zero-bubble, not {kind.value}")
@@ -253,23 +207,26 @@ def fused_p2p(kind: Schedule | str, pp: int, microbatches: int, a: Action) -> tu
 
 # --------------------------------------------------------------------------- lowering passes
 
-def stage_to_rank(stage: int, pp: int) -> int:
-    """Virtual stage ``v`` runs on pipeline rank ``v % pp`` (torch's loop-style mapping)."""
-    return stage % pp
+def _owners(schedule: dict[int, RankActions]) -> dict[int, int]:
+    """Virtual stage -> the rank whose actions run it (v % pp, or DualPipeV's V)."""
+    return {x.stage: rank for rank, acts in schedule.items() for a in acts if a is not None for x in leaves(a)}
 
 
-def _has_comms(a: Action, pp: int, stages: int) -> bool:
+def _has_comms(a: Action, owner: dict[int, int], stages: int) -> bool:
     if a.op == Op.F:
-        return a.stage != stages - 1 and (a.stage + 1) % pp != a.stage % pp
+        return a.stage != stages - 1 and owner[a.stage + 1] != owner[a.stage]
     if a.op in (Op.I, Op.B):
-        return a.stage != 0 and (a.stage - 1) % pp != a.stage % pp
+        return a.stage != 0 and owner[a.stage - 1] != owner[a.stage]
     return False
 
 
-def _ready(a: Action | None, done: set[Action], stages: int) -> bool:
-    """torch ``_ready_to_schedule``: the input (or output gradient) has arrived or was made here."""
+def _ready(a: Action | Overlap | None, done: set[Action], stages: int) -> bool:
+    """torch ``_ready_to_schedule``: the input (or output gradient) has arrived or was made here;
+    an overlapped pair waits for both of its actions' (torch's ``_add_send_recv``)."""
     if a is None:
         return True
+    if isinstance(a, Overlap):
+        return all(_ready(x, done, stages) for x in a.subs)
     if a.op == Op.F and a.stage != 0:
         return Action(a.stage, Op.RECV_F, a.microbatch) in done or Action(a.stage - 1, Op.F, a.microbatch) in done
     if a.op in (Op.I, Op.B) and a.stage != stages - 1:
@@ -282,10 +239,11 @@ def _ready(a: Action | None, done: set[Action], stages: int) -> bool:
 def add_communication(schedule: dict[int, RankActions], pp: int, vpp: int = 1) -> dict[int, list[Action]]:
     """Lower a compute-only schedule: after each F (I/B) whose consumer stage sits on another
     rank, append ``SEND_F`` (``SEND_B``) here and the matching ``RECV_F`` (``RECV_B``) on the
-    consumer's rank. A port of torch ``_add_send_recv``: ranks take turns, and a compute
-    action is placed only once its input has been received, so the result cannot deadlock.
-    Idle slots are dropped (the lowered schedule is an order, not a timeline)."""
-    stages = pp * vpp
+    consumer's rank (an overlapped pair: after the pair, its forward's first). A port of torch
+    ``_add_send_recv``: ranks take turns, and a compute action is placed only once its input has
+    been received, so the result cannot deadlock. Idle slots are dropped (the lowered schedule
+    is an order, not a timeline). Which rank holds a stage is read off the schedule."""
+    stages, owner = pp * vpp, _owners(schedule)
     pending = {r: list(acts) for r, acts in schedule.items() if acts}
     out: dict[int, list[Action]] = {r: [] for r in schedule}
     done: dict[int, set[Action]] = {r: set() for r in schedule}
@@ -297,16 +255,17 @@ def add_communication(schedule: dict[int, RankActions], pp: int, vpp: int = 1) -
                 continue
             if a is not None:
                 out[rank].append(a)
-                done[rank].add(a)
-                if _has_comms(a, pp, stages):
-                    fwd = a.op == Op.F
-                    send = Action(a.stage, Op.SEND_F if fwd else Op.SEND_B, a.microbatch)
-                    peer = a.stage + 1 if fwd else a.stage - 1
-                    recv = Action(peer, Op.RECV_F if fwd else Op.RECV_B, a.microbatch)
-                    out[rank].append(send)
-                    done[rank].add(send)
-                    out[peer % pp].append(recv)
-                    done[peer % pp].add(recv)
+                for x in leaves(a):
+                    done[rank].add(x)
+                    if _has_comms(x, owner, stages):
+                        fwd = x.op == Op.F
+                        send = Action(x.stage, Op.SEND_F if fwd else Op.SEND_B, x.microbatch)
+                        peer = x.stage + 1 if fwd else x.stage - 1
+                        recv = Action(peer, Op.RECV_F if fwd else Op.RECV_B, x.microbatch)
+                        out[rank].append(send)
+                        done[rank].add(send)
+                        out[owner[peer]].append(recv)
+                        done[owner[peer]].add(recv)
             pending[rank].pop(0)
             if not pending[rank]:
                 del pending[rank]
@@ -329,7 +288,10 @@ def add_unshard_reshard(actions: RankActions, max_active_stages: int = MAX_ACTIV
     nxt: list[int] = []
     for i in range(len(actions) - 1, -1, -1):
         a = actions[i]
-        if a is not None:
+        if isinstance(a, Overlap):   # both of its stages, as torch's next_stage_indices takes them
+            both = list(dict.fromkeys(x.stage for x in a.subs))
+            nxt = both + [s for s in nxt if s not in both][:max(0, max_active_stages - len(both))]
+        elif a is not None:
             nxt = [a.stage] + [s for s in nxt if s != a.stage][:max_active_stages - 1]
         ahead[i] = nxt
     active: list[int] = []
@@ -358,10 +320,11 @@ def add_reduce_grad(actions: RankActions, microbatches: int) -> RankActions:
         if a is None:
             continue
         out.append(a)
-        if a.op in (Op.B, Op.W):
-            count[a.stage] += 1
-            if count[a.stage] == microbatches:
-                out.append(Action(a.stage, Op.REDUCE_GRAD))
+        for x in leaves(a):
+            if x.op in (Op.B, Op.W):
+                count[x.stage] += 1
+                if count[x.stage] == microbatches:
+                    out.append(Action(x.stage, Op.REDUCE_GRAD))
     return out
 
 

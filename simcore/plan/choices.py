@@ -32,6 +32,9 @@ class Schedule(_Choice):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved-1f1b"
     ZERO_BUBBLE = "zero-bubble"
+    DUALPIPE_V = "dualpipev"
+    """DeepSeek's DualPipe cut in half (arXiv 2412.19437 Sec. 3.2.1; torch ``ScheduleDualPipeV``): two
+    stages a rank placed as a V, forwards and backwards of two micro-batches paired, the backward split."""
 
 
 class CpComm(_Choice):

@@ -274,7 +274,7 @@ def _torchtitan_parallel(get, hints: dict) -> dict:
         schedule = str(get("parallelism", "pipeline_parallel_schedule", "1F1B")).lower()
         schedules = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved-1f1b",
                      "loopedbfs": "interleaved-1f1b", "interleavedzerobubble": "zero-bubble",
-                     "zbvzerobubble": "zero-bubble"}
+                     "zbvzerobubble": "zero-bubble", "dualpipev": "dualpipev"}
         if schedule not in schedules:
             raise PlanError(f"torchtitan parallelism.pipeline_parallel_schedule={schedule!r} has no "
                             f"parallel.schedule equivalent (known: {', '.join(schedules)})")

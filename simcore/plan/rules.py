@@ -27,13 +27,21 @@ def torch_rounds(pp: int, microbatches: int) -> int:
 def _schedule_rules(plan: Plan) -> list[tuple[bool, str]]:
     """The pipeline schedule's: virtual stages, and the micro-batches its looped forms take
     (Megatron's interleaved rule, m a multiple of its micro-batch group, pp by default; torch's
-    rounds rule for zero-bubble)."""
+    rounds rule for zero-bubble; DualPipeV's two stages a rank and m >= 2 pp, as torch's
+    ``ScheduleDualPipeV`` constructor checks them)."""
     par, m = plan.parallel, plan.num_microbatches
     rounds, group = torch_rounds(par.pp, m), par.microbatch_group
+    dual = par.schedule == Schedule.DUALPIPE_V
     return [
-        (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE),
-         f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b or zero-bubble, "
+        (par.vpp == 1 or par.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V),
+         f"parallel.vpp={par.vpp} needs parallel.schedule interleaved-1f1b, zero-bubble or dualpipev, "
          f"not {par.schedule.value}"),
+        # torch's ScheduleDualPipeV.__init__: "exactly 2 stages per rank", "at least as many microbatches as stages"
+        (not dual or par.vpp == 2, f"parallel.schedule=dualpipev needs parallel.vpp=2, not {par.vpp} (torch's "
+                                   "ScheduleDualPipeV runs exactly 2 stages per rank, placed as a V)"),
+        (not dual or par.pp > 1, "parallel.schedule=dualpipev needs parallel.pp > 1"),
+        (not dual or m >= 2 * par.pp, f"the dualpipev schedule needs at least as many micro-batches per step ({m}) "
+                                      f"as stages (2 x parallel.pp = {2 * par.pp}), as torch's ScheduleDualPipeV does"),
         (par.vpp == 1 or par.pp > 1, "parallel.vpp > 1 needs parallel.pp > 1"),
         (par.schedule != Schedule.INTERLEAVED_1F1B or par.pp == 1 or group or m % par.pp == 0,
          f"the interleaved schedule needs the micro-batches per step ({m}) to be a multiple of parallel.pp={par.pp}"),
@@ -161,8 +169,8 @@ def _moe_overlap_rules(plan: Plan) -> list[tuple[bool, str]]:
         return rules
     return rules + [
         (par.ep > 1, "parallel.moe_a2a_overlap needs expert parallelism (parallel.ep > 1)"),
-        (par.pp == 1 or par.vpp > 1, f"parallel.moe_a2a_overlap with parallel.pp={par.pp} needs the interleaved "
-                                     "schedule (parallel.vpp > 1), as Megatron-Core's combined 1F1B does"),
+        (par.pp == 1 or par.vpp > 1 and not par.v_shape, f"parallel.moe_a2a_overlap with parallel.pp={par.pp} needs "
+         "the interleaved schedule (parallel.vpp > 1), as Megatron-Core's combined 1F1B does"),
         (tr.recompute not in (Recompute.FULL, Recompute.LAYER),
          f"parallel.moe_a2a_overlap needs training.recompute other than {tr.recompute.value} (whole layers "
          "recomputed re-run the all-to-alls it pairs)"),

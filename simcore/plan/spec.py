@@ -25,7 +25,7 @@ __all__ = [
     "AttentionKernel", "CpComm", "Fp8Recipe", "FsdpRoot", "GradCompression", "Kernels", "Loss", "MoeDispatcher", "Offload",
     "MoeRouting", "Optimizer", "PlanError", "PositionEmbedding", "Precision", "Recompute", "RecomputeMethod",
     "Schedule", "StateDtype", "ZeroImpl", "ZeroStage", "MEGATRON_DROPOUT", "ModelSpec", "ClusterSpec", "ParallelSpec",
-    "TrainingSpec", "Plan", "even_split", "evolve",
+    "TrainingSpec", "Plan", "even_split", "evolve", "rank_stages", "rank_sums", "stage_rank",
 ]
 
 
@@ -207,6 +207,23 @@ class ParallelSpec:
         """The experts' tensor-parallel size (``expert_tp``, or ``tp``)."""
         return self.expert_tp or self.tp
 
+    @property
+    def v_shape(self) -> bool:
+        """Whether the virtual stages sit on the ranks as a V (``rank_stages``): DualPipeV's placement."""
+        return self.schedule == Schedule.DUALPIPE_V
+
+    def rank_stages(self, rank: int) -> tuple[int, ...]:
+        """The virtual stages pipeline rank ``rank`` holds (``rank_stages``)."""
+        return rank_stages(rank, self.pp, self.vpp, self.v_shape)
+
+    def stage_rank(self, stage: int) -> int:
+        """The pipeline rank that holds virtual stage ``stage`` (``stage_rank``)."""
+        return stage_rank(stage, self.pp, self.v_shape)
+
+    def by_rank(self, per_stage) -> tuple:
+        """Per pipeline rank, the sum of its virtual stages' entries of ``per_stage`` (``rank_sums``)."""
+        return rank_sums(per_stage, self.pp, self.v_shape)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSpec:
@@ -308,6 +325,29 @@ def evolve(value, /, **changes):
     if changes:
         raise TypeError(f"{cls.__name__} has no field {next(iter(changes))!r}")
     return new
+
+
+def rank_stages(rank: int, pp: int, vpp: int = 1, v_shape: bool = False) -> tuple[int, ...]:
+    """The virtual stages pipeline rank ``rank`` holds, in model order. Loop style (torch's
+    ``generate_stage_to_rank_mapping`` style "loop", Megatron's interleaving): r, r + pp, ...;
+    V style (``v_shape``, DualPipeV's two stages a rank: style "v"): r and 2 pp - 1 - r, so that
+    rank 0 holds the first and the last stage and rank pp - 1 the two middle ones."""
+    return (rank, 2 * pp - 1 - rank) if v_shape else tuple(range(rank, pp * vpp, pp))
+
+
+def stage_rank(stage: int, pp: int, v_shape: bool = False) -> int:
+    """The pipeline rank holding virtual stage ``stage`` (``rank_stages`` inverted)."""
+    return 2 * pp - 1 - stage if v_shape and stage >= pp else stage % pp
+
+
+def rank_sums(per_stage, pp: int, v_shape: bool = False) -> tuple:
+    """Per pipeline rank, the sum of its virtual stages' entries of ``per_stage`` (model order);
+    a sequence of ``pp`` entries is per rank already."""
+    if len(per_stage) == pp:
+        return tuple(per_stage)
+    if v_shape:
+        return tuple(per_stage[r] + per_stage[2 * pp - 1 - r] for r in range(pp))
+    return tuple(sum(per_stage[r::pp]) for r in range(pp))
 
 
 @functools.lru_cache(maxsize=1024)

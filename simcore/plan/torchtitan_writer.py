@@ -150,7 +150,7 @@ def _parallelism(plan: Plan, target: str) -> dict:
     out.update(_cp_rotate(plan, target))
     if par.pp > 1:
         names = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                 "zero-bubble": "InterleavedZeroBubble"}
+                 "zero-bubble": "InterleavedZeroBubble", "dualpipev": "DualPipeV"}   # torch's get_schedule_class
         out["pipeline_parallel_schedule"] = names[par.schedule.value]
         out["pipeline_parallel_microbatch_size"] = plan.training.micro_batch
         split = stage_options(plan)

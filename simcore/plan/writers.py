@@ -121,7 +121,7 @@ def _megatron_parallel_args(plan: Plan) -> list:
         raise _refuse("training.moe_routing", plan.training.moe_routing.value, "Megatron-LM",
                       "its benchmark routing draws random experts (--moe-router-force-load-balancing)")
     schedule = par.schedule.value
-    if par.pp > 1 and schedule in ("gpipe", "zero-bubble"):
+    if par.pp > 1 and schedule in ("gpipe", "zero-bubble", "dualpipev"):
         raise _refuse("parallel.schedule", schedule, "Megatron-LM", "it runs 1F1B or interleaved 1F1B")
     if par.pp > 1 and schedule == "interleaved-1f1b" and par.vpp == 1:
         raise _refuse("parallel.schedule", schedule, "Megatron-LM", "interleaving needs parallel.vpp > 1")

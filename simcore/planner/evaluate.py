@@ -26,7 +26,7 @@ def _peak_ranks(plan: Plan) -> list[int]:
     """Pipeline ranks that can hold the most bytes: the first (embedding, most micro-batches
     in flight), the last (logits, output layer), the first with the most layers."""
     pp, stages = plan.parallel.pp, plan.layers_per_stage
-    if plan.parallel.schedule == Schedule.ZERO_BUBBLE:   # owed weight gradients peak mid-pipeline
+    if plan.parallel.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V):   # owed weight gradients peak mid-pipeline
         return list(range(pp))
     layers = [sum(stages[v] for v in range(r, len(stages), pp)) for r in range(pp)]
     return sorted({0, pp - 1, layers.index(max(layers))})

@@ -62,9 +62,11 @@ class SearchSpace:
     vpp: tuple[int, ...] = VIRTUAL_STAGES
     zero: tuple[ZeroStage, ...] = tuple(ZeroStage)
     micro_batch: tuple[int, ...] = MICRO_BATCHES
-    schedule: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
+    schedule: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE,
+                                      Schedule.DUALPIPE_V)
     """GPipe is left out by default: the same bubble as 1F1B with all m micro-batches in
-    flight instead of p (Narayanan et al. 2021, Sec. 2.2.1), so 1F1B dominates it."""
+    flight instead of p (Narayanan et al. 2021, Sec. 2.2.1), so 1F1B dominates it. DualPipeV
+    runs 2 stages a rank (vpp 2), the layers split evenly over its 2 pp stages."""
     recompute: tuple[Recompute, ...] = RECOMPUTE_ORDER
     offload: tuple[Offload, ...] = OFFLOAD_ORDER
     sequence_parallel: tuple[bool, ...] = (True,)
@@ -226,8 +228,10 @@ def _schedules(space: SearchSpace, pp: int, layers: int) -> list[tuple[Schedule,
     matter; each schedule with every split of ``space`` that gives its own stages."""
     if pp == 1:
         return [(Schedule.ONE_F_ONE_B, 1, "even")]
-    out = [(s, 1, split) for s in space.schedule if s != Schedule.INTERLEAVED_1F1B
+    out = [(s, 1, split) for s in space.schedule if s not in (Schedule.INTERLEAVED_1F1B, Schedule.DUALPIPE_V)
            for split in stage_splits(space, layers, pp)]
+    if Schedule.DUALPIPE_V in space.schedule and layers >= 2 * pp:   # torch's ScheduleDualPipeV: 2 stages a rank
+        out.append((Schedule.DUALPIPE_V, 2, "even"))
     if Schedule.INTERLEAVED_1F1B in space.schedule:
         out += [(Schedule.INTERLEAVED_1F1B, v, split) for v in space.vpp
                 for split in stage_splits(space, layers, pp * v)]
@@ -282,7 +286,7 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
         sps = sorted({s and tp > 1 and (m.seq_len // cp) % tp == 0 for s in space.sequence_parallel})
         for (ep, etp), zero, mb, (sched, vpp, split), sp in product(eps, zeros, space.micro_batch,
                                                                     _schedules(space, pp, m.layers), sps):
-            if gb % (dp * mb):
+            if gb % (dp * mb) or sched == Schedule.DUALPIPE_V and gb // (dp * mb) < 2 * pp:   # DualPipeV: m >= 2 pp
                 continue
             for prec in precisions:
                 amp = space.ddp_autocast and torchtitan_autocasts(prec or base.training.precision.value, zero, tp, pp,

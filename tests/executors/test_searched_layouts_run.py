@@ -36,5 +36,8 @@ def test_no_searched_layout_is_refused_on_gpus(model):
     assert kinds["cp"] > 0 and (kinds["ep"] > 0 or not base.model.moe)
     # MoE parallel folding (expert TP 1 across TP ranks, as Megatron-Core runs it) is searched and
     # priced; the executor's experts split over the tp ranks, so it refuses those alone
-    # (``plan --stack executor`` ranks without them)
-    assert set(refused) <= {("parallel.expert_tp=1 is priced, not run", True)}, refused
+    # (``plan --stack executor`` ranks without them); and ZeRO-3 under a split backward, whose weight
+    # gradients torch 2.13's FSDP2 loses (tests/executors/test_executor_dualpipe.py)
+    split = {(f"parallel.zero=3 with parallel.schedule={s} is priced, not run", e) for s in ("zero-bubble", "dualpipev")
+             for e in (False, True)}
+    assert set(refused) <= {("parallel.expert_tp=1 is priced, not run", True)} | split, refused

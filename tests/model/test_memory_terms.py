@@ -60,6 +60,36 @@ def test_zero_bubble_owes_weight_gradients_and_pays_for_them():
     assert memory_report(zb)["max_gpu_bytes"] > memory_report(one)["max_gpu_bytes"]
 
 
+@pytest.mark.parametrize("pp, m", [(2, 4), (2, 7), (4, 8), (4, 9), (4, 16), (8, 16), (8, 21), (12, 24)])
+def test_dualpipev_closed_forms_are_its_schedule(pp, m):
+    """DualPipeV as torch orders it: every rank keeps 2p + 1 chunks (the DualPipe README's PP + 1,
+    PP = 2p stages) and owes up to r + 1 weight gradients; the two peak apart, and ``peak_apart``'s
+    three points give the largest a x chunks + b x owed of every state the schedule passes through."""
+    flights, owed = acts.counted_peaks(Schedule.DUALPIPE_V, pp, m, 2)
+    assert acts.schedule_peaks(Schedule.DUALPIPE_V, pp, m, 2) == (flights, owed)
+    assert flights == (2 * pp + 1,) * pp and owed == tuple(r + 1 for r in range(pp))
+    for r, states in enumerate(acts.counted_states(Schedule.DUALPIPE_V, pp, m, 2)):
+        for a, b in ((1.0, 0.0), (1.0, 0.3), (1.0, 1.0), (1.0, 2.5), (0.2, 1.0), (0.0, 1.0)):
+            live, w = acts.peak_apart(flights[r], owed[r], a, b)
+            assert (live, w) in states
+            assert live * a + w * b == max(x * a + y * b for x, y in states)
+
+
+def test_dualpipev_memory_is_what_its_schedule_keeps():
+    """Rank 0 holds both ends (the loss's buffers, the output layer); every rank keeps 2p + 1
+    chunks of half its layers (1F1B: p - r of all of them)."""
+    dual = _plan({"pp": 4, "dp": 2, "vpp": 2, "schedule": "dualpipev"}, {"global_batch": 16})
+    one = _plan({"pp": 4, "dp": 2}, {"global_batch": 16})
+    terms, ones = acts.activation_terms(dual), acts.activation_terms(one)
+    parts = [acts.rank_activation_bytes(dual, r, dual.layers_per_stage, terms) for r in range(4)]
+    base = [acts.rank_activation_bytes(one, r, one.layers_per_stage, ones) for r in range(4)]
+    assert parts[0]["loss"] > 0 and all(p["loss"] == 0 for p in parts[1:])
+    assert len({p["layers"] for p in parts}) == 1
+    assert parts[0]["layers"] == pytest.approx(base[0]["layers"] * 9 / 2 / 4, rel=0.05)   # 9 half-rank chunks vs 4
+    params = mem.stage_params(dual)
+    assert params[0].ends > 0 and params[-1].ends == 0   # the output layer sits on rank 0
+
+
 def test_loss_buffer_by_kind_of_loss():
     """eager 12 B (16 B under TP's loss_parallel), fused 4 B, chunked 2 + 12/8 B per logit, split over TP."""
     plans = {k: _plan(training={"loss": k}) for k in ("eager", "fused", "chunked")}

@@ -73,7 +73,7 @@ def test_uneven_split_spreads_layers():
     ({"model": {"kv_heads": 3}}, "model.kv_heads=3 does not divide model.heads=8"),
     ({"training": {"global_batch": 30}}, "training.global_batch=30 is not a multiple of parallel.dp*training.micro_batch=8"),
     ({"parallel": {"dp": 8}}, "plan needs 32 GPUs (tp*pp*dp*cp) but cluster has 16"),
-    ({"parallel": {"vpp": 2}}, "parallel.vpp=2 needs parallel.schedule interleaved-1f1b or zero-bubble, not 1f1b"),
+    ({"parallel": {"vpp": 2}}, "parallel.vpp=2 needs parallel.schedule interleaved-1f1b, zero-bubble or dualpipev, not 1f1b"),
     ({"model": {"experts": 4, "top_k": 2}, "parallel": {"ep": 3, "dp": 3, "tp": 1, "pp": 1},
       "training": {"global_batch": 6}}, "parallel.ep=3 does not divide model.experts=4"),
     ({"parallel": {"ep": 2}}, "parallel.ep=2 needs an MoE model (model.experts > 0)"),

@@ -122,3 +122,27 @@ def test_collectives_say_which_dtypes_their_bytes_are(tmp_path, capsys):
     path.write_text(yaml.safe_dump(doc))
     assert main(["collectives", str(path)]) == 0
     assert "half" not in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_schedule_and_collectives_print_dualpipev_as_torch_orders_it(tmp_path, capsys):
+    """Issue 50: the grid in torch's notation, overlapped pairs as ``(F;B)OVERLAP_F_B``, lowered with
+    the sends after the pair; the collectives list its pipeline sends, none inside a rank's V."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "plans/llama3-70b-h100.yaml").read_text())
+    doc["parallel"].update(vpp=2, schedule="dualpipev")
+    doc["training"]["global_batch"] = 16   # 8 micro-batches a pipeline: at least the 2 x pp stages
+    path = tmp_path / "dualpipev.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["schedule", str(path), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "dualpipev, pp=4, vpp=2, 8 micro-batches" in out and "Rank 3: 3F0 4F0 3F1 4F1" in out
+    assert "(0F7;7B3)OVERLAP_F_B" in out
+    assert main(["schedule", str(path), "--lowered", "--all", "--json"]) == 0
+    grid = json.loads(capsys.readouterr().out)
+    rank0 = grid["0"]
+    pair = rank0.index("(0F7;7B3)OVERLAP_F_B")
+    assert rank0[pair + 1] == "0SEND_F7"   # the paired forward's activation leaves after the pair
+    assert not any(a.startswith(("3SEND_F", "4SEND_B")) for a in grid["3"])   # stages 3 and 4: one rank
+    assert main(["collectives", str(path)]) == 0
+    assert "pp   send" in capsys.readouterr().out
