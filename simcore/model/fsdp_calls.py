@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 from simcore.model.schedules import MAX_ACTIVE_STAGES, Action, Op, add_reduce_grad, add_unshard_reshard, build_schedule
+from simcore.plan.rules import torch_rounds
 from simcore.plan.spec import Plan, Schedule, ZeroStage
 
 #: Groups of pp micro-batches after which a multi-stage schedule's FSDP2 calls grow by the
@@ -98,17 +99,17 @@ def _fsdp_stage_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_aft
     multi-stage schedule keeps up to ``MAX_ACTIVE_STAGES`` stages unsharded, so all of a
     rank's stages when it has no more); ZeRO-3 gathers at each action after a forward of
     the stage, as the forward reshards and the backward does not: GPipe's forwards each,
-    then its first backward; 1F1B's ``w = min(m, pp - rank)`` leading forwards, then every
-    backward but the cool-down's first-to-last run of ``w - 1``."""
+    then its first backward; 1F1B's and ZB-H1's without virtual stages (whose warm-up is 1F1B's)
+    ``w = min(m, pp - rank)`` leading forwards, then every backward but the cool-down's
+    first-to-last run of ``w - 1``; DualPipeV's (its V's two stages stay unsharded,
+    ``MAX_ACTIVE_STAGES``) ``w = 2 pp - v`` on virtual stage v: stage r's forwards up to its
+    first backward, stage 2 pp - 1 - r's r + 1 forwards, then each alternates."""
     if pp == 1:
         return m, (m if reshard_after_forward else 0), m
     if not reshard_after_forward and (schedule not in _RUNTIME_SCHEDULES or vpp <= MAX_ACTIVE_STAGES):
         return 1, 0, 1
-    if schedule == Schedule.DUALPIPE_V:   # its V's two stages stay unsharded (MAX_ACTIVE_STAGES): compute counts
-        acts = _compute_actions(schedule, pp, m, vpp)[stage if stage < pp else 2 * pp - 1 - stage]
-        return _phase_calls_by_stage(acts, reshard_after_forward, True).get(stage, (0, 0, 0))[:2] + (1,)
-    if schedule not in _RUNTIME_SCHEDULES:
-        lead = m if schedule == Schedule.GPIPE else min(m, pp - stage)
+    if schedule not in _RUNTIME_SCHEDULES or (schedule == Schedule.ZERO_BUBBLE and vpp == 1):
+        lead = m if schedule == Schedule.GPIPE else min(m, pp * vpp - stage)
         return lead, m - lead + 1, 1
     if m % pp == 0 and m > (STEADY_GROUPS + 1) * pp:   # affine in m past the warm-up: extrapolate
         k = m // pp - STEADY_GROUPS
@@ -121,12 +122,79 @@ def _fsdp_stage_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_aft
 @functools.lru_cache(maxsize=None)
 def _fsdp_rank_calls(schedule: Schedule, pp: int, m: int, vpp: int, reshard_after_forward: bool,
                      pp_rank: int) -> dict[int, tuple[int, int, int]]:
-    if vpp > MAX_ACTIVE_STAGES:
-        return _phase_calls_by_stage(_lowered_actions(schedule, pp, m, vpp)[pp_rank], reshard_after_forward, True)
-    # every stage of the rank stays active: the lowering's UNSHARD takes the place of the first
-    # gather and its RESHARD comes last, REDUCE_GRAD once: the compute actions give the counts
-    acts = [a for a in _compute_actions(schedule, pp, m, vpp)[pp_rank] if a is not None]
-    return {v: (f, b, 1) for v, (f, b, _) in _phase_calls_by_stage(acts, reshard_after_forward, True).items()}
+    """``_phase_calls_by_stage`` over the rank's lowered actions, walked on its compute actions
+    as (kind, chunk) numbers (``_rank_ops``): with more stages than ``MAX_ACTIVE_STAGES``
+    the lowering's UNSHARD and RESHARD of each action's window (``schedules.add_unshard_reshard``)
+    and REDUCE_GRAD after a stage's last B or W (``add_reduce_grad``); else every stage of the
+    rank stays active: the UNSHARD takes the place of the first gather, the RESHARD comes last,
+    REDUCE_GRAD once, and the compute actions give the counts."""
+    kinds, chunks = _rank_ops(schedule, pp, m, vpp, pp_rank)
+    calls = [[0, 0, 0] for _ in range(vpp)]
+    sharded = [True] * vpp
+    if vpp <= MAX_ACTIVE_STAGES:
+        for kind, c in zip(kinds, chunks):
+            if kind < 2:   # F, or B / I (W gathers nothing and keeps the state)
+                if sharded[c]:
+                    calls[c][kind] += 1
+                sharded[c] = kind == 0 and reshard_after_forward
+        return {c * pp + pp_rank: (f, b, 1) for c, (f, b, _) in enumerate(calls)}
+    ahead, window = [()] * len(chunks), ()   # the next MAX_ACTIVE_STAGES distinct chunks from each action
+    for i in range(len(chunks) - 1, -1, -1):
+        c = chunks[i]
+        if c not in window:
+            window = (c, *window[:MAX_ACTIVE_STAGES - 1])
+        elif window[0] != c:   # the same chunks, this one first
+            window = (c, *[s for s in window if s != c])
+        ahead[i] = window
+    active, done, end = set(), [0] * vpp, 2 if schedule == Schedule.ZERO_BUBBLE else 1   # B's (ZB-H1: W's) end a stage
+    before = None   # the previous action's chunk: its window holds the same chunks where it holds that one
+    for kind, c, upcoming in zip(kinds, chunks, ahead):
+        if before not in upcoming:
+            for s in active.difference(upcoming):   # RESHARD
+                active.discard(s)
+                sharded[s] = True
+            for s in upcoming:
+                if s not in active:   # UNSHARD: a forward-phase gather where the stage is sharded
+                    active.add(s)
+                    calls[s][0] += sharded[s]
+                    sharded[s] = False
+        before = c
+        if kind < 2:
+            calls[c][kind] += sharded[c]
+            sharded[c] = kind == 0 and reshard_after_forward
+        if kind == end:   # its stage's m-th: REDUCE_GRAD
+            done[c] += 1
+            if done[c] == m:
+                calls[c][2] += 1
+                sharded[c] = True
+    return {c * pp + pp_rank: tuple(x) for c, x in enumerate(calls)}
+
+
+def _rank_ops(schedule: Schedule, pp: int, m: int, vpp: int, rank: int) -> tuple[list[int], list[int]]:
+    """Rank ``rank``'s compute actions of the interleaved 1F1B or ZB-H1 schedule in the order of
+    ``schedules._interleaved_rank`` (torch's rounds rule), as (kinds, chunks): 0 F, 1 B or I,
+    2 W, and the chunk (virtual stage // pp); idle slots and micro-batch numbers left out."""
+    zb, g = schedule == Schedule.ZERO_BUBBLE, m // torch_rounds(pp, m)
+    total = m * vpp
+    warmup = min((vpp - 1) * g + (1 if zb else 2) * (pp - 1 - rank), total)
+    kinds, chunks = [0] * warmup, [(o // g) % vpp for o in range(warmup)]
+    owed, paid = [], 0   # ZB-H1: the chunks of the backwards whose W is owed
+    for o in range(warmup, total + warmup):
+        if o < total:
+            kinds.append(0)
+            chunks.append((o // g) % vpp)
+        b = vpp - 1 - ((o - warmup) // g) % vpp
+        kinds.append(1)
+        chunks.append(b)
+        if zb:
+            owed.append(b)
+            if o - warmup >= rank:   # rank r runs W r backwards late
+                kinds.append(2)
+                chunks.append(owed[paid])
+                paid += 1
+    kinds += [2] * (len(owed) - paid)
+    chunks += owed[paid:]
+    return kinds, chunks
 
 
 @functools.lru_cache(maxsize=256)

@@ -102,3 +102,27 @@ def test_the_prediction_charges_every_gather_and_scatter_the_collectives_list_na
         # the same counts as the per-rank list of `trainplan collectives` (one call per block)
         acts = cp.rank_actions(plan, v % pp)
         assert cp.fsdp_unit_calls(acts, v, zero == 3, pp > 1) == (forward + backward, scatters)
+
+
+@pytest.mark.parametrize("reshard", [False, True], ids=["zero2", "zero3"])
+def test_the_walk_on_numbers_equals_the_walk_over_torchs_actions_on_deep_shapes(reshard):
+    """``_fsdp_rank_calls`` walks a rank's compute actions as (kind, chunk) numbers, the window of
+    ``add_unshard_reshard`` and REDUCE_GRAD included: on deeper pipelines and more virtual stages
+    than ``SHAPES`` (every stage's window differs past ``MAX_ACTIVE_STAGES``) it equals the walk
+    over the lowered actions, rank by rank, without extrapolation."""
+    checked = 0
+    for schedule, pp, m, vpp in [(Schedule.INTERLEAVED_1F1B, 5, 10, 5), (Schedule.INTERLEAVED_1F1B, 6, 6, 7),
+                                 (Schedule.INTERLEAVED_1F1B, 8, 24, 4), (Schedule.INTERLEAVED_1F1B, 3, 27, 8),
+                                 (Schedule.INTERLEAVED_1F1B, 7, 3, 6), (Schedule.ZERO_BUBBLE, 5, 15, 5),
+                                 (Schedule.ZERO_BUBBLE, 4, 20, 8), (Schedule.ZERO_BUBBLE, 6, 12, 3),
+                                 (Schedule.ZERO_BUBBLE, 9, 18, 1), (Schedule.DUALPIPE_V, 5, 13, 2)]:
+        walked = _walk(schedule, pp, m, vpp, reshard)
+        assert walked is not None, (schedule, pp, m, vpp)
+        assert [_fsdp_stage_calls(schedule, pp, m, vpp, reshard, v) for v in range(pp * vpp)] == walked, \
+            (schedule, pp, m, vpp)
+        if schedule != Schedule.DUALPIPE_V and vpp > 1:   # the rank walk itself, where it answers
+            for r in range(pp):
+                assert cp._fsdp_rank_calls(schedule, pp, m, vpp, reshard, r) == \
+                    _phase_calls_by_stage(_lowered_actions(schedule, pp, m, vpp)[r], reshard, True), (schedule, pp, m, r)
+        checked += 1
+    assert checked == 10
