@@ -83,9 +83,10 @@ def _hops(c: StepCosts) -> list[float]:
         return [2 * c.p2p_s * (par.pp - 1) / par.pp] * par.pp
     if par.vpp == 1 or _host_p2p(c):
         return [2 * c.p2p_s * (c.stages // par.pp)] * par.pp
-    return [sum(max(0.0, c.p2p_s - c.forward_s[v]) +
-                max(0.0, c.p2p_s - c.backward_input_s[v] - c.backward_weight_s[v] - c.recompute_s[v])
-                for v in par.rank_stages(r)) for r in range(par.pp)]
+    p2p = c.p2p_s   # each virtual stage's two hops, then a rank's (its stages r, r + p, ...)
+    hops = [max(0.0, p2p - f) + max(0.0, p2p - bi - bw - rc)
+            for f, bi, bw, rc in zip(c.forward_s, c.backward_input_s, c.backward_weight_s, c.recompute_s)]
+    return [sum(hops[r::par.pp]) for r in range(par.pp)]
 
 
 def _rank_sums(c: StepCosts) -> dict[str, list[float] | tuple[float, ...]]:

@@ -275,25 +275,30 @@ def rank_activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...], terms)
     return shape_activation_bytes(plan.parallel.vpp, rank_shapes(plan, stages)[rank], terms)
 
 
-def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> list[tuple[int, int, float, bool, bool, float]]:
+def rank_shapes(plan: Plan, stages: tuple[int, ...]) -> tuple[tuple[int, int, float, bool, bool, float], ...]:
     """Per pipeline rank, what its activation bytes depend on: (chunks in flight, weight
     gradients owed, layers per model chunk, first rank, last rank, an MoE model's dense layers
     per model chunk). Megatron-Core's combined 1F1B (``parallel.moe_a2a_overlap``) runs one more
     forward ahead, so that each step's forward and backward are independent (schedules.py
     ``get_pp_rank_microbatches`` @d98e8a64: ``num_warmup_microbatches + 1``; without a pipeline
-    the next micro-batch's forward beside this one's backward): one more chunk in flight."""
-    par = plan.parallel
+    the next micro-batch's forward beside this one's backward): one more chunk in flight. Kept per
+    (model, layout, micro-batches, stages): a search asks again for each recompute it prices (read only)."""
+    return _rank_shapes(plan.model, plan.parallel, plan.num_microbatches, tuple(stages))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_shapes(model, par, m: int, stages: tuple[int, ...]) -> tuple[tuple[int, int, float, bool, bool, float], ...]:
     p, ahead = par.pp, int(par.moe_a2a_overlap)
-    dense = ml.rank_dense_layers(plan.model, stages, p, par.v_shape)
+    dense = ml.rank_dense_layers(model, stages, p, par.v_shape)
     if p == 1:
-        return [(min(1 + ahead, plan.num_microbatches), 0, sum(stages) / par.vpp, True, True, dense[0] / par.vpp)]
-    flights, owes = schedule_peaks(par.schedule, p, plan.num_microbatches, par.vpp, par.microbatch_group)
-    flights = tuple(min(f + ahead, plan.num_microbatches * par.vpp) for f in flights) if ahead else flights
+        return ((min(1 + ahead, m), 0, sum(stages) / par.vpp, True, True, dense[0] / par.vpp),)
+    flights, owes = schedule_peaks(par.schedule, p, m, par.vpp, par.microbatch_group)
+    flights = tuple(min(f + ahead, m * par.vpp) for f in flights) if ahead else flights
     layers = par.by_rank(stages)
     per_chunk = {n: n / par.vpp for n in set(layers) | set(dense)}
     last = (True,) + (False,) * (p - 1) if par.v_shape else (False,) * (p - 1) + (True,)   # DualPipeV: rank 0
-    return list(zip(flights, owes, map(per_chunk.__getitem__, layers), (True,) + (False,) * (p - 1),
-                    last, map(per_chunk.__getitem__, dense)))
+    return tuple(zip(flights, owes, map(per_chunk.__getitem__, layers), (True,) + (False,) * (p - 1),
+                     last, map(per_chunk.__getitem__, dense)))
 
 
 #: The parts of a rank's activation bytes, in ``shape_activation_parts``' order.

@@ -31,7 +31,7 @@ from simcore.model import workload as wl
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
                                         param_bytes, stored_weight_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
-                                gradients_at_activation_peak, rank_row, summary_fields)
+                                gradients_at_activation_peak, rank_kinds, rank_row, summary_fields)
 from simcore.plan.spec import FsdpRoot, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
@@ -266,9 +266,14 @@ def backward_end_buffers(plan: Plan, sp: StageParams) -> tuple[float, float]:
     return max(gathered + reduce * sp.layer_max, (wb * sp.ends if zero3 else 0.0) + reduce * sp.ends), zero2
 
 
-#: ``_row_maker``'s kinds of rank by what they read and ``params`` (``dp_costs.rank_costs`` keeps one a layout).
-_KINDS: dict[tuple, tuple] = {}
-_KINDS_MAX = 4096
+def rank_kind(plan: Plan, sp: StageParams, kinds: dict, count_buffers: bool) -> tuple:
+    """(model states, buffer terms, their sum; none counted without ``count_buffers``) of a rank
+    holding ``sp``, kept in ``kinds`` (``peak.rank_kinds``: most ranks hold the same parameters)."""
+    if (kind := kinds.get(sp)) is None:
+        buffers = comm_buffer_terms(plan, sp)
+        buffers = buffers if count_buffers else dict.fromkeys(buffers, 0.0)
+        kind = kinds[sp] = (model_state_bytes(plan, sp), buffers, sum(buffers.values()))
+    return kind
 
 
 def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
@@ -278,33 +283,17 @@ def _row_maker(plan: Plan, params: tuple[StageParams, ...]):
     terms = acts.activation_terms(plan, loss_overlap(plan, params))
     context, margin, count_buffers = framework_terms(plan)
     grads_live = gradients_at_activation_peak(plan)
-    vpp, tr = plan.parallel.vpp, plan.training
-    key = (plan.model, plan.parallel, tr.precision, tr.fp8_recipe, tr.fp8_param_gather, tr.optimizer, tr.master_weights,
-           tr.optimizer_state_dtype, tr.offload, tr.micro_batch, tr.optimizer_in_backward, count_buffers, id(params))
-    hit = _KINDS.get(key)
-    if hit is None or hit[0] is not params:
-        if len(_KINDS) >= _KINDS_MAX:
-            _KINDS.clear()
-        hit = _KINDS[key] = (params, {})
-    kinds: dict[int, tuple] = hit[1]   # by the StageParams value's identity (params, kept with them, holds them)
+    vpp, tr, kinds = plan.parallel.vpp, plan.training, rank_kinds(plan, count_buffers)
     per_chunk: dict = {}
 
     def row_of(sp: StageParams, shape: tuple) -> tuple:
-        kind = kinds.get(id(sp))
-        if kind is None:   # most ranks hold the same parameters
-            states, buffers = model_state_bytes(plan, sp), comm_buffer_terms(plan, sp)
-            if not count_buffers:
-                buffers = dict.fromkeys(buffers, 0.0)
-            kind = kinds[id(sp)] = (states, buffers, sum(buffers.values()))
+        kind = rank_kind(plan, sp, kinds, count_buffers)
         act = acts.shape_activation_parts(vpp, shape, terms, per_chunk)
         states = kind[0]
         if tr.activation_offload:   # the offloaded activations wait in host memory
             states = {**states, "host": states["host"] + acts.shape_offloaded_bytes(shape, terms, per_chunk)}
         return rank_row(states, sum(act), kind[2], context, margin, grads_live), kind, act
     return row_of, grads_live
-
-
-_row_maker.cache_clear = _KINDS.clear   # as functools' caches answer (tests clear them all)
 
 
 def rank_rows(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple[StageParams, ...] | None = None,

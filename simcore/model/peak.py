@@ -94,6 +94,30 @@ def peak_tensor_bytes(states: dict[str, float], activations: float, buffers: flo
     return rank_row(states, activations, buffers, 0.0, 0.0, grads_live)[ROW_TOTAL]
 
 
+#: ``rank_kinds``' tables by what ``memory.model_state_bytes`` and ``comm_buffer_terms`` read (all of
+#: a plan but its recompute: a layout's variants share them), each with the node it was computed for
+#: (kept by identity); cleared whole at ``_KINDS_MAX``.
+_KINDS: dict[tuple, tuple] = {}
+_KINDS_MAX = 4096
+
+
+def rank_kinds(plan: Plan, count_buffers: bool) -> dict:
+    """The table of ``plan``'s kinds of rank: by a rank's ``StageParams`` value, its (model states,
+    buffer terms, their sum), as ``memory.rank_kind`` fills it; one table per what they read."""
+    tr, node = plan.training, plan.cluster.node
+    key = (plan.model, plan.parallel, tr.precision, tr.fp8_recipe, tr.fp8_param_gather, tr.optimizer, tr.master_weights,
+           tr.autocast, tr.optimizer_state_dtype, tr.offload, tr.micro_batch, tr.optimizer_in_backward,
+           tr.grad_compression, count_buffers, id(node))
+    if (hit := _KINDS.get(key)) is None or hit[0] is not node:
+        if len(_KINDS) >= _KINDS_MAX:
+            _KINDS.clear()
+        hit = _KINDS[key] = (node, {})
+    return hit[1]
+
+
+rank_kinds.cache_clear = _KINDS.clear   # as functools' caches answer (tests clear them all)
+
+
 def summary_fields(totals: tuple[float, ...], worst: tuple[float, ...]) -> dict:
     """``StepCosts``' memory fields from every rank's total and the fullest rank's row."""
     return {"memory_bytes": dict(zip(MEMORY_KINDS, worst)), "memory_per_rank_bytes": tuple(totals)}

@@ -43,7 +43,7 @@ from simcore.model import peak as pk
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import CpComm, Fp8Recipe, Kernels, Plan, PlanError, Recompute
+from simcore.plan.spec import CpComm, Fp8Recipe, Kernels, Plan, PlanError, Recompute, ZeroStage, evolve
 from simcore.results import GIB
 
 #: ``workload.model_flops_per_step`` kept per (model, global batch): a search asks for few.
@@ -280,23 +280,37 @@ def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], dense
     return fwd, bin_, bwt, list(map(recomputed.__getitem__, zip(stages, dense))), fcomm, bcomm
 
 
+def _work(plan: Plan, dev: cmp.DeviceModel) -> tuple:
+    """What ``step_costs`` reads of neither the ZeRO stage nor the memory (one layer's times, blocking and
+    ``_layer_comm``, the stages' work, p2p send, hardware FLOPs, activation offload's waits), kept read only
+    by all of the plan but the ZeRO stage and the switch it gates, which only a CPU host's wrapper costs read."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+
+    def compute() -> tuple:
+        times, blocking, lc = _layer_work(plan, dev)
+        stages = plan.layers_per_stage
+        dense = ml.stage_dense_layers(m, stages)   # an MoE model's first layers: dense, priced as such
+        kinds = ((times, blocking), _layer_work(ml.dense_plan(plan), dev)[:2] if any(dense) else (times, blocking))
+        logits = lt.logits_times(m, tr.micro_batch, m.seq_len // par.cp, par.tp, dev)
+        work = tuple(map(tuple, _stage_work(plan, dev, stages, dense, kinds, logits)))
+        return (times, blocking, lc, dense, work, _p2p_s(plan, dev), rcp.hardware_flops_per_step(m, tr, stages),
+                ao.activation_copies_s(plan, stages, (times[0], blocking[0]), (sum(times[1:]), blocking[1])))
+    key = par if dev.parallel_kernels else evolve(par, zero=ZeroStage.NONE, overlap_param_gather=False)
+    return ec._cached(("work", m, key, tr), plan, dev, compute)
+
+
 def step_costs(plan: Plan) -> StepCosts:
     """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
     _check_device(plan)
     m, par, tr = plan.model, plan.parallel, plan.training
     dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
                            attention_kernel=tr.attention_kernel.value)
-    b, s = tr.micro_batch, m.seq_len // par.cp
-    times, blocking, lc = _layer_work(plan, dev)
     stages = plan.layers_per_stage
-    dense = ml.stage_dense_layers(m, stages)   # an MoE model's first layers: dense, priced as such
-    kinds = ((times, blocking), _layer_work(ml.dense_plan(plan), dev)[:2] if any(dense) else (times, blocking))
+    times, blocking, lc, dense, (fwd, bin_, bwt, rec, fcomm, bcomm), p2p, hw, copies = _work(plan, dev)
     nv = len(stages)
     params, rank_costs, columns = dpm.rank_costs(plan, dev)
     dpc = rank_costs[0][0]   # dp_costs of the first rank's parameters, read only
     host_p2p = hc.host_p2p(dev, par.pp, nv)
-    fwd, bin_, bwt, rec, fcomm, bcomm = _stage_work(plan, dev, stages, dense, kinds,
-                                                   lt.logits_times(m, b, s, par.tp, dev))
     fsdp = dpm.fsdp_calls(plan, nv)
     per_block = any(map(_SCATTERS, fsdp))
     mbs = plan.num_microbatches
@@ -331,17 +345,16 @@ def step_costs(plan: Plan) -> StepCosts:
     return StepCosts(
         plan=plan, layers=tuple(stages), forward_s=tuple(fwd), backward_input_s=tuple(bin_),
         backward_weight_s=tuple(bwt), recompute_s=tuple(rec), forward_comm_s=tuple(fcomm),
-        backward_comm_s=tuple(bcomm), p2p_s=_p2p_s(plan, dev), forward_gather_s=tuple(gathers[0]),
+        backward_comm_s=tuple(bcomm), p2p_s=p2p, forward_gather_s=tuple(gathers[0]),
         backward_gather_s=tuple(gathers[1]), **host_p2p,
         p2p_post_s=dev.p2p_post_s if host_p2p else 0.0,
         grad_sync_holds_send=ddp and par.pp > 1 and plan.cluster.node.gpu.calibrated,
         grad_reduce_per_step_s=tuple(grad), grad_buckets=tuple(buckets),
         grad_reduce_per_microbatch=mem.sharded_gradients(plan) and per_block,
         param_sync_per_step_s=tuple(sync), optimizer_per_step_s=tuple(opt), offload_per_step_s=tuple(off),
-        activation_copies_s=ao.activation_copies_s(plan, stages, (times[0], blocking[0]),
-                                                   (sum(times[1:]), blocking[1])),
+        activation_copies_s=copies,
         model_flops_per_step=_model_flops_per_step(m, tr.global_batch),
-        hardware_flops_per_step=rcp.hardware_flops_per_step(m, tr, stages),
+        hardware_flops_per_step=hw,
         **pk.summary_fields(totals, worst),
         time_detail_s=detail,
     )

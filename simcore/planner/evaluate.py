@@ -9,6 +9,7 @@ families (one process of a parallel search).
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field, replace
 
 from simcore.model import activations
@@ -45,25 +46,63 @@ def _activation_key(plan: Plan, overlap: float) -> tuple:
             tr.activation_offload, tr.autocast, tr.precision, tr.fp8_recipe, overlap)
 
 
-def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
+def _shared_parts(plan: Plan, cache: dict | None = None) -> tuple:
+    """What ``memory_table``'s settings (and ``_least_block``'s layer counts) share of ``plan``, none
+    of it read by the recompute: the stage parameters, the ranks that can be fullest and their
+    shapes (``activations.rank_shapes``), the first two kept in ``cache`` (``memory_table``'s) for
+    the layout's other micro-batches and offloads; the loss's overlap, the framework terms,
+    whether the gradients are live."""
+    key = ("params", plan.model, plan.parallel)
+    if cache is None or (hit := cache.get(key)) is None:
+        hit = (mem.stage_params(plan), _peak_ranks(plan))
+        if cache is not None:
+            cache[key] = hit
+    return (*hit, activations.rank_shapes(plan, plan.layers_per_stage), mem.loss_overlap(plan, hit[0]),
+            *pk.framework_terms(plan), pk.gradients_at_activation_peak(plan))
+
+
+def _activation_sums(p_rc: Plan, parts: tuple) -> dict[int, float]:
+    """Activation bytes of the ranks that can be fullest under ``p_rc``'s recompute
+    (``memory.activation_bytes``, from the shapes ``parts`` holds)."""
+    _, ranks, shapes, overlap, *_ = parts
+    terms, per_chunk, vpp = activations.activation_terms(p_rc, overlap), {}, p_rc.parallel.vpp
+    return {r: sum(activations.shape_activation_parts(vpp, shapes[r], terms, per_chunk)) for r in ranks}
+
+
+def _kinds(p_off: Plan, parts: tuple) -> dict:
+    """(Model states, buffer terms, their sum) of the ranks that can be fullest under ``p_off``'s
+    offload, kept per kind of rank where ``memory._row_maker`` keeps them (``peak.rank_kinds``: the
+    timed layout's ``step_costs`` finds them there)."""
+    params, ranks, count_buffers = parts[0], parts[1], parts[6]
+    kinds = pk.rank_kinds(p_off, count_buffers)
+    per_value = {id(params[r]): params[r] for r in ranks}   # ``stage_params`` gives equal ranks one value
+    per_value = {k: mem.rank_kind(p_off, sp, kinds, count_buffers) for k, sp in per_value.items()}
+    return {r: per_value[id(params[r])] for r in ranks}
+
+
+def _peak(kinds: dict, acts: dict, parts: tuple) -> float:
+    """GPU bytes of the fullest of the ranks ``parts`` names (``memory_per_rank``'s total)."""
+    _, ranks, _, _, framework, fragmentation, _, grads_live = parts
+    return max(pk.peak_tensor_bytes(kinds[r][0], acts[r], kinds[r][2], grads_live) * (1 + fragmentation)
+               for r in ranks) + framework
+
+
+def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None, parts: tuple | None = None,
                  ) -> dict[tuple[Offload, Recompute], tuple[float, float]]:
     """(GPU bytes of the fullest rank, host offload bytes per node) of ``plan`` under each
     offload x recompute setting: ``memory.memory_per_rank``'s sums, evaluated once for
-    the parts the settings share and only on the ranks that can be fullest. ``cache``
-    (one per batch of layouts of one base plan) keeps the activation bytes for the next
-    layout that differs only in ZeRO stage or schedule twin."""
-    params, ranks, stages = mem.stage_params(plan), _peak_ranks(plan), plan.layers_per_stage
-    buffers = {r: mem.comm_buffer_bytes(plan, params[r]) for r in ranks}
-    framework, fragmentation, count_buffers = pk.framework_terms(plan)
-    grads_live = pk.gradients_at_activation_peak(plan)
-    acts, offloaded = {}, dict.fromkeys(recomputes, 0.0)
-    overlap = mem.loss_overlap(plan, params) if cache is not None else 0.0
+    the parts the settings share (``_shared_parts``, or ``parts`` where given) and only on the
+    ranks that can be fullest. ``cache`` (one per batch of layouts of one base plan) keeps the
+    activation bytes for the next layout that differs only in ZeRO stage or schedule twin."""
+    parts = parts or _shared_parts(plan)
+    ranks, shapes, overlap = parts[1], parts[2], parts[3]
+    acts, offloaded, p_rcs = {}, dict.fromkeys(recomputes, 0.0), {plan.training.recompute: plan}
+    shared = (_activation_key(plan, overlap), tuple(ranks)) if cache is not None else None
     for rc in recomputes:
-        key = (_activation_key(plan, overlap), rc, tuple(ranks)) if cache is not None else None
+        key = (shared, rc) if cache is not None else None
         if key is None or key not in cache:
-            p_rc = evolve(plan, training=evolve(plan.training, recompute=rc))
-            terms = mem._activation_terms(p_rc)
-            value = {r: mem.activation_bytes(p_rc, r, stages, terms) for r in ranks}
+            p_rcs[rc] = p_rcs.get(rc) or evolve(plan, training=evolve(plan.training, recompute=rc))
+            value = _activation_sums(p_rcs[rc], parts)
             if key is None:
                 acts[rc] = value
                 continue
@@ -71,19 +110,17 @@ def memory_table(plan: Plan, offloads, recomputes, cache: dict | None = None,
         acts[rc] = cache[key]
     if plan.training.activation_offload:   # the offloaded activations wait in the node's host memory
         for rc in recomputes:
-            p_rc = evolve(plan, training=evolve(plan.training, recompute=rc))
-            terms = mem._activation_terms(p_rc)
+            p_rc = p_rcs.get(rc) or evolve(plan, training=evolve(plan.training, recompute=rc))
+            terms = activations.activation_terms(p_rc, overlap)
             offloaded[rc] = plan.cluster.gpus_per_node * max(
-                activations.rank_offloaded_bytes(p_rc, r, stages, terms) for r in ranks)
+                activations.shape_offloaded_bytes(shapes[r], terms) for r in ranks)
     out = {}
     for off in offloads:
-        p_off = evolve(plan, training=evolve(plan.training, offload=off))
-        states = {r: mem.model_state_bytes(p_off, params[r]) for r in ranks}
-        host = max(states[r]["host"] for r in ranks) * plan.cluster.gpus_per_node
+        kinds = _kinds(plan if off == plan.training.offload else evolve(plan, training=evolve(plan.training, offload=off)),
+                       parts)
+        host = max(kinds[r][0]["host"] for r in ranks) * plan.cluster.gpus_per_node
         for rc in recomputes:
-            peak = max(pk.peak_tensor_bytes(states[r], acts[rc][r], buffers[r] if count_buffers else 0.0,
-                                              grads_live) * (1 + fragmentation) for r in ranks)
-            out[off, rc] = (peak + framework, host + offloaded[rc])
+            out[off, rc] = (_peak(kinds, acts[rc], parts), host + offloaded[rc])
     return out
 
 
@@ -160,7 +197,8 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
         plan = evolve(family, offload=off, recompute=space.recompute[0]).apply(base, True)
         if _rejected(plan, tally, nrc):
             continue
-        table = memory_table(plan, (off,), space.recompute, cache)
+        parts = _shared_parts(plan, cache)
+        table = memory_table(plan, (off,), space.recompute, cache, parts)
         lighter = float("inf")   # the peak of the last row kept at this offload
         for i, rc in enumerate(space.recompute):
             peak, host = table[off, rc]
@@ -174,10 +212,10 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
             lighter, first = peak, (k, i) if first is None else first
             lay = evolve(family, recompute=rc, offload=off)
             if rc == Recompute.FULL and cls == FITS and space.block_recompute:   # the fewest layers that fit
-                lay = _least_block(base, lay, tally)
+                lay = _least_block(base, lay, tally, plan, parts)
             tally.simulated += 1
             tally.near += cls != FITS
-            rows.append(_timed(base, lay, cache, cls))
+            rows.append(_timed(base, lay, cache, cls, _variant(plan, lay, lay.label())))
             if cls == FITS:
                 tally.dominated += nrc - i - 1 + nrc * (noff - k - 1)
                 return rows if (k, i) == (0, 0) or True not in space.activation_offload else \
@@ -185,19 +223,32 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
     return rows + (_offloaded(base, family, tally) if True in space.activation_offload else [])
 
 
-def _least_block(base: Plan, lay: Layout, tally: Tally) -> Layout:
+def _variant(plan: Plan, lay: Layout, name: str | None = None) -> Plan:
+    """``lay.apply(base, True)`` (named ``name``; else ``plan``'s name) where ``plan`` is the Plan
+    of ``lay``'s family at its offload without block recompute: only the recompute differs, so
+    the same Plan is ``plan``'s sections with another training section."""
+    block = {"recompute_layers": lay.recompute_layers, "recompute_method": RecomputeMethod.BLOCK} \
+        if lay.recompute_layers else {}
+    return evolve(plan, training=evolve(plan.training, recompute=lay.recompute, **block), name=name or plan.name)
+
+
+def _least_block(base: Plan, lay: Layout, tally: Tally, plan: Plan | None = None,
+                 parts: tuple | None = None) -> Layout:
     """``lay`` (full recompute, which fits with the memory model's margin) recomputing only the
     fewest layers of each chunk that fit with it (Megatron-LM's block method; a chunk's bytes
-    fall as more of its layers recompute), or ``lay`` itself where every layer must."""
-    plan = lay.apply(base, True)
+    fall as more of its layers recompute), or ``lay`` itself where every layer must. ``plan``
+    (``lay``'s family's at its offload, ``_variant``) and its ``_shared_parts``, where given,
+    are what each count's bytes share."""
+    plan = plan or lay.apply(base, True)
     chunk = max(plan.layers_per_stage)
     if chunk <= 1 or plan.training.recompute_method == RecomputeMethod.BLOCK:
         return lay
     roomy = base.cluster.node.gpu.hbm_bytes / memory_margin().hi
+    parts = parts or _shared_parts(plan)
+    kinds = _kinds(plan, parts)
 
     def peak(n: int) -> float:   # the ranks that can be fullest (``memory_table``)
-        block = evolve(lay, recompute_layers=n).apply(base, True)
-        return memory_table(block, (lay.offload,), (Recompute.FULL,))[lay.offload, Recompute.FULL][0]
+        return _peak(kinds, _activation_sums(_variant(plan, evolve(lay, recompute_layers=n)), parts), parts)
 
     if peak(chunk - 1) > roomy:
         return lay
@@ -209,20 +260,20 @@ def _least_block(base: Plan, lay: Layout, tally: Tally) -> Layout:
     return evolve(lay, recompute_layers=lo)
 
 
-def _timed(base: Plan, lay: Layout, cache: dict, cls: str) -> dict:
-    """The analytic row of one layout (``cls`` its fit class)."""
+def _timed(base: Plan, lay: Layout, cache: dict, cls: str, plan: Plan | None = None) -> dict:
+    """The analytic row of one layout (``cls`` its fit class; ``plan``: its Plan, where built)."""
     from simcore.engine.analytic import analytic
     from simcore.model.memory import memory_fields
     from simcore.model.step_costs import step_costs
 
-    plan = lay.apply(base, True)
+    plan = plan or lay.apply(base, True)
     twin = _twin(lay)
     costs = cache.pop(("costs", twin), None) if twin is not None else None
     # the twin's time, this schedule's memory (zero-bubble keeps owed weight gradients)
     costs = step_costs(plan) if costs is None else replace(costs, plan=plan, **memory_fields(plan))
     if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
         cache["costs", lay] = costs
-    return _row(lay, analytic(costs), cls)
+    return _row(lay, analytic(costs), cls, plan.name)
 
 
 def _offloaded(base: Plan, family: Layout, tally: Tally) -> list[dict]:
@@ -266,8 +317,8 @@ def _offloaded(base: Plan, family: Layout, tally: Tally) -> list[dict]:
     return [_row(replace(family, activation_offload=lo), analytic(step_costs(plan)), cls)]
 
 
-def _row(lay: Layout, res, fit: str) -> dict:
-    return {"layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
+def _row(lay: Layout, res, fit: str, name: str = "") -> dict:
+    return {"layout": name or lay.label(), "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
             "vpp": lay.vpp, "zero": int(lay.zero), "schedule": lay.schedule.value,
             "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute.value, "offload": lay.offload.value,
             "activation_offload": lay.activation_offload, "autocast": lay.autocast, "split": lay.split,
@@ -284,22 +335,30 @@ def _evaluate_chunk(args) -> tuple[list[dict], Tally]:
     setting at one micro-batch fits at no larger one (``_without_micro_batch``): the bytes a
     rank holds never fall as the micro-batch grows (a schedule's micro-batches in flight times
     their size is min(m, k) x b for m = B / b, non-decreasing in b; the model states do not
-    change), so the larger ones are counted as not fitting unevaluated."""
+    change), so the larger ones are counted as not fitting unevaluated. The cyclic garbage collector
+    is off meanwhile: a batch leaves no reference cycles, and each of its passes walked every object
+    the search holds (8% of a search's time)."""
     base, chunk, space = args
     tally, rows, cache, too_big = Tally(), [], {}, {}
     per_family = len(space.recompute) * len(space.offload)
-    for fam in chunk:
-        key = _without_micro_batch(fam)
-        if fam.micro_batch >= too_big.get(key, fam.micro_batch + 1):
-            n = per_family + (True in space.activation_offload and fam.pp == 1)
-            tally.candidates += n
-            tally.no_fit += n
-            continue
-        broke = tally.broke_rule
-        found = evaluate_family(base, fam, space, tally, cache)
-        if not found and tally.broke_rule == broke:
-            too_big[key] = min(fam.micro_batch, too_big.get(key, fam.micro_batch))
-        rows += found
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for fam in chunk:
+            key = _without_micro_batch(fam)
+            if fam.micro_batch >= too_big.get(key, fam.micro_batch + 1):
+                n = per_family + (True in space.activation_offload and fam.pp == 1)
+                tally.candidates += n
+                tally.no_fit += n
+                continue
+            broke = tally.broke_rule
+            found = evaluate_family(base, fam, space, tally, cache)
+            if not found and tally.broke_rule == broke:
+                too_big[key] = min(fam.micro_batch, too_big.get(key, fam.micro_batch))
+            rows += found
+    finally:
+        if collecting:
+            gc.enable()
     return rows, tally
 
 
