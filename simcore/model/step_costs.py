@@ -280,33 +280,33 @@ def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], dense
     return fwd, bin_, bwt, list(map(recomputed.__getitem__, zip(stages, dense))), fcomm, bcomm
 
 
-def _work(plan: Plan, dev: cmp.DeviceModel) -> tuple:
+def _work(plan: Plan, dev: cmp.DeviceModel, kept: dict | None) -> tuple:
     """What ``step_costs`` reads of neither the ZeRO stage nor the memory (one layer's times, blocking and
-    ``_layer_comm``, the stages' work, p2p send, hardware FLOPs, activation offload's waits), kept read only
-    by all of the plan but the ZeRO stage and the switch it gates, which only a CPU host's wrapper costs read."""
-    m, par, tr = plan.model, plan.parallel, plan.training
+    ``_layer_comm``, the stages' work, p2p send, FLOPs, activation offload's waits), held in ``kept`` (a search's
+    batch, read only) by all of the plan but the ZeRO stage, which only a CPU host's wrapper costs read."""
+    m, par, tr, stages = plan.model, plan.parallel, plan.training, plan.layers_per_stage
+    key = kept is not None and ("work", m, tr, par if dev.parallel_kernels else evolve(par, zero=ZeroStage.NONE))
+    if key and (hit := kept.get(key)) is not None and hit[0] is plan.cluster and hit[1] is dev:
+        return hit[2]
+    times, blocking, lc = _layer_work(plan, dev)
+    dense = ml.stage_dense_layers(m, stages)   # an MoE model's first layers: dense, priced as such
+    kinds = ((times, blocking), _layer_work(ml.dense_plan(plan), dev)[:2] if any(dense) else (times, blocking))
+    logits = lt.logits_times(m, tr.micro_batch, m.seq_len // par.cp, par.tp, dev)
+    out = (times, blocking, lc, dense, tuple(map(tuple, _stage_work(plan, dev, stages, dense, kinds, logits))),
+           _p2p_s(plan, dev), rcp.hardware_flops_per_step(m, tr, stages),
+           ao.activation_copies_s(plan, stages, (times[0], blocking[0]), (sum(times[1:]), blocking[1])))
+    if key:
+        kept[key] = (plan.cluster, dev, out)
+    return out
 
-    def compute() -> tuple:
-        times, blocking, lc = _layer_work(plan, dev)
-        stages = plan.layers_per_stage
-        dense = ml.stage_dense_layers(m, stages)   # an MoE model's first layers: dense, priced as such
-        kinds = ((times, blocking), _layer_work(ml.dense_plan(plan), dev)[:2] if any(dense) else (times, blocking))
-        logits = lt.logits_times(m, tr.micro_batch, m.seq_len // par.cp, par.tp, dev)
-        work = tuple(map(tuple, _stage_work(plan, dev, stages, dense, kinds, logits)))
-        return (times, blocking, lc, dense, work, _p2p_s(plan, dev), rcp.hardware_flops_per_step(m, tr, stages),
-                ao.activation_copies_s(plan, stages, (times[0], blocking[0]), (sum(times[1:]), blocking[1])))
-    key = par if dev.parallel_kernels else evolve(par, zero=ZeroStage.NONE, overlap_param_gather=False)
-    return ec._cached(("work", m, key, tr), plan, dev, compute)
 
-
-def step_costs(plan: Plan) -> StepCosts:
-    """Every per-virtual-stage number of one step (see simcore/model/costs.py)."""
+def step_costs(plan: Plan, kept: dict | None = None) -> StepCosts:
+    """Every per-virtual-stage number of one step (see simcore/model/costs.py); ``kept``: ``_work``'s."""
     _check_device(plan)
-    m, par, tr = plan.model, plan.parallel, plan.training
+    m, par, tr, stages = plan.model, plan.parallel, plan.training, plan.layers_per_stage
     dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
                            attention_kernel=tr.attention_kernel.value)
-    stages = plan.layers_per_stage
-    times, blocking, lc, dense, (fwd, bin_, bwt, rec, fcomm, bcomm), p2p, hw, copies = _work(plan, dev)
+    times, blocking, lc, dense, (fwd, bin_, bwt, rec, fcomm, bcomm), p2p, hw, copies = _work(plan, dev, kept)
     nv = len(stages)
     params, rank_costs, columns = dpm.rank_costs(plan, dev)
     dpc = rank_costs[0][0]   # dp_costs of the first rank's parameters, read only

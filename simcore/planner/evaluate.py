@@ -270,7 +270,7 @@ def _timed(base: Plan, lay: Layout, cache: dict, cls: str, plan: Plan | None = N
     twin = _twin(lay)
     costs = cache.pop(("costs", twin), None) if twin is not None else None
     # the twin's time, this schedule's memory (zero-bubble keeps owed weight gradients)
-    costs = step_costs(plan) if costs is None else replace(costs, plan=plan, **memory_fields(plan))
+    costs = step_costs(plan, cache) if costs is None else replace(costs, plan=plan, **memory_fields(plan))
     if lay.schedule == Schedule.ONE_F_ONE_B and lay.vpp == 1 and lay.pp > 1:
         cache["costs", lay] = costs
     return _row(lay, analytic(costs), cls, plan.name)
