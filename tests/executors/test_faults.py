@@ -50,6 +50,9 @@ def _end_with_parent() -> None:
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
+    # a test run started as a background job inherits SIGINT ignored (POSIX shells without job
+    # control), which a command keeps: the run gets Ctrl-C's default, as at a terminal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _start_run(tmp_path, *args: str) -> tuple[subprocess.Popen, dict[int, int]]:

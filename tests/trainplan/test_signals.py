@@ -44,6 +44,9 @@ def _end_with_test() -> None:
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    # a test run started as a background job inherits SIGINT ignored (POSIX shells without job
+    # control), which a command keeps: the command gets Ctrl-C's default, as at a terminal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _start_with_workers(tmp_path, *args: str) -> subprocess.Popen:
