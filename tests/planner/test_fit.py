@@ -58,12 +58,14 @@ def test_a_figure_is_written_to_every_entry_that_takes_it(bench):
     assert F.stored_values(eff)["h100_500w_clock"] == 0.8
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not VALIDATION.exists(), reason="../shared/validation is not beside the repository")
-def test_the_fit_reproduces_the_catalog(bench):
-    # about a minute: the whole in-sample fit from the priors
+def test_the_catalog_is_where_the_fit_stops(bench):
+    # the stored figures are a fixed point of the stated procedure: from them no step on any figure's
+    # grid lowers its block's loss (about 15 s; the whole fit from the priors, about a minute, is
+    # `bench/fit.py --check`, which reproduces the catalog)
     R, F = bench["fit_rows"], bench["fitting"]
-    assert R.fit(R.load_rows(VALIDATION)) == F.stored_values()
+    stored = F.stored_values()
+    assert R.fit(R.load_rows(VALIDATION), start=stored) == stored
 
 
 def test_the_intervals_cover_what_they_say():
