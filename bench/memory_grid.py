@@ -56,7 +56,7 @@ def main(argv=None) -> int:
           f"{'diff':>6}")
     for row in rows:
         start = time.perf_counter()
-        r = compare(plan_of(*row))
+        r = compare(plan_of(*row), whole=True)
         model, torch_, diff = r["analytic_tensor_bytes"] / GIB, r["torch_peak_bytes"] / GIB, r["difference"]
         worst = max(worst, abs(diff))
         name, seq, dp, tp, zero, rc = row

@@ -64,13 +64,17 @@ def _plan_file_commands(sub) -> None:
     p = sub.add_parser("collectives", help="the collectives each rank issues per step, as torch issues them")
     p.add_argument("plan", type=Path)
     p.add_argument("--json", action="store_true", help="counts per (kind, axis) for the first rank of each stage")
+    p.add_argument("--wire", choices=("plan", "executor"), default="plan",
+                   help="bytes in the plan's dtypes (default: 16-bit parameters, gradients as its stacks reduce them) "
+                        "or in trainplan's executor's (fp32 parameters and gradients under autocast)")
     p.set_defaults(func=model.cmd_collectives)
 
     p = sub.add_parser("memory", help="bytes per GPU by term, per pipeline rank, and whether it fits")
     p.add_argument("plan", type=Path)
     p.add_argument("--json", action="store_true")
     p.add_argument("--torch", action="store_true",
-                   help="also trace the executor's model under FakeTensorMode with torch's FSDPMemTracker")
+                   help="also trace the executor's model under FakeTensorMode with torch's FSDPMemTracker "
+                        "(its first 8 layers at most, which take seconds; the model compared on the same)")
     p.set_defaults(func=model.cmd_memory)
 
 

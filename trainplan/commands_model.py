@@ -192,9 +192,12 @@ def cmd_memory(args) -> None:
     if "torch" in report:
         t = report["torch"]
         kinds = ", ".join(f"{k} {v / gib:.2f}" for k, v in t["torch_by_kind"].items() if v and k != "Total")
-        print(f"  torch's {t['tracker']} on the executor's model (fake tensors, one micro-batch a step): "
+        cut = (f"; its first {t['layers_traced']} of {t['layers']} layers, what torch traces within seconds"
+               if t["layers_traced"] < t["layers"] else "")
+        print(f"  torch's {t['tracker']} on the executor's model (fake tensors, one micro-batch a step{cut}): "
               f"peak {t['torch_peak_bytes'] / gib:.2f} GiB of tensors ({kinds})")
-        print(f"  the model's tensors for the same step: {t['analytic_tensor_bytes'] / gib:.2f} GiB "
+        print(f"  the model's tensors for the same step{' and layers' if cut else ''}: "
+              f"{t['analytic_tensor_bytes'] / gib:.2f} GiB "
               f"({t['difference']:+.1%}); the trace is eager PyTorch (norms, RoPE, SiLU keep their own "
               f"tensors), the model counts fused kernels (Megatron/TE, torch.compile) as Korthikanti et al.")
         if plan.parallel.tp > 1:
@@ -295,7 +298,7 @@ def cmd_schedule(args) -> None:
 
 
 def cmd_collectives(args) -> None:
-    from simcore.model.collective_plan import expected_collectives, format_collectives
+    from simcore.model.collective_plan import EXECUTOR_WIRE, expected_collectives, format_collectives, plan_wire
     from topologies.placement import rank_grid
 
     plan = load_plan(args.plan)
@@ -307,19 +310,22 @@ def cmd_collectives(args) -> None:
         counts = expected_collectives(plan)
         print_json({str(r): {f"{k}/{a}": n for (k, a), n in sorted(counts[r].items())} for r in sorted(firsts)})
     else:
-        print(format_collectives(plan))
-        print(wire_note(plan))
+        executor = args.wire == "executor"
+        wire = EXECUTOR_WIRE if executor else plan_wire(plan)
+        print(format_collectives(plan, wire))
+        print(wire_note(plan, wire, executor))
 
 
-def wire_note(plan) -> str:
-    """What the listed bytes are: the executor's dtypes, which keep fp32 parameters and gradients
-    whatever the plan's precision (``simcore.model.collective_plan.PARAM_ELEMENT_BYTES``); a
-    16-bit plan's own stacks move its parameters at half that."""
-    tr = plan.training
-    act = tr.precision.value
-    own = "" if tr.autocast or act == "fp32" else (
-        f"; this plan keeps 16-bit parameters beside an fp32 master copy, so the stacks that run it as written "
-        "(Megatron-LM's distributed optimizer, FSDP2's MixedPrecisionPolicy) gather and broadcast parameters at 2 "
-        "bytes each, half the 4 listed in those rows (gradients are reduced in fp32 by Megatron-LM's default too)")
-    return (f"bytes as trainplan's executor issues them: parameters and gradients in fp32 (it trains {act} by "
-            f"autocast over fp32 parameters), activations and their gradients in {act}{own}")
+def wire_note(plan, wire, executor: bool) -> str:
+    """What the listed bytes are: the calls trainplan's executor issues (torch's APIs), their
+    buffers in ``wire``'s dtypes (``simcore.model.collective_plan.Wire``)."""
+    act = plan.training.precision.value
+    grads = f"gradients reduced at {wire.grad} bytes an element"
+    params = f"parameters gathered or broadcast at {wire.param} bytes" + (
+        " (the blocks' linear weights at 1, fp8_param_gather)" if wire.fp8_weights else "")
+    if executor:
+        return (f"calls and bytes as trainplan's executor issues them: it trains {act} by autocast over fp32 parameters, "
+                f"so {params} and {grads}; activations in {act} (--wire plan: the plan's own dtypes)")
+    return (f"calls as trainplan's executor issues them (torch's APIs), bytes in the plan's dtypes: {params}, {grads}, "
+            f"activations in {act}; the executor itself moves fp32 parameters and gradients (--wire executor)")
+

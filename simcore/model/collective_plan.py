@@ -55,10 +55,13 @@ What each API does, and where torch does it (torch 2.13):
 - ``torch.distributed.pipelining``: one send and one receive per activation and per input
   gradient that crosses ranks, from ``simcore.model.schedules`` lowered as torch lowers it.
 
-Bytes per call: the whole buffer (all-gather output, reduce-scatter input), in the
-executor's dtypes: parameters and gradients fp32 (autocast keeps fp32 parameters),
-activations in the plan's precision (approximate under autocast, where some backward
-gradients stay fp32). Context parallel, expert parallel and tied embeddings under
+Bytes per call: the whole buffer (all-gather output, reduce-scatter input). ``Wire`` says
+in which dtypes: the executor's (``EXECUTOR_WIRE``: parameters and gradients fp32, since
+autocast keeps fp32 parameters), which the recorded runs are checked against, or the plan's
+own (``plan_wire``: 16-bit parameters gathered and broadcast at 2 bytes, FP8 block weights at
+1 under ``fp8_param_gather``, gradients reduced at ``collectives.grad_wire_bytes``), what the
+stacks the Plan stands for move with the same calls. Activations are in the plan's precision
+either way (approximate under autocast, where some backward gradients stay fp32). Context parallel, expert parallel and tied embeddings under
 pipelining add the calls of ``simcore.model.layout_calls``; with cp > 1 the data-parallel
 wrappers reduce over dp x cp ranks (axis ``dp``, or ``cp`` when dp is 1). Not modelled
 (ValueError): an MoE with full or ``layer:N`` recomputation, or with per-op SAC under TP;
@@ -71,8 +74,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from simcore.model import recompute as rcp
+from simcore.model.collectives import grad_wire_bytes
 from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
+from simcore.model.optim_states import param_bytes
 from simcore.model.layout_calls import expert_calls, grad_axis, is_expert, moe_capacity, ring_calls, tied_calls
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
@@ -97,6 +102,34 @@ _ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, P
 #: ``exp_avg_sq.mul_().addcmul_(grad, grad)``). The executor runs neither 8-bit AdamW nor
 #: Adafactor on DTensor parameters (``executors.support``).
 OPTIMIZER_GRAD_READS = {Optimizer.SGD: 1, Optimizer.ADAM: 3, Optimizer.ADAMW: 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """Bytes per element that the data-parallel wrappers move."""
+
+    param: int
+    """A parameter all-gathered or broadcast."""
+    grad: int
+    """A gradient all-reduced or reduce-scattered (DDP sizes its buckets in fp32 gradients either way)."""
+    fp8_weights: bool = False
+    """The blocks' linear weights gathered in FP8 (``training.fp8_param_gather``): one byte each."""
+
+    def of(self, p: ParamTensor) -> int:
+        """Bytes of one element of parameter ``p`` as it is gathered."""
+        return 1 if self.fp8_weights and p.name.startswith("layers.") and not p.norm else self.param
+
+
+#: The executor's: fp32 parameters and gradients (``PARAM_ELEMENT_BYTES``).
+EXECUTOR_WIRE = Wire(param=PARAM_ELEMENT_BYTES, grad=PARAM_ELEMENT_BYTES)
+
+
+def plan_wire(plan: Plan) -> Wire:
+    """The plan's own dtypes: parameters as stored (``optim_states.param_bytes``: 16-bit beside an
+    fp32 master copy, fp32 under autocast), gradients as its stacks reduce them
+    (``collectives.grad_wire_bytes``: fp32 by default in Megatron-LM, torchtitan and torch AMP)."""
+    tr = plan.training
+    return Wire(param=param_bytes(tr), grad=int(grad_wire_bytes(plan)), fp8_weights=tr.fp8_param_gather)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,13 +160,14 @@ def ddp_buckets(ready_bytes: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
     return buckets + ([size] if size else [])
 
 
-def _ddp_calls(plan: Plan, params: list[ParamTensor]) -> Counter:
+def _ddp_calls(plan: Plan, params: list[ParamTensor], wire: Wire) -> Counter:
     ready = [_numel(p.shape) * PARAM_ELEMENT_BYTES for p in reversed(params)]
     compression = plan.training.grad_compression
     if compression == GradCompression.POWERSGD:
         raise ValueError("training.grad_compression=powersgd: its steady-state collectives are not modelled")
     half = compression in (GradCompression.FP16, GradCompression.BF16)
-    return Counter(Call(kind="all_reduce", axis=grad_axis(plan), bytes=b // 2 if half else b, issuer="ddp")
+    grad = min(wire.grad, 2) if half else wire.grad     # the hook all-reduces a 16-bit copy of the bucket
+    return Counter(Call(kind="all_reduce", axis=grad_axis(plan), bytes=b * grad // PARAM_ELEMENT_BYTES, issuer="ddp")
                    for b in ddp_buckets(ready))
 
 
@@ -151,13 +185,14 @@ def _dp_params(plan: Plan, params: list[ParamTensor]) -> list[ParamTensor]:
     return [p for p in params if not is_expert(p)] if plan.parallel.ep > 1 else params
 
 
-def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:
+def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int, wire: Wire) -> Counter:
     par, out, nd, axis = plan.parallel, Counter(), plan.parallel.dp * plan.parallel.cp, grad_axis(plan)
     for unit in _fsdp_units(plan, part):
-        nbytes = sum(fsdp_padded_numel(local_shape(p, par.tp, tp_rank), nd) for p in unit) * PARAM_ELEMENT_BYTES
+        numels = [(fsdp_padded_numel(local_shape(p, par.tp, tp_rank), nd), wire.of(p)) for p in unit]
         gathers, scatters = fsdp_unit_calls(actions, part.stage, par.zero == ZeroStage.WEIGHTS, par.pp > 1)
-        out[Call(kind="all_gather", axis=axis, bytes=nbytes, issuer="fsdp2")] += gathers
-        out[Call(kind="reduce_scatter", axis=axis, bytes=nbytes, issuer="fsdp2")] += scatters
+        out[Call(kind="all_gather", axis=axis, bytes=sum(n * e for n, e in numels), issuer="fsdp2")] += gathers
+        out[Call(kind="reduce_scatter", axis=axis, bytes=sum(n for n, _ in numels) * wire.grad,
+                 issuer="fsdp2")] += scatters
     return +out
 
 
@@ -174,30 +209,31 @@ def _fsdp_based(plan: Plan) -> bool:
     return par.dp * par.cp > 1 and (par.zero >= ZeroStage.GRADIENTS or _replicate(plan))
 
 
-def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int) -> Counter:
+def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int, wire: Wire) -> Counter:
     par = plan.parallel
     params = _dp_params(plan, part_params(plan.model, part))
     nd, axis = par.dp * par.cp, grad_axis(plan)
     if nd == 1:
         return Counter()
     if par.zero >= ZeroStage.GRADIENTS:
-        return _fsdp_calls(plan, part, actions, tp_rank)
+        return _fsdp_calls(plan, part, actions, tp_rank, wire)
     if _replicate(plan):  # replicate: one param group, all-reduced per reduction
-        nbytes = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params) * PARAM_ELEMENT_BYTES
+        nbytes = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params) * wire.grad
         out = Counter({Call(kind="all_reduce", axis=axis, bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
         if par.zero == ZeroStage.OPTIMIZER_STATES and nd // par.ep > 1:   # executors.zero1: a broadcast a tensor
             held = part_params(plan.model, part)
             out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, issuer="zero1",
-                            bytes=_numel(local_shape(p, par.tp, tp_rank)) * PARAM_ELEMENT_BYTES)
+                            bytes=_numel(local_shape(p, par.tp, tp_rank)) * wire.of(p))
                        for p in held if p in params or _held_expert(plan, p, held))
         return out
-    out = _ddp_calls(plan, params)
+    out = _ddp_calls(plan, params, wire)
     zero_ranks = nd // par.ep      # under ep, ZeRO-1 shards over the ranks holding the same experts
     if par.zero == ZeroStage.OPTIMIZER_STATES and zero_ranks > 1:
         held = [p for p in part_params(plan.model, part) if p not in params]
-        numels = [_numel(p.shape) for p in params] + [_numel(p.shape) for p in held[:len(held) // par.ep]]
-        out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, bytes=max(1, n) * PARAM_ELEMENT_BYTES,
-                        issuer="zero1") for n in zero1_buckets(numels, zero_ranks))
+        tensors = params + held[:len(held) // par.ep]
+        buckets = zero1_buckets([_numel(p.shape) for p in tensors], zero_ranks, [wire.of(p) for p in tensors])
+        out.update(Call(kind="broadcast", axis="dp" if par.ep > 1 else axis, bytes=max(wire.param, n),
+                        issuer="zero1") for n in buckets)
     return out
 
 
@@ -218,17 +254,21 @@ def _held_expert(plan: Plan, p: ParamTensor, held: list[ParamTensor]) -> bool:
     return expert < plan.model.experts // plan.parallel.ep
 
 
-def zero1_buckets(numels: list[int], dp: int) -> list[int]:
-    """Elements of each rank's bucket under ``ZeroRedundancyOptimizer``'s greedy partition."""
-    sizes = [0] * dp
-    for n in sorted(numels, reverse=True):
-        sizes[sizes.index(min(sizes))] += n
-    return sizes
+def zero1_buckets(numels: list[int], dp: int, element_bytes: list[int] | None = None) -> list[int]:
+    """Elements of each rank's bucket under ``ZeroRedundancyOptimizer``'s greedy partition (by
+    elements, largest first), or its bytes with ``element_bytes`` per tensor."""
+    sizes, held = [0] * dp, [0] * dp
+    weights = element_bytes or [1] * len(numels)
+    for n, e in sorted(zip(numels, weights), key=lambda t: -t[0]):
+        r = sizes.index(min(sizes))
+        sizes[r] += n
+        held[r] += n * e
+    return held
 
 
 # --------------------------------------------------------------------------- tensor parallel
 
-def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
+def _tp_calls(plan: Plan, part: StagePart, tp_rank: int, wire: Wire) -> Counter:
     """DTensor collectives of one chunk in one step (see the module docstring)."""
     par, m, tr = plan.parallel, plan.model, plan.training
     if par.tp == 1:
@@ -260,7 +300,7 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int) -> Counter:
         out[call("all_reduce", act)] += n_mb * part.embed
         reductions = grad_reductions(plan) if _fsdp_based(plan) else OPTIMIZER_GRAD_READS[tr.optimizer]
         for p in part_params(m, part):
-            out[call("all_reduce", _numel(p.shape) * PARAM_ELEMENT_BYTES)] += reductions * p.norm
+            out[call("all_reduce", _numel(p.shape) * wire.grad)] += reductions * p.norm
     else:
         out[call("all_reduce", act)] += n_mb * (4 * blocks + redo + op["all_reduce"] - 2 * moe + part.embed
                                                 + part.head)
@@ -308,8 +348,8 @@ def _check_modelled(plan: Plan) -> None:
             raise ValueError(message)
 
 
-def expected_calls(plan: Plan, rank: int) -> Counter:
-    """Counter of ``Call`` -> calls that global ``rank`` issues in one steady-state step."""
+def expected_calls(plan: Plan, rank: int, wire: Wire = EXECUTOR_WIRE) -> Counter:
+    """Counter of ``Call`` -> calls that global ``rank`` issues in one steady-state step, bytes by ``wire``."""
     _check_modelled(plan)
     par = plan.parallel
     coords = rank_grid(par.pp, par.dp, par.cp, par.tp).coords(rank)
@@ -317,10 +357,11 @@ def expected_calls(plan: Plan, rank: int) -> Counter:
     out = _pp_calls(plan, coords["pp"], coords["tp"])
     act = _ACT_ELEMENT_BYTES[plan.training.precision]
     for part in stage_parts(plan, coords["pp"]):
-        out.update(_tp_calls(plan, part, coords["tp"]))
-        out.update(_dp_calls(plan, part, actions, coords["tp"]))
-        for kind, axis, nbytes, issuer, n in (ring_calls(plan, part, act) + expert_calls(plan, part, act, coords["tp"])
-                                              + tied_calls(plan, part, coords["tp"])):
+        out.update(_tp_calls(plan, part, coords["tp"], wire))
+        out.update(_dp_calls(plan, part, actions, coords["tp"], wire))
+        for kind, axis, nbytes, issuer, n in (ring_calls(plan, part, act)
+                                              + expert_calls(plan, part, act, coords["tp"], wire.grad)
+                                              + tied_calls(plan, part, coords["tp"], wire.grad)):
             out[Call(kind=kind, axis=axis, bytes=nbytes, issuer=issuer)] += n
     return +out
 
@@ -343,15 +384,15 @@ def expected_collectives(plan: Plan) -> dict[int, Counter]:
     return {r: counts[(c["pp"], c["tp"])] for r in range(par.gpus) for c in [grid.coords(r)]}
 
 
-def format_collectives(plan: Plan) -> str:
+def format_collectives(plan: Plan, wire: Wire = EXECUTOR_WIRE) -> str:
     """A table per pipeline stage (its first rank): axis, kind, calls per step, bytes per
-    call (range when they differ) and bytes per step."""
+    call (range when they differ) and bytes per step, bytes by ``wire``."""
     par = plan.parallel
     grid = rank_grid(par.pp, par.dp, par.cp, par.tp)
     lines = []
     for pp_rank in range(par.pp):
         rank = grid.rank(pp=pp_rank)
-        calls = expected_calls(plan, rank)
+        calls = expected_calls(plan, rank, wire)
         rows: dict[tuple[str, str], list] = {}
         for c, n in calls.items():
             rows.setdefault((c.axis, c.kind), []).append((c.bytes, n))

@@ -75,8 +75,10 @@ def moe_capacity(plan: Plan) -> int:
     return max(1, math.ceil(m.capacity_factor * tokens * m.top_k / m.experts))
 
 
-def expert_calls(plan: Plan, part: StagePart, act_bytes: int, tp_rank: int) -> list[tuple]:
-    """Dispatch and combine all-to-alls, and the experts' gradient all-reduce, of one chunk."""
+def expert_calls(plan: Plan, part: StagePart, act_bytes: int, tp_rank: int,
+                 grad_bytes: int = FP32_BYTES) -> list[tuple]:
+    """Dispatch and combine all-to-alls, and the experts' gradient all-reduce (``grad_bytes`` an
+    element: the executor's fp32 by default), of one chunk."""
     par, m = plan.parallel, plan.model
     moe = [i for i in part.layers if i >= m.dense_layers]   # an MoE model's first layers are dense
     if not m.moe or par.ep == 1 or not moe:
@@ -87,13 +89,13 @@ def expert_calls(plan: Plan, part: StagePart, act_bytes: int, tp_rank: int) -> l
     if edp > 1:
         experts = [p for i in moe for p in block_params(m, i) if is_expert(p)]
         numel = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in experts) // par.ep   # E / ep experts each
-        out.append(("all_reduce", "dp", numel * FP32_BYTES, "moe", 1))
+        out.append(("all_reduce", "dp", numel * grad_bytes, "moe", 1))
     return out
 
 
-def tied_calls(plan: Plan, part: StagePart, tp_rank: int) -> list[tuple]:
-    """The embedding group's all-reduce of the tied weight's local gradient, on a pipeline end
-    (none under DualPipeV, whose rank 0 holds both ends)."""
+def tied_calls(plan: Plan, part: StagePart, tp_rank: int, grad_bytes: int = FP32_BYTES) -> list[tuple]:
+    """The embedding group's all-reduce of the tied weight's local gradient (``grad_bytes`` an
+    element), on a pipeline end (none under DualPipeV, whose rank 0 holds both ends)."""
     par, m = plan.parallel, plan.model
     if not (m.tied_embeddings and par.pp > 1 and (part.embed or part.head)) or par.v_shape:
         return []
@@ -101,4 +103,4 @@ def tied_calls(plan: Plan, part: StagePart, tp_rank: int) -> list[tuple]:
     nd = par.dp * par.cp
     fsdp = nd > 1 and par.zero >= ZeroStage.GRADIENTS
     numel = fsdp_padded_numel(shape, nd) // nd if fsdp else _numel(shape)
-    return [("all_reduce", "pp", numel * FP32_BYTES, "tied", 1)]
+    return [("all_reduce", "pp", numel * grad_bytes, "tied", 1)]

@@ -10,6 +10,7 @@ per call. Pure tests pin the model structure (parameter tensors against
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -21,6 +22,7 @@ from simcore.model import collective_plan as cp
 from simcore.model import fsdp_calls as fc
 from simcore.model import param_layout as pl
 from simcore.model.schedules import Action, Op
+from simcore.plan.spec import ZeroImpl
 from tests.executors.test_executor_parallel import GPT, LLAMA, STEPS, make_plan
 
 BIG = dict(LLAMA, name="test-llama-big", hidden=256, heads=4, kv_heads=2, ffn_hidden=512, layers=12, vocab=256)
@@ -88,6 +90,39 @@ def test_fsdp_walk_of_a_1f1b_stage_by_hand():
 def test_zero1_buckets_follow_the_greedy_largest_first_partition():
     assert cp.zero1_buckets([1, 5, 3, 3, 2], 2) == [7, 7]          # 5, 3, 3 -> rank 1, 2 -> rank 0, 1 -> rank 1
     assert cp.zero1_buckets([4, 4, 4], 4) == [4, 4, 4, 0]         # a rank without tensors broadcasts a dummy
+
+
+def _dp_bytes(plan, wire) -> Counter:
+    out: Counter = Counter()
+    for c, n in cp.expected_calls(plan, 0, wire).items():
+        if c.axis == "dp":
+            out[c.kind] += c.bytes * n
+    return out
+
+
+def test_the_plans_wire_moves_its_own_dtypes():
+    """``plan_wire``: the executor's calls with the plan's dtypes (issue 57.10). The executor's
+    autocast moves fp32 parameters and gradients; a bf16 plan gathers 16-bit parameters and
+    reduces fp32 gradients (Megatron-LM's and torchtitan's defaults), FP8 primary weights are
+    gathered at one byte, DeepSpeed's ZeRO reduces in the model's dtype."""
+    exe = cp.EXECUTOR_WIRE
+    bf16 = make_plan(LLAMA, dp=2, zero=3, precision="bf16")
+    own, fp32 = _dp_bytes(bf16, cp.plan_wire(bf16)), _dp_bytes(bf16, exe)
+    assert own["all_gather"] * 2 == fp32["all_gather"] and own["reduce_scatter"] == fp32["reduce_scatter"]
+    assert cp.plan_wire(make_plan(LLAMA, dp=2, zero=3)) == exe                 # an fp32 plan moves fp32
+    auto = dataclasses.replace(bf16, training=dataclasses.replace(bf16.training, autocast=True))
+    assert cp.plan_wire(auto) == exe                                           # torch AMP: fp32 parameters
+    ds = dataclasses.replace(bf16, parallel=dataclasses.replace(bf16.parallel, zero_impl=ZeroImpl.DEEPSPEED))
+    assert _dp_bytes(ds, cp.plan_wire(ds))["reduce_scatter"] * 2 == fp32["reduce_scatter"]
+    z1 = make_plan(LLAMA, dp=2, zero=1, precision="fp8")
+    fp8 = dataclasses.replace(z1, training=dataclasses.replace(z1.training, fp8_param_gather=True))
+    wire = cp.plan_wire(fp8)
+    params = pl.part_params(fp8.model, pl.StagePart(stage=0, layers=tuple(range(fp8.model.layers)), embed=True,
+                                                    head=True))
+    block = sum(pl._numel(p.shape) for p in params if p.name.startswith("layers.") and not p.norm)
+    # the broadcasts hold every parameter once: the blocks' linear weights at 1 byte, the rest at 2
+    assert _dp_bytes(fp8, wire)["broadcast"] == block + 2 * (sum(pl._numel(p.shape) for p in params) - block)
+    assert _dp_bytes(z1, exe)["broadcast"] == 4 * sum(pl._numel(p.shape) for p in params)
 
 
 def test_closed_forms_of_the_tiny_gpt():

@@ -68,11 +68,15 @@ def _plan(par: dict, model: dict, training: dict, precision: str = "fp32") -> Pl
 
 
 def _executor(plan: Plan, pp_rank: int) -> Counter:
-    """(axis, kind) -> bytes per step of the first rank of pipeline stage ``pp_rank``."""
+    """(axis, kind) -> bytes per step of the first rank of pipeline stage ``pp_rank``: the
+    executor's calls, in the plan's dtypes (``collective_plan.plan_wire``): autocast keeps the
+    executor's parameters and gradients fp32, where Megatron's distributed optimizer and FSDP2
+    under a bf16 MixedPrecisionPolicy gather 16-bit parameters and reduce the gradients at
+    ``collectives.grad_wire_bytes``."""
     par = plan.parallel
     rank = rank_grid(par.pp, par.dp, par.cp, par.tp).rank(pp=pp_rank)
     out: Counter = Counter()
-    for call, n in cplan.expected_calls(plan, rank).items():
+    for call, n in cplan.expected_calls(plan, rank, cplan.plan_wire(plan)).items():
         if call.kind != "recv":   # each send's receive, on the other rank
             out[call.axis, call.kind] += call.bytes * n
     return out
@@ -94,8 +98,9 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
         # the SP norms' gradients once per step, coalesced (finalize_model_grads.py), which
         # the model leaves out (2 * hidden per layer)
         rank = rank_grid(par.pp, par.dp, par.cp, par.tp).rank(pp=pp_rank)
-        out["tp", "all_reduce"] -= sum(c.bytes * n for c, n in cplan.expected_calls(plan, rank).items()
-                                       if c.axis == "tp" and c.kind == "all_reduce" and c.bytes == 4 * m.hidden)
+        wire = cplan.plan_wire(plan)
+        out["tp", "all_reduce"] -= sum(c.bytes * n for c, n in cplan.expected_calls(plan, rank, wire).items()
+                                       if c.axis == "tp" and c.kind == "all_reduce" and c.bytes == wire.grad * m.hidden)
         if first:   # the embedding's Partial output reaches the SP region by an all-reduce; Megatron reduce-scatters
             out["tp", "all_reduce"] -= mbs * act
             out["tp", "reduce_scatter"] += mbs * act
@@ -124,16 +129,6 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
         axis = ep_axis(plan)
         if axis != "ep":
             out["ep", "all_to_all"] += out.pop((axis, "all_to_all"), 0)
-    # autocast keeps the executor's parameters and gradients fp32, and its data-parallel
-    # wrappers move them so; Megatron's distributed optimizer and FSDP2 under a bf16
-    # MixedPrecisionPolicy reduce 16-bit gradients and gather 16-bit parameters
-    # (``collectives.grad_wire_bytes``; torch DDP still reduces fp32)
-    grads, params = coll.grad_wire_bytes(plan) / 4, mem.weight_bytes_per_param(tr.precision) / 4
-    for axis in {"cp" if par.dp == 1 and par.cp > 1 else "dp", "dp"}:
-        for kind, factor in (("all_reduce", grads), ("reduce_scatter", grads), ("all_gather", params),
-                             ("broadcast", params)):
-            out[axis, kind] *= factor
-    out["pp", "all_reduce"] *= grads   # the tied embedding's gradient
     return +out
 
 

@@ -108,20 +108,40 @@ def test_help_says_what_each_command_answers_with_an_example(capsys):
         parser.parse_args(argv[1:])   # the example is a command line the parser takes
 
 
-def test_collectives_say_which_dtypes_their_bytes_are(tmp_path, capsys):
-    """Issue 57.10: `collectives` listed a bf16 plan's parameter traffic at fp32's 4 bytes without a word."""
+def _rows(out: str) -> dict[tuple[str, str], int]:
+    """(axis, kind) -> bytes per step of the first stage's table."""
+    rows = {}
+    for line in out.split("rank ")[1].splitlines()[2:]:
+        axis, kind, _, *_, total = line.split()
+        rows[axis, kind] = int(total.replace(",", ""))
+    return rows
+
+
+def test_collectives_list_the_plans_own_bytes(tmp_path, capsys):
+    """Issue 57.10: `collectives` listed a bf16 plan's parameter traffic at fp32's 4 bytes. Its
+    16-bit parameters are broadcast at 2 bytes, its gradients reduced in fp32 (Megatron-LM's
+    default); ``--wire executor`` gives what trainplan's executor (autocast) moves."""
     import yaml
 
-    assert main(["collectives", str(ROOT / "plans/llama3-70b-h100.yaml")]) == 0
-    note = capsys.readouterr().out.strip().splitlines()[-1]
-    assert note.startswith("bytes as trainplan's executor issues them: parameters and gradients in fp32")
-    assert "activations and their gradients in bf16" in note and "at 2 bytes each, half the 4 listed" in note
-    doc = yaml.safe_load((ROOT / "plans/llama3-70b-h100.yaml").read_text())
+    plan = str(ROOT / "plans/llama3-70b-h100.yaml")
+    assert main(["collectives", plan]) == 0
+    out = capsys.readouterr().out
+    note = out.strip().splitlines()[-1]
+    assert "bytes in the plan's dtypes: parameters gathered or broadcast at 2 bytes" in note
+    assert "gradients reduced at 4 bytes" in note
+    assert main(["collectives", plan, "--wire", "executor"]) == 0
+    exe = capsys.readouterr().out
+    assert "autocast over fp32 parameters, so parameters gathered or broadcast at 4 bytes" in exe
+    own, fp32 = _rows(out), _rows(exe)
+    assert own["dp", "broadcast"] * 2 == fp32["dp", "broadcast"]       # ZeRO-1's parameters: half
+    assert own["dp", "all_reduce"] == fp32["dp", "all_reduce"]         # fp32 gradients in both
+    assert own["tp", "all_gather"] == fp32["tp", "all_gather"]         # activations in bf16 in both
+    doc = yaml.safe_load(Path(plan).read_text())
     doc["training"]["precision"] = "fp32"
     path = tmp_path / "fp32.yaml"
     path.write_text(yaml.safe_dump(doc))
     assert main(["collectives", str(path)]) == 0
-    assert "half" not in capsys.readouterr().out.strip().splitlines()[-1]
+    assert _rows(capsys.readouterr().out)["dp", "broadcast"] == fp32["dp", "broadcast"]
 
 
 def test_schedule_and_collectives_print_dualpipev_as_torch_orders_it(tmp_path, capsys):
