@@ -238,9 +238,13 @@ def cmd_import(args) -> None:
     doc, warnings = import_plan(hf=args.hf, megatron=args.megatron, deepspeed=args.deepspeed,
                                 torchtitan=args.torchtitan, cluster=args.cluster, nodes=args.nodes,
                                 seq_len=args.seq_len, base_dir=".")
-    plan_from_dict(doc, ".")
-    for line in warnings:
+    plan = plan_from_dict(doc, ".")
+    from simcore.model.workload import active_params_per_token, param_counts
+    from simcore.plan.hf_config import hf_import_notes
+    for line in warnings + (hf_import_notes(args.hf) if args.hf else []):
         print(f"trainplan: warning: {line}", file=sys.stderr)
+    active = f" ({active_params_per_token(plan.model):,.0f} per token)" if plan.model.moe else ""
+    print(f"trainplan: note: built {param_counts(plan.model).total:,} parameters{active}", file=sys.stderr)
     print(yaml.safe_dump(doc, sort_keys=False), end="")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simcore.plan.hf_families import USED_HERE, language_model, moe_layout, refuse_unstated
 from simcore.plan.spec import PlanError
 
 DEFAULT_SEQ_LEN = 8192
@@ -41,7 +42,7 @@ USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_s
         "mlp_only_layers", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
         "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
         "moe_layer_freq", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-        "sliding_window_pattern", *DROPOUT_KEYS}
+        "sliding_window_pattern", *DROPOUT_KEYS, *USED_HERE}
 
 
 def read_config(path: Path) -> dict:
@@ -75,7 +76,9 @@ def hf_config_fields(path: Path, seq_len_given: bool = True) -> dict:
 
 
 def hf_fields(cfg: dict, path: Path) -> dict:
-    """ModelSpec fields of a parsed config.json (``path`` names it in messages)."""
+    """ModelSpec fields of a parsed config.json (``path`` names it in messages); a nested
+    ``text_config`` is the language model (``hf_families.language_model``)."""
+    cfg, _ = language_model(cfg)
     mtype = str(cfg.get("model_type", "")).lower()
 
     def pick(*keys):
@@ -115,6 +118,7 @@ def hf_fields(cfg: dict, path: Path) -> dict:
     missing = [k for k in ("layers", "hidden", "heads", "vocab") if out[k] is None]
     if missing:
         raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")
+    refuse_unstated(cfg, mtype, path)
     return {k: v for k, v in out.items() if v is not None}   # no seq_len without a context: the caller's
 
 
@@ -151,10 +155,14 @@ def _moe_fields(cfg: dict, mtype: str, path: Path) -> dict:
     not in ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0; DeepSeek
     (modeling_deepseek_v3.py) when i >= ``first_k_dense_replace``.
     """
+    out, dense = moe_layout(cfg, mtype)
+    if dense is not None:
+        step = f"interleave_moe_layer_step={cfg.get('interleave_moe_layer_step')}"
+        return out | _dense_prefix(dense, path, step if mtype == "llama4_text" else "") if out else {}
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if not experts:
         return {}
-    out = {"experts": experts, "top_k": cfg.get("num_experts_per_tok") or 0}
+    out = {"experts": experts, "top_k": cfg.get("num_experts_per_tok") or cfg.get("top_k_experts") or 0}
     expert_width = cfg.get("moe_intermediate_size")
     if expert_width:
         out["ffn_hidden"], out["dense_ffn_hidden"] = expert_width, cfg.get("intermediate_size")
@@ -170,12 +178,17 @@ def _moe_fields(cfg: dict, mtype: str, path: Path) -> dict:
         step = cfg.get("decoder_sparse_step") or 1
         only = set(cfg.get("mlp_only_layers") or [])
         dense = [i for i in range(layers) if i in only or (i + 1) % step]
+    return out | _dense_prefix(dense, path, "decoder_sparse_step / mlp_only_layers")
+
+
+def _dense_prefix(dense: list[int], path: Path, fields: str) -> dict:
+    """``dense_layers`` for dense layers that are the first ones; a PlanError naming the
+    fields that place them otherwise (model.dense_layers states only a prefix)."""
     if dense != list(range(len(dense))):
-        raise PlanError(f"model config {path}: dense layers {dense} are not the first ones, which "
-                        "model.dense_layers needs (decoder_sparse_step / mlp_only_layers)")
-    if dense:
-        out["dense_layers"] = len(dense)
-    return out
+        shown = ", ".join(map(str, dense[:4])) + (", ..." if len(dense) > 4 else "")
+        raise PlanError(f"model config {path}: {fields} makes dense layers [{shown}], but "
+                        "model.dense_layers states only the first layers dense")
+    return {"dense_layers": len(dense)} if dense else {}
 
 
 def _mla_fields(cfg: dict) -> dict:
@@ -184,3 +197,16 @@ def _mla_fields(cfg: dict) -> dict:
     return {"kv_lora_rank": cfg["kv_lora_rank"], "q_lora_rank": cfg.get("q_lora_rank") or 0,
             "kv_channels": cfg.get("qk_nope_head_dim"), "qk_rope_head_dim": cfg.get("qk_rope_head_dim"),
             "v_head_dim": cfg.get("v_head_dim"), "kv_heads": cfg.get("num_attention_heads")}
+
+
+def hf_import_notes(path) -> list[str]:
+    """Lines the importer adds for a wrapper config: the towers not modelled and the
+    ``text_config`` fields not mapped (the top-level ones are the reader's ``ignored``)."""
+    cfg = read_config(Path(path))
+    _, notes = language_model(cfg)
+    text = cfg.get("text_config")
+    if isinstance(text, dict):
+        dropped = sorted(k for k in text if k not in USED)
+        if dropped:
+            notes.append(f"not mapped to the plan: text_config: {', '.join(dropped)}")
+    return notes

@@ -41,7 +41,7 @@ def test_every_family_the_issue_names_has_a_fixture():
     assert sorted(SOURCES) == sorted(p.parent.name for p in HF.glob("*/config.json"))
 
 
-@pytest.mark.parametrize("name", sorted(SOURCES))
+@pytest.mark.parametrize("name", sorted(n for n in SOURCES if "params" in SOURCES[n]))
 def test_imported_parameter_count_is_the_published_size(name):
     plan, _, _ = _import(name)
     published = float(SOURCES[name]["params"])
