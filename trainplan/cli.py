@@ -13,6 +13,7 @@ from pathlib import Path
 from simcore.plan.spec import PlanError
 from simcore.planner.stacks import STACKS
 from topologies.components import CatalogError
+from trainplan import commands_compare as compare
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
 from trainplan.common import SEARCH_TOP_K, UsageError, check_numbers, check_outputs, stop_on_signals
@@ -68,6 +69,12 @@ def _plan_file_commands(sub) -> None:
                    help="bytes in the plan's dtypes (default: 16-bit parameters, gradients as its stacks reduce them) "
                         "or in trainplan's executor's (fp32 parameters and gradients under autocast)")
     p.set_defaults(func=model.cmd_collectives)
+
+    p = sub.add_parser("compare", help="a real run's log (Megatron, torchtitan, DeepSpeed, HF, MLPerf) vs the prediction")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--log", type=Path, required=True, help="a log file, or a directory of rank logs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=compare.cmd_compare)
 
     p = sub.add_parser("memory", help="bytes per GPU by term, per pipeline rank, and whether it fits")
     p.add_argument("plan", type=Path)
