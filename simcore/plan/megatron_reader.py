@@ -1,153 +1,19 @@
 """A Megatron-LM launch (one command line, or a launch script) read as Plan keys.
 
-Megatron-LM's own example scripts (examples/gpt3/train_gpt3_175b_distributed.sh,
-examples/llama/train_llama3_8b_h100_fp8.sh, examples/mixtral/train_mixtral_8x7b_distributed.sh
-at NVIDIA/Megatron-LM 157006d6 / 0a40979e) build the command from shell variables and bash
-arrays: ``NAME=value``, ``NAME=${NAME:-default}``, ``ARGS=( --opt $VAR ... )``,
-``ARGS+=( "--opt value" )`` and ``torchrun ${DISTRIBUTED_ARGS[@]} "$PRETRAIN_SCRIPT_PATH"
-${MODEL_ARGS[@]} ...``. ``expand_script`` evaluates that much of bash (assignments,
-arrays, ``${...}`` expansion, ``$((...))`` arithmetic of integers); an ``if`` block
-contributes its first branch (the examples' defaults). The command is the first line whose
-first word is a launcher (torchrun, python, deepspeed, srun, ...) or a .py script.
-
-The option semantics are Megatron-LM's megatron/training/arguments.py (``validate_args``) at
-the commit in tool_options.yaml: ``--sequence-parallel`` at TP 1 is turned off, the world is
-torchrun's ``--nnodes x --nproc-per-node`` (``--nproc_per_node`` spelt either way).
+The script is evaluated by ``simcore.plan.megatron_shell`` (variables, bash arrays, if
+blocks, wrappers such as ``uv run``, ``sbatch`` here-documents) down to the training
+script's options. The option semantics are Megatron-LM's megatron/training/arguments.py
+(``validate_args``) at the commit in tool_options.yaml: ``--sequence-parallel`` at TP 1 is
+turned off, the world is torchrun's ``--nnodes x --nproc-per-node`` (``--nproc_per_node``
+spelt either way).
 """
 from __future__ import annotations
 
 import re
-import shlex
 
+from simcore.plan.megatron_shell import _logical_lines, expand_script, options, split_command  # noqa: F401
 from simcore.plan.readers import Reading
 from simcore.plan.spec import MEGATRON_DROPOUT, PlanError
-
-_LAUNCHERS = {"torchrun", "python", "python3", "deepspeed", "srun", "mpirun", "bash"}
-_SKIP_WORDS = {"if", "then", "else", "elif", "fi", "for", "do", "done", "echo", "mkdir", "export", "set",
-               "exit", "cd", "source", ".", "[", "[[", "while", "case", "esac", "unset", "shift"}
-_VAR = re.compile(r"\$\{(\w+)(?:\[@\]|\[\*\])?(?::?-([^}]*))?\}|\$(\w+|[0-9])")
-
-
-def _logical_lines(text: str) -> list[str]:
-    joined = re.sub(r"\\\n", " ", text)
-    return [ln for ln in joined.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-
-
-class _Shell:
-    """The variables and arrays of a script, and ``${...}`` expansion."""
-
-    def __init__(self):
-        self.vars: dict[str, str] = {}
-        self.arrays: dict[str, list[str]] = {}
-        self.exported: dict[str, str] = {}
-
-    def expand(self, text: str) -> str:
-        def sub(match):
-            name, default, plain = match.group(1), match.group(2), match.group(3)
-            name = name or plain
-            if name in self.arrays:  # unquoted ${A[@]}: bash splits each element into words
-                return " ".join(self.arrays[name])
-            value = self.vars.get(name)
-            return value if value else (self._default(default) if default is not None else "")
-        text = re.sub(r"\$\(\((.*?)\)\)", lambda m: self._arith(self.expand_plain(m.group(1))), text)
-        return _VAR.sub(sub, text)
-
-    def expand_plain(self, text: str) -> str:
-        return _VAR.sub(lambda m: self.vars.get(m.group(1) or m.group(3), ""), text)
-
-    def _default(self, default: str) -> str:
-        return self.expand(default).strip("\"'")
-
-    @staticmethod
-    def _arith(expr: str) -> str:
-        if not re.fullmatch(r"[\d\s+\-*/()]+", expr):
-            return "0"
-        return str(eval(expr.replace("/", "//"), {"__builtins__": {}}))  # digits and + - * / only
-
-
-def expand_script(text: str) -> tuple[list[list[str]], dict[str, str]]:
-    """Each command line of a script after variable and array expansion, as words, and
-    the variables the script exports."""
-    sh, out, skip_branch, depth = _Shell(), [], False, 0
-    lines = _logical_lines(text)
-    i = 0
-    while i < len(lines):
-        line = lines[i].strip()
-        i += 1
-        head = re.match(r"^(\w+)(\+?)=\($", line) or re.match(r"^(\w+)(\+?)=\((.*)\)$", line)
-        if head:
-            body = head.group(3) if head.lastindex == 3 else ""
-            if head.lastindex != 3:
-                while i < len(lines) and lines[i].strip() != ")":
-                    body += "\n" + lines[i]
-                    i += 1
-                i += 1
-            if not skip_branch:
-                words = shlex.split(sh.expand(body), comments=True)
-                sh.arrays[head.group(1)] = (sh.arrays.get(head.group(1), []) if head.group(2) else []) + words
-            continue
-        first = line.split()[0]
-        if first in ("if", "for", "while", "case"):
-            depth += 1
-            continue
-        if first in ("else", "elif") and depth:
-            skip_branch = True
-            continue
-        if first in ("fi", "done", "esac") and depth:
-            depth -= 1
-            skip_branch = False if depth == 0 else skip_branch
-            continue
-        if skip_branch:
-            continue
-        assign = re.match(r"^(export\s+)?(\w+)=(.*)$", line)
-        words = shlex.split(sh.expand(assign.group(3)), comments=True) if assign else []
-        if assign and len(words) <= 1:
-            sh.vars[assign.group(2)] = words[0] if words else ""
-            if assign.group(1):
-                sh.exported[assign.group(2)] = sh.vars[assign.group(2)]
-            continue
-        if first in _SKIP_WORDS:
-            continue
-        out.append(shlex.split(sh.expand(line), comments=True))
-    return out, sh.exported
-
-
-def split_command(text: str) -> tuple[dict, dict[str, str], dict[str, list[str]]]:
-    """The launcher's options, its environment (``export NAME=value`` lines) and the
-    training script's options, of a command line or a launch script."""
-    commands, exported = expand_script(text)
-    for words in commands:
-        env = dict(exported)
-        while words and re.match(r"^\w+=", words[0]):  # NAME=value before the command
-            key, _, value = words.pop(0).partition("=")
-            env[key] = value
-        if not words or (words[0] not in _LAUNCHERS and not words[0].endswith(".py")):
-            continue
-        script = next((i for i, t in enumerate(words) if t.endswith(".py")), None)
-        if script is None:
-            continue
-        pre = {}
-        for i, tok in enumerate(words[:script]):
-            key, _, val = tok.partition("=")
-            if key.startswith("--"):
-                pre[key.replace("_", "-")] = val or (words[i + 1] if i + 1 < script else "")
-        return pre, env, options(words[script + 1:], "megatron")
-    raise PlanError("megatron: no training script (a .py file such as pretrain_gpt.py) in the command")
-
-
-def options(tokens: list[str], where: str) -> dict[str, list[str]]:
-    """``--name v1 v2`` / ``--name=v`` / ``--flag`` into {name: values}; last one wins."""
-    opts: dict[str, list[str]] = {}
-    name = None
-    for tok in tokens:
-        if tok.startswith("--"):
-            name, _, value = tok.partition("=")
-            opts[name] = [value] if value else []
-        elif name is None:
-            raise PlanError(f"{where}: unexpected argument {tok!r} before the first option")
-        else:
-            opts[name].append(tok)
-    return opts
 
 
 class _Args:
@@ -226,6 +92,9 @@ def _to_int(value: str, where: str) -> int:
 
 
 def _megatron_model(a: _Args, f: dict) -> None:
+    # The training sequence is the run's, whoever gives the model's shape (--hf or the command)
+    f["model.seq_len"] = a.value("--seq-length")
+    a.value("--max-position-embeddings")  # a capacity; the run uses --seq-length
     if "--num-layers" not in a.opts:
         return
     f["model.layers"] = a.value("--num-layers")
@@ -236,16 +105,21 @@ def _megatron_model(a: _Args, f: dict) -> None:
         f["model.kv_heads"] = a.value("--num-query-groups")
     elif f["model.heads"] is not None:
         f["model.kv_heads"] = f["model.heads"]
-    f["model.vocab"] = a.value("--vocab-size") or _tokenizer_vocab(a)
+    # --padded-vocab-size: the embedding's exact rows, not padded further (argument_utils.py
+    # gpt_config_from_args, should_pad_vocab=False @d98e8a64); --vocab-size is then the tokenizer's
+    f["model.vocab"] = a.value("--padded-vocab-size") or a.value("--vocab-size") or _tokenizer_vocab(a)
     f["model.kv_channels"] = a.value("--kv-channels")
     f["model.rope_base"] = a.value("--rotary-base", float)
     drops = [a.value(o, float) for o in ("--hidden-dropout", "--attention-dropout")]
     if any(d is not None for d in drops):   # unset: Megatron's default, the Plan's
         f["model.dropout"] = max(MEGATRON_DROPOUT if d is None else d for d in drops)
     a.value("--normalization", str), a.flag("--disable-bias-linear")  # RMSNorm, no biases: implied by rope
-    f["model.seq_len"] = a.value("--seq-length")
-    a.value("--max-position-embeddings")  # a capacity; the run uses --seq-length
-    f["model.gated_mlp"] = a.flag("--swiglu")
+    # --quick-geglu is a gated MLP too (argument_utils.py: gated_linear_unit=True, quick_gelu
+    # @d98e8a64): three matrices, as --swiglu; the activation's FLOPs are the Plan's either way
+    f["model.gated_mlp"] = a.flag("--swiglu") | a.flag("--quick-geglu")
+    if a.opts.get("--softmax-type") == ["vanilla"]:   # the Plan's softmax; off-by-one and learnable (a
+        a.value("--softmax-type", str)   # sink offset: `heads` parameters a layer) are listed as not mapped
+    _read_mla(a, f)
     _read_window(a, f)
     f["model.tied_embeddings"] = not a.flag("--untie-embeddings-and-output-weights")
     pos = a.value("--position-embedding-type", str) or "learned_absolute"
@@ -268,6 +142,27 @@ def _megatron_model(a: _Args, f: dict) -> None:
             f["model.dense_layers"] = int(pattern.group(1)) if pattern else None
 
 
+def _read_mla(a: _Args, f: dict) -> None:
+    """Multi-latent attention as Megatron-LM defines it (arguments.py ``_add_mla_args`` and
+    MLATransformerConfig @d98e8a64): --qk-head-dim is the query/key head *without* its rotary
+    part ("q_head_dim = qk_head_dim + qk_pos_emb_head_dim"), the Plan's kv_channels under MLA
+    (Hugging Face ``qk_nope_head_dim``); --qk-pos-emb-head-dim the rotary part; no
+    --q-lora-rank (None) projects queries without compression. Unset options take
+    Megatron's argparse defaults (kv-lora-rank 32, qk-head-dim 128, qk-pos-emb-head-dim 64,
+    v-head-dim 128). --kv-channels is not used by MLA. Without --multi-latent-attention the
+    MLA options do nothing (Megatron builds ordinary attention) and are listed as not mapped."""
+    if not a.flag("--multi-latent-attention"):
+        return
+    if f.get("model.kv_heads") not in (None, f.get("model.heads")):
+        raise PlanError("megatron --multi-latent-attention with --group-query-attention: Megatron refuses the "
+                        "pair (validate_args: 'Group query attention is mutually exclusive with multi latent attention')")
+    f["model.q_lora_rank"] = a.value("--q-lora-rank")
+    f["model.kv_lora_rank"] = a.value("--kv-lora-rank") or 32
+    f["model.kv_channels"] = a.value("--qk-head-dim") or 128
+    f["model.qk_rope_head_dim"] = a.value("--qk-pos-emb-head-dim") or 64
+    f["model.v_head_dim"] = a.value("--v-head-dim") or 128
+
+
 #: Vocabulary sizes of the tokenizers Megatron's examples name without --vocab-size: the
 #: GPT-2 BPE files (gpt2-vocab.json; openai-community/gpt2 config.json vocab_size) and the
 #: Llama 2 SentencePiece model (meta-llama/Llama-2-7b-hf config.json vocab_size).
@@ -286,7 +181,8 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
     f["parallel.pp"] = a.value("--pipeline-model-parallel-size")
     f["parallel.cp"] = a.value("--context-parallel-size")
     f["parallel.ep"] = a.value("--expert-model-parallel-size")
-    f["parallel.expert_tp"] = a.value("--expert-tensor-parallel-size")
+    expert_tp = a.value("--expert-tensor-parallel-size")   # unset: the dense TP (arguments.py@d98e8a64, 587)
+    f["parallel.expert_tp"] = expert_tp if expert_tp != (f["parallel.tp"] or 1) else None
     f["parallel.vpp"] = a.value("--num-virtual-stages-per-pipeline-rank")
     f["parallel.microbatch_group"] = a.value("--microbatch-group-size-per-virtual-pipeline-stage")
     if (f["parallel.ep"] or 1) > 1:
@@ -301,8 +197,6 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
     if a.flag("--tp-comm-overlap"):
         f["parallel.tp_comm_overlap"] = True
     a.flag("--overlap-grad-reduce")   # the model overlaps the reduction with the last backward always
-    if a.flag("--overlap-param-gather"):
-        f["parallel.overlap_param_gather"] = True
     cp_comm = a.value("--cp-comm-type", str)
     if cp_comm:
         kinds = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a"}
@@ -325,6 +219,23 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
         f["parallel.zero"] = 2 if a.flag("--torch-fsdp2-no-reshard-after-forward") else 3
     elif a.flag("--use-distributed-optimizer"):
         f["parallel.zero"] = 1
+    _overlap_param_gather(a, f)
+
+
+def _overlap_param_gather(a: _Args, f: dict) -> None:
+    """--overlap-param-gather: validate_args accepts it "with distributed optimizer, megatron fsdp,
+    or dist_muon" (megatron/training/arguments.py@d98e8a64ddf34856e74b24714e3bedb2f5a39553, line
+    1024). Under the distributed optimizer it is the Plan's parallel.overlap_param_gather; under
+    Megatron-FSDP (NVIDIA's examples/megatron_fsdp recipes set it) it is the layer-by-layer gather
+    ahead of each layer's compute that the Plan's ZeRO-2/3 already models, so nothing more."""
+    if not a.flag("--overlap-param-gather"):
+        return
+    if f.get("parallel.zero") == 1:
+        f["parallel.overlap_param_gather"] = True
+    elif not ({"--use-megatron-fsdp", "--use-distributed-optimizer"} & set(a.opts)
+              or a.opts.get("--optimizer") == ["dist_muon"]):
+        raise PlanError("megatron --overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp "
+                        "(validate_args: 'only supported with distributed optimizer, megatron fsdp, or dist_muon')")
 
 
 def _megatron_training(a: _Args, f: dict) -> None:
