@@ -74,14 +74,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from simcore.model import recompute as rcp
-from simcore.model.collectives import grad_wire_bytes
 from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
-from simcore.model.optim_states import param_bytes
 from simcore.model.layout_calls import expert_calls, grad_axis, is_expert, moe_capacity, ring_calls, tied_calls
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
 from simcore.model.schedules import Action, Op, add_communication, build_schedule
+from simcore.model.wire import EXECUTOR_WIRE, PARAM_ELEMENT_BYTES, Wire, plan_wire  # noqa: F401 (re-exported)
 from simcore.plan.load import recompute_doc
 from simcore.plan.spec import (
     GradCompression, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
@@ -92,9 +91,6 @@ from topologies.placement import rank_grid
 #: and ``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB for the rebuilt first bucket.
 DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
-#: Parameters and gradients are fp32 in the executor (``executors/model.py`` builds fp32 and
-#: mixed precision is autocast); the fp16/bf16 DDP hooks halve the all-reduced bucket.
-PARAM_ELEMENT_BYTES = 4
 _ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1,
                       Precision.MXFP8: 2, Precision.NVFP4: 2}   # MX/NV recipes: activations stay 16-bit
 #: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``, with
@@ -102,34 +98,6 @@ _ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, P
 #: ``exp_avg_sq.mul_().addcmul_(grad, grad)``). The executor runs neither 8-bit AdamW nor
 #: Adafactor on DTensor parameters (``executors.support``).
 OPTIMIZER_GRAD_READS = {Optimizer.SGD: 1, Optimizer.ADAM: 3, Optimizer.ADAMW: 3}
-
-
-@dataclass(frozen=True, slots=True)
-class Wire:
-    """Bytes per element that the data-parallel wrappers move."""
-
-    param: int
-    """A parameter all-gathered or broadcast."""
-    grad: int
-    """A gradient all-reduced or reduce-scattered (DDP sizes its buckets in fp32 gradients either way)."""
-    fp8_weights: bool = False
-    """The blocks' linear weights gathered in FP8 (``training.fp8_param_gather``): one byte each."""
-
-    def of(self, p: ParamTensor) -> int:
-        """Bytes of one element of parameter ``p`` as it is gathered."""
-        return 1 if self.fp8_weights and p.name.startswith("layers.") and not p.norm else self.param
-
-
-#: The executor's: fp32 parameters and gradients (``PARAM_ELEMENT_BYTES``).
-EXECUTOR_WIRE = Wire(param=PARAM_ELEMENT_BYTES, grad=PARAM_ELEMENT_BYTES)
-
-
-def plan_wire(plan: Plan) -> Wire:
-    """The plan's own dtypes: parameters as stored (``optim_states.param_bytes``: 16-bit beside an
-    fp32 master copy, fp32 under autocast), gradients as its stacks reduce them
-    (``collectives.grad_wire_bytes``: fp32 by default in Megatron-LM, torchtitan and torch AMP)."""
-    tr = plan.training
-    return Wire(param=param_bytes(tr), grad=int(grad_wire_bytes(plan)), fp8_weights=tr.fp8_param_gather)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
