@@ -69,7 +69,7 @@ GIB = 1024**3
 def golden_rows(path: Path = DATA) -> list[dict]:
     """One row per case x golden file, the case's fields with the file's, and ``args``: the
     arguments of the run the file records (MODEL_ARGS_2 for a resume test's second run)."""
-    doc = yaml.safe_load(path.read_text())
+    doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     rows = []
     for case in doc["cases"]:
         for g in case["golden"]:
