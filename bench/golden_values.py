@@ -211,9 +211,11 @@ def report(results: list[dict], refused: Counter, findings: list[str], taken: Co
         print(f"{'case':<78} {'hardware':<20} {'layout':<30} {'step s pred/gold':>17} {'err':>6} "
               f"{'peak GiB pred/gold':>19} {'err':>6}")
         for r in stated:
-            print(f"{r['case'][:78]:<78} {r['hardware'] + ' ' + str(r['nodes']) + 'x' + str(r['gpus_per_node']):<20} "
+            where = f"{r['hardware']} {r['nodes']}x{r['gpus_per_node']}"
+            print(f"{r['case'][:78]:<78} {where:<20} "
                   f"{r['layout'][:30]:<30} {_fmt(r['pred_step_s']):>8}/{_fmt(r['golden_step_s']):<8} "
-                  f"{_pct(r['step_err']):>6} {_fmt(r['pred_peak_bytes'], GIB, 2):>9}/{_fmt(r['golden_peak_bytes'], GIB, 2):<9} "
+                  f"{_pct(r['step_err']):>6} {_fmt(r['pred_peak_bytes'], GIB, 2):>9}/"
+                  f"{_fmt(r['golden_peak_bytes'], GIB, 2):<9} "
                   f"{_pct(r['peak_err']):>6}")
         print()
     print(f"{len(results)} golden files of {len({r['case'] for r in results})} cases: {len(stated)} stated "

@@ -16,6 +16,7 @@ from topologies.components import CatalogError
 from trainplan import commands_compare as compare
 from trainplan import commands_jobs as jobs
 from trainplan import commands_model as model
+from trainplan import commands_serve as serve
 from trainplan.common import SEARCH_TOP_K, UsageError, check_numbers, check_outputs, stop_on_signals
 from trainplan.help_text import describe
 
@@ -75,6 +76,11 @@ def _plan_file_commands(sub) -> None:
     p.add_argument("--log", type=Path, required=True, help="a log file, or a directory of rank logs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=compare.cmd_compare)
+
+    p = sub.add_parser("serve", help="serve a serving plan's traffic: TTFT, TPOT, latency percentiles, throughput, KV use")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=serve.cmd_serve)
 
     p = sub.add_parser("memory", help="bytes per GPU by term, per pipeline rank, and whether it fits")
     p.add_argument("plan", type=Path)

@@ -28,6 +28,9 @@ COMMANDS = {
                     "executor issues them)?", "trainplan collectives plans/llama3-8b-fsdp-h100.yaml"),
     "memory": ("How many bytes does each GPU hold, term by term, and does the Plan fit?",
                "trainplan memory plans/llama3-70b-h100.yaml"),
+    "serve": ("How fast does this serving plan answer its traffic: time to first token, time per output token and "
+              "end-to-end latency percentiles, throughput, KV-cache occupancy (continuous batching, paged KV cache)?",
+              "trainplan serve plans/serving/llama3-8b-h100-tp1.yaml"),
     "import": ("What Plan is the team's Hugging Face config, Megatron command, ds_config or torchtitan job?",
                "trainplan import --hf examples/hf/llama3.1-8b/config.json --cluster dgx-h100 --nodes 8 > plan.yaml"),
     "export": ("What command line or config file runs this Plan on Megatron-LM, DeepSpeed, torchtitan or Slurm?",

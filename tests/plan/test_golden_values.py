@@ -16,11 +16,14 @@ DATA = ROOT / "validation" / "megatron_golden" / "cases.yaml"
 
 #: (case, golden file): dense and MoE, A100/H100/GB200, 1 and 2 nodes, interleaved, CP, EP
 STATED = [("gpt/gpt3_mcore_te_tp1_pp4_vp1", "golden_values_dev_dgx_h100.json"),
-          ("gpt/gpt3_mcore_te_tp2_pp1_frozen_resume_torch_dist_cp2_nondeterministic", "golden_values_lts_dgx_a100.json"),
-          ("gpt/gpt3_mcore_te_tp2_pp2_resume_torch_dist_cp2_nondeterministic", "golden_values_dev_dgx_gb200.json"),
+          ("gpt/gpt3_mcore_te_tp2_pp1_frozen_resume_torch_dist_cp2_nondeterministic",
+           "golden_values_lts_dgx_a100.json"),
+          ("gpt/gpt3_mcore_te_tp2_pp2_resume_torch_dist_cp2_nondeterministic",
+           "golden_values_dev_dgx_gb200.json"),
           ("moe/gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic_dp_last",
            "golden_values_dev_dgxa100_dracooci.json"),
-          ("moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_resume_torch_dist_dist_optimizer", "golden_values_dev_dgx_gb200.json")]
+          ("moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_resume_torch_dist_dist_optimizer",
+           "golden_values_dev_dgx_gb200.json")]
 #: cases the importer or the Plan refuse: Megatron's a2a+p2p hierarchical CP, blockwise FP8
 REFUSED = [("gpt/gpt3_mcore_te_tp1_pp2_cp4_a2a_p2p_nondeterministic", "a2a+p2p"),
            ("moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph", "blockwise")]
