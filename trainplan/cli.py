@@ -71,9 +71,14 @@ def _plan_file_commands(sub) -> None:
                         "or in trainplan's executor's (fp32 parameters and gradients under autocast)")
     p.set_defaults(func=model.cmd_collectives)
 
-    p = sub.add_parser("compare", help="a real run's log (Megatron, torchtitan, DeepSpeed, HF, MLPerf) vs the prediction")
+    p = sub.add_parser("compare", help="a real run's log (Megatron, torchtitan, DeepSpeed, HF, MLPerf) "
+                                       "or PyTorch profiler traces vs the prediction")
     p.add_argument("plan", type=Path)
-    p.add_argument("--log", type=Path, required=True, help="a log file, or a directory of rank logs")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--log", type=Path, help="a log file, or a directory of rank logs")
+    what.add_argument("--trace", type=Path, help="a PyTorch profiler (Kineto) trace, or a directory of one per "
+                                                 "rank (.json or .json.gz): phase by phase against the prediction")
+    p.add_argument("--out", type=Path, help="with --trace: write trace.json (both timelines) and the report here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=compare.cmd_compare)
 

@@ -1,6 +1,7 @@
 """``trainplan compare PLAN --log FILE``: a real run's log (Megatron-LM/NeMo/Megatron-Bridge,
 torchtitan, DeepSpeed, Hugging Face Trainer, MLPerf) against the Plan's prediction and its
-interval, one line per quantity, and the log's layout against the Plan's (issue 52, item 1)."""
+interval, one line per quantity, and the log's layout against the Plan's (issue 52, item 1).
+``--trace DIR`` (profiler traces, phase by phase) is trainplan.commands_compare_trace."""
 from __future__ import annotations
 
 import math
@@ -83,6 +84,12 @@ def cmd_compare(args) -> None:
     from simcore.engine.predict import simulate
     from simcore.runlogs import LogError, parse_path
 
+    if getattr(args, "trace", None) is not None:
+        from trainplan.commands_compare_trace import cmd_compare_trace
+
+        return cmd_compare_trace(args)
+    if getattr(args, "out", None) is not None:
+        raise UsageError("--out writes the trace comparison: it needs --trace DIR")
     plan = load_plan(args.plan)
     try:
         logs = parse_path(args.log)
