@@ -187,7 +187,13 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
     if "torchtitan.stage_rule" in hints and layers:
         _torchtitan_stages(values, layers, g("parallel.pp"), *hints["torchtitan.stage_rule"])
     if "megatron.first_last" in hints and layers:
+        if "megatron.account" in hints:   # transformer_config.py@d98e8a64, 2229-2239: Megatron's ValueError
+            raise PlanError("megatron --decoder-first/last-pipeline-num-layers cannot be set with "
+                            "--account-for-embedding/loss-in-pipeline-split")
         values["parallel.stage_layers"] = _first_last_split(layers, g("parallel.pp"), *hints["megatron.first_last"])
+    if "megatron.account" in hints and layers:
+        values["parallel.stage_layers"] = account_split(layers, g("parallel.pp"), g("parallel.vpp"),
+                                                        *hints["megatron.account"])
     stages = values.get("parallel.stage_layers")
     if stages and layers and list(stages) == list(even_split(layers, g("parallel.pp") * g("parallel.vpp"))):
         del values["parallel.stage_layers"]
@@ -215,6 +221,23 @@ def _torchtitan_stages(values: dict, layers: int, pp: int, per_stage: int, first
         raise PlanError(f"torchtitan parallelism.pipeline_parallel_layers_per_stage={per_stage} leaves a stage "
                         "without layers")
     values["parallel.vpp"], values["parallel.stage_layers"] = stages // pp, split
+
+
+def account_split(layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> list[int]:
+    """Megatron's split with the embedding and the loss counted as a layer each
+    (``--account-for-embedding/loss-in-pipeline-split``): L + e + l over pp x vpp virtual stages,
+    uniform, the first one short of the embedding and the last of the loss (transformer_layer.py
+    ``get_transformer_layer_offset``; the divisibility is transformer_config.py's, 2369-2413, @d98e8a64)."""
+    total = layers + embedding + loss
+    if total % pp or (total // pp) % vpp:
+        raise PlanError(f"megatron --account-for-embedding/loss-in-pipeline-split: {layers} layers + "
+                        f"{embedding + loss} do not divide over pipeline-model-parallel-size {pp}"
+                        + (f" x {vpp} virtual stages" if vpp > 1 else "") + " (Megatron's ValueError)")
+    per = total // (pp * vpp)
+    split = [per] * (pp * vpp)
+    split[0] -= embedding
+    split[-1] -= loss
+    return split
 
 
 def _first_last_split(layers: int, pp: int, first, last) -> list[int]:

@@ -53,9 +53,20 @@ def _read_window(a, f: dict) -> None:
         f["model.sliding_window_layers"] = (int(freq) - 1) / int(freq)
 
 
+#: Megatron-LM's training scripts whose model is not the Plan's decoder-only transformer (the
+#: repository's root at d98e8a64: pretrain_bert.py, pretrain_t5.py, pretrain_hybrid.py (Mamba
+#: layers), pretrain_mamba.py, pretrain_vlm.py, pretrain_vision_*.py, pretrain_retro.py,
+#: pretrain_ict.py; train_rl.py runs generation inside its loop).
+OTHER_SCRIPTS = re.compile(r"(pretrain_(bert|t5|hybrid\w*|mamba\w*|vlm\w*|vision\w*|retro\w*|ict)|train_rl)\.py")
+
+
 def read_megatron(text: str) -> Reading:
     """A Megatron-LM command line or launch script (pretrain_gpt.py arguments)."""
     pre, _env, opts = split_command(text)
+    script = pre.pop("script", "").rsplit("/", 1)[-1]
+    if OTHER_SCRIPTS.fullmatch(script):
+        raise PlanError(f"megatron: {script} does not train a decoder-only transformer (pretrain_gpt.py's model), "
+                        "the only model a Plan states")
     a = _Args(opts, "megatron")
     f: dict = {}
     # Megatron's defaults: fp32, no recompute, --attention-backend auto (Transformer Engine
@@ -72,6 +83,9 @@ def read_megatron(text: str) -> Reading:
         hints["world.gpus_per_node"] = _to_int(pre["--nproc-per-node"], "torchrun --nproc-per-node")
     if "--num-layers-per-virtual-pipeline-stage" in opts:
         hints["megatron.layers_per_virtual_stage"] = a.value("--num-layers-per-virtual-pipeline-stage")
+    account = (a.flag("--account-for-embedding-in-pipeline-split"), a.flag("--account-for-loss-in-pipeline-split"))
+    if any(account):
+        hints["megatron.account"] = account
     first = a.value("--decoder-first-pipeline-num-layers")
     last = a.value("--decoder-last-pipeline-num-layers")
     if first is not None or last is not None:
@@ -182,7 +196,8 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
     f["parallel.cp"] = a.value("--context-parallel-size")
     f["parallel.ep"] = a.value("--expert-model-parallel-size")
     expert_tp = a.value("--expert-tensor-parallel-size")   # unset: the dense TP (arguments.py@d98e8a64, 587)
-    f["parallel.expert_tp"] = expert_tp if expert_tp != (f["parallel.tp"] or 1) else None
+    dense = "--num-layers" in a.opts and "--num-experts" not in a.opts   # a dense model has no experts to split
+    f["parallel.expert_tp"] = expert_tp if expert_tp != (f["parallel.tp"] or 1) and not dense else None
     f["parallel.vpp"] = a.value("--num-virtual-stages-per-pipeline-rank")
     f["parallel.microbatch_group"] = a.value("--microbatch-group-size-per-virtual-pipeline-stage")
     if (f["parallel.ep"] or 1) > 1:

@@ -237,7 +237,7 @@ def _command(words: list[str], exported: dict[str, str]):
         return None
     words = [w for w in words if not re.match(r"^\d*[<>]", w)]   # 2>&1, > log: redirections
     script = next(i for i, t in enumerate(words) if t.endswith(".py"))
-    pre = {}
+    pre = {"script": words[script]}
     for i, tok in enumerate(words[:script]):
         key, _, val = tok.partition("=")
         if key.startswith("--"):
