@@ -1,0 +1,108 @@
+"""Serving plan documents (YAML) to ``ServingPlan`` values; bad input is one sentence naming
+the field (``PlanError``).
+
+    name: llama3-8b-h100-tp1
+    model: llama3-8b                 # as a training Plan's: a catalog name, fields, or hf_config
+    hardware: {node: dgx-h100}       # a catalog node; nodes: enough for tp x replicas by default
+    parallel: {tp: 1, replicas: 1}
+    precision: {weights: bf16, activations: bf16, kv_cache: bf16}
+    scheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192, chunked_prefill: true}
+    kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}
+    traffic: {arrival: poisson, rate: 10, num_requests: 1000, prompt_len: 1024, output_len: 128, seed: 0}
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from simcore.plan.load import _bool, _check_keys, _cluster, _float, _int, _mapping, _model, _str
+from simcore.plan.yaml_file import read_yaml_file
+from simcore.serving.spec import (Arrival, Dtype, KvCacheSpec, PlanError, PrecisionSpec, SchedulerSpec,
+                                  ServingPlan, TrafficSpec, check_serving)
+from topologies.hardware import Catalog, load_catalog
+
+_TOP = {"name", "description", "model", "hardware", "parallel", "precision", "scheduler", "kv_cache", "traffic"}
+
+
+def _section(doc: dict, key: str, known: set[str]) -> dict:
+    value = _mapping(doc.get(key) or {}, key)
+    _check_keys(value, known, key)
+    return value
+
+
+def _model_doc(value, traffic: dict) -> object:
+    """The model section, with a sequence length where the file gives none (a catalog model
+    has its own): prompt plus output, the longest context a request reaches."""
+    if isinstance(value, dict) and "seq_len" not in value and "layers" in value:
+        value = {**value, "seq_len": int(traffic.get("prompt_len", 1)) + int(traffic.get("output_len", 1))}
+    return value
+
+
+def _precision(doc: dict) -> PrecisionSpec:
+    d = _section(doc, "precision", {"weights", "activations", "kv_cache"})
+    weights = Dtype.parse(_str(d, "weights", "precision", "bf16"), "precision.weights")
+    acts = Dtype.parse(_str(d, "activations", "precision", weights.value if weights != Dtype.FP8 else "bf16"),
+                       "precision.activations")
+    kv = Dtype.parse(_str(d, "kv_cache", "precision", "bf16"), "precision.kv_cache")
+    return PrecisionSpec(weights=weights, activations=acts, kv_cache=kv)
+
+
+def _traffic(doc: dict) -> TrafficSpec:
+    d = _section(doc, "traffic", {"arrival", "rate", "num_requests", "duration_s", "prompt_len", "output_len", "seed"})
+    arrival = Arrival.parse(_str(d, "arrival", "traffic", "poisson"), "traffic.arrival")
+    rate = _float(d, "rate", "traffic") or 0.0
+    if "num_requests" in d:
+        n = _int(d, "num_requests", "traffic")
+    elif "duration_s" in d and arrival == Arrival.POISSON and rate > 0:
+        n = max(1, math.ceil(_float(d, "duration_s", "traffic") * rate))
+    else:
+        raise PlanError("traffic.num_requests is required (or traffic.duration_s with a Poisson rate)")
+    return TrafficSpec(arrival=arrival, rate=rate, num_requests=n,
+                       prompt_len=_int(d, "prompt_len", "traffic"), output_len=_int(d, "output_len", "traffic"),
+                       seed=_int(d, "seed", "traffic", 0, minimum=0))
+
+
+def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | None = None) -> ServingPlan:
+    """A serving plan document (module docstring) as a checked ``ServingPlan``."""
+    doc = _mapping(doc, "serving plan")
+    _check_keys(doc, _TOP, "plan")
+    cat, base = catalog or load_catalog(), Path(base_dir)
+    if doc.get("model") is None:
+        raise PlanError("model is required (a catalog model name, its fields, or hf_config)")
+    traffic = _traffic(doc)
+    par = _section(doc, "parallel", {"tp", "replicas"})
+    tp, replicas = _int(par, "tp", "parallel", 1), _int(par, "replicas", "parallel", 1)
+    hw = dict(_section(doc, "hardware", {"node", "nodes", "fabric", "profile", "gpus_per_node"}))
+    if hw.get("node") is None:
+        raise PlanError("hardware.node is required (a catalog node type, e.g. dgx-h100)")
+    if "nodes" not in hw and hw["node"] in cat.nodes:
+        hw["nodes"] = max(1, math.ceil(tp * replicas / int(cat.nodes[hw["node"]].get("gpus_per_node", 8))))
+    try:
+        cluster = _cluster(hw, cat, base)
+    except PlanError as exc:
+        raise PlanError(str(exc).replace("cluster.", "hardware.")) from None
+    if cluster.gpus < tp * replicas:
+        raise PlanError(f"parallel.tp x parallel.replicas = {tp * replicas} GPUs exceed hardware's {cluster.gpus}")
+    sch = _section(doc, "scheduler", {"max_num_seqs", "max_num_batched_tokens", "chunked_prefill"})
+    kv = _section(doc, "kv_cache", {"block_size", "gpu_memory_utilization"})
+    plan = ServingPlan(
+        name=_str(doc, "name", "plan", "serving"),
+        model=_model(_model_doc(doc["model"], {"prompt_len": traffic.prompt_len, "output_len": traffic.output_len}),
+                     cat, base),
+        cluster=cluster, tp=tp, replicas=replicas, precision=_precision(doc),
+        scheduler=SchedulerSpec(max_num_seqs=_int(sch, "max_num_seqs", "scheduler", 256),
+                                max_num_batched_tokens=_int(sch, "max_num_batched_tokens", "scheduler", 8192),
+                                chunked_prefill=_bool(sch, "chunked_prefill", "scheduler", True)),
+        kv_cache=KvCacheSpec(block_size=_int(kv, "block_size", "kv_cache", 16),
+                             gpu_memory_utilization=_float(kv, "gpu_memory_utilization", "kv_cache", 0.9)),
+        traffic=traffic,
+    )
+    check_serving(plan)
+    return plan
+
+
+def load_serving_plan(path: str | os.PathLike, catalog: Catalog | None = None) -> ServingPlan:
+    """Read and check a serving plan file."""
+    path = Path(path)
+    return serving_from_dict(read_yaml_file(path, "serving plan"), base_dir=path.parent, catalog=catalog)

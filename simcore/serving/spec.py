@@ -1,0 +1,121 @@
+"""The serving plan: a model served by data-parallel replicas of tensor-parallel GPUs, their
+precisions, the continuous-batching scheduler, the paged KV cache and the traffic.
+
+The scheduler is vLLM's (vllm-project/vllm, ``vllm/v1/core/sched/scheduler.py`` @00024d3145,
+``Scheduler.schedule``): each iteration first gives every running request the tokens it still
+needs (one for a decoding request, the rest of its prompt in chunks for a prefilling one) out of
+a token budget of ``max_num_batched_tokens``, allocating KV blocks as it goes and, where none
+is free, preempting the most recently admitted running request (``self.running.pop()``; its
+blocks freed and its tokens recomputed when it is admitted again); then it admits waiting
+requests in arrival order while fewer than ``max_num_seqs`` run, the budget lasts and their
+blocks fit. With ``chunked_prefill`` false a prompt is admitted only whole within the budget.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simcore.plan.choices import PlanError, _Choice
+from simcore.plan.spec import ClusterSpec, ModelSpec
+
+__all__ = ["Arrival", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "SchedulerSpec",
+           "ServingPlan", "TrafficSpec", "DTYPE_BYTES"]
+
+
+class Dtype(_Choice):
+    """Storage and GEMM formats of weights, activations and the KV cache."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+#: Bytes per element of each format.
+DTYPE_BYTES = {Dtype.BF16: 2.0, Dtype.FP16: 2.0, Dtype.FP8: 1.0}
+
+
+class Arrival(_Choice):
+    """Poisson arrivals at ``rate`` requests per second, or offline: every request at t = 0."""
+
+    POISSON = "poisson"
+    OFFLINE = "offline"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionSpec:
+    weights: Dtype = Dtype.BF16
+    activations: Dtype = Dtype.BF16
+    """fp8 activations with fp8 weights run the linear layers' GEMMs at the FP8 peak."""
+    kv_cache: Dtype = Dtype.BF16
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerSpec:
+    """Continuous batching (vLLM's scheduler, module docstring)."""
+
+    max_num_seqs: int = 256
+    """Requests running at once (vLLM ``--max-num-seqs``, default 256)."""
+    max_num_batched_tokens: int = 8192
+    """Tokens one iteration computes (vLLM ``--max-num-batched-tokens``)."""
+    chunked_prefill: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvCacheSpec:
+    """The paged KV cache (Kwon et al., SOSP 2023, "PagedAttention")."""
+
+    block_size: int = 16
+    """Tokens per KV block (vLLM ``--block-size``, default 16)."""
+    gpu_memory_utilization: float = 0.9
+    """Share of a GPU's memory for weights, activations and the KV cache (vLLM's default 0.9)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrafficSpec:
+    arrival: Arrival
+    rate: float = 0.0
+    """Requests per second (Poisson)."""
+    num_requests: int
+    prompt_len: int
+    output_len: int
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingPlan:
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    """The nodes that hold the replicas (``hardware`` in the file)."""
+    tp: int
+    replicas: int
+    precision: PrecisionSpec
+    scheduler: SchedulerSpec
+    kv_cache: KvCacheSpec
+    traffic: TrafficSpec
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.replicas
+
+
+def check_serving(plan: ServingPlan) -> None:
+    """The cross-field rules: one sentence naming the field for the first broken."""
+    m, s = plan.model, plan.scheduler
+    if m.heads % plan.tp:
+        raise PlanError(f"parallel.tp={plan.tp} does not divide model.heads={m.heads}")
+    if plan.tp > plan.cluster.gpus_per_node:
+        raise PlanError(f"parallel.tp={plan.tp} exceeds the {plan.cluster.gpus_per_node} GPUs of one "
+                        f"{plan.cluster.node.name} node (a TP group stays inside a node)")
+    if plan.precision.activations == Dtype.FP8 and plan.precision.weights != Dtype.FP8:
+        raise PlanError("precision.activations=fp8 needs precision.weights=fp8 (an FP8 GEMM takes both inputs in FP8)")
+    if not s.chunked_prefill and s.max_num_batched_tokens < plan.traffic.prompt_len:
+        raise PlanError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} is below "
+                        f"traffic.prompt_len={plan.traffic.prompt_len}, which chunked_prefill false must fit whole")
+    if s.max_num_batched_tokens < s.max_num_seqs:
+        raise PlanError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} must be at least "
+                        f"scheduler.max_num_seqs={s.max_num_seqs} (vLLM's rule: every running request's token fits)")
+    if not 0 < plan.kv_cache.gpu_memory_utilization <= 1:
+        raise PlanError(f"kv_cache.gpu_memory_utilization={plan.kv_cache.gpu_memory_utilization} "
+                        "must be in (0, 1]")
+    if plan.traffic.arrival == Arrival.POISSON and plan.traffic.rate <= 0:
+        raise PlanError("traffic.rate must be positive for traffic.arrival=poisson")
