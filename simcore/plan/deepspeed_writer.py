@@ -1,22 +1,29 @@
 """Export to DeepSpeed: the plain-JSON ds_config (Hugging Face ``TrainingArguments(deepspeed=)``,
 accelerate's ``DeepSpeedPlugin``, Megatron-DeepSpeed), and the layouts DeepSpeed cannot run.
 
-A ds_config holds the batch, precision, ZeRO stage and offload; tp, pp and the sequence split are
-Megatron-DeepSpeed's (or the model code's). What DeepSpeed runs differently from the plan is
-refused, so that a plan ranked for DeepSpeed (``trainplan plan --stack deepspeed``) is charged
-DeepSpeed's physics: its own ZeRO-2/3 (``parallel.zero_impl: deepspeed``, not FSDP2's), its pipeline
-engine's one schedule (deepspeed/runtime/pipe/schedule.py ``TrainSchedule``, 1F1B; no interleaved
-or zero-bubble form) and, for a sequence split, DeepSpeed-Ulysses' all-to-all
-(deepspeed/sequence/layer.py ``DistributedAttention``; Megatron-DeepSpeed ``--ds-sequence-parallel-size``).
+A ds_config holds the batch, precision, ZeRO stage and offload, and tensor parallel as AutoTP
+(``tensor_parallel.autotp_size``, DeepSpeed >= 0.16.4: deepspeed/runtime/tensor_parallel/config.py
+``TPTrainingConfig``, engine.py ``_configure_tensor_parallel``; docs/_tutorials/autotp-training.md).
+It cannot state the other splits, so a plan with them is refused, never written as data parallel:
+pipeline stages are ``PipelineModule(num_stages=)`` in the model code (deepspeed/runtime/pipe/module.py;
+the config's ``pipeline.stages`` is read by nothing), experts' ``ep_size`` an argument of
+``deepspeed.moe.layer.MoE``, and DeepSpeed-Ulysses' sequence split the model's attention wrapper
+(deepspeed/sequence/layer.py ``DistributedAttention``). AutoTP's row-parallel layers all-reduce whole
+activations (deepspeed/module_inject/layers.py ``LinearAllreduce``): no Megatron-style sequence parallel.
+What DeepSpeed runs differently from the plan is refused too, so that a plan ranked for DeepSpeed
+(``trainplan plan --stack deepspeed``) is charged DeepSpeed's physics: its own ZeRO-2/3
+(``parallel.zero_impl: deepspeed``, not FSDP2's). Sources at DeepSpeed v0.19.5 (cf443004, 2026-08-09),
+which also runs AutoTP under ZeRO-3 (eec237ee; 0.16.4 to 0.19.3 assert stage <= 2).
 """
 from __future__ import annotations
 
 import json
 
-from simcore.plan.spec import CpComm, Plan, Schedule, ZeroImpl, ZeroStage
+from simcore.plan.spec import Plan, ZeroImpl, ZeroStage
 
 _DEEPSPEED_SRC = ("deepspeedai/DeepSpeed deepspeed/runtime/constants.py (088be892), "
-                  "zero/config.py (1b88ac36), zero/offload_config.py (1978617c), 2025")
+                  "zero/config.py (1b88ac36), zero/offload_config.py (1978617c), 2025; "
+                  "tensor_parallel/config.py (v0.19.5, cf443004)")
 
 
 def deepspeed_config(plan: Plan) -> dict:
@@ -39,6 +46,8 @@ def deepspeed_config(plan: Plan) -> dict:
         if tr.offload.value == "optimizer+params":
             zero["offload_param"] = {"device": "cpu"}
     cfg["zero_optimization"] = zero
+    if par.tp > 1:   # AutoTP shards the model's linear layers at deepspeed.initialize
+        cfg["tensor_parallel"] = {"autotp_size": par.tp}
     if tr.grad_compression.value in ("fp16", "bf16"):
         cfg["communication_data_type"] = tr.grad_compression.value
     elif tr.grad_compression.value != "none":
@@ -67,9 +76,14 @@ def export_deepspeed(plan: Plan) -> str:
 
 def deepspeed_notes(plan: Plan) -> list[str]:
     par = plan.parallel
-    return [f"DeepSpeed config for plan '{plan.name or plan.model.name}'; keys as spelt in {_DEEPSPEED_SRC}",
-            f"not held in a ds_config: the model, tp={par.tp} pp={par.pp} cp={par.cp} (set by Megatron-DeepSpeed "
-            "or the model code), recompute and flash attention; the optimizer's lr goes in optimizer.params"]
+    notes = [f"DeepSpeed config for plan '{plan.name or plan.model.name}'; keys as spelt in {_DEEPSPEED_SRC}",
+             "not held in a ds_config: the model, recompute and flash attention; the optimizer's lr goes in "
+             "optimizer.params"]
+    if par.tp > 1:
+        notes.append(f"tp={par.tp} is AutoTP (tensor_parallel.autotp_size): DeepSpeed >= 0.16.4"
+                     + (", >= 0.19.5 under ZeRO-3" if par.zero == ZeroStage.WEIGHTS else "")
+                     + "; every rank of a TP group must be fed the same batch")
+    return notes
 
 
 def _refuse(field_: str, value, why: str = "") -> ValueError:
@@ -77,18 +91,26 @@ def _refuse(field_: str, value, why: str = "") -> ValueError:
 
 
 def _layout_refusals(plan: Plan) -> None:
-    """What DeepSpeed runs otherwise than the plan says (the module's docstring)."""
+    """What a ds_config cannot state, or DeepSpeed runs otherwise than the plan says (the module's docstring)."""
     par = plan.parallel
     if par.zero >= ZeroStage.GRADIENTS and par.zero_impl != ZeroImpl.DEEPSPEED:
         raise _refuse("parallel.zero_impl", par.zero_impl.value, f"DeepSpeed runs its own ZeRO-{int(par.zero)} "
                       "(parallel.zero_impl: deepspeed models it)")
-    if par.pp > 1 and par.schedule != Schedule.ONE_F_ONE_B:
-        raise _refuse("parallel.schedule", par.schedule.value, "its pipeline engine runs one 1F1B schedule "
-                      "(deepspeed/runtime/pipe/schedule.py TrainSchedule)")
+    if par.pp > 1:
+        raise _refuse("parallel.pp", par.pp, "the pipeline's stages are PipelineModule(num_stages=) in the model "
+                      "code (deepspeed/runtime/pipe/module.py)")
+    if par.cp > 1:
+        raise _refuse("parallel.cp", par.cp, "DeepSpeed-Ulysses' sequence split wraps the model's attention "
+                      "(deepspeed/sequence/layer.py DistributedAttention)")
+    if par.ep > 1:
+        raise _refuse("parallel.ep", par.ep, "expert parallel is the ep_size of the model code's "
+                      "deepspeed.moe.layer.MoE")
+    if par.tp > 1 and par.sequence_parallel:
+        raise _refuse("parallel.sequence_parallel", "true", "AutoTP's row-parallel layers all-reduce whole "
+                      "activations (deepspeed/module_inject/layers.py LinearAllreduce)")
+    if plan.model.moe and par.etp != par.tp:
+        raise _refuse("parallel.expert_tp", par.etp, f"AutoTP splits every linear layer {par.tp} ways")
     if par.moe_a2a_overlap:
         raise _refuse("parallel.moe_a2a_overlap", "true", "Megatron-Core's combined 1F1B schedule pairs the all-to-alls")
     if plan.training.moe_routing.value != "balanced":
         raise _refuse("training.moe_routing", plan.training.moe_routing.value, "NeMo AutoModel's fake gate routes so")
-    if par.cp > 1 and par.cp_comm != CpComm.A2A:
-        raise _refuse("parallel.cp_comm", par.cp_comm.value, "its sequence parallelism is DeepSpeed-Ulysses' "
-                      "all-to-all (parallel.cp_comm: a2a)")

@@ -12,7 +12,8 @@ import re
 import shlex
 
 from simcore.plan.deepspeed_writer import deepspeed_notes, export_deepspeed
-from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, MEGATRON_DROPOUT, Plan
+from simcore.plan.megatron_writer import megatron_model_args, megatron_model_note
+from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
 TARGETS = ("deepspeed", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
@@ -53,54 +54,7 @@ def _refuse(field_: str, value, tool: str, why: str = "") -> ValueError:
 
 def megatron_args(plan: Plan) -> list[tuple[str, object]]:
     """The pretrain_gpt.py options for this plan, as (option, value or None for a flag)."""
-    return _megatron_model_args(plan) + _megatron_parallel_args(plan) + _megatron_training_args(plan)
-
-
-def _megatron_model_args(plan: Plan) -> list:
-    m = plan.model
-    dense_ffn = m.dense_ffn_hidden or m.ffn_hidden  # --ffn-hidden-size is the dense layers' width
-    args = [("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--ffn-hidden-size", dense_ffn),
-            ("--num-attention-heads", m.heads)]
-    if m.kv_heads != m.heads:
-        args += [("--group-query-attention", None), ("--num-query-groups", m.kv_heads)]
-    if m.kv_channels and not m.mla:
-        args.append(("--kv-channels", m.kv_channels))
-    args += [("--seq-length", m.seq_len), ("--max-position-embeddings", m.seq_len), ("--vocab-size", m.vocab),
-             ("--position-embedding-type", "rope" if m.position_embedding.value == "rope" else "learned_absolute")]
-    if m.position_embedding.value == "rope":  # Llama-style: RMSNorm, no biases, the model's rotary base
-        if m.rope_base != int(m.rope_base):
-            raise _refuse("model.rope_base", m.rope_base, "Megatron-LM", "--rotary-base takes an integer")
-        args += [("--rotary-base", int(m.rope_base)), ("--normalization", "RMSNorm"), ("--disable-bias-linear", None)]
-    if m.dropout != MEGATRON_DROPOUT:   # Megatron's default for both
-        args += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout)]
-    if m.gated_mlp:
-        args.append(("--swiglu", None))
-    args += _window_args(m)
-    if not m.tied_embeddings:
-        args.append(("--untie-embeddings-and-output-weights", None))
-    if m.mla:
-        args += [("--multi-latent-attention", None), ("--q-lora-rank", m.q_lora_rank or None),
-                 ("--kv-lora-rank", m.kv_lora_rank), ("--qk-head-dim", m.kv_channels),
-                 ("--qk-pos-emb-head-dim", m.qk_rope_head_dim), ("--v-head-dim", m.v_head_dim)]
-        args = [(o, v) for o, v in args if not (o == "--q-lora-rank" and v is None)]
-    if m.moe:
-        args += _megatron_moe_args(m)
-    return args
-
-
-def _megatron_moe_args(m) -> list:
-    """MoE options. A capacity factor of 1.0 is the plan's balanced routing, which Megatron
-    runs dropless (no --moe-expert-capacity-factor: its default, token dropping off)."""
-    args = [("--num-experts", m.experts), ("--moe-router-topk", m.top_k)]
-    if m.capacity_factor != 1.0:
-        args.append(("--moe-expert-capacity-factor", m.capacity_factor))
-    if m.dense_ffn_hidden:
-        args = [("--moe-ffn-hidden-size", m.ffn_hidden)] + args
-    if m.shared_ffn_hidden:
-        args.append(("--moe-shared-expert-intermediate-size", m.shared_ffn_hidden))
-    if m.dense_layers:
-        args.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers})"))
-    return args
+    return megatron_model_args(plan) + _megatron_parallel_args(plan) + _megatron_training_args(plan)
 
 
 def _megatron_parallel_args(plan: Plan) -> list:
@@ -278,6 +232,7 @@ def _export_megatron(plan: Plan) -> str:
         "# Add the data, tokenizer and learning-rate options of your run (--data-path,",
         "# --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node",
         "# with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.",
+        *megatron_model_note(plan),
         *_env_lines(plan),
     ]
     cmd = [f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} pretrain_gpt.py"] + _arg_lines(megatron_args(plan))
@@ -316,6 +271,7 @@ def _srun_torchrun(plan: Plan) -> str:
 def _export_slurm(plan: Plan) -> str:
     head = _sbatch_head(plan, "Megatron-LM's pretrain_gpt.py") + [
         f"# Training options: {_MEGATRON_SRC}.", "# Add the data, tokenizer and learning-rate options of your run.",
+        *megatron_model_note(plan),
         *_env_lines(plan)]
     cmd = [_srun_torchrun(plan), "pretrain_gpt.py"] + _arg_lines(megatron_args(plan))
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"
@@ -329,21 +285,6 @@ def _export_slurm_trainplan(plan: Plan, plan_path: str) -> str:
         "# with `trainplan simulate PLAN --json`."]
     cmd = [_srun_torchrun(plan), f"-m executors.launch {shlex.quote(plan_path)}", "--steps 20 --warmup 5"]
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"
-
-
-def _window_args(m) -> list:
-    """Megatron-Core's sliding window: ``window_size`` (left, right) keys beside the query's own,
-    and ``window_attn_skip_freq`` N, one full-attention layer in N (transformer/utils.py)."""
-    if not m.sliding_window:
-        return []
-    args = [("--window-size", f"{m.sliding_window - 1},0")]
-    if m.sliding_window_layers < 1.0:
-        n = round(1.0 / (1.0 - m.sliding_window_layers))
-        if abs((n - 1) / n - m.sliding_window_layers) > 1e-9:
-            raise _refuse("model.sliding_window_layers", m.sliding_window_layers, "Megatron-LM",
-                          "--window-attn-skip-freq N windows N-1 layers in N")
-        args.append(("--window-attn-skip-freq", n))
-    return args
 
 
 def hf_config_from_model(model) -> dict:

@@ -98,8 +98,9 @@ def test_every_exported_option_is_one_the_tool_defines(name, target):
 
 
 def test_most_pairs_are_exportable():
-    # the DeepSpeed-ZeRO variants (v-ds-*) go to a ds_config and the executor's sbatch alone
-    assert len(EXPORTABLE) >= 0.55 * len(ALL) * len(TARGETS)
+    # the DeepSpeed-ZeRO variants (v-ds-*) go to a ds_config and the executor's sbatch alone; a
+    # ds_config states no pp, cp or ep, so the layouts with them are refused there
+    assert len(EXPORTABLE) >= 0.5 * len(ALL) * len(TARGETS)
 
 
 def test_the_option_check_catches_a_misspelt_option():
@@ -241,7 +242,7 @@ def test_megatron_round_trips_the_block_scaled_precisions():
         back, _ = import_plan(megatron=text, cluster="gb200-nvl72", nodes=16)
         assert plan_to_dict(plan_from_dict(back))["training"]["precision"] == precision
     with pytest.raises(ValueError, match="training.precision=nvfp4 has no DeepSpeed config option"):
-        export_plan(plan, "deepspeed")
+        export_plan(plan_from_dict({**doc, "parallel": {}}), "deepspeed")   # data parallel: a ds_config states no pp
 
 
 # --------------------------------------------------------------------------- importers

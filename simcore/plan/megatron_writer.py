@@ -1,0 +1,99 @@
+"""The model's Megatron-LM options (pretrain_gpt.py, NVIDIA/Megatron-LM commit d98e8a64, options as
+its parser defines them: ``megatron_args.yaml``), and what the export says of the model properties a
+Plan has no field for.
+
+A ModelSpec states the shapes (layers, widths, heads, experts, MLA ranks, windows), whether the MLP
+is gated, the positions, tied embeddings, the rotary base and dropout. It does not state the norm
+(LayerNorm or RMSNorm), linear or QKV biases, the MLP's activation (SwiGLU, GeGLU, quick-GeLU GLU),
+QK norm or attention sinks, so the export writes one convention that the Megatron import reads back
+as the same Plan: rotary models as Llama (``--normalization RMSNorm --disable-bias-linear``, gated:
+``--swiglu``), learned positions as GPT-2/3 (Megatron's defaults: LayerNorm, biases, GeLU); the
+script's head says so (``megatron_model_note``), with the options a model that differs needs.
+"""
+from __future__ import annotations
+
+from simcore.plan.spec import MEGATRON_DROPOUT, Plan
+
+
+def _refuse(field_: str, value, why: str) -> ValueError:
+    return ValueError(f"{field_}={value} has no Megatron-LM option: {why}")
+
+
+def megatron_model_note(plan: Plan) -> list[str]:
+    """Comment lines for the script's head: the model properties the Plan has no field for,
+    the convention written for them, and the options for a model that differs."""
+    m = plan.model
+    mlp = "SwiGLU" if m.gated_mlp else "GeLU"
+    if m.position_embedding.value == "rope":
+        written = f"as Llama's: RMSNorm, no linear biases, {mlp} MLP"
+    else:
+        written = f"as GPT's (Megatron's defaults): LayerNorm, linear biases, {mlp} MLP"
+    return [
+        "# The Plan has no field for the norm, linear biases, the MLP's activation, QK norm or",
+        f"# attention sinks; written {written}, no QK norm, no sinks.",
+        "# A model that differs needs its own options (Qwen3: --qk-layernorm; Qwen2: --add-qkv-bias;",
+        "# GPT-OSS: biases, --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0",
+        "# --softmax-type learnable); Gemma's tanh-GeLU GLU has none (--quick-geglu is x*sigmoid(1.702x)).",
+    ]
+
+
+def megatron_model_args(plan: Plan) -> list:
+    m = plan.model
+    dense_ffn = m.dense_ffn_hidden or m.ffn_hidden  # --ffn-hidden-size is the dense layers' width
+    args = [("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--ffn-hidden-size", dense_ffn),
+            ("--num-attention-heads", m.heads)]
+    if m.kv_heads != m.heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", m.kv_heads)]
+    if m.kv_channels and not m.mla:
+        args.append(("--kv-channels", m.kv_channels))
+    args += [("--seq-length", m.seq_len), ("--max-position-embeddings", m.seq_len), ("--vocab-size", m.vocab),
+             ("--position-embedding-type", "rope" if m.position_embedding.value == "rope" else "learned_absolute")]
+    if m.position_embedding.value == "rope":  # Llama-style: RMSNorm, no biases, the model's rotary base
+        if m.rope_base != int(m.rope_base):
+            raise _refuse("model.rope_base", m.rope_base, "--rotary-base takes an integer")
+        args += [("--rotary-base", int(m.rope_base)), ("--normalization", "RMSNorm"), ("--disable-bias-linear", None)]
+    if m.dropout != MEGATRON_DROPOUT:   # Megatron's default for both
+        args += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout)]
+    if m.gated_mlp:
+        args.append(("--swiglu", None))
+    args += _window_args(m)
+    if not m.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    if m.mla:
+        args += [("--multi-latent-attention", None), ("--q-lora-rank", m.q_lora_rank or None),
+                 ("--kv-lora-rank", m.kv_lora_rank), ("--qk-head-dim", m.kv_channels),
+                 ("--qk-pos-emb-head-dim", m.qk_rope_head_dim), ("--v-head-dim", m.v_head_dim)]
+        args = [(o, v) for o, v in args if not (o == "--q-lora-rank" and v is None)]
+    if m.moe:
+        args += _moe_args(m)
+    return args
+
+
+def _moe_args(m) -> list:
+    """MoE options. A capacity factor of 1.0 is the plan's balanced routing, which Megatron
+    runs dropless (no --moe-expert-capacity-factor: its default, token dropping off)."""
+    args = [("--num-experts", m.experts), ("--moe-router-topk", m.top_k)]
+    if m.capacity_factor != 1.0:
+        args.append(("--moe-expert-capacity-factor", m.capacity_factor))
+    if m.dense_ffn_hidden:
+        args = [("--moe-ffn-hidden-size", m.ffn_hidden)] + args
+    if m.shared_ffn_hidden:
+        args.append(("--moe-shared-expert-intermediate-size", m.shared_ffn_hidden))
+    if m.dense_layers:
+        args.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers})"))
+    return args
+
+
+def _window_args(m) -> list:
+    """Megatron-Core's sliding window: ``window_size`` (left, right) keys beside the query's own,
+    and ``window_attn_skip_freq`` N, one full-attention layer in N (transformer/utils.py)."""
+    if not m.sliding_window:
+        return []
+    args = [("--window-size", f"{m.sliding_window - 1},0")]
+    if m.sliding_window_layers < 1.0:
+        n = round(1.0 / (1.0 - m.sliding_window_layers))
+        if abs((n - 1) / n - m.sliding_window_layers) > 1e-9:
+            raise _refuse("model.sliding_window_layers", m.sliding_window_layers,
+                          "--window-attn-skip-freq N windows N-1 layers in N")
+        args.append(("--window-attn-skip-freq", n))
+    return args
