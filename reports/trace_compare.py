@@ -60,7 +60,7 @@ def _fmt(v) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
 
 
-def trace_report(comparison, steps: pd.DataFrame, *, files: list[str], notes: tuple[str, ...] = ()) -> Report:
+def trace_report(comparison, steps: pd.DataFrame, collectives: pd.DataFrame, *, files: list[str], notes: tuple[str, ...] = ()) -> Report:
     """The report page: the answer (step time, the phase that differs most), the phase table,
     every rank and step measured, and where the numbers come from."""
     from reports.plots import gantt_figure
@@ -76,6 +76,9 @@ def trace_report(comparison, steps: pd.DataFrame, *, files: list[str], notes: tu
                 text=verdict(comparison) + ". Predicted minus measured; the error is relative to the measurement. "
                      "Measured: per step the slowest rank, averaged over the steps."),
         Section("Every rank and step measured", table=steps),
+        Section("Collectives by process group", table=collectives,
+                text="Each rank's NCCL kernels by collective and group, the group mapped to the Plan's mesh axis "
+                     "through its rank grid; kernel time and calls per profiled step, input bytes per call."),
         Section("The measured step", figure=gantt_figure(m.spans, f"{comparison.plan_name}: measured step (median)"),
                 name="measured", caption="the trace's kernels: one lane per rank and stream"),
         Section("The predicted step", figure=gantt_figure(p.spans, f"{comparison.plan_name}: predicted step"),

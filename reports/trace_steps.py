@@ -94,7 +94,8 @@ def rank_step(trace, step: str, window: tuple[float, float], axes: AxisMap) -> t
             stream, kind = axes.axis(k.group, trace.rank, k.collective), k.collective or "nccl"
         else:
             stream, kind = CLASS_STREAM[k.klass], k.klass
-        spans.append(Span(trace.rank, stream, kind, k.name[:120], (k.start_us - t0) / 1e6, (k.end_us - k.start_us) / 1e6))
+        spans.append(Span(trace.rank, stream, kind, k.name[:120], (k.start_us - t0) / 1e6,
+                          (k.end_us - k.start_us) / 1e6, bytes=k.bytes))
     return spans, breakdown(spans, trace.rank, (t1 - t0) / 1e6)
 
 
@@ -142,6 +143,25 @@ def measure(traces, plan) -> tuple[list[dict], list[Span], AxisMap]:
     rep = sorted(steps, key=slow.__getitem__)[len(steps) // 2]   # the median step
     spans = [s for (step, _), sp in spans_by.items() if step == rep for s in sp]
     return rows, spans, axes
+
+
+def collective_rows(traces, axes: AxisMap) -> list[dict]:
+    """Each NCCL collective by process group: its axis, calls and kernel time per step, bytes per call."""
+    acc: dict[tuple, list] = {}
+    for t in traces:
+        nsteps = max(1, len({k.step for k in t.kernels if k.step}))
+        for k in t.kernels:
+            if k.klass != "comm" or not k.step:
+                continue
+            group = ",".join(map(str, k.group)) if k.group else "?"
+            key = (t.rank, axes.axis(k.group, t.rank, k.collective), k.collective or "nccl", group)
+            row = acc.setdefault(key, [0, 0.0, 0.0, nsteps])
+            row[0] += 1
+            row[1] += (k.end_us - k.start_us) / 1e6
+            row[2] += k.bytes
+    return [{"rank": r, "axis": a, "collective": c, "group": g, "calls_per_step": n / ns,
+             "time_per_step_s": s / ns, "bytes_per_call": b / n}
+            for (r, a, c, g), (n, s, b, ns) in sorted(acc.items())]
 
 
 def slowest_rows(rows: list[dict]) -> list[dict]:

@@ -18,12 +18,12 @@ STEP_COLUMNS = ("step", "rank", "step_s", "compute_s", "gemm_s", "attention_s", 
 
 
 def trace_comparison(plan, path):
-    """(comparison, per-rank step rows, notes, files) of the traces under ``path``."""
+    """(comparison, per-rank step rows, collectives by group, notes, files) of the traces under ``path``."""
     from reports.compare import compare
     from simcore.engine.predict import simulate
     from simcore.runlogs import LogError
     from simcore.runlogs.kineto import parse_traces
-    from reports.trace_steps import measure, measured_result
+    from reports.trace_steps import AxisMap, collective_rows, measure, measured_result
 
     try:
         traces = parse_traces(path)
@@ -47,7 +47,8 @@ def trace_comparison(plan, path):
     predicted = simulate(plan, engine="des")
     check_prediction(plan, predicted)
     measured = measured_result(plan, rows, spans, notes)
-    return compare(predicted, measured), rows, notes, [t.path for t in traces]
+    colls = collective_rows(traces, AxisMap(plan))
+    return compare(predicted, measured), rows, colls, notes, [t.path for t in traces]
 
 
 def cmd_compare_trace(args) -> None:
@@ -56,12 +57,13 @@ def cmd_compare_trace(args) -> None:
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a file, not a folder")
     plan = load_plan(args.plan)
-    comp, rows, notes, files = trace_comparison(plan, args.trace)
-    steps = pd.DataFrame(rows)
-    written = write_outputs(comp, steps, files, notes, args.out) if args.out else []
+    comp, rows, colls, notes, files = trace_comparison(plan, args.trace)
+    steps, coll = pd.DataFrame(rows), pd.DataFrame(colls)
+    written = write_outputs(comp, steps, coll, files, notes, args.out) if args.out else []
     if args.json:
         print_json({"plan": plan.name, "files": files, "verdict": verdict(comp), "notes": notes,
                     "phases": phase_rows(comp).to_dict(orient="records"), "steps": rows,
+                    "collectives": colls,
                     "written": [str(p) for p in written]})
         return
     print(f"{plan.name} vs {len(files)} profiler trace{'s' if len(files) > 1 else ''} ({args.trace})")
@@ -74,13 +76,16 @@ def cmd_compare_trace(args) -> None:
     print("  per rank and step (s):")
     cols = [c for c in STEP_COLUMNS if c in steps]
     print("    " + steps[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}").replace("\n", "\n    "))
+    if len(coll):
+        print("  collectives by process group (per step):")
+        print("    " + coll.to_string(index=False, float_format=lambda v: f"{v:.4g}").replace("\n", "\n    "))
     for note in notes:
         print(f"  note: {note}")
     for path in written:
         print(f"  wrote {path}")
 
 
-def write_outputs(comp, steps: pd.DataFrame, files: list[str], notes: list[str], out) -> list[Path]:
+def write_outputs(comp, steps: pd.DataFrame, coll: pd.DataFrame, files: list[str], notes: list[str], out) -> list[Path]:
     """trace.json (both timelines; open in https://ui.perfetto.dev) and the report page."""
     from reports.render import render
     from reports.trace_compare import combined_trace, trace_report
@@ -89,5 +94,5 @@ def write_outputs(comp, steps: pd.DataFrame, files: list[str], notes: list[str],
     out = Path(out)
     trace = out / "trace.json"
     atomic_write_text(trace, json.dumps(combined_trace(comp.predicted.spans, comp.measured.spans, comp.plan_name)))
-    html = render(trace_report(comp, steps, files=files, notes=tuple(notes)), out)
+    html = render(trace_report(comp, steps, coll, files=files, notes=tuple(notes)), out)
     return [trace, html, out / "report.md"]

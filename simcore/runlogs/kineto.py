@@ -32,6 +32,9 @@ GEMM = re.compile(r"(?<!fb)gemm|xmma|cutlass|cublas|matmul|wgmma|nvjet|splitKred
 ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|cudnn.*mha", re.I)
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
+#: Bytes per element of the dtypes torch names in "dtype" (c10's ScalarType names).
+DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "byte": 1, "char": 1, "int": 4, "long": 8,
+               "short": 2, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 #: A collective's name (from args or the NCCL kernel's name, lower case, no '_') to a Span kind.
 COLLECTIVES = (("allreduce", "all_reduce"), ("reducescatter", "reduce_scatter"), ("allgather", "all_gather"),
@@ -52,6 +55,8 @@ class Kernel:
     step: str = ""
     collective: str = ""
     group: tuple[int, ...] | None = None
+    bytes: float = 0.0
+    """A collective's input bytes ("In msg nelems" x the dtype's size; 0 where the trace has none)."""
 
 
 @dataclass
@@ -172,6 +177,9 @@ def parse_trace(path: str | Path, index: int = 0) -> RankTrace:
         if klass == "comm":
             k.collective = collective_kind(str(args.get("Collective name", ""))) or collective_kind(name)
             k.group = _group(args, groups)
+            nelems = args.get("In msg nelems")
+            if isinstance(nelems, (int, float)):
+                k.bytes = float(nelems) * DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
         out.kernels.append(k)
     if not out.kernels:
         raise LogError(f"{path}: no GPU kernel events (cat 'kernel'), so there is no GPU time to compare "

@@ -35,6 +35,7 @@ def test_trace_against_prediction_writes_both_timelines_and_the_page(plan, tmp_p
     trace = json.loads((out / "trace.json").read_text())
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert any("predicted" in n for n in names) and any("measured" in n for n in names)
+    assert "Collectives by process group" in text or "collectives by process group" in text
     assert "Phase by phase" in (out / "report.md").read_text() and (out / "index.html").exists()
 
 
@@ -43,6 +44,10 @@ def test_json(plan, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert {r["field"] for r in doc["phases"]} >= {"step_time_s", "compute_s", "phase.dp_comm"}
     assert len(doc["steps"]) == 2
+    calls = {(c["axis"], c["collective"], c["group"]): c for c in doc["collectives"]}
+    assert set(calls) == {("dp", "all_reduce", "0,1"), ("dp", "broadcast", "0,1")}
+    assert calls["dp", "all_reduce", "0,1"]["calls_per_step"] == 5
+    assert calls["dp", "all_reduce", "0,1"]["bytes_per_call"] > 1e6   # fp32 gradient buckets
 
 
 def test_needs_log_or_trace(plan, capsys):
