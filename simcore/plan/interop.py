@@ -38,6 +38,7 @@ import re
 from pathlib import Path
 
 from simcore.plan.megatron_reader import read_megatron
+from simcore.plan.megatron_writer import account_split
 from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_torchtitan, sdpa_attention_kernel
 from simcore.plan.spec import PlanError, even_split
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts, virtual_stages
@@ -221,23 +222,6 @@ def _torchtitan_stages(values: dict, layers: int, pp: int, per_stage: int, first
         raise PlanError(f"torchtitan parallelism.pipeline_parallel_layers_per_stage={per_stage} leaves a stage "
                         "without layers")
     values["parallel.vpp"], values["parallel.stage_layers"] = stages // pp, split
-
-
-def account_split(layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> list[int]:
-    """Megatron's split with the embedding and the loss counted as a layer each
-    (``--account-for-embedding/loss-in-pipeline-split``): L + e + l over pp x vpp virtual stages,
-    uniform, the first one short of the embedding and the last of the loss (transformer_layer.py
-    ``get_transformer_layer_offset``; the divisibility is transformer_config.py's, 2369-2413, @d98e8a64)."""
-    total = layers + embedding + loss
-    if total % pp or (total // pp) % vpp:
-        raise PlanError(f"megatron --account-for-embedding/loss-in-pipeline-split: {layers} layers + "
-                        f"{embedding + loss} do not divide over pipeline-model-parallel-size {pp}"
-                        + (f" x {vpp} virtual stages" if vpp > 1 else "") + " (Megatron's ValueError)")
-    per = total // (pp * vpp)
-    split = [per] * (pp * vpp)
-    split[0] -= embedding
-    split[-1] -= loss
-    return split
 
 
 def _first_last_split(layers: int, pp: int, first, last) -> list[int]:

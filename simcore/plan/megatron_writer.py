@@ -12,7 +12,7 @@ script's head says so (``megatron_model_note``), with the options a model that d
 """
 from __future__ import annotations
 
-from simcore.plan.spec import MEGATRON_DROPOUT, Plan
+from simcore.plan.spec import MEGATRON_DROPOUT, Plan, PlanError
 
 
 def _refuse(field_: str, value, why: str) -> ValueError:
@@ -97,3 +97,20 @@ def _window_args(m) -> list:
                           "--window-attn-skip-freq N windows N-1 layers in N")
         args.append(("--window-attn-skip-freq", n))
     return args
+
+
+def account_split(layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> list[int]:
+    """Megatron's split with the embedding and the loss counted as a layer each
+    (``--account-for-embedding/loss-in-pipeline-split``): L + e + l over pp x vpp virtual stages,
+    uniform, the first one short of the embedding and the last of the loss (transformer_layer.py
+    ``get_transformer_layer_offset``; the divisibility is transformer_config.py's, 2369-2413, @d98e8a64)."""
+    total = layers + embedding + loss
+    if total % pp or (total // pp) % vpp:
+        raise PlanError(f"megatron --account-for-embedding/loss-in-pipeline-split: {layers} layers + "
+                        f"{embedding + loss} do not divide over pipeline-model-parallel-size {pp}"
+                        + (f" x {vpp} virtual stages" if vpp > 1 else "") + " (Megatron's ValueError)")
+    per = total // (pp * vpp)
+    split = [per] * (pp * vpp)
+    split[0] -= embedding
+    split[-1] -= loss
+    return split

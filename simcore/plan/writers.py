@@ -12,8 +12,8 @@ import re
 import shlex
 
 from simcore.plan.deepspeed_writer import deepspeed_notes, export_deepspeed
-from simcore.plan.megatron_writer import megatron_model_args, megatron_model_note
-from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan
+from simcore.plan.megatron_writer import account_split, megatron_model_args, megatron_model_note
+from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan, PlanError
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
 TARGETS = ("deepspeed", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
@@ -109,13 +109,23 @@ def _megatron_parallel_args(plan: Plan) -> list:
 
 
 def _megatron_stage_args(plan: Plan) -> list:
-    stages = plan.layers_per_stage
+    """The split of the layers: the embedding and the loss counted as layers where that is the
+    split (``account_split``: the search's "ends" split, Bridge's Llama 3.1 405B recipes), else
+    first and last stage sizes; one sentence for a split Megatron has no option for."""
+    stages, par = list(plan.layers_per_stage), plan.parallel
     if len(set(stages)) == 1:
         return []
+    for embedding, loss in ((True, True), (True, False), (False, True)):
+        try:
+            if account_split(plan.model.layers, par.pp, par.vpp, embedding, loss) == stages:
+                return [(flag, None) for flag, on in (("--account-for-embedding-in-pipeline-split", embedding),
+                                                      ("--account-for-loss-in-pipeline-split", loss)) if on]
+        except PlanError:
+            continue
     middle = stages[1:-1]
     if plan.parallel.vpp > 1 or len(set(middle)) > 1:
-        raise _refuse("parallel.stage_layers", list(stages), "Megatron-LM",
-                      "only the first and last stage may differ (--decoder-first/last-pipeline-num-layers)")
+        raise _refuse("parallel.stage_layers", stages, "Megatron-LM", "only the first and last stage may differ "
+                      "(--decoder-first/last-pipeline-num-layers, or by the embedding and the loss counted as layers)")
     return [("--decoder-first-pipeline-num-layers", stages[0]), ("--decoder-last-pipeline-num-layers", stages[-1])]
 
 

@@ -55,3 +55,20 @@ def test_a_dense_models_expert_tp_is_ignored_as_megatron_ignores_it():
 def test_scripts_of_other_models_are_refused_in_one_sentence(script):
     with pytest.raises(PlanError, match="does not train a decoder-only transformer"):
         _plan(LLAMA_405B.replace("pretrain_gpt.py", "torchrun --nproc-per-node 8 " + script))
+
+
+@pytest.mark.parametrize("vpp, flags", [(4, "--account-for-embedding-in-pipeline-split "
+                                             "--account-for-loss-in-pipeline-split"),
+                                        (1, "--account-for-loss-in-pipeline-split")])
+def test_the_export_writes_the_split_back(vpp, flags):
+    """The planner's "ends" split (Llama 3 405B interleaved on 16 stages) exports as Megatron's own
+    options and imports as the same Plan; before, the export refused every interleaved uneven split."""
+    from simcore.plan.writers import export_plan
+
+    extra = f"--num-virtual-stages-per-pipeline-rank {vpp} " if vpp > 1 else ""
+    args = LLAMA_405B.replace("--num-layers 126", "--num-layers 127" if vpp == 1 else "--num-layers 126")
+    plan, _ = _plan(args + extra + flags)
+    text = export_plan(plan, "megatron")
+    assert all(f in text for f in flags.split()) and "--decoder-first-pipeline-num-layers" not in text
+    again, _ = _plan(text)
+    assert again.layers_per_stage == plan.layers_per_stage and again.parallel == plan.parallel
