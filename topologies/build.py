@@ -47,6 +47,8 @@ choices (not hardware figures), each stated where it is made:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import networkx as nx
@@ -121,6 +123,10 @@ def add_intra(g: nx.Graph, n: int, node: Node, gpus_per_node: int, domain_nodes:
     """GPU-to-GPU links inside a node: one NVSwitch crossbar (shared by the ``domain_nodes``
     nodes of a rack-scale NVLink domain), a full mesh, or none (PCIe)."""
     bw, gpus = node.gpu.intra_link_bytes_per_s, [gpu_id(n, i) for i in range(gpus_per_node)]
+    if node.intra == "torus":
+        # drawn as one logical crossbar per torus domain (a TPU slice, a Trainium instance) at
+        # the chip's ICI rate; its per-dimension collective costs: simcore/model/torus.py
+        node = dataclasses.replace(node, intra="nvswitch")
     if node.intra == "nvswitch":
         first = n - n % domain_nodes
         switch = ("nvswitch", first)
@@ -136,7 +142,7 @@ def add_intra(g: nx.Graph, n: int, node: Node, gpus_per_node: int, domain_nodes:
                 _link(g, gpus[a], gpus[b], kind, bw / (gpus_per_node - 1))
     elif node.intra not in ("pcie", _SHARED_MEMORY):
         raise ValueError(f"node {node.name}: intra={node.intra!r} is not one of: "
-                         "nvswitch, nvlink-mesh, xgmi-mesh, pcie, shared-memory")
+                         "nvswitch, torus, nvlink-mesh, xgmi-mesh, pcie, shared-memory")
 
 
 def add_server(g: nx.Graph, n: int, node: Node, gpus_per_node: int, domain_nodes: int = 1) -> None:

@@ -77,6 +77,9 @@ class GPU:
     efficiency_json: str = ""
     """A calibrated profile's efficiency entry (JSON text, so the GPU stays hashable);
     empty for catalog GPUs, whose entry lives in ``efficiency.yaml``."""
+    gaps: tuple[str, ...] = ()
+    """Catalog keys no stored source gives a figure for (``gaps:`` in gpus.yaml); each reads
+    as NaN here, never as an invented number (SOURCES.md, 'Accelerators beside the GPUs')."""
 
     def peak(self, precision: str) -> float | None:
         return dict(self.peak_flops).get(precision)
@@ -110,6 +113,8 @@ class Fabric:
     oversubscription: float
     switch_radix: int
     source: str
+    gaps: tuple[str, ...] = ()
+    """Catalog keys no stored source gives (NaN here), as ``GPU.gaps``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,7 +151,17 @@ class Node:
     calibrated: bool = False
     nvlink_domain_gpus: int = 0
     """GPUs joined by one NVLink switch fabric when it spans several nodes (a GB200/GB300
-    NVL72 rack: 72 GPUs over 18 compute trays of 4); 0: the node's own GPUs."""
+    NVL72 rack: 72 GPUs over 18 compute trays of 4), or by one torus (``intra: torus``: the
+    largest slice, a TPU pod's ICI); 0: the node's own GPUs."""
+    torus_dims: int = 0
+    """``intra: torus``: the chips of a domain form a torus of this many dimensions (TPU v4,
+    v5p, TPU7x: 3; v5e, v6e, Trn1/Trn2 instances: 2; ``simcore.model.torus``); 0: no torus."""
+    torus_wrap: int = 0
+    """An axis whose length is a multiple of this has its wraparound link (TPU v5e/v6e: 16;
+    the 4x4 Trainium torus: 4; OCS cubes: 4)."""
+    torus_wrap_all: bool = False
+    """Wraparounds only when EVERY axis is such a multiple (whole 4x4x4 cubes joined by
+    optical switches on TPU v4/v5p/TPU7x: a 2x2x4 slice has none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,8 +203,23 @@ def _num(entry: dict, key: str, where: str, *, allow_none: bool = False) -> floa
     return float(value)
 
 
+def _gap_num(e: dict, key: str, where: str, gaps: tuple[str, ...]) -> float:
+    """A figure, or NaN where the entry lists ``key`` among its ``gaps`` and leaves it out."""
+    if key in gaps and e.get(key) is None:
+        return math.nan
+    return _num(e, key, where)
+
+
+def _gaps(e: dict, where: str) -> tuple[str, ...]:
+    gaps = e.get("gaps") or []
+    if not isinstance(gaps, list) or not all(isinstance(g, str) for g in gaps):
+        raise CatalogError(f"{where}.gaps must be a list of catalog keys")
+    return tuple(gaps)
+
+
 def _gpu(name: str, e: dict, calibrated: bool = False, efficiency: dict | None = None) -> GPU:
     where = f"gpus.{name}"
+    gaps = _gaps(e, where)
     tflops = e.get("dense_tflops") or {}
     peaks = tuple((p, None if tflops.get(p) is None else float(tflops[p]) * 1e12) for p in PRECISIONS)
     return GPU(
@@ -197,18 +227,19 @@ def _gpu(name: str, e: dict, calibrated: bool = False, efficiency: dict | None =
         description=str(e.get("description", name)),
         vendor=str(e.get("vendor", "")),
         peak_flops=peaks,
-        hbm_bytes=_num(e, "hbm_gib", where) * GIB,
-        hbm_bytes_per_s=_num(e, "hbm_tbyte_per_s", where) * 1e12,
+        hbm_bytes=_gap_num(e, "hbm_gib", where, gaps) * GIB,
+        hbm_bytes_per_s=_gap_num(e, "hbm_tbyte_per_s", where, gaps) * 1e12,
         intra_link=str(e.get("intra_link", "pcie")),
-        intra_link_bytes_per_s=_num(e, "intra_link_gbyte_per_s_bidir", where) * 1e9 / 2,
+        intra_link_bytes_per_s=_gap_num(e, "intra_link_gbyte_per_s_bidir", where, gaps) * 1e9 / 2,
         pcie_gen=int(e.get("pcie_gen") or 0),
-        pcie_bytes_per_s=_num(e, "pcie_gbyte_per_s_bidir", where) * 1e9 / 2,
+        pcie_bytes_per_s=_gap_num(e, "pcie_gbyte_per_s_bidir", where, gaps) * 1e9 / 2,
         host_link_bytes_per_s=(_num(e, "host_link_gbyte_per_s_bidir", where, allow_none=True) or 0.0) * 1e9 / 2,
-        tdp_w=_num(e, "tdp_w", where),
+        tdp_w=_gap_num(e, "tdp_w", where, gaps),
         source=str(e.get("source", "")),
         compute_capability=_num(e, "compute_capability", where, allow_none=True) or 0.0,
         calibrated=calibrated,
         efficiency_json=json.dumps(efficiency, sort_keys=True) if efficiency else "",
+        gaps=gaps,
     )
 
 
@@ -234,6 +265,7 @@ def _node(name: str, e: dict, gpus: dict[str, GPU], gpu: GPU | None = None) -> N
         source=str(e.get("source", "")),
         calibrated=bool(e.get("calibrated", False)),
         nvlink_domain_gpus=_domain(e, where),
+        **_torus(e, where),
     )
 
 
@@ -241,23 +273,37 @@ def _domain(e: dict, where: str) -> int:
     """``nvlink_domain_gpus`` of a node entry: absent or a whole number of its nodes."""
     domain = int(e.get("nvlink_domain_gpus") or 0)
     gpn = int(e.get("gpus_per_node") or 0)
-    if domain and (gpn <= 0 or domain % gpn or e.get("intra") != "nvswitch"):
+    if domain and (gpn <= 0 or domain % gpn or e.get("intra") not in ("nvswitch", "torus")):
         raise CatalogError(f"{where}.nvlink_domain_gpus={domain} must be a multiple of gpus_per_node "
-                           "on a node whose intra is nvswitch")
+                           "on a node whose intra is nvswitch or torus")
     return domain
+
+
+def _torus(e: dict, where: str) -> dict:
+    """``torus: {dims, wrap, wrap_all}`` of a node whose ``intra`` is torus."""
+    t = e.get("torus")
+    if e.get("intra") != "torus":
+        if t is not None:
+            raise CatalogError(f"{where}.torus is given but intra is {e.get('intra')!r}, not torus")
+        return {}
+    if not isinstance(t, dict) or int(t.get("dims") or 0) not in (1, 2, 3) or int(t.get("wrap") or 0) < 1:
+        raise CatalogError(f"{where}.torus must give dims (1-3) and wrap (an axis length) on an intra: torus node")
+    return {"torus_dims": int(t["dims"]), "torus_wrap": int(t["wrap"]), "torus_wrap_all": bool(t.get("wrap_all", False))}
 
 
 def _fabric(name: str, e: dict) -> Fabric:
     where = f"fabrics.{name}"
+    gaps = _gaps(e, where)
     return Fabric(
         name=name,
         description=str(e.get("description", name)),
-        nic_bytes_per_s=_num(e, "nic_gbit_per_s", where) * 1e9 / 8,
-        latency_s=_num(e, "latency_us", where) * 1e-6,
+        nic_bytes_per_s=_gap_num(e, "nic_gbit_per_s", where, gaps) * 1e9 / 8,
+        latency_s=_gap_num(e, "latency_us", where, gaps) * 1e-6,
         topology=str(e.get("topology", "fat-tree")),
-        oversubscription=_num(e, "oversubscription", where),
+        oversubscription=_gap_num(e, "oversubscription", where, gaps),
         switch_radix=int(e.get("switch_radix") or 64),
         source=str(e.get("source", "")),
+        gaps=gaps,
     )
 
 

@@ -18,7 +18,8 @@ GPUs over 18 trays of 4 on one NVLink switch fabric), so a TP, CP or EP group in
 rack runs at NVLink rate across trays (NCCL's NVLS/MNNVL transport), and a group leaving it
 takes the scale-out NICs, every tray's share of them (NCCL PXN relays over NVLink).
 Achieved fractions of the link rates (nccl-tests busbw / link rate) come from the GPU's
-``efficiency.yaml`` entry.
+``efficiency.yaml`` entry. On a torus (``intra: torus``: TPU slices, Trainium instances) a
+group's rate inside the domain is its rings per axis (``simcore.model.torus``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from simcore.model import torus
 from simcore.model import workload as wl
 from simcore.model.compute import DeviceModel
 from simcore.plan.spec import ClusterSpec, GradCompression, Plan, Precision, ZeroImpl, ZeroStage
@@ -110,8 +112,12 @@ group_net.cache_clear = _NETS.clear   # as functools' caches answer (tests clear
 def _group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -> GroupNet:
     """``group_net`` computed."""
     gpn, dom = cluster.gpus_per_node, cluster.nvlink_domain
-    gpu = cluster.node.gpu
-    intra = gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
+    node = cluster.node
+    intra = node.gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
+    if node.torus_dims and ranks > 1:   # a TPU slice or Trainium instance: rings per torus axis
+        intra = dev.nvlink_efficiency * torus.group_bytes_per_s(
+            node.gpu.intra_link_bytes_per_s, node.torus_dims, node.torus_wrap, node.torus_wrap_all,
+            dom, min(ranks, max(1, dom // stride)), stride)
     common = dict(ranks=ranks, intra_bytes_per_s=intra, base_latency_s=dev.base_latency_s,
                   intra_hop_s=dev.nvlink_hop_latency_s, inter_hop_s=dev.net_hop_latency_s)
     inside = stride * ranks <= gpn or (dom > gpn and blocks_in_domain(stride * ranks, dom, cluster.gpus))

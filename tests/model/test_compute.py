@@ -16,6 +16,8 @@ def dev(name="a100-80gb", precision="bf16"):
 def test_every_catalog_gpu_has_an_efficiency_entry():
     cat = load_catalog()
     for name, gpu in cat.gpus.items():
+        if gpu.gaps:   # issue 54's accelerators: refused until their gaps and curves are sourced (tests/topologies/test_accelerators.py)
+            continue
         prec = "bf16" if gpu.peak("bf16") else "fp16"
         d = cmp.device_model(gpu, prec)
         assert 0 < d.matmul.at(1e12) <= 1 and d.matmul.source

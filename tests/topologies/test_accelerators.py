@@ -1,0 +1,84 @@
+"""The accelerators beside the GPUs (issue 54): TPU, Trainium, Gaudi, Ascend, GH200 entries
+with their sources; a figure no source gives stays a gap (NaN), and a plan that needs one is
+refused in one sentence."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from simcore.plan.spec import PlanError
+from topologies.hardware import load_catalog
+
+NEW = {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x", "trn1", "trn2", "trn3", "gaudi2", "gaudi3",
+       "ascend-910b", "ascend-910c", "gh200"}
+HOSTS = {"tpu-v4-host", "tpu-v5e-host", "tpu-v5p-host", "tpu-v6e-host", "tpu7x-host", "trn1-32xl",
+         "trn2-48xl", "hls-gaudi2", "hls-gaudi3", "atlas-800t-a2"}
+
+
+@pytest.fixture(scope="module")
+def cat():
+    return load_catalog()
+
+
+def test_every_new_accelerator_has_its_unit_source_and_datasheet_peaks(cat):
+    raw = __import__("yaml").safe_load(open(__import__("topologies.hardware").hardware.CATALOG_DIR / "gpus.yaml"))
+    assert NEW <= set(cat.gpus)
+    for name in NEW:
+        g = cat.gpus[name]
+        assert g.source.strip() and str(raw[name].get("unit", "")).strip(), name
+        assert g.peak("bf16") and g.peak("bf16") > 1e14, name
+    # checked against the stored sources (SOURCES.md, 'Accelerators beside the GPUs')
+    assert cat.gpus["tpu7x"].peak("fp8") == pytest.approx(4614e12)
+    assert cat.gpus["tpu-v5p"].peak("fp8") == cat.gpus["tpu-v5p"].peak("bf16")   # no FP8 speed-up on v5p
+    assert cat.gpus["trn2"].peak("bf16") == pytest.approx(667e12) and cat.gpus["trn2"].peak("fp8") == pytest.approx(1299e12)
+    assert cat.gpus["gaudi3"].intra_link_bytes_per_s == pytest.approx(525e9)
+    assert cat.gpus["trn1"].hbm_bytes_per_s == pytest.approx(820 * 2**30, rel=1e-3)   # 820 GiB/s
+
+
+def test_a_gap_is_nan_never_an_invented_figure(cat):
+    for name in NEW:
+        g = cat.gpus[name]
+        for key, value in (("tdp_w", g.tdp_w), ("hbm_tbyte_per_s", g.hbm_bytes_per_s),
+                           ("pcie_gbyte_per_s_bidir", g.pcie_bytes_per_s),
+                           ("intra_link_gbyte_per_s_bidir", g.intra_link_bytes_per_s)):
+            assert math.isnan(value) == (key in g.gaps), (name, key)
+    assert "tdp_w" in cat.gpus["tpu-v5p"].gaps and cat.gpus["gaudi3"].tdp_w == 900
+
+
+def test_hosts_resolve_with_their_torus_and_fabric(cat):
+    for name in HOSTS:
+        node = cat.node(name)
+        assert node.gpu.name in NEW and node.source.strip()
+        assert node.fabric is None or node.fabric in cat.fabrics
+    v5p = cat.node("tpu-v5p-host")
+    assert (v5p.torus_dims, v5p.torus_wrap, v5p.torus_wrap_all, v5p.nvlink_domain_gpus) == (3, 4, True, 6144)
+    assert cat.node("tpu-v6e-host").torus_dims == 2 and cat.node("trn2-48xl").torus_dims == 2
+    assert cat.node("dgx-h100").torus_dims == 0
+    assert all(cat.fabrics[f].source for f in ("gcp-dcn-50", "gcp-dcn-100", "gcp-dcn-200", "efa-v3", "gaudi3-roce-200"))
+
+
+def test_no_new_accelerator_joins_the_procurement_defaults(cat):
+    from simcore.planner.procure_input import default_gpus
+
+    assert not NEW & set(default_gpus())
+    assert cat.prices.gpus["tpu-v6e"].on_demand_usd == 2.70 and "tpu-v5p" not in cat.prices.gpus
+
+
+def test_simulate_refuses_what_the_catalog_lacks_in_one_sentence(cat):
+    # no efficiency curve (fitted only to development rows, issue 54 item 3) for any of them yet
+    from simcore.model.compute import device_model
+
+    for name in NEW:
+        assert name not in cat.efficiency, name
+        with pytest.raises(PlanError) as err:
+            device_model(cat.gpus[name], "bf16")
+        assert str(err.value).startswith(f"GPU '{name}' has no entry in topologies/catalog/efficiency.yaml")
+        assert "\n" not in str(err.value)
+
+
+def test_an_efficiency_entry_needs_the_figures_the_model_reads(cat):
+    # whoever adds an efficiency entry for a gapped accelerator must first fill (or refuse) its gaps
+    for name, g in cat.gpus.items():
+        if name in cat.efficiency:
+            assert not g.gaps, name
