@@ -22,7 +22,8 @@ COMMANDS = {
     "schedule": ("In what order does each pipeline rank run its forwards, backwards, sends and receives?",
                  "trainplan schedule plans/llama3-70b-h100.yaml"),
     "compare": ("How does a real run's log (Megatron-LM/NeMo, torchtitan, DeepSpeed, HF Trainer, MLPerf) compare "
-                "with the Plan's predicted step time, throughput, MFU and peak memory, and is its layout the Plan's?",
+                "with the Plan's predicted step time, throughput, MFU and peak memory, and is its layout the Plan's? "
+                "With --trace DIR (PyTorch profiler traces), which phase differs most, rank by rank?",
                 "trainplan compare plans/llama3-8b-fsdp-h100.yaml --log tests/runlogs/fixtures/torchtitan_pr1287.log"),
     "collectives": ("Which collectives does each rank issue per step, how often and how many bytes (as trainplan's "
                     "executor issues them)?", "trainplan collectives plans/llama3-8b-fsdp-h100.yaml"),
