@@ -4,9 +4,9 @@
   weights and states: the ZeRO paper's 2 + K bytes per parameter, Rajbhandari et al.
   2020, Sec. 3.1) written by all nodes at once through the storage tier (the aggregate
   write bandwidth, capped by the nodes' client links; local NVMe scales with the nodes).
-  Tiered checkpointing blocks only for the copy to host memory over PCIe, then drains
-  to the file system in the background (as Gemini, Wang et al. SOSP'23, and torch's
-  async ``dcp.async_save``); the interval must leave time for the drain.
+  ``checkpoints.py`` holds the choices as the stacks write them: synchronous, asynchronous
+  (the step blocks for the device-to-host staging copy only), deduplicated or replicated
+  writes, a stated compression ratio; the lost work of an asynchronous save.
 - Interval: Daly's higher-order optimum (Daly 2006, FGCS 22(3), Eq. 37), which reduces
   to Young's sqrt(2 C M) (Young 1974, CACM 17(9)) for C << M.
 - Expected wall time with exponential failures of mean time M, restart R and
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from simcore.model import memory as mem
 from simcore.model import workload as wl
 from simcore.plan.spec import Plan
+from simcore.planner import checkpoints as cks
 from topologies.components import Storage
 
 
@@ -100,30 +101,48 @@ class CheckpointPlan:
     interval_s: float
     """Useful work between checkpoints (inf: none)."""
     tiered: bool
+    """Asynchronous (``mode == "async"``; the old name of the choice, kept)."""
     rule: str
+    mode: str = "sync"
+    compression: float = 1.0
+    """Stated ratio of logical to stored bytes (1: none)."""
+    deduplicated: bool = True
+    written_bytes: float = 0.0
+    """Bytes through the storage tier per checkpoint: deduplicated or not, over the compression."""
+    staging_s: float = 0.0
+    """Device-to-host copy of each GPU's share (the whole stall of an asynchronous save)."""
+    wait_s: float = 0.0
+    """Asynchronous: a save that waits for the previous write (an interval below the write)."""
+    unprotected_s: float = 0.0
+    """Asynchronous: training time after the step resumes until the checkpoint is durable; a
+    failure within it falls back to the checkpoint before (charged as lost work per failure)."""
 
 
 def plan_checkpoints(plan: Plan, storage: Storage, mtbf_s: float, *, tiered: bool = False,
-                     interval_s: float | None = None) -> CheckpointPlan:
-    """Checkpoint size, write / restore time through ``storage`` and the interval."""
+                     interval_s: float | None = None, mode: str | None = None, compression: float = 1.0,
+                     deduplicated: bool = True) -> CheckpointPlan:
+    """Checkpoint size, write / restore time through ``storage`` and the interval; ``mode``
+    sync or async (``tiered=True`` is async), see ``simcore.planner.checkpoints``."""
+    mode = cks.check_mode(mode, tiered)
+    ratio = cks.check_compression(compression)
     nodes = plan.cluster.nodes
     size = checkpoint_bytes(plan)
+    held = size if deduplicated else cks.replicated_bytes(plan, size)
     wbw = storage_bytes_per_s(storage, nodes, write=True)
-    write = size / wbw + storage.latency_s
-    restore = size / storage_bytes_per_s(storage, nodes, write=False) + storage.latency_s
-    blocking = write
-    if tiered:   # each GPU copies its shard to host memory over its host link (PCIe or NVLink-C2C)
-        blocking = size / plan.cluster.gpus / plan.cluster.node.gpu.host_bytes_per_s
+    staging, write, restore = cks.times(plan, held, held / ratio, wbw, storage_bytes_per_s(storage, nodes, write=False),
+                                        storage.latency_s)
     if interval_s is not None:
         rule = "given"
     elif math.isinf(mtbf_s):
         interval_s, rule = math.inf, "no failures: no checkpoints"
-    else:
-        interval_s, rule = daly_interval_s(blocking, mtbf_s), "Daly 2006 Eq. 37"
-    if tiered and interval_s < write:
-        interval_s, rule = write, rule + ", raised to the background write time"
-    return CheckpointPlan(size_bytes=size, write_bytes_per_s=wbw, write_s=write, blocking_s=blocking,
-                          restore_s=restore, interval_s=interval_s, tiered=tiered, rule=rule)
+    else:   # async keeps the synchronous save interval, raised so that no save waits for the last write
+        interval_s, rule = daly_interval_s(write, mtbf_s), "Daly 2006 Eq. 37"
+        if mode == "async" and interval_s < write:
+            interval_s, rule = write, rule + ", raised to the background write time"
+    ck = CheckpointPlan(size_bytes=size, write_bytes_per_s=wbw, write_s=write, blocking_s=write, restore_s=restore,
+                        interval_s=interval_s, tiered=mode == "async", rule=rule, mode=mode, compression=ratio,
+                        deduplicated=deduplicated, written_bytes=held / ratio, staging_s=staging)
+    return cks.with_interval(ck, interval_s, rule)
 
 
 # --------------------------------------------------------------------------- expected outcome
@@ -163,7 +182,8 @@ class Scenario:
 def _daly_parts(work_s: float, recover_s: float, mtbf_s: float, ck: CheckpointPlan) -> dict[str, float]:
     """Daly's expected outcome split into its parts: per segment of a = tau + C,
     (e^{a/M} - 1) e^{R/M} interruptions and (e^{a/M} - 1) M (e^{R/M} - 1) of recovery."""
-    wall = expected_wall_s(work_s, ck.interval_s, ck.blocking_s, recover_s, mtbf_s)
+    redo = ck.unprotected_s   # asynchronous: a failure before the write ends redoes the interval before
+    wall = expected_wall_s(work_s, ck.interval_s, ck.blocking_s, recover_s + redo, mtbf_s)
     if math.isinf(mtbf_s):
         return {"wall": wall, "fails": 0.0, "restart": 0.0,
                 "ck": checkpoints_written(work_s, ck.interval_s) * ck.blocking_s}
@@ -172,8 +192,10 @@ def _daly_parts(work_s: float, recover_s: float, mtbf_s: float, ck: CheckpointPl
     one = ck.interval_s >= work_s
     segments, period = (1.0, work_s) if one else (work_s / ck.interval_s, ck.interval_s + ck.blocking_s)
     retries = math.expm1(period / mtbf_s)
-    return {"wall": wall, "fails": segments * retries * math.exp(recover_s / mtbf_s),
-            "restart": segments * retries * mtbf_s * math.expm1(recover_s / mtbf_s),
+    back = recover_s + redo   # the restart's share of the time back stays restart; the redo is lost work
+    recovery = segments * retries * mtbf_s * math.expm1(back / mtbf_s)
+    return {"wall": wall, "fails": segments * retries * math.exp(back / mtbf_s),
+            "restart": recovery * recover_s / back if back > 0 else 0.0,
             "ck": 0.0 if one else segments * ck.blocking_s}
 
 

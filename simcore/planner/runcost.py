@@ -141,7 +141,8 @@ def _monte_carlo(s: Scenario, work_s: float, ck: CheckpointPlan, recover_s: floa
     noticed = spot is not None and spot.notice_saves
     rate = 0.0 if math.isinf(s.mtbf_s) else 1.0 / s.mtbf_s
     r = mc.daly_runs(runs, seed, work_s=work_s, interval_s=interval, checkpoint_s=ck.blocking_s,
-                     recover_s=recover_s if spot is None or noticed else spot.recover_s, rate_per_s=rate)
+                     recover_s=recover_s + ck.unprotected_s if spot is None or noticed else spot.recover_s,
+                     rate_per_s=rate)
     if spot is not None:
         r = mc.with_downtimes(r, seed, rate_per_s=spot.preemptions_per_s if noticed else 0.0,
                               downtime_s=spot.downtime_s, availability=spot.availability)
@@ -180,26 +181,30 @@ def _whole_steps(ck: CheckpointPlan, step_s: float) -> CheckpointPlan:
     interval rounded up to a whole number of steps."""
     if not math.isfinite(ck.interval_s) or ck.interval_s <= 0:
         return ck
+    from simcore.planner.checkpoints import with_interval
+
     steps = math.ceil(ck.interval_s / step_s - 1e-9)
-    return replace(ck, interval_s=steps * step_s, rule=ck.rule if steps * step_s == ck.interval_s
-                   else ck.rule + ", rounded up to whole steps")
+    return with_interval(ck, steps * step_s, ck.rule if steps * step_s == ck.interval_s
+                         else ck.rule + ", rounded up to whole steps")
 
 
 def _scenarios(plan: Plan, sheet: PriceSheet, st: Storage, step_s: float, work: float, failures: bool,
-               tiered: bool, interval_s: float | None):
+               ckw: dict):
     """The three ways of buying the GPUs for ``work`` useful seconds: (scenarios, checkpoint
-    plans, the spot plan, the failure recovery)."""
+    plans, the spot plan, the failure recovery); ``ckw``: the checkpoint choices."""
     cl = plan.cluster
     fail_rate = sheet.failures_per_gpu_hour * cl.gpus / 3600.0 if failures else 0.0
     mtbf = 1.0 / fail_rate if fail_rate > 0 else math.inf
-    ck = _whole_steps(plan_checkpoints(plan, st, mtbf, tiered=tiered, interval_s=interval_s), step_s)
+    ck = _whole_steps(plan_checkpoints(plan, st, mtbf, **ckw), step_s)
     recover = sheet.restart_s + ck.restore_s
     spot_sheet = sheet if failures else replace(sheet, spot_preemptions_per_node_hour=0.0)
-    spot = plan_spot(spot_sheet, cl.nodes, step_s, ck.blocking_s, ck.restore_s, recover, fail_rate)
+    # a save on the provider's notice must be durable: its whole write, asynchronous or not
+    spot = plan_spot(spot_sheet, cl.nodes, step_s, max(ck.blocking_s, ck.write_s), ck.restore_s,
+                     recover + ck.unprotected_s, fail_rate)
     # Noticed preemptions lose no work: the interval follows the failures alone; else both.
     spot_rate = fail_rate + (0.0 if spot.notice_saves else spot.preemptions_per_s)
     spot_mtbf = 1.0 / spot_rate if spot_rate > 0 else math.inf
-    ck_spot = _whole_steps(plan_checkpoints(plan, st, spot_mtbf, tiered=tiered, interval_s=interval_s), step_s)
+    ck_spot = _whole_steps(plan_checkpoints(plan, st, spot_mtbf, **ckw), step_s)
     common = {"gpus_per_node": cl.node.gpus_per_node, "nodes": cl.nodes}
     scen = {"on_demand": _scenario("on_demand", sheet.on_demand_usd, work, recover, mtbf, ck, cl.gpus, **common),
             "reserved": _scenario("reserved", sheet.reserved_usd, work, recover, mtbf, ck, cl.gpus, **common),
@@ -236,13 +241,20 @@ def _with_intervals(plan: Plan, scen: dict[str, Scenario], step_s: float, steps:
 def run_cost(plan: Plan, prediction, tokens: float, *, prices: Mapping[str, float] | None = None,
              storage: Storage | str | None = None, failures: bool = True, monte_carlo: int = 200,
              seed: int = 0, tiered_checkpoints: bool = False,
-             checkpoint_interval_s: float | None = None) -> RunCost:
+             checkpoint_interval_s: float | None = None, checkpoint: str | None = None,
+             checkpoint_compression: float = 1.0, checkpoint_dedup: bool = True) -> RunCost:
     """Time, GPU-hours, $ (on-demand / reserved / spot), energy, checkpoints and failures of a
     run of ``tokens`` tokens with ``prediction``'s step time (any object with
-    ``step_time_s`` and ``compute_s``). ``failures=False``: no failures, no preemptions."""
+    ``step_time_s`` and ``compute_s``). ``failures=False``: no failures, no preemptions.
+    ``checkpoint``: sync or async (``tiered_checkpoints`` is async), written deduplicated or
+    not, compressed by a stated ratio (``simcore.planner.checkpoints``)."""
     from simcore.plan.bounds import check_tokens
 
+    from simcore.planner.checkpoints import check_compression, check_mode
+
     check_tokens(tokens)
+    ckw = {"mode": check_mode(checkpoint, tiered_checkpoints), "interval_s": checkpoint_interval_s,
+           "compression": check_compression(checkpoint_compression), "deduplicated": bool(checkpoint_dedup)}
     st = _storage(plan, storage)
     sheet = resolve_prices(plan, prices)
     cl = plan.cluster
@@ -253,10 +265,8 @@ def run_cost(plan: Plan, prediction, tokens: float, *, prices: Mapping[str, floa
     work = steps * step_s
 
     def again(work_s: float):
-        return _scenarios(plan, sheet, st, work_s / steps, work_s, failures, tiered_checkpoints,
-                          checkpoint_interval_s)[0]
-    scen, cks, spot, recover = _scenarios(plan, sheet, st, step_s, work, failures, tiered_checkpoints,
-                                          checkpoint_interval_s)
+        return _scenarios(plan, sheet, st, work_s / steps, work_s, failures, ckw)[0]
+    scen, cks, spot, recover = _scenarios(plan, sheet, st, step_s, work, failures, ckw)
     scen = _with_intervals(plan, scen, step_s, steps, again)
     if monte_carlo > 0:
         scen = _with_monte_carlo(scen, work, cks, recover, cl.gpus, monte_carlo, seed, spot, cl.node.gpus_per_node)
@@ -287,8 +297,8 @@ def _notes(plan: Plan, data: dict, st: Storage, ck: CheckpointPlan, failures: bo
         notes.append("checkpoints on node-local NVMe do not survive the loss of a node; "
                      "a shared file system is assumed for the restore")
     if ck.tiered:
-        notes.append("tiered: a failure within the background write falls back to the previous "
-                     "checkpoint (not modelled)")
+        notes.append("async: a failure within the background write falls back to the checkpoint before; "
+                     "charged as lost work (simcore/planner/checkpoints.py)")
     if not failures:
         notes.append("failures and preemptions off: an ideal run")
     elif spot.preemptions_per_s > 0:
@@ -334,6 +344,9 @@ def summary_lines(rc: RunCost) -> list[str]:
     every = f"every {ck.interval_s / 60:.1f} min" if math.isfinite(ck.interval_s) else "none written"
     lines.append(f"checkpoints: {ck.size_bytes / 1e9:,.0f} GB each, write {ck.write_s:.1f} s, blocking "
                  f"{ck.blocking_s:.1f} s, restore {ck.restore_s:.1f} s, {every} ({ck.rule})")
+    from simcore.planner.checkpoints import stall_line
+
+    lines.append(stall_line(rc))
     if od.infeasible:
         lines.append("energy and failure breakdown: none (the on-demand run is infeasible)")
     else:
