@@ -1,13 +1,24 @@
 """serve: a serving plan's traffic on its replicas through the event engine; latency percentiles,
-throughput and KV-cache occupancy."""
+throughput, KV-cache occupancy, goodput under the plan's SLO. serve-plan: the cheapest GPU kind,
+TP x replicas and precision that serves a rate within the SLO, and each option's frontier."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import math
+import time
+from dataclasses import asdict, replace
 
 from simcore.engine.serving import simulate_serving
+from simcore.plan.spec import PlanError
 from simcore.serving.cost import replica_cost
-from simcore.serving.load import load_serving_plan
+from simcore.serving.load import load_serving_plan, slo_from_dict
+from simcore.serving.spec import Arrival
+
+_MODE_LABEL = {"on_demand": "on-demand", "reserved": "reserved", "buy": "buy"}
+
+
+def _ms(xs) -> str:
+    return "  ".join(f"{x * 1e3:9.1f}" for x in xs)
 
 
 def cmd_serve(args) -> None:
@@ -19,17 +30,116 @@ def cmd_serve(args) -> None:
         return
     t = plan.traffic
     load = f"{t.rate:g} req/s Poisson" if t.arrival.value == "poisson" else "offline (all at t=0)"
-    ms = lambda xs: "  ".join(f"{x * 1e3:9.1f}" for x in xs)   # noqa: E731
     print(f"{plan.name}: {plan.model.name} on {plan.replicas} x TP{plan.tp} {plan.cluster.node.gpu.name}, "
-          f"{plan.precision.weights}/{plan.precision.activations}/KV {plan.precision.kv_cache}")
+          f"{plan.precision.weights}/{plan.precision.activations}/KV {plan.precision.kv_cache}, router {plan.router}")
     print(f"traffic: {r.requests} requests, {load}, prompt {t.prompt_len}, output {t.output_len} tokens")
     print(f"KV cache: {r.kv_blocks} blocks of {plan.kv_cache.block_size} tokens per replica "
           f"({rc.weight_bytes / 2**30:.1f} GiB weights per GPU)")
     print(f"{'':22}{'p50':>9}  {'p90':>9}  {'p99':>9}  (ms)")
-    print(f"{'TTFT':22}{ms(r.ttft)}")
-    print(f"{'TPOT':22}{ms(r.tpot)}")
-    print(f"{'end-to-end latency':22}{ms(r.e2e)}")
+    print(f"{'TTFT':22}{_ms(r.ttft)}")
+    print(f"{'TPOT':22}{_ms(r.tpot)}")
+    print(f"{'end-to-end latency':22}{_ms(r.e2e)}")
     print(f"throughput: {r.output_tok_s:,.0f} output tok/s, {r.total_tok_s:,.0f} total tok/s, {r.req_s:.2f} req/s "
           f"over {r.makespan_s:.1f} s")
     print(f"KV occupancy: mean {r.kv_occupancy_mean:.0%}, max {r.kv_occupancy_max:.0%}; "
           f"{r.preemptions} preemptions, {r.iterations} iterations")
+    if plan.slo is not None:
+        p = plan.slo.percentile
+        print(f"SLO {plan.slo.describe()}: {'holds' if r.slo_met else 'MISSED'} (p{p:g} TTFT {r.slo_ttft_s * 1e3:.1f} ms, "
+              f"p{p:g} TPOT {r.slo_tpot_s * 1e3:.2f} ms); goodput {r.goodput_req_s:.2f} of {r.req_s:.2f} req/s")
+
+
+def _search_inputs(args):
+    """The plan, its SLO (the plan's, then the flags') and the rate (the plan's Poisson rate, or --rate)."""
+    plan = load_serving_plan(args.plan)
+    slo = plan.slo
+    flags = {k: v for k, v in (("ttft_ms", args.ttft_ms), ("tpot_ms", args.tpot_ms),
+                               ("percentile", args.percentile)) if v is not None}
+    if flags:
+        base = {} if slo is None else {k: v * 1e3 for k, v in (("ttft_ms", slo.ttft_s), ("tpot_ms", slo.tpot_s))
+                                       if math.isfinite(v)} | {"percentile": slo.percentile}
+        slo = slo_from_dict(base | flags)
+    if slo is None:
+        raise PlanError("serve-plan needs an SLO: a slo section in the plan, or --ttft-ms / --tpot-ms")
+    rate = args.rate if args.rate is not None else (plan.traffic.rate if plan.traffic.arrival == Arrival.POISSON else None)
+    if rate is None:
+        raise PlanError("serve-plan needs a request rate: traffic.arrival=poisson with traffic.rate, or --rate")
+    return plan, slo, rate
+
+
+def _csv(value: str | None, cast=str) -> list | None:
+    if not value:
+        return None
+    try:
+        return [cast(x.strip()) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise PlanError(f"{value!r} must be a comma-separated list of {cast.__name__}") from None
+
+
+def _money(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.3f}"
+
+
+def _option_row(i: int, o, mode: str) -> str:
+    r = o.result
+    return (f"{i:>4}  {o.gpu:<10} {o.node:<14} {o.precision:<5} {o.tp:>2} x {o.replicas:<4} {o.gpus:>5}  "
+            f"{r.slo_ttft_s * 1e3:>9.1f}  {r.slo_tpot_s * 1e3:>9.2f}  {r.goodput_req_s:>8.2f}  "
+            + "  ".join(f"{_money(o.usd_per_mtok[m]):>9}" for m in ("on_demand", "reserved", "buy"))
+            + f"  {o.kwh_per_mtok:>8.3f}" + ("  <- ranked by " + _MODE_LABEL[mode] if i == 1 else ""))
+
+
+def _print_frontier(plan, res, top: int) -> None:
+    from simcore.planner.serving_search import frontier
+
+    for o in [o for o in res.options if o.met][:top]:
+        print(f"\nfrontier of {o.gpu} {o.precision} TP{o.tp} x {o.replicas} ({o.gpus} GPUs): load against latency (ms)")
+        print(f"  {'load req/s':>10}  {'TTFT p50':>9}  {'TTFT p99':>9}  {'TPOT p50':>9}  {'TPOT p99':>9}  "
+              f"{'out tok/s':>10}  {'goodput':>8}  SLO")
+        for rate, r in frontier(plan, o, res.slo, res.rate):
+            print(f"  {rate:>10.2f}  {r.ttft[0] * 1e3:>9.1f}  {r.ttft[2] * 1e3:>9.1f}  {r.tpot[0] * 1e3:>9.2f}  "
+                  f"{r.tpot[2] * 1e3:>9.2f}  {r.output_tok_s:>10,.0f}  {r.goodput_req_s:>8.2f}  "
+                  f"{'holds' if r.slo_met else 'missed'}")
+
+
+def cmd_serve_plan(args) -> None:
+    from simcore.planner.serving_search import capacity_search
+
+    plan, slo, rate = _search_inputs(args)
+    t0 = time.perf_counter()
+    res = capacity_search(plan, slo=slo, rate=rate, gpus=_csv(args.gpus), precisions=_csv(args.precisions),
+                          tps=_csv(args.tp, int), max_gpus=args.max_gpus, mode=args.mode, jobs=args.jobs)
+    wall = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({"plan": plan.name, "rate": rate, "slo": asdict(slo), "mode": args.mode, "wall_s": wall,
+                          "left_out": res.left_out, "options": [asdict(o) for o in res.options]}, indent=2, default=str))
+        return
+    t = plan.traffic
+    met = [o for o in res.options if o.met]
+    print(f"serve-plan: {plan.model.name} at {rate:g} req/s Poisson (prompt {t.prompt_len}, output {t.output_len} "
+          f"tokens, {t.num_requests} requests a simulation), SLO {slo.describe()}, router {plan.router}")
+    print(f"searched {len(res.options)} variants (GPU kind x precision x TP) with "
+          f"{sum(o.simulations for o in res.options)} simulations in {wall:.1f} s; {len(met)} meet the SLO")
+    if res.left_out:
+        print("not searched: " + "; ".join(f"{g} ({why})" for g, why in res.left_out.items()))
+    p = slo.percentile
+    print(f"\n{'rank':>4}  {'gpu':<10} {'node':<14} {'prec':<5} {'TP x rep':<9} {'GPUs':>5}  {f'p{p:g} TTFT':>9}  "
+          f"{f'p{p:g} TPOT':>9}  {'goodput':>8}  {'$/Mtok od':>9}  {'reserved':>9}  {'buy':>9}  {'kWh/Mtok':>8}")
+    for i, o in enumerate(met[:args.top], 1):
+        print(_option_row(i, o, res.mode))
+    misses = [o for o in res.options if not o.met]
+    for o in misses[:args.top]:
+        print(f"   -  {o.gpu:<10} {o.node:<14} {o.precision:<5} {o.tp:>2} x -     {'':>5}  {o.why}")
+    if len(misses) > args.top:
+        print(f"   ... and {len(misses) - args.top} more variants that cannot meet the SLO")
+    best = res.best
+    if best is None:
+        print("\nanswer: no searched option meets the SLO at this rate (see why above)")
+        return
+    print(f"\nanswer: {best.gpus} x {best.gpu} ({best.node}) as {best.replicas} replica(s) of TP{best.tp}, "
+          f"{best.precision}: ${best.usd_per_mtok[res.mode]:.3f} per million output tokens "
+          f"({_MODE_LABEL[res.mode]}, ${best.usd_per_gpu_hour[res.mode]:.2f} per GPU-hour), "
+          f"p{p:g} TTFT {best.result.slo_ttft_s * 1e3:.0f} ms, p{p:g} TPOT {best.result.slo_tpot_s * 1e3:.1f} ms")
+    print("cost: GPU-hours at the catalog's prices over one hour of the traffic's output tokens; buy = capex a used "
+          "GPU-hour carries + facility + energy at TDP x PUE; kWh at TDP x PUE (an upper bound)")
+    if args.frontier:
+        _print_frontier(replace(plan, slo=slo), res, args.frontier)

@@ -32,6 +32,10 @@ COMMANDS = {
     "serve": ("How fast does this serving plan answer its traffic: time to first token, time per output token and "
               "end-to-end latency percentiles, throughput, KV-cache occupancy (continuous batching, paged KV cache)?",
               "trainplan serve plans/serving/llama3-8b-h100-tp1.yaml"),
+    "serve-plan": ("Which GPU kind, how many (TP degree x replicas) and which precision serve this traffic rate within "
+                   "the TTFT and TPOT targets most cheaply, at what $ per million output tokens (rent on-demand, "
+                   "reserved, buy) and energy, and how does each option's latency grow with the load?",
+                   "trainplan serve-plan plans/serving/llama3-70b-slo.yaml --rate 20"),
     "import": ("What Plan is the team's Hugging Face config, Megatron command, ds_config or torchtitan job?",
                "trainplan import --hf examples/hf/llama3.1-8b/config.json --cluster dgx-h100 --nodes 8 > plan.yaml"),
     "export": ("What command line or config file runs this Plan on Megatron-LM, DeepSpeed, torchtitan or Slurm?",

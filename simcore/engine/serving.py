@@ -1,7 +1,8 @@
 """The event engine serving requests: arrivals, continuous batching, a paged KV cache, preemption.
 
-Replicas sit behind a round-robin router, which sends request i to replica i mod R whatever
-their state, so each replica is simulated on its own. A replica's events are the arrivals and
+Replicas sit behind a router. Round robin sends request i to replica i mod R whatever their
+state, so each replica is simulated on its own; least outstanding requests reads the replicas'
+state at each arrival, so they run on one clock (a heap of iteration ends, ``_least_outstanding``). A replica's events are the arrivals and
 the ends of its iterations: it runs one iteration after another while it has work, each formed
 by the scheduler's rules (``simcore.serving.spec``: vLLM's v1 scheduler) and lasting
 ``simcore.serving.cost.iteration_s``; idle, it waits for the next arrival.
@@ -21,7 +22,7 @@ import numpy as np
 
 from simcore.plan.spec import PlanError
 from simcore.serving.cost import ReplicaCost, iteration_s, replica_cost
-from simcore.serving.spec import Arrival, ServingPlan
+from simcore.serving.spec import Arrival, Router, ServingPlan, SloSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +48,13 @@ class ServingResult:
     """KV blocks of one replica."""
     preemptions: int
     iterations: int
+    goodput_req_s: float
+    """Requests per second that meet both SLO targets (all requests where no SLO is given)."""
+    slo_met: bool | None
+    """Whether both targets hold at the SLO's percentile; None without an SLO."""
+    slo_ttft_s: float
+    slo_tpot_s: float
+    """TTFT and TPOT at the SLO's percentile (NaN without an SLO)."""
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -72,14 +80,18 @@ class _Replica:
         self.ends: list[tuple[int, int, int]] = []  # (end step, rid, epoch)
         self.preemptions = self.iterations = 0
         self.kv_area = self.kv_max = 0.0
+        self.end = 0.0
+        self.pending: list | None = None           # the chunks of the iteration under way
 
-    def _setup(self, n: int):
-        self.gen = [0] * n          # tokens generated
-        self.c0 = [0] * n           # KV tokens when it joined the decoders
-        self.s0 = [0] * n           # step at which it joined
-        self.epoch = [0] * n
-        self.first = np.full(n, np.nan)
-        self.finish = np.full(n, np.nan)
+    def attach(self, req: "_Requests") -> None:
+        """Share the per-request state (indexed by the request's global id) with the other replicas."""
+        self.gen, self.c0, self.s0, self.epoch = req.gen, req.c0, req.s0, req.epoch
+        self.first, self.finish = req.first, req.finish
+
+    @property
+    def outstanding(self) -> int:
+        """Requests routed here and not finished (least-outstanding-requests routing)."""
+        return len(self.waiting) + len(self.running)
 
     def _ctx(self, rid: int) -> int:
         return self.c0[rid] + self.step - self.s0[rid]
@@ -195,29 +207,96 @@ class _Replica:
             self.phase[(self.step - entry[2]) % self.bs] += 1
             heapq.heappush(self.ends, (self.step + self.output - self.gen[rid], rid, self.epoch[rid]))
 
-    def run(self, arrivals: np.ndarray) -> None:
-        n = len(arrivals)
-        self._setup(n)
-        now, nxt, total = 0.0, 0, self.rc.kv_blocks
+    def begin(self, now: float) -> float:
+        """Form and cost the next iteration at ``now``; its end time, or -1.0 when idle."""
+        if not self.running and not self.waiting:
+            return -1.0
+        tokens, pairs, kv_read, chunks = self._schedule()
+        n_dec, sum_ctx = self.n_dec, self.sum_ctx        # after any preemption
+        rows = n_dec + sum(1 for e, c, _ in chunks if e[1] + c >= e[2])
+        dt = iteration_s(self.rc, tokens + n_dec, pairs + sum_ctx + n_dec, kv_read + sum_ctx, rows)
+        if dt <= 0:
+            raise PlanError("an iteration scheduled no work: the KV cache cannot hold one request")
+        total = self.rc.kv_blocks
+        self.kv_area += dt * (total - self.free) / total
+        self.kv_max = max(self.kv_max, (total - self.free) / total)
+        self.pending = chunks
+        return now + dt
+
+    def complete(self, now: float) -> None:
+        """End the iteration under way at ``now``."""
+        self.iterations += 1
+        self._finish_iteration(now, self.pending)
+        self.pending = None
+        self.end = now
+
+    def run(self, arrivals: np.ndarray, ids: np.ndarray) -> None:
+        """Serve requests ``ids`` arriving at ``arrivals`` alone (a round-robin share)."""
+        n, now, nxt = len(arrivals), 0.0, 0
         while nxt < n or self.waiting or self.running:
             while nxt < n and arrivals[nxt] <= now:
-                self.waiting.append(nxt)
+                self.waiting.append(int(ids[nxt]))
                 nxt += 1
-            if not self.running and not self.waiting:
+            end = self.begin(now)
+            if end < 0:
                 now = float(arrivals[nxt])
                 continue
-            tokens, pairs, kv_read, chunks = self._schedule()
-            n_dec, sum_ctx = self.n_dec, self.sum_ctx        # after any preemption
-            rows = n_dec + sum(1 for e, c, _ in chunks if e[1] + c >= e[2])
-            dt = iteration_s(self.rc, tokens + n_dec, pairs + sum_ctx + n_dec, kv_read + sum_ctx, rows)
-            if dt <= 0:
-                raise PlanError("an iteration scheduled no work: the KV cache cannot hold one request")
-            self.kv_area += dt * (total - self.free) / total
-            self.kv_max = max(self.kv_max, (total - self.free) / total)
-            now += dt
-            self.iterations += 1
-            self._finish_iteration(now, chunks)
-        self.end = now
+            now = end
+            self.complete(now)
+
+
+class _Requests:
+    """Per-request state shared by the replicas, by global request id."""
+
+    def __init__(self, n: int):
+        self.gen = [0] * n          # tokens generated
+        self.c0 = [0] * n           # KV tokens when it joined the decoders
+        self.s0 = [0] * n           # step at which it joined
+        self.epoch = [0] * n
+        self.first = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+
+
+def _least_outstanding(reps: list[_Replica], arrivals: np.ndarray) -> None:
+    """Route each arrival to the replica with the fewest outstanding requests (ties: the next
+    after the last chosen, so identical idle replicas take turns), on one clock: before an
+    arrival at t, every iteration that ends before t has ended (an iteration ending exactly at
+    t sees the arrival, as in ``_Replica.run``); requests arriving at one instant are all
+    routed before an idle replica starts."""
+    heap: list[tuple[float, int]] = []
+    busy, starting, last, r = [False] * len(reps), [], -1, len(reps)
+
+    def advance(until: float, inclusive: bool) -> None:
+        while heap and (heap[0][0] < until or (inclusive and heap[0][0] <= until)):
+            end, k = heapq.heappop(heap)
+            reps[k].complete(end)
+            nxt = reps[k].begin(end)
+            if nxt >= 0:
+                heapq.heappush(heap, (nxt, k))
+            else:
+                busy[k] = False
+
+    def start(now: float) -> None:
+        for k in starting:
+            nxt = reps[k].begin(now)
+            if nxt >= 0:
+                heapq.heappush(heap, (nxt, k))
+                busy[k] = True
+        starting.clear()
+
+    now = 0.0
+    for i, t in enumerate(arrivals.tolist()):
+        if t > now:
+            start(now)
+            now = t
+        advance(t, False)
+        k = min(range(r), key=lambda j: (reps[j].outstanding, (j - last - 1) % r))
+        reps[k].waiting.append(i)
+        last = k
+        if not busy[k] and k not in starting:
+            starting.append(k)
+    start(now)
+    advance(float("inf"), True)
 
 
 def arrival_times(plan: ServingPlan) -> np.ndarray:
@@ -235,22 +314,37 @@ def _percentiles(x: np.ndarray) -> tuple[float, float, float]:
     return tuple(float(v) for v in np.percentile(x, [50, 90, 99]))
 
 
-def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None) -> ServingResult:
-    """Serve the plan's traffic on its replicas (round robin) and measure it."""
+def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloSpec | None = None) -> ServingResult:
+    """Serve the plan's traffic on its replicas behind its router and measure it against ``slo``
+    (the plan's where none is given)."""
     rc = rc or replica_cost(plan)
+    slo = slo or plan.slo
     arrivals = arrival_times(plan)
     reps = [_Replica(rc, plan) for _ in range(plan.replicas)]
-    first, finish = np.empty_like(arrivals), np.empty_like(arrivals)
-    for k, rep in enumerate(reps):
-        idx = np.arange(k, len(arrivals), plan.replicas)
-        if idx.size:
-            rep.run(arrivals[idx])
-            first[idx], finish[idx] = rep.first, rep.finish
+    req = _Requests(len(arrivals))
+    for rep in reps:
+        rep.attach(req)
+    if plan.router == Router.LEAST_OUTSTANDING and plan.replicas > 1:
+        _least_outstanding(reps, arrivals)
+    else:
+        for k, rep in enumerate(reps):
+            idx = np.arange(k, len(arrivals), plan.replicas)
+            if idx.size:
+                rep.run(arrivals[idx], idx)
+    return _measure(plan, rc, reps, arrivals, req.first, req.finish, slo)
+
+
+def _measure(plan, rc, reps, arrivals, first, finish, slo: SloSpec | None) -> ServingResult:
     t = plan.traffic
     ttft, e2e = first - arrivals, finish - arrivals
     tpot = (finish - first) / (t.output_len - 1) if t.output_len > 1 else np.zeros_like(e2e)
     span = float(finish.max() - arrivals.min())
     busy = [r for r in reps if r.iterations]
+    good, met, at_p = len(arrivals), None, (float("nan"), float("nan"))
+    if slo is not None:
+        good = int(np.count_nonzero((ttft <= slo.ttft_s) & (tpot <= slo.tpot_s)))
+        at_p = (float(np.percentile(ttft, slo.percentile)), float(np.percentile(tpot, slo.percentile)))
+        met = slo.holds(*at_p)
     return ServingResult(
         requests=len(arrivals), ttft=_percentiles(ttft), tpot=_percentiles(tpot), e2e=_percentiles(e2e),
         ttft_mean=float(ttft.mean()), tpot_mean=float(tpot.mean()),
@@ -258,4 +352,5 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None) -> Servin
         req_s=len(arrivals) / span, makespan_s=span,
         kv_occupancy_mean=float(np.mean([r.kv_area / r.end for r in busy])) if busy else 0.0,
         kv_occupancy_max=max((r.kv_max for r in busy), default=0.0), kv_blocks=rc.kv_blocks,
-        preemptions=sum(r.preemptions for r in reps), iterations=sum(r.iterations for r in reps))
+        preemptions=sum(r.preemptions for r in reps), iterations=sum(r.iterations for r in reps),
+        goodput_req_s=good / span, slo_met=met, slo_ttft_s=at_p[0], slo_tpot_s=at_p[1])

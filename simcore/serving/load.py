@@ -9,6 +9,8 @@ the field (``PlanError``).
     scheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192, chunked_prefill: true}
     kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}
     traffic: {arrival: poisson, rate: 10, num_requests: 1000, prompt_len: 1024, output_len: 128, seed: 0}
+    router: round_robin              # or least_outstanding
+    slo: {ttft_ms: 500, tpot_ms: 50, percentile: 99}   # optional; either target may be left out
 """
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from pathlib import Path
 
 from simcore.plan.load import _bool, _check_keys, _cluster, _float, _int, _mapping, _model, _str
 from simcore.plan.yaml_file import read_yaml_file
-from simcore.serving.spec import (Arrival, Dtype, KvCacheSpec, PlanError, PrecisionSpec, SchedulerSpec,
-                                  ServingPlan, TrafficSpec, check_serving)
+from simcore.serving.spec import (Arrival, Dtype, KvCacheSpec, PlanError, PrecisionSpec, Router, SchedulerSpec,
+                                  ServingPlan, SloSpec, TrafficSpec, check_serving)
 from topologies.hardware import Catalog, load_catalog
 
-_TOP = {"name", "description", "model", "hardware", "parallel", "precision", "scheduler", "kv_cache", "traffic"}
+_TOP = {"name", "description", "model", "hardware", "parallel", "precision", "scheduler", "kv_cache", "traffic",
+        "router", "slo"}
 
 
 def _section(doc: dict, key: str, known: set[str]) -> dict:
@@ -63,6 +66,27 @@ def _traffic(doc: dict) -> TrafficSpec:
                        seed=_int(d, "seed", "traffic", 0, minimum=0))
 
 
+def slo_from_dict(value) -> SloSpec | None:
+    """The ``slo`` section: targets in milliseconds, each positive, the percentile in (0, 100]."""
+    if value is None:
+        return None
+    d = _mapping(value, "slo")
+    _check_keys(d, {"ttft_ms", "tpot_ms", "percentile"}, "slo")
+    if "ttft_ms" not in d and "tpot_ms" not in d:
+        raise PlanError("slo needs slo.ttft_ms or slo.tpot_ms (milliseconds)")
+    ms = {}
+    for key in ("ttft_ms", "tpot_ms"):
+        if key in d:
+            v = d[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise PlanError(f"slo.{key}={v!r} must be a positive number of milliseconds")
+            ms[key] = float(v) / 1e3
+    p = d.get("percentile", 99)
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
+        raise PlanError(f"slo.percentile={p!r} must be a number in (0, 100]")
+    return SloSpec(ttft_s=ms.get("ttft_ms", math.inf), tpot_s=ms.get("tpot_ms", math.inf), percentile=float(p))
+
+
 def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog | None = None) -> ServingPlan:
     """A serving plan document (module docstring) as a checked ``ServingPlan``."""
     doc = _mapping(doc, "serving plan")
@@ -97,6 +121,8 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
         kv_cache=KvCacheSpec(block_size=_int(kv, "block_size", "kv_cache", 16),
                              gpu_memory_utilization=_float(kv, "gpu_memory_utilization", "kv_cache", 0.9)),
         traffic=traffic,
+        router=Router.parse(doc.get("router", "round_robin"), "router"),
+        slo=slo_from_dict(doc.get("slo")),
     )
     check_serving(plan)
     return plan

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from simcore.plan.choices import PlanError, _Choice
 from simcore.plan.spec import ClusterSpec, ModelSpec
 
-__all__ = ["Arrival", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "SchedulerSpec",
-           "ServingPlan", "TrafficSpec", "DTYPE_BYTES"]
+__all__ = ["Arrival", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router", "SchedulerSpec",
+           "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES"]
 
 
 class Dtype(_Choice):
@@ -38,6 +38,33 @@ class Arrival(_Choice):
 
     POISSON = "poisson"
     OFFLINE = "offline"
+
+
+class Router(_Choice):
+    """How requests reach the replicas: in turn, or to the one with the fewest outstanding
+    (routed and unfinished) requests, the rule of Envoy's and NGINX's ``least_request``/``least_conn``."""
+
+    ROUND_ROBIN = "round_robin"
+    LEAST_OUTSTANDING = "least_outstanding"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SloSpec:
+    """Latency targets: the TTFT and TPOT each request should meet, and the percentile of the
+    requests at which each must hold for the SLO to hold (DistServe's goodput: requests per second
+    that meet both; Zhong et al., OSDI 2024). An absent target is no limit."""
+
+    ttft_s: float = float("inf")
+    tpot_s: float = float("inf")
+    percentile: float = 99.0
+
+    def holds(self, ttft_at_p: float, tpot_at_p: float) -> bool:
+        return ttft_at_p <= self.ttft_s and tpot_at_p <= self.tpot_s
+
+    def describe(self) -> str:
+        parts = [f"{name} <= {v * 1e3:g} ms" for name, v in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s))
+                 if v != float("inf")]
+        return f"{' and '.join(parts)} at p{self.percentile:g}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +119,8 @@ class ServingPlan:
     scheduler: SchedulerSpec
     kv_cache: KvCacheSpec
     traffic: TrafficSpec
+    router: Router = Router.ROUND_ROBIN
+    slo: SloSpec | None = None
 
     @property
     def gpus(self) -> int:
