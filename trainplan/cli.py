@@ -170,7 +170,16 @@ def _planning_commands(sub) -> None:
                    help="override a price: on_demand_usd, reserved_usd, spot_usd, usd_per_kwh, pue, "
                         "failures_per_gpu_hour, restart_s, spot_preemptions_per_node_hour")
     p.add_argument("--storage", help="storage tier for checkpoints (catalog name)")
-    p.add_argument("--tiered-checkpoints", action="store_true", help="to host memory first, then the file system")
+    p.add_argument("--tiered-checkpoints", action="store_true", help="the same as --checkpoint async (kept)")
+    p.add_argument("--checkpoint", metavar="sync|async|compare",
+                   help="sync: the step blocks for the whole write (default); async: only for the copy to host "
+                        "memory, the write goes on beside training (torch DCP async_save, Megatron --async-save); "
+                        "compare: a line per choice saying what it saves against sync")
+    p.add_argument("--checkpoint-compression", metavar="R", default="1",
+                   help="stated ratio of logical to stored checkpoint bytes (default 1: none)")
+    p.add_argument("--checkpoint-writes", metavar="dedup|replicated", default="dedup",
+                   help="dedup: the state written once (DCP, Megatron dist-checkpointing; default); "
+                        "replicated: every data-parallel replica writes the copy it holds")
     p.add_argument("--monte-carlo", type=int, default=200, help="SimPy runs of the whole training (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")

@@ -137,16 +137,43 @@ def cmd_cost(args) -> None:
 
     from simcore.planner.sanity import cost_warnings
 
+    ckw = _checkpoint_options(args)
     plan = load_plan(args.plan)
     prediction = simulate(plan)
     check_prediction(plan, prediction)
-    rc = run_cost(plan, prediction, args.tokens, prices=_parse_prices(args.price), storage=args.storage,
-                  monte_carlo=args.monte_carlo, seed=args.seed, tiered_checkpoints=args.tiered_checkpoints)
+    common = dict(prices=_parse_prices(args.price), storage=args.storage, seed=args.seed)
+    rc = run_cost(plan, prediction, args.tokens, monte_carlo=args.monte_carlo,
+                  tiered_checkpoints=args.tiered_checkpoints, **common, **ckw)
+    rows = None
+    if args.checkpoint == "compare":
+        from simcore.planner.checkpoint_compare import compare
+
+        rows = compare(plan, prediction, args.tokens, compression=ckw["checkpoint_compression"],
+                       checkpoint_dedup=ckw["checkpoint_dedup"], **common)
     warn(cost_warnings(rc))
     if args.json:
-        print_json(rc.to_json())
+        from simcore.planner.formatting import json_safe
+
+        print_json(rc.to_json() | ({"checkpoint_choices": json_safe(rows)} if rows else {}))
     else:
-        print("\n".join(summary_lines(rc)))
+        from simcore.planner.checkpoint_compare import compare_lines
+
+        print("\n".join(summary_lines(rc) + (compare_lines(rows) if rows else [])))
+
+
+def _checkpoint_options(args) -> dict:
+    """The cost command's checkpoint options as run_cost's keywords; one sentence when bad."""
+    from simcore.planner.checkpoints import check_compression
+
+    if args.checkpoint not in (None, "sync", "async", "compare"):
+        raise UsageError(f"--checkpoint takes sync, async or compare, not '{args.checkpoint}'")
+    if args.checkpoint_writes not in ("dedup", "replicated"):
+        raise UsageError(f"--checkpoint-writes takes dedup or replicated, not '{args.checkpoint_writes}'")
+    if args.tiered_checkpoints and args.checkpoint == "sync":
+        raise UsageError("--tiered-checkpoints is --checkpoint async; it contradicts --checkpoint sync")
+    return {"checkpoint": None if args.checkpoint == "compare" else args.checkpoint,
+            "checkpoint_compression": check_compression(args.checkpoint_compression),
+            "checkpoint_dedup": args.checkpoint_writes == "dedup"}
 
 
 def cmd_whatif(args) -> None:
