@@ -70,20 +70,15 @@ def _callee(node: ast.AST) -> str:
     return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ast.unparse(f)
 
 
-def _kwargs(call: ast.Call, env: dict, literal_only: bool = False) -> dict:
-    out = {}
-    for kw in call.keywords:
-        v = _value(kw.value, env)
-        if kw.arg and not (literal_only and isinstance(v, str) and v.startswith("<")):
-            out[kw.arg] = v
-    return out
+def _kwargs(call: ast.Call, env: dict, skip: tuple = ()) -> dict:
+    return {kw.arg: _value(kw.value, env) for kw in call.keywords if kw.arg and kw.arg not in skip}
 
 
 def _model_spec(call: ast.Call, env: dict) -> dict:
     spec = {"flavor": _value(call.args[0], env) if call.args else None, "converters": [], "model_options": {}}
     for kw in call.keywords:
         if kw.arg == "converters" and isinstance(kw.value, ast.List):
-            spec["converters"] = [{"name": _callee(c), **_kwargs(c, env, literal_only=True)}
+            spec["converters"] = [{"name": _callee(c), **_kwargs(c, env, skip=("model_compile_enabled",))}
                                   for c in kw.value.elts if isinstance(c, ast.Call)]
         elif kw.arg:
             spec["model_options"][kw.arg] = _value(kw.value, env)

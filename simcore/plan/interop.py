@@ -39,8 +39,9 @@ from pathlib import Path
 
 from simcore.plan.megatron_reader import read_megatron
 from simcore.plan.megatron_writer import account_split
-from simcore.plan.readers import Reading, read_deepspeed, read_hf, read_torchtitan, sdpa_attention_kernel
+from simcore.plan.readers import Reading, read_deepspeed, read_hf, sdpa_attention_kernel
 from simcore.plan.spec import PlanError, even_split
+from simcore.plan.torchtitan_reader import read_torchtitan
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts, virtual_stages
 from topologies.components import CatalogError
 from topologies.hardware import load_catalog

@@ -1,6 +1,7 @@
 """The readers of ``simcore.plan.interop``'s import: what one input says, as a ``Reading`` of
 Plan keys, weaker defaults, launch hints and the fields it ignored. A Hugging Face
-config.json, a Megatron-LM launch script, a DeepSpeed config and a torchtitan job TOML.
+config.json and a DeepSpeed config (a Megatron-LM launch: ``megatron_reader``; torchtitan:
+``torchtitan_reader``).
 Pure functions: text in, a ``Reading`` out. The option names each tool defines, with the
 repository, file and commit they were read from, are ``tool_options.yaml``
 (``load_tool_options``), which the exporters share.
@@ -10,8 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shlex
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,130 +169,6 @@ def _deepspeed_zero(zero, f: dict, used: set) -> None:
         f["training.offload"] = "optimizer+params" if param_dev != "none" else "optimizer"
     elif "offload_optimizer" in zero:
         f["training.offload"] = "none"
-
-
-def _torchtitan_command(text: str) -> dict:
-    """torchtitan 0.3's launch (``-m torchtitan.train --module M --config C --section.opt v
-    ... activation-checkpoint:MODE``, tyro's spelling) as the sections of a 0.2 job TOML."""
-    words = shlex.split(re.sub(r"\\\n", " ", text), comments=True)
-    cfg: dict = {}
-    flavors = {f"llama3_{k.lower()}": k for k in load_tool_options()["torchtitan"]["llama3_flavors"]}
-    i = words.index("torchtitan.train") + 1 if "torchtitan.train" in words else 0
-    while i < len(words):
-        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
-        i += 1
-        if word.startswith("activation-checkpoint:"):
-            cfg.setdefault("activation_checkpoint", {})["mode"] = word.split(":", 1)[1]
-        elif word in ("--module", "--config") and value is not None:
-            i += 1
-            if word == "--module":
-                cfg.setdefault("model", {})["name"] = value
-            else:
-                cfg.setdefault("model", {})["flavor"] = flavors.get(value, value)
-        elif word.startswith("--") and "." in word:
-            section, _, key = word[2:].partition(".")
-            key = key.replace("-", "_")
-            if value is None or value.startswith("--") or value.startswith("activation-checkpoint:"):
-                negated = key.startswith("no_")
-                cfg.setdefault(section.replace("-", "_"), {})[key[3:] if negated else key] = not negated
-            else:
-                i += 1
-                cfg.setdefault(section.replace("-", "_"), {})[key] = int(value) if re.fullmatch(r"-?\d+", value) else value
-    return cfg
-
-
-def read_torchtitan(text: str) -> Reading:
-    """A torchtitan run: the 0.3 launch command, or a 0.2 job TOML."""
-    if re.search(r"(^|\s)-m\s+torchtitan\.train\b|--module\s", text):
-        cfg = _torchtitan_command(text)
-    else:
-        try:
-            cfg = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise PlanError(f"torchtitan config is not valid TOML: {exc}") from None
-    used: set[str] = set()
-
-    def get(section, key, default=None):
-        used.add(f"{section}.{key}")
-        return (cfg.get(section) or {}).get(key, default)
-
-    f, d, hints = {}, {}, {}
-    if get("job", "description") is not None:
-        f["name"] = get("job", "description")
-    f.update(_torchtitan_model(get("model", "name", "llama3"), get("model", "flavor", "debugmodel"), d, hints))
-    f["model.seq_len"] = get("training", "seq_len", 2048)
-    converters = get("model", "converters", []) or []
-    param = get("training", "mixed_precision_param", "bfloat16")
-    f["training.precision"] = "fp8" if "float8" in converters else {"float32": "fp32"}.get(param, "bf16")
-    if "float8" in converters:   # torchao's float8: tensorwise unless float8.recipe_name says rowwise
-        f["training.fp8_recipe"] = "rowwise" if str(get("float8", "recipe_name", "")).startswith("rowwise") \
-            else "tensorwise"
-    f["training.recompute"] = get("activation_checkpoint", "mode", "selective")
-    get("activation_checkpoint", "selective_ac_option")
-    f["training.offload"] = "optimizer+params" if get("training", "enable_cpu_offload", False) else "none"
-    compiled = get("compile", "enable")   # 0.2.2 on; 6404b932 and before: training.compile
-    compiled = get("training", "compile", False) if compiled is None else compiled
-    f["training.kernels"] = "fused" if compiled else "eager"   # eager PyTorch unless compiled
-    f["training.optimizer_in_backward"] = bool(get("optimizer", "early_step_in_backward", False))
-    name = str(get("optimizer", "name", "AdamW")).lower()
-    if name in ("adam", "adamw"):
-        f["training.optimizer"] = name
-    else:
-        used.discard("optimizer.name")
-    f.update(_torchtitan_parallel(get, hints))
-    d["training.flash_attention"] = True  # llama3's attention is SDPA, which runs the flash kernel
-    ignored = tuple(k for k in _flat(cfg) if k not in used)
-    return Reading(source="torchtitan", fields=f, defaults=d, hints=hints, ignored=ignored)
-
-
-def _torchtitan_model(name: str, flavor: str, d: dict, hints: dict) -> dict:
-    flavors = load_tool_options()["torchtitan"]["llama3_flavors"]
-    if name != "llama3" or flavor not in flavors:
-        hints["torchtitan.flavor"] = f"{name}/{flavor}"
-        return {}
-    d["model.name"] = f"llama3-{flavor.lower()}"
-    shape = {f"model.{k}": v for k, v in flavors[flavor].items()}
-    return {**shape, "model.gated_mlp": True, "model.tied_embeddings": False,
-            "model.position_embedding": "rope", "model.dropout": 0.0}   # torchtitan's Llama has no dropout
-
-
-def _torchtitan_parallel(get, hints: dict) -> dict:
-    tp, pp = get("parallelism", "tensor_parallel_degree", 1), get("parallelism", "pipeline_parallel_degree", 1)
-    f = {"parallel.tp": tp, "parallel.pp": pp, "parallel.cp": get("parallelism", "context_parallel_degree", 1),
-         "parallel.ep": get("parallelism", "expert_parallel_degree", 1), "parallel.sequence_parallel": tp > 1}
-    if f["parallel.cp"] > 1:   # torch's rotate method: allgather by default, alltoall the ring (torchtitan 0.2)
-        rotate = get("parallelism", "context_parallel_rotate_method", "allgather")
-        f["parallel.cp_comm"] = "p2p" if rotate == "alltoall" else "all_gather"
-    hints["torchtitan.dp"] = (get("parallelism", "data_parallel_replicate_degree", 1),
-                              get("parallelism", "data_parallel_shard_degree", -1),
-                              get("parallelism", "fsdp_reshard_after_forward", "default"))
-    local = get("training", "local_batch_size", 8)
-    total = get("training", "global_batch_size", -1)
-    if pp > 1:
-        f["training.micro_batch"] = get("parallelism", "pipeline_parallel_microbatch_size", 1)
-        schedule = str(get("parallelism", "pipeline_parallel_schedule", "1F1B")).lower()
-        schedules = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved-1f1b",
-                     "loopedbfs": "interleaved-1f1b", "interleavedzerobubble": "zero-bubble",
-                     "zbvzerobubble": "zero-bubble", "dualpipev": "dualpipev"}
-        if schedule not in schedules:
-            raise PlanError(f"torchtitan parallelism.pipeline_parallel_schedule={schedule!r} has no "
-                            f"parallel.schedule equivalent (known: {', '.join(schedules)})")
-        f["parallel.schedule"] = schedules[schedule]
-        parts = get("parallelism", "module_fqns_per_model_part")
-        if parts:
-            counts = [sum(1 for m in part if re.fullmatch(r"layers\.\d+", m)) for part in parts]
-            f["parallel.stage_layers"] = counts
-            f["parallel.vpp"] = len(parts) // pp
-        elif get("parallelism", "pipeline_parallel_layers_per_stage") is not None:
-            hints["torchtitan.stage_rule"] = (get("parallelism", "pipeline_parallel_layers_per_stage"),
-                                              get("parallelism", "pipeline_parallel_first_stage_less_layers", 1),
-                                              get("parallelism", "pipeline_parallel_last_stage_less_layers", 1))
-    else:
-        f["training.micro_batch"] = local
-    f["training.global_batch"] = total if total > 0 else None
-    if total <= 0:
-        hints["batch.local"] = local
-    return f
 
 
 def sdpa_attention_kernel(gpu) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from simcore.plan import megatron_reader, readers
+from simcore.plan import megatron_reader, torchtitan_reader
 from simcore.plan.writers import export_plan, hf_config_from_model
 from simcore.plan.interop import import_plan
 from simcore.plan.megatron_reader import read_megatron
@@ -73,7 +73,7 @@ def undefined_options(text: str, target: str) -> list[str]:
                 if k not in ds["optimizer_params"]]
         kind = cfg.get("optimizer", {}).get("type")
         return bad + ([f"optimizer.type={kind}"] if kind and kind.lower() not in ds["optimizer_types"] else [])
-    cfg = readers._torchtitan_command(text) if target == "torchtitan" else tomllib.loads(text)
+    cfg = torchtitan_reader._torchtitan_command(text) if target == "torchtitan" else tomllib.loads(text)
     cfg.pop("model", None) if target == "torchtitan" else None  # --module/--config: checked by torchtitan itself
     tt = known["torchtitan"]
     extra = known["torchtitan_0_3"]["sections"] if target == "torchtitan" else {}

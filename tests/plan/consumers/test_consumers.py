@@ -7,7 +7,7 @@ import math
 import pytest
 import torch.distributed as dist
 
-from simcore.plan.readers import _torchtitan_command
+from simcore.plan.torchtitan_reader import _torchtitan_command
 from simcore.plan.torchtitan_writer import stage_split
 from simcore.plan.writers import export_plan
 from tests.plan.layouts import ALL
