@@ -27,6 +27,7 @@ import shlex
 
 from simcore.plan.readers import load_tool_options
 from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan
+from simcore.plan.torchtitan_reader import load_torchtitan_configs
 
 VERSIONS = {"torchtitan": "0.3.x (tested: 0.3.0)", "torchtitan-0.2": "0.2.x (0.2.0-0.2.2; rules: 0.2.2)"}
 _SRC = "pytorch/torchtitan torchtitan/config (0.3.0: manager.py, configs.py; 0.2.2: job_config.py)"
@@ -262,11 +263,16 @@ def torchtitan_args(plan: Plan) -> tuple[list[str], list[str]]:
     if flavor is None:
         raise ValueError(f"model {plan.model.name} is not a torchtitan llama3 config (llama3_debugmodel, llama3_8b, "
                          "llama3_70b, llama3_405b): torchtitan 0.3 takes the shape from a config_registry function")
-    if plan.training.precision.value == "fp8":
-        raise _refuse("training.precision", "fp8", "torchtitan 0.3 sets float8 in the config_registry function")
+    name = f"llama3_{flavor.lower()}"
+    _registry_precision(plan, name)
     if plan.training.optimizer_in_backward:   # 0.2.2's optimizer.early_step_in_backward is gone from 0.3.0
         raise _refuse("training.optimizer_in_backward", "true", "in 0.3 (0.2.2 had optimizer.early_step_in_backward)")
-    args = ["--module", "llama3", "--config", f"llama3_{flavor.lower()}"]
+    args = ["--module", "llama3", "--config", name]
+    registry = load_torchtitan_configs()["configs"].get(name, {}).get("sections", {})
+    if registry.get("compile", {}).get("enable_async_tensor_parallel") and not plan.parallel.tp_comm_overlap:
+        doc["compile"]["enable_async_tensor_parallel"] = False   # llama3_405b turns it on
+    elif plan.parallel.tp_comm_overlap and plan.parallel.tp > 1:
+        doc["compile"]["enable_async_tensor_parallel"] = True
     if plan.parallel.pp > 1:  # torchtitan/trainer.py (0.3.0): "CUDA graphs do not support pipeline parallelism yet"
         doc["training"]["disable_cuda_graphs"] = True
     for section in ("training", "parallelism", "compile"):
@@ -277,6 +283,25 @@ def torchtitan_args(plan: Plan) -> tuple[list[str], list[str]]:
             else:
                 args += [flag, str(value)]
     return args + [f"activation-checkpoint:{plan.training.recompute.value}"], notes
+
+
+def _registry_precision(plan: Plan, name: str) -> None:
+    """torchtitan 0.3 sets float8 in the config_registry function, not on the command line: a
+    named config with ``Float8LinearConverter`` (llama3_405b, rowwise by 0.3.0's default) trains
+    FP8 whatever the command says, one without it cannot (``torchtitan_configs.yaml``)."""
+    entry = load_torchtitan_configs()["configs"].get(name, {})
+    float8 = any(c.get("name") == "Float8LinearConverter" for c in entry.get("converters", []))
+    tr = plan.training
+    if tr.precision.value == "fp8" and not float8:
+        raise _refuse("training.precision", "fp8", f"torchtitan 0.3 sets float8 in the config_registry function, "
+                      f"and {name} does not")
+    if tr.precision.value == "fp8" and tr.fp8_recipe.value != "rowwise":
+        raise _refuse("training.fp8_recipe", tr.fp8_recipe.value, f"torchtitan 0.3's {name} converts to float8 "
+                      "rowwise (Float8LinearConverter's default recipe)")
+    if float8 and tr.precision.value != "fp8":
+        raise _refuse("training.precision", tr.precision.value, f"torchtitan 0.3's {name} turns on float8 "
+                      f"(Float8LinearConverter, {entry.get('source', 'its config_registry.py')}) and its command "
+                      "line cannot turn it off")
 
 
 def export_torchtitan_command(plan: Plan, nnodes: int, nproc: int) -> str:

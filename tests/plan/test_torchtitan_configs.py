@@ -126,3 +126,36 @@ def test_the_dump_reads_registry_functions_bases_and_renamed_keys():
     assert big["parallelism"] == {"tensor_parallel_degree": 8, "pipeline_parallel_degree": 4}
     assert big["model_spec"]["converters"] == [{"name": "Float8LinearConverter", "filter_fqns": ["lm_head"]}]
     assert big["activation_checkpoint"] == {"mode": "full"} and big["compile"] == {"enable": True}
+
+
+def _plan_of(config: str, **training):
+    from simcore.plan.load import plan_from_dict
+
+    doc, _ = import_plan(torchtitan=LAUNCH + config, cluster="dgx-h100")
+    doc["training"].update(training)
+    if doc["training"].get("precision") != "fp8":
+        doc["training"].pop("fp8_recipe", None)
+    return plan_from_dict(doc)
+
+
+def test_the_export_says_what_the_named_config_trains():
+    """llama3_405b turns on float8 (rowwise) and async TP in its registry function, which the
+    command line cannot undo for float8: a bf16 405B plan is refused in one sentence, its fp8
+    rowwise twin exports and reads back the same; async TP is written off where the Plan has no
+    TP overlap; an fp8 70B plan is refused (llama3_70b has no converter)."""
+    from simcore.plan.load import plan_from_dict
+    from simcore.plan.writers import export_plan
+
+    fp8 = _plan_of("llama3_405b")
+    text = export_plan(fp8, "torchtitan")
+    assert "--config llama3_405b" in text and "no-enable-async" not in text
+    doc, _ = import_plan(torchtitan=text, cluster="dgx-h100")
+    again = plan_from_dict(doc)
+    assert (again.training.precision, again.parallel.tp_comm_overlap) == (fp8.training.precision, True)
+    bf16 = _plan_of("llama3_405b", precision="bf16")
+    with pytest.raises(ValueError, match="training.precision=bf16 .*llama3_405b turns on float8"):
+        export_plan(bf16, "torchtitan")
+    no_overlap = plan_from_dict({**doc, "parallel": {**doc["parallel"], "tp_comm_overlap": False}})
+    assert "--compile.no-enable-async-tensor-parallel" in export_plan(no_overlap, "torchtitan")
+    with pytest.raises(ValueError, match="llama3_70b does not"):
+        export_plan(_plan_of("llama3_70b", precision="fp8", fp8_recipe="rowwise"), "torchtitan")
