@@ -284,7 +284,13 @@ def _execution_commands(sub) -> None:
     p.add_argument("--quick", action="store_true", help="fewer shapes, sizes and group sizes (about 10 s)")
     p.add_argument("--from-run", type=Path, metavar="MEASURED_JSON",
                    help="refit the profile from a measured run (`trainplan run --json` output)")
-    p.add_argument("--plan", type=Path, help="the plan the measured run executed (with --from-run)")
+    p.add_argument("--from-trace", type=Path, metavar="DIR",
+                   help="fit the figures a team's PyTorch profiler (Kineto) traces determine (GEMM efficiency, "
+                        "attention, NCCL bus bandwidth and latency) into a profile of the catalog's shape (--out)")
+    p.add_argument("--from-log", type=Path, metavar="FILE",
+                   help="refused: a training log's step time determines no single figure (see --from-trace)")
+    p.add_argument("--plan", type=Path, help="the plan the measured run, trace or log executed (with --from-run, "
+                   "--from-trace or --from-log)")
     p.add_argument("--refresh", action="store_true",
                    help="re-measure only the load-sensitive host speed (about 25 s on a CPU host) in the existing profile")
     p.add_argument("--json", action="store_true")

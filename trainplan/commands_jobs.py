@@ -248,8 +248,12 @@ def cmd_calibrate(args) -> None:
     from executors.calibrate.profile import calibrate
     from topologies.profile import default_profile_path
 
-    out = args.out or default_profile_path()
     _check_calibrate_flags(args)
+    if args.from_trace or args.from_log:   # a cluster's profile from its own traces (not this host's)
+        from trainplan.commands_calibrate_trace import cmd_calibrate_trace
+
+        return cmd_calibrate_trace(args)
+    out = args.out or default_profile_path()
     if args.refresh:
         from executors.calibrate.profile import refresh_host_speed
 
@@ -284,14 +288,19 @@ def cmd_calibrate(args) -> None:
 def _check_calibrate_flags(args) -> None:
     """One way of calibrating at a time, its own flags only: a flag of another way (``--plan``
     without ``--from-run`` ran a full calibration over the cached profile) is one sentence."""
-    if args.plan and not args.from_run:
-        raise UsageError("calibrate --plan names the plan of a measured run and needs --from-run RUN_JSON; "
-                         "nothing was measured or written")
-    if args.refresh and args.from_run:
-        raise UsageError("calibrate --refresh and --from-run are two ways of updating a profile: give one")
-    if args.quick and (args.refresh or args.from_run):
-        raise UsageError("calibrate --quick shortens a full calibration; --refresh and --from-run measure nothing "
-                         "it would shorten")
+    sources = [f for f in ("from_run", "from_trace", "from_log") if getattr(args, f, None)]
+    if args.plan and not sources:
+        raise UsageError("calibrate --plan names the plan of a measured run and needs --from-run RUN_JSON "
+                         "(or --from-trace DIR); nothing was measured or written")
+    if len(sources) > 1:
+        raise UsageError(f"calibrate {' and '.join('--' + f.replace('_', '-') for f in sources)} are two ways of "
+                         "calibrating: give one")
+    if args.refresh and sources:
+        raise UsageError(f"calibrate --refresh and --{sources[0].replace('_', '-')} are two ways of updating a "
+                         "profile: give one")
+    if args.quick and (args.refresh or sources):
+        raise UsageError(f"calibrate --quick shortens a full calibration; --{'refresh' if args.refresh else sources[0].replace('_', '-')} "
+                         "measures nothing it would shorten")
 
 
 def _csv(text: str | None, flag: str, kind=str) -> list | None:
