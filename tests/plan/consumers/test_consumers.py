@@ -1,39 +1,73 @@
 """Every export, loaded by the tool that consumes it (the pinned `interop` extra of
 pyproject.toml: deepspeed, transformers, accelerate, torchtitan), with the intended layout
-read back from the consumer's own parsed object."""
+read back from the consumer's own parsed object. Each plan of tests/plan/layouts.py is either
+written and accepted by the consumer's parser, or refused by trainplan in one sentence naming
+the field (REFUSED in tests/plan/test_interop.py): no share of plans that reach a consumer."""
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch.distributed as dist
 
 from simcore.plan.torchtitan_reader import _torchtitan_command
+from simcore.plan.spec import Offload, ZeroImpl, ZeroStage
 from simcore.plan.torchtitan_writer import stage_split
 from simcore.plan.writers import export_plan
 from tests.plan.layouts import ALL
+from tests.plan.test_interop import REFUSED, assert_one_sentence_naming
 
 import tomllib
 
 
-def _exports(target: str) -> dict:
-    out = {}
-    for name, plan in sorted(ALL.items()):
-        try:
-            out[name] = export_plan(plan, target)
-        except ValueError:
-            continue
-    return out
+def _autotp() -> dict:
+    """DeepSpeed AutoTP layouts (tensor_parallel.autotp_size), which no plan of layouts.py has:
+    Llama 3 8B on 8 GPUs, tp 2 x dp 4, under DeepSpeed's ZeRO-1 and ZeRO-3 with optimizer offload;
+    and with Megatron-style sequence parallel, which AutoTP does not have."""
+    base = ALL["llama3-8b-fsdp-h100"]
+    par = replace(base.parallel, tp=2, dp=4, zero_impl=ZeroImpl.DEEPSPEED)
+    plans = {"ds-autotp-zero1": replace(base, parallel=replace(par, zero=ZeroStage.OPTIMIZER_STATES)),
+             "ds-autotp-zero3-offload": replace(base, parallel=par,
+                                                training=replace(base.training, offload=Offload.OPTIMIZER)),
+             "ds-autotp-sp": replace(base, parallel=replace(par, sequence_parallel=True))}
+    return {name: replace(plan, name=name) for name, plan in plans.items()}
 
 
-DEEPSPEED = _exports("deepspeed")
-TORCHTITAN = _exports("torchtitan")
-TORCHTITAN_02 = _exports("torchtitan-0.2")
+AUTOTP = _autotp()
+PLANS = ALL | AUTOTP
+_TT = ("torchtitan", "torchtitan-0.2")
+REFUSALS = REFUSED | {"ds-autotp-zero1": dict.fromkeys(_TT, "parallel.zero"),
+                      "ds-autotp-zero3-offload": dict.fromkeys(_TT, "parallel.zero_impl"),
+                      "ds-autotp-sp": {"deepspeed": "parallel.sequence_parallel"} | dict.fromkeys(_TT, "parallel.zero_impl")}
+
+#: The plans each consumer is given (every other one is refused, naming its field): a change shows here.
+GIVEN = {
+    "deepspeed": ["ds-autotp-zero1", "ds-autotp-zero3-offload", "v-ds-zero2-offload", "v-ds-zero3-paramoffload"],
+    "torchtitan": ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-interleaved-tp", "v-pp-uneven", "v-zero3-eager",
+                   "v-zero3-paramoffload"],
+    "torchtitan-0.2": ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-interleaved-tp", "v-pp-uneven",
+                       "v-zero-bubble-cp", "v-zero3-eager", "v-zero3-optim-in-bwd", "v-zero3-paramoffload"],
+}
 
 
-def test_most_plans_reach_each_consumer():
-    # DeepSpeed refuses FSDP2's ZeRO-2/3, pipelines other than 1F1B and ring CP (deepspeed_writer)
-    assert len(DEEPSPEED) >= 0.5 * len(ALL) and len(TORCHTITAN) >= 0.4 * len(ALL)
-    assert len(TORCHTITAN_02) >= len(TORCHTITAN)
+def _given(target: str) -> list[str]:
+    return sorted(n for n in PLANS if target not in REFUSALS.get(n, {}))
+
+
+def test_each_consumer_is_given_the_listed_plans():
+    assert {t: _given(t) for t in GIVEN} == GIVEN
+
+
+@pytest.mark.parametrize("name, target", [(n, t) for t in GIVEN for n in sorted(PLANS) if n not in GIVEN[t]])
+def test_the_others_are_refused_in_one_sentence_naming_the_field(name, target):
+    with pytest.raises(ValueError) as refusal:
+        export_plan(PLANS[name], target)
+    assert_one_sentence_naming(str(refusal.value), REFUSALS[name][target])
+
+
+DEEPSPEED = {n: export_plan(PLANS[n], "deepspeed") for n in GIVEN["deepspeed"]}
+TORCHTITAN = {n: export_plan(PLANS[n], "torchtitan") for n in GIVEN["torchtitan"]}
+TORCHTITAN_02 = {n: export_plan(PLANS[n], "torchtitan-0.2") for n in GIVEN["torchtitan-0.2"]}
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +104,12 @@ class _DataParallel:
 def test_deepspeed_reads_the_layout(name, tmp_path, one_rank_group):
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    plan, path = ALL[name], tmp_path / "ds_config.json"
+    plan, path = PLANS[name], tmp_path / "ds_config.json"
     path.write_text(DEEPSPEED[name])
     json.loads(path.read_text())  # json.load, as Megatron-DeepSpeed and accelerate read it
     cfg = DeepSpeedConfig(str(path), mpu=_DataParallel(plan.parallel.dp))
+    # AutoTP: TPTrainingConfig (runtime/tensor_parallel/config.py); 0 is off, as the engine reads it
+    assert cfg.tensor_parallel_config.autotp_size == (plan.parallel.tp if plan.parallel.tp > 1 else 0)
     tr = plan.training
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (
         tr.global_batch, tr.micro_batch, plan.num_microbatches)
@@ -89,7 +125,7 @@ def test_hugging_face_and_accelerate_take_the_file(name, tmp_path):
     from accelerate.utils import DeepSpeedPlugin
     from transformers import TrainingArguments
 
-    plan, path = ALL[name], tmp_path / "ds_config.json"
+    plan, path = PLANS[name], tmp_path / "ds_config.json"
     path.write_text(DEEPSPEED[name])
     precision = plan.training.precision.value
     args = TrainingArguments(output_dir=str(tmp_path), deepspeed=str(path), use_cpu=True,
@@ -100,6 +136,7 @@ def test_hugging_face_and_accelerate_take_the_file(name, tmp_path):
     plugin = DeepSpeedPlugin(hf_ds_config=str(path))
     assert plugin.zero_stage == int(plan.parallel.zero)
     assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == plan.training.micro_batch
+    assert plugin.deepspeed_config.get("tensor_parallel", {}).get("autotp_size", 1) == plan.parallel.tp
 
 
 def _torchtitan_parse(text: str):
@@ -113,7 +150,7 @@ def _torchtitan_parse(text: str):
 def test_torchtitan_03_parses_the_command_and_accepts_the_layout(name):
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    plan = ALL[name]
+    plan = PLANS[name]
     cfg = _torchtitan_parse(TORCHTITAN[name])
     dims = ParallelDims.from_config(cfg.parallelism, world_size=plan.parallel.gpus)  # validates the product
     par = plan.parallel
@@ -145,7 +182,7 @@ def test_torchtitan_02_toml_follows_the_same_stage_rule(name):
     torchtitan 0.3's function checks the 0.2 TOML's stage options."""
     from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
 
-    plan, doc = ALL[name], tomllib.loads(TORCHTITAN_02[name])
+    plan, doc = PLANS[name], tomllib.loads(TORCHTITAN_02[name])
     par = doc["parallelism"]
     if plan.parallel.pp == 1:
         assert "pipeline_parallel_layers_per_stage" not in par
