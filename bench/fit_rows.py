@@ -30,7 +30,7 @@ from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import PlanError
 from topologies.hardware import load_catalog
 
-FILES = ("dev_runs.csv", "vtrain_runs.csv", "dev_modern.csv")
+FILES = ("dev_runs.csv", "vtrain_runs.csv", "dev_modern.csv", F.ACCELERATOR_ROWS)
 
 
 @dataclass(slots=True)
@@ -58,7 +58,7 @@ def load_rows(validation: Path) -> list[Row]:
     import validate_published as vp
 
     catalog, rows = load_catalog(), []
-    for name in FILES:
+    for name in FILES[:3]:
         df, modern_file = pd.read_csv(validation / name), name == "dev_modern.csv"
         for i, r in df.iterrows():
             if modern_file and modern.skip_reason(r):
@@ -76,7 +76,25 @@ def load_rows(validation: Path) -> list[Row]:
             rows.append(Row(name, int(i), r.source, str(r.model), float(meas), plans, plans[0].cluster.node.gpu.name,
                             prec, t.attention_kernel == "triton"))
     _pair_twins(rows, validation)
+    rows += accelerator_rows(validation, catalog)
     return rows
+
+
+def accelerator_rows(validation: Path, catalog) -> list[Row]:
+    """The rows of dev_accelerators.csv that validate_published predicts (``published_accelerators
+    .refusal`` None), as Plans by their source's rule."""
+    import published_accelerators as acc
+
+    path, out = validation / F.ACCELERATOR_ROWS, []
+    if not path.exists():
+        return out
+    for i, r in pd.read_csv(path).iterrows():
+        if acc.refusal(r, catalog):
+            continue
+        plans = [plan_from_dict(doc, catalog=catalog) for doc in acc.choices(r, acc.base_doc(r))]
+        out.append(Row(F.ACCELERATOR_ROWS, int(i), r.source, str(r.model), float(acc.measured_step_s(r)), plans,
+                       plans[0].cluster.node.gpu.name, plans[0].training.precision.value))
+    return out
 
 
 def _pair_twins(rows: list[Row], validation: Path) -> None:
@@ -104,6 +122,8 @@ def predict(row: Row) -> float:
 
 def relevant(row: Row) -> tuple[str, ...]:
     """The fitted figures a row's prediction reads (a prediction is cached on their values)."""
+    if row.gpu in F.TPU:   # the TPU entries take no framework figure (efficiency.yaml overheads_source)
+        return ("tpu_plateau",)
     out = ["kernel_overhead_us", "host_overhead_us", "comm_compute_interference"]
     if row.gpu in F.A100:
         out.append("a100_plateau")
@@ -134,8 +154,10 @@ def predictions(rows: list[Row], idx, values: dict, cache: dict) -> dict[int, fl
 
 def block_rows(rows: list[Row], block: str) -> list[int]:
     """The rows (indices) a block is fitted to (``fitting.Figure.rows`` in words)."""
-    if block == "rows":
-        return list(range(len(rows)))
+    if block == "rows":   # every GPU row; the accelerators' rows fit their own family's figures only
+        return [k for k, r in enumerate(rows) if r.file != F.ACCELERATOR_ROWS]
+    if block == "tpu":
+        return [k for k, r in enumerate(rows) if r.file == F.ACCELERATOR_ROWS and r.gpu in F.TPU]
     if block == "fp8":
         return [k for k, r in enumerate(rows) if r.twin is not None and r.precision in ("fp8/delayed", "fp8/tensorwise")
                 and r.gpu in F.HOPPER_FP8]

@@ -34,6 +34,10 @@ B200_RATIO = ((1e10, 0.58), (1e11, 0.76), (3e11, 0.85), (1e12, 0.93))
 H100_SHAPE = ((1e10, 0.51 / 0.63), (1e11, 0.60 / 0.63), (1e12, 1.0))
 #: A100: the points from 1e10 FLOPs on are the plateau (cuBLAS's curve is flat there).
 A100_PLATEAU_FROM = 1e10
+#: The TPU family (issue 54): one MXU plateau for v4, v5e and v5p, fitted to MaxText's tables of
+#: dev_accelerators.csv only; the points from 1e10 FLOPs on (the A100 curve's shape below).
+TPU = ("tpu-v4", "tpu-v5e", "tpu-v5p")
+ACCELERATOR_ROWS = "dev_accelerators.csv"
 
 
 ALL_ROWS = "every row of dev_runs.csv, vtrain_runs.csv and dev_modern.csv that validate_published predicts"
@@ -86,6 +90,12 @@ FIGURES = (
     Figure("triton_ratio", "h100-sxm: attention.kernels.triton (flash2 / ratio)", "rows", 1.8, 1.3, 2.5, 0.05,
            "Dao 2023 (arXiv 2307.08691) Sec. 4.1: FlashAttention-2 1.3-2.5x the Triton kernel; prior the "
            "range's geometric middle", ALL_ROWS + " (it moves the H100 rows that run the Triton kernel: llm-foundry)"),
+    Figure("tpu_plateau", "tpu-v4, tpu-v5e, tpu-v5p: matmul.points (>= 1e10 FLOPs)", "tpu", 0.88, 0.71, 0.95, 0.01,
+           "at least the highest model-FLOPs utilisation MaxText publishes (0.7147, v5p 32B: a step cannot "
+           "run its matmuls faster than its GEMMs' rate), at most 0.95 of the MXU peak; prior the A100 "
+           "plateau's prior, an isolated dense GEMM at 0.88 of peak (no public MXU GEMM sweep)",
+           "the TPU rows of dev_accelerators.csv that bench/published_accelerators.py predicts (MaxText's "
+           "v4, v5e and v5p tables); no GPU row"),
     Figure("fp8_matmul_ratio", "h100-sxm: fp8_matmul_ratio", "fp8", 0.97, 0.5, 1.0, 0.01,
            "at 0.5 an FP8 GEMM gains nothing over BF16 (twice the peak), at 1.0 it keeps BF16's share; "
            "prior the calibrated H100's FP8 GEMM at 0.97 of BF16's (bench/RESULTS.md, sixteenth session)",
@@ -100,7 +110,7 @@ FIGURES = (
            "../shared/validation)"),
 )
 BY_NAME = {f.name: f for f in FIGURES}
-BLOCKS = ("rows", "fp8", "rowwise", "clock500")
+BLOCKS = ("rows", "fp8", "rowwise", "clock500", "tpu")
 
 
 def _points(e: dict) -> list[list[float]]:
@@ -159,6 +169,13 @@ def _set_hopper(eff: dict, v: dict) -> None:
             low["attention"]["kernels"][kernel][key] = _r(fr[key] * f, 3)
 
 
+def _set_accelerators(eff: dict, v: dict) -> None:
+    for name in TPU:
+        if name in eff:
+            eff[name]["matmul"]["points"] = [[x, v["tpu_plateau"] if x >= A100_PLATEAU_FROM else y]
+                                             for x, y in _points(eff[name])]
+
+
 def efficiency_with(values: dict) -> dict:
     """The catalog's efficiency entries with ``values`` (figure name -> value) written in,
     and every figure derived from them derived again."""
@@ -166,6 +183,7 @@ def efficiency_with(values: dict) -> dict:
     v = {**stored_values(), **values}
     _set_framework(eff, v)
     _set_hopper(eff, v)
+    _set_accelerators(eff, v)
     return eff
 
 
@@ -180,7 +198,8 @@ def stored_values(eff: dict | None = None) -> dict:
             "comm_compute_interference": eff["a100-80gb"]["comm_compute_interference"],
             "triton_ratio": _r(flash2["forward"] / triton["forward"], 2),
             "fp8_matmul_ratio": h100["fp8_matmul_ratio"], "fp8_rowwise": h100["fp8_recipes"]["rowwise"],
-            "h100_500w_clock": _r(_points(eff[H100_500W])[-1][1] / _points(h100)[-1][1], 2)}
+            "h100_500w_clock": _r(_points(eff[H100_500W])[-1][1] / _points(h100)[-1][1], 2),
+            "tpu_plateau": _points(eff[TPU[0]])[-1][1]}
 
 
 @contextlib.contextmanager

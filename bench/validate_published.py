@@ -64,11 +64,14 @@ from simcore.planner.uncertainty import hardware_kind, layout_class, load_residu
 from topologies.hardware import load_catalog  # noqa: E402
 import crossval  # noqa: E402
 import published_modern as modern  # noqa: E402
+import published_accelerators as acc  # noqa: E402
 
 NODE_OF_GPU = {"a100-80gb": "dgx-a100-80gb", "a100-40gb": "dgx-a100-40gb", "a100": "dgx-a100-80gb",
                "h100-80gb-sxm": "dgx-h100", "h100-80gb": "dgx-h100"}
 DEFAULT_VALIDATION = ROOT.parent / "shared" / "validation"
 FILES = ("dev_runs.csv", "vtrain_runs.csv", "dev_modern.csv")
+#: TPU, Trainium and Ascend runs (issue 54), mapped by ``bench/published_accelerators.py``.
+ACCEL = acc.FILE
 #: Rows left out, with the reason (filled by ``validate``).
 SKIPPED: list[str] = []
 
@@ -155,7 +158,10 @@ def _choices(row: pd.Series, doc: dict) -> list[dict]:
 def predict_row(row: pd.Series, catalog, modern_file: bool = False) -> tuple[float, dict, bool]:
     """(predicted step seconds, the chosen plan's doc, fits) of one row."""
     best = None
-    docs = modern.choices(row, modern.base_doc(row)) if modern_file else _choices(row, base_doc(row))
+    if "accelerator" in row.index:   # a dev_accelerators.csv row
+        docs = acc.choices(row, acc.base_doc(row))
+    else:
+        docs = modern.choices(row, modern.base_doc(row)) if modern_file else _choices(row, base_doc(row))
     for doc in docs:
         try:
             plan = plan_from_dict(doc, catalog=catalog)
@@ -191,6 +197,65 @@ def validate(path: Path, catalog) -> pd.DataFrame:
                      "measured_s": meas, "predicted_s": pred, "error": (pred - meas) / meas, "fits": fits,
                      "mb_published": _int(row.micro_batch) is not None, **_shape(plan)})
     return pd.DataFrame(rows)
+
+
+def validate_accelerators(validation: Path, catalog, quiet: bool = True) -> tuple[pd.DataFrame | None, str]:
+    """dev_accelerators.csv: every row by its source's rule (``bench/published_accelerators.py``);
+    the rows it cannot predict counted per source and reason (the report, printed by the caller)."""
+    path = validation / ACCEL
+    if not path.exists():
+        return None, f"\n{ACCEL}: not found in {validation}"
+    lines = []
+    print = lines.append   # noqa: A001 (the report is printed after the MAPE summary)
+    df, rows, refused = pd.read_csv(path), [], {}
+    for i, row in df.iterrows():
+        if why := acc.refusal(row, catalog):
+            refused.setdefault((row.source, why), []).append(i)
+            continue
+        pred, doc, fits = predict_row(row, catalog)
+        meas = acc.measured_step_s(row)
+        plan = plan_from_dict(doc, catalog=catalog)
+        rows.append({"file": ACCEL, "row": i, "source": row.source, "model": row.model,
+                     "kind": hardware_kind(plan.cluster.node), "class": layout_class(plan.parallel),
+                     "gpus": int(row.num_chips), "tp": plan.parallel.tp, "pp": plan.parallel.pp, "dp": plan.parallel.dp,
+                     "mb": doc["training"]["micro_batch"], "vpp": 1, "seq_len": int(row.seq_len),
+                     "global_batch": int(row.global_batch_seqs), "precision": plan.training.precision.value,
+                     "measured_s": meas, "predicted_s": pred, "error": (pred - meas) / meas, "fits": fits,
+                     "mb_published": True, "accelerator": row.accelerator, "family": acc.FAMILY[row.accelerator],
+                     **_shape(plan)})
+    print(f"\n{ACCEL}: {len(rows)} of {len(df)} rows predicted; refused, per source and reason:")
+    for src in sorted({s for s, _ in refused}):
+        n = sum(len(v) for (s, _), v in refused.items() if s == src)
+        total = int((df.source == src).sum())
+        print(f"  {src}: {n} of {total} refused")
+        for (s, why), idx in sorted(refused.items(), key=lambda kv: -len(kv[1])):
+            if s == src:
+                print(f"    {len(idx):3d}  {why}")
+    for src in sorted(set(df.source) - {s for s, _ in refused}):
+        print(f"  {src}: none refused")
+    out = pd.DataFrame(rows)
+    if len(out) and not quiet:
+        print(out[["row", "source", "model", "gpus", "tp", "dp", "mb", "measured_s", "predicted_s", "error", "fits"]]
+              .to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    return out, "\n".join(lines)
+
+
+def accelerator_summary(out: pd.DataFrame) -> None:
+    """MAPE per accelerator family and chip, in sample and leave-one-source-out (issue 54's
+    targets: within 10% per family, no row above 25%, every row predicted to fit)."""
+    a = out[out.file == ACCEL]
+    if not len(a):
+        return
+    a = a.assign(ins=(a.predicted_s / a.measured_s - 1).abs(), loso=(a.loso_s / a.measured_s - 1).abs())
+    print(f"\n{ACCEL} per accelerator family and chip (targets: MAPE <= 10% per family, no row above 25%, "
+          "all predicted to fit):")
+    for keys in (["family"], ["family", "accelerator", "source"]):
+        t = a.groupby(keys).agg(rows=("ins", "size"), in_sample=("ins", "mean"), loso=("loso", "mean"),
+                                max_in=("ins", "max"), max_loso=("loso", "max"), fit=("fits", "sum"))
+        print(t.to_string(formatters={c: (lambda x: f"{100 * x:.1f}%") for c in ("in_sample", "loso", "max_in", "max_loso")}))
+    print(f"{ACCEL}: MAPE {100 * a.ins.mean():.2f}% (LOSO {100 * a.loso.mean():.2f}%)  max {100 * a.ins.max():.1f}% "
+          f"(LOSO {100 * a.loso.max():.1f}%)  rows above 25%: {int((a.ins > 0.25).sum())}  "
+          f"predicted to fit: {int(a.fits.sum())}/{len(a)}")
 
 
 def _shape(plan) -> dict:
@@ -234,6 +299,11 @@ def main(argv=None) -> int:
         print("\ndev_modern.csv:")
         print(frames[2].drop(columns=["file"]).to_string(float_format=lambda x: f"{x:.3f}"))
         print(f"\nleft out ({len(SKIPPED)} rows):\n  " + "\n  ".join(SKIPPED))
+    accel, accel_report = validate_accelerators(args.validation, catalog, args.quiet)
+    if accel is not None:
+        csv[ACCEL] = pd.read_csv(args.validation / ACCEL)
+        out = pd.concat([out, accel], ignore_index=True)
+        frames.append(accel)
     print("\nMAPE of the step time:")
     summary = out.assign(ape=out.error.abs()).groupby(["file", "source"]).ape.agg(["count", "mean", "max"])
     print(summary.to_string(float_format=lambda x: f"{100 * x:.1f}%"))
@@ -241,6 +311,7 @@ def main(argv=None) -> int:
         name = f.file.iloc[0]
         print(f"{name}: MAPE {100 * f.error.abs().mean():.2f}%  max {100 * f.error.abs().max():.1f}%  "
               f"bias {100 * f.error.mean():+.2f}%  rows {len(f)}")
+    print(accel_report)
     unfit = out[~out.fits]
     print(f"\npublished runs (all trained) predicted to fit with the allocator margin: "
           f"{len(out) - len(unfit)}/{len(out)} (target: all)")
@@ -257,6 +328,7 @@ def main(argv=None) -> int:
     print(f"({len(out)} rows in {elapsed:.1f} s)")
     fits = crossval.load_fits()
     out = crossval.report(out, csv, lambda row, mod: predict_row(row, catalog, mod)[0], fits)
+    accelerator_summary(out)
     dest = ROOT / "bench" / "out" / "validate_published.csv"
     dest.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(dest, index=False)

@@ -1,0 +1,289 @@
+"""Rules that map the rows of ``dev_accelerators.csv`` onto Plans, one rule per source.
+
+``bench/validate_published.py`` and ``bench/fit.py`` use them; ../shared/validation/SOURCES.md
+(section "dev_accelerators.csv") has every source's stack, counting and units. Nothing here is
+per row: each source's documented setup becomes the same Plan fields for all its rows, in the
+source's own words, with the degrees converted once into chips (the unit the catalog counts:
+``topologies/catalog/gpus.yaml`` ``unit:``).
+
+- ``maxtext_v4_readme``, ``maxtext_v5e_readme``, ``maxtext_v5p_readme`` (MaxText on TPU, 2023):
+  one JAX device per chip. ``ici_tensor_parallelism`` -> ``tp`` (sequence-sharded activations
+  between the TP matmuls: ``sequence_parallel``; XLA's latency-hiding scheduler runs the TP
+  all-gathers and reduce-scatters asynchronously beside the matmuls: ``tp_comm_overlap``); ``ici_fsdp_parallelism`` shards parameters,
+  gradients and optimizer state over those chips: ZeRO-3 over the data-parallel ranks, and
+  ``dcn_data_parallelism`` (slices over DCN) multiplies them: ``dp = fsdp x slices``, zero 3
+  (the Plan has one sharded data-parallel group, so a multislice run is ZeRO-3 across the
+  slices too, where MaxText replicates across DCN: ``MULTISLICE``). ``per_device_batch_size``
+  -> ``micro_batch`` with no accumulation (global batch = chips x per-device batch). Remat
+  policy ``full`` -> full recompute; ``minimal`` (``checkpoint_dots_with_no_batch_dims``: the
+  projections' outputs saved, attention scores and elementwise ops recomputed) -> selective.
+  The base.yml model: ReLU MLP (not gated), tied embeddings (``logits_via_embedding``), RoPE,
+  no dropout, ``head_dim`` from the notes (``kv_channels``), the Pallas flash attention kernel.
+  Node: the catalog's TPU host of the chip; a slice is its ICI torus.
+- ``neuron_trn1_perf`` (AWS Neuron on trn1.32xlarge, NeMo-Megatron and NeuronX Distributed):
+  TP/PP/DP count NeuronCores, two per Trainium chip, and a TP group's two ranks on one chip are
+  neighbours: ``tp`` chips = TP cores / 2, PP and DP as published (TP x PP x DP cores = 2 x
+  chips). ZeRO-1 (both stacks' tutorials shard the optimizer: NxD ``use_zero1_optimizer``,
+  neuronx-nemo-megatron ``wrap_with_zero``) where the row leaves it blank; sequence parallel
+  with TP (both tutorials); recompute as the row states it, the fastest fitting of none /
+  selective / full where it is blank; micro-batch and global batch as published. GPT-3:
+  GeLU MLP of 4h, learned positions, GPT-2 vocabulary (50257 padded to 50304) where the row
+  leaves it blank; Llama: SwiGLU, untied, RoPE, ``kv_heads`` from the notes.
+- ``mindspeed_llm_readme_2024`` (MindSpeed-LLM on Atlas 800T A2, Megatron-LM arguments): TP,
+  PP, DP in NPUs (= chips on 910B); ``--use-distributed-optimizer`` -> ZeRO-1 (zero_stage 1),
+  ``--sequence-parallel`` and ``--use-flash-attn`` from the script's flags; recompute as the
+  row states (``full/block/N``: full, block method, N layers), none where blank (the script
+  passes no recompute flag); SwiGLU where the script fuses it or the MLP is not 4h wide;
+  untied, RoPE, ``kv_groups`` from the notes; the tokenizer's vocabulary is not printed: 32000
+  (Llama's) as the Plan needs one.
+
+Rows the Plan cannot state, or whose hardware the catalog cannot predict, are counted per
+reason (``skip_reason``), never dropped silently.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+
+FILE = "dev_accelerators.csv"
+MAXTEXT = ("maxtext_v4_readme", "maxtext_v5e_readme", "maxtext_v5p_readme")
+NEURON = "neuron_trn1_perf"
+MINDSPEED = "mindspeed_llm_readme_2024"
+#: The catalog's chip and host of each accelerator the CSV names.
+GPU = {"tpu-v4": "tpu-v4", "tpu-v5e": "tpu-v5e", "tpu-v5p": "tpu-v5p", "trainium1": "trn1",
+       "ascend-910b": "ascend-910b"}
+NODE = {"tpu-v4": "tpu-v4-host", "tpu-v5e": "tpu-v5e-host", "tpu-v5p": "tpu-v5p-host",
+        "trainium1": "trn1-32xl", "ascend-910b": "atlas-800t-a2"}
+#: Accelerator families: the chips whose efficiency figures are fitted together (one stack,
+#: one matrix-unit design: the TPU MXU of v4 / v5e / v5p under MaxText/XLA).
+FAMILY = {"tpu-v4": "tpu", "tpu-v5e": "tpu", "tpu-v5p": "tpu", "trainium1": "trainium", "ascend-910b": "ascend"}
+#: Device units per chip, per source (SOURCES.md "Parallel-degree units").
+UNITS_PER_CHIP = {NEURON: 2}
+#: Catalog gaps that the step-time model reads: a chip with one of them cannot be predicted.
+READ_GAPS = ("hbm_tbyte_per_s", "intra_link_gbyte_per_s_bidir", "efficiency")
+#: The reason a multislice MaxText run is stated only approximately (see the module docstring).
+MULTISLICE = ("ZeRO-3 across the slices: MaxText shards over ICI (fsdp) and replicates over DCN "
+              "(dcn_data_parallelism); the Plan has one sharded data-parallel group")
+
+
+def _num(x, default=None):
+    return default if x is None or (isinstance(x, float) and math.isnan(x)) or x == "" else x
+
+
+def _flag(notes: str, pattern: str) -> str | None:
+    m = re.search(pattern, notes)
+    return m.group(1) if m else None
+
+
+def slices(row: pd.Series) -> int:
+    """MaxText: slices over DCN ("N slice(s) over DCN" in the topology)."""
+    return int(_flag(str(row.topology), r"(\d+) slice\(s\) over DCN") or 1)
+
+
+def devices(row: pd.Series) -> int:
+    """The degrees' product in the source's units (NeuronCores on Trainium, chips else)."""
+    tp, pp, dp, cp = (int(_num(row[k], 1)) for k in ("tp", "pp", "dp", "cp"))
+    if row.source in MAXTEXT:
+        return tp * int(_num(row.fsdp, 1)) * slices(row)
+    return tp * pp * dp * cp
+
+
+def skip_reason(row: pd.Series, catalog=None) -> str | None:
+    """Why a row cannot become a predicted Plan, in words (rows are counted per reason), or None."""
+    from topologies.hardware import load_catalog
+
+    if all(math.isnan(float(_num(row[k], float("nan")))) for k in
+           ("measured_tflops_per_chip", "measured_step_time_s", "measured_tokens_per_s_per_chip")):
+        return "no throughput published (an MFU of unstated definition only)"
+    if math.isnan(float(_num(row.seq_len, float("nan")))):
+        return "sequence length not published"
+    units = UNITS_PER_CHIP.get(row.source, 1)
+    if _num(row.dp) is None and row.source not in MAXTEXT:
+        return "data-parallel degree not published (TP x PP differs from the devices)"
+    if devices(row) != int(row.num_chips) * units:
+        return (f"degrees' product {devices(row)} != {int(row.num_chips) * units} devices "
+                "(source inconsistency, the notes' layout_consistency / script_vs_table)")
+    catalog = catalog or load_catalog()
+    gaps = [g for g in catalog.gpus[GPU[row.accelerator]].gaps if g in READ_GAPS and g != "efficiency"]
+    if gaps:
+        return f"{GPU[row.accelerator]}: catalog gaps the step model reads ({', '.join(gaps)})"
+    node = catalog.node(NODE[row.accelerator])
+    if node.fabric is None and (slices(row) > 1 if row.source in MAXTEXT else int(row.num_chips) > node.gpus_per_node):
+        return f"{node.name}: no data-centre network in the catalog (a group across its hosts or slices is refused)"
+    return None
+
+
+#: A single-slice MaxText run on a host with no network in the catalog (TPU v4): the Plan asks a
+#: fabric of every cluster of several hosts even when every group stays inside the ICI torus, so
+#: this one is named and ``refusal`` checks that no prediction reads it (its rate doubled
+#: changes nothing).
+PLACEHOLDER_FABRIC = "gcp-dcn-50"
+#: The entry that stands in for a chip with none, only to find which links a row's groups use.
+STAND_IN = "tpu-v5p"
+
+
+def _with_fabrics(catalog, oversubscription: float, nic_scale: float):
+    """The catalog's fabrics with every gapped (NaN) oversubscription set and every NIC rate
+    scaled, for ``refusal``'s check; restored by the caller (``catalog.fabrics.update``)."""
+    import dataclasses
+
+    saved = dict(catalog.fabrics)
+    for k, f in saved.items():
+        o = oversubscription if math.isnan(f.oversubscription) else f.oversubscription
+        catalog.fabrics[k] = dataclasses.replace(f, oversubscription=o, nic_bytes_per_s=f.nic_bytes_per_s * nic_scale)
+    return saved
+
+
+def refusal(row: pd.Series, catalog=None) -> str | None:
+    """``skip_reason``, or why the row's prediction cannot be trusted: it reads a catalog gap
+    (a fabric's oversubscription, NaN: the step changes when the gap is set to 1 or to 4, i.e.
+    a group crosses leaf switches of that fabric), or the Plan refuses the layout. None: the
+    row is predicted."""
+    from simcore.model import collectives
+    from simcore.engine.predict import simulate
+    from simcore.plan.load import plan_from_dict
+    from simcore.plan.spec import PlanError
+    from topologies.hardware import load_catalog
+
+    catalog = catalog or load_catalog()
+    if why := skip_reason(row, catalog):
+        return why
+    doc = choices(row, base_doc(row))[0]
+    try:
+        plan = plan_from_dict(doc, catalog=catalog)
+    except PlanError as e:
+        return f"the Plan refuses it: {str(e).split(';')[0]}"
+    from simcore.model import compute
+
+    gpu, steps = GPU[row.accelerator], []
+    stand_in = gpu not in catalog.efficiency   # the network check only: any entry decides which links a group uses
+    if stand_in:
+        catalog.efficiency[gpu] = catalog.efficiency[STAND_IN]
+    compute.device_model.cache_clear()
+    try:
+        for o, scale in ((1.0, 1.0), (4.0, 1.0), (1.0, 2.0)):
+            saved = _with_fabrics(catalog, o, scale)
+            collectives.group_net.cache_clear()
+            try:
+                steps.append(simulate(plan_from_dict(doc, catalog=catalog)).step_time_s)
+            finally:
+                catalog.fabrics.update(saved)
+                collectives.group_net.cache_clear()
+    finally:
+        if stand_in:
+            del catalog.efficiency[gpu]
+        compute.device_model.cache_clear()
+    if abs(steps[0] - steps[1]) > 1e-9 * steps[0]:
+        fab = plan.cluster.fabric.name if plan.cluster.fabric else "?"
+        return (f"its groups cross leaf switches of {fab}, whose oversubscription is a catalog gap "
+                "(NaN, read by the collectives)")
+    if doc["cluster"].get("fabric") == PLACEHOLDER_FABRIC and abs(steps[0] - steps[2]) > 1e-9 * steps[0]:
+        return f"a group leaves the ICI slice, and {NODE[row.accelerator]} has no network in the catalog"
+    if stand_in:
+        return f"{gpu}: no efficiency entry (none of its rows is predicted without a catalog gap, so none fits one)"
+    return None
+
+
+def measured_step_s(row: pd.Series) -> float:
+    """Seconds per step as SOURCES.md derives it per source: MaxText's model TFLOP/s per chip
+    over its own FLOP count (``calculate_training_tflops``: 6 x params x tokens + 12 x heads x
+    layers x head_dim x seq^2 per sequence, the attention not halved, SOURCES.md); Neuron and
+    MindSpeed: batch tokens over tokens/s/chip."""
+    b, s = float(row.global_batch_seqs), float(row.seq_len)
+    if not math.isnan(float(_num(row.measured_step_time_s, float("nan")))):
+        return float(row.measured_step_time_s)
+    if row.source in MAXTEXT:
+        return maxtext_flops(row) / (int(row.num_chips) * float(row.measured_tflops_per_chip) * 1e12)
+    return b * s / (float(row.measured_tokens_per_s_per_chip) * int(row.num_chips))
+
+
+def maxtext_params(row: pd.Series) -> float:
+    """The param pytree's size of MaxText's base.yml decoder: q, k, v, o of heads x head_dim,
+    a ReLU MLP (wi, wo), two RMSNorm scales per layer, the final norm, tied embeddings."""
+    l, e, a, f, v = (int(row[k]) for k in ("layers", "hidden", "heads", "ffn_hidden", "vocab"))
+    hd = head_dim(row)
+    return l * (4 * e * a * hd + 2 * e * f + 2 * e) + e + v * e
+
+
+def maxtext_flops(row: pd.Series) -> float:
+    b, s, l, a = (float(row[k]) for k in ("global_batch_seqs", "seq_len", "layers", "heads"))
+    return b * (6 * maxtext_params(row) * s + 12 * a * l * head_dim(row) * s * s)
+
+
+def head_dim(row: pd.Series) -> int:
+    return int(_flag(str(row.notes), r"head_dim=(\d+)") or int(row.hidden) // int(row.heads))
+
+
+def _model(row: pd.Series) -> dict:
+    notes = str(row.notes)
+    h, heads = int(row.hidden), int(row.heads)
+    m = {"name": str(row.model), "layers": int(row.layers), "hidden": h, "heads": heads,
+         "seq_len": int(row.seq_len), "dropout": 0.0}
+    if row.source in MAXTEXT:
+        return {**m, "ffn_hidden": int(row.ffn_hidden), "vocab": int(row.vocab), "kv_channels": head_dim(row),
+                "gated_mlp": False, "tied_embeddings": True, "position_embedding": "rope"}
+    kv = _flag(notes, r"kv_(?:heads|groups)=(\d+)")
+    llama_like = row.source == NEURON and str(row.model).lower().startswith("llama")
+    if row.source == NEURON and not llama_like:   # NeMo GPT-3: GeLU MLP of 4h, learned positions
+        return {**m, "ffn_hidden": int(_num(row.ffn_hidden, 4 * h)), "vocab": int(_num(row.vocab, 50304)),
+                "gated_mlp": False, "tied_embeddings": True, "position_embedding": "learned"}
+    ffn = int(_num(row.ffn_hidden, 4 * h))
+    gated = llama_like or "use-fused-swiglu" in notes or ffn != 4 * h
+    out = {**m, "ffn_hidden": ffn, "vocab": int(_num(row.vocab, 32000)), "kv_heads": int(kv) if kv else heads,
+           "gated_mlp": gated, "tied_embeddings": False, "position_embedding": "rope"}
+    if experts := _flag(notes, r"experts=(\d+)"):
+        out.update(experts=int(experts), top_k=int(_flag(notes, r"topk=(\d+)") or 2), capacity_factor=1.0)
+    return out
+
+
+def base_doc(row: pd.Series) -> dict:
+    """The Plan document of a row by its source's rule (module docstring)."""
+    src = row.source
+    tp, pp, dp = (int(_num(row[k], 1)) for k in ("tp", "pp", "dp"))
+    chips = int(row.num_chips)
+    from topologies.hardware import load_catalog
+
+    gpn = load_catalog().node(NODE[row.accelerator]).gpus_per_node
+    cluster = {"node": NODE[row.accelerator], "nodes": max(1, math.ceil(chips / gpn))}
+    if src in MAXTEXT and cluster["nodes"] > 1 and load_catalog().node(cluster["node"]).fabric is None:
+        cluster["fabric"] = PLACEHOLDER_FABRIC
+    training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
+                "precision": "fp16" if str(row.precision) == "fp16" else "bf16", "flash_attention": True}
+    rc = str(_num(row.recompute, "none"))
+    if src in MAXTEXT:
+        fsdp = int(row.fsdp) * slices(row)
+        parallel = {"tp": tp, "pp": 1, "dp": fsdp, "zero": 3, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1}
+        training["recompute"] = {"minimal": "selective"}.get(rc, rc)
+    elif src == NEURON:
+        parallel = {"tp": tp // UNITS_PER_CHIP[src], "pp": pp, "dp": dp, "zero": int(_num(row.zero_stage, 1)),
+                    "sequence_parallel": tp // UNITS_PER_CHIP[src] > 1}
+        training["recompute"] = rc
+    else:   # MindSpeed-LLM: Megatron-LM arguments
+        notes = str(row.notes)
+        parallel = {"tp": tp, "pp": pp, "dp": dp, "zero": int(_num(row.zero_stage, 0)),
+                    "sequence_parallel": tp > 1 and "sequence-parallel" in notes}
+        if ep := int(_num(row.ep, 1)):
+            parallel["ep"] = ep
+        training["flash_attention"] = "use-flash-attn" in notes
+        if m := re.match(r"full/(block|uniform)/(\d+)", rc):
+            training.update(recompute="full", recompute_method=m.group(1), recompute_layers=int(m.group(2)))
+        else:
+            training["recompute"] = rc
+    if pp > 1:
+        parallel["schedule"] = "1f1b"
+    return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,
+            "parallel": parallel, "training": training}
+
+
+def choices(row: pd.Series, doc: dict) -> list[dict]:
+    """Neuron rows that leave recompute blank: the fastest fitting of none / selective / full
+    (as the authors tuned the run); every other row: its one Plan."""
+    if row.source == NEURON and _num(row.recompute) is None:
+        return [{**doc, "training": {**doc["training"], "recompute": rc}} for rc in ("none", "selective", "full")]
+    return [doc]
+
+
+def family(row) -> str:
+    return FAMILY[row.accelerator]

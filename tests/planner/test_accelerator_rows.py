@@ -1,0 +1,125 @@
+"""dev_accelerators.csv rows as Plans (issue 54): each source's degrees by its own rule, in chips;
+the rows the Plan cannot state refused with their reason; a TPU plan predicted with its interval;
+the accelerators with no fitted entry refused in one sentence."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simcore.plan.load import plan_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+CSV = ROOT.parent / "shared" / "validation" / "dev_accelerators.csv"
+pytestmark = pytest.mark.skipif(not CSV.exists(), reason="../shared/validation is not beside the repository")
+
+
+@pytest.fixture(scope="module")
+def acc():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import published_accelerators
+
+        yield published_accelerators
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return pd.read_csv(CSV)
+
+
+def _find(rows, source, model, chips, **cols):
+    sel = rows[(rows.source == source) & (rows.model.str.contains(model, regex=False)) & (rows.num_chips == chips)]
+    for k, v in cols.items():
+        sel = sel[sel[k] == v]
+    return sel.iloc[0]
+
+
+def _plan(acc, row):
+    return plan_from_dict(acc.choices(row, acc.base_doc(row))[0])
+
+
+def test_maxtext_fsdp_is_zero3_over_the_chips_and_slices_multiply_it(acc, rows):
+    r = _find(rows, "maxtext_v5p_readme", "32B", 64)                 # ici_tensor 4 x ici_fsdp 16
+    p = _plan(acc, r)
+    assert (p.parallel.tp, p.parallel.pp, p.parallel.dp, int(p.parallel.zero)) == (4, 1, 16, 3)
+    assert p.cluster.gpus == 64 and p.cluster.node.name == "tpu-v5p-host"
+    assert p.training.recompute.value == "selective" and p.training.micro_batch == 8   # remat 'minimal'
+    assert p.parallel.tp_comm_overlap and p.parallel.sequence_parallel
+    r2 = _find(rows, "maxtext_v5e_readme", "16B", 512)                # fsdp 256 x 2 slices over DCN
+    p2 = _plan(acc, r2)
+    assert (p2.parallel.tp, p2.parallel.dp) == (1, 512) and p2.training.recompute.value == "full"
+    assert p2.model.kv_channels == 256 and not p2.model.gated_mlp and p2.model.tied_embeddings
+    assert p2.training.global_batch == 512 * p2.training.micro_batch   # per-device batch, no accumulation
+
+
+def test_maxtext_step_time_is_its_own_flop_count_over_its_tflops(acc, rows):
+    r = _find(rows, "maxtext_v4_readme", "22B", 64)
+    assert acc.maxtext_params(r) == pytest.approx(22e9, rel=0.02)      # the nominal size
+    flops = r.global_batch_seqs * (6 * acc.maxtext_params(r) * 2048 + 12 * 24 * 48 * 256 * 2048 ** 2)
+    assert acc.measured_step_s(r) == pytest.approx(flops / (64 * 156e12))
+
+
+def test_neuron_degrees_count_neuroncores_two_per_chip(acc, rows):
+    r = _find(rows, "neuron_trn1_perf", "GPT3-23B", 512)               # TP 8, PP 4, DP 32 NeuronCores
+    p = _plan(acc, r)
+    assert (p.parallel.tp, p.parallel.pp, p.parallel.dp) == (4, 4, 32)
+    assert p.parallel.gpus == 512 == r.num_chips and p.cluster.node.name == "trn1-32xl"
+    assert acc.measured_step_s(r) == pytest.approx(1024 * 2048 / (r.measured_tokens_per_s_per_chip * 512))
+    llama = _find(rows, "neuron_trn1_perf", "Llama2-7B", 256, dp=64, seq_len=4096)    # recompute blank: searched
+    assert {d["training"]["recompute"] for d in acc.choices(llama, acc.base_doc(llama))} == {"none", "selective", "full"}
+
+
+def test_mindspeed_reads_megatron_arguments(acc, rows):
+    d = acc.base_doc(_find(rows, "mindspeed_llm_readme_2024", "Qwen-72B", 128))
+    assert (d["parallel"]["tp"], d["parallel"]["pp"], d["parallel"]["dp"]) == (8, 8, 2)
+    assert d["parallel"]["sequence_parallel"] and d["cluster"]["nodes"] == 16 and d["model"]["gated_mlp"]
+    p = _plan(acc, _find(rows, "mindspeed_llm_readme_2024", "Qwen1.5-4B", 8))   # one Atlas 800T A2
+    assert (p.parallel.tp, p.parallel.pp, p.parallel.dp, int(p.parallel.zero)) == (1, 2, 4, 1)
+    assert p.cluster.gpus == 8 and p.training.flash_attention
+    b = _find(rows, "mindspeed_llm_readme_2024", "Bloom-176B", 96)      # full/block/70
+    d = acc.base_doc(b)["training"]
+    assert (d["recompute"], d["recompute_method"], d["recompute_layers"]) == ("full", "block", 70)
+
+
+def test_rows_that_cannot_be_predicted_are_refused_with_their_reason(acc, rows):
+    inconsistent = _find(rows, "neuron_trn1_perf", "Llama2-13B", 512, dp=4)   # TP*PP*DP = 128 != 1024 cores
+    assert "!= 1024 devices" in acc.refusal(inconsistent)
+    assert "no throughput" in acc.refusal(rows[(rows.source == "neuron_trn1_perf")
+                                               & rows.measured_tokens_per_s_per_chip.isna()].iloc[0])
+    assert "catalog gaps" in acc.refusal(_find(rows, "mindspeed_llm_readme_2024", "Qwen-72B", 128))
+    assert "no data-centre network" in acc.refusal(_find(rows, "maxtext_v4_readme", "22B", 128))
+    assert acc.refusal(_find(rows, "maxtext_v5p_readme", "32B", 64)) is None
+    assert acc.refusal(_find(rows, "maxtext_v4_readme", "22B", 64)) is None    # one slice: ICI only
+
+
+def test_simulate_predicts_a_tpu_plan_with_its_interval(tmp_path):
+    plan = tmp_path / "tpu.yaml"
+    plan.write_text(
+        "name: tpu-check\n"
+        "model: {name: maxtext-22b, layers: 48, hidden: 6144, heads: 24, ffn_hidden: 24576, vocab: 32768,\n"
+        "        seq_len: 2048, gated_mlp: false, tied_embeddings: true, kv_channels: 256}\n"
+        "cluster: {node: tpu-v5p-host, nodes: 16}\n"
+        "parallel: {tp: 4, dp: 16, zero: 3, sequence_parallel: true, tp_comm_overlap: true}\n"
+        "training: {global_batch: 512, micro_batch: 8, recompute: selective, flash_attention: true}\n")
+    out = subprocess.run([sys.executable, "-m", "trainplan", "simulate", str(plan)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "step time" in out.stdout and "interval of the step time" in out.stdout
+    assert "extrapolated: tpu-v5p" in out.stdout or "residuals" in out.stdout
+
+
+def test_an_accelerator_without_rows_still_refuses_in_one_sentence(tmp_path):
+    plan = tmp_path / "trn2.yaml"
+    plan.write_text("model: llama3-8b\ncluster: {node: trn2-48xl, nodes: 1}\nparallel: {tp: 4, dp: 4}\n"
+                    "training: {global_batch: 16, micro_batch: 1}\n")
+    out = subprocess.run([sys.executable, "-m", "trainplan", "simulate", str(plan)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    assert out.returncode != 0
+    msg = out.stderr.strip()
+    assert "GPU 'trn2' has no entry in topologies/catalog/efficiency.yaml" in msg and len(msg.splitlines()) == 1
