@@ -2,7 +2,7 @@
 pyproject.toml: deepspeed, transformers, accelerate, torchtitan), with the intended layout
 read back from the consumer's own parsed object. Each plan of tests/plan/layouts.py is either
 written and accepted by the consumer's parser, or refused by trainplan in one sentence naming
-the field (REFUSED in tests/plan/test_interop.py): no share of plans that reach a consumer."""
+the field (REFUSED in tests/plan/test_export_refusals.py): no share of plans that reach a consumer."""
 import json
 import math
 from dataclasses import replace
@@ -15,7 +15,7 @@ from simcore.plan.spec import Offload, ZeroImpl, ZeroStage
 from simcore.plan.torchtitan_writer import stage_split
 from simcore.plan.writers import export_plan
 from tests.plan.layouts import ALL
-from tests.plan.test_interop import REFUSED, assert_one_sentence_naming
+from tests.plan.test_export_refusals import REFUSED, assert_one_sentence_naming
 
 import tomllib
 

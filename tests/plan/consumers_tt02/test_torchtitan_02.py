@@ -6,11 +6,11 @@ import pytest
 
 from simcore.plan.writers import export_plan
 from tests.plan.layouts import ALL
-from tests.plan.test_interop import REFUSED, assert_one_sentence_naming
+from tests.plan.test_export_refusals import REFUSED, assert_one_sentence_naming
 
 
 #: The plans of tests/plan/layouts.py written for torchtitan 0.2.2; every other one is refused in
-#: one sentence naming its field (REFUSED in tests/plan/test_interop.py): a change shows here.
+#: one sentence naming its field (REFUSED in tests/plan/test_export_refusals.py): a change shows here.
 GIVEN = ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-interleaved-tp", "v-pp-uneven", "v-zero-bubble-cp",
          "v-zero3-eager", "v-zero3-optim-in-bwd", "v-zero3-paramoffload"]
 EXPORTS = {name: export_plan(ALL[name], "torchtitan-0.2") for name in GIVEN}
