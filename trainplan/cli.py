@@ -71,6 +71,17 @@ def _plan_file_commands(sub) -> None:
                         "or in trainplan's executor's (fp32 parameters and gradients under autocast)")
     p.set_defaults(func=model.cmd_collectives)
 
+    p = sub.add_parser("memory", help="bytes per GPU by term, per pipeline rank, and whether it fits")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--torch", action="store_true",
+                   help="also trace the executor's model under FakeTensorMode with torch's FSDPMemTracker "
+                        "(its first 8 layers at most, which take seconds; the model compared on the same)")
+    p.set_defaults(func=model.cmd_memory)
+
+
+def _measured_commands(sub) -> None:
+    """A real run set beside its Plan: the stacks' logs and profiler traces."""
     p = sub.add_parser("compare", help="a real run's log (Megatron, torchtitan, DeepSpeed, HF, MLPerf) "
                                        "or PyTorch profiler traces vs the prediction")
     p.add_argument("plan", type=Path)
@@ -82,6 +93,9 @@ def _plan_file_commands(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=compare.cmd_compare)
 
+
+def _serving_commands(sub) -> None:
+    """Serving plans: their traffic on the event engine, and the cheapest capacity for a rate."""
     p = sub.add_parser("serve", help="serve a serving plan's traffic: TTFT, TPOT, latency percentiles, throughput, KV use")
     p.add_argument("plan", type=Path)
     p.add_argument("--json", action="store_true")
@@ -104,14 +118,6 @@ def _plan_file_commands(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, help="processes for the search")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=serve.cmd_serve_plan)
-
-    p = sub.add_parser("memory", help="bytes per GPU by term, per pipeline rank, and whether it fits")
-    p.add_argument("plan", type=Path)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--torch", action="store_true",
-                   help="also trace the executor's model under FakeTensorMode with torch's FSDPMemTracker "
-                        "(its first 8 layers at most, which take seconds; the model compared on the same)")
-    p.set_defaults(func=model.cmd_memory)
 
 
 def _interop_commands(sub) -> None:
@@ -306,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     _plan_file_commands(sub)
+    _measured_commands(sub)
+    _serving_commands(sub)
     _interop_commands(sub)
     _planning_commands(sub)
     _execution_commands(sub)

@@ -113,3 +113,13 @@ def test_the_import_says_the_vision_tower_is_not_modelled_and_prints_the_count()
     assert yaml.safe_load(run.stdout)["model"]["layers"] == 62
     assert f"built {param_counts(_model('gemma3-27b')).total:,} parameters" in run.stderr
     assert "vision tower" in run.stderr
+
+
+def test_gemma4_says_its_full_attention_layers_are_priced_with_the_sliding_shape():
+    """Gemma 4's wider full-attention heads are within 0.5% of the parameters, so the import
+    takes them, but it must say so (transformers' count is 0.29% above the plan's)."""
+    from simcore.plan.hf_config import hf_import_notes
+
+    notes = hf_import_notes(HF / "gemma4-26b-a4b" / "config.json")
+    line = next(n for n in notes if n.startswith("priced with the sliding layers' attention shape"))
+    assert "global_head_dim=512" in line and "0.29% more parameters than priced" in line
