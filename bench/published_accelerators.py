@@ -136,6 +136,21 @@ def _with_fabrics(catalog, oversubscription: float, nic_scale: float):
     return saved
 
 
+def _reads_a_gap(doc: dict, catalog) -> bool:
+    """Whether the row's prediction on the catalog as it is reads a fabric figure the catalog
+    lacks: ``collectives._group_net`` refuses a gap (ValueError) rather than price it."""
+    from simcore.engine.predict import simulate
+    from simcore.model import collectives
+    from simcore.plan.load import plan_from_dict
+
+    collectives.group_net.cache_clear()
+    try:
+        simulate(plan_from_dict(doc, catalog=catalog))
+    except ValueError:
+        return True
+    return False
+
+
 def refusal(row: pd.Series, catalog=None) -> str | None:
     """``skip_reason``, or why the row's prediction cannot be trusted: it reads a catalog gap
     (a fabric's oversubscription, NaN: the step changes when the gap is set to 1 or to 4, i.e.
@@ -175,10 +190,10 @@ def refusal(row: pd.Series, catalog=None) -> str | None:
         if stand_in:
             del catalog.efficiency[gpu]
         compute.device_model.cache_clear()
-    if abs(steps[0] - steps[1]) > 1e-9 * steps[0]:
+    if abs(steps[0] - steps[1]) > 1e-9 * steps[0] or (not stand_in and _reads_a_gap(doc, catalog)):
         fab = plan.cluster.fabric.name if plan.cluster.fabric else "?"
         return (f"its groups cross leaf switches of {fab}, whose oversubscription is a catalog gap "
-                "(NaN, read by the collectives)")
+                "(the collectives refuse to price it)")
     if doc["cluster"].get("fabric") == PLACEHOLDER_FABRIC and abs(steps[0] - steps[2]) > 1e-9 * steps[0]:
         return f"a group leaves the ICI slice, and {NODE[row.accelerator]} has no network in the catalog"
     if stand_in:

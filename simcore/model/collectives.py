@@ -129,6 +129,9 @@ def _group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) 
     fab = cluster.fabric
     if fab is None or cluster.node.nics_per_node == 0:
         raise ValueError(f"cluster.node={cluster.node.name} has no fabric, but a group spans {domains} nodes")
+    if math.isnan(fab.nic_bytes_per_s):
+        raise ValueError(f"cluster.fabric={fab.name} has no NIC rate in the catalog (a gap), and a group spans "
+                         f"{domains} nodes")
     if stride * ranks < dom and dom > gpn:
         # a block smaller than the domain that straddles two of them (16 ranks on 72-GPU
         # racks): its ring crosses between the racks at two GPUs, each through its own NICs,
@@ -139,6 +142,9 @@ def _group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) 
     nic = nics * fab.nic_bytes_per_s * dev.nic_efficiency / concurrent
     own = nics * fab.nic_bytes_per_s * dev.nic_efficiency / dom   # every GPU of the domain at once
     if domains * max(1, min(dom, per_domain * stride) // gpn) > nodes_per_leaf(cluster):
+        if math.isnan(fab.oversubscription):   # a catalog gap: a NaN would leave min() the NVLink rate
+            raise ValueError(f"cluster.fabric={fab.name} has no oversubscription figure in the catalog (a gap), "
+                             f"and a group spans {domains} nodes beyond one leaf switch")
         nic /= fab.oversubscription
         own /= fab.oversubscription
     bus = min(intra, nic) if per_domain > 1 else nic

@@ -87,3 +87,23 @@ def test_a_tpu_group_net_uses_its_torus(monkeypatch):
     assert coll.group_net(cluster, dev, 8, 64).bus_bytes_per_s == pytest.approx(2 * link)
     assert coll.group_net(cluster, dev, 64, 1).bus_bytes_per_s == pytest.approx(4 * link)
     coll.group_net.cache_clear()
+
+
+def test_a_fabric_figure_the_catalog_lacks_is_refused_not_read_as_nvlink():
+    """A NaN oversubscription (a catalog gap) made min(intra, nic / NaN) the in-node rate: a
+    group across leaf switches was priced at NVLink speed without a word."""
+    import dataclasses
+
+    from simcore.model import collectives as coll
+    from simcore.model.compute import device_model
+    from simcore.plan.load import plan_from_dict
+
+    plan = plan_from_dict({"model": "llama3-8b", "cluster": {"node": "dgx-h100", "nodes": 512},
+                           "parallel": {"dp": 4096}, "training": {"global_batch": 4096, "micro_batch": 1}})
+    fab = dataclasses.replace(plan.cluster.fabric, oversubscription=float("nan"))
+    cluster = dataclasses.replace(plan.cluster, fabric=fab)
+    dev = device_model(cluster.node.gpu, "bf16")
+    coll.group_net.cache_clear()
+    with pytest.raises(ValueError, match="no oversubscription figure in the catalog"):
+        coll.group_net(cluster, dev, 4096, 1)
+    coll.group_net.cache_clear()

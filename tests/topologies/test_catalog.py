@@ -68,13 +68,20 @@ def test_efficiency_curve_interpolates_in_log_space():
     assert curve.at(1e8) == pytest.approx(0.4)
 
 
+def _compiled_and_fitted(e: dict) -> bool:
+    """An accelerator whose stack compiles the whole step (XLA on TPU): no per-kernel or host
+    overheads, said in ``overheads_source``, and a matmul plateau FITTED to its own published runs
+    with those zeros, so the zeros are paid for in the fitted figure, not given for nothing."""
+    return bool(str(e.get("overheads_source", "")).strip()) and "FITTED" in e.get("matmul", {}).get("source", "")
+
+
 def test_no_gpu_type_gets_the_frameworks_overheads_for_free(cat):
     # the fitted per-kernel GPU gaps and host time belong to the eager frameworks that run on
     # every catalog GPU: a GPU type given less would win a procurement ranking for nothing
     eff = cat.efficiency
     fitted = (eff["a100-80gb"]["kernel_overhead_us"], eff["a100-80gb"]["host_overhead_us"])
     for name in cat.gpus:
-        if name in eff:
+        if name in eff and not _compiled_and_fitted(eff[name]):
             assert (eff[name].get("kernel_overhead_us"), eff[name].get("host_overhead_us")) == fitted, name
 
 
@@ -83,7 +90,7 @@ def test_every_gpu_type_pays_for_overlapping_communication(cat):
     # figure would overlap for free (absent reads as 1.0 in simcore/model/compute.py)
     for name in cat.gpus:
         e = cat.efficiency.get(name, {})
-        if e:
+        if e and not _compiled_and_fitted(e):
             assert e.get("comm_compute_interference", 1.0) > 1.0, name
             assert str(e.get("comm_compute_interference_source", "")).strip(), name
 
