@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from executors.procs import idle_gloo_transport
+from executors.watchdog import heartbeat
 from executors.calibrate.probes import _sync
 
 
@@ -75,6 +76,7 @@ def _time_collective(fn, device, group, halve: bool, min_time_s: float = 0.015, 
     _sync(device)
     elapsed = torch.tensor([(time.perf_counter() - start) / reps])
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank sets the collective's time
+    heartbeat()   # progress for the spawning watchdog, outside the timed calls
     return float(elapsed) / (2.0 if halve else 1.0)
 
 

@@ -273,7 +273,13 @@ def bench_optimizer(device: torch.device, reps: int = 15) -> dict:
 
 
 def _median_step(step, reps: int, warmup: int = 3) -> tuple[float, float]:
-    times = [step() for _ in range(reps + warmup)][warmup:]
+    from executors.watchdog import heartbeat
+
+    times = []
+    for _ in range(reps + warmup):
+        times.append(step())
+        heartbeat()   # progress, outside the timed step: on a busy host a probe runs for minutes
+    times = times[warmup:]
     return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
 

@@ -137,3 +137,16 @@ def test_latency_bound_collective_fit_is_capped_at_the_copy_bandwidth():
     # a fit below the cap is left alone and unmarked
     fit = cprobes.fit_alpha_beta(alpha_beta_rows("all_reduce", 4), max_bytes_per_s=1e10)["all_reduce"][4]
     assert fit["bus_bytes_per_s"] == pytest.approx(BETA, rel=1e-6) and "capped_at_copy_bandwidth" not in fit
+
+
+def test_a_probe_step_is_progress_for_the_watchdog(monkeypatch):
+    """On a busy host the parallel probe ran past the spawning watchdog's 240 s without a beat
+    ("no heartbeat for 240 s ... after 0 steps") and calibrate failed; each timed step beats now,
+    outside its timed region."""
+    from executors import watchdog
+    from executors.calibrate import probes
+
+    beats = []
+    monkeypatch.setattr(watchdog, "heartbeat", lambda steps=None: beats.append(steps))
+    assert probes._median_step(lambda: (1.0, 2.0), reps=4, warmup=2) == (1.0, 2.0)
+    assert len(beats) == 6
