@@ -142,7 +142,7 @@ def _import_cluster(name, nodes, values: dict, hints: dict) -> tuple[dict, int]:
                         "none of the inputs names the hardware")
     cat = load_catalog()
     if name not in cat.nodes:
-        raise PlanError(f"unknown node '{name}' for cluster (known: {', '.join(sorted(cat.nodes))})")
+        raise PlanError(f"unknown node {name!r} for cluster (known: {', '.join(sorted(cat.nodes))})")
     try:
         per_node = cat.node(name).gpus_per_node
     except CatalogError as exc:

@@ -104,7 +104,7 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
     if name is not None and name in cat.models:
         fields_ = {**dict(cat.models[name]), **fields_}
     elif name is not None and not fields_ and "layers" not in doc:
-        raise PlanError(f"unknown model '{name}' (known: {', '.join(sorted(cat.models))}); "
+        raise PlanError(f"unknown model {name!r} (known: {', '.join(sorted(cat.models))}); "
                         "give a catalog name, a config.json path or the model's fields")
     fields_.update(doc)
     where = "model"
@@ -176,10 +176,10 @@ def _cluster(value, cat: Catalog, base_dir: Path) -> ClusterSpec:
         node = replace(node, nics_per_node=nics)
     fabric_name = _str(doc, "fabric", "cluster", node.fabric)
     if fabric_name is not None and fabric_name not in cat.fabrics:
-        raise PlanError(f"unknown fabric '{fabric_name}' for cluster.fabric (known: {', '.join(sorted(cat.fabrics))})")
+        raise PlanError(f"unknown fabric {fabric_name!r} for cluster.fabric (known: {', '.join(sorted(cat.fabrics))})")
     storage_name = _str(doc, "storage", "cluster", node.storage)
     if storage_name not in cat.storage:
-        raise PlanError(f"unknown storage '{storage_name}' for cluster.storage (known: {', '.join(sorted(cat.storage))})")
+        raise PlanError(f"unknown storage {storage_name!r} for cluster.storage (known: {', '.join(sorted(cat.storage))})")
     return ClusterSpec(
         node=node,
         nodes=_int(doc, "nodes", "cluster", 1),

@@ -39,7 +39,7 @@ def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tupl
                "torchtitan-0.2": export_torchtitan_toml, "slurm": _export_slurm,
                "slurm-trainplan": lambda p: _export_slurm_trainplan(p, plan_path)}
     if to not in writers:
-        raise ValueError(f"unknown export target '{to}' (known: {', '.join(TARGETS)})")
+        raise ValueError(f"unknown export target {to!r} (known: {', '.join(TARGETS)})")
     if plan.training.autocast and to in ("megatron", "slurm", "deepspeed"):   # torch.autocast over fp32 parameters
         raise _refuse("training.autocast", "true", "DeepSpeed config" if to == "deepspeed" else "Megatron-LM", _MASTER_COPY)
     if plan.training.attention_unpad and to in ("megatron", "slurm"):   # TE/flash on the padded batch

@@ -111,6 +111,7 @@ def test_every_rule_names_field_and_rule(sections, expected):
     ({"training": None}, "the plan needs a 'training' section"),
     ({"cluster": {"node": "dgx-z100"}}, "unknown node 'dgx-z100' for cluster.node (known:"),
     ({"cluster": {"fabric": "carrier-pigeon"}}, "unknown fabric 'carrier-pigeon' for cluster.fabric"),
+    ({"cluster": {"fabric": "\n"}}, "unknown fabric '\\n' for cluster.fabric"),   # one line (hypothesis found it)
     ({"model": "gpt-9000"}, "unknown model 'gpt-9000'"),
     ({"cluster": [1, 2]}, "cluster must be a mapping of fields, got list"),
     ({"model": {"capacity_factor": -1.0}}, "model.capacity_factor=-1.0 must be positive"),
