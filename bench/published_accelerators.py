@@ -124,38 +124,22 @@ PLACEHOLDER_FABRIC = "gcp-dcn-50"
 STAND_IN = "tpu-v5p"
 
 
-def _with_fabrics(catalog, oversubscription: float, nic_scale: float):
-    """The catalog's fabrics with every gapped (NaN) oversubscription set and every NIC rate
-    scaled, for ``refusal``'s check; restored by the caller (``catalog.fabrics.update``)."""
+def _with_fabrics(catalog, nic_scale: float):
+    """The catalog's fabrics with every NIC rate scaled, for ``refusal``'s placeholder check;
+    restored by the caller (``catalog.fabrics.update``). Gaps stay NaN: the collectives refuse them."""
     import dataclasses
 
     saved = dict(catalog.fabrics)
     for k, f in saved.items():
-        o = oversubscription if math.isnan(f.oversubscription) else f.oversubscription
-        catalog.fabrics[k] = dataclasses.replace(f, oversubscription=o, nic_bytes_per_s=f.nic_bytes_per_s * nic_scale)
+        catalog.fabrics[k] = dataclasses.replace(f, nic_bytes_per_s=f.nic_bytes_per_s * nic_scale)
     return saved
-
-
-def _reads_a_gap(doc: dict, catalog) -> bool:
-    """Whether the row's prediction on the catalog as it is reads a fabric figure the catalog
-    lacks: ``collectives._group_net`` refuses a gap (ValueError) rather than price it."""
-    from simcore.engine.predict import simulate
-    from simcore.model import collectives
-    from simcore.plan.load import plan_from_dict
-
-    collectives.group_net.cache_clear()
-    try:
-        simulate(plan_from_dict(doc, catalog=catalog))
-    except ValueError:
-        return True
-    return False
 
 
 def refusal(row: pd.Series, catalog=None) -> str | None:
     """``skip_reason``, or why the row's prediction cannot be trusted: it reads a catalog gap
-    (a fabric's oversubscription, NaN: the step changes when the gap is set to 1 or to 4, i.e.
-    a group crosses leaf switches of that fabric), or the Plan refuses the layout. None: the
-    row is predicted."""
+    (a fabric's oversubscription, NaN: ``collectives._group_net`` refuses it when a group
+    crosses leaf switches of that fabric), or the Plan refuses the layout. None: the row is
+    predicted."""
     from simcore.model import collectives
     from simcore.engine.predict import simulate
     from simcore.plan.load import plan_from_dict
@@ -177,12 +161,18 @@ def refusal(row: pd.Series, catalog=None) -> str | None:
     if stand_in:
         catalog.efficiency[gpu] = catalog.efficiency[STAND_IN]
     compute.device_model.cache_clear()
+    gap = False
     try:
-        for o, scale in ((1.0, 1.0), (4.0, 1.0), (1.0, 2.0)):
-            saved = _with_fabrics(catalog, o, scale)
+        for scale in (1.0, 2.0):
+            saved = _with_fabrics(catalog, scale)
             collectives.group_net.cache_clear()
             try:
                 steps.append(simulate(plan_from_dict(doc, catalog=catalog)).step_time_s)
+            except ValueError as e:
+                if "(a gap)" not in str(e):
+                    raise
+                gap = True
+                break
             finally:
                 catalog.fabrics.update(saved)
                 collectives.group_net.cache_clear()
@@ -190,11 +180,11 @@ def refusal(row: pd.Series, catalog=None) -> str | None:
         if stand_in:
             del catalog.efficiency[gpu]
         compute.device_model.cache_clear()
-    if abs(steps[0] - steps[1]) > 1e-9 * steps[0] or (not stand_in and _reads_a_gap(doc, catalog)):
+    if gap:
         fab = plan.cluster.fabric.name if plan.cluster.fabric else "?"
         return (f"its groups cross leaf switches of {fab}, whose oversubscription is a catalog gap "
                 "(the collectives refuse to price it)")
-    if doc["cluster"].get("fabric") == PLACEHOLDER_FABRIC and abs(steps[0] - steps[2]) > 1e-9 * steps[0]:
+    if doc["cluster"].get("fabric") == PLACEHOLDER_FABRIC and abs(steps[0] - steps[1]) > 1e-9 * steps[0]:
         return f"a group leaves the ICI slice, and {NODE[row.accelerator]} has no network in the catalog"
     if stand_in:
         return f"{gpu}: no efficiency entry (none of its rows is predicted without a catalog gap, so none fits one)"
