@@ -12,7 +12,7 @@ from simcore.model.schedules import Action, Op, build_schedule, format_grid, low
 from simcore.plan.choices import PlanError
 from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import Schedule
-from tests.model.test_schedules import _FakeStage, _ours
+from tests.model.test_schedules import _FakeStage, _ours, dependency_order
 
 SHAPES = [(1, 2), (2, 4), (2, 5), (3, 6), (3, 10), (4, 8), (4, 9), (4, 13), (5, 12), (6, 12), (8, 16), (8, 19)]
 
@@ -47,14 +47,7 @@ def test_every_rank_runs_its_v_each_microbatch_once_in_dependency_order(pp, m):
         assert flat[rank] == [x for a in paired[rank] for x in leaves(a)]
         assert None not in flat[rank]                                  # an order, not a timeline
         assert {a.stage for a in flat[rank]} == {rank, 2 * pp - 1 - rank}
-        seen = set()
-        for a in flat[rank]:
-            assert (a.stage, a.op, a.microbatch) not in seen
-            if a.op in (Op.B, Op.I):
-                assert (a.stage, Op.F, a.microbatch) in seen
-            if a.op == Op.W:
-                assert (a.stage, Op.I, a.microbatch) in seen
-            seen.add((a.stage, a.op, a.microbatch))
+        seen = dependency_order(flat[rank])
         for s in (rank, 2 * pp - 1 - rank):
             for i in range(m):
                 assert (s, Op.F, i) in seen and ((s, Op.B, i) in seen) != ((s, Op.I, i) in seen and (s, Op.W, i) in seen)

@@ -42,6 +42,20 @@ def test_gpipe_runs_all_forwards_before_any_backward():
         assert acts[:rank] == [None] * rank
 
 
+def dependency_order(acts) -> set:
+    """The (stage, op, micro-batch) a rank's actions run, each once, every backward after its
+    forward and every weight gradient after its input gradient; asserts it as it goes."""
+    seen = set()
+    for a in acts:
+        assert (a.stage, a.op, a.microbatch) not in seen
+        if a.op in (Op.B, Op.I):
+            assert (a.stage, Op.F, a.microbatch) in seen
+        if a.op == Op.W:
+            assert (a.stage, Op.I, a.microbatch) in seen
+        seen.add((a.stage, a.op, a.microbatch))
+    return seen
+
+
 @pytest.mark.parametrize("kind,pp,m,vpp", [(k, pp, m, v) for k in (*SINGLE, *MULTI) for pp, m in ((1, 3), (2, 4), (4, 8), (3, 6))
                                            for v in ((1,) if k in SINGLE else (1, 2))])
 def test_every_stage_runs_each_microbatch_once_in_dependency_order(kind, pp, m, vpp):
@@ -49,14 +63,7 @@ def test_every_stage_runs_each_microbatch_once_in_dependency_order(kind, pp, m, 
     for rank, acts in grid.items():
         acts = [a for a in acts if a]
         assert {a.stage % pp for a in acts} == {rank}
-        seen = set()
-        for a in acts:
-            assert (a.stage, a.op, a.microbatch) not in seen
-            if a.op in (Op.B, Op.I):
-                assert (a.stage, Op.F, a.microbatch) in seen
-            if a.op == Op.W:
-                assert (a.stage, Op.I, a.microbatch) in seen
-            seen.add((a.stage, a.op, a.microbatch))
+        seen = dependency_order(acts)
         backward = {Op.I, Op.W} if kind == Schedule.ZERO_BUBBLE else {Op.B}
         assert seen == {(s, op, i) for s in range(rank, pp * vpp, pp) for op in {Op.F} | backward for i in range(m)}
 
