@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simcore.plan.hf_families import USED_HERE, _global_attention_share, language_model, moe_layout, refuse_unstated
+from simcore.plan.hf_families import USED_HERE, global_attention_share, language_model, moe_layout, refuse_unstated
 from simcore.plan.spec import PlanError
 
 DEFAULT_SEQ_LEN = 8192
@@ -204,7 +204,7 @@ def hf_import_notes(path) -> list[str]:
     ``text_config`` fields not mapped (the top-level ones are the reader's ``ignored``)."""
     cfg = read_config(Path(path))
     lm, notes = language_model(cfg)
-    if lm.get("model_type") == "gemma4_text" and (share := _global_attention_share(lm)):
+    if lm.get("model_type") == "gemma4_text" and (share := global_attention_share(lm)):
         full = sum(t == "full_attention" for t in lm.get("layer_types") or [])
         notes.append(f"priced with the sliding layers' attention shape: the {full} full-attention layers' "
                      f"global_head_dim={lm.get('global_head_dim')}, num_global_key_value_heads="

@@ -89,14 +89,14 @@ def refuse_unstated(cfg: dict, mtype: str, path: Path) -> None:
             raise PlanError(f"model config {path}: {key}={cfg[key]} (Gemma's per-layer inputs, shared key/value "
                             "layers or double-wide MLPs) changes the parameters in a way the plan's model cannot state")
     if mtype == "gemma4_text":
-        share = _global_attention_share(cfg)
+        share = global_attention_share(cfg)
         if abs(share) > MAX_DROPPED_SHARE:
             raise PlanError(f"model config {path}: global_head_dim={cfg.get('global_head_dim')} changes the "
                             f"parameters by {share:+.1%} on the full-attention layers, which the plan's model "
                             "cannot state (one head width for every layer)")
 
 
-def _global_attention_share(cfg: dict) -> float:
+def global_attention_share(cfg: dict) -> float:
     """Gemma 4's full-attention layers (``global_head_dim`` wide heads, ``num_global_key_value_heads``
     key heads, values = keys under ``attention_k_eq_v``) less the sliding layers' attention the plan
     counts for them, as a share of a rough total (attention, MLPs, experts, embeddings)."""

@@ -264,12 +264,13 @@ def torchtitan_args(plan: Plan) -> tuple[list[str], list[str]]:
         raise ValueError(f"model {plan.model.name} is not a torchtitan llama3 config (llama3_debugmodel, llama3_8b, "
                          "llama3_70b, llama3_405b): torchtitan 0.3 takes the shape from a config_registry function")
     name = f"llama3_{flavor.lower()}"
-    _registry_precision(plan, name)
+    entry = load_torchtitan_configs()["configs"].get(name, {})
+    _registry_precision(plan, name, entry)
     if plan.training.optimizer_in_backward:   # 0.2.2's optimizer.early_step_in_backward is gone from 0.3.0
         raise _refuse("training.optimizer_in_backward", "true", "in 0.3 (0.2.2 had optimizer.early_step_in_backward)")
     args = ["--module", "llama3", "--config", name]
-    registry = load_torchtitan_configs()["configs"].get(name, {}).get("sections", {})
-    if registry.get("compile", {}).get("enable_async_tensor_parallel") and not plan.parallel.tp_comm_overlap:
+    async_tp = entry.get("sections", {}).get("compile", {}).get("enable_async_tensor_parallel")
+    if async_tp and not plan.parallel.tp_comm_overlap:
         doc["compile"]["enable_async_tensor_parallel"] = False   # llama3_405b turns it on
     elif plan.parallel.tp_comm_overlap and plan.parallel.tp > 1:
         doc["compile"]["enable_async_tensor_parallel"] = True
@@ -285,11 +286,10 @@ def torchtitan_args(plan: Plan) -> tuple[list[str], list[str]]:
     return args + [f"activation-checkpoint:{plan.training.recompute.value}"], notes
 
 
-def _registry_precision(plan: Plan, name: str) -> None:
+def _registry_precision(plan: Plan, name: str, entry: dict) -> None:
     """torchtitan 0.3 sets float8 in the config_registry function, not on the command line: a
     named config with ``Float8LinearConverter`` (llama3_405b, rowwise by 0.3.0's default) trains
-    FP8 whatever the command says, one without it cannot (``torchtitan_configs.yaml``)."""
-    entry = load_torchtitan_configs()["configs"].get(name, {})
+    FP8 whatever the command says, one without it cannot (``entry``: its ``torchtitan_configs.yaml``)."""
     float8 = any(c.get("name") == "Float8LinearConverter" for c in entry.get("converters", []))
     tr = plan.training
     if tr.precision.value == "fp8" and not float8:
