@@ -82,7 +82,7 @@ def _plan_file_commands(sub) -> None:
 
 def _measured_commands(sub) -> None:
     """A real run set beside its Plan: the stacks' logs and profiler traces."""
-    p = sub.add_parser("compare", help="a real run's log (Megatron, torchtitan, DeepSpeed, HF, MLPerf) "
+    p = sub.add_parser("compare", help="a real run's log (Megatron, torchtitan, DeepSpeed, Composer, HF, MLPerf) "
                                        "or PyTorch profiler traces vs the prediction")
     p.add_argument("plan", type=Path)
     what = p.add_mutually_exclusive_group(required=True)

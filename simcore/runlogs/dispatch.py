@@ -4,15 +4,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simcore.runlogs import deepspeed, hf, megatron, mllog, torchtitan
+from simcore.runlogs import composer, deepspeed, hf, megatron, mllog, torchtitan
 from simcore.runlogs.base import ANSI, LogError, RunLog
 
 STACKS = ("Megatron-LM/NeMo/Megatron-Bridge (also golden_values_*.json), torchtitan, DeepSpeed, "
-          "Hugging Face Trainer or MLPerf :::MLLOG")
+          "Composer/llm-foundry, Hugging Face Trainer or MLPerf :::MLLOG")
 #: Text formats, tried in this order (DeepSpeed before Megatron: Megatron-DeepSpeed prints both).
 TEXT = ((mllog.matches, mllog.parse), (deepspeed.matches, deepspeed.parse),
         (megatron.matches, megatron.parse_text), (torchtitan.matches, torchtitan.parse),
-        (hf.matches, hf.parse))
+        (composer.matches, composer.parse), (hf.matches, hf.parse))
 #: A rank log larger than this is read in its first and last halves of it.
 MAX_BYTES = 64 * 2**20
 

@@ -83,6 +83,33 @@ def test_mlperf_blocks():
     assert any("run_start..run_stop" in n for n in log.notes)
 
 
+def test_composer_console_blocks():
+    """llm-foundry on 2 x 8 MI300X (a ROCm blog's log): the step is the batch's samples (4096 over
+    4 batches) over the samples per second, not one over the 4-decimal batches per second (0.0027:
+    370 s, 1.2% off); the layout from the Config block and the counters."""
+    log, s = one("composer_rocm_blog_mpt30b_2x8.log")
+    assert log.stack == "Composer/llm-foundry"
+    assert s["step_s"] == pytest.approx(1024 / 2.7330) and abs(s["step_s"] - 1 / 0.0027) > 4
+    assert s["tokens_per_s_per_gpu"] == 1255.1776 and s["peak_memory_bytes"] is None
+    assert log.layout == {"gpus": 16, "micro_batch": 8, "global_batch": 1024}
+
+
+def test_composer_without_counters_and_the_old_memory_monitor():
+    """Composer's 2023 block (its PR 1884): no batch counters, so one over the batches per second;
+    FLOP/s and MFU per device; ``memory/allocated_mem`` (bytes allocated so far) is not a peak."""
+    log, s = one("composer_pr1884.log")
+    assert s["step_s"] == pytest.approx(1 / 0.0503)
+    assert s["tflops_per_gpu"] == pytest.approx(77.6516617245) and s["mfu"] == 0.2489
+    assert s["peak_memory_bytes"] is None and log.layout == {"micro_batch": 1}
+
+
+def test_composer_peak_memory_in_gigabytes(tmp_path):
+    text = (FIX / "composer_rocm_blog_mpt30b_2x8.log").read_text()
+    (tmp_path / "c.log").write_text(text.replace("         Train trainer/", "         Train memory/peak_allocated_mem:"
+                                                 " 61.234\n         Train trainer/"))
+    assert summarize(parse_path(tmp_path / "c.log")[0])["peak_memory_bytes"] == pytest.approx(61.234e9)
+
+
 @pytest.mark.parametrize("content, words", [
     ("", "is empty"),
     ("just a README\nwith no numbers\n", "no per-iteration timing lines"),
@@ -128,3 +155,19 @@ def test_compare_foreign_file_exit_2(capsys, tmp_path):
     assert main(["compare", PLAN, "--log", str(f)]) == 2
     err = capsys.readouterr().err
     assert "no per-iteration timing lines" in err and "Traceback" not in err
+
+
+def test_compare_a_composer_log_end_to_end(capsys, tmp_path):
+    """The ROCm blog's MPT-30B fine-tune (FSDP over 2 x 8 MI300X, micro-batch 8, batch 1024) as a
+    Plan: the log's layout is the Plan's, and its step is set beside the prediction."""
+    plan = tmp_path / "mpt30b.yaml"
+    plan.write_text("name: mpt-30b-mi300x\n"
+                    "model: {name: mpt-30b, layers: 48, hidden: 7168, heads: 64, ffn_hidden: 28672, vocab: 50432,"
+                    " seq_len: 8192, position_embedding: learned, tied_embeddings: true}\n"
+                    "cluster: {node: mi300x-8, nodes: 2}\nparallel: {dp: 16, zero: 3}\n"
+                    "training: {global_batch: 1024, micro_batch: 8, precision: fp16, flash_attention: true,"
+                    " recompute: full}\n")
+    assert main(["compare", str(plan), "--log", str(FIX / "composer_rocm_blog_mpt30b_2x8.log")]) == 0
+    out = capsys.readouterr().out
+    assert "Composer/llm-foundry" in out and "step time: measured 374.680 s" in out
+    assert "layout: the log's global_batch, gpus, micro_batch match the Plan" in out
