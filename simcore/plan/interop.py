@@ -37,6 +37,7 @@ import math
 import re
 from pathlib import Path
 
+from simcore.plan.megatron_log import read_megatron_log
 from simcore.plan.megatron_reader import read_megatron
 from simcore.plan.megatron_writer import account_split
 from simcore.plan.readers import Reading, read_deepspeed, read_hf, sdpa_attention_kernel
@@ -91,7 +92,7 @@ def _read_input(value: str, base: Path, what: str) -> str:
     return value
 
 
-def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, cluster=None,
+def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, log=None, cluster=None,
                 nodes=None, seq_len=None, base_dir=".") -> tuple[dict, list[str]]:
     """A Plan document from the given inputs, and warning lines (fields not mapped,
     values assumed). ``cluster`` is a catalog node type; ``nodes`` the cluster size;
@@ -106,8 +107,10 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
         readings.append(read_deepspeed(_read_input(deepspeed, base, "deepspeed")))
     if torchtitan is not None:
         readings.append(read_torchtitan(_read_input(torchtitan, base, "torchtitan")))
+    if log is not None:
+        readings.append(read_megatron_log(_read_log(base / log)))
     if not readings:
-        raise PlanError("import needs at least one input: hf, megatron, deepspeed or torchtitan")
+        raise PlanError("import needs at least one input: hf, megatron, deepspeed, torchtitan or log")
     values, hints = _merge(readings)
     notes: list[str] = [v for k, v in sorted(hints.items()) if k.startswith("note.")]
     if seq_len is not None:
@@ -121,7 +124,7 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
                      "FSDP (parallel.zero=3) over all GPUs")
     cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
     notes += [hints["note.nodes"]] if "note.nodes" in hints else []
-    fa2_stack = megatron is None or deepspeed is not None   # all but Megatron-LM, whose TE runs cuDNN's kernel
+    fa2_stack = (megatron is None and log is None) or deepspeed is not None   # all but Megatron-LM (TE: cuDNN's kernel)
     if fa2_stack and values.get("training.flash_attention") and "training.attention_kernel" not in values:
         kernel = sdpa_attention_kernel(load_catalog().node(cluster).gpu)
         if kernel != "auto":
@@ -136,6 +139,26 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, clus
     return doc, warnings
 
 
+def _read_log(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as exc:
+        raise PlanError(f"log file {path} cannot be read: {exc.strerror or exc}") from None
+
+
+def _world_hints(hints: dict, per_node: int) -> None:
+    """A log's world size as torchrun's --nnodes / --nproc-per-node on nodes of ``per_node`` GPUs."""
+    world = hints.get("world.size")
+    if not world or "world.nnodes" in hints:
+        return
+    if world < per_node:
+        hints["world.gpus_per_node"], hints["world.nnodes"] = world, 1
+    elif world % per_node:
+        raise PlanError(f"the log's world size {world} is not a whole number of {per_node}-GPU nodes")
+    else:
+        hints["world.nnodes"] = world // per_node
+
+
 def _import_cluster(name, nodes, values: dict, hints: dict) -> tuple[dict, int]:
     if name is None:
         raise PlanError("import needs cluster= (a catalog node type such as dgx-h100): "
@@ -147,6 +170,7 @@ def _import_cluster(name, nodes, values: dict, hints: dict) -> tuple[dict, int]:
         per_node = cat.node(name).gpus_per_node
     except CatalogError as exc:
         raise PlanError(f"cluster={name}: {exc}") from None
+    _world_hints(hints, per_node)
     gpn = hints.get("world.gpus_per_node", per_node)
     model_par = math.prod(values.get(f"parallel.{k}") or 1 for k in ("tp", "pp", "cp"))
     needed = model_par * values["parallel.dp"] if "parallel.dp" in values else gpn

@@ -291,6 +291,10 @@ def _megatron_training(a: _Args, f: dict) -> None:
     backend = a.value("--attention-backend", str)  # AttnBackend: flash, fused, unfused, local, auto
     if backend is not None or a.flag("--use-flash-attn"):
         f["training.flash_attention"] = backend in (None, "flash", "fused", "auto")
+    elif a.value("--transformer-impl", str) == "local":
+        # the local layer spec's core attention is DotProductAttention, which forms softmax(QK^T)
+        # (megatron/core/models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec @d98e8a64)
+        f["training.flash_attention"] = False
     optimizer = a.value("--optimizer", str)
     if optimizer in ("adam", "sgd"):
         f["training.optimizer"] = "adamw" if optimizer == "adam" else "sgd"
