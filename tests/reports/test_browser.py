@@ -97,3 +97,19 @@ def test_plan_report_in_chromium_does_not_overflow(tmp_path):
                        tokens=1e10), tmp_path / "report")
     seen = browser_check(tmp_path / "report", tmp_path / "chromium")
     assert seen["broken"] == 0 and seen["overflow"] == 0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
+def test_trace_compare_report_in_chromium(tmp_path, capsys):
+    """`compare PLAN --trace DIR --out` on the real DDP trace (tests/runlogs/fixtures/kineto): its
+    page shows its figures and its phase table without running off to the right."""
+    from tests.runlogs.test_kineto_cli import KINETO, PLAN
+    from trainplan.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    out = tmp_path / "report"
+    assert main(["compare", str(plan), "--trace", str(KINETO / "hta_nccl_ddp"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    seen = browser_check(out, tmp_path / "chromium")
+    assert seen == {"images": 2, "broken": 0, "h2": 6, "overflow": 0}   # measured and predicted step figures
