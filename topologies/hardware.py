@@ -16,7 +16,7 @@ from topologies.components import (
     GPU, CatalogError, Fabric, Node, Prices, Storage, _fabric, _gpu, _node,
     _prices, _read_yaml, _storage,
 )
-from topologies.profile import default_profile_path, load_profile
+from topologies.profile import default_profile_path, load_profile, overlay_profile
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 
@@ -40,7 +40,8 @@ class Catalog:
         raw = self.nodes[name]
         if raw.get("calibrated"):
             return load_profile(profile or default_profile_path(), raw, self.gpus)
-        return _node(name, raw, self.gpus)
+        node = _node(name, raw, self.gpus)
+        return overlay_profile(node, profile) if profile else node
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,5 +1,6 @@
 """The calibrated localhost profile: where ``trainplan calibrate`` caches it
-(``default_profile_path``), the node it describes (``load_profile``), and that node as
+(``default_profile_path``), the node it describes (``load_profile``), a catalog node with a
+cluster's fitted efficiency figures (``overlay_profile``), and the localhost node as
 seen by n ranks sharing the host (``scale_for_ranks``, ``parallel_host_for_ranks``,
 ``host_slowdown``).
 """
@@ -58,6 +59,27 @@ def load_profile(path: str | os.PathLike, raw_node: dict, gpus: dict[str, GPU]) 
         entry["gpus_per_node"] = os.cpu_count() or 1
     node = _node("localhost", entry, gpus, gpu=gpu)
     return node
+
+
+def overlay_profile(node: Node, path: str | os.PathLike) -> Node:
+    """A catalog node whose GPU's efficiency entry is a fitted profile's (``cluster.profile``:
+    ``trainplan calibrate --from-trace`` writes one for the GPU of a cluster's traced run, the
+    catalog's entry with the figures its traces determine replaced). The datasheet figures, the
+    node's links and NICs stay the catalog's; a profile of another GPU is refused."""
+    path = Path(path)
+    if not path.exists():
+        raise CatalogError(f"profile {path} does not exist")
+    prof = _read_yaml(path)
+    eff = prof.get("efficiency") if isinstance(prof, dict) else None
+    if not isinstance(eff, dict) or not isinstance(eff.get("collective"), dict):
+        raise CatalogError(f"profile {path} has no 'efficiency' section of a GPU's shape "
+                           "(write one with trainplan calibrate --from-trace)")
+    name = str((prof.get("device") or {}).get("name", "")) if isinstance(prof.get("device"), dict) else ""
+    if name != node.gpu.name:
+        raise CatalogError(f"profile {path} is of GPU {name or '(unnamed)'}, not of the node's {node.gpu.name}")
+    gpu = _replace(node.gpu, efficiency_json=json.dumps(eff, sort_keys=True),
+                   source=f"{node.gpu.source}; efficiency figures: profile {path}")
+    return _replace(node, gpu=gpu)
 
 
 def scale_for_ranks(node: Node, ranks_per_node: int) -> Node:

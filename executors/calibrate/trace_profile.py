@@ -32,10 +32,11 @@ NOT_FROM_A_TRACE = {
 
 def _catalog_entries(gpu) -> tuple[dict, dict]:
     """(gpus.yaml entry, efficiency entry) of ``gpu``: a calibrated profile's own where it is one."""
-    if gpu.efficiency_json:
+    devices = yaml.safe_load((CATALOG_DIR / "gpus.yaml").read_text())
+    if gpu.name not in devices:
         raise ValueError(f"--plan's node is a calibrated profile ({gpu.name}), not a catalog GPU: refit it from its own "
                          "runs with --from-run; --from-trace fits a cluster's figures against the catalog's")
-    device = yaml.safe_load((CATALOG_DIR / "gpus.yaml").read_text())[gpu.name]
+    device = devices[gpu.name]   # a plan on a fitted profile (cluster.profile) is refitted from the catalog's
     return dict(device, name=gpu.name), copy.deepcopy(load_catalog().efficiency[gpu.name])
 
 

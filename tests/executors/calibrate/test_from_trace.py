@@ -185,3 +185,35 @@ def test_cli_writes_the_profile_and_refuses_a_log(tmp_path, capsys):
         assert main(["calibrate", *argv]) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1
+
+
+def test_a_fitted_profile_runs_on_the_catalog_node_of_its_gpu(tmp_path):
+    """The profile a cluster's traces give is a Plan's ``cluster.profile`` on the catalog's node of
+    that GPU, at any size: its fitted figures price the plan, the datasheet and links stay the
+    catalog's; a profile of another GPU, or none at the path, is one sentence."""
+    from simcore.engine.predict import simulate
+    from simcore.plan.spec import PlanError
+
+    out = tmp_path / "a100.yaml"
+    out.write_text(yaml.safe_dump(calibrate_from_traces(plan(), _write(tmp_path, [_trace(0), _trace(1)]))))
+    doc = {"name": "cluster", "model": "llama3-8b", "cluster": {"node": "dgx-a100-40gb", "nodes": 4},
+           "parallel": {"tp": 8, "dp": 4}, "training": {"global_batch": 32, "micro_batch": 1, "precision": "bf16"}}
+    catalog_plan = plan_from_dict(doc, tmp_path)
+    fitted_plan = plan_from_dict({**doc, "cluster": {**doc["cluster"], "profile": str(out)}}, tmp_path)
+    dev, cat_dev = device_model(fitted_plan.cluster.node.gpu, "bf16"), device_model(catalog_plan.cluster.node.gpu, "bf16")
+    assert dev.nvlink_efficiency == pytest.approx(0.8, rel=1e-3) != cat_dev.nvlink_efficiency
+    assert dev.matmul.at(2.0 * 4096 ** 3) == pytest.approx(0.6) and dev.peak_flops == cat_dev.peak_flops
+    assert fitted_plan.cluster.node.gpu.intra_link_bytes_per_s == catalog_plan.cluster.node.gpu.intra_link_bytes_per_s
+    assert simulate(fitted_plan).step_time_s != pytest.approx(simulate(catalog_plan).step_time_s, rel=1e-6)
+    again = tmp_path / "again"
+    again.mkdir()
+    traced = plan_from_dict({"name": "traced", "model": "llama3-8b", "parallel": {"dp": 2},
+                             "cluster": {"node": "dgx-a100-40gb", "nodes": 1, "gpus_per_node": 2, "profile": str(out)},
+                             "training": {"global_batch": 2, "micro_batch": 1, "precision": "bf16"}}, tmp_path)
+    refit = calibrate_from_traces(traced, _write(again, [_trace(0), _trace(1)]))   # a plan on it refits from the catalog
+    assert refit["from_trace"]["fitted"]["efficiency.collective.nvlink_efficiency"]["catalog"] == \
+        load_catalog().efficiency["a100-40gb"]["collective"]["nvlink_efficiency"]
+    with pytest.raises(PlanError, match=r"is of GPU a100-40gb, not of the node's h100-sxm"):
+        plan_from_dict({**doc, "cluster": {"node": "dgx-h100", "nodes": 4, "profile": str(out)}}, tmp_path)
+    with pytest.raises(PlanError, match="does not exist"):
+        plan_from_dict({**doc, "cluster": {**doc["cluster"], "profile": str(tmp_path / "none.yaml")}}, tmp_path)
