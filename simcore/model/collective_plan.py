@@ -308,6 +308,10 @@ def _check_modelled(plan: Plan) -> None:
               "not modelled at torch's granularity (the executor does not run it)"),
              (par.moe_dispatcher.value == "alltoall", "parallel.moe_dispatcher=deepep: DeepEP's dispatch is not "
               "modelled at torch's granularity (the executor does not run it)"),
+             (not (par.zero_quantized_weights or par.zero_quantized_gradients or par.zero_hpz_partition_size > 1),
+              "ZeRO++ (parallel.zero_quantized_weights / zero_hpz_partition_size / zero_quantized_gradients): "
+              "DeepSpeed's quantized and hierarchical calls are priced (simcore/model/zeropp.py), not listed at "
+              "torch's granularity (the executor does not run DeepSpeed)"),
              (not par.sequence_parallel or tr.optimizer in OPTIMIZER_GRAD_READS,
               f"training.optimizer={tr.optimizer.value} with sequence parallelism: how often its step reads a "
               "DTensor gradient is not modelled (the executor does not run it)")]

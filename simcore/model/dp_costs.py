@@ -12,6 +12,7 @@ from simcore.model import end_comm as ec
 from simcore.model import memory as mem
 from simcore.model import moe_layers as ml
 from simcore.model import workload as wl
+from simcore.model import zeropp as zpp
 from simcore.model.optim_states import flat_partitions, stored_weight_bytes
 from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
@@ -51,8 +52,9 @@ def host_link_bytes_per_s(plan: Plan) -> float:
 
 def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params: float) -> dict[str, float]:
     """Per-step gradient reduction, parameter sync, per-micro-batch FSDP gathers, optimizer, offload;
-    FSDP2's gather and scatter of one layer (``layer_ag``, ``layer_rs``) and of an MoE model's
-    dense layer (``dense_layer_ag``, ``dense_layer_rs``: the same where it has none)."""
+    FSDP2's gather and scatter of one layer (``layer_ag``, ``layer_rs``; ``layer_ag_b`` the
+    backward's gather, ZeRO++ hpZ's where it differs) and of an MoE model's dense layer
+    (``dense_layer_ag``, ``dense_layer_rs``, ``dense_layer_ag_b``: the same where it has none)."""
     par, tr, cl = plan.parallel, plan.training, plan.cluster
     nd = par.dp * par.cp
     wb = mem.param_bytes(tr)
@@ -102,9 +104,11 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
                 flat = mem.layer_params_per_gpu(ml.dense_plan(plan))[0]   # a dense layer: no experts
                 one = _fsdp_layer(plan, dev, (net, enet), (wb, gb), (flat, 0.0))
                 out["dense_layer_ag"], out["dense_layer_rs"] = one["layer_ag"], one["layer_rs"]
+                out["dense_layer_ag_b"] = one["layer_ag_b"]
         out["buckets"] = buckets
-    out.setdefault("dense_layer_ag", out["layer_ag"])
-    out.setdefault("dense_layer_rs", out["layer_rs"])
+    out.setdefault("layer_ag_b", out["layer_ag"])
+    for key in ("layer_ag", "layer_rs", "layer_ag_b"):
+        out.setdefault("dense_" + key, out[key])
     return out
 
 
@@ -121,16 +125,40 @@ def _fsdp_layer(plan: Plan, dev: cmp.DeviceModel, nets: tuple, sizes: tuple[floa
         return call(nbytes_dense, net) + (call(nbytes_expert, enet) if enet else 0.0)
 
     out = {"layer_ag": both(coll.all_gather_s, wb * dense_l, wb * expert_l), "ag_exposed": 0.0}
+    out["layer_rs"] = both(coll.reduce_scatter_s, gb * dense_l, gb * expert_l)
     if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero >= ZeroStage.WEIGHTS:
         calls, out["ag_exposed"] = deepspeed_gathers(plan, dense_l + expert_l)
-        out["layer_ag"] = calls * coll.all_gather_s(wb * (dense_l + expert_l) / calls, net)
+        out["layer_ag"], out["layer_ag_b"] = _deepspeed_layer_gathers(plan, dev, net, wb, dense_l + expert_l, calls)
+        if par.zero_quantized_gradients:   # ZeRO++ qgZ: the world by node (rules: whole nodes, dp only)
+            cl, local = plan.cluster, plan.cluster.gpus_per_node
+            nets = (coll.group_net(cl, dev, local, 1), coll.group_net(cl, dev, par.gpus // local, local))
+            groups = max(plan.model.hidden, plan.model.ffn_hidden, par.gpus)   # max(rows, cols, world)
+            out["layer_rs"] = zpp.qgz_layer_s(dense_l + expert_l, gb, calls, nets, dev, groups)
     elif par.zero_impl == ZeroImpl.DEEPSPEED:   # ZeRO-2: no gathers per layer
         out["layer_ag"] = 0.0
-    out["layer_rs"] = both(coll.reduce_scatter_s, gb * dense_l, gb * expert_l)
     if dev.measured("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"):
         # a calibrated host's measured layer cost holds the latency: the bytes' term only
         out["layer_ag"], out["layer_rs"] = (both(coll.ring_bytes_s, b * dense_l, b * expert_l) for b in (wb, gb))
+        out.pop("layer_ag_b", None)
+    out.setdefault("layer_ag_b", out["layer_ag"])
     return out
+
+
+def _deepspeed_layer_gathers(plan: Plan, dev: cmp.DeviceModel, net, wb: float, layer: float,
+                             calls: int) -> tuple[float, float]:
+    """DeepSpeed ZeRO-3's (forward, backward) all-gathers of a layer of ``layer`` parameters in
+    ``calls`` modules, with ZeRO++ (``simcore.model.zeropp``): qwZ's int8 bytes and kernels, and
+    hpZ's backward over the secondary group (its partition already quantized: dequantized only)."""
+    par = plan.parallel
+    quantized, hpz = par.zero_quantized_weights, min(par.zero_hpz_partition_size, par.gpus)
+    module, wire = layer / calls, zpp.gather_bytes(wb, par.zero_quantized_weights)
+    fwd = calls * (coll.all_gather_s(wire * module, net)
+                   + (zpp.qwz_kernels_s(module, module / net.ranks, wb, dev) if quantized else 0.0))
+    if hpz <= 1:
+        return fwd, fwd
+    hnet = coll.group_net(plan.cluster, dev, hpz, 1)   # contiguous ranks (ZeRO++ runs without TP)
+    return fwd, calls * (coll.all_gather_s(wire * module, hnet)
+                         + (zpp.qwz_kernels_s(module, 0.0, wb, dev) if quantized else 0.0))
 
 
 def param_tensors(plan: Plan, rank: int) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from simcore.model import fsdp_pools
 from simcore.model import moe_layers as ml
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
+from simcore.model import zeropp as zpp
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
                                         param_bytes, stored_weight_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
@@ -158,7 +159,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     fp8 = tr.precision == Precision.FP8
     b, s = tr.micro_batch, m.seq_len // par.cp
     out = {"dp_buckets": 0.0, "fsdp_all_gather": 0.0, "fsdp_reduce_scatter": 0.0, "fsdp_root": 0.0,
-           "pp_p2p": 0.0, "sp_gather": 0.0, "cp_ring": 0.0, "fp8_weights": 0.0}
+           "pp_p2p": 0.0, "sp_gather": 0.0, "cp_ring": 0.0, "fp8_weights": 0.0, "zeropp": 0.0}
     if par.dp * par.cp > 1 and par.zero_impl == ZeroImpl.DEEPSPEED:
         # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): the gradient reduction bucket
         # (reduce_bucket_size, 5e8 elements) and, for stage 3, the live gathered parameters:
@@ -167,6 +168,8 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
         out["dp_buckets"] = wb * min(DS_REDUCE_BUCKET, sp.total)
         if par.zero == ZeroStage.WEIGHTS:
             out["fsdp_all_gather"] = wb * min(DS_MAX_LIVE, sp.layer_max + DS_PREFETCH_BUCKET)
+            out["zeropp"] = zpp.secondary_bytes(sp.total, wb, par.zero_hpz_partition_size, par.zero_quantized_weights) \
+                + zpp.buffer_bytes(sp.layer_max, par.zero_quantized_weights, par.zero_quantized_gradients)
     elif par.dp * par.cp > 1:
         if par.zero >= ZeroStage.GRADIENTS:
             out["fsdp_reduce_scatter"] = (wb + 4) * sp.layer_max

@@ -316,8 +316,8 @@ def step_costs(plan: Plan, kept: dict | None = None) -> StepCosts:
     mbs = plan.num_microbatches
     gathers = ((0.0,) * nv,) * 2   # no FSDP2 gathers
     if dpc["layer_ag"]:   # once per distinct (layers, dense layers, calls)
-        ag, dag = dpc["layer_ag"], dpc["dense_layer_ag"]
-        per_stage = {(n, d, f): (((n - d) * ag + d * dag) * f[0] / mbs, ((n - d) * ag + d * dag) * f[1] / mbs)
+        ag, dag, bag, bdag = dpc["layer_ag"], dpc["dense_layer_ag"], dpc["layer_ag_b"], dpc["dense_layer_ag_b"]
+        per_stage = {(n, d, f): (((n - d) * ag + d * dag) * f[0] / mbs, ((n - d) * bag + d * bdag) * f[1] / mbs)
                      for n, d, f in set(zip(stages, dense, fsdp))}
         gathers = tuple(zip(*map(per_stage.__getitem__, zip(stages, dense, fsdp))))
     if dpc["ag_exposed"] > 0:   # DeepSpeed ZeRO-3: what its prefetch bucket cannot fetch ahead blocks

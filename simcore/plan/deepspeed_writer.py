@@ -26,6 +26,10 @@ _DEEPSPEED_SRC = ("deepspeedai/DeepSpeed deepspeed/runtime/constants.py (088be89
                   "tensor_parallel/config.py (v0.19.5, cf443004)")
 
 
+#: ZeRO++'s zero_optimization keys, the Plan's parallel fields of the same names.
+ZEROPP_KEYS = ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients")
+
+
 def deepspeed_config(plan: Plan) -> dict:
     """The ds_config.json object for this plan."""
     tr, par = plan.training, plan.parallel
@@ -45,6 +49,10 @@ def deepspeed_config(plan: Plan) -> dict:
         zero["offload_optimizer"] = {"device": "cpu"}
         if tr.offload.value == "optimizer+params":
             zero["offload_param"] = {"device": "cpu"}
+    for key in ZEROPP_KEYS:   # ZeRO++ (DeepSpeed docs/_tutorials/zeropp.md), where the plan turns it on
+        value = getattr(par, key)
+        if value is True or (not isinstance(value, bool) and value != 1):
+            zero[key] = value
     cfg["zero_optimization"] = zero
     if par.tp > 1:   # AutoTP shards the model's linear layers at deepspeed.initialize
         cfg["tensor_parallel"] = {"autotp_size": par.tp}

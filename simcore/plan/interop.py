@@ -267,7 +267,7 @@ _SECTION_ORDER = {
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
               "sliding_window_layers"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "expert_tp", "vpp", "stage_layers", "zero", "zero_impl",
-                 "sequence_parallel", "fsdp_root", "schedule", "microbatch_group", "cp_comm", "tp_comm_overlap", "overlap_param_gather",
+                 "zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients", "sequence_parallel", "fsdp_root", "schedule", "microbatch_group", "cp_comm", "tp_comm_overlap", "overlap_param_gather",
                  "moe_dispatcher", "moe_a2a_overlap"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "attention_unpad", "recompute", "offload",
                  "activation_offload", "moe_routing",

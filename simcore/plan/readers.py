@@ -169,6 +169,10 @@ def _deepspeed_zero(zero, f: dict, used: set) -> None:
         f["training.offload"] = "optimizer+params" if param_dev != "none" else "optimizer"
     elif "offload_optimizer" in zero:
         f["training.offload"] = "none"
+    for key in ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients"):   # ZeRO++
+        if key in zero:
+            used.add(f"zero_optimization.{key}")
+            f[f"parallel.{key}"] = zero[key]
 
 
 def sdpa_attention_kernel(gpu) -> str:

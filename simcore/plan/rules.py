@@ -112,7 +112,7 @@ def check_plan(plan: Plan) -> None:
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
-        *_expert_tp_rules(plan), *_moe_overlap_rules(plan), _fsdp_root_rule(plan),
+        *_expert_tp_rules(plan), *_moe_overlap_rules(plan), _fsdp_root_rule(plan), *_zeropp_rules(plan),
         *_schedule_rules(plan),
         (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
         (0.0 < m.sliding_window_layers <= 1.0,
@@ -219,6 +219,33 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
         (tr.optimizer_state_dtype == StateDtype.FP32 or tr.optimizer in (Optimizer.ADAMW, Optimizer.ADAM)
          and tr.master_weights and not tr.autocast, f"training.optimizer_state_dtype={tr.optimizer_state_dtype.value} "
          "needs optimizer adamw or adam with master weights (the precision-aware Adam of Transformer Engine)"),
+    ]
+
+
+def _zeropp_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """ZeRO++ (Wang et al. 2023, arXiv 2306.10209) as DeepSpeed runs it: a ZeRO-3 feature whose
+    groups are built over the whole world (deepspeed/utils/groups.py
+    ``_create_zero_param_parallel_group``: contiguous ranks; runtime/comm/coalesced_collectives.py
+    ``all_to_all_quant_reduce``: the world by node), i.e. over the data-parallel ranks only where
+    no model parallelism shares the world."""
+    par, cl = plan.parallel, plan.cluster
+    on = [name for name, v in (("zero_quantized_weights", par.zero_quantized_weights),
+                               ("zero_hpz_partition_size", par.zero_hpz_partition_size != 1),
+                               ("zero_quantized_gradients", par.zero_quantized_gradients)) if v]
+    if not on:
+        return []
+    hpz = par.zero_hpz_partition_size
+    return [
+        (par.zero == ZeroStage.WEIGHTS and par.zero_impl == ZeroImpl.DEEPSPEED,
+         f"parallel.{on[0]} (ZeRO++) needs parallel.zero=3 with parallel.zero_impl=deepspeed"),
+        (par.tp == par.pp == par.cp == 1,
+         f"parallel.{on[0]} (ZeRO++) needs parallel.tp=pp=cp=1: DeepSpeed builds its groups over the whole "
+         "world, which is the data-parallel group only without model parallelism"),
+        (hpz >= 1 and par.gpus % min(hpz, par.gpus) == 0,
+         f"parallel.zero_hpz_partition_size={hpz} does not divide the {par.gpus} GPUs into secondary groups"),
+        (not par.zero_quantized_gradients or par.gpus % cl.gpus_per_node == 0,
+         f"parallel.zero_quantized_gradients needs whole nodes ({par.gpus} GPUs on {cl.gpus_per_node}-GPU nodes): "
+         "its all-to-alls run inside each node, then across them"),
     ]
 
 

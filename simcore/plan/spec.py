@@ -171,6 +171,15 @@ class ParallelSpec:
     """Layers per virtual stage, in model order; None spreads them as evenly as possible."""
     zero: ZeroStage = ZeroStage.NONE
     zero_impl: ZeroImpl = ZeroImpl.FSDP2
+    zero_quantized_weights: bool = False
+    """ZeRO++ qwZ (DeepSpeed ZeRO-3 ``zero_quantized_weights``): each parameter all-gather moves
+    int8 values and an fp32 scale per group of at most 8,000 (``simcore.model.zeropp``)."""
+    zero_hpz_partition_size: int = 1
+    """ZeRO++ hpZ (``zero_hpz_partition_size``): a secondary copy of the parameters sharded over
+    groups of this many data-parallel ranks, which the backward's all-gathers read; 1: off."""
+    zero_quantized_gradients: bool = False
+    """ZeRO++ qgZ (``zero_quantized_gradients``): gradients reduce-scattered as int4 by two
+    all-to-alls, inside each node and then across nodes, in place of the reduce-scatter."""
     sequence_parallel: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
     cp_comm: CpComm = CpComm.P2P
