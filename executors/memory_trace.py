@@ -183,12 +183,14 @@ def truncated(plan: Plan) -> Plan:
     if m.moe and m.experts > TRACED_EXPERT_LAYERS:
         raise TraceError(f"--torch traces at most {TRACED_EXPERT_LAYERS} experts' modules within seconds, and one "
                          f"MoE layer of this model holds model.experts={m.experts}")
-    if m.moe:
-        dense = min(m.dense_layers, m.layers)
-        keep = min(m.layers, max(TRACED_LAYERS, dense + 1), dense + max(1, TRACED_EXPERT_LAYERS // m.experts))
+    if m.moe:   # to the last MoE layer the expert budget holds, past the first MoE layer
+        moe = [i for i in range(m.layers) if not m.is_dense_layer(i)]
+        last = moe[min(len(moe), max(1, TRACED_EXPERT_LAYERS // m.experts)) - 1]
+        keep = min(m.layers, max(TRACED_LAYERS, moe[0] + 1), last + 1)
     else:
         keep = min(m.layers, TRACED_LAYERS)
-    return plan if keep == m.layers else replace(plan, model=replace(m, layers=keep))
+    cut = replace(m, layers=keep, moe_layers=tuple(i for i in m.moe_layers if i < keep))
+    return plan if keep == m.layers else replace(plan, model=cut)
 
 
 def one_microbatch(plan: Plan) -> Plan:

@@ -126,7 +126,8 @@ def _norm(spec: ModelSpec) -> nn.Module:
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)). Block ``index`` of an
-    MoE model is dense among its first ``dense_layers`` (DeepSeek's ``first_k_dense_replace``), with
+    MoE model is dense among its first ``dense_layers`` (DeepSeek's ``first_k_dense_replace``) or outside
+    its ``moe_layers`` (Llama 4 Maverick's alternate layers), with
     an MLP of ``dense_ffn_hidden``; without an index, an MoE model's block is an MoE block."""
 
     def __init__(self, spec: ModelSpec, index: int | None = None):
@@ -134,7 +135,7 @@ class Block(nn.Module):
         self.attention_norm = _norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = _norm(spec)
-        if spec.moe and (index is None or index >= spec.dense_layers):
+        if spec.moe and (index is None or not spec.is_dense_layer(index)):
             self.feed_forward = MoE(spec)
         else:
             width = (spec.dense_ffn_hidden or spec.ffn_hidden) if spec.moe else spec.ffn_hidden

@@ -263,7 +263,7 @@ def activation_terms(plan: Plan, overlap: float = 0.0) -> tuple:
     activations (``moe_layers.dense_plan``), None where it has no dense layers; and whether the
     chunks in flight and the weight gradients owed peak apart (DualPipeV: ``peak_apart``)."""
     m = plan.model
-    flat = _layer_terms(ml.dense_plan(plan))[0] if m.moe and m.dense_layers else None
+    flat = _layer_terms(ml.dense_plan(plan))[0] if m.dense_count else None
     return (_layer_terms(plan), plan.training, overlap, flat, plan.parallel.v_shape)
 
 

@@ -252,7 +252,7 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int, wire: Wire) -> Counter:
         return Call(kind=kind, axis="tp", bytes=nbytes, issuer="dtensor")
 
     out: Counter = Counter()
-    moe = sum(i >= m.dense_layers for i in part.layers) if m.moe else 0   # an MoE block's MLP half: its
+    moe = sum(not m.is_dense_layer(i) for i in part.layers) if m.moe else 0   # an MoE block's MLP half: its
     # experts' own collectives (an MoE model's first, dense, blocks have a dense MLP's)
     if moe:
         # each expert's w2 output all-reduced forward, its w1 and w3 inputs' gradients backward

@@ -100,7 +100,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
                 # DeepSpeed's ZeRO-2 keeps whole 16-bit parameters: one all-gather of the updated
                 # shards a step (stage_1_and_2.py ``step``)
                 out["sync"] = coll.all_gather_s(wb * params, net)
-            if plan.model.moe and plan.model.dense_layers:
+            if plan.model.dense_count:
                 flat = mem.layer_params_per_gpu(ml.dense_plan(plan))[0]   # a dense layer: no experts
                 one = _fsdp_layer(plan, dev, (net, enet), (wb, gb), (flat, 0.0))
                 out["dense_layer_ag"], out["dense_layer_rs"] = one["layer_ag"], one["layer_rs"]

@@ -80,7 +80,7 @@ def expert_calls(plan: Plan, part: StagePart, act_bytes: int, tp_rank: int,
     """Dispatch and combine all-to-alls, and the experts' gradient all-reduce (``grad_bytes`` an
     element: the executor's fp32 by default), of one chunk."""
     par, m = plan.parallel, plan.model
-    moe = [i for i in part.layers if i >= m.dense_layers]   # an MoE model's first layers are dense
+    moe = [i for i in part.layers if not m.is_dense_layer(i)]   # an MoE model's dense layers: no experts
     if not m.moe or par.ep == 1 or not moe:
         return []
     buf = m.experts * moe_capacity(plan) * m.hidden * act_bytes

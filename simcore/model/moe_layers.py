@@ -1,12 +1,14 @@
 """An MoE model's dense layers: which virtual stages hold them, and the dense layer itself.
 
-``model.dense_layers`` is the first k layers of an MoE model, which run a dense MLP
+``model.dense_layers`` is the first k layers of an MoE model (or, with ``model.moe_layers``,
+every layer not listed there: Llama 4 Maverick's alternate layers), which run a dense MLP
 (``dense_ffn_hidden``) in place of the router, the experts and their all-to-alls:
 DeepSeek-V3's ``first_k_dense_replace: 3`` (its modeling_deepseek.py builds
 ``DeepseekV3MLP(intermediate_size)`` for ``layer_idx < first_k_dense_replace``, ``DeepseekV3MoE``
 after), Megatron-Core's ``--moe-layer-freq [0]*k+[1]*(L-k)`` (``TransformerBlock`` builds a
 dense ``MLP`` spec for a 0). The pipeline split is by layer index, so the stage (and, with
-interleaving, the model chunk) holding the first layers holds the dense ones.
+interleaving, the model chunk) holding the first layers holds the dense ones; interleaved
+dense layers fall where their indices do.
 
 Everything per layer (time, collectives, activations, parameters) prices a dense layer as
 the layer of the same model made dense (``dense_model``): the same attention and norms, one
@@ -27,7 +29,7 @@ def dense_model(m: ModelSpec) -> ModelSpec:
     if not m.moe:
         return m
     return replace(m, experts=0, top_k=0, capacity_factor=1.0, ffn_hidden=m.dense_ffn_hidden or m.ffn_hidden,
-                   dense_layers=0, dense_ffn_hidden=0, shared_ffn_hidden=0)
+                   dense_layers=0, moe_layers=(), dense_ffn_hidden=0, shared_ffn_hidden=0)
 
 
 def dense_plan(plan: Plan) -> Plan:
@@ -37,18 +39,29 @@ def dense_plan(plan: Plan) -> Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def _split(k: int, stages: tuple[int, ...]) -> tuple[int, ...]:
+def _split(dense: int, moe_layers: tuple[int, ...], layers: int, stages: tuple[int, ...]) -> tuple[int, ...]:
+    """Dense layers per stage of the model whose dense layers ``_mask`` gives."""
+    mask = _mask(dense, moe_layers, layers)
     out, start = [], 0
     for n in stages:
-        out.append(max(0, min(n, k - start)))
+        out.append(sum(mask[start:start + n]))
         start += n
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)
+def _mask(dense: int, moe_layers: tuple[int, ...], layers: int) -> tuple[bool, ...]:
+    moe = set(moe_layers)
+    return tuple(i not in moe if moe else i < dense for i in range(layers))
+
+
 def stage_dense_layers(m: ModelSpec, stages: tuple[int, ...]) -> tuple[int, ...]:
     """Dense layers of each virtual stage of ``stages`` layers (model order): the first
-    ``dense_layers`` of the model (none for a dense model, whose layers are all alike)."""
-    return _split(m.dense_layers if m.moe else 0, tuple(stages))
+    ``dense_layers`` of the model, or those outside ``moe_layers`` (none for a dense model,
+    whose layers are all alike)."""
+    if not m.moe or not (m.dense_layers or m.moe_layers):
+        return (0,) * len(stages)
+    return _split(m.dense_layers, m.moe_layers, m.layers, tuple(stages))
 
 
 def rank_dense_layers(m: ModelSpec, stages: tuple[int, ...], pp: int, v_shape: bool = False) -> tuple[int, ...]:
@@ -60,7 +73,7 @@ def moe_layers(m: ModelSpec, first: int, count: int) -> int:
     """MoE layers among layers ``first`` .. ``first + count - 1`` of the model."""
     if not m.moe:
         return 0
-    return max(0, count - max(0, min(count, m.dense_layers - first)))
+    return count - sum(_mask(m.dense_layers, m.moe_layers, m.layers)[first:first + count])
 
 
 def mixed_activations(act: LayerActivations, flat: LayerActivations | None, n: float, d: float) -> LayerActivations:

@@ -46,7 +46,7 @@ def block_params(spec: ModelSpec, i: int) -> list[ParamTensor]:
            ParamTensor(name=p + "attention.wv.weight", shape=(spec.kv_heads * hd, h), tp_dim=0),
            ParamTensor(name=p + "attention.wo.weight", shape=(h, spec.heads * hd), tp_dim=1),
            ParamTensor(name=p + "ffn_norm.weight", shape=(h,), norm=True)]
-    if spec.moe and i >= spec.dense_layers:
+    if spec.moe and not spec.is_dense_layer(i):
         out.append(ParamTensor(name=p + "feed_forward.router.weight", shape=(spec.experts, h)))
         prefixes = [f"{p}feed_forward.experts.{e}." for e in range(spec.experts)]
     else:

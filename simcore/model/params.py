@@ -107,9 +107,9 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     embedding = m.vocab * h + (m.seq_len * h if m.position_embedding == PositionEmbedding.LEARNED else 0)
     final_norm = 2 * h if bias else h
     output = (0 if m.tied_embeddings else m.vocab * h) + final_norm
-    dense_mlp = _mlp_params(m, m.dense_ffn_hidden or f, bias) if m.moe and m.dense_layers else 0
+    dense_mlp = _mlp_params(m, m.dense_ffn_hidden or f, bias) if m.dense_count else 0
     return ParamCounts(attention=attention, mlp=mlp, norms=norms, embedding=embedding, output=output,
-                       layers=m.layers, shared=shared, dense_layers=m.dense_layers if m.moe else 0,
+                       layers=m.layers, shared=shared, dense_layers=m.dense_count,
                        dense_mlp=dense_mlp)
 
 

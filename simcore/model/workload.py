@@ -291,14 +291,14 @@ def forward_flops_per_layer(m: ModelSpec, tokens: float, s: int) -> float:
 
 
 def layers_forward_flops(m: ModelSpec, tokens: float, s: int) -> float:
-    """Counted forward FLOPs of all layers: the MoE layers and the first dense ones."""
-    if not (m.moe and m.dense_layers):
+    """Counted forward FLOPs of all layers: the MoE layers and the dense ones."""
+    if not m.dense_count:
         return m.layers * forward_flops_per_layer(m, tokens, s)
     moe = forward_flops_per_layer(m, tokens, s)
     mats = 2 * tokens * mlp_matrices(m) * m.hidden
     moe_mlp = m.top_k * mats * m.ffn_hidden + 2 * tokens * m.hidden * m.experts + mats * m.shared_ffn_hidden
     dense = moe - moe_mlp + mats * (m.dense_ffn_hidden or m.ffn_hidden)
-    return (m.layers - m.dense_layers) * moe + m.dense_layers * dense
+    return (m.layers - m.dense_count) * moe + m.dense_count * dense
 
 
 def model_flops_per_step(m: ModelSpec, global_batch: int) -> float:

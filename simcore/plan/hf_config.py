@@ -156,9 +156,9 @@ def _moe_fields(cfg: dict, mtype: str, path: Path) -> dict:
     (modeling_deepseek_v3.py) when i >= ``first_k_dense_replace``.
     """
     out, dense = moe_layout(cfg, mtype)
+    layers = cfg.get("num_hidden_layers") or 0
     if dense is not None:
-        step = f"interleave_moe_layer_step={cfg.get('interleave_moe_layer_step')}"
-        return out | _dense_prefix(dense, path, step if mtype == "llama4_text" else "") if out else {}
+        return out | _dense_layers(dense, layers) if out else {}
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if not experts:
         return {}
@@ -171,24 +171,22 @@ def _moe_fields(cfg: dict, mtype: str, path: Path) -> dict:
         shared = cfg["n_shared_experts"] * (expert_width or cfg.get("intermediate_size"))
     if shared:
         out["shared_ffn_hidden"] = shared
-    layers = cfg.get("num_hidden_layers") or 0
     if cfg.get("first_k_dense_replace") is not None:
         dense = list(range(cfg["first_k_dense_replace"]))
     else:
         step = cfg.get("decoder_sparse_step") or 1
         only = set(cfg.get("mlp_only_layers") or [])
         dense = [i for i in range(layers) if i in only or (i + 1) % step]
-    return out | _dense_prefix(dense, path, "decoder_sparse_step / mlp_only_layers")
+    return out | _dense_layers(dense, layers)
 
 
-def _dense_prefix(dense: list[int], path: Path, fields: str) -> dict:
-    """``dense_layers`` for dense layers that are the first ones; a PlanError naming the
-    fields that place them otherwise (model.dense_layers states only a prefix)."""
-    if dense != list(range(len(dense))):
-        shown = ", ".join(map(str, dense[:4])) + (", ..." if len(dense) > 4 else "")
-        raise PlanError(f"model config {path}: {fields} makes dense layers [{shown}], but "
-                        "model.dense_layers states only the first layers dense")
-    return {"dense_layers": len(dense)} if dense else {}
+def _dense_layers(dense: list[int], layers: int) -> dict:
+    """``dense_layers`` for dense layers that are the first ones; else the MoE layers' indices
+    (``moe_layers``: Llama 4 Maverick's alternate layers, Qwen2-MoE's sparse step)."""
+    if dense == list(range(len(dense))):
+        return {"dense_layers": len(dense)} if dense else {}
+    gone = set(dense)
+    return {"moe_layers": [i for i in range(layers) if i not in gone]}
 
 
 def _mla_fields(cfg: dict) -> dict:

@@ -263,7 +263,7 @@ def _first_last_split(layers: int, pp: int, first, last) -> list[int]:
 _SECTION_ORDER = {
     "model": ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
               "gated_mlp", "experts", "top_k", "capacity_factor", "tied_embeddings", "position_embedding",
-              "kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers", "shared_ffn_hidden",
+              "kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers", "moe_layers", "shared_ffn_hidden",
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
               "sliding_window_layers"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "expert_tp", "vpp", "stage_layers", "zero", "zero_impl",

@@ -128,6 +128,7 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
         tied_embeddings=_bool(fields_, "tied_embeddings", where, True),
         position_embedding=pos,
         source=str(fields_.get("source", "")),
+        moe_layers=_layer_indices(fields_.get("moe_layers"), "model.moe_layers"),
         **_model_extras(fields_),
     )
 
@@ -138,6 +139,15 @@ _EXTRA_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)
                    if f.name in ("kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers",
                                  "shared_ffn_hidden", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
                                  "sliding_window", "sliding_window_layers")}
+
+
+def _layer_indices(value, where: str) -> tuple[int, ...]:
+    """A list of layer indices (``model.moe_layers``), () where absent."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise PlanError(f"{where} must be a list of layer indices (integers), got {value!r}")
+    return tuple(value)
 
 
 def _model_extras(doc: dict) -> dict:
@@ -342,6 +352,10 @@ def plan_to_dict(plan: Plan) -> dict:
     for key, default in _EXTRA_DEFAULTS.items():
         if model.get(key) == default:
             del model[key]
+    if model.get("moe_layers"):
+        model["moe_layers"] = list(model["moe_layers"])
+    else:
+        model.pop("moe_layers", None)
     par = plan.parallel
     parallel = {
         "tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "vpp": par.vpp,
@@ -353,6 +367,9 @@ def plan_to_dict(plan: Plan) -> dict:
                 "moe_a2a_overlap": par.moe_a2a_overlap or None,
                 "fsdp_root": par.fsdp_root.value if par.fsdp_root != FsdpRoot.RESHARDED else None,
                 "microbatch_group": par.microbatch_group or None,
+                "zero_quantized_weights": par.zero_quantized_weights or None,
+                "zero_hpz_partition_size": par.zero_hpz_partition_size if par.zero_hpz_partition_size != 1 else None,
+                "zero_quantized_gradients": par.zero_quantized_gradients or None,
                 "stage_layers": list(par.stage_layers) if par.stage_layers is not None else None}
     parallel.update({k: v for k, v in optional.items() if v is not None})
     cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,

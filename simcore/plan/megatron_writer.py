@@ -79,7 +79,9 @@ def _moe_args(m) -> list:
         args = [("--moe-ffn-hidden-size", m.ffn_hidden)] + args
     if m.shared_ffn_hidden:
         args.append(("--moe-shared-expert-intermediate-size", m.shared_ffn_hidden))
-    if m.dense_layers:
+    if m.moe_layers:   # Megatron evaluates a list expression (arguments.py ``moe_freq_type``)
+        args.append(("--moe-layer-freq", "[" + ",".join("0" if m.is_dense_layer(i) else "1" for i in range(m.layers)) + "]"))
+    elif m.dense_layers:
         args.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers})"))
     return args
 

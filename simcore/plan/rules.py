@@ -72,6 +72,11 @@ def check_plan(plan: Plan) -> None:
         (not (m.dense_layers or m.shared_ffn_hidden or m.dense_ffn_hidden) or m.moe,
          "model.dense_layers, dense_ffn_hidden and shared_ffn_hidden need an MoE model (model.experts > 0)"),
         (m.dense_layers < m.layers, f"model.dense_layers={m.dense_layers} must be fewer than model.layers={m.layers}"),
+        (not m.moe_layers or m.moe, "model.moe_layers needs an MoE model (model.experts > 0)"),
+        (not m.moe_layers or not m.dense_layers, "model.moe_layers and model.dense_layers are two ways to place the "
+         "dense layers: give one"),
+        (list(m.moe_layers) == sorted(set(m.moe_layers)) and all(0 <= i < m.layers for i in m.moe_layers),
+         f"model.moe_layers must be increasing layer indices from 0 to model.layers-1={m.layers - 1}"),
         (not m.mla or m.qk_rope_head_dim > 0 and m.v_head_dim > 0 and m.kv_channels > 0,
          "model.kv_lora_rank (multi-latent attention) needs model.kv_channels, qk_rope_head_dim and v_head_dim"),
         (m.heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.heads={m.heads}"),

@@ -83,6 +83,11 @@ class ModelSpec:
     dense_layers: int = 0
     """MoE models: the first layers that are dense (DeepSeek's ``first_k_dense_replace``,
     Megatron's --moe-layer-freq [0]*k+[1]*(L-k))."""
+    moe_layers: tuple[int, ...] = ()
+    """MoE models whose dense and MoE layers interleave: the indices of the MoE layers, the rest
+    dense (Llama 4 Maverick's ``moe_layers``, every ``interleave_moe_layer_step``-th; Qwen2-MoE's
+    ``decoder_sparse_step`` / ``mlp_only_layers``; Megatron's --moe-layer-freq N or a list).
+    Empty: every layer from ``dense_layers`` on is MoE."""
     shared_ffn_hidden: int = 0
     """MoE models: the total width of the shared experts every token runs (Megatron's
     --moe-shared-expert-intermediate-size; Qwen2-MoE ``shared_expert_intermediate_size``,
@@ -118,6 +123,25 @@ class ModelSpec:
     @property
     def moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def dense_count(self) -> int:
+        """Dense layers of an MoE model (0 for a dense model, whose layers are all alike)."""
+        return sum(dense_layer_mask(self)) if self.moe else 0
+
+    def is_dense_layer(self, index: int) -> bool:
+        """Whether layer ``index`` of an MoE model runs a dense MLP (False for a dense model)."""
+        return self.moe and dense_layer_mask(self)[index]
+
+
+@functools.lru_cache(maxsize=512)
+def dense_layer_mask(m: ModelSpec) -> tuple[bool, ...]:
+    """Per layer of MoE model ``m``: whether it is dense (``moe_layers``' complement, else the first
+    ``dense_layers``)."""
+    if m.moe_layers:
+        moe = set(m.moe_layers)
+        return tuple(i not in moe for i in range(m.layers))
+    return tuple(i < m.dense_layers for i in range(m.layers))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -325,16 +325,16 @@ def hf_config_from_model(model) -> dict:
         cfg.update(model_type="deepseek_v3", n_routed_experts=m.experts, num_experts_per_tok=m.top_k,
                    moe_intermediate_size=m.ffn_hidden, intermediate_size=m.dense_ffn_hidden or m.ffn_hidden,
                    n_shared_experts=m.shared_ffn_hidden // m.ffn_hidden if m.moe else 0,
-                   first_k_dense_replace=m.dense_layers, q_lora_rank=m.q_lora_rank or None,
+                   first_k_dense_replace=_dense_prefix(m), q_lora_rank=m.q_lora_rank or None,
                    kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.kv_channels,
                    qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
         cfg.pop("head_dim", None)
         return cfg
-    if m.moe and (m.shared_ffn_hidden or m.dense_layers or m.dense_ffn_hidden):  # Qwen2-MoE's names
+    if m.moe and (m.shared_ffn_hidden or m.dense_count or m.dense_ffn_hidden):  # Qwen2-MoE's names
         cfg.update(model_type="qwen2_moe", num_experts=m.experts, num_experts_per_tok=m.top_k,
                    moe_intermediate_size=m.ffn_hidden, intermediate_size=m.dense_ffn_hidden or m.ffn_hidden,
                    shared_expert_intermediate_size=m.shared_ffn_hidden, decoder_sparse_step=1,
-                   mlp_only_layers=list(range(m.dense_layers)))
+                   mlp_only_layers=[i for i in range(m.layers) if m.is_dense_layer(i)])
         return cfg
     if m.moe:
         if not m.gated_mlp:
@@ -346,3 +346,13 @@ def hf_config_from_model(model) -> dict:
                              "Hugging Face family here (Mistral and Mixtral window every layer)")
         cfg.update(model_type="mixtral" if m.moe else "mistral", sliding_window=m.sliding_window)
     return cfg
+
+
+def _dense_prefix(m) -> int:
+    """DeepSeek's ``first_k_dense_replace``: the dense layers as a prefix (ValueError where they interleave)."""
+    mask = [m.is_dense_layer(i) for i in range(m.layers)]
+    k = m.dense_count
+    if mask != [True] * k + [False] * (m.layers - k):
+        raise ValueError(f"model {m.name}: model.moe_layers interleaves dense layers, which DeepSeek-V3's "
+                         "first_k_dense_replace cannot state")
+    return k

@@ -141,7 +141,7 @@ def weight_bytes(plan: ServingPlan) -> tuple[float, float, float]:
     head = (pc.embedding if m.tied_embeddings else pc.output) * HALF / tp
     if not m.moe:
         return ends + blocks, blocks + head, 0.0
-    moe_layers = m.layers - m.dense_layers
+    moe_layers = m.layers - m.dense_count
     one_expert = moe_layers * 3 * m.hidden * m.ffn_hidden * w / tp if m.gated_mlp else \
         moe_layers * 2 * m.hidden * m.ffn_hidden * w / tp
     return ends + blocks, blocks + head - m.experts * one_expert, one_expert

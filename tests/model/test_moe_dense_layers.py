@@ -144,3 +144,42 @@ def test_a_dense_first_stage_holds_a_dense_layers_activations():
     a, b = sc.memory_report(base)["ranks"], sc.memory_report(plan)["ranks"]
     assert b[0]["activations"] < a[0]["activations"]
     assert [r["activations"] for r in b[1:]] == [r["activations"] for r in a[1:]]
+
+
+# ---- interleaved dense and MoE layers (``model.moe_layers``: Llama 4 Maverick, Qwen2-MoE's sparse step)
+
+def _interleaved(moe_layers, **parallel) -> Plan:
+    return _plan(0, model={"moe_layers": list(moe_layers), "dense_ffn_hidden": 10944}, **parallel)
+
+
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+def test_moe_layers_that_are_a_suffix_are_dense_layers(engine):
+    """``moe_layers`` [3..7] is ``dense_layers`` 3 in every figure; every layer listed is none dense."""
+    a, b = _interleaved(range(3, 8)), _plan(3)
+    sa, sb = simulate(a, engine=engine), simulate(b, engine=engine)
+    assert sa.step_time_s == pytest.approx(sb.step_time_s, rel=1e-12)
+    assert [r["total"] for r in mem.memory_per_rank(a)] == pytest.approx([r["total"] for r in mem.memory_per_rank(b)])
+    assert cplan.expected_collectives(a) == cplan.expected_collectives(b)
+    every = _plan(0, model={"moe_layers": list(range(8))})
+    assert simulate(every, engine=engine).step_time_s == pytest.approx(simulate(_plan(0), engine=engine).step_time_s)
+
+
+def test_interleaved_dense_layers_fall_where_their_indices_do():
+    """Alternate layers dense (Maverick's pattern) on 2 stages of 4: two dense layers a stage, where
+    a prefix of 4 puts all four on the first; the parameters are the same either way."""
+    alt, prefix = _interleaved(range(1, 8, 2)), _plan(4)
+    assert ml.stage_dense_layers(alt.model, alt.layers_per_stage) == (2, 2)
+    assert ml.stage_dense_layers(prefix.model, prefix.layers_per_stage) == (4, 0)
+    assert alt.model.dense_count == prefix.model.dense_count == 4
+    from simcore.model.params import param_counts
+    assert param_counts(alt.model).total == param_counts(prefix.model).total
+    ta, tp_ = (sc.step_costs(p) for p in (alt, prefix))
+    assert ta.forward_s[0] > tp_.forward_s[0] and ta.forward_s[1] < tp_.forward_s[1]   # the MoE work moved
+
+
+def test_moe_layers_rules():
+    for bad, words in (([3, 1], "increasing layer indices"), ([0, 8], "from 0 to model.layers-1=7")):
+        with pytest.raises(PlanError, match=words):
+            _interleaved(bad)
+    with pytest.raises(PlanError, match="give one"):
+        _plan(2, model={"moe_layers": [5, 6, 7]})

@@ -119,12 +119,20 @@ def test_other_inputs_override_the_hf_run_defaults():
     assert doc["training"]["flash_attention"] is False
 
 
-def test_sparse_layers_that_are_not_a_dense_prefix_are_refused(tmp_path):
+def test_sparse_layers_that_are_not_a_dense_prefix_are_the_moe_layers(tmp_path):
+    """Qwen2-MoE's ``decoder_sparse_step`` 2 (modeling_qwen2_moe.py: layer i sparse when (i + 1) % 2
+    == 0): the odd layers are MoE, the even ones a dense MLP ``intermediate_size`` wide, each priced so."""
     cfg = json.loads((HF / "qwen2-57b-a14b" / "config.json").read_text())
-    cfg["decoder_sparse_step"] = 2  # every second layer dense: no model.dense_layers equivalent
+    cfg["decoder_sparse_step"] = 2
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(PlanError, match=r"dense layers \[0, 2, 4.*model\.dense_layers"):
-        import_plan(hf=str(tmp_path / "config.json"), cluster="dgx-h100")
+    doc, _ = import_plan(hf=str(tmp_path / "config.json"), cluster="dgx-h100")
+    m = plan_from_dict(doc).model
+    assert m.moe_layers == tuple(range(1, cfg["num_hidden_layers"], 2)) and "dense_layers" not in doc["model"]
+    full = plan_from_dict(import_plan(hf=str(HF / "qwen2-57b-a14b" / "config.json"), cluster="dgx-h100")[0]).model
+    pc = param_counts(m)
+    assert pc.dense_layers == cfg["num_hidden_layers"] // 2 and pc.dense_mlp == 3 * m.hidden * cfg["intermediate_size"]
+    assert param_counts(full).total - pc.total == pytest.approx(
+        pc.dense_layers * (pc.per_layer - pc.attention - pc.norms - pc.dense_mlp))
 
 
 def test_check_and_simulate_json_show_the_parameter_counts(tmp_path):

@@ -36,6 +36,17 @@ def _llama4_scout() -> int:
     return layers * (attention + moe + 2 * h) + 2 * vocab * h + h
 
 
+def _llama4_maverick() -> int:
+    """Llama 4 Maverick (modeling_llama4.py): Scout's attention and norms on 48 layers; the 24 odd
+    layers (``moe_layers``) 128 SwiGLU experts 8192 wide + a router + one shared expert 8192 wide,
+    the 24 even ones one SwiGLU MLP ``intermediate_size_mlp`` = 16384 wide."""
+    h, vocab = 5120, 202048
+    attention = h * 40 * 128 * 2 + h * 8 * 128 * 2
+    moe = 128 * 3 * h * 8192 + h * 128 + 3 * h * 8192
+    dense = 3 * h * 16384
+    return 24 * (attention + moe + 2 * h) + 24 * (attention + dense + 2 * h) + 2 * vocab * h + h
+
+
 def _gemma3_27b() -> int:
     """Gemma 3 27B (modeling_gemma3.py): 62 layers of attention (32 x 128 query, 16 x 128
     key/value, q/k RMSNorm of 128), a GeGLU MLP 21504 wide and four RMSNorms; the tied
@@ -58,7 +69,8 @@ def _gemma4_26b_a4b() -> int:
     return 25 * (sliding + mlp) + 5 * (full + mlp) + vocab * h
 
 
-@pytest.mark.parametrize("name, count", [("llama4-scout", _llama4_scout()), ("gemma3-27b", _gemma3_27b()),
+@pytest.mark.parametrize("name, count", [("llama4-scout", _llama4_scout()), ("llama4-maverick", _llama4_maverick()),
+                                         ("gemma3-27b", _gemma3_27b()),
                                          ("gemma4-26b-a4b", _gemma4_26b_a4b())])
 def test_the_language_model_of_a_wrapper_is_imported_to_its_count(name, count):
     assert SOURCES[name]["lm_params"] == count
@@ -72,6 +84,15 @@ def test_llama4_scout_has_its_shared_expert_and_all_moe_layers():
     assert abs(active_params_per_token(m) - 17e9) < 0.5e9
 
 
+def test_llama4_maverick_alternates_dense_and_moe_layers():
+    """Its 24 MoE layers are the odd ones (transformers' ``moe_layers``): every per-layer figure
+    prices the even ones as its dense MLP, and 17B parameters run per token (model card)."""
+    m = _model("llama4-maverick")
+    assert m.moe_layers == tuple(range(1, 48, 2)) and m.dense_count == 24 and m.dense_ffn_hidden == 16384
+    assert [m.is_dense_layer(i) for i in range(4)] == [True, False, True, False]
+    assert abs(active_params_per_token(m) - 17e9) < 0.5e9
+
+
 def test_gemma_reads_transformers_defaults_and_its_moe_names():
     g3 = _model("gemma3-27b")
     assert (g3.vocab, g3.tied_embeddings, g3.gated_mlp, g3.kv_channels) == (262_208, True, True, 128)
@@ -81,8 +102,6 @@ def test_gemma_reads_transformers_defaults_and_its_moe_names():
 
 
 @pytest.mark.parametrize("name, sentence", [
-    ("llama4-maverick", r"interleave_moe_layer_step=2 makes dense layers \[0, 2, 4, 6, \.\.\.\], but "
-                        r"model\.dense_layers states only the first layers dense$"),
     ("qwen3.5-27b", r"layer_types has linear_attention layers, which the plan's model cannot state"),
 ])
 def test_a_wrapper_the_plan_cannot_state_is_refused_naming_the_field(name, sentence):

@@ -107,3 +107,28 @@ def test_launch_forms(launch):
     text = f'EXTRA_ARGS=()\nARGS="--tensor-model-parallel-size 2 --bf16"\n{launch}\n'
     doc, _ = import_plan(megatron=text, hf=str(HF / "llama3-8b" / "config.json"), cluster="dgx-h100")
     assert (doc["parallel"]["tp"], doc["parallel"]["dp"], doc["training"]["precision"]) == (2, 4, "bf16")
+
+
+def test_moe_layer_freq_as_megatron_reads_it():
+    """--moe-layer-freq (arguments.py ``moe_freq_type``, gpt_layer_specs.py @d98e8a64): an integer N
+    makes layers 0, N, 2N ... MoE; a list expression is the pattern; a dense prefix is dense_layers."""
+    from simcore.plan.megatron_reader import moe_layer_pattern
+
+    assert moe_layer_pattern("2", 4) == [1, 0, 1, 0] and moe_layer_pattern("([1,0]*2)", 4) == [1, 0, 1, 0]
+    moe = CMD + "--num-experts 8 --moe-router-topk 2 "
+    assert read_megatron(moe + "--moe-layer-freq 2").fields["model.moe_layers"] == [0, 2]
+    assert read_megatron(moe + "--moe-layer-freq '([0]*1+[1]*3)'").fields["model.dense_layers"] == 1
+    for bad, words in (("__import__('os').getcwd()", "neither an integer nor a list expression"),
+                       ("([1]*3)", "gives 3 layers, not --num-layers=4")):
+        with pytest.raises(PlanError, match=words):
+            read_megatron(moe + f"--moe-layer-freq \"{bad}\"")
+
+
+def test_interleaved_moe_layers_round_trip():
+    """Llama 4 Maverick's alternate MoE layers leave as Megatron's list pattern and come back."""
+    plan = plan_from_dict({"model": {"hf_config": str(HF / "llama4-maverick" / "config.json"), "seq_len": 8192},
+                           "cluster": {"node": "dgx-h100", "nodes": 16},
+                           "parallel": {"tp": 4, "pp": 4, "dp": 8, "ep": 8, "zero": 1, "sequence_parallel": True},
+                           "training": {"global_batch": 256, "recompute": "full", "flash_attention": True}})
+    back = _round_trip(plan)
+    assert back.model.moe_layers == tuple(range(1, 48, 2)) and _without_name(back) == _without_name(plan)

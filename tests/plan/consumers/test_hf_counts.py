@@ -34,7 +34,6 @@ TRANSFORMERS = {
 
 #: The field trainplan's import refuses a config over (transformers builds these models).
 IMPORT_REFUSES = {
-    "llama4-maverick": "interleave_moe_layer_step",   # MoE every 2nd layer; model.dense_layers: first layers only
     "qwen3.5-27b": "layer_types",                     # Gated DeltaNet linear-attention layers
 }
 
