@@ -184,6 +184,7 @@ def summarise(plan, records: list[dict], warmup: int) -> StepResult:
         time_s={key: v / k for key, v in sorted(times.items())},
         memory_per_rank_gib=tuple(t / GIB for t in totals), spans=spans, notes=tuple(notes),
         extra={"loss_first": records[0]["losses"][0], "loss_last": records[0]["losses"][-1],
+               "loss_tail_mean": _tail_mean(records[0]["losses"]),
                **({"dp_sync_wait_s": sum(waits) / k} if any(waits) else {}),
                **({"recorder_overhead": recorded_time / step_time - 1} if bare else {}),
                **({"activation_offload.host_peak": float(max(r.get("offload_host_bytes", 0) for r in records))}
@@ -191,6 +192,13 @@ def summarise(plan, records: list[dict], warmup: int) -> StepResult:
                **{f"cuda_memory.{k}": float(max(r["cuda_memory"][k] for r in records))
                   for k in (records[0].get("cuda_memory") or {})},
                **{f"calls.{kind}.{axis}": float(c) for (kind, axis), c in sorted(calls.items())}})
+
+
+def _tail_mean(losses: list[float]) -> float:
+    """The mean loss of the run's last tenth of steps (at least one): a final loss that one step's
+    noise does not decide, for comparing runs (``bench/compression_loss.py``)."""
+    tail = losses[-max(1, len(losses) // 10):]
+    return float(sum(tail) / len(tail))
 
 
 # --------------------------------------------------------------------------- the plan measured

@@ -52,6 +52,7 @@ from executors.support import check_executable, uses_replicate  # noqa: F401  (l
 from executors.zero1 import LocalShardZero
 from executors.procs import idle_gloo_transport
 from executors.model import Transformer, build_model, loss_fn
+from simcore.model import ddp_hooks as hooks
 from simcore.plan.spec import (
     FsdpRoot, GradCompression, Offload, Optimizer, Plan, Precision, Schedule, ZeroStage,
 )
@@ -64,8 +65,8 @@ ADAM_BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1
 #: SGD's momentum: Megatron-LM's ``--sgd-momentum`` default (megatron/training/arguments.py), one state a parameter.
 SGD_MOMENTUM = 0.9
-#: PowerSGD rank and warm-up iterations (Vogels et al. 2019; torch's powerSGD_hook defaults).
-POWERSGD_RANK = 1
+#: PowerSGD's rank (the model's, ``simcore.model.ddp_hooks``) and its uncompressed first steps.
+POWERSGD_RANK = hooks.POWERSGD_RANK
 POWERSGD_START_ITER = 2
 
 

@@ -10,6 +10,8 @@ variants, Megatron's uniform recompute groups) are not run here.
 """
 from __future__ import annotations
 
+import math
+
 from executors.act_offload import check_activation_offload
 from executors.float8 import TORCHAO_RECIPES, torchao_available
 from executors.recompute import check_recompute
@@ -48,6 +50,14 @@ def _split_backward_rules(plan: Plan) -> list[tuple[bool, str]]:
     ]
 
 
+def _ddp_buckets(plan: Plan) -> int:
+    """DDP buckets of the first pipeline rank's gradients (``simcore.model.ddp_hooks``)."""
+    from simcore.model import ddp_hooks, param_layout as pl
+
+    params = [p for part in pl.stage_parts(plan, 0) for p in pl.part_params(plan.model, part)]
+    return len(ddp_hooks.bucket_members([ddp_hooks.FP32 * math.prod(p.shape) for p in params]))
+
+
 def check_executable(plan: Plan, device_type: str) -> None:
     """The layouts this executor cannot run; ValueError with one sentence each."""
     par, tr = plan.parallel, plan.training
@@ -79,6 +89,10 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "not run: the executor's ZeRO and FSDP2 reduce the fp32 gradients autocast keeps"),
         (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",
          "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
+        (tr.grad_compression != GradCompression.POWERSGD or device_type == "cuda" or _ddp_buckets(plan) <= 1,
+         f"training.grad_compression=powersgd on gloo needs the gradients in one DDP bucket (this model's fill "
+         f"{_ddp_buckets(plan)}): torch's powerSGD_hook issues each bucket's later all-reduces from completion "
+         "callbacks, whose order gloo does not keep across ranks (a collective mismatch)"),
     ]
     rules += [
         (not tr.activation_offload or device_type == "cuda", "training.activation_offload needs a GPU: it "

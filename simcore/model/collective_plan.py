@@ -65,7 +65,7 @@ either way (approximate under autocast, where some backward gradients stay fp32)
 pipelining add the calls of ``simcore.model.layout_calls``; with cp > 1 the data-parallel
 wrappers reduce over dp x cp ranks (axis ``dp``, or ``cp`` when dp is 1). Not modelled
 (ValueError): an MoE with full or ``layer:N`` recomputation, or with per-op SAC under TP;
-PowerSGD compression.
+DDP's buckets and its hooks' calls are ``simcore.model.ddp_hooks``'.
 """
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from simcore.model import ddp_hooks as hooks
 from simcore.model import recompute as rcp
 from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
@@ -87,10 +88,8 @@ from simcore.plan.spec import (
 )
 from topologies.placement import rank_grid
 
-#: torch's DDP defaults: ``_DEFAULT_BUCKET_CAP_MB = 25`` (torch/nn/parallel/distributed.py)
-#: and ``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB for the rebuilt first bucket.
-DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+#: torch's DDP bucket limits (``simcore.model.ddp_hooks``).
+DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES = hooks.DDP_BUCKET_CAP_BYTES, hooks.DDP_FIRST_BUCKET_BYTES
 _ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1,
                       Precision.MXFP8: 2, Precision.NVFP4: 2}   # MX/NV recipes: activations stay 16-bit
 #: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``, with
@@ -116,27 +115,19 @@ class Call:
 
 def ddp_buckets(ready_bytes: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
                 cap: int = DDP_BUCKET_CAP_BYTES) -> list[int]:
-    """Bytes of each DDP bucket from gradient sizes in ready order (reducer.cpp
-    ``compute_bucket_assignment_by_size``: a bucket closes once it reaches its limit; the
-    first limit is ``first_cap``, every later one ``cap``)."""
-    buckets, size, limit = [], 0, first_cap
-    for b in ready_bytes:
-        size += b
-        if size >= limit:
-            buckets.append(size)
-            size, limit = 0, cap
-    return buckets + ([size] if size else [])
+    """Bytes of each DDP bucket from gradient sizes in ready order (``ddp_hooks.bucket_members``)."""
+    return [sum(ready_bytes[i] for i in m) for m in hooks.bucket_members(ready_bytes, first_cap, cap)]
 
 
 def _ddp_calls(plan: Plan, params: list[ParamTensor], wire: Wire) -> Counter:
-    ready = [_numel(p.shape) * PARAM_ELEMENT_BYTES for p in reversed(params)]
-    compression = plan.training.grad_compression
-    if compression == GradCompression.POWERSGD:
-        raise ValueError("training.grad_compression=powersgd: its steady-state collectives are not modelled")
-    half = compression in (GradCompression.FP16, GradCompression.BF16)
-    grad = min(wire.grad, 2) if half else wire.grad     # the hook all-reduces a 16-bit copy of the bucket
-    return Counter(Call(kind="all_reduce", axis=grad_axis(plan), bytes=b * grad // PARAM_ELEMENT_BYTES, issuer="ddp")
-                   for b in ddp_buckets(ready))
+    """DDP's all-reduces per bucket, as its communication hook makes them (``ddp_hooks``: one; the
+    16-bit hooks' of a half-precision copy; PowerSGD's three in its steady state)."""
+    shapes = [p.shape for p in reversed(params)]
+    compression = plan.training.grad_compression.value
+    return Counter(Call(kind="all_reduce", axis=grad_axis(plan), bytes=int(b), issuer="ddp")
+                   for members in hooks.bucket_members([_numel(s) * PARAM_ELEMENT_BYTES for s in shapes])
+                   for b in hooks.bucket_calls(compression, [shapes[i] for i in members], hooks.POWERSGD_RANK,
+                                               wire.grad))
 
 
 def _fsdp_units(plan: Plan, part: StagePart) -> list[list[ParamTensor]]:

@@ -13,6 +13,8 @@ from simcore.model import memory as mem
 from simcore.model import moe_layers as ml
 from simcore.model import workload as wl
 from simcore.model import zeropp as zpp
+from simcore.model import ddp_hooks as hooks
+from simcore.model import param_layout as pl
 from simcore.model.optim_states import flat_partitions, stored_weight_bytes
 from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
@@ -37,9 +39,7 @@ def deepspeed_gathers(plan: Plan, layer_params: float) -> tuple[int, float]:
     return modules, max(0.0, 1.0 - DS_PREFETCH_ELEMENTS / per_module) if per_module > 0 else 0.0
 
 
-#: Rank of torch's PowerSGD hook (``PowerSGDState(matrix_approximation_rank=1)`` default,
-#: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py).
-POWERSGD_RANK = 1
+POWERSGD_RANK = hooks.POWERSGD_RANK
 
 
 def host_link_bytes_per_s(plan: Plan) -> float:
@@ -78,7 +78,16 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         elif tr.grad_compression != GradCompression.NONE:
             out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
         buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
-        if dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
+        hooked = par.zero == ZeroStage.NONE and tr.grad_compression != GradCompression.NONE and not expert
+        if hooked:   # DDP's communication hook, bucket by bucket as torch runs it
+            def one(nbytes: float) -> float:
+                if dev.lone_all_reduce_s > 0:   # a CPU host's lone call and the ring's bytes
+                    return dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(nbytes, net)
+                return coll.all_reduce_s(nbytes, net)
+            shapes = grad_shapes(plan, sp, layer_params)
+            out["grad"], out["compress"] = hooks.hook_costs(tr.grad_compression.value, shapes, POWERSGD_RANK, dev, one)
+            buckets = len(hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]))
+        elif dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
             # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),
             # each a lone call issued after compute, plus the ring's bytes term
             out["grad"] = buckets * dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(gb * dense, net) \
@@ -110,6 +119,18 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     for key in ("layer_ag", "layer_rs", "layer_ag_b"):
         out.setdefault("dense_" + key, out[key])
     return out
+
+
+def grad_shapes(plan: Plan, sp: mem.StageParams, layer_params: float) -> list[tuple[int, ...]]:
+    """A rank's gradient tensors (their TP-local shapes) in DDP's ready order, the reverse of
+    the executor's model's (``param_layout``): its blocks and the vocabulary matrices its
+    parameters hold (the embedding, the output), as many as ``sp`` counts."""
+    m, tp = plan.model, plan.parallel.tp
+    blocks = round((sp.total - sp.ends) / layer_params) if layer_params else 0
+    ends = round(sp.ends / (m.vocab * m.hidden / tp)) if sp.ends else 0
+    params = [p for i in range(blocks) for p in pl.block_params(m, i)]
+    shapes = [pl.local_shape(p, tp, 0) for p in params] + [(m.vocab // tp, m.hidden)] * ends
+    return shapes[::-1]
 
 
 def _fsdp_layer(plan: Plan, dev: cmp.DeviceModel, nets: tuple, sizes: tuple[float, float],

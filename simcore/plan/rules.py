@@ -72,11 +72,6 @@ def check_plan(plan: Plan) -> None:
         (not (m.dense_layers or m.shared_ffn_hidden or m.dense_ffn_hidden) or m.moe,
          "model.dense_layers, dense_ffn_hidden and shared_ffn_hidden need an MoE model (model.experts > 0)"),
         (m.dense_layers < m.layers, f"model.dense_layers={m.dense_layers} must be fewer than model.layers={m.layers}"),
-        (not m.moe_layers or m.moe, "model.moe_layers needs an MoE model (model.experts > 0)"),
-        (not m.moe_layers or not m.dense_layers, "model.moe_layers and model.dense_layers are two ways to place the "
-         "dense layers: give one"),
-        (list(m.moe_layers) == sorted(set(m.moe_layers)) and all(0 <= i < m.layers for i in m.moe_layers),
-         f"model.moe_layers must be increasing layer indices from 0 to model.layers-1={m.layers - 1}"),
         (not m.mla or m.qk_rope_head_dim > 0 and m.v_head_dim > 0 and m.kv_channels > 0,
          "model.kv_lora_rank (multi-latent attention) needs model.kv_channels, qk_rope_head_dim and v_head_dim"),
         (m.heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.heads={m.heads}"),
@@ -118,7 +113,7 @@ def check_plan(plan: Plan) -> None:
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
         *_expert_tp_rules(plan), *_moe_overlap_rules(plan), _fsdp_root_rule(plan), *_zeropp_rules(plan),
-        *_schedule_rules(plan),
+        *_moe_layer_rules(m), *_schedule_rules(plan),
         (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
         (0.0 < m.sliding_window_layers <= 1.0,
          f"model.sliding_window_layers={m.sliding_window_layers} must be a share of the layers in (0, 1]"),
@@ -224,6 +219,17 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
         (tr.optimizer_state_dtype == StateDtype.FP32 or tr.optimizer in (Optimizer.ADAMW, Optimizer.ADAM)
          and tr.master_weights and not tr.autocast, f"training.optimizer_state_dtype={tr.optimizer_state_dtype.value} "
          "needs optimizer adamw or adam with master weights (the precision-aware Adam of Transformer Engine)"),
+    ]
+
+
+def _moe_layer_rules(m) -> list[tuple[bool, str]]:
+    """``model.moe_layers``: an MoE model's, one way to place the dense layers, valid indices."""
+    return [
+        (not m.moe_layers or m.moe, "model.moe_layers needs an MoE model (model.experts > 0)"),
+        (not m.moe_layers or not m.dense_layers, "model.moe_layers and model.dense_layers are two ways to place the "
+         "dense layers: give one"),
+        (list(m.moe_layers) == sorted(set(m.moe_layers)) and all(0 <= i < m.layers for i in m.moe_layers),
+         f"model.moe_layers must be increasing layer indices from 0 to model.layers-1={m.layers - 1}"),
     ]
 
 

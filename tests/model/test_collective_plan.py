@@ -143,8 +143,18 @@ def test_unmodelled_layouts_are_value_errors():
         cp.expected_collectives(make_plan(dict(LLAMA, experts=4, top_k=2), dp=2, recompute="layer:2"))
     with pytest.raises(ValueError, match="training.recompute=op and parallel.tp=2"):
         cp.expected_collectives(make_plan(dict(LLAMA, experts=4, top_k=2), tp=2, recompute="op"))
-    with pytest.raises(ValueError, match="grad_compression=powersgd"):
-        cp.expected_collectives(make_plan(dp=2, grad_compression="powersgd"))
+
+
+
+def test_powersgd_all_reduces_three_times_a_bucket():
+    """torch's powerSGD_hook in its steady state (``ddp_hooks``): per bucket the concatenated
+    uncompressed tensors (norms, biases: even none), all Ps, all Qs; rank 1, fp32."""
+    plain, squeezed = cp.expected_calls(make_plan(BIG, dp=2, gb=4), 0), \
+        cp.expected_calls(make_plan(BIG, dp=2, gb=4, grad_compression="powersgd"), 0)
+    n_plain = sum(n for c, n in plain.items() if c.issuer == "ddp")
+    calls = {c: n for c, n in squeezed.items() if c.issuer == "ddp"}
+    assert sum(calls.values()) == 3 * n_plain == 9
+    assert sum(c.bytes * n for c, n in calls.items()) < sum(c.bytes * n for c, n in plain.items() if c.issuer == "ddp") / 20
 
 
 def test_format_collectives_lists_every_axis_and_kind():
@@ -159,14 +169,16 @@ def test_format_collectives_lists_every_axis_and_kind():
 # --------------------------------------------------------------------------- executed layouts
 
 def record_step(rank, world, device, plans):
-    """Run STEPS steps of each plan; return the last step's counts and recorded bytes."""
+    """Run STEPS steps of each plan (PowerSGD's uncompressed first ones more); return the last
+    step's counts and recorded bytes."""
     out = []
     for plan in plans:
         mesh = parallel.build_mesh(plan, "cpu")
         trainer = parallel.build_trainer(plan, mesh, device, seed=0, lr=0.5)
         rec = record.Recorder(rank=rank, axis_of=record.axis_map(mesh))
+        steps = STEPS + (parallel.POWERSGD_START_ITER if plan.training.grad_compression.value == "powersgd" else 0)
         with record.record_collectives(rec):
-            for step in range(STEPS):
+            for step in range(steps):
                 tokens, labels = launch.local_batch(plan, step, 0, mesh.get_local_rank("dp"))
                 rec.counts.clear()
                 rec.enabled = True
@@ -199,6 +211,7 @@ TWO_RANK = {
     "dp2-tied": make_plan(dict(GPT, tied_embeddings=True), dp=2),
     "dp2-three-buckets": make_plan(BIG, dp=2, gb=4),
     "dp2-fp16-compression": make_plan(dp=2, grad_compression="fp16"),
+    "dp2-powersgd": make_plan(dp=2, grad_compression="powersgd"),
     "zero1-adamw": make_plan(LLAMA, dp=2, zero=1, optimizer="adamw"),
     "zero1-adafactor": make_plan(LLAMA, dp=2, zero=1, optimizer="adafactor"),
     "zero2": make_plan(dp=2, zero=2),

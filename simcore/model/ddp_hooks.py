@@ -1,0 +1,104 @@
+"""DDP's gradient buckets and the communication hooks ``training.grad_compression`` names, as
+torch 2.13 runs them (torch/distributed/algorithms/ddp_comm_hooks), per bucket and step:
+
+- buckets (reducer.cpp ``compute_bucket_assignment_by_size``): gradients in ready order fill a
+  bucket until it reaches its limit, 1 MiB for the first and 25 MiB after;
+- ``fp16`` / ``bf16`` (default_hooks.py ``_compress_hook``): the bucket cast to 16 bits and
+  divided by the world (two kernels), all-reduced, copied back into the fp32 bucket (one);
+- ``powersgd`` (powerSGD_hook.py ``powerSGD_hook``, rank r, error feedback and warm start as
+  torch defaults them): the error added to the bucket and the bucket cloned; each gradient seen
+  as a matrix n x m is compressed where (n + m) r x ``min_compression_rate`` (2) < n m, the
+  rest concatenated; each compressed matrix M gets P = M Q and, after the Ps' all-reduce,
+  Q = M^T P and M = P Q^T, each P and Q orthogonalised first (Gram-Schmidt for r <= 2: a norm
+  and a division per column); three all-reduces a bucket, each after the last one's result
+  (the uncompressed tensors, all Ps, all Qs), then the Qs divided by the world, the
+  uncompressed tensors copied back and the new error (the clone minus the result) kept.
+
+``hook_costs`` prices them on a device (its streams and per-kernel costs: a hook's kernels are
+plain eager ops issued one by one from Python callbacks, no autograd around them);
+``bucket_calls`` lists the all-reduces each bucket makes.
+"""
+from __future__ import annotations
+
+import math
+
+#: DDP's bucket limits (torch/nn/parallel/distributed.py: ``dist._DEFAULT_FIRST_BUCKET_BYTES``,
+#: ``_DEFAULT_BUCKET_CAP_MB`` = 25).
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024
+#: PowerSGD's rank: torch's ``PowerSGDState(matrix_approximation_rank=1)`` default, which the
+#: executor registers (Vogels et al. 2019 train with ranks 1-4).
+POWERSGD_RANK = 1
+#: PowerSGDState's ``min_compression_rate`` default: compress a matrix only where it saves this much.
+MIN_COMPRESSION_RATE = 2
+#: Kernels of one rank-r Gram-Schmidt column (``_orthogonalize_gram_schmidt``: the norm, the division).
+GRAM_SCHMIDT_KERNELS = 2
+#: fp32 gradients (DDP reduces the parameters' dtype; the executor's are fp32).
+FP32 = 4
+
+
+def bucket_members(ready_bytes: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
+                   cap: int = DDP_BUCKET_CAP_BYTES) -> list[list[int]]:
+    """Indices (into ``ready_bytes``, gradients in ready order) of each DDP bucket's gradients:
+    a bucket closes once it reaches its limit (``first_cap``, then ``cap``)."""
+    buckets, current, size, limit = [], [], 0, first_cap
+    for i, b in enumerate(ready_bytes):
+        current.append(i)
+        size += b
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0, cap
+    return buckets + ([current] if current else [])
+
+
+def compressed(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
+    """(Ps, Qs) elements of a gradient PowerSGD compresses (None: sent uncompressed)."""
+    if len(shape) < 2:
+        return None
+    n, m = shape[0], math.prod(shape[1:])
+    r = min(n, m, rank)
+    return (n * r, m * r) if (n + m) * r * MIN_COMPRESSION_RATE < n * m else None
+
+
+def bucket_calls(compression: str, shapes: list[tuple[int, ...]], rank: int, element_bytes: int) -> list[int]:
+    """Bytes of each all-reduce one bucket of gradients of ``shapes`` makes under ``compression``
+    (``none``, ``fp16``, ``bf16``, ``powersgd``)."""
+    numel = sum(math.prod(s) for s in shapes)
+    if compression in ("fp16", "bf16"):
+        return [2 * numel]
+    if compression != "powersgd":
+        return [element_bytes * numel]
+    pq = [compressed(s, rank) for s in shapes]
+    plain = sum(math.prod(s) for s, c in zip(shapes, pq) if c is None)
+    return [element_bytes * plain, element_bytes * sum(c[0] for c in pq if c),
+            element_bytes * sum(c[1] for c in pq if c)]
+
+
+def hook_costs(compression: str, shapes: list[tuple[int, ...]], rank: int, dev, all_reduce) -> tuple[float, float]:
+    """(all-reduce seconds, hook kernel seconds) of one step's buckets of gradients of ``shapes``
+    (in ready order); ``all_reduce(nbytes)`` the seconds of one call."""
+    comm = kernels = 0.0
+    # one kernel: on a CPU host its issue and run (the thread that issues it runs it), else the
+    # longer of the host's issue and the device's kernel (a hook issues them one by one)
+    op = dev.kernel_overhead_s + dev.dispatch_s if dev.dispatch_s is not None else \
+        max(dev.kernel_overhead_s, dev.host_overhead_s)
+    stream = dev.hbm_bytes_per_s * dev.memory_efficiency
+    for members in bucket_members([FP32 * math.prod(s) for s in shapes]):
+        part = [shapes[i] for i in members]
+        calls = bucket_calls(compression, part, rank, FP32)
+        comm += sum(all_reduce(b) for b in calls)
+        n = sum(math.prod(s) for s in part)
+        if compression in ("fp16", "bf16"):   # cast, divide, copy back
+            kernels += 3 * op + FP32 * n * 4 / stream
+        elif compression == "powersgd":
+            squeezed = [math.prod(s) for s in part if compressed(s, rank)]
+            plain = len(part) - len(squeezed)
+            gs = GRAM_SCHMIDT_KERNELS * min(rank, 2)
+            # error add, clone, cat, Qs' division, new error; per matrix: two orthogonalisations
+            # and three bmm; per plain tensor its copy back
+            count = 5 + len(squeezed) * (2 * gs + 3) + plain
+            # fp32 passes: error add 3, clone 2 and new error 3 over the bucket; the three bmm
+            # over the matrices (read M twice, write it once); cat and copy back over the rest
+            passes = 8 * n + 3 * sum(squeezed) + 4 * (n - sum(squeezed))
+            kernels += count * op + FP32 * passes / stream
+    return comm, kernels
