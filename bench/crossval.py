@@ -23,7 +23,7 @@ FITS = Path(__file__).resolve().parents[1] / "validation" / "fits.yaml"
 RANK_MIN_GAP = 0.05
 #: Coverage is judged for GPU kinds with at least this many rows: on the residuals the planner
 #: reads (the row's own among them) from ``uncertainty.EMPIRICAL_MIN_N`` rows on, where the
-#: intervals are their empirical quantiles; below it, where they are normal prediction
+#: intervals are their empirical quantiles; below it, where they are Student-t prediction
 #: intervals for a new draw (which cover their own sample by construction), each row's
 #: interval without it (leave-one-out).
 COVERAGE_MIN_ROWS = 10

@@ -12,7 +12,9 @@ p * exp(q), q over the residual distribution:
 - n >= EMPIRICAL_MIN_N: the empirical (1-L)/2 and (1+L)/2 quantiles (linear interpolation,
   Hyndman & Fan 1996, type 7, numpy's default);
 - 2 <= n < EMPIRICAL_MIN_N: a normal prediction interval in log space,
-  mean +- z * sd * sqrt(1 + 1/n) (the prediction interval of a new draw from a sample of n).
+  mean +- t * sd * sqrt(1 + 1/n), t Student's quantile with n - 1 degrees of freedom (the
+  prediction interval of a new draw from a normal sample of n whose spread is estimated from
+  it; with the normal quantile z in its place a sample of 5 covered 84%, not 90%).
 The residuals of the layout's own class are used when there are at least MIN_CLASS_N of
 them, else those of every class on that hardware kind; the interval names what it used.
 Pure: no torch, no clock; the loader is the only I/O.
@@ -83,6 +85,21 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (h - lo) * (s[min(lo + 1, len(s) - 1)] - s[lo])
 
 
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile at probability ``p``: exact for 1 and 2 degrees of freedom, else the
+    Cornish-Fisher expansion in the normal quantile (Abramowitz & Stegun 1964, 26.7.5), within
+    0.2% of the table from 3 degrees of freedom at the levels used here."""
+    if dof == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if dof == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = statistics.NormalDist().inv_cdf(p)
+    g = ((z ** 3 + z) / 4, (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
+         (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
+         (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160)
+    return z + sum(gk / dof ** (k + 1) for k, gk in enumerate(g))
+
+
 def log_bounds(residuals: list[float], level: float = DEFAULT_LEVEL) -> tuple[float, float]:
     """(lower, upper) log-ratio bounds of a ``level`` interval from the residuals."""
     rs = [r for r in residuals if math.isfinite(r)]
@@ -93,8 +110,7 @@ def log_bounds(residuals: list[float], level: float = DEFAULT_LEVEL) -> tuple[fl
     if len(rs) >= EMPIRICAL_MIN_N:
         return quantile(rs, (1 - level) / 2), quantile(rs, (1 + level) / 2)
     mu, sd = statistics.mean(rs), statistics.stdev(rs)
-    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
-    half = z * sd * math.sqrt(1 + 1 / len(rs))
+    half = t_quantile((1 + level) / 2, len(rs) - 1) * sd * math.sqrt(1 + 1 / len(rs))
     return mu - half, mu + half
 
 
