@@ -121,8 +121,12 @@ def _megatron_model(a: _Args, f: dict) -> None:
     elif f["model.heads"] is not None:
         f["model.kv_heads"] = f["model.heads"]
     # --padded-vocab-size: the embedding's exact rows, not padded further (argument_utils.py
-    # gpt_config_from_args, should_pad_vocab=False @d98e8a64); --vocab-size is then the tokenizer's
-    f["model.vocab"] = a.value("--padded-vocab-size") or a.value("--vocab-size") or _tokenizer_vocab(a)
+    # gpt_config_from_args, should_pad_vocab=False @d98e8a64); --vocab-size (or the tokenizer's)
+    # is padded to a multiple of --make-vocab-size-divisible-by (128) x TP (vocab_utils.py
+    # calculate_padded_vocab_size), the rows Megatron builds
+    vocab = a.value("--vocab-size") or _tokenizer_vocab(a)
+    multiple = (a.value("--make-vocab-size-divisible-by") or VOCAB_DIVISOR) * (a.value("--tensor-model-parallel-size") or 1)
+    f["model.vocab"] = a.value("--padded-vocab-size") or (-(-vocab // multiple) * multiple if vocab else None)
     f["model.kv_channels"] = a.value("--kv-channels")
     f["model.rope_base"] = a.value("--rotary-base", float)
     drops = [a.value(o, float) for o in ("--hidden-dropout", "--attention-dropout")]
@@ -216,6 +220,8 @@ def _read_mla(a: _Args, f: dict) -> None:
     f["model.v_head_dim"] = a.value("--v-head-dim") or 128
 
 
+#: Megatron's --make-vocab-size-divisible-by default (megatron/training/arguments.py).
+VOCAB_DIVISOR = 128
 #: Vocabulary sizes of the tokenizers Megatron's examples name without --vocab-size: the
 #: GPT-2 BPE files (gpt2-vocab.json; openai-community/gpt2 config.json vocab_size) and the
 #: Llama 2 SentencePiece model (meta-llama/Llama-2-7b-hf config.json vocab_size).

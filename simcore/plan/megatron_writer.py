@@ -46,7 +46,7 @@ def megatron_model_args(plan: Plan) -> list:
         args += [("--group-query-attention", None), ("--num-query-groups", m.kv_heads)]
     if m.kv_channels and not m.mla:
         args.append(("--kv-channels", m.kv_channels))
-    args += [("--seq-length", m.seq_len), ("--max-position-embeddings", m.seq_len), ("--vocab-size", m.vocab),
+    args += [("--seq-length", m.seq_len), ("--max-position-embeddings", m.seq_len), ("--padded-vocab-size", m.vocab),
              ("--position-embedding-type", "rope" if m.position_embedding.value == "rope" else "learned_absolute")]
     if m.position_embedding.value == "rope":  # Llama-style: RMSNorm, no biases, the model's rotary base
         if m.rope_base != int(m.rope_base):

@@ -17,7 +17,7 @@ torchrun --nnodes 192 --nproc-per-node 8 pretrain_gpt.py \
     --num-attention-heads 96 \
     --seq-length 2048 \
     --max-position-embeddings 2048 \
-    --vocab-size 51200 \
+    --padded-vocab-size 51200 \
     --position-embedding-type learned_absolute \
     --tensor-model-parallel-size 8 \
     --pipeline-model-parallel-size 12 \

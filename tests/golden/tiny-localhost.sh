@@ -16,7 +16,7 @@ torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py \
     --num-attention-heads 4 \
     --seq-length 32 \
     --max-position-embeddings 32 \
-    --vocab-size 256 \
+    --padded-vocab-size 256 \
     --position-embedding-type learned_absolute \
     --untie-embeddings-and-output-weights \
     --tensor-model-parallel-size 1 \

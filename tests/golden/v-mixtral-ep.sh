@@ -19,7 +19,7 @@ torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
     --num-query-groups 8 \
     --seq-length 4096 \
     --max-position-embeddings 4096 \
-    --vocab-size 32000 \
+    --padded-vocab-size 32000 \
     --position-embedding-type rope \
     --rotary-base 1000000 \
     --normalization RMSNorm \

@@ -18,7 +18,7 @@ torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --num-query-groups 8 \
     --seq-length 8192 \
     --max-position-embeddings 8192 \
-    --vocab-size 128256 \
+    --padded-vocab-size 128256 \
     --position-embedding-type rope \
     --rotary-base 500000 \
     --normalization RMSNorm \

@@ -19,7 +19,7 @@ torchrun --nnodes 4 --nproc-per-node 8 pretrain_gpt.py \
     --num-query-groups 4 \
     --seq-length 4096 \
     --max-position-embeddings 4096 \
-    --vocab-size 151936 \
+    --padded-vocab-size 151936 \
     --position-embedding-type rope \
     --rotary-base 1000000 \
     --normalization RMSNorm \
