@@ -132,3 +132,13 @@ def test_interleaved_moe_layers_round_trip():
                            "training": {"global_batch": 256, "recompute": "full", "flash_attention": True}})
     back = _round_trip(plan)
     assert back.model.moe_layers == tuple(range(1, 48, 2)) and _without_name(back) == _without_name(plan)
+
+
+def test_the_vocabulary_is_padded_as_megatron_pads_it():
+    """vocab_utils.py ``calculate_padded_vocab_size``: to a multiple of --make-vocab-size-divisible-by
+    (128) x TP; --padded-vocab-size is taken as the rows; GPT-2's 50,257 tokens -> 50,304 at TP 1."""
+    base = CMD.replace("--vocab-size 32000 ", "")
+    assert read_megatron(base + "--vocab-size 50257").fields["model.vocab"] == 50304
+    assert read_megatron(base + "--vocab-size 50257 --tensor-model-parallel-size 8").fields["model.vocab"] == 51200
+    assert read_megatron(base + "--vocab-size 50257 --make-vocab-size-divisible-by 64").fields["model.vocab"] == 50304
+    assert read_megatron(base + "--padded-vocab-size 50257 --tensor-model-parallel-size 8").fields["model.vocab"] == 50257
