@@ -104,7 +104,12 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
                 coll.all_gather_s(stored_weight_bytes(plan, expert, 0.0), enet) if enet else 0.0)
         else:   # FSDP2, ZeRO-2 and 3: per block, as often as fsdp_calls.fsdp_stage_calls counts
             expert_l = mem.layer_params_per_gpu(plan)[1]
-            out.update(_fsdp_layer(plan, dev, (net, enet), (wb, gb), (layer_params - expert_l, expert_l)))
+            fp8_ag = tr.fp8_param_gather and par.zero_impl == ZeroImpl.FSDP2   # torchao: the blocks' linears in FP8
+            out.update(_fsdp_layer(plan, dev, (net, enet), (1.0 if fp8_ag else wb, gb),
+                                   (layer_params - expert_l, expert_l)))
+            if fp8_ag:   # precompute_float8_dynamic_scale_for_fsdp after the step: the shards' amax, one all-reduce
+                linears = (4 + wl.mlp_matrices(plan.model)) * round((params - sp.ends) / max(layer_params, 1.0))
+                out["sync"] += cmp.stream_s(wb * params / nd, dev) + coll.all_reduce_s(4.0 * linears, net)
             if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero < ZeroStage.WEIGHTS:
                 # DeepSpeed's ZeRO-2 keeps whole 16-bit parameters: one all-gather of the updated
                 # shards a step (stage_1_and_2.py ``step``)

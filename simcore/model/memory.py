@@ -150,7 +150,9 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     FP8 (Transformer Engine): each linear's cached FP8 weight (the parameter itself under
     ``fp8_param_gather``) and, unless FP8 GEMMs take any layout (Blackwell, ``GPU.non_tn_fp8``), its
     transpose (1 B each, ``is_first_microbatch``), the delayed-scaling amax history (fp32, three
-    tensors a linear, ``amax_history_len=1024``); under ZeRO-3 FP8 gathers instead. MXFP8 and NVFP4
+    tensors a linear, ``amax_history_len=1024``); under ZeRO-3 none cached: the layer is gathered
+    16-bit and cast per GEMM, or gathered in FP8 under ``fp8_param_gather`` (torchao's
+    ``enable_fsdp_float8_all_gather``: one byte an element of the gathered layer). MXFP8 and NVFP4
     cache their weights' rowwise and columnwise quantized copies with the block scales
     (``workload.quantized_bytes``: 1 + 1/32 and 0.5 + 1/16 bytes an element each) and keep
     no amax history (TE's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling`` scale per block)."""
@@ -174,7 +176,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
         if par.zero >= ZeroStage.GRADIENTS:
             out["fsdp_reduce_scatter"] = (wb + 4) * sp.layer_max
             if par.zero == ZeroStage.WEIGHTS:
-                out["fsdp_all_gather"] = 2 * (1 if fp8 else wb) * sp.layer_max
+                out["fsdp_all_gather"] = 2 * (1 if fp8 and tr.fp8_param_gather else wb) * sp.layer_max
                 # the root's gathered parameters and, from the loss on, the output's unsharded
                 # gradient; none under ``output_kept`` (fsdp_pools: its groups reshard sooner)
                 if par.fsdp_root != FsdpRoot.OUTPUT_KEPT:

@@ -201,6 +201,8 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
         values["parallel.zero"] = 0 if shard == 1 else (2 if never else 3)
         if values["parallel.zero"] == 3 and reshard != "always":   # its [norm, output] group is not resharded
             values["parallel.fsdp_root"] = "output_kept"
+        if hints.get("torchtitan.fp8_all_gather") and values["parallel.zero"] >= 2:   # float8 gathered (FSDP only)
+            values["training.fp8_param_gather"] = True
         if torchtitan_autocasts(values.get("training.precision"), values["parallel.zero"], g("parallel.tp"),
                                 g("parallel.pp"), g("parallel.cp"), g("parallel.ep")):
             values["training.autocast"] = True

@@ -213,9 +213,11 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "offloading with pipeline parallelism, transformer_config.py; torchtune's offloading has no pipeline)"),
         (tr.grad_compression != GradCompression.POWERSGD or par.zero == ZeroStage.NONE,
          "training.grad_compression=powersgd needs parallel.zero=0 (it is a DDP communication hook)"),
-        (not tr.fp8_param_gather or tr.precision == Precision.FP8 and par.zero == ZeroStage.OPTIMIZER_STATES
-         and par.zero_impl == ZeroImpl.FSDP2, "training.fp8_param_gather needs training.precision=fp8 and "
-         "parallel.zero=1 (Megatron's distributed optimizer keeps the fp32 weights it re-quantizes)"),
+        (not tr.fp8_param_gather or tr.precision == Precision.FP8 and par.zero_impl == ZeroImpl.FSDP2 and (
+            par.zero == ZeroStage.OPTIMIZER_STATES or par.zero >= ZeroStage.GRADIENTS and tr.fp8_recipe.value == "tensorwise"),
+         "training.fp8_param_gather needs training.precision=fp8 with parallel.zero=1 (Megatron's distributed "
+         "optimizer keeps the fp32 weights it re-quantizes) or FSDP2 (zero 2-3) with training.fp8_recipe=tensorwise "
+         "(torchao's float8 all-gather)"),
         (tr.optimizer_state_dtype == StateDtype.FP32 or tr.optimizer in (Optimizer.ADAMW, Optimizer.ADAM)
          and tr.master_weights and not tr.autocast, f"training.optimizer_state_dtype={tr.optimizer_state_dtype.value} "
          "needs optimizer adamw or adam with master weights (the precision-aware Adam of Transformer Engine)"),

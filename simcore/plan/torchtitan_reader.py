@@ -179,6 +179,9 @@ def _torchtitan_training(get, used: set, given: dict, d: dict, hints: dict) -> d
     if "float8" in converters:   # torchao's float8: tensorwise unless float8.recipe_name says rowwise
         f["training.fp8_recipe"] = "rowwise" if str(get("float8", "recipe_name", "")).startswith("rowwise") \
             else "tensorwise"
+        if get("float8", "enable_fsdp_float8_all_gather", False):   # FSDP2 gathers the float8 weights
+            hints["torchtitan.fp8_all_gather"] = True
+        get("float8", "precompute_float8_dynamic_scale_for_fsdp")
     mode = get("activation_checkpoint", "mode", "selective")
     if mode not in ("selective", "full", "none"):
         raise PlanError(f"torchtitan activation checkpointing {mode} has no training.recompute equivalent "

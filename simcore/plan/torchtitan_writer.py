@@ -112,7 +112,8 @@ def _check(plan: Plan) -> None:
         (not tr.grads_to_none, "training.grads_to_none", "false", "its optimizer frees the gradients (zero_grad)"),
         (tr.optimizer_state_dtype.value != "fp32", "training.optimizer_state_dtype", tr.optimizer_state_dtype.value,
          "torch's AdamW keeps its moments in the parameters' dtype"),
-        (tr.fp8_param_gather, "training.fp8_param_gather", "true", "its float8 keeps 16-bit weights"),
+        (tr.fp8_param_gather and par.zero < 2, "training.fp8_param_gather", "true",
+         "its float8 all-gather is FSDP's (parallel.zero 2-3): ZeRO-1 keeps 16-bit weights"),
         (par.microbatch_group not in (0, plan.num_microbatches // max(1, plan.num_microbatches // par.pp)),
          "parallel.microbatch_group", par.microbatch_group, "torch's interleaved schedule takes its rounds rule"),
         (tr.activation_offload > 0, "training.activation_offload", tr.activation_offload,
@@ -223,6 +224,8 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
            "compile": {"enable": tr.kernels.value == "fused"}}
     if tr.precision.value == "fp8" and tr.fp8_recipe.value == "rowwise":
         doc["float8"] = {"recipe_name": "rowwise"}
+    if tr.fp8_param_gather:   # torchao: FSDP2 gathers the float8 weights, their scales computed after the step
+        doc["float8"] = {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
     if tr.recompute.value in ("selective", "op"):  # op-level SAC (nearest to Korthikanti et al.'s selective)
         doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": "op"}
     elif tr.recompute.value == "layer":   # every Nth layer
