@@ -105,8 +105,8 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         else:   # FSDP2, ZeRO-2 and 3: per block, as often as fsdp_calls.fsdp_stage_calls counts
             expert_l = mem.layer_params_per_gpu(plan)[1]
             fp8_ag = tr.fp8_param_gather and par.zero_impl == ZeroImpl.FSDP2   # torchao: the blocks' linears in FP8
-            out.update(_fsdp_layer(plan, dev, (net, enet), (1.0 if fp8_ag else wb, gb),
-                                   (layer_params - expert_l, expert_l)))
+            sizes = (1.0 if fp8_ag else wb, gb)
+            out.update(_fsdp_layer(plan, dev, (net, enet), sizes, (layer_params - expert_l, expert_l)))
             if fp8_ag:   # precompute_float8_dynamic_scale_for_fsdp after the step: the shards' amax, one all-reduce
                 linears = (4 + wl.mlp_matrices(plan.model)) * round((params - sp.ends) / max(layer_params, 1.0))
                 out["sync"] += cmp.stream_s(wb * params / nd, dev) + coll.all_reduce_s(4.0 * linears, net)
@@ -116,7 +116,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
                 out["sync"] = coll.all_gather_s(wb * params, net)
             if plan.model.dense_count:
                 flat = mem.layer_params_per_gpu(ml.dense_plan(plan))[0]   # a dense layer: no experts
-                one = _fsdp_layer(plan, dev, (net, enet), (wb, gb), (flat, 0.0))
+                one = _fsdp_layer(plan, dev, (net, enet), sizes, (flat, 0.0))
                 out["dense_layer_ag"], out["dense_layer_rs"] = one["layer_ag"], one["layer_rs"]
                 out["dense_layer_ag_b"] = one["layer_ag_b"]
         out["buckets"] = buckets

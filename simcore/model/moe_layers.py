@@ -20,7 +20,7 @@ import functools
 from dataclasses import replace
 
 from simcore.model.recompute import LayerActivations
-from simcore.plan.spec import ModelSpec, Plan, rank_sums
+from simcore.plan.spec import ModelSpec, Plan, layer_mask, rank_sums
 
 
 @functools.lru_cache(maxsize=256)
@@ -40,19 +40,13 @@ def dense_plan(plan: Plan) -> Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _split(dense: int, moe_layers: tuple[int, ...], layers: int, stages: tuple[int, ...]) -> tuple[int, ...]:
-    """Dense layers per stage of the model whose dense layers ``_mask`` gives."""
-    mask = _mask(dense, moe_layers, layers)
+    """Dense layers per stage of the model whose dense layers ``spec.layer_mask`` gives."""
+    mask = layer_mask(dense, moe_layers, layers)
     out, start = [], 0
     for n in stages:
         out.append(sum(mask[start:start + n]))
         start += n
     return tuple(out)
-
-
-@functools.lru_cache(maxsize=256)
-def _mask(dense: int, moe_layers: tuple[int, ...], layers: int) -> tuple[bool, ...]:
-    moe = set(moe_layers)
-    return tuple(i not in moe if moe else i < dense for i in range(layers))
 
 
 def stage_dense_layers(m: ModelSpec, stages: tuple[int, ...]) -> tuple[int, ...]:
@@ -73,7 +67,7 @@ def moe_layers(m: ModelSpec, first: int, count: int) -> int:
     """MoE layers among layers ``first`` .. ``first + count - 1`` of the model."""
     if not m.moe:
         return 0
-    return count - sum(_mask(m.dense_layers, m.moe_layers, m.layers)[first:first + count])
+    return count - sum(layer_mask(m.dense_layers, m.moe_layers, m.layers)[first:first + count])
 
 
 def mixed_activations(act: LayerActivations, flat: LayerActivations | None, n: float, d: float) -> LayerActivations:

@@ -134,14 +134,17 @@ class ModelSpec:
         return self.moe and dense_layer_mask(self)[index]
 
 
-@functools.lru_cache(maxsize=512)
 def dense_layer_mask(m: ModelSpec) -> tuple[bool, ...]:
-    """Per layer of MoE model ``m``: whether it is dense (``moe_layers``' complement, else the first
-    ``dense_layers``)."""
-    if m.moe_layers:
-        moe = set(m.moe_layers)
-        return tuple(i not in moe for i in range(m.layers))
-    return tuple(i < m.dense_layers for i in range(m.layers))
+    """Per layer of MoE model ``m``: whether it is dense (``layer_mask``)."""
+    return layer_mask(m.dense_layers, m.moe_layers, m.layers)
+
+
+@functools.lru_cache(maxsize=512)
+def layer_mask(dense_layers: int, moe_layers: tuple[int, ...], layers: int) -> tuple[bool, ...]:
+    """Per layer: whether it is dense: outside ``moe_layers`` where it lists any, else among the
+    first ``dense_layers`` (kept by these three fields: the searches ask per plan)."""
+    moe = set(moe_layers)
+    return tuple(i not in moe if moe else i < dense_layers for i in range(layers))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
