@@ -27,6 +27,8 @@ from simcore.plan.spec import PlanError
 ARGS_FILE = Path(__file__).with_name("megatron_args.yaml")
 #: ``store_false`` options whose name is not ``--no-<dest>`` (arguments.py @d98e8a64).
 STORE_FALSE = {"add_bias_linear": "--disable-bias-linear", "add_position_embedding": "--no-position-embedding"}
+#: A printed enum member (``AttnBackend.auto``, ``MoeDispatcher.alltoall``).
+ENUM = re.compile(r"^[A-Z][A-Za-z]*\.(\w+)$")
 #: Printed values that are no value at all.
 UNSET = {"None", "", "[]", "{}"}
 #: One ``  name ..... value`` line of the block (``_print_args``: the dest, dots, the value).
@@ -67,8 +69,8 @@ def log_command(text: str) -> tuple[list[str], int | None]:
         spec = opts.get(name)
         if spec is not None and spec.get("flag"):
             tokens += [name] if value == "True" else []
-        elif spec is not None:
-            tokens += [] if value in UNSET else [name, value]
+        elif spec is not None:   # an enum prints as its class and member (AttnBackend.auto): the option takes the member
+            tokens += [] if value in UNSET else [name, ENUM.sub(r"\1", value)]
         elif value == "False":
             negative = STORE_FALSE.get(dest, "--no-" + dest.replace("_", "-"))
             tokens += [negative] if (opts.get(negative) or {}).get("flag") else []

@@ -65,3 +65,11 @@ def test_a_log_without_an_arguments_block(capsys):
     assert rc == 2 and "no Megatron-LM arguments block" in err
     with pytest.raises(PlanError, match="arguments block"):
         log_command("")
+
+
+def test_an_enum_printed_by_its_class_is_its_member():
+    """Megatron of 2025 prints ``attention_backend ... AttnBackend.auto``; the option takes ``auto``."""
+    block = ("------------------------ arguments ------------------------\n"
+             "  attention_backend ............................... AttnBackend.auto\n"
+             "-------------------- end of arguments ---------------------\n")
+    assert log_command(block)[0] == ["--attention-backend", "auto"]
