@@ -12,20 +12,18 @@ input/output lengths; the metric is output tokens/s). ONE rule maps a row into a
   doc); fp16/bf16 rows 16 bits throughout;
 - tp from the row, one replica; rows with pp > 1 are skipped;
 - traffic: offline, num_requests = the row's num_prompts, prompt/output = input_len/output_len;
-- scheduler: the source states no batch limits (trtllm-bench tunes them per dataset), so the
-  serving plan's defaults: max_num_seqs 256, max_num_batched_tokens 8192, chunked prefill,
-  block 16, gpu_memory_utilization 0.9.
+- scheduler: TensorRT-LLM's as ``trtllm-bench`` sets it (``trtllm_bench_scheduler``): the
+  guaranteed-no-evict capacity policy (the doc's sample output prints "Scheduling Policy:
+  Guaranteed No Evict"; ``simcore.serving.spec``), chunked context, and the batch limits that
+  ``trtllm-bench build --dataset`` (the doc's build line) derives from the dataset's lengths:
+  ``tensorrt_llm/bench/build/tuning.py`` ``calc_engine_setting``/``finetune_setting`` (the
+  earliest stored copy, index id 5900118795, of the llmapi-era build.py that calls it for FP8 and
+  unquantized engines; the index gives no commit): KV requests = 0.95 x (GPU GiB x TP - params
+  x bytes / 1e9) / (KV GiB a token x (ISL + OSL)), the batch rounded up (at least 64) and the
+  tokens = batch x (1 + ISL/OSL) rounded up (at least 2048). The KV cache holds 0.95 of the
+  memory left after weights and activations (``free_memory_fraction``, the heuristic's own
+  ``kv_cache_gpu_mem_fraction``; the doc's 0.12 sample printed 99%, later ones 95% and 90%).
 Nothing is fitted to the rows. Prints MAPE per source, per GPU, per precision and per TP.
-
-The batch limits: perf-overview.md v0.14 states none; its build line is ``trtllm-bench build
---dataset``, and trtllm-bench's build of that era (tensorrt_llm/bench/build/build.py, the stored
-copy, commit not given by the index) derives max_batch_size and max_num_tokens from a heuristic
-of KV memory and the dataset's mean lengths (``tuning.calc_engine_setting``: "a slightly
-optimistic upper bound ... TRT-LLM relies on its runtime tuning features to adjust the runtime
-max batch size"), so no figure to apply; the doc's sample output (run with 0.12.0) shows
-"Max Runtime Batch Size: 4096, Max Runtime Tokens: 8192, Scheduling Policy: Guaranteed No
-Evict" -- a scheduler that reserves KV for a request's whole output at admission, unlike vLLM's
-(modelled here), a candidate cause of the over-prediction on long outputs, not applied.
 
 Online rows (``--online``; perf-overview.md v0.14 "Online Serving Measurements": Triton
 tensorrtllm_backend, 500 requests, BF16; mean TTFT and mean ITL per request rate). ONE rule:
@@ -34,12 +32,24 @@ requests (QPS INF: offline, all at t = 0), the scheduler defaults. Compared: mea
 TPOT (the doc's mean ITL) at loads below saturation (QPS below the INF row's measured req/s),
 and the saturation throughput (the INF row's output tok/s against the offline prediction).
 
-    .venv/bin/python bench/validate_serving.py [--limit N] [--online]
+Static-batch rows (``--static``; source ``trtllm_perf_md_v0.6.1``, TensorRT-LLM performance.md
+v0.6.1: ``gptSessionBenchmark`` runs one batch of the stated size, its whole context in one
+forward, then its generation steps). ONE rule: LLaMA-7B/70B as the methodology's Llama-2
+(llama2-7b, llama2-70b; GPT-J and Falcon are not in the catalog), H100 -> dgx-h100 with FP8
+weights, GEMMs and KV cache, A100 -> dgx-a100-80gb in FP16; the capacity policy ``static_batch``
+with the row's batch as ``max_num_seqs`` and as many requests, a token budget of the whole
+batch's prompts, no chunking, the KV cache 0.95 of the memory left. The H100 header counts
+output tok/s per GPU (``output_tok_s_per_gpu`` in the notes, times TP); the A100 header does not,
+so its values are taken as written (SOURCES.md: the A100 TP4 70B ones look per GPU). The
+batch-1 first-token rows (v0.5) are compared as TTFT of one request with one output token.
+
+    .venv/bin/python bench/validate_serving.py [--limit N] [--online | --static]
 """
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -48,14 +58,41 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simcore.engine.serving import simulate_serving  # noqa: E402
+from simcore.model.params import param_counts  # noqa: E402
 from simcore.plan.spec import PlanError  # noqa: E402
 from simcore.serving.load import serving_from_dict  # noqa: E402
+from simcore.serving.spec import ServingPlan  # noqa: E402
 
 CSV = Path(__file__).resolve().parents[2] / "shared/validation/dev_serving.csv"
 SOURCE = "trtllm_perf_overview_v0.14"
+STATIC = "trtllm_perf_md_v0.6.1"
+STATIC_MODELS = {"LLaMA-7B": "llama2-7b", "LLaMA-70B": "llama2-70b"}
 MODELS = {"Llama-3-70B": "llama3-70b", "Llama-3.1-70B": "llama3-70b", "Llama-3.1-8B": "llama3-8b",
           "Llama-3.1-405B": "llama3-405b", "Mixtral-8x7B": "mixtral-8x7b"}
 NODES = {"H100-SXM-80GB": "dgx-h100", "H200-SXM-141GB": "hgx-h200", "A100-SXM-80GB": "dgx-a100-80gb"}
+
+
+def trtllm_bench_scheduler(plan: ServingPlan) -> dict:
+    """The scheduler ``trtllm-bench`` runs for a dataset of fixed lengths (module docstring)."""
+    m, tp, t, gib = plan.model, plan.tp, plan.traffic, 2 ** 30
+    fp8 = plan.precision.weights.value == "fp8"
+    kv_token = 2 * m.layers * max(tp, m.kv_heads) * m.head_dim * (1 if fp8 else 2) / gib
+    engine = param_counts(m).total / 1e9 * (1 if fp8 else 2)
+    requests = 0.95 * (plan.cluster.node.gpu.hbm_bytes / gib * tp - engine) / (kv_token * (t.prompt_len + t.output_len))
+    raw_bs = min(requests, 4096)
+    raw_tok = min(raw_bs * (1 + t.prompt_len / t.output_len), 32768)
+    bs = (max(64, 32 * math.ceil(raw_bs / 32)) if raw_bs < 256 else
+          128 * math.ceil(raw_bs / 128) if raw_bs < 1024 else 256 * math.ceil(raw_bs / 256))
+    tok = (max(2048, 256 * math.ceil(raw_tok / 256)) if raw_tok < 4096 else
+           512 * math.ceil(raw_tok / 512) if raw_tok < 8192 else 1024 * math.ceil(raw_tok / 1024))
+    return {"max_num_seqs": min(bs, tok), "max_num_batched_tokens": tok, "chunked_prefill": True,
+            "capacity_policy": "guaranteed_no_evict"}
+
+
+def trtllm_bench_plan(doc: dict) -> ServingPlan:
+    """The row's serving plan with the scheduler and KV share trtllm-bench gives it."""
+    doc = {**doc, "kv_cache": {"free_memory_fraction": 0.95}}
+    return serving_from_dict({**doc, "scheduler": trtllm_bench_scheduler(serving_from_dict(doc))})
 
 
 def plan_doc(row) -> dict | str:
@@ -117,14 +154,64 @@ def online(d: pd.DataFrame) -> int:
     return 0
 
 
+def static_doc(row) -> dict | str:
+    """The serving plan of one static-batch row (the module docstring's rule), or why it is skipped."""
+    if row.model not in STATIC_MODELS:
+        return f"model {row.model} not in the catalog"
+    if row.gpu not in NODES:
+        return f"GPU {row.gpu} has no catalog node"
+    dt = "fp8" if row.precision == "fp8" else "fp16"
+    b, isl, osl = int(row.concurrency), int(row.input_len), int(row.output_len)
+    return {"name": f"{row.model}-{row.gpu}-tp{row.tp}-b{b}", "model": STATIC_MODELS[row.model],
+            "hardware": {"node": NODES[row.gpu]}, "parallel": {"tp": int(row.tp)},
+            "precision": {"weights": dt, "activations": dt, "kv_cache": dt},
+            "scheduler": {"max_num_seqs": b, "max_num_batched_tokens": b * isl, "chunked_prefill": False,
+                          "capacity_policy": "static_batch"},
+            "kv_cache": {"free_memory_fraction": 0.95},
+            "traffic": {"arrival": "offline", "num_requests": b, "prompt_len": isl, "output_len": osl}}
+
+
+def static(d: pd.DataFrame) -> int:
+    out = []
+    for row in d[d.source == STATIC].itertuples():
+        doc = static_doc(row)
+        if isinstance(doc, str):
+            continue
+        try:
+            r = simulate_serving(serving_from_dict(doc))
+        except PlanError as exc:
+            print(f"  {doc['name']}: {exc}")
+            continue
+        if "first_token" in row.notes:
+            out.append(dict(kind="TTFT ms", case=doc["name"], isl=row.input_len, osl=row.output_len,
+                            measured=row.ttft_mean_ms, predicted=r.ttft_mean * 1e3))
+            continue
+        per_gpu = re.search(r"output_tok_s_per_gpu=([\d.]+)", row.notes)
+        measured = float(per_gpu.group(1)) * row.tp if per_gpu else row.output_tok_s
+        out.append(dict(kind="out tok/s", case=doc["name"], isl=row.input_len, osl=row.output_len,
+                        measured=measured, predicted=r.output_tok_s))
+    res = pd.DataFrame(out)
+    res["ratio"] = res.predicted / res.measured
+    res["ape"] = (res.ratio - 1).abs() * 100
+    pd.set_option("display.width", 160)
+    print(f"{STATIC}: {len(res)} rows (static batches of a stated size; batch-1 first-token latency)")
+    for kind, g in res.groupby("kind"):
+        print(f"MAPE {kind}: {g.ape.mean():.1f}% over {len(g)} rows (median ratio {g.ratio.median():.2f})")
+    print("\n" + res.round(2).to_string(index=False))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=0, help="rows at most (0: all)")
     ap.add_argument("--online", action="store_true", help="the online rows (TTFT, ITL over request rates) instead")
+    ap.add_argument("--static", action="store_true", help="the static-batch rows of TensorRT-LLM v0.6.1 instead")
     args = ap.parse_args()
     d = pd.read_csv(CSV)
     if args.online:
         return online(d)
+    if args.static:
+        return static(d)
     rows = d[(d.source == SOURCE) & d.notes.str.startswith("scenario=offline")]
     out, skipped = [], {}
     for row in rows.itertuples():
@@ -133,7 +220,7 @@ def main() -> int:
             skipped[doc] = skipped.get(doc, 0) + 1
             continue
         try:
-            r = simulate_serving(serving_from_dict(doc))
+            r = simulate_serving(trtllm_bench_plan(doc))
         except PlanError as exc:
             skipped[f"does not fit: {exc}"[:90]] = skipped.get(f"does not fit: {exc}"[:90], 0) + 1
             continue

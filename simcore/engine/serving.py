@@ -4,7 +4,8 @@ Replicas sit behind a router. Round robin sends request i to replica i mod R wha
 state, so each replica is simulated on its own; least outstanding requests reads the replicas'
 state at each arrival, so they run on one clock (a heap of iteration ends, ``_least_outstanding``). A replica's events are the arrivals and
 the ends of its iterations: it runs one iteration after another while it has work, each formed
-by the scheduler's rules (``simcore.serving.spec``: vLLM's v1 scheduler) and lasting
+by the scheduler's rules (``simcore.serving.spec``: vLLM's v1 scheduler, or TensorRT-LLM's
+guaranteed-no-evict and static-batch capacity policies) and lasting
 ``simcore.serving.cost.iteration_s``; idle, it waits for the next arrival.
 
 Decoding requests are held in aggregate (their count, their contexts' sum, a heap of the step
@@ -22,7 +23,7 @@ import numpy as np
 
 from simcore.plan.spec import PlanError
 from simcore.serving.cost import ReplicaCost, iteration_s, replica_cost
-from simcore.serving.spec import Arrival, Router, ServingPlan, SloSpec
+from simcore.serving.spec import Arrival, CapacityPolicy, Router, ServingPlan, SloSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +43,8 @@ class ServingResult:
     req_s: float
     makespan_s: float
     kv_occupancy_mean: float
-    """Time-weighted share of the KV blocks in use (busy and idle time), mean over replicas."""
+    """Time-weighted share of the KV blocks in use (busy and idle time), mean over replicas; under
+    TensorRT-LLM's policies, the blocks reserved to completion."""
     kv_occupancy_max: float
     kv_blocks: int
     """KV blocks of one replica."""
@@ -69,6 +71,10 @@ class _Replica:
         s, t = plan.scheduler, plan.traffic
         self.max_seqs, self.budget, self.chunked = s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill
         self.prompt, self.output = t.prompt_len, t.output_len
+        # TensorRT-LLM's policies reserve a request's blocks to completion at admission (never preempting)
+        self.reserve = (_ceil_div(t.prompt_len + t.output_len, self.bs)
+                        if s.capacity_policy != CapacityPolicy.ON_DEMAND else 0)
+        self.static = s.capacity_policy == CapacityPolicy.STATIC_BATCH
         self.free = rc.kv_blocks
         self.waiting: deque[int] = deque()
         self.prefilling: list[list[int]] = []     # [rid, done, total], admission order
@@ -137,7 +143,9 @@ class _Replica:
             if entry not in self.prefilling:
                 continue
             c = min(entry[2] - entry[1], budget)
-            need = _ceil_div(entry[1] + c, self.bs) - _ceil_div(entry[1], self.bs)
+            if c < entry[2] - entry[1] and not self.chunked:
+                break
+            need = 0 if self.reserve else _ceil_div(entry[1] + c, self.bs) - _ceil_div(entry[1], self.bs)
             while need > self.free and self._preempt_last() not in (None, entry[0]):
                 pass
             if entry not in self.prefilling or need > self.free:
@@ -145,17 +153,22 @@ class _Replica:
             self.free -= need
             chunks.append([entry, c, entry[1]])
             budget -= c
-        while self.waiting and len(self.running) < self.max_seqs and budget > 0:
+        # a static batch is formed whole when none runs; its prompts then take the budget in turn
+        admit = not (self.static and self.running)
+        while admit and self.waiting and len(self.running) < self.max_seqs and (budget > 0 or self.static):
             rid = self.waiting[0]
             total = self.prompt + self.gen[rid]       # a preempted request recomputes its outputs too
-            c = min(total, budget)
+            c = max(0, min(total, budget))
             if c < total and not self.chunked:
-                break
-            need = _ceil_div(c, self.bs)
+                c = 0
+                if not self.static:
+                    break
+            need = self.reserve or _ceil_div(c, self.bs)
             if need > self.free:
-                if not self.running and _ceil_div(total, self.bs) > self.rc.kv_blocks:
-                    raise PlanError(f"a request of {total} tokens needs more KV blocks than a replica's "
-                                    f"{self.rc.kv_blocks} (kv_cache.block_size={self.bs}); use more GPUs per replica")
+                if not self.running and (self.reserve or _ceil_div(total, self.bs)) > self.rc.kv_blocks:
+                    raise PlanError(f"a request of {self.prompt + self.output if self.reserve else total} tokens "
+                                    f"needs more KV blocks than a replica's {self.rc.kv_blocks} "
+                                    f"(kv_cache.block_size={self.bs}); use more GPUs per replica")
                 break
             self.waiting.popleft()
             self.free -= need
@@ -163,7 +176,8 @@ class _Replica:
             self.prefilling.append(entry)
             self.running.add(rid)
             self.order.append(rid)
-            chunks.append([entry, c, 0])
+            if c:
+                chunks.append([entry, c, 0])
             budget -= c
         for _, c, o in chunks:
             tokens += c
@@ -185,8 +199,9 @@ class _Replica:
                 self.running.discard(rid)
                 self.n_dec -= 1
                 self.sum_ctx -= ctx
-                self.phase[(self.s0[rid] - self.c0[rid]) % self.bs] -= 1
-                self.free += _ceil_div(ctx, self.bs)
+                if not self.reserve:
+                    self.phase[(self.s0[rid] - self.c0[rid]) % self.bs] -= 1
+                self.free += self.reserve or _ceil_div(ctx, self.bs)
         for entry, c, _ in chunks:
             entry[1] += c
             if entry[1] < entry[2]:
@@ -199,12 +214,13 @@ class _Replica:
             if self.gen[rid] >= self.output:
                 self.finish[rid] = now
                 self.running.discard(rid)
-                self.free += _ceil_div(entry[2], self.bs)
+                self.free += self.reserve or _ceil_div(entry[2], self.bs)
                 continue
             self.c0[rid], self.s0[rid] = entry[2], self.step
             self.n_dec += 1
             self.sum_ctx += entry[2]
-            self.phase[(self.step - entry[2]) % self.bs] += 1
+            if not self.reserve:                      # a reserving policy holds its blocks already
+                self.phase[(self.step - entry[2]) % self.bs] += 1
             heapq.heappush(self.ends, (self.step + self.output - self.gen[rid], rid, self.epoch[rid]))
 
     def begin(self, now: float) -> float:

@@ -174,10 +174,14 @@ def replica_cost(plan: ServingPlan) -> ReplicaCost:
     m = plan.model
     held, read, expert = weight_bytes(plan)
     kv_token = kv_bytes_per_token(plan)
-    free = gpu.hbm_bytes * plan.kv_cache.gpu_memory_utilization - held - activation_bytes(plan)
+    kv = plan.kv_cache
+    if kv.free_memory_fraction is None:
+        free = gpu.hbm_bytes * kv.gpu_memory_utilization - held - activation_bytes(plan)
+    else:
+        free = kv.free_memory_fraction * (gpu.hbm_bytes - held - activation_bytes(plan))
     if free <= 0:
         raise PlanError(f"parallel.tp={plan.tp}: the weights ({held / 2**30:.1f} GiB per GPU) and activations leave no "
-                        f"KV cache within kv_cache.gpu_memory_utilization of {gpu.name}'s {gpu.hbm_bytes / 2**30:.0f} GiB")
+                        f"KV cache within the kv_cache section's share of {gpu.name}'s {gpu.hbm_bytes / 2**30:.0f} GiB")
     blocks = int(free // (kv_token * plan.kv_cache.block_size))
     return ReplicaCost(
         tp=plan.tp, layers=m.layers, gemms=_gemms(plan), logits_flops_per_row=2.0 * m.hidden * m.vocab / plan.tp,

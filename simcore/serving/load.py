@@ -6,8 +6,9 @@ the field (``PlanError``).
     hardware: {node: dgx-h100}       # a catalog node; nodes: enough for tp x replicas by default
     parallel: {tp: 1, replicas: 1}
     precision: {weights: bf16, activations: bf16, kv_cache: bf16}
-    scheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192, chunked_prefill: true}
-    kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}
+    scheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192, chunked_prefill: true,
+                capacity_policy: on_demand}   # or guaranteed_no_evict, static_batch (TensorRT-LLM's)
+    kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}   # or free_memory_fraction (TensorRT-LLM's)
     traffic: {arrival: poisson, rate: 10, num_requests: 1000, prompt_len: 1024, output_len: 128, seed: 0}
     router: round_robin              # or least_outstanding
     slo: {ttft_ms: 500, tpot_ms: 50, percentile: 99}   # optional; either target may be left out
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from simcore.plan.load import _bool, _check_keys, _cluster, _float, _int, _mapping, _model, _str
 from simcore.plan.yaml_file import read_yaml_file
-from simcore.serving.spec import (Arrival, Dtype, KvCacheSpec, PlanError, PrecisionSpec, Router, SchedulerSpec,
+from simcore.serving.spec import (Arrival, CapacityPolicy, Dtype, KvCacheSpec, PlanError, PrecisionSpec, Router, SchedulerSpec,
                                   ServingPlan, SloSpec, TrafficSpec, check_serving)
 from topologies.hardware import Catalog, load_catalog
 
@@ -108,8 +109,12 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
         raise PlanError(str(exc).replace("cluster.", "hardware.")) from None
     if cluster.gpus < tp * replicas:
         raise PlanError(f"parallel.tp x parallel.replicas = {tp * replicas} GPUs exceed hardware's {cluster.gpus}")
-    sch = _section(doc, "scheduler", {"max_num_seqs", "max_num_batched_tokens", "chunked_prefill"})
-    kv = _section(doc, "kv_cache", {"block_size", "gpu_memory_utilization"})
+    sch = _section(doc, "scheduler", {"max_num_seqs", "max_num_batched_tokens", "chunked_prefill",
+                                           "capacity_policy"})
+    kv = _section(doc, "kv_cache", {"block_size", "gpu_memory_utilization", "free_memory_fraction"})
+    if "gpu_memory_utilization" in kv and "free_memory_fraction" in kv:
+        raise PlanError("kv_cache takes gpu_memory_utilization (vLLM's) or free_memory_fraction (TensorRT-LLM's), "
+                        "not both")
     plan = ServingPlan(
         name=_str(doc, "name", "plan", "serving"),
         model=_model(_model_doc(doc["model"], {"prompt_len": traffic.prompt_len, "output_len": traffic.output_len}),
@@ -117,9 +122,12 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
         cluster=cluster, tp=tp, replicas=replicas, precision=_precision(doc),
         scheduler=SchedulerSpec(max_num_seqs=_int(sch, "max_num_seqs", "scheduler", 256),
                                 max_num_batched_tokens=_int(sch, "max_num_batched_tokens", "scheduler", 8192),
-                                chunked_prefill=_bool(sch, "chunked_prefill", "scheduler", True)),
+                                chunked_prefill=_bool(sch, "chunked_prefill", "scheduler", True),
+                                capacity_policy=CapacityPolicy.parse(_str(sch, "capacity_policy", "scheduler", "on_demand"),
+                                                                     "scheduler.capacity_policy")),
         kv_cache=KvCacheSpec(block_size=_int(kv, "block_size", "kv_cache", 16),
-                             gpu_memory_utilization=_float(kv, "gpu_memory_utilization", "kv_cache", 0.9)),
+                             gpu_memory_utilization=_float(kv, "gpu_memory_utilization", "kv_cache", 0.9),
+                             free_memory_fraction=_float(kv, "free_memory_fraction", "kv_cache")),
         traffic=traffic,
         router=Router.parse(doc.get("router", "round_robin"), "router"),
         slo=slo_from_dict(doc.get("slo")),

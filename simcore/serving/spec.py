@@ -9,6 +9,19 @@ is free, preempting the most recently admitted running request (``self.running.p
 blocks freed and its tokens recomputed when it is admitted again); then it admits waiting
 requests in arrival order while fewer than ``max_num_seqs`` run, the budget lasts and their
 blocks fit. With ``chunked_prefill`` false a prompt is admitted only whole within the budget.
+
+``capacity_policy`` picks how admission treats the KV cache, as the engines name it:
+
+- ``on_demand``: vLLM's, above: blocks as tokens come, the newest request preempted when none is free.
+- ``guaranteed_no_evict``: TensorRT-LLM's default (``CapacitySchedulerPolicy.GUARANTEED_NO_EVICT``;
+  NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45,
+  ``GuaranteedNoEvictScheduler::impl``): every running request keeps the blocks it needs to
+  complete (``getRemainingBlocksToCompletion``: prompt plus its maximum new tokens), and a
+  waiting request is admitted only while its own whole need fits beside them; nothing is ever
+  preempted.
+- ``static_batch``: TensorRT-LLM's ``STATIC_BATCH`` (the same ``impl<true>``): as
+  ``guaranteed_no_evict``, but new requests are admitted only when none runs, so a batch runs to
+  its end before the next is formed.
 """
 from __future__ import annotations
 
@@ -17,7 +30,7 @@ from dataclasses import dataclass
 from simcore.plan.choices import PlanError, _Choice
 from simcore.plan.spec import ClusterSpec, ModelSpec
 
-__all__ = ["Arrival", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router", "SchedulerSpec",
+__all__ = ["Arrival", "CapacityPolicy", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router", "SchedulerSpec",
            "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES"]
 
 
@@ -38,6 +51,14 @@ class Arrival(_Choice):
 
     POISSON = "poisson"
     OFFLINE = "offline"
+
+
+class CapacityPolicy(_Choice):
+    """How admission treats the KV cache (module docstring)."""
+
+    ON_DEMAND = "on_demand"
+    GUARANTEED_NO_EVICT = "guaranteed_no_evict"
+    STATIC_BATCH = "static_batch"
 
 
 class Router(_Choice):
@@ -77,13 +98,14 @@ class PrecisionSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerSpec:
-    """Continuous batching (vLLM's scheduler, module docstring)."""
+    """Continuous batching (vLLM's scheduler), or TensorRT-LLM's capacity policies (module docstring)."""
 
     max_num_seqs: int = 256
     """Requests running at once (vLLM ``--max-num-seqs``, default 256)."""
     max_num_batched_tokens: int = 8192
     """Tokens one iteration computes (vLLM ``--max-num-batched-tokens``)."""
     chunked_prefill: bool = True
+    capacity_policy: CapacityPolicy = CapacityPolicy.ON_DEMAND
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +116,9 @@ class KvCacheSpec:
     """Tokens per KV block (vLLM ``--block-size``, default 16)."""
     gpu_memory_utilization: float = 0.9
     """Share of a GPU's memory for weights, activations and the KV cache (vLLM's default 0.9)."""
+    free_memory_fraction: float | None = None
+    """Instead, the share of the memory left after the weights and activations that holds the KV
+    cache (TensorRT-LLM's ``kv_cache_free_gpu_mem_fraction``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,5 +171,8 @@ def check_serving(plan: ServingPlan) -> None:
     if not 0 < plan.kv_cache.gpu_memory_utilization <= 1:
         raise PlanError(f"kv_cache.gpu_memory_utilization={plan.kv_cache.gpu_memory_utilization} "
                         "must be in (0, 1]")
+    frac = plan.kv_cache.free_memory_fraction
+    if frac is not None and not 0 < frac <= 1:
+        raise PlanError(f"kv_cache.free_memory_fraction={frac} must be in (0, 1]")
     if plan.traffic.arrival == Arrival.POISSON and plan.traffic.rate <= 0:
         raise PlanError("traffic.rate must be positive for traffic.arrival=poisson")
