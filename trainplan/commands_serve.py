@@ -33,6 +33,9 @@ def cmd_serve(args) -> None:
     print(f"{plan.name}: {plan.model.name} on {plan.replicas} x TP{plan.tp} {plan.cluster.node.gpu.name}, "
           f"{plan.precision.weights}/{plan.precision.activations}/KV {plan.precision.kv_cache}, router {plan.router}")
     print(f"traffic: {r.requests} requests, {load}, prompt {t.prompt_len}, output {t.output_len} tokens")
+    s = plan.scheduler
+    print(f"scheduler: {s.capacity_policy} admission, at most {s.max_num_seqs} requests and "
+          f"{s.max_num_batched_tokens} tokens an iteration, chunked prefill {'on' if s.chunked_prefill else 'off'}")
     print(f"KV cache: {r.kv_blocks} blocks of {plan.kv_cache.block_size} tokens per replica "
           f"({rc.weight_bytes / 2**30:.1f} GiB weights per GPU)")
     print(f"{'':22}{'p50':>9}  {'p90':>9}  {'p99':>9}  (ms)")

@@ -96,7 +96,8 @@ def test_serve_prints_the_figures(tmp_path, capsys):
                  "traffic: {arrival: poisson, rate: 8, num_requests: 100, prompt_len: 256, output_len: 32}\n")
     assert main(["serve", str(f)]) == 0
     out = capsys.readouterr().out
-    for word in ("TTFT", "TPOT", "end-to-end latency", "output tok/s", "total tok/s", "KV occupancy", "p99"):
+    for word in ("TTFT", "TPOT", "end-to-end latency", "output tok/s", "total tok/s", "KV occupancy", "p99",
+                 "on_demand admission"):
         assert word in out
 
 
