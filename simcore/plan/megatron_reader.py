@@ -321,10 +321,7 @@ def _megatron_training(a: _Args, f: dict) -> None:
             f["training.fp8_recipe"] = "current" if recipe == "tensorwise" else "delayed"
     elif fp16 or bf16:
         f["training.precision"] = "fp16" if fp16 else "bf16"
-    granularity = a.value("--recompute-granularity", str)
-    if granularity or a.flag("--recompute-activations"):
-        f["training.recompute"] = granularity or "selective"
-        a.value("--recompute-method", str), a.value("--recompute-num-layers")
+    _recompute(a, f)
     offloaded = a.value("--cpu-offloading-num-layers")
     if offloaded:   # N > 0 turns cpu_offloading on (arguments.py)
         f["training.activation_offload"] = offloaded
@@ -347,6 +344,30 @@ def _megatron_training(a: _Args, f: dict) -> None:
         a.used.discard("--optimizer")
     if a.flag("--grad-reduce-in-bf16"):   # DDP's all-reduce or the distributed optimizer's reduce-scatter
         f["training.grad_compression"] = "bf16"
+
+
+def _recompute(a, f: dict) -> None:
+    """``--recompute-granularity`` with its method and layer count, under Megatron's rules
+    (megatron/core/transformer/transformer_config.py ``__post_init__``): full recompute needs
+    ``--recompute-method`` (uniform or block) and ``--recompute-num-layers``; selective takes no
+    layer count. ``--recompute-activations`` is selective."""
+    granularity = a.value("--recompute-granularity", str)
+    method, layers = a.value("--recompute-method", str), a.value("--recompute-num-layers")
+    if not (granularity or a.flag("--recompute-activations")):
+        return
+    if granularity == "full":
+        if method not in ("uniform", "block"):
+            raise PlanError("megatron --recompute-granularity full needs --recompute-method uniform or block "
+                            "(Megatron's TransformerConfig refuses it without)")
+        if layers is None:
+            raise PlanError("megatron --recompute-granularity full needs --recompute-num-layers "
+                            "(Megatron's TransformerConfig refuses it without)")
+        f["training.recompute"] = "full" if (layers, method) == (1, "uniform") else {"layers": layers, "method": method}
+        return
+    if layers is not None:
+        raise PlanError("megatron --recompute-num-layers is for --recompute-granularity full; "
+                        "Megatron's TransformerConfig refuses it with selective")
+    f["training.recompute"] = granularity or "selective"
 
 
 def _precision_aware_optimizer(a: _Args, f: dict) -> None:

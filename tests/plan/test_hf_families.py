@@ -113,7 +113,8 @@ def test_an_hf_import_defaults_to_a_run_that_fits():
 
 
 def test_other_inputs_override_the_hf_run_defaults():
-    cmd = "pretrain_gpt.py --tensor-model-parallel-size 2 --recompute-granularity full --attention-backend unfused"
+    cmd = ("pretrain_gpt.py --tensor-model-parallel-size 2 --recompute-granularity full --recompute-method uniform "
+           "--recompute-num-layers 1 --attention-backend unfused")
     doc, _ = import_plan(hf=str(HF / "llama3-8b" / "config.json"), megatron=cmd, cluster="dgx-h100", nodes=1)
     assert doc["parallel"]["zero"] == 0 and doc["training"]["recompute"] == "full"
     assert doc["training"]["flash_attention"] is False

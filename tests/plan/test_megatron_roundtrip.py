@@ -142,3 +142,22 @@ def test_the_vocabulary_is_padded_as_megatron_pads_it():
     assert read_megatron(base + "--vocab-size 50257 --tensor-model-parallel-size 8").fields["model.vocab"] == 51200
     assert read_megatron(base + "--vocab-size 50257 --make-vocab-size-divisible-by 64").fields["model.vocab"] == 50304
     assert read_megatron(base + "--padded-vocab-size 50257 --tensor-model-parallel-size 8").fields["model.vocab"] == 50257
+
+
+def test_full_recompute_keeps_its_method_and_layers():
+    """--recompute-method and --recompute-num-layers were read and dropped: block recompute of 2
+    layers a chunk came back as uniform groups of 1. Megatron's TransformerConfig needs both for
+    full recompute and refuses a layer count with selective; so does the import."""
+    full = CMD + "--recompute-granularity full --recompute-method block --recompute-num-layers 2 "
+    assert read_megatron(full).fields["training.recompute"] == {"layers": 2, "method": "block"}
+    plan = plan_from_dict({"model": "llama3-8b", "cluster": {"node": "dgx-h100", "nodes": 2},
+                           "parallel": {"tp": 2, "pp": 2, "dp": 4, "zero": 1, "sequence_parallel": True},
+                           "training": {"global_batch": 64, "recompute": {"layers": 3, "method": "block"},
+                                        "flash_attention": True}})
+    back = _round_trip(plan)
+    assert (back.training.recompute_layers, back.training.recompute_method.value) == (3, "block")
+    for bad, words in (("--recompute-granularity full --recompute-num-layers 2", "needs --recompute-method"),
+                       ("--recompute-granularity full --recompute-method uniform", "needs --recompute-num-layers"),
+                       ("--recompute-granularity selective --recompute-num-layers 2", "refuses it with selective")):
+        with pytest.raises(PlanError, match=words):
+            read_megatron(CMD + bad)
