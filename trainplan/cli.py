@@ -99,6 +99,9 @@ def _serving_commands(sub) -> None:
     p = sub.add_parser("serve", help="serve a serving plan's traffic: TTFT, TPOT, latency percentiles, throughput, KV use")
     p.add_argument("plan", type=Path)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--trace", type=Path, metavar="JSON", help="write the iterations as a Chrome trace")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="draw the KV cache, the decoding requests and the "
+                                                             "latency distributions (format from the suffix)")
     p.set_defaults(func=serve.cmd_serve)
 
     p = sub.add_parser("serve-plan", help="the cheapest GPU kind, TP x replicas and precision that serves a rate "

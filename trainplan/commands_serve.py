@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, replace
 
-from simcore.engine.serving import simulate_serving
+from reports.plots import save_figure
+from reports.serving_plots import serving_chrome_trace, serving_figure
+from simcore.engine.serving import ServingTimeline, simulate_serving
 from simcore.plan.spec import PlanError
+from simcore.results import atomic_write_text
 from simcore.serving.cost import replica_cost
 from simcore.serving.load import load_serving_plan, slo_from_dict
 from simcore.serving.spec import Arrival
@@ -24,7 +28,10 @@ def _ms(xs) -> str:
 def cmd_serve(args) -> None:
     plan = load_serving_plan(args.plan)
     rc = replica_cost(plan)
-    r = simulate_serving(plan, rc)
+    timeline = ServingTimeline() if (args.trace or args.plot) else None
+    r = simulate_serving(plan, rc, timeline=timeline)
+    if timeline is not None:
+        _write_pictures(args, plan, timeline)
     if args.json:
         print(json.dumps({"plan": plan.name, **asdict(r)}, indent=2))
         return
@@ -102,6 +109,20 @@ def _print_frontier(plan, res, top: int) -> None:
             print(f"  {rate:>10.2f}  {r.ttft[0] * 1e3:>9.1f}  {r.ttft[2] * 1e3:>9.1f}  {r.tpot[0] * 1e3:>9.2f}  "
                   f"{r.tpot[2] * 1e3:>9.2f}  {r.output_tok_s:>10,.0f}  {r.goodput_req_s:>8.2f}  "
                   f"{'holds' if r.slo_met else 'missed'}")
+
+
+def _write_pictures(args, plan, timeline: ServingTimeline) -> None:
+    """``--trace``: the iterations as a Chrome trace; ``--plot``: the KV cache, the decoding
+    requests and the latency distributions in one figure. Each path said on stderr."""
+    if args.trace:
+        doc, left_out = serving_chrome_trace(timeline, plan.name)
+        atomic_write_text(args.trace, json.dumps(doc))
+        tail = f" (the first {len(timeline.iterations) - left_out:,} of {len(timeline.iterations):,} iterations)" \
+            if left_out else ""
+        print(f"trainplan: wrote {args.trace}{tail}", file=sys.stderr)
+    if args.plot:
+        save_figure(serving_figure(timeline, plan.name, plan.traffic.output_len), args.plot)
+        print(f"trainplan: wrote {args.plot}", file=sys.stderr)
 
 
 def cmd_serve_plan(args) -> None:

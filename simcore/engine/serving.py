@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,6 +59,19 @@ class ServingResult:
     """TTFT and TPOT at the SLO's percentile (NaN without an SLO)."""
 
 
+@dataclass(slots=True)
+class ServingTimeline:
+    """What a run did over time, kept when one is passed to ``simulate_serving``: per iteration
+    (replica, start s, end s, prefill tokens, decoding requests, KV blocks in use or reserved),
+    and per request its arrival, first token and finish times."""
+
+    iterations: list = field(default_factory=list)
+    arrivals: np.ndarray | None = None
+    first: np.ndarray | None = None
+    finish: np.ndarray | None = None
+    kv_blocks: int = 0
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -66,8 +79,9 @@ def _ceil_div(a: int, b: int) -> int:
 class _Replica:
     """One replica's scheduler state; ``run`` simulates it over its arrivals."""
 
-    def __init__(self, rc: ReplicaCost, plan: ServingPlan):
+    def __init__(self, rc: ReplicaCost, plan: ServingPlan, index: int = 0, log: list | None = None):
         self.rc, self.bs = rc, rc.block_size
+        self.index, self.log = index, log          # the timeline's iteration list, when one is kept
         s, t = plan.scheduler, plan.traffic
         self.max_seqs, self.budget, self.chunked = s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill
         self.prompt, self.output = t.prompt_len, t.output_len
@@ -237,6 +251,8 @@ class _Replica:
         self.kv_area += dt * (total - self.free) / total
         self.kv_max = max(self.kv_max, (total - self.free) / total)
         self.pending = chunks
+        if self.log is not None:
+            self.log.append((self.index, now, now + dt, tokens, n_dec, total - self.free))
         return now + dt
 
     def complete(self, now: float) -> None:
@@ -330,13 +346,15 @@ def _percentiles(x: np.ndarray) -> tuple[float, float, float]:
     return tuple(float(v) for v in np.percentile(x, [50, 90, 99]))
 
 
-def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloSpec | None = None) -> ServingResult:
+def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloSpec | None = None,
+                     timeline: ServingTimeline | None = None) -> ServingResult:
     """Serve the plan's traffic on its replicas behind its router and measure it against ``slo``
-    (the plan's where none is given)."""
+    (the plan's where none is given); fill ``timeline`` where one is given."""
     rc = rc or replica_cost(plan)
     slo = slo or plan.slo
     arrivals = arrival_times(plan)
-    reps = [_Replica(rc, plan) for _ in range(plan.replicas)]
+    log = timeline.iterations if timeline is not None else None
+    reps = [_Replica(rc, plan, k, log) for k in range(plan.replicas)]
     req = _Requests(len(arrivals))
     for rep in reps:
         rep.attach(req)
@@ -347,6 +365,8 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloS
             idx = np.arange(k, len(arrivals), plan.replicas)
             if idx.size:
                 rep.run(arrivals[idx], idx)
+    if timeline is not None:
+        timeline.arrivals, timeline.first, timeline.finish, timeline.kv_blocks = arrivals, req.first, req.finish, rc.kv_blocks
     return _measure(plan, rc, reps, arrivals, req.first, req.finish, slo)
 
 
