@@ -70,6 +70,10 @@ def _summary(result) -> list[tuple[str, str]]:
             f" ({f.money(pick['cash_usd'])} paid out)"
         out.append((f"fastest within {f.money(c.budget_usd)} paid out", "none does" if pick is None else
                     f"{option_label(pick)}: {f.days(pick['days'])} days, {f.money(pick['usd'])}{paid}"))
+    if result.serving is not None:
+        from simcore.planner.procure_serving import serving_summary
+
+        out.append(("serving it", serving_summary(result.serving)))
     priced = int(result.cells["fits"].sum()) if "fits" in result.cells else 0
     out += [("hardware cells", f"{len(result.cells)} searched, {priced} fit"),
             ("options", f"{len(feasible(options))} priced"), ("event engine", f"{result.resimulated} cells re-simulated"),
@@ -103,6 +107,14 @@ def procure_report(result, *, rows: int = 60) -> Report:
                      "residuals cover the GPU (" + ("; ".join(sources[:3]) or "none") + ")."),
         Section(f"Every option, fastest first (first {rows})", table=display_table(result.options, rows)),
     ]
+    if result.serving is not None:
+        from simcore.planner.procure_serving import serving_answer, serving_table
+
+        sections.append(Section(
+            "Serving it", table=serving_table(result.serving),
+            text=serving_answer(result.serving, c.serving) + " Each row is a GPU kind, precision and TP degree "
+            "with the fewest replicas that meet the SLO at the rate on the serving event engine (vLLM's continuous "
+            "batching), cheapest first; $ per million output tokens over an hour of the traffic, kWh at TDP x PUE."))
     notes = _notes(result)
     if notes:
         sections.append(Section("Cells that could not be priced", text="\n\n".join(notes[:40])))

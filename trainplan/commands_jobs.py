@@ -356,6 +356,7 @@ def cmd_procure(args) -> None:
     from simcore.planner.procure import run_procure
     from simcore.planner.procure_answer import answer_lines, display_table, frontier_table
     from simcore.planner.procure_input import candidates_from_dict
+    from simcore.planner.procure_serving import serving_answer, serving_doc, serving_table
 
     c = candidates_from_dict(_procure_doc(args))
     res = run_procure(c, progress=sys.stderr.isatty() and not args.json)
@@ -365,9 +366,10 @@ def cmd_procure(args) -> None:
 
         html = write_procure_report(res, args.report)
     if args.json:
+        serving = {} if res.serving is None else {"serving": serving_doc(res.serving, c.serving)}
         print_json(json_safe({"answers": answer_lines(res), "options": res.options.to_dict(orient="records"),
                               "front": frontier_table(res.options).to_dict(orient="records"),
-                              "assumptions": res.assumptions, "seconds": res.seconds}))
+                              "assumptions": res.assumptions, "seconds": res.seconds, **serving}))
         return
     cells = res.cells
     print(f"{len(cells)} hardware cells ({int(cells['fits'].sum())} fit), {len(res.options)} options, "
@@ -379,5 +381,9 @@ def cmd_procure(args) -> None:
     print()
     for line in answer_lines(res):
         print(f"answer: {line}")
+    if res.serving is not None:
+        print(f"\nserving (cheapest first, ranked by {res.serving.mode.replace('_', '-')}):")
+        print(serving_table(res.serving, args.rows).to_string(index=False))
+        print(f"\nanswer: {serving_answer(res.serving, c.serving)}")
     if html:
         print(f"\nreport written to {html} and {html.parent / 'report.md'}")

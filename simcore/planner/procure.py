@@ -44,6 +44,8 @@ class ProcureResult:
     seconds: float
     resimulated: int
     """Cells re-simulated on the event engine (the front and the answers)."""
+    serving: object = None
+    """The serving capacity search (``serving_search.SearchResult``) where the candidates ask it."""
 
 
 def hardware_cells(c: Candidates) -> list[dict]:
@@ -169,9 +171,14 @@ def run_procure(c: Candidates, *, progress: bool = True) -> ProcureResult:
         done |= set(todo)
     rows = list(results.values())
     table = pd.DataFrame([r for r, _ in rows])
+    serving = None
+    if c.serving is not None:
+        from simcore.planner.procure_serving import serving_search
+
+        serving = serving_search(c.model, c.serving, c.gpus, c.modes, c.jobs)
     return ProcureResult(candidates=c, cells=table, options=_options_table(c, results, analytic),
                          assumptions=assumptions_of(c, [(r, rc) for r, rc in rows if rc is not None]),
-                         seconds=time.perf_counter() - t0, resimulated=len(done))
+                         seconds=time.perf_counter() - t0, resimulated=len(done), serving=serving)
 
 
 #: An option's figures from the analytic pass, kept as ``analytic_*`` beside those of the engine

@@ -20,6 +20,7 @@ from simcore.plan.bounds import check_tokens
 from simcore.plan.hf_config import model_section
 from simcore.plan.load import read_yaml_file
 from simcore.plan.spec import PlanError
+from simcore.planner.procure_serving import check_serving_section
 from simcore.planner.stacks import checked_stack
 from topologies.hardware import load_catalog
 
@@ -70,6 +71,8 @@ class Candidates:
     """Mixed pipelines: {gpus: [BASE, OTHER], nodes: [...], share: 0.5} (``simcore.planner.procure_mixed``)."""
     stack: str | None = None
     """Rank only layouts this stack runs (``simcore.planner.stacks.STACKS``); None: any."""
+    serving: dict | None = None
+    """Serve the model too: rate, lengths and SLO (``simcore.planner.procure_serving``); None: training only."""
 
 
 def default_gpus() -> tuple[str, ...]:
@@ -189,7 +192,8 @@ def candidates_from_dict(doc: dict) -> Candidates:
         space=_default_space(doc),
         storage=doc.get("storage"), jobs=_number(doc, "jobs", whole=True) if "jobs" in doc else 1,
         failures=bool(doc.get("failures", True)), resimulate=bool(doc.get("resimulate", True)),
-        mixed=tuple(_mixed(doc)), stack=checked_stack(doc.get("stack"), "candidates.stack"))
+        mixed=tuple(_mixed(doc)), stack=checked_stack(doc.get("stack"), "candidates.stack"),
+        serving=check_serving_section(doc.get("serving")))
 
 
 def _default_space(doc: dict) -> dict:
