@@ -112,7 +112,8 @@ def _serving_commands(sub) -> None:
     p.add_argument("--tpot-ms", type=float, help="TPOT target (default: the plan's slo.tpot_ms)")
     p.add_argument("--percentile", type=float, help="the percentile the targets hold at (default: the plan's, or 99)")
     p.add_argument("--gpus", help="GPU kinds to search, comma-separated (default: every priced kind the cost model covers)")
-    p.add_argument("--precisions", help="bf16,fp8 (default: both; fp8 where the GPU has an FP8 peak)")
+    p.add_argument("--precisions", help="bf16,fp8 (default: both; fp8 where the GPU has an FP8 peak); the weight-only "
+                                        "w8a16, w4a16 when named")
     p.add_argument("--tp", help="TP degrees, comma-separated (default: 1,2,4,8 within a node)")
     p.add_argument("--max-gpus", type=int, default=512, help="the most GPUs an option may use")
     p.add_argument("--mode", choices=["on_demand", "reserved", "buy"], default="on_demand", help="the price ranked by")

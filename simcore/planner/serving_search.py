@@ -3,7 +3,7 @@ precision that serves a traffic rate within the SLOs, priced per million output 
 
 A *variant* is a catalog node (one per GPU kind that has a rental price and the figures the
 cost model needs), a precision (bf16 throughout; fp8 weights, GEMMs and KV cache where the GPU
-has an FP8 peak) and a TP degree (1, 2, 4, 8 within a node, dividing the heads, the weights
+has an FP8 peak; the weight-only w8a16 and w4a16 where named) and a TP degree (1, 2, 4, 8 within a node, dividing the heads, the weights
 fitting). Its *option* is the fewest replicas that meet the SLO at the rate, found by the event
 engine: one replica's offline saturation throughput gives the lower bound ceil(rate / saturation)
 (fewer cannot keep up; one fewer is simulated to confirm it), then the replicas double until the
@@ -34,7 +34,12 @@ from topologies.components import CatalogError
 from topologies.hardware import load_catalog
 
 PRECISIONS = {"bf16": PrecisionSpec(weights=Dtype.BF16, activations=Dtype.BF16, kv_cache=Dtype.BF16),
-              "fp8": PrecisionSpec(weights=Dtype.FP8, activations=Dtype.FP8, kv_cache=Dtype.FP8)}
+              "fp8": PrecisionSpec(weights=Dtype.FP8, activations=Dtype.FP8, kv_cache=Dtype.FP8),
+              "w8a16": PrecisionSpec(weights=Dtype.INT8, activations=Dtype.BF16, kv_cache=Dtype.BF16),
+              "w4a16": PrecisionSpec(weights=Dtype.INT4, activations=Dtype.BF16, kv_cache=Dtype.BF16)}
+#: Searched unless asked otherwise: the weight-only formats trade accuracy the model does not
+#: price, so they are ranked only when named (``--precisions bf16,fp8,w4a16``).
+DEFAULT_PRECISIONS = ("bf16", "fp8")
 MODES = ("on_demand", "reserved", "buy")
 #: Loads of the throughput-latency frontier, as multiples of the target rate.
 FRONTIER_LOADS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -239,7 +244,7 @@ def capacity_search(plan: ServingPlan, *, slo: SloSpec, rate: float, gpus: list[
     if bad:
         raise PlanError(f"precision {', '.join(bad)} is not one of: {', '.join(PRECISIONS)}")
     nodes, left = search_nodes(gpus)
-    cells = variants(plan, nodes, precisions or list(PRECISIONS), tps or [1, 2, 4, 8])
+    cells = variants(plan, nodes, precisions or list(DEFAULT_PRECISIONS), tps or [1, 2, 4, 8])
     items = [(plan, node, prec, tp, slo, rate, max_gpus) for node, prec, tp in cells]
     options = list(imap(evaluate, items, jobs))
     ranked = sorted(options, key=lambda o: (not o.met, _nan_last(o.usd_per_mtok.get(mode, math.nan)), o.gpus))

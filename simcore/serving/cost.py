@@ -7,7 +7,9 @@ projection and after the MLP, Megatron's layout: Shoeybi et al. 2019, Sec. 3). I
 
     max(compute, HBM bytes / achievable bandwidth) + TP all-reduces
 
-- compute: each linear GEMM at the catalog's matmul efficiency for its FLOPs
+- compute: each linear GEMM at the catalog's matmul efficiency for its FLOPs (int8/int4
+  weight-only layers at the 16-bit peak: the kernels dequantize the weights into 16-bit GEMMs;
+  the dequantization's own cost in a compute-bound prefill is not charged)
   (``topologies/catalog/efficiency.yaml`` through ``simcore.model.compute.device_model``; the
   GEMM shapes are ``simcore.model.workload.layer_forward_ops``'), FP8 GEMMs at the FP8 peak
   times the catalog's ``fp8_matmul_ratio``; attention at the catalog's attention fraction of
@@ -131,11 +133,19 @@ def _gemms(plan: ServingPlan) -> tuple[tuple[float, int, bool], ...]:
     return tuple((op.flops, op.count, fp8 and op.name in wl.FP8_LINEAR_OPS) for op in ops if op.name in LINEAR_OPS)
 
 
+def weight_bytes_per_param(plan: ServingPlan) -> float:
+    """Bytes a quantized linear layer's weight takes per parameter: its format, and for int4 an
+    fp16 scale and a packed int4 zero point per group of input channels (``PrecisionSpec``)."""
+    pr = plan.precision
+    w = DTYPE_BYTES[pr.weights]
+    return w + (HALF + DTYPE_BYTES[Dtype.INT4]) / pr.group_size if pr.weights == Dtype.INT4 else w
+
+
 def weight_bytes(plan: ServingPlan) -> tuple[float, float, float]:
     """(held, read every iteration, one expert's) weight bytes on one GPU."""
     m, tp = plan.model, plan.tp
     pc = param_counts(m)
-    w = DTYPE_BYTES[plan.precision.weights]
+    w = weight_bytes_per_param(plan)
     ends = (pc.embedding + pc.output) * HALF / tp
     blocks = (pc.total - pc.embedding - pc.output) * w / tp
     head = (pc.embedding if m.tied_embeddings else pc.output) * HALF / tp

@@ -5,7 +5,7 @@ the field (``PlanError``).
     model: llama3-8b                 # as a training Plan's: a catalog name, fields, or hf_config
     hardware: {node: dgx-h100}       # a catalog node; nodes: enough for tp x replicas by default
     parallel: {tp: 1, replicas: 1}
-    precision: {weights: bf16, activations: bf16, kv_cache: bf16}
+    precision: {weights: bf16, activations: bf16, kv_cache: bf16}   # weights int8/int4: weight-only
     scheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192, chunked_prefill: true,
                 capacity_policy: on_demand}   # or guaranteed_no_evict, static_batch (TensorRT-LLM's)
     kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}   # or free_memory_fraction (TensorRT-LLM's)
@@ -44,12 +44,13 @@ def _model_doc(value, traffic: dict) -> object:
 
 
 def _precision(doc: dict) -> PrecisionSpec:
-    d = _section(doc, "precision", {"weights", "activations", "kv_cache"})
+    d = _section(doc, "precision", {"weights", "activations", "kv_cache", "group_size"})
     weights = Dtype.parse(_str(d, "weights", "precision", "bf16"), "precision.weights")
-    acts = Dtype.parse(_str(d, "activations", "precision", weights.value if weights != Dtype.FP8 else "bf16"),
-                       "precision.activations")
+    acts = Dtype.parse(_str(d, "activations", "precision",
+                            weights.value if weights in (Dtype.BF16, Dtype.FP16) else "bf16"), "precision.activations")
     kv = Dtype.parse(_str(d, "kv_cache", "precision", "bf16"), "precision.kv_cache")
-    return PrecisionSpec(weights=weights, activations=acts, kv_cache=kv)
+    return PrecisionSpec(weights=weights, activations=acts, kv_cache=kv,
+                         group_size=_int(d, "group_size", "precision", 128))
 
 
 def _traffic(doc: dict) -> TrafficSpec:

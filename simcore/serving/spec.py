@@ -31,19 +31,24 @@ from simcore.plan.choices import PlanError, _Choice
 from simcore.plan.spec import ClusterSpec, ModelSpec
 
 __all__ = ["Arrival", "CapacityPolicy", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router", "SchedulerSpec",
-           "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES"]
+           "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES", "WEIGHT_ONLY"]
 
 
 class Dtype(_Choice):
-    """Storage and GEMM formats of weights, activations and the KV cache."""
+    """Storage and GEMM formats of weights, activations and the KV cache; int8 and int4 are
+    weight-only formats (W8A16, W4A16): the GEMMs dequantize them and run in 16 bits."""
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
 
 
-#: Bytes per element of each format.
-DTYPE_BYTES = {Dtype.BF16: 2.0, Dtype.FP16: 2.0, Dtype.FP8: 1.0}
+#: Bytes per element of each format (int4 before its group scales: ``PrecisionSpec.group_size``).
+DTYPE_BYTES = {Dtype.BF16: 2.0, Dtype.FP16: 2.0, Dtype.FP8: 1.0, Dtype.INT8: 1.0, Dtype.INT4: 0.5}
+#: Weight-only formats.
+WEIGHT_ONLY = (Dtype.INT8, Dtype.INT4)
 
 
 class Arrival(_Choice):
@@ -94,6 +99,11 @@ class PrecisionSpec:
     activations: Dtype = Dtype.BF16
     """fp8 activations with fp8 weights run the linear layers' GEMMs at the FP8 peak."""
     kv_cache: Dtype = Dtype.BF16
+    group_size: int = 128
+    """int4 weights: input channels per group sharing an fp16 scale and a packed int4 zero point
+    (AWQ's layout as vLLM loads it, ``vllm/model_executor/layers/quantization/awq.py``
+    ``AWQLinearMethod.create_weights``: qweight, qzeros and scales; AWQ's and GPTQ's default group
+    of 128); int8 weights carry one scale per output channel (negligible)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +170,20 @@ def check_serving(plan: ServingPlan) -> None:
     if plan.tp > plan.cluster.gpus_per_node:
         raise PlanError(f"parallel.tp={plan.tp} exceeds the {plan.cluster.gpus_per_node} GPUs of one "
                         f"{plan.cluster.node.name} node (a TP group stays inside a node)")
+    pr = plan.precision
+    if pr.activations in WEIGHT_ONLY or pr.kv_cache in WEIGHT_ONLY:
+        which = "activations" if pr.activations in WEIGHT_ONLY else "kv_cache"
+        raise PlanError(f"precision.{which}={getattr(pr, which)} is a weight-only format; {which} take bf16, fp16 or fp8")
+    if pr.weights in WEIGHT_ONLY and pr.activations == Dtype.FP8:
+        raise PlanError(f"precision.weights={pr.weights} is weight-only (W{8 if pr.weights == Dtype.INT8 else 4}A16): "
+                        "precision.activations must be bf16 or fp16")
+    if pr.weights == Dtype.INT4:
+        widths = {"model.hidden": m.hidden, "model.ffn_hidden / parallel.tp": m.ffn_hidden // plan.tp,
+                  "the attention output's width / parallel.tp": m.heads * m.head_dim // plan.tp}
+        for what, width in widths.items():
+            if width % pr.group_size:
+                raise PlanError(f"precision.group_size={pr.group_size} does not divide {what} = {width} (an int4 "
+                                "layer's input channels come in whole groups: vLLM's AWQ and GPTQ loaders refuse it)")
     if plan.precision.activations == Dtype.FP8 and plan.precision.weights != Dtype.FP8:
         raise PlanError("precision.activations=fp8 needs precision.weights=fp8 (an FP8 GEMM takes both inputs in FP8)")
     if not s.chunked_prefill and s.max_num_batched_tokens < plan.traffic.prompt_len:
