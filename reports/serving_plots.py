@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from simcore.engine.serving import ServingTimeline
+from simcore.engine.serving import ServingTimeline, per_token
 
 #: Iterations a trace holds at most (about 150 bytes each in the file); past it, the first ones.
 TRACE_MAX_ITERATIONS = 200_000
@@ -42,7 +42,7 @@ def _thin(rows: list) -> list:
     return rows[::step] + ([rows[-1]] if (len(rows) - 1) % step else [])
 
 
-def serving_figure(timeline: ServingTimeline, title: str, output_len: int) -> Figure:
+def serving_figure(timeline: ServingTimeline, title: str) -> Figure:
     """KV occupancy and decoding requests per replica over time (left), and the cumulative
     distributions of TTFT, TPOT and end-to-end latency (right)."""
     fig = Figure(figsize=(12, 6.5), layout="constrained")
@@ -65,8 +65,9 @@ def serving_figure(timeline: ServingTimeline, title: str, output_len: int) -> Fi
     ttft = timeline.first - timeline.arrivals
     e2e = timeline.finish - timeline.arrivals
     series = {"TTFT": ttft, "end-to-end": e2e}
-    if output_len > 1:
-        series["TPOT"] = (timeline.finish - timeline.first) / (output_len - 1)
+    several = timeline.output > 1
+    if several.any():
+        series["TPOT"] = per_token(timeline.first, timeline.finish, timeline.output)[several]
     for label, x in series.items():
         x = np.sort(x[np.isfinite(x)]) * 1e3
         if x.size:

@@ -39,7 +39,10 @@ def cmd_serve(args) -> None:
     load = f"{t.rate:g} req/s Poisson" if t.arrival.value == "poisson" else "offline (all at t=0)"
     print(f"{plan.name}: {plan.model.name} on {plan.replicas} x TP{plan.tp} {plan.cluster.node.gpu.name}, "
           f"{plan.precision.weights}/{plan.precision.activations}/KV {plan.precision.kv_cache}, router {plan.router}")
-    print(f"traffic: {r.requests} requests, {load}, prompt {t.prompt_len}, output {t.output_len} tokens")
+    lengths = (f"prompt {t.prompt_len}, output {t.output_len} tokens" if not t.dataset else
+               f"lengths drawn from {t.dataset_path} ({len(t.dataset):,} requests; mean prompt {t.prompt_len}, "
+               f"mean output {t.output_len}, longest {t.max_total} tokens)")
+    print(f"traffic: {r.requests} requests, {load}, {lengths}")
     s = plan.scheduler
     print(f"scheduler: {s.capacity_policy} admission, at most {s.max_num_seqs} requests and "
           f"{s.max_num_batched_tokens} tokens an iteration, chunked prefill {'on' if s.chunked_prefill else 'off'}")
@@ -121,7 +124,7 @@ def _write_pictures(args, plan, timeline: ServingTimeline) -> None:
             if left_out else ""
         print(f"trainplan: wrote {args.trace}{tail}", file=sys.stderr)
     if args.plot:
-        save_figure(serving_figure(timeline, plan.name, plan.traffic.output_len), args.plot)
+        save_figure(serving_figure(timeline, plan.name), args.plot)
         print(f"trainplan: wrote {args.plot}", file=sys.stderr)
 
 
@@ -139,7 +142,8 @@ def cmd_serve_plan(args) -> None:
         return
     t = plan.traffic
     met = [o for o in res.options if o.met]
-    print(f"serve-plan: {plan.model.name} at {rate:g} req/s Poisson (prompt {t.prompt_len}, output {t.output_len} "
+    mean = "mean " if t.dataset else ""
+    print(f"serve-plan: {plan.model.name} at {rate:g} req/s Poisson ({mean}prompt {t.prompt_len}, output {t.output_len} "
           f"tokens, {t.num_requests} requests a simulation), SLO {slo.describe()}, router {plan.router}")
     print(f"searched {len(res.options)} variants (GPU kind x precision x TP) with "
           f"{sum(o.simulations for o in res.options)} simulations in {wall:.1f} s; {len(met)} meet the SLO")

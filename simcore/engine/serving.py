@@ -17,59 +17,16 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from simcore.engine.serving_measure import (ServingResult, ServingTimeline, arrival_times, measure, per_token,
+                                            request_lengths)
 from simcore.plan.spec import PlanError
 from simcore.serving.cost import ReplicaCost, iteration_s, replica_cost
-from simcore.serving.spec import Arrival, CapacityPolicy, Router, ServingPlan, SloSpec
+from simcore.serving.spec import CapacityPolicy, Router, ServingPlan, SloSpec
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServingResult:
-    """What a simulated serving run gives, times in seconds."""
-
-    requests: int
-    ttft: tuple[float, float, float]
-    """Time to first token, (p50, p90, p99)."""
-    tpot: tuple[float, float, float]
-    """Time per output token after the first, (p50, p90, p99)."""
-    e2e: tuple[float, float, float]
-    ttft_mean: float
-    tpot_mean: float
-    output_tok_s: float
-    total_tok_s: float
-    req_s: float
-    makespan_s: float
-    kv_occupancy_mean: float
-    """Time-weighted share of the KV blocks in use (busy and idle time), mean over replicas; under
-    TensorRT-LLM's policies, the blocks reserved to completion."""
-    kv_occupancy_max: float
-    kv_blocks: int
-    """KV blocks of one replica."""
-    preemptions: int
-    iterations: int
-    goodput_req_s: float
-    """Requests per second that meet both SLO targets (all requests where no SLO is given)."""
-    slo_met: bool | None
-    """Whether both targets hold at the SLO's percentile; None without an SLO."""
-    slo_ttft_s: float
-    slo_tpot_s: float
-    """TTFT and TPOT at the SLO's percentile (NaN without an SLO)."""
-
-
-@dataclass(slots=True)
-class ServingTimeline:
-    """What a run did over time, kept when one is passed to ``simulate_serving``: per iteration
-    (replica, start s, end s, prefill tokens, decoding requests, KV blocks in use or reserved),
-    and per request its arrival, first token and finish times."""
-
-    iterations: list = field(default_factory=list)
-    arrivals: np.ndarray | None = None
-    first: np.ndarray | None = None
-    finish: np.ndarray | None = None
-    kv_blocks: int = 0
+__all__ = ["ServingResult", "ServingTimeline", "arrival_times", "per_token", "request_lengths", "simulate_serving"]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -84,10 +41,8 @@ class _Replica:
         self.index, self.log = index, log          # the timeline's iteration list, when one is kept
         s, t = plan.scheduler, plan.traffic
         self.max_seqs, self.budget, self.chunked = s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill
-        self.prompt, self.output = t.prompt_len, t.output_len
         # TensorRT-LLM's policies reserve a request's blocks to completion at admission (never preempting)
-        self.reserve = (_ceil_div(t.prompt_len + t.output_len, self.bs)
-                        if s.capacity_policy != CapacityPolicy.ON_DEMAND else 0)
+        self.reserving = s.capacity_policy != CapacityPolicy.ON_DEMAND
         self.static = s.capacity_policy == CapacityPolicy.STATIC_BATCH
         self.free = rc.kv_blocks
         self.waiting: deque[int] = deque()
@@ -107,6 +62,12 @@ class _Replica:
         """Share the per-request state (indexed by the request's global id) with the other replicas."""
         self.gen, self.c0, self.s0, self.epoch = req.gen, req.c0, req.s0, req.epoch
         self.first, self.finish = req.first, req.finish
+        self.P, self.O = req.prompt, req.output
+
+    def _reservation(self, rid: int) -> int:
+        """The blocks a request needs to complete: its prompt and all its output (TensorRT-LLM's
+        ``getRemainingBlocksToCompletion`` at admission)."""
+        return _ceil_div(self.P[rid] + self.O[rid], self.bs)
 
     @property
     def outstanding(self) -> int:
@@ -159,7 +120,7 @@ class _Replica:
             c = min(entry[2] - entry[1], budget)
             if c < entry[2] - entry[1] and not self.chunked:
                 break
-            need = 0 if self.reserve else _ceil_div(entry[1] + c, self.bs) - _ceil_div(entry[1], self.bs)
+            need = 0 if self.reserving else _ceil_div(entry[1] + c, self.bs) - _ceil_div(entry[1], self.bs)
             while need > self.free and self._preempt_last() not in (None, entry[0]):
                 pass
             if entry not in self.prefilling or need > self.free:
@@ -171,16 +132,16 @@ class _Replica:
         admit = not (self.static and self.running)
         while admit and self.waiting and len(self.running) < self.max_seqs and (budget > 0 or self.static):
             rid = self.waiting[0]
-            total = self.prompt + self.gen[rid]       # a preempted request recomputes its outputs too
+            total = self.P[rid] + self.gen[rid]       # a preempted request recomputes its outputs too
             c = max(0, min(total, budget))
             if c < total and not self.chunked:
                 c = 0
                 if not self.static:
                     break
-            need = self.reserve or _ceil_div(c, self.bs)
+            need = self._reservation(rid) if self.reserving else _ceil_div(c, self.bs)
             if need > self.free:
-                if not self.running and (self.reserve or _ceil_div(total, self.bs)) > self.rc.kv_blocks:
-                    raise PlanError(f"a request of {self.prompt + self.output if self.reserve else total} tokens "
+                if not self.running and (need if self.reserving else _ceil_div(total, self.bs)) > self.rc.kv_blocks:
+                    raise PlanError(f"a request of {self.P[rid] + self.O[rid] if self.reserving else total} tokens "
                                     f"needs more KV blocks than a replica's {self.rc.kv_blocks} "
                                     f"(kv_cache.block_size={self.bs}); use more GPUs per replica")
                 break
@@ -213,9 +174,9 @@ class _Replica:
                 self.running.discard(rid)
                 self.n_dec -= 1
                 self.sum_ctx -= ctx
-                if not self.reserve:
+                if not self.reserving:
                     self.phase[(self.s0[rid] - self.c0[rid]) % self.bs] -= 1
-                self.free += self.reserve or _ceil_div(ctx, self.bs)
+                self.free += self._reservation(rid) if self.reserving else _ceil_div(ctx, self.bs)
         for entry, c, _ in chunks:
             entry[1] += c
             if entry[1] < entry[2]:
@@ -225,17 +186,17 @@ class _Replica:
             self.gen[rid] += 1
             if np.isnan(self.first[rid]):
                 self.first[rid] = now
-            if self.gen[rid] >= self.output:
+            if self.gen[rid] >= self.O[rid]:
                 self.finish[rid] = now
                 self.running.discard(rid)
-                self.free += self.reserve or _ceil_div(entry[2], self.bs)
+                self.free += self._reservation(rid) if self.reserving else _ceil_div(entry[2], self.bs)
                 continue
             self.c0[rid], self.s0[rid] = entry[2], self.step
             self.n_dec += 1
             self.sum_ctx += entry[2]
-            if not self.reserve:                      # a reserving policy holds its blocks already
+            if not self.reserving:                    # a reserving policy holds its blocks already
                 self.phase[(self.step - entry[2]) % self.bs] += 1
-            heapq.heappush(self.ends, (self.step + self.output - self.gen[rid], rid, self.epoch[rid]))
+            heapq.heappush(self.ends, (self.step + self.O[rid] - self.gen[rid], rid, self.epoch[rid]))
 
     def begin(self, now: float) -> float:
         """Form and cost the next iteration at ``now``; its end time, or -1.0 when idle."""
@@ -280,7 +241,9 @@ class _Replica:
 class _Requests:
     """Per-request state shared by the replicas, by global request id."""
 
-    def __init__(self, n: int):
+    def __init__(self, prompt: np.ndarray, output: np.ndarray):
+        n = len(prompt)
+        self.prompt, self.output = prompt.tolist(), output.tolist()   # each request's lengths
         self.gen = [0] * n          # tokens generated
         self.c0 = [0] * n           # KV tokens when it joined the decoders
         self.s0 = [0] * n           # step at which it joined
@@ -331,21 +294,6 @@ def _least_outstanding(reps: list[_Replica], arrivals: np.ndarray) -> None:
     advance(float("inf"), True)
 
 
-def arrival_times(plan: ServingPlan) -> np.ndarray:
-    """Request arrival times: Poisson at ``traffic.rate`` (seeded), or all at 0 (offline)."""
-    t = plan.traffic
-    if t.arrival == Arrival.OFFLINE:
-        return np.zeros(t.num_requests)
-    rng = np.random.default_rng(t.seed)
-    return np.cumsum(rng.exponential(1.0 / t.rate, t.num_requests))
-
-
-def _percentiles(x: np.ndarray) -> tuple[float, float, float]:
-    if x.size == 0:
-        return (0.0, 0.0, 0.0)
-    return tuple(float(v) for v in np.percentile(x, [50, 90, 99]))
-
-
 def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloSpec | None = None,
                      timeline: ServingTimeline | None = None) -> ServingResult:
     """Serve the plan's traffic on its replicas behind its router and measure it against ``slo``
@@ -355,7 +303,8 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloS
     arrivals = arrival_times(plan)
     log = timeline.iterations if timeline is not None else None
     reps = [_Replica(rc, plan, k, log) for k in range(plan.replicas)]
-    req = _Requests(len(arrivals))
+    prompt, output = request_lengths(plan)
+    req = _Requests(prompt, output)
     for rep in reps:
         rep.attach(req)
     if plan.router == Router.LEAST_OUTSTANDING and plan.replicas > 1:
@@ -367,26 +316,5 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloS
                 rep.run(arrivals[idx], idx)
     if timeline is not None:
         timeline.arrivals, timeline.first, timeline.finish, timeline.kv_blocks = arrivals, req.first, req.finish, rc.kv_blocks
-    return _measure(plan, rc, reps, arrivals, req.first, req.finish, slo)
-
-
-def _measure(plan, rc, reps, arrivals, first, finish, slo: SloSpec | None) -> ServingResult:
-    t = plan.traffic
-    ttft, e2e = first - arrivals, finish - arrivals
-    tpot = (finish - first) / (t.output_len - 1) if t.output_len > 1 else np.zeros_like(e2e)
-    span = float(finish.max() - arrivals.min())
-    busy = [r for r in reps if r.iterations]
-    good, met, at_p = len(arrivals), None, (float("nan"), float("nan"))
-    if slo is not None:
-        good = int(np.count_nonzero((ttft <= slo.ttft_s) & (tpot <= slo.tpot_s)))
-        at_p = (float(np.percentile(ttft, slo.percentile)), float(np.percentile(tpot, slo.percentile)))
-        met = slo.holds(*at_p)
-    return ServingResult(
-        requests=len(arrivals), ttft=_percentiles(ttft), tpot=_percentiles(tpot), e2e=_percentiles(e2e),
-        ttft_mean=float(ttft.mean()), tpot_mean=float(tpot.mean()),
-        output_tok_s=len(arrivals) * t.output_len / span, total_tok_s=len(arrivals) * (t.prompt_len + t.output_len) / span,
-        req_s=len(arrivals) / span, makespan_s=span,
-        kv_occupancy_mean=float(np.mean([r.kv_area / r.end for r in busy])) if busy else 0.0,
-        kv_occupancy_max=max((r.kv_max for r in busy), default=0.0), kv_blocks=rc.kv_blocks,
-        preemptions=sum(r.preemptions for r in reps), iterations=sum(r.iterations for r in reps),
-        goodput_req_s=good / span, slo_met=met, slo_ttft_s=at_p[0], slo_tpot_s=at_p[1])
+        timeline.output = output
+    return measure(reps, arrivals, req.first, req.finish, prompt, output, rc.kv_blocks, slo)

@@ -10,6 +10,7 @@ the field (``PlanError``).
                 capacity_policy: on_demand}   # or guaranteed_no_evict, static_batch (TensorRT-LLM's)
     kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}   # or free_memory_fraction (TensorRT-LLM's)
     traffic: {arrival: poisson, rate: 10, num_requests: 1000, prompt_len: 1024, output_len: 128, seed: 0}
+                                     # or dataset: FILE in place of the lengths (simcore.serving.dataset)
     router: round_robin              # or least_outstanding
     slo: {ttft_ms: 500, tpot_ms: 50, percentile: 99}   # optional; either target may be left out
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from simcore.plan.load import _bool, _check_keys, _cluster, _float, _int, _mapping, _model, _str
 from simcore.plan.yaml_file import read_yaml_file
+from simcore.serving.dataset import read_lengths
 from simcore.serving.spec import (Arrival, CapacityPolicy, Dtype, KvCacheSpec, PlanError, PrecisionSpec, Router, SchedulerSpec,
                                   ServingPlan, SloSpec, TrafficSpec, check_serving)
 from topologies.hardware import Catalog, load_catalog
@@ -35,11 +37,11 @@ def _section(doc: dict, key: str, known: set[str]) -> dict:
     return value
 
 
-def _model_doc(value, traffic: dict) -> object:
+def _model_doc(value, longest: int) -> object:
     """The model section, with a sequence length where the file gives none (a catalog model
     has its own): prompt plus output, the longest context a request reaches."""
     if isinstance(value, dict) and "seq_len" not in value and "layers" in value:
-        value = {**value, "seq_len": int(traffic.get("prompt_len", 1)) + int(traffic.get("output_len", 1))}
+        value = {**value, "seq_len": longest}
     return value
 
 
@@ -53,8 +55,9 @@ def _precision(doc: dict) -> PrecisionSpec:
                          group_size=_int(d, "group_size", "precision", 128))
 
 
-def _traffic(doc: dict) -> TrafficSpec:
-    d = _section(doc, "traffic", {"arrival", "rate", "num_requests", "duration_s", "prompt_len", "output_len", "seed"})
+def _traffic(doc: dict, base: Path) -> TrafficSpec:
+    d = _section(doc, "traffic", {"arrival", "rate", "num_requests", "duration_s", "prompt_len", "output_len", "seed",
+                                  "dataset"})
     arrival = Arrival.parse(_str(d, "arrival", "traffic", "poisson"), "traffic.arrival")
     rate = _float(d, "rate", "traffic") or 0.0
     if "num_requests" in d:
@@ -63,9 +66,18 @@ def _traffic(doc: dict) -> TrafficSpec:
         n = max(1, math.ceil(_float(d, "duration_s", "traffic") * rate))
     else:
         raise PlanError("traffic.num_requests is required (or traffic.duration_s with a Poisson rate)")
+    seed = _int(d, "seed", "traffic", 0, minimum=0)
+    if d.get("dataset") is not None:
+        if "prompt_len" in d or "output_len" in d:
+            raise PlanError("traffic takes prompt_len and output_len, or a dataset file of both, not both")
+        path = Path(_str(d, "dataset", "traffic"))
+        pairs = read_lengths(path if path.is_absolute() else base / path)
+        return TrafficSpec(arrival=arrival, rate=rate, num_requests=n, seed=seed, dataset=pairs, dataset_path=str(path),
+                           prompt_len=max(1, round(sum(p for p, _ in pairs) / len(pairs))),
+                           output_len=max(1, round(sum(o for _, o in pairs) / len(pairs))))
     return TrafficSpec(arrival=arrival, rate=rate, num_requests=n,
                        prompt_len=_int(d, "prompt_len", "traffic"), output_len=_int(d, "output_len", "traffic"),
-                       seed=_int(d, "seed", "traffic", 0, minimum=0))
+                       seed=seed)
 
 
 def slo_from_dict(value) -> SloSpec | None:
@@ -96,7 +108,7 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
     cat, base = catalog or load_catalog(), Path(base_dir)
     if doc.get("model") is None:
         raise PlanError("model is required (a catalog model name, its fields, or hf_config)")
-    traffic = _traffic(doc)
+    traffic = _traffic(doc, base)
     par = _section(doc, "parallel", {"tp", "replicas"})
     tp, replicas = _int(par, "tp", "parallel", 1), _int(par, "replicas", "parallel", 1)
     hw = dict(_section(doc, "hardware", {"node", "nodes", "fabric", "profile", "gpus_per_node"}))
@@ -118,8 +130,7 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
                         "not both")
     plan = ServingPlan(
         name=_str(doc, "name", "plan", "serving"),
-        model=_model(_model_doc(doc["model"], {"prompt_len": traffic.prompt_len, "output_len": traffic.output_len}),
-                     cat, base),
+        model=_model(_model_doc(doc["model"], traffic.max_total), cat, base),
         cluster=cluster, tp=tp, replicas=replicas, precision=_precision(doc),
         scheduler=SchedulerSpec(max_num_seqs=_int(sch, "max_num_seqs", "scheduler", 256),
                                 max_num_batched_tokens=_int(sch, "max_num_batched_tokens", "scheduler", 8192),

@@ -138,8 +138,23 @@ class TrafficSpec:
     """Requests per second (Poisson)."""
     num_requests: int
     prompt_len: int
+    """Every request's prompt tokens; with a dataset, the dataset's mean (rounded)."""
     output_len: int
+    """Every request's output tokens; with a dataset, the dataset's mean (rounded)."""
     seed: int = 0
+    dataset: tuple[tuple[int, int], ...] | None = None
+    """(prompt, output) token counts each request draws from, uniformly with the seed
+    (``simcore.serving.dataset``); None: every request has the fixed lengths."""
+    dataset_path: str = ""
+
+    @property
+    def max_prompt(self) -> int:
+        return max(p for p, _ in self.dataset) if self.dataset else self.prompt_len
+
+    @property
+    def max_total(self) -> int:
+        """The longest context a request reaches: its prompt and its output."""
+        return max(p + o for p, o in self.dataset) if self.dataset else self.prompt_len + self.output_len
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,9 +201,10 @@ def check_serving(plan: ServingPlan) -> None:
                                 "layer's input channels come in whole groups: vLLM's AWQ and GPTQ loaders refuse it)")
     if plan.precision.activations == Dtype.FP8 and plan.precision.weights != Dtype.FP8:
         raise PlanError("precision.activations=fp8 needs precision.weights=fp8 (an FP8 GEMM takes both inputs in FP8)")
-    if not s.chunked_prefill and s.max_num_batched_tokens < plan.traffic.prompt_len:
+    if not s.chunked_prefill and s.max_num_batched_tokens < plan.traffic.max_prompt:
+        where = "the dataset's longest prompt" if plan.traffic.dataset else "traffic.prompt_len"
         raise PlanError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} is below "
-                        f"traffic.prompt_len={plan.traffic.prompt_len}, which chunked_prefill false must fit whole")
+                        f"{where}={plan.traffic.max_prompt}, which chunked_prefill false must fit whole")
     if s.max_num_batched_tokens < s.max_num_seqs:
         raise PlanError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} must be at least "
                         f"scheduler.max_num_seqs={s.max_num_seqs} (vLLM's rule: every running request's token fits)")
