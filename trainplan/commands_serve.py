@@ -36,11 +36,14 @@ def cmd_serve(args) -> None:
         print(json.dumps({"plan": plan.name, **asdict(r)}, indent=2))
         return
     t = plan.traffic
-    load = f"{t.rate:g} req/s Poisson" if t.arrival.value == "poisson" else "offline (all at t=0)"
+    load = (f"{t.rate:g} req/s Poisson" if t.arrival == Arrival.POISSON else "offline (all at t=0)"
+            if t.arrival == Arrival.OFFLINE else f"the trace's arrivals at {t.rate or t.trace_rate:.3g} req/s"
+            + (f" (its own {t.trace_rate:.3g})" if t.rate else ""))
     print(f"{plan.name}: {plan.model.name} on {plan.replicas} x TP{plan.tp} {plan.cluster.node.gpu.name}, "
           f"{plan.precision.weights}/{plan.precision.activations}/KV {plan.precision.kv_cache}, router {plan.router}")
     lengths = (f"prompt {t.prompt_len}, output {t.output_len} tokens" if not t.dataset else
-               f"lengths drawn from {t.dataset_path} ({len(t.dataset):,} requests; mean prompt {t.prompt_len}, "
+               f"lengths {'from' if t.arrival == Arrival.TRACE else 'drawn from'} {t.dataset_path} "
+               f"({len(t.dataset):,} requests; mean prompt {t.prompt_len}, "
                f"mean output {t.output_len}, longest {t.max_total} tokens)")
     print(f"traffic: {r.requests} requests, {load}, {lengths}")
     s = plan.scheduler
@@ -74,7 +77,9 @@ def _search_inputs(args):
         slo = slo_from_dict(base | flags)
     if slo is None:
         raise PlanError("serve-plan needs an SLO: a slo section in the plan, or --ttft-ms / --tpot-ms")
-    rate = args.rate if args.rate is not None else (plan.traffic.rate if plan.traffic.arrival == Arrival.POISSON else None)
+    t = plan.traffic
+    own = t.rate if t.arrival == Arrival.POISSON else (t.rate or t.trace_rate) if t.arrival == Arrival.TRACE else None
+    rate = args.rate if args.rate is not None else own
     if rate is None:
         raise PlanError("serve-plan needs a request rate: traffic.arrival=poisson with traffic.rate, or --rate")
     return plan, slo, rate

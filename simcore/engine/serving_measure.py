@@ -59,10 +59,15 @@ class ServingTimeline:
 
 
 def arrival_times(plan: ServingPlan) -> np.ndarray:
-    """Request arrival times: Poisson at ``traffic.rate`` (seeded), or all at 0 (offline)."""
+    """Request arrival times: Poisson at ``traffic.rate`` (seeded), all at 0 (offline), or the
+    trace's times (its gaps scaled so that its mean rate is ``traffic.rate`` where one is given)."""
     t = plan.traffic
     if t.arrival == Arrival.OFFLINE:
         return np.zeros(t.num_requests)
+    if t.arrival == Arrival.TRACE:
+        times = np.asarray(t.times[:t.num_requests], dtype=float)
+        scale = t.trace_rate / t.rate if t.rate > 0 and np.isfinite(t.trace_rate) else 1.0
+        return times * scale
     rng = np.random.default_rng(t.seed)
     return np.cumsum(rng.exponential(1.0 / t.rate, t.num_requests))
 
@@ -74,6 +79,8 @@ def request_lengths(plan: ServingPlan) -> tuple[np.ndarray, np.ndarray]:
     if not t.dataset:
         return np.full(t.num_requests, t.prompt_len), np.full(t.num_requests, t.output_len)
     pairs = np.asarray(t.dataset, dtype=np.int64)
+    if t.arrival == Arrival.TRACE:           # each traced request keeps its own lengths
+        return pairs[:t.num_requests, 0], pairs[:t.num_requests, 1]
     pick = np.random.default_rng([t.seed, 1]).integers(0, len(pairs), t.num_requests)
     return pairs[pick, 0], pairs[pick, 1]
 

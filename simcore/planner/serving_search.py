@@ -29,7 +29,7 @@ from simcore.planner.prices import buy_sheet, resolve_prices
 from simcore.planner.workers import imap
 from simcore.model.compute import device_model
 from simcore.serving.cost import decode_s, prefill_s, replica_cost
-from simcore.serving.spec import Arrival, Dtype, PrecisionSpec, ServingPlan, SloSpec, TrafficSpec, check_serving
+from simcore.serving.spec import Arrival, Dtype, PrecisionSpec, ServingPlan, SloSpec, check_serving
 from topologies.components import CatalogError
 from topologies.hardware import load_catalog
 
@@ -122,10 +122,11 @@ def variant(plan: ServingPlan, node: str, precision: str, tp: int, replicas: int
 
 
 def at_rate(plan: ServingPlan, rate: float) -> ServingPlan:
-    """The plan's traffic as Poisson at ``rate``, the same request count and seed."""
+    """The plan's traffic at ``rate``: a trace replayed faster or slower, anything else Poisson;
+    the same requests (count, lengths or dataset, seed)."""
     t = plan.traffic
-    return replace(plan, traffic=TrafficSpec(arrival=Arrival.POISSON, rate=rate, num_requests=t.num_requests,
-                                             prompt_len=t.prompt_len, output_len=t.output_len, seed=t.seed))
+    return replace(plan, traffic=replace(t, arrival=Arrival.TRACE if t.arrival == Arrival.TRACE else Arrival.POISSON,
+                                         rate=rate))
 
 
 def prices_of(plan: ServingPlan) -> tuple[dict, float]:

@@ -10,7 +10,8 @@ the field (``PlanError``).
                 capacity_policy: on_demand}   # or guaranteed_no_evict, static_batch (TensorRT-LLM's)
     kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}   # or free_memory_fraction (TensorRT-LLM's)
     traffic: {arrival: poisson, rate: 10, num_requests: 1000, prompt_len: 1024, output_len: 128, seed: 0}
-                                     # or dataset: FILE in place of the lengths (simcore.serving.dataset)
+                                     # or dataset: FILE in place of the lengths (simcore.serving.dataset);
+                                     # arrival: trace replays a timed dataset (rate: scales it)
     router: round_robin              # or least_outstanding
     slo: {ttft_ms: 500, tpot_ms: 50, percentile: 99}   # optional; either target may be left out
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from simcore.plan.load import _bool, _check_keys, _cluster, _float, _int, _mapping, _model, _str
 from simcore.plan.yaml_file import read_yaml_file
-from simcore.serving.dataset import read_lengths
+from simcore.serving.dataset import read_requests
 from simcore.serving.spec import (Arrival, CapacityPolicy, Dtype, KvCacheSpec, PlanError, PrecisionSpec, Router, SchedulerSpec,
                                   ServingPlan, SloSpec, TrafficSpec, check_serving)
 from topologies.hardware import Catalog, load_catalog
@@ -60,19 +61,26 @@ def _traffic(doc: dict, base: Path) -> TrafficSpec:
                                   "dataset"})
     arrival = Arrival.parse(_str(d, "arrival", "traffic", "poisson"), "traffic.arrival")
     rate = _float(d, "rate", "traffic") or 0.0
-    if "num_requests" in d:
-        n = _int(d, "num_requests", "traffic")
-    elif "duration_s" in d and arrival == Arrival.POISSON and rate > 0:
-        n = max(1, math.ceil(_float(d, "duration_s", "traffic") * rate))
-    else:
-        raise PlanError("traffic.num_requests is required (or traffic.duration_s with a Poisson rate)")
-    seed = _int(d, "seed", "traffic", 0, minimum=0)
+    pairs = times = None
     if d.get("dataset") is not None:
         if "prompt_len" in d or "output_len" in d:
             raise PlanError("traffic takes prompt_len and output_len, or a dataset file of both, not both")
         path = Path(_str(d, "dataset", "traffic"))
-        pairs = read_lengths(path if path.is_absolute() else base / path)
+        pairs, times = read_requests(path if path.is_absolute() else base / path)
+    if "num_requests" in d:
+        n = _int(d, "num_requests", "traffic")
+    elif "duration_s" in d and arrival == Arrival.POISSON and rate > 0:
+        n = max(1, math.ceil(_float(d, "duration_s", "traffic") * rate))
+    elif arrival == Arrival.TRACE and times is not None:
+        n = len(times)
+    else:
+        raise PlanError("traffic.num_requests is required (or traffic.duration_s with a Poisson rate)")
+    seed = _int(d, "seed", "traffic", 0, minimum=0)
+    if pairs is not None:
+        if arrival == Arrival.TRACE:      # the trace's own requests, in order
+            pairs = pairs[:n]
         return TrafficSpec(arrival=arrival, rate=rate, num_requests=n, seed=seed, dataset=pairs, dataset_path=str(path),
+                           times=times,
                            prompt_len=max(1, round(sum(p for p, _ in pairs) / len(pairs))),
                            output_len=max(1, round(sum(o for _, o in pairs) / len(pairs))))
     return TrafficSpec(arrival=arrival, rate=rate, num_requests=n,

@@ -25,6 +25,7 @@ blocks fit. With ``chunked_prefill`` false a prompt is admitted only whole withi
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from simcore.plan.choices import PlanError, _Choice
@@ -52,10 +53,12 @@ WEIGHT_ONLY = (Dtype.INT8, Dtype.INT4)
 
 
 class Arrival(_Choice):
-    """Poisson arrivals at ``rate`` requests per second, or offline: every request at t = 0."""
+    """Poisson arrivals at ``rate`` requests per second; offline: every request at t = 0; or a
+    trace: the dataset's requests in order at its times (scaled to ``rate`` where one is given)."""
 
     POISSON = "poisson"
     OFFLINE = "offline"
+    TRACE = "trace"
 
 
 class CapacityPolicy(_Choice):
@@ -146,6 +149,14 @@ class TrafficSpec:
     """(prompt, output) token counts each request draws from, uniformly with the seed
     (``simcore.serving.dataset``); None: every request has the fixed lengths."""
     dataset_path: str = ""
+    times: tuple[float, ...] | None = None
+    """With a timed dataset: each line's arrival, seconds after the first (``Arrival.TRACE``)."""
+
+    @property
+    def trace_rate(self) -> float:
+        """The trace's own mean request rate over its first ``num_requests`` requests."""
+        span = self.times[self.num_requests - 1] if self.times and self.num_requests > 1 else 0.0
+        return (self.num_requests - 1) / span if span > 0 else math.inf
 
     @property
     def max_prompt(self) -> int:
@@ -214,5 +225,12 @@ def check_serving(plan: ServingPlan) -> None:
     frac = plan.kv_cache.free_memory_fraction
     if frac is not None and not 0 < frac <= 1:
         raise PlanError(f"kv_cache.free_memory_fraction={frac} must be in (0, 1]")
+    t = plan.traffic
+    if t.arrival == Arrival.TRACE:
+        if t.times is None:
+            raise PlanError("traffic.arrival=trace needs traffic.dataset with each request's arrival "
+                            "(an Azure trace's TIMESTAMP, or arrival_s)")
+        if t.num_requests > len(t.times):
+            raise PlanError(f"traffic.num_requests={t.num_requests} exceeds the trace's {len(t.times)} requests")
     if plan.traffic.arrival == Arrival.POISSON and plan.traffic.rate <= 0:
         raise PlanError("traffic.rate must be positive for traffic.arrival=poisson")

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from simcore.engine.serving import request_lengths, simulate_serving
+from simcore.engine.serving import arrival_times, request_lengths, simulate_serving
 from simcore.serving.dataset import read_lengths
 from simcore.serving.load import serving_from_dict
 from simcore.serving.spec import PlanError
@@ -16,9 +16,10 @@ from trainplan.cli import main
 
 
 def plan(tmp_path, traffic: dict, **extra):
+    """A serving plan with this traffic (a key given None is left out)."""
+    t = {k: v for k, v in {"arrival": "poisson", "rate": 6, "num_requests": 300, **traffic}.items() if v is not None}
     return serving_from_dict({"model": "llama3-8b", "hardware": {"node": "dgx-h100"}, "parallel": {"tp": 1},
-                              "traffic": {"arrival": "poisson", "rate": 6, "num_requests": 300, **traffic}, **extra},
-                             base_dir=tmp_path)
+                              "traffic": t, **extra}, base_dir=tmp_path)
 
 
 def write_jsonl(path, rows):
@@ -83,3 +84,41 @@ def test_serve_says_where_the_lengths_come_from(tmp_path, capsys):
     assert main(["serve", str(f)]) == 0
     assert "lengths drawn from d.jsonl (2 requests; mean prompt 600, mean output 80, longest 1020 tokens)" \
         in capsys.readouterr().out
+
+
+AZURE = ("TIMESTAMP,ContextTokens,GeneratedTokens\n"      # the first lines of AzureLLMInferenceTrace_conv.csv
+         "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+         "2023-11-16 18:15:51.2224670,879,55\n2023-11-16 18:15:51.3910170,91,16\n")
+
+
+def test_an_azure_trace_replays_its_requests_at_their_times(tmp_path):
+    (tmp_path / "azure.csv").write_text(AZURE)
+    p = plan(tmp_path, {"arrival": "trace", "dataset": "azure.csv", "num_requests": None, "rate": None})
+    assert p.traffic.num_requests == 4
+    assert np.allclose(arrival_times(p), [0.0, 4.314579, 4.541877, 4.710427])
+    prompt, output = request_lengths(p)
+    assert prompt.tolist() == [374, 396, 879, 91] and output.tolist() == [44, 109, 55, 16]
+    fast = plan(tmp_path, {"arrival": "trace", "dataset": "azure.csv", "num_requests": None,
+                           "rate": 2 * p.traffic.trace_rate})
+    assert np.allclose(arrival_times(fast), arrival_times(p) / 2)
+    r = simulate_serving(p)
+    assert r.requests == 4 and r.output_tok_s * r.makespan_s == pytest.approx(44 + 109 + 55 + 16)
+
+
+def test_a_trace_needs_its_times_and_enough_requests(tmp_path):
+    write_jsonl(tmp_path / "untimed.jsonl", [{"prompt_len": 10, "output_len": 10}])
+    with pytest.raises(PlanError, match="traffic.arrival=trace needs traffic.dataset with each request's arrival"):
+        plan(tmp_path, {"arrival": "trace", "dataset": "untimed.jsonl", "num_requests": 1})
+    (tmp_path / "azure.csv").write_text(AZURE)
+    with pytest.raises(PlanError, match="traffic.num_requests=9 exceeds the trace's 4 requests"):
+        plan(tmp_path, {"arrival": "trace", "dataset": "azure.csv", "num_requests": 9})
+
+
+def test_the_capacity_search_keeps_the_dataset(tmp_path):
+    """at_rate rebuilt the traffic from the mean lengths and lost the dataset."""
+    from simcore.planner.serving_search import at_rate
+
+    write_jsonl(tmp_path / "mix.jsonl", [{"prompt_len": 64, "output_len": 8}, {"prompt_len": 4096, "output_len": 512}])
+    p = plan(tmp_path, {"dataset": "mix.jsonl"})
+    q = at_rate(p, 12.0)
+    assert q.traffic.dataset == p.traffic.dataset and q.traffic.rate == 12.0
