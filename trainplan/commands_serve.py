@@ -36,9 +36,9 @@ def cmd_serve(args) -> None:
         print(json.dumps({"plan": plan.name, **asdict(r)}, indent=2))
         return
     t = plan.traffic
-    load = (f"{t.rate:g} req/s Poisson" if t.arrival == Arrival.POISSON else "offline (all at t=0)"
-            if t.arrival == Arrival.OFFLINE else f"the trace's arrivals at {t.rate or t.trace_rate:.3g} req/s"
-            + (f" (its own {t.trace_rate:.3g})" if t.rate else ""))
+    load = {Arrival.POISSON: f"{t.rate:g} req/s Poisson", Arrival.OFFLINE: "offline (all at t=0)",
+            Arrival.CONCURRENCY: f"a closed loop of {t.concurrency} clients"}.get(t.arrival) or (
+        f"the trace's arrivals at {t.rate or t.trace_rate:.3g} req/s" + (f" (its own {t.trace_rate:.3g})" if t.rate else ""))
     print(f"{plan.name}: {plan.model.name} on {plan.replicas} x TP{plan.tp} {plan.cluster.node.gpu.name}, "
           f"{plan.precision.weights}/{plan.precision.activations}/KV {plan.precision.kv_cache}, router {plan.router}")
     lengths = (f"prompt {t.prompt_len}, output {t.output_len} tokens" if not t.dataset else

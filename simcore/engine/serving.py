@@ -24,7 +24,7 @@ from simcore.engine.serving_measure import (ServingResult, ServingTimeline, arri
                                             request_lengths)
 from simcore.plan.spec import PlanError
 from simcore.serving.cost import ReplicaCost, iteration_s, replica_cost
-from simcore.serving.spec import CapacityPolicy, Router, ServingPlan, SloSpec
+from simcore.serving.spec import Arrival, CapacityPolicy, Router, ServingPlan, SloSpec
 
 __all__ = ["ServingResult", "ServingTimeline", "arrival_times", "per_token", "request_lengths", "simulate_serving"]
 
@@ -39,6 +39,7 @@ class _Replica:
     def __init__(self, rc: ReplicaCost, plan: ServingPlan, index: int = 0, log: list | None = None):
         self.rc, self.bs = rc, rc.block_size
         self.index, self.log = index, log          # the timeline's iteration list, when one is kept
+        self.queued: deque[int] = deque()          # a closed loop's requests not yet sent
         s, t = plan.scheduler, plan.traffic
         self.max_seqs, self.budget, self.chunked = s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill
         # TensorRT-LLM's policies reserve a request's blocks to completion at admission (never preempting)
@@ -170,8 +171,7 @@ class _Replica:
                 if ep != self.epoch[rid]:
                     continue
                 ctx = self._ctx(rid)
-                self.finish[rid] = now
-                self.running.discard(rid)
+                self._finished(rid, now)
                 self.n_dec -= 1
                 self.sum_ctx -= ctx
                 if not self.reserving:
@@ -187,8 +187,7 @@ class _Replica:
             if np.isnan(self.first[rid]):
                 self.first[rid] = now
             if self.gen[rid] >= self.O[rid]:
-                self.finish[rid] = now
-                self.running.discard(rid)
+                self._finished(rid, now)
                 self.free += self._reservation(rid) if self.reserving else _ceil_div(entry[2], self.bs)
                 continue
             self.c0[rid], self.s0[rid] = entry[2], self.step
@@ -222,6 +221,27 @@ class _Replica:
         self._finish_iteration(now, self.pending)
         self.pending = None
         self.end = now
+
+    def _finished(self, rid: int, now: float) -> None:
+        """A request's last token at ``now``; under a closed loop its client sends the next one."""
+        self.finish[rid] = now
+        self.running.discard(rid)
+        if self.queued:
+            nxt = self.queued.popleft()
+            self.arrivals[nxt] = now
+            self.waiting.append(nxt)
+
+    def run_closed(self, ids: np.ndarray, clients: int, arrivals: np.ndarray) -> None:
+        """Serve requests ``ids`` from ``clients`` closed-loop clients: the first ``clients``
+        at 0, then each at the moment one finishes (no think time); their times written to ``arrivals``."""
+        self.arrivals, self.queued = arrivals, deque(int(i) for i in ids[clients:])
+        for rid in ids[:clients]:
+            arrivals[rid] = 0.0
+            self.waiting.append(int(rid))
+        now = 0.0
+        while self.waiting or self.running:
+            now = self.begin(now)
+            self.complete(now)
 
     def run(self, arrivals: np.ndarray, ids: np.ndarray) -> None:
         """Serve requests ``ids`` arriving at ``arrivals`` alone (a round-robin share)."""
@@ -307,7 +327,15 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloS
     req = _Requests(prompt, output)
     for rep in reps:
         rep.attach(req)
-    if plan.router == Router.LEAST_OUTSTANDING and plan.replicas > 1:
+    if plan.traffic.arrival == Arrival.CONCURRENCY:
+        # the clients bound to the replicas in turn, each replica's requests in turn
+        c = plan.traffic.concurrency
+        for k, rep in enumerate(reps):
+            idx = np.arange(k, len(arrivals), plan.replicas)
+            clients = c // plan.replicas + (k < c % plan.replicas)
+            if idx.size and clients:
+                rep.run_closed(idx, clients, arrivals)
+    elif plan.router == Router.LEAST_OUTSTANDING and plan.replicas > 1:
         _least_outstanding(reps, arrivals)
     else:
         for k, rep in enumerate(reps):

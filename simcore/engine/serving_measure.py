@@ -62,7 +62,7 @@ def arrival_times(plan: ServingPlan) -> np.ndarray:
     """Request arrival times: Poisson at ``traffic.rate`` (seeded), all at 0 (offline), or the
     trace's times (its gaps scaled so that its mean rate is ``traffic.rate`` where one is given)."""
     t = plan.traffic
-    if t.arrival == Arrival.OFFLINE:
+    if t.arrival in (Arrival.OFFLINE, Arrival.CONCURRENCY):     # a closed loop's are written as it runs
         return np.zeros(t.num_requests)
     if t.arrival == Arrival.TRACE:
         times = np.asarray(t.times[:t.num_requests], dtype=float)

@@ -11,7 +11,8 @@ the field (``PlanError``).
     kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}   # or free_memory_fraction (TensorRT-LLM's)
     traffic: {arrival: poisson, rate: 10, num_requests: 1000, prompt_len: 1024, output_len: 128, seed: 0}
                                      # or dataset: FILE in place of the lengths (simcore.serving.dataset);
-                                     # arrival: trace replays a timed dataset (rate: scales it)
+                                     # arrival: trace replays a timed dataset (rate: scales it);
+                                     # arrival: concurrency with concurrency: N, a closed loop of N clients
     router: round_robin              # or least_outstanding
     slo: {ttft_ms: 500, tpot_ms: 50, percentile: 99}   # optional; either target may be left out
 """
@@ -58,7 +59,7 @@ def _precision(doc: dict) -> PrecisionSpec:
 
 def _traffic(doc: dict, base: Path) -> TrafficSpec:
     d = _section(doc, "traffic", {"arrival", "rate", "num_requests", "duration_s", "prompt_len", "output_len", "seed",
-                                  "dataset"})
+                                  "dataset", "concurrency"})
     arrival = Arrival.parse(_str(d, "arrival", "traffic", "poisson"), "traffic.arrival")
     rate = _float(d, "rate", "traffic") or 0.0
     pairs = times = None
@@ -76,16 +77,17 @@ def _traffic(doc: dict, base: Path) -> TrafficSpec:
     else:
         raise PlanError("traffic.num_requests is required (or traffic.duration_s with a Poisson rate)")
     seed = _int(d, "seed", "traffic", 0, minimum=0)
+    extra = {"concurrency": _int(d, "concurrency", "traffic", 0, minimum=0)}
     if pairs is not None:
         if arrival == Arrival.TRACE:      # the trace's own requests, in order
             pairs = pairs[:n]
         return TrafficSpec(arrival=arrival, rate=rate, num_requests=n, seed=seed, dataset=pairs, dataset_path=str(path),
-                           times=times,
+                           times=times, **extra,
                            prompt_len=max(1, round(sum(p for p, _ in pairs) / len(pairs))),
                            output_len=max(1, round(sum(o for _, o in pairs) / len(pairs))))
     return TrafficSpec(arrival=arrival, rate=rate, num_requests=n,
                        prompt_len=_int(d, "prompt_len", "traffic"), output_len=_int(d, "output_len", "traffic"),
-                       seed=seed)
+                       seed=seed, **extra)
 
 
 def slo_from_dict(value) -> SloSpec | None:

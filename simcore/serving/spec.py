@@ -53,12 +53,16 @@ WEIGHT_ONLY = (Dtype.INT8, Dtype.INT4)
 
 
 class Arrival(_Choice):
-    """Poisson arrivals at ``rate`` requests per second; offline: every request at t = 0; or a
-    trace: the dataset's requests in order at its times (scaled to ``rate`` where one is given)."""
+    """Poisson arrivals at ``rate`` requests per second; offline: every request at t = 0; a
+    trace: the dataset's requests in order at its times (scaled to ``rate`` where one is given);
+    or a closed loop of clients."""
 
     POISSON = "poisson"
     OFFLINE = "offline"
     TRACE = "trace"
+    CONCURRENCY = "concurrency"
+    """A closed loop: ``concurrency`` clients each send a request when their last one finishes
+    (vLLM's ``benchmark_serving --max-concurrency``, LMDeploy's ``profile_throughput -c``)."""
 
 
 class CapacityPolicy(_Choice):
@@ -149,6 +153,8 @@ class TrafficSpec:
     """(prompt, output) token counts each request draws from, uniformly with the seed
     (``simcore.serving.dataset``); None: every request has the fixed lengths."""
     dataset_path: str = ""
+    concurrency: int = 0
+    """Closed-loop clients (``Arrival.CONCURRENCY``); spread over the replicas in turn."""
     times: tuple[float, ...] | None = None
     """With a timed dataset: each line's arrival, seconds after the first (``Arrival.TRACE``)."""
 
@@ -232,5 +238,7 @@ def check_serving(plan: ServingPlan) -> None:
                             "(an Azure trace's TIMESTAMP, or arrival_s)")
         if t.num_requests > len(t.times):
             raise PlanError(f"traffic.num_requests={t.num_requests} exceeds the trace's {len(t.times)} requests")
+    if t.arrival == Arrival.CONCURRENCY and not 1 <= t.concurrency:
+        raise PlanError("traffic.arrival=concurrency needs traffic.concurrency, the clients (at least 1)")
     if plan.traffic.arrival == Arrival.POISSON and plan.traffic.rate <= 0:
         raise PlanError("traffic.rate must be positive for traffic.arrival=poisson")
