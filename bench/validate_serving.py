@@ -43,7 +43,17 @@ output tok/s per GPU (``output_tok_s_per_gpu`` in the notes, times TP); the A100
 so its values are taken as written (SOURCES.md: the A100 TP4 70B ones look per GPU). The
 batch-1 first-token rows (v0.5) are compared as TTFT of one request with one output token.
 
-    .venv/bin/python bench/validate_serving.py [--limit N] [--online | --static]
+LMDeploy rows (``--lmdeploy``; source ``lmdeploy_a100_fp16_v0.1.0a1``, TurboMind on A100-80G in
+FP16, profile_generation): ONE rule. ``profile_throughput`` runs ``concurrency`` threads, each
+sending ``test_round`` = 10 requests one after another (InternLM/lmdeploy
+``benchmark/profile_generation.py``, the stored copy of that era, index id 1413997435): a closed
+loop of the row's batch, 10 requests a client, fixed lengths. Llama-2 7B/13B/70B as the
+catalog's llama2 models (InternLM-20B is not in the catalog) on dgx-a100-80gb, TP from the row;
+the scheduler: at most 128 requests (the benchmark script's max_batch_size), prompts whole in
+one iteration (no chunked prefill in TurboMind v0.1). Compared: output tok/s, mean first-token
+latency, per-token latency p50 (the doc's 50%).
+
+    .venv/bin/python bench/validate_serving.py [--limit N] [--online | --static | --lmdeploy]
 """
 from __future__ import annotations
 
@@ -201,13 +211,48 @@ def static(d: pd.DataFrame) -> int:
     return 0
 
 
+LMDEPLOY = "lmdeploy_a100_fp16_v0.1.0a1"
+LMDEPLOY_MODELS = {"Llama-2-7B": "llama2-7b", "Llama-2-13B": "llama2-13b", "Llama-2-70B": "llama2-70b"}
+
+
+def lmdeploy(d: pd.DataFrame) -> int:
+    out = []
+    rows = d[(d.source == LMDEPLOY) & d.notes.str.startswith("scenario=static_batch")]
+    for row in rows.itertuples():
+        if row.model not in LMDEPLOY_MODELS:
+            continue
+        c, isl, osl = int(row.concurrency), int(row.input_len), int(row.output_len)
+        doc = {"name": f"{row.model}-tp{row.tp}-c{c}", "model": LMDEPLOY_MODELS[row.model],
+               "hardware": {"node": "dgx-a100-80gb"}, "parallel": {"tp": int(row.tp)},
+               "precision": {"weights": "fp16", "activations": "fp16", "kv_cache": "fp16"},
+               "scheduler": {"max_num_seqs": 128, "max_num_batched_tokens": max(128, isl * min(c, 128) + c),
+                             "chunked_prefill": False},
+               "traffic": {"arrival": "concurrency", "concurrency": c, "num_requests": 10 * c,
+                           "prompt_len": isl, "output_len": osl}}
+        r = simulate_serving(serving_from_dict(doc))
+        out.append(dict(case=doc["name"], isl=isl, osl=osl, tok_s=row.output_tok_s, tok_s_pred=r.output_tok_s,
+                        ttft=row.ttft_mean_ms, ttft_pred=r.ttft_mean * 1e3, tpot=row.tpot_p50_ms,
+                        tpot_pred=r.tpot[0] * 1e3))
+    res = pd.DataFrame(out)
+    pd.set_option("display.width", 180)
+    print(f"{LMDEPLOY}: {len(res)} static rows (closed loops of the row's batch)")
+    for k in ("tok_s", "ttft", "tpot"):
+        ratio = res[f"{k}_pred"] / res[k]
+        print(f"  {k}: MAPE {((ratio - 1).abs() * 100).mean():.1f}%, median ratio {ratio.median():.2f}")
+    print("\n" + res.round(1).to_string(index=False))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=0, help="rows at most (0: all)")
     ap.add_argument("--online", action="store_true", help="the online rows (TTFT, ITL over request rates) instead")
     ap.add_argument("--static", action="store_true", help="the static-batch rows of TensorRT-LLM v0.6.1 instead")
+    ap.add_argument("--lmdeploy", action="store_true", help="LMDeploy's A100 profile_generation rows instead")
     args = ap.parse_args()
     d = pd.read_csv(CSV)
+    if args.lmdeploy:
+        return lmdeploy(d)
     if args.online:
         return online(d)
     if args.static:
