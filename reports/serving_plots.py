@@ -32,7 +32,7 @@ def serving_chrome_trace(timeline: ServingTimeline, name: str,
                        "dur": (end - start) * 1e6, "args": {"prefill_tokens": prefill, "decoding": decoding,
                                                             "kv_blocks": kv}})
         events.append({"ph": "C", "name": "KV blocks", "pid": rep, "ts": ts,
-                       "args": {"in use": kv, "free": timeline.kv_blocks - kv}})
+                       "args": {"in use": kv, "free": timeline.replica_kv_blocks.get(rep, timeline.kv_blocks) - kv}})
         events.append({"ph": "C", "name": "decoding requests", "pid": rep, "ts": ts, "args": {"decoding": decoding}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}, len(timeline.iterations) - len(its)
 
@@ -55,7 +55,8 @@ def serving_figure(timeline: ServingTimeline, title: str) -> Figure:
     for rep, rows in sorted(by_rep.items()):
         rows = _thin(rows)
         t = [r[1] for r in rows]
-        kv_ax.step(t, [100.0 * r[5] / timeline.kv_blocks for r in rows], where="post", lw=0.9,
+        blocks = timeline.replica_kv_blocks.get(rep, timeline.kv_blocks)
+        kv_ax.step(t, [100.0 * r[5] / blocks for r in rows], where="post", lw=0.9,
                    label=f"replica {rep}")
         dec_ax.step(t, [r[4] for r in rows], where="post", lw=0.9)
     kv_ax.set(ylabel="KV blocks in use (%)", ylim=(0, 105), title=title)

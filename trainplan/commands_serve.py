@@ -39,7 +39,10 @@ def cmd_serve(args) -> None:
     load = {Arrival.POISSON: f"{t.rate:g} req/s Poisson", Arrival.OFFLINE: "offline (all at t=0)",
             Arrival.CONCURRENCY: f"a closed loop of {t.concurrency} clients"}.get(t.arrival) or (
         f"the trace's arrivals at {t.rate or t.trace_rate:.3g} req/s" + (f" (its own {t.trace_rate:.3g})" if t.rate else ""))
-    print(f"{plan.name}: {plan.model.name} on {plan.replicas} x TP{plan.tp} {plan.cluster.node.gpu.name}, "
+    d = plan.disaggregation
+    pools = f"{plan.replicas} x TP{plan.tp}" if d is None else \
+        f"prefill {d.prefill_replicas} x TP{d.prefill_tp} + decode {plan.replicas} x TP{plan.tp}"
+    print(f"{plan.name}: {plan.model.name} on {pools} {plan.cluster.node.gpu.name}, "
           f"{plan.precision.weights}/{plan.precision.activations}/KV {plan.precision.kv_cache}, router {plan.router}")
     lengths = (f"prompt {t.prompt_len}, output {t.output_len} tokens" if not t.dataset else
                f"lengths {'from' if t.arrival == Arrival.TRACE else 'drawn from'} {t.dataset_path} "

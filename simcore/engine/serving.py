@@ -2,8 +2,8 @@
 
 Replicas sit behind a router. Round robin sends request i to replica i mod R whatever their
 state, so each replica is simulated on its own; least outstanding requests reads the replicas'
-state at each arrival, so they run on one clock (a heap of iteration ends, ``_least_outstanding``). A replica's events are the arrivals and
-the ends of its iterations: it runs one iteration after another while it has work, each formed
+state at each arrival, so they run on one clock (``serving_route``). A replica's events are the
+arrivals and the ends of its iterations: it runs one iteration after another while it has work, each formed
 by the scheduler's rules (``simcore.serving.spec``: vLLM's v1 scheduler, or TensorRT-LLM's
 guaranteed-no-evict and static-batch capacity policies) and lasting
 ``simcore.serving.cost.iteration_s``; idle, it waits for the next arrival.
@@ -12,19 +12,24 @@ Decoding requests are held in aggregate (their count, their contexts' sum, a hea
 at which each ends, and per KV-block phase the count that needs a new block at a step), so an
 iteration costs O(1) plus its admissions and completions: an hour at 100 requests/s runs in
 seconds (bench/serving_speed.py).
+
+A disaggregated plan runs two pools in turn (``_disaggregated``): prefill instances to each
+request's first token, then, after its KV cache's transfer, decode instances.
 """
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 
 from simcore.engine.serving_measure import (ServingResult, ServingTimeline, arrival_times, measure, per_token,
                                             request_lengths)
 from simcore.plan.spec import PlanError
-from simcore.serving.cost import ReplicaCost, iteration_s, replica_cost
-from simcore.serving.spec import Arrival, CapacityPolicy, Router, ServingPlan, SloSpec
+from simcore.serving.cost import ReplicaCost, iteration_s, kv_bytes_per_token, replica_cost
+from simcore.engine.serving_route import round_robin, route
+from simcore.serving.spec import CapacityPolicy, ServingPlan, SloSpec
 
 __all__ = ["ServingResult", "ServingTimeline", "arrival_times", "per_token", "request_lengths", "simulate_serving"]
 
@@ -44,6 +49,7 @@ class _Replica:
         self.max_seqs, self.budget, self.chunked = s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill
         # TensorRT-LLM's policies reserve a request's blocks to completion at admission (never preempting)
         self.reserving = s.capacity_policy != CapacityPolicy.ON_DEMAND
+        self.prefilled = False                    # a decode instance of a disaggregated plan
         self.static = s.capacity_policy == CapacityPolicy.STATIC_BATCH
         self.free = rc.kv_blocks
         self.waiting: deque[int] = deque()
@@ -133,6 +139,16 @@ class _Replica:
         admit = not (self.static and self.running)
         while admit and self.waiting and len(self.running) < self.max_seqs and (budget > 0 or self.static):
             rid = self.waiting[0]
+            if self.prefilled:                        # its KV arrived from a prefill instance
+                if self._reservation(rid) > self.free:
+                    break
+                self.waiting.popleft()
+                self.free -= self._reservation(rid)
+                self.running.add(rid)
+                self.order.append(rid)
+                self._join(rid, self.P[rid])
+                budget -= 1
+                continue
             total = self.P[rid] + self.gen[rid]       # a preempted request recomputes its outputs too
             c = max(0, min(total, budget))
             if c < total and not self.chunked:
@@ -190,12 +206,16 @@ class _Replica:
                 self._finished(rid, now)
                 self.free += self._reservation(rid) if self.reserving else _ceil_div(entry[2], self.bs)
                 continue
-            self.c0[rid], self.s0[rid] = entry[2], self.step
-            self.n_dec += 1
-            self.sum_ctx += entry[2]
-            if not self.reserving:                    # a reserving policy holds its blocks already
-                self.phase[(self.step - entry[2]) % self.bs] += 1
-            heapq.heappush(self.ends, (self.step + self.O[rid] - self.gen[rid], rid, self.epoch[rid]))
+            self._join(rid, entry[2])
+
+    def _join(self, rid: int, ctx: int) -> None:
+        """A request whose ``ctx`` tokens are in the cache joins the decoders."""
+        self.c0[rid], self.s0[rid] = ctx, self.step
+        self.n_dec += 1
+        self.sum_ctx += ctx
+        if not self.reserving:                        # a reserving policy holds its blocks already
+            self.phase[(self.step - ctx) % self.bs] += 1
+        heapq.heappush(self.ends, (self.step + self.O[rid] - self.gen[rid], rid, self.epoch[rid]))
 
     def begin(self, now: float) -> float:
         """Form and cost the next iteration at ``now``; its end time, or -1.0 when idle."""
@@ -272,54 +292,14 @@ class _Requests:
         self.finish = np.full(n, np.nan)
 
 
-def _least_outstanding(reps: list[_Replica], arrivals: np.ndarray) -> None:
-    """Route each arrival to the replica with the fewest outstanding requests (ties: the next
-    after the last chosen, so identical idle replicas take turns), on one clock: before an
-    arrival at t, every iteration that ends before t has ended (an iteration ending exactly at
-    t sees the arrival, as in ``_Replica.run``); requests arriving at one instant are all
-    routed before an idle replica starts."""
-    heap: list[tuple[float, int]] = []
-    busy, starting, last, r = [False] * len(reps), [], -1, len(reps)
-
-    def advance(until: float, inclusive: bool) -> None:
-        while heap and (heap[0][0] < until or (inclusive and heap[0][0] <= until)):
-            end, k = heapq.heappop(heap)
-            reps[k].complete(end)
-            nxt = reps[k].begin(end)
-            if nxt >= 0:
-                heapq.heappush(heap, (nxt, k))
-            else:
-                busy[k] = False
-
-    def start(now: float) -> None:
-        for k in starting:
-            nxt = reps[k].begin(now)
-            if nxt >= 0:
-                heapq.heappush(heap, (nxt, k))
-                busy[k] = True
-        starting.clear()
-
-    now = 0.0
-    for i, t in enumerate(arrivals.tolist()):
-        if t > now:
-            start(now)
-            now = t
-        advance(t, False)
-        k = min(range(r), key=lambda j: (reps[j].outstanding, (j - last - 1) % r))
-        reps[k].waiting.append(i)
-        last = k
-        if not busy[k] and k not in starting:
-            starting.append(k)
-    start(now)
-    advance(float("inf"), True)
-
-
 def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloSpec | None = None,
                      timeline: ServingTimeline | None = None) -> ServingResult:
     """Serve the plan's traffic on its replicas behind its router and measure it against ``slo``
     (the plan's where none is given); fill ``timeline`` where one is given."""
-    rc = rc or replica_cost(plan)
     slo = slo or plan.slo
+    if plan.disaggregation is not None:
+        return _disaggregated(plan, rc or replica_cost(plan), slo, timeline)
+    rc = rc or replica_cost(plan)
     arrivals = arrival_times(plan)
     log = timeline.iterations if timeline is not None else None
     reps = [_Replica(rc, plan, k, log) for k in range(plan.replicas)]
@@ -327,22 +307,56 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloS
     req = _Requests(prompt, output)
     for rep in reps:
         rep.attach(req)
-    if plan.traffic.arrival == Arrival.CONCURRENCY:
-        # the clients bound to the replicas in turn, each replica's requests in turn
-        c = plan.traffic.concurrency
-        for k, rep in enumerate(reps):
-            idx = np.arange(k, len(arrivals), plan.replicas)
-            clients = c // plan.replicas + (k < c % plan.replicas)
-            if idx.size and clients:
-                rep.run_closed(idx, clients, arrivals)
-    elif plan.router == Router.LEAST_OUTSTANDING and plan.replicas > 1:
-        _least_outstanding(reps, arrivals)
-    else:
-        for k, rep in enumerate(reps):
-            idx = np.arange(k, len(arrivals), plan.replicas)
-            if idx.size:
-                rep.run(arrivals[idx], idx)
+    route(plan, reps, arrivals)
     if timeline is not None:
         timeline.arrivals, timeline.first, timeline.finish, timeline.kv_blocks = arrivals, req.first, req.finish, rc.kv_blocks
         timeline.output = output
     return measure(reps, arrivals, req.first, req.finish, prompt, output, rc.kv_blocks, slo)
+
+
+def kv_transfer_s(plan: ServingPlan, prefill: ServingPlan, prompt: np.ndarray) -> np.ndarray:
+    """Each request's KV cache from its prefill instance to its decode instance: every prefill
+    rank sends its shard (``kv_bytes_per_token`` of the prefill TP) over its own link, NVLink where
+    both pools fit in one NVLink domain, else its share of the node's NICs (DistServe, Zhong et
+    al., OSDI 2024, Sec. 4: the transfer over the network between instances)."""
+    c = plan.cluster
+    link = c.node.gpu.intra_link_bytes_per_s if plan.gpus <= c.nvlink_domain else (
+        c.fabric.nic_bytes_per_s if c.fabric else c.node.gpu.intra_link_bytes_per_s)
+    return prompt * kv_bytes_per_token(prefill) / link
+
+
+def _disaggregated(plan: ServingPlan, rc: ReplicaCost, slo: SloSpec | None,
+                   timeline: ServingTimeline | None) -> ServingResult:
+    """Two pools: the prefill instances serve every request to its first token (the plan's
+    router), its KV cache travels to a decode instance (in turn, by arrival there), which admits
+    it when its blocks to completion fit (no preemption: a preempted decode would need its KV sent
+    again) and decodes the rest."""
+    d = plan.disaggregation
+    pre = replace(plan, tp=d.prefill_tp, replicas=d.prefill_replicas, disaggregation=None)
+    dec = replace(plan, disaggregation=None)
+    rc_pre = replica_cost(pre)
+    arrivals = arrival_times(plan)
+    prompt, output = request_lengths(plan)
+    log = timeline.iterations if timeline is not None else None
+    first_pass = _Requests(prompt, np.ones_like(output))
+    prefills = [_Replica(rc_pre, pre, k, log) for k in range(d.prefill_replicas)]
+    for rep in prefills:
+        rep.attach(first_pass)
+    route(pre, prefills, arrivals)
+    first = first_pass.finish
+    at_decode = first + kv_transfer_s(plan, pre, prompt)
+    second = _Requests(prompt, output)
+    second.gen, second.first = [1] * len(prompt), first.copy()
+    decodes = [_Replica(rc, dec, d.prefill_replicas + k, log) for k in range(plan.replicas)]
+    for rep in decodes:
+        rep.attach(second)
+        rep.prefilled = rep.reserving = True
+    order = np.array([i for i in np.argsort(at_decode, kind="stable") if output[i] > 1], dtype=np.int64)
+    round_robin(decodes, at_decode, order)
+    finish = np.where(output > 1, second.finish, first)
+    if timeline is not None:
+        timeline.arrivals, timeline.first, timeline.finish, timeline.kv_blocks = arrivals, first, finish, rc.kv_blocks
+        timeline.output = output
+        timeline.replica_kv_blocks = {**{k: rc_pre.kv_blocks for k in range(d.prefill_replicas)},
+                                      **{d.prefill_replicas + k: rc.kv_blocks for k in range(plan.replicas)}}
+    return measure(prefills + decodes, arrivals, first, finish, prompt, output, rc.kv_blocks, slo)

@@ -56,6 +56,8 @@ class ServingTimeline:
     output: np.ndarray | None = None
     """Each request's output tokens."""
     kv_blocks: int = 0
+    replica_kv_blocks: dict = field(default_factory=dict)
+    """Replica -> its KV blocks where the replicas differ (a disaggregated plan's two pools)."""
 
 
 def arrival_times(plan: ServingPlan) -> np.ndarray:

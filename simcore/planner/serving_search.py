@@ -239,6 +239,9 @@ def capacity_search(plan: ServingPlan, *, slo: SloSpec, rate: float, gpus: list[
     """Every variant's option, those that meet the SLO first, cheapest (in ``mode``) first."""
     if mode not in MODES:
         raise PlanError(f"mode={mode!r} is not one of: {', '.join(MODES)}")
+    if plan.disaggregation is not None:
+        raise PlanError("the capacity search sizes co-located replicas; serve a disaggregated plan with "
+                        "`trainplan serve` (drop its disaggregation section to search)")
     if not rate > 0:
         raise PlanError(f"rate={rate!r} must be a positive number of requests per second")
     bad = sorted(set(precisions or ()) - set(PRECISIONS))

@@ -15,6 +15,7 @@ the field (``PlanError``).
                                      # arrival: concurrency with concurrency: N, a closed loop of N clients
     router: round_robin              # or least_outstanding
     slo: {ttft_ms: 500, tpot_ms: 50, percentile: 99}   # optional; either target may be left out
+    disaggregation: {prefill_tp: 2, prefill_replicas: 1}   # optional: prefill instances; parallel's then decode
 """
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ from pathlib import Path
 from simcore.plan.load import _bool, _check_keys, _cluster, _float, _int, _mapping, _model, _str
 from simcore.plan.yaml_file import read_yaml_file
 from simcore.serving.dataset import read_requests
-from simcore.serving.spec import (Arrival, CapacityPolicy, Dtype, KvCacheSpec, PlanError, PrecisionSpec, Router, SchedulerSpec,
+from simcore.serving.spec import (Arrival, CapacityPolicy, DisaggSpec, Dtype, KvCacheSpec, PlanError, PrecisionSpec, Router, SchedulerSpec,
                                   ServingPlan, SloSpec, TrafficSpec, check_serving)
 from topologies.hardware import Catalog, load_catalog
 
 _TOP = {"name", "description", "model", "hardware", "parallel", "precision", "scheduler", "kv_cache", "traffic",
-        "router", "slo"}
+        "router", "slo", "disaggregation"}
 
 
 def _section(doc: dict, key: str, known: set[str]) -> dict:
@@ -124,14 +125,19 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
     hw = dict(_section(doc, "hardware", {"node", "nodes", "fabric", "profile", "gpus_per_node"}))
     if hw.get("node") is None:
         raise PlanError("hardware.node is required (a catalog node type, e.g. dgx-h100)")
+    dis = _section(doc, "disaggregation", {"prefill_tp", "prefill_replicas"}) if doc.get("disaggregation") else None
+    disagg = DisaggSpec(prefill_tp=_int(dis, "prefill_tp", "disaggregation", 1),
+                        prefill_replicas=_int(dis, "prefill_replicas", "disaggregation", 1)) if dis is not None else None
+    gpus = tp * replicas + (disagg.prefill_tp * disagg.prefill_replicas if disagg else 0)
     if "nodes" not in hw and hw["node"] in cat.nodes:
-        hw["nodes"] = max(1, math.ceil(tp * replicas / int(cat.nodes[hw["node"]].get("gpus_per_node", 8))))
+        hw["nodes"] = max(1, math.ceil(gpus / int(cat.nodes[hw["node"]].get("gpus_per_node", 8))))
     try:
         cluster = _cluster(hw, cat, base)
     except PlanError as exc:
         raise PlanError(str(exc).replace("cluster.", "hardware.")) from None
-    if cluster.gpus < tp * replicas:
-        raise PlanError(f"parallel.tp x parallel.replicas = {tp * replicas} GPUs exceed hardware's {cluster.gpus}")
+    if cluster.gpus < gpus:
+        raise PlanError(f"the plan's {gpus} GPUs (parallel.tp x parallel.replicas"
+                        f"{' + the prefill instances' if disagg else ''}) exceed hardware's {cluster.gpus}")
     sch = _section(doc, "scheduler", {"max_num_seqs", "max_num_batched_tokens", "chunked_prefill",
                                            "capacity_policy"})
     kv = _section(doc, "kv_cache", {"block_size", "gpu_memory_utilization", "free_memory_fraction"})
@@ -152,7 +158,7 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
                              free_memory_fraction=_float(kv, "free_memory_fraction", "kv_cache")),
         traffic=traffic,
         router=Router.parse(doc.get("router", "round_robin"), "router"),
-        slo=slo_from_dict(doc.get("slo")),
+        slo=slo_from_dict(doc.get("slo")), disaggregation=disagg,
     )
     check_serving(plan)
     return plan

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from simcore.plan.choices import PlanError, _Choice
 from simcore.plan.spec import ClusterSpec, ModelSpec
 
-__all__ = ["Arrival", "CapacityPolicy", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router", "SchedulerSpec",
+__all__ = ["Arrival", "CapacityPolicy", "DisaggSpec", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router", "SchedulerSpec",
            "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES", "WEIGHT_ONLY"]
 
 
@@ -175,6 +175,17 @@ class TrafficSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggSpec:
+    """Prefill/decode disaggregation (DistServe, Zhong et al., OSDI 2024; vLLM's disaggregated
+    prefill, SGLang's and TensorRT-LLM's disaggregated serving): prompts run on prefill
+    instances, which make each request's first token and send its KV cache to a decode instance
+    (the plan's ``parallel`` replicas); the decode instances only decode."""
+
+    prefill_tp: int
+    prefill_replicas: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServingPlan:
     name: str
     model: ModelSpec
@@ -188,10 +199,13 @@ class ServingPlan:
     traffic: TrafficSpec
     router: Router = Router.ROUND_ROBIN
     slo: SloSpec | None = None
+    disaggregation: DisaggSpec | None = None
+    """Prefill instances beside the plan's replicas, which then only decode."""
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.replicas
+        d = self.disaggregation
+        return self.tp * self.replicas + (d.prefill_tp * d.prefill_replicas if d else 0)
 
 
 def check_serving(plan: ServingPlan) -> None:
@@ -231,6 +245,14 @@ def check_serving(plan: ServingPlan) -> None:
     frac = plan.kv_cache.free_memory_fraction
     if frac is not None and not 0 < frac <= 1:
         raise PlanError(f"kv_cache.free_memory_fraction={frac} must be in (0, 1]")
+    d = plan.disaggregation
+    if d is not None:
+        if m.heads % d.prefill_tp or d.prefill_tp > plan.cluster.gpus_per_node:
+            raise PlanError(f"disaggregation.prefill_tp={d.prefill_tp} must divide model.heads={m.heads} and stay "
+                            f"within one {plan.cluster.node.name} node ({plan.cluster.gpus_per_node} GPUs)")
+        if plan.traffic.arrival == Arrival.CONCURRENCY:
+            raise PlanError("traffic.arrival=concurrency with disaggregation is not simulated (a closed loop couples "
+                            "the two pools); use poisson, offline or trace")
     t = plan.traffic
     if t.arrival == Arrival.TRACE:
         if t.times is None:

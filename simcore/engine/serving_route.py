@@ -1,0 +1,78 @@
+"""How a serving plan's requests reach its replicas (``simcore.engine.serving``): in turn, to the
+replica with the fewest outstanding requests, or from closed-loop clients bound to the replicas
+in turn. A replica is ``serving._Replica`` (``run``, ``run_closed``, ``begin``, ``complete``)."""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from simcore.serving.spec import Arrival, Router, ServingPlan
+
+
+def route(plan: ServingPlan, reps: list, arrivals: np.ndarray) -> None:
+    """Serve every request on the replicas as the plan's traffic and router send them."""
+    if plan.traffic.arrival == Arrival.CONCURRENCY:
+        # the clients bound to the replicas in turn, each replica's requests in turn
+        c = plan.traffic.concurrency
+        for k, rep in enumerate(reps):
+            idx = np.arange(k, len(arrivals), len(reps))
+            clients = c // len(reps) + (k < c % len(reps))
+            if idx.size and clients:
+                rep.run_closed(idx, clients, arrivals)
+    elif plan.router == Router.LEAST_OUTSTANDING and len(reps) > 1:
+        _least_outstanding(reps, arrivals)
+    else:
+        round_robin(reps, arrivals, np.arange(len(arrivals)))
+
+
+def round_robin(reps: list, arrivals: np.ndarray, order: np.ndarray) -> None:
+    """Requests ``order`` (by arrival) to the replicas in turn; each replica alone on its share."""
+    for k, rep in enumerate(reps):
+        idx = order[k::len(reps)]
+        if idx.size:
+            rep.run(arrivals[idx], idx)
+
+
+def _least_outstanding(reps: list, arrivals: np.ndarray) -> None:
+    """Route each arrival to the replica with the fewest outstanding requests (ties: the next
+    after the last chosen, so identical idle replicas take turns), on one clock: before an
+    arrival at t, every iteration that ends before t has ended (an iteration ending exactly at
+    t sees the arrival, as in ``_Replica.run``); requests arriving at one instant are all
+    routed before an idle replica starts."""
+    heap: list[tuple[float, int]] = []
+    busy, starting, last, r = [False] * len(reps), [], -1, len(reps)
+
+    def advance(until: float, inclusive: bool) -> None:
+        while heap and (heap[0][0] < until or (inclusive and heap[0][0] <= until)):
+            end, k = heapq.heappop(heap)
+            reps[k].complete(end)
+            nxt = reps[k].begin(end)
+            if nxt >= 0:
+                heapq.heappush(heap, (nxt, k))
+            else:
+                busy[k] = False
+
+    def start(now: float) -> None:
+        for k in starting:
+            nxt = reps[k].begin(now)
+            if nxt >= 0:
+                heapq.heappush(heap, (nxt, k))
+                busy[k] = True
+        starting.clear()
+
+    now = 0.0
+    for i, t in enumerate(arrivals.tolist()):
+        if t > now:
+            start(now)
+            now = t
+        advance(t, False)
+        k = min(range(r), key=lambda j: (reps[j].outstanding, (j - last - 1) % r))
+        reps[k].waiting.append(i)
+        last = k
+        if not busy[k] and k not in starting:
+            starting.append(k)
+    start(now)
+    advance(float("inf"), True)
+
+
