@@ -53,7 +53,13 @@ the scheduler: at most 128 requests (the benchmark script's max_batch_size), pro
 one iteration (no chunked prefill in TurboMind v0.1). Compared: output tok/s, mean first-token
 latency, per-token latency p50 (the doc's 50%).
 
-    .venv/bin/python bench/validate_serving.py [--limit N] [--online | --static | --lmdeploy]
+vLLM CI latency rows (``--vllm``; source ``vllm_perf_ci_buildkite_9515``, H200, vLLM's
+``benchmark_latency``: one batch of 8 prompts of 32 tokens, 128 output tokens each, end-to-end
+latency; the version and dtype are not stated, so vLLM's default, bf16 for these models): ONE
+rule, a static batch of 8 on hgx-h200 at the row's TP, the whole batch's prompts in one
+iteration. The rows' ShareGPT throughput tests are skipped (the prompts' lengths are not stated).
+
+    .venv/bin/python bench/validate_serving.py [--limit N] [--online | --static | --lmdeploy | --vllm]
 """
 from __future__ import annotations
 
@@ -243,14 +249,38 @@ def lmdeploy(d: pd.DataFrame) -> int:
     return 0
 
 
+VLLM = "vllm_perf_ci_buildkite_9515"
+
+
+def vllm(d: pd.DataFrame) -> int:
+    out = []
+    for row in d[(d.source == VLLM) & d.notes.str.startswith("scenario=static_batch_latency")].itertuples():
+        b, isl, osl = int(row.concurrency), int(row.input_len), int(row.output_len)
+        doc = {"name": f"{row.model}-tp{row.tp}", "model": MODELS[row.model], "hardware": {"node": "hgx-h200"},
+               "parallel": {"tp": int(row.tp)}, "precision": {"weights": "bf16"},
+               "scheduler": {"max_num_seqs": b, "max_num_batched_tokens": max(b * isl, b), "chunked_prefill": False,
+                             "capacity_policy": "static_batch"},
+               "traffic": {"arrival": "offline", "num_requests": b, "prompt_len": isl, "output_len": osl}}
+        r = simulate_serving(serving_from_dict(doc))
+        out.append(dict(case=doc["name"], measured_ms=row.e2e_mean_ms, predicted_ms=r.e2e[0] * 1e3))
+    res = pd.DataFrame(out)
+    res["ratio"] = res.predicted_ms / res.measured_ms
+    print(f"{VLLM}: {len(res)} latency rows (batch 8, 32 in, 128 out); MAPE {((res.ratio - 1).abs() * 100).mean():.1f}%")
+    print(res.round(2).to_string(index=False))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=0, help="rows at most (0: all)")
     ap.add_argument("--online", action="store_true", help="the online rows (TTFT, ITL over request rates) instead")
     ap.add_argument("--static", action="store_true", help="the static-batch rows of TensorRT-LLM v0.6.1 instead")
     ap.add_argument("--lmdeploy", action="store_true", help="LMDeploy's A100 profile_generation rows instead")
+    ap.add_argument("--vllm", action="store_true", help="vLLM CI's H200 latency rows instead")
     args = ap.parse_args()
     d = pd.read_csv(CSV)
+    if args.vllm:
+        return vllm(d)
     if args.lmdeploy:
         return lmdeploy(d)
     if args.online:
