@@ -58,6 +58,19 @@ def _ddp_buckets(plan: Plan) -> int:
     return len(ddp_hooks.bucket_members([ddp_hooks.FP32 * math.prod(p.shape) for p in params]))
 
 
+def _optimizer_rules(plan: Plan) -> list[tuple[bool, str]]:
+    tr = plan.training
+    return [
+        (tr.optimizer != Optimizer.ADAMW8BIT, "training.optimizer=adamw8bit is priced, not run: its 8-bit states "
+         "need bitsandbytes' CUDA kernels or torchao's compiled ones, which the executor does not install"),
+        (tr.optimizer != Optimizer.ONEBIT_ADAM, "training.optimizer=onebit_adam is priced, not run: it is "
+         "DeepSpeed's optimizer (its NCCL backend packs signs with CuPy), and the executor does not run DeepSpeed"),
+        (tr.optimizer != Optimizer.ADAFACTOR or not _dtensor_parameters(plan), "training.optimizer=adafactor "
+         "is priced, not run, with DTensor parameters (parallel.tp>1, zero>=2, or split-backward pipelining): "
+         "torch.optim.Adafactor's factored statistics fail on sharded DTensors"),
+    ]
+
+
 def check_executable(plan: Plan, device_type: str) -> None:
     """The layouts this executor cannot run; ValueError with one sentence each."""
     par, tr = plan.parallel, plan.training
@@ -111,11 +124,7 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "split over the tp ranks and its ep ranks come from dp x cp (expert_tp = tp)"),
         (not tr.optimizer_in_backward, "training.optimizer_in_backward is priced, not run: the executor steps "
          "its optimizer after the backward"),
-        (tr.optimizer != Optimizer.ADAMW8BIT, "training.optimizer=adamw8bit is priced, not run: its 8-bit states "
-         "need bitsandbytes' CUDA kernels or torchao's compiled ones, which the executor does not install"),
-        (tr.optimizer != Optimizer.ADAFACTOR or not _dtensor_parameters(plan), "training.optimizer=adafactor "
-         "is priced, not run, with DTensor parameters (parallel.tp>1, zero>=2, or split-backward pipelining): "
-         "torch.optim.Adafactor's factored statistics fail on sharded DTensors"),
+        *_optimizer_rules(plan),
         (par.moe_dispatcher == MoeDispatcher.ALLTOALL, "parallel.moe_dispatcher=deepep is priced, not run: the "
          "executor dispatches tokens with all_to_all_single (moe_dispatcher: alltoall)"),
         (not par.moe_a2a_overlap, "parallel.moe_a2a_overlap is priced, not run: torch's pipeline schedules run one "

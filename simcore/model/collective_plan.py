@@ -303,6 +303,9 @@ def _check_modelled(plan: Plan) -> None:
               "ZeRO++ (parallel.zero_quantized_weights / zero_hpz_partition_size / zero_quantized_gradients): "
               "DeepSpeed's quantized and hierarchical calls are priced (simcore/model/zeropp.py), not listed at "
               "torch's granularity (the executor does not run DeepSpeed)"),
+             (tr.optimizer != Optimizer.ONEBIT_ADAM, "training.optimizer=onebit_adam: DeepSpeed's compressed "
+              "all-reduce is priced (simcore/model/onebit.py), not listed at torch's granularity (the executor does "
+              "not run DeepSpeed)"),
              (not par.sequence_parallel or tr.optimizer in OPTIMIZER_GRAD_READS,
               f"training.optimizer={tr.optimizer.value} with sequence parallelism: how often its step reads a "
               "DTensor gradient is not modelled (the executor does not run it)")]

@@ -14,9 +14,10 @@ from simcore.model import moe_layers as ml
 from simcore.model import workload as wl
 from simcore.model import zeropp as zpp
 from simcore.model import ddp_hooks as hooks
+from simcore.model import onebit
 from simcore.model import param_layout as pl
 from simcore.model.optim_states import flat_partitions, stored_weight_bytes
-from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
+from simcore.plan.spec import GradCompression, Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 #: DeepSpeed ZeRO-3's default ``stage3_prefetch_bucket_size``: parameter elements fetched
 #: ahead of use (deepspeed/runtime/zero/config.py ``prefetch_bucket_size = pp_int(5e7)``).
@@ -79,7 +80,12 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
         buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
         hooked = par.zero == ZeroStage.NONE and tr.grad_compression != GradCompression.NONE and not expert
-        if hooked:   # DDP's communication hook, bucket by bucket as torch runs it
+        if tr.optimizer == Optimizer.ONEBIT_ADAM:
+            # 1-bit Adam's compression stage: no gradient all-reduce; in the optimizer's step,
+            # after the backward, the momentum's compressed all-reduce and its kernels
+            out["sync"] = onebit.compressed_allreduce_s(params, net) + onebit.kernel_s(params, dev)
+            buckets = 1
+        elif hooked:   # DDP's communication hook, bucket by bucket as torch runs it
             def one(nbytes: float) -> float:
                 if dev.lone_all_reduce_s > 0:   # a CPU host's lone call and the ring's bytes
                     return dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(nbytes, net)

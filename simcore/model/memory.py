@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from simcore.model import activations as acts
 from simcore.model import fsdp_pools
 from simcore.model import moe_layers as ml
+from simcore.model import onebit
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
 from simcore.model import zeropp as zpp
@@ -33,7 +34,7 @@ from simcore.model.optim_states import (flat_partitions, largest_tensor_params, 
                                         param_bytes, stored_weight_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
                                 gradients_at_activation_peak, rank_kinds, rank_row, summary_fields)
-from simcore.plan.spec import FsdpRoot, Offload, Plan, Precision, ZeroImpl, ZeroStage
+from simcore.plan.spec import FsdpRoot, Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
 #: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
@@ -196,6 +197,8 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
         out["fp8_weights"] = cached + linears * 3 * FP8_AMAX_HISTORY * 4
     elif tr.precision.value in wl.LOW_PRECISION_FORMATS:   # mxfp8, nvfp4: two block-scaled copies
         out["fp8_weights"] = 2 * wl.quantized_bytes(tr.precision.value) * (sp.total - sp.ends)
+    if tr.optimizer == Optimizer.ONEBIT_ADAM:   # its worker and server errors (simcore.model.onebit)
+        out["onebit_errors"] = onebit.error_bytes(sp.total, par.dp * par.cp)
     return out
 
 

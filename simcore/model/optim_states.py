@@ -4,6 +4,8 @@ Rajbhandari et al. (SC'20, Sec. 3.1): mixed-precision Adam keeps K = 12 bytes pe
 the fp32 master copy (4) and the fp32 momentum and variance (8). The other optimizers keep:
 
 - SGD: its momentum (4; Megatron's ``--sgd-momentum`` 0.9, the executor's too).
+- 1-bit Adam: Adam's (8); its error-feedback buffers are a memory term of their own
+  (``simcore.model.onebit.error_bytes``: they depend on the data-parallel size).
 - 8-bit AdamW: momentum and variance as uint8 codes with one fp32 scale per block
   (torchao ``torchao/optim/adam.py`` @36027d82 ``AdamW8bit(block_size=256)``,
   ``subclass_8bit.py``: ``codes`` uint8, ``scale`` fp32 of ``numel // block_size``;
@@ -36,7 +38,7 @@ from simcore.plan.spec import ModelSpec, Optimizer, Plan, Precision, StateDtype,
 #: torchao's 8-bit AdamW quantisation block (elements per fp32 scale), torchao/optim/adam.py @36027d82.
 EIGHT_BIT_BLOCK = 256
 #: fp32 states, in bytes per parameter, per optimizer (Adafactor's: per hidden-size element, see above).
-_FP32_STATES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4}
+_FP32_STATES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4, Optimizer.ONEBIT_ADAM: 8}
 
 
 def largest_tensor_params(m: ModelSpec, tp: int) -> float:

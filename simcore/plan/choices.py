@@ -215,6 +215,9 @@ class Optimizer(_Choice):
     ADAFACTOR = "adafactor"
     """Adafactor with factored second moments and no first moment (Shazeer & Stern 2018;
     torch.optim.Adafactor, Hugging Face's ``optim="adafactor"``)."""
+    ONEBIT_ADAM = "onebit_adam"
+    """DeepSpeed's 1-bit Adam in its compression stage: Adam's states, the momentum all-reduced
+    as signs with error feedback in place of the gradients (``simcore.model.onebit``)."""
 
 
 class StateDtype(_Choice):

@@ -213,6 +213,10 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "offloading with pipeline parallelism, transformer_config.py; torchtune's offloading has no pipeline)"),
         (tr.grad_compression != GradCompression.POWERSGD or par.zero == ZeroStage.NONE,
          "training.grad_compression=powersgd needs parallel.zero=0 (it is a DDP communication hook)"),
+        (tr.optimizer != Optimizer.ONEBIT_ADAM or par.zero == ZeroStage.NONE and tr.grad_compression ==
+         GradCompression.NONE and par.ep == 1, "training.optimizer=onebit_adam needs parallel.zero=0 (DeepSpeed: "
+         "\"1bit-Adam is not compatible with ZeRO\"), training.grad_compression=none (it compresses the momentum "
+         "itself) and parallel.ep=1 (its one data-parallel group cannot reduce experts apart)"),
         (not tr.fp8_param_gather or tr.precision == Precision.FP8 and par.zero_impl == ZeroImpl.FSDP2 and (
             par.zero == ZeroStage.OPTIMIZER_STATES or par.zero >= ZeroStage.GRADIENTS and tr.fp8_recipe.value == "tensorwise"),
          "training.fp8_param_gather needs training.precision=fp8 with parallel.zero=1 (Megatron's distributed "
