@@ -7,7 +7,8 @@ stage puts on the wire, the kernels it runs, and the error-feedback buffers it k
   the engine stops reducing gradients (``enable_backward_allreduce = False``) and the optimizer's
   step all-reduces the momentum instead, compressed: ``NcclBackend.compressed_allreduce`` on each
   flat fp32 parameter group (the mixed-precision optimizer flattens them). The variance is frozen.
-  The model prices that steady state; the warmup prices as a plan with ``optimizer: adam``.
+  A step prices that steady state; ``trainplan cost`` charges the first
+  ``training.onebit_freeze_step`` steps at Adam's step (``simcore.planner.runcost.onebit_warmup``).
 - The compressed all-reduce: add the worker error, scale = norm / sqrt(n), keep the new error,
   pack the signs to bits (n/8 bytes), ``all_to_all_single`` of the packed chunks, ``all_gather``
   of the W worker scales; each rank unpacks its chunk from every worker, averages, adds its

@@ -70,7 +70,8 @@ def deepspeed_config(plan: Plan) -> dict:
     if tr.optimizer.value in ("sgd", "adamw8bit", "adafactor"):
         raise _refuse("training.optimizer", tr.optimizer.value,
                       "its optimizer types have none; pass the optimizer to deepspeed.initialize")
-    cfg["optimizer"] = ({"type": "AdamW"} if tr.optimizer.value == "adamw" else {"type": "OneBitAdam"}
+    cfg["optimizer"] = ({"type": "AdamW"} if tr.optimizer.value == "adamw" else
+                        {"type": "OneBitAdam", "params": {"freeze_step": tr.onebit_freeze_step}}
                         if tr.optimizer.value == "onebit_adam" else {"type": "Adam", "params": {"adam_w_mode": False}})
     return cfg
 

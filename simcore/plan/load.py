@@ -254,6 +254,7 @@ def _training(value, layers: int) -> TrainingSpec:
         activation_offload=_offloaded_layers(doc.get("activation_offload", 0), layers),
         flash_attention=_bool(doc, "flash_attention", w, False),
         optimizer=Optimizer.parse(doc.get("optimizer", "adamw"), "training.optimizer"),
+        onebit_freeze_step=_int(doc, "onebit_freeze_step", w, _TRAINING_DEFAULTS["onebit_freeze_step"], minimum=0),
         grad_compression=GradCompression.parse(doc.get("grad_compression", "none"),
                                                "training.grad_compression"),
         master_weights=_bool(doc, "master_weights", w, True),
@@ -387,7 +388,7 @@ def plan_to_dict(plan: Plan) -> dict:
     training["recompute"] = recompute_doc(plan.training)
     for key in ("allocator_margin", "loss", "master_weights", "autocast", "attention_kernel", "attention_unpad",
                 "moe_routing", "kernels", "grads_to_none", "optimizer_in_backward", "activation_offload",
-                "fp8_param_gather", "optimizer_state_dtype"):
+                "fp8_param_gather", "optimizer_state_dtype", "onebit_freeze_step"):
         if training[key] == _TRAINING_DEFAULTS[key]:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

@@ -122,9 +122,10 @@ def read_deepspeed(text: str) -> Reading:
         used |= {"optimizer.type", "optimizer.params.adam_w_mode"}
         w_mode = (opt.get("params") or {}).get("adam_w_mode", True)  # DeepSpeed's ADAM_W_MODE_DEFAULT
         f["training.optimizer"] = "adamw" if kind == "adamw" or w_mode else "adam"
-    elif kind == "onebitadam":   # DeepSpeed's 1-bit Adam; its freeze_step warmup runs as Adam
-        used.add("optimizer.type")
+    elif kind == "onebitadam":   # DeepSpeed's 1-bit Adam; its freeze_step warm-up runs as Adam
+        used |= {"optimizer.type", "optimizer.params.freeze_step"}
         f["training.optimizer"] = "onebit_adam"
+        f["training.onebit_freeze_step"] = (opt.get("params") or {}).get("freeze_step")
     ignored = tuple(k for k in _flat(cfg) if k not in used)
     return Reading(source="deepspeed", fields=f, defaults=d, hints=hints, ignored=ignored)
 

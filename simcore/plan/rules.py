@@ -2,8 +2,9 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
-from simcore.plan.spec import (AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression, MoeDispatcher, Offload,
-                               Optimizer, Plan, PlanError, Precision, Recompute, Schedule, StateDtype, ZeroImpl, ZeroStage)
+from simcore.plan.spec import (ONEBIT_FREEZE_STEP, AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression,
+                               MoeDispatcher, Offload, Optimizer, Plan, PlanError, Precision, Recompute, Schedule,
+                               StateDtype, ZeroImpl, ZeroStage)
 
 
 def _fsdp_root_rule(plan: Plan) -> tuple[bool, str]:
@@ -217,6 +218,8 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          GradCompression.NONE and par.ep == 1, "training.optimizer=onebit_adam needs parallel.zero=0 (DeepSpeed: "
          "\"1bit-Adam is not compatible with ZeRO\"), training.grad_compression=none (it compresses the momentum "
          "itself) and parallel.ep=1 (its one data-parallel group cannot reduce experts apart)"),
+        (tr.optimizer == Optimizer.ONEBIT_ADAM or tr.onebit_freeze_step == ONEBIT_FREEZE_STEP,
+         "training.onebit_freeze_step is 1-bit Adam's warm-up: set training.optimizer=onebit_adam"),
         (not tr.fp8_param_gather or tr.precision == Precision.FP8 and par.zero_impl == ZeroImpl.FSDP2 and (
             par.zero == ZeroStage.OPTIMIZER_STATES or par.zero >= ZeroStage.GRADIENTS and tr.fp8_recipe.value == "tensorwise"),
          "training.fp8_param_gather needs training.precision=fp8 with parallel.zero=1 (Megatron's distributed "

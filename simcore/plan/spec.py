@@ -261,6 +261,10 @@ class ParallelSpec:
         return rank_sums(per_stage, self.pp, self.v_shape)
 
 
+#: DeepSpeed 1-bit Adam's default warm-up (``OnebitAdam(freeze_step=100000)``, runtime/fp16/onebit/adam.py @edaa7221).
+ONEBIT_FREEZE_STEP = 100_000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSpec:
     """How one optimizer step is run (plan key ``training``)."""
@@ -323,6 +327,9 @@ class TrainingSpec:
     ``fp8_model_init``)."""
     optimizer_state_dtype: StateDtype = StateDtype.FP32
     """Adam's moments' dtype beside the fp32 master weights (``StateDtype``)."""
+    onebit_freeze_step: int = ONEBIT_FREEZE_STEP
+    """1-bit Adam's warm-up: its first steps run as Adam, uncompressed (DeepSpeed's ``freeze_step``,
+    default 100,000 in ``runtime/fp16/onebit/adam.py``); ``trainplan cost`` charges them."""
     allocator_margin: float | None = None
     """Share of the tensor bytes the caching allocator reserves beyond them (fragmentation);
     None takes ``simcore.model.memory``'s stated default; ``EXPANDABLE_SEGMENTS_MARGIN`` is what

@@ -74,7 +74,8 @@ def test_rules_name_the_field(par, training, words):
 
 def test_ds_config_round_trip_and_the_executor_and_collectives_refuse():
     cfg = json.loads(export_plan(_plan(), "deepspeed"))
-    assert cfg["optimizer"] == {"type": "OneBitAdam"} and cfg["zero_optimization"]["stage"] == 0
+    assert cfg["optimizer"] == {"type": "OneBitAdam", "params": {"freeze_step": 100_000}}
+    assert cfg["zero_optimization"]["stage"] == 0
     assert read_deepspeed(json.dumps(cfg)).fields["training.optimizer"] == "onebit_adam"
     from executors.support import check_executable
     from simcore.model.collective_plan import expected_calls
@@ -102,3 +103,27 @@ def test_it_cannot_win_for_nothing(nodes, fabric, model):
         free_one = simulate(_plan("onebit_adam", nodes, fabric, model)).step_time_s
     assert free_one >= free_adam * (1 - 1e-12)
     assert t_one >= free_adam * (1 - 1e-12)
+
+
+def test_cost_charges_the_warm_up_as_adam():
+    """DeepSpeed runs 1-bit Adam's first freeze_step steps as Adam; the run's time is theirs at
+    Adam's step plus the rest at the compressed one."""
+    from simcore.planner.runcost import run_cost
+
+    adam, one = _plan("adam"), _plan()
+    t_adam, t_one = simulate(adam).step_time_s, simulate(one).step_time_s
+    tokens = 300_000 * one.training.global_batch * one.model.seq_len
+    rc = run_cost(one, simulate(one), tokens, failures=False, monte_carlo=0)
+    assert rc.useful_s == pytest.approx(100_000 * t_adam + 200_000 * t_one, rel=1e-6)
+    assert any("first 100,000 steps" in n for n in rc.notes)
+    doc = {"model": {"name": "llama2-7b", "seq_len": 2048},
+           "cluster": {"node": "dgx-h100", "nodes": 4, "fabric": "eth-100"}, "parallel": {"dp": 32, "zero": 0}}
+    none = plan_from_dict({**doc, "training": {"global_batch": 32, "precision": "fp16", "optimizer": "onebit_adam",
+                                               "onebit_freeze_step": 0, "flash_attention": True, "recompute": "full"}})
+    assert run_cost(none, simulate(none), tokens, failures=False, monte_carlo=0).useful_s == pytest.approx(
+        300_000 * t_one, rel=1e-6)
+    with pytest.raises(PlanError, match="onebit_freeze_step is 1-bit Adam's warm-up"):
+        plan_from_dict({**doc, "training": {"global_batch": 32, "onebit_freeze_step": 10}})
+    cfg = json.loads(export_plan(none, "deepspeed"))
+    assert cfg["optimizer"]["params"]["freeze_step"] == 0
+    assert read_deepspeed(json.dumps(cfg)).fields["training.onebit_freeze_step"] == 0
