@@ -17,7 +17,7 @@ from simcore.model import onebit
 from simcore.model.dp_costs import rank_costs
 from simcore.model.step_costs import memory_report
 from simcore.model.workload import param_counts
-from simcore.plan.load import plan_from_dict
+from simcore.plan.load import plan_from_dict, plan_to_dict
 from simcore.plan.readers import read_deepspeed
 from simcore.plan.spec import PlanError
 from simcore.plan.writers import export_plan
@@ -77,6 +77,11 @@ def test_ds_config_round_trip_and_the_executor_and_collectives_refuse():
     assert cfg["optimizer"] == {"type": "OneBitAdam", "params": {"freeze_step": 100_000}}
     assert cfg["zero_optimization"]["stage"] == 0
     assert read_deepspeed(json.dumps(cfg)).fields["training.optimizer"] == "onebit_adam"
+    bf16 = plan_from_dict({**plan_to_dict(_plan()), "training": {**plan_to_dict(_plan())["training"],
+                                                                  "precision": "bf16"}})
+    for target in ("megatron", "torchtitan"):   # neither stack has it
+        with pytest.raises(ValueError, match="training.optimizer=onebit_adam"):
+            export_plan(bf16, target)
     from executors.support import check_executable
     from simcore.model.collective_plan import expected_calls
     with pytest.raises(ValueError, match="onebit_adam is priced, not run"):
