@@ -220,6 +220,10 @@ class Optimizer(_Choice):
     as signs with error feedback in place of the gradients (``simcore.model.onebit``)."""
 
 
+#: DeepSpeed 1-bit Adam's default warm-up (``OnebitAdam(freeze_step=100000)``, runtime/fp16/onebit/adam.py @edaa7221).
+ONEBIT_FREEZE_STEP = 100_000
+
+
 class StateDtype(_Choice):
     """The dtype Adam's two moments are kept in beside the fp32 master weights: ``fp32`` (the
     stacks' default), ``bf16`` or ``fp16`` (Megatron-Core's ``--use-precision-aware-optimizer``

@@ -16,8 +16,9 @@ import functools
 from dataclasses import dataclass
 
 from simcore.plan.choices import (
-    AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss, MoeDispatcher, MoeRouting, Offload, Optimizer,
-    PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule, StateDtype, ZeroImpl, ZeroStage,
+    ONEBIT_FREEZE_STEP, AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss, MoeDispatcher,
+    MoeRouting, Offload, Optimizer, PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule,
+    StateDtype, ZeroImpl, ZeroStage,
 )
 from topologies.components import Fabric, Node, Storage
 
@@ -259,10 +260,6 @@ class ParallelSpec:
     def by_rank(self, per_stage) -> tuple:
         """Per pipeline rank, the sum of its virtual stages' entries of ``per_stage`` (``rank_sums``)."""
         return rank_sums(per_stage, self.pp, self.v_shape)
-
-
-#: DeepSpeed 1-bit Adam's default warm-up (``OnebitAdam(freeze_step=100000)``, runtime/fp16/onebit/adam.py @edaa7221).
-ONEBIT_FREEZE_STEP = 100_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
