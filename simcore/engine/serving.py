@@ -26,9 +26,9 @@ import numpy as np
 
 from simcore.engine.serving_measure import (ServingResult, ServingTimeline, arrival_times, measure, per_token,
                                             request_lengths)
+from simcore.engine.serving_route import round_robin, route
 from simcore.plan.spec import PlanError
 from simcore.serving.cost import ReplicaCost, iteration_s, kv_bytes_per_token, replica_cost
-from simcore.engine.serving_route import round_robin, route
 from simcore.serving.spec import CapacityPolicy, ServingPlan, SloSpec
 
 __all__ = ["ServingResult", "ServingTimeline", "arrival_times", "per_token", "request_lengths", "simulate_serving"]
@@ -45,7 +45,7 @@ class _Replica:
         self.rc, self.bs = rc, rc.block_size
         self.index, self.log = index, log          # the timeline's iteration list, when one is kept
         self.queued: deque[int] = deque()          # a closed loop's requests not yet sent
-        s, t = plan.scheduler, plan.traffic
+        s = plan.scheduler
         self.max_seqs, self.budget, self.chunked = s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill
         # TensorRT-LLM's policies reserve a request's blocks to completion at admission (never preempting)
         self.reserving = s.capacity_policy != CapacityPolicy.ON_DEMAND

@@ -13,13 +13,14 @@ from simcore.serving.spec import Arrival, Router, ServingPlan
 def route(plan: ServingPlan, reps: list, arrivals: np.ndarray) -> None:
     """Serve every request on the replicas as the plan's traffic and router send them."""
     if plan.traffic.arrival == Arrival.CONCURRENCY:
-        # the clients bound to the replicas in turn, each replica's requests in turn
+        # the clients bound to the replicas in turn (fewer clients than replicas: some idle),
+        # each busy replica's requests in turn
         c = plan.traffic.concurrency
-        for k, rep in enumerate(reps):
-            idx = np.arange(k, len(arrivals), len(reps))
-            clients = c // len(reps) + (k < c % len(reps))
-            if idx.size and clients:
-                rep.run_closed(idx, clients, arrivals)
+        busy = reps[:min(c, len(reps))]
+        for k, rep in enumerate(busy):
+            idx = np.arange(k, len(arrivals), len(busy))
+            if idx.size:
+                rep.run_closed(idx, c // len(busy) + (k < c % len(busy)), arrivals)
     elif plan.router == Router.LEAST_OUTSTANDING and len(reps) > 1:
         _least_outstanding(reps, arrivals)
     else:

@@ -76,7 +76,8 @@ def _traffic(doc: dict, base: Path) -> TrafficSpec:
     elif arrival == Arrival.TRACE and times is not None:
         n = len(times)
     else:
-        raise PlanError("traffic.num_requests is required (or traffic.duration_s with a Poisson rate)")
+        raise PlanError("traffic.num_requests is required (or traffic.duration_s with a Poisson rate; a trace "
+                        "has its own count)")
     seed = _int(d, "seed", "traffic", 0, minimum=0)
     extra = {"concurrency": _int(d, "concurrency", "traffic", 0, minimum=0)}
     if pairs is not None:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from simcore.plan.choices import PlanError, _Choice
 from simcore.plan.spec import ClusterSpec, ModelSpec
 
-__all__ = ["Arrival", "CapacityPolicy", "DisaggSpec", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router", "SchedulerSpec",
-           "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES", "WEIGHT_ONLY"]
+__all__ = ["Arrival", "CapacityPolicy", "DisaggSpec", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router",
+           "SchedulerSpec", "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES", "WEIGHT_ONLY"]
 
 
 class Dtype(_Choice):
@@ -216,22 +216,7 @@ def check_serving(plan: ServingPlan) -> None:
     if plan.tp > plan.cluster.gpus_per_node:
         raise PlanError(f"parallel.tp={plan.tp} exceeds the {plan.cluster.gpus_per_node} GPUs of one "
                         f"{plan.cluster.node.name} node (a TP group stays inside a node)")
-    pr = plan.precision
-    if pr.activations in WEIGHT_ONLY or pr.kv_cache in WEIGHT_ONLY:
-        which = "activations" if pr.activations in WEIGHT_ONLY else "kv_cache"
-        raise PlanError(f"precision.{which}={getattr(pr, which)} is a weight-only format; {which} take bf16, fp16 or fp8")
-    if pr.weights in WEIGHT_ONLY and pr.activations == Dtype.FP8:
-        raise PlanError(f"precision.weights={pr.weights} is weight-only (W{8 if pr.weights == Dtype.INT8 else 4}A16): "
-                        "precision.activations must be bf16 or fp16")
-    if pr.weights == Dtype.INT4:
-        widths = {"model.hidden": m.hidden, "model.ffn_hidden / parallel.tp": m.ffn_hidden // plan.tp,
-                  "the attention output's width / parallel.tp": m.heads * m.head_dim // plan.tp}
-        for what, width in widths.items():
-            if width % pr.group_size:
-                raise PlanError(f"precision.group_size={pr.group_size} does not divide {what} = {width} (an int4 "
-                                "layer's input channels come in whole groups: vLLM's AWQ and GPTQ loaders refuse it)")
-    if plan.precision.activations == Dtype.FP8 and plan.precision.weights != Dtype.FP8:
-        raise PlanError("precision.activations=fp8 needs precision.weights=fp8 (an FP8 GEMM takes both inputs in FP8)")
+    _check_precision(plan)
     if not s.chunked_prefill and s.max_num_batched_tokens < plan.traffic.max_prompt:
         where = "the dataset's longest prompt" if plan.traffic.dataset else "traffic.prompt_len"
         raise PlanError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} is below "
@@ -253,7 +238,29 @@ def check_serving(plan: ServingPlan) -> None:
         if plan.traffic.arrival == Arrival.CONCURRENCY:
             raise PlanError("traffic.arrival=concurrency with disaggregation is not simulated (a closed loop couples "
                             "the two pools); use poisson, offline or trace")
-    t = plan.traffic
+    _check_traffic(plan.traffic)
+
+
+def _check_precision(plan: ServingPlan) -> None:
+    pr, m = plan.precision, plan.model
+    if pr.activations in WEIGHT_ONLY or pr.kv_cache in WEIGHT_ONLY:
+        which = "activations" if pr.activations in WEIGHT_ONLY else "kv_cache"
+        raise PlanError(f"precision.{which}={getattr(pr, which)} is a weight-only format; {which} take bf16, fp16 or fp8")
+    if pr.weights in WEIGHT_ONLY and pr.activations == Dtype.FP8:
+        raise PlanError(f"precision.weights={pr.weights} is weight-only (W{8 if pr.weights == Dtype.INT8 else 4}A16): "
+                        "precision.activations must be bf16 or fp16")
+    if pr.weights == Dtype.INT4:
+        widths = {"model.hidden": m.hidden, "model.ffn_hidden / parallel.tp": m.ffn_hidden // plan.tp,
+                  "the attention output's width / parallel.tp": m.heads * m.head_dim // plan.tp}
+        for what, width in widths.items():
+            if width % pr.group_size:
+                raise PlanError(f"precision.group_size={pr.group_size} does not divide {what} = {width} (an int4 "
+                                "layer's input channels come in whole groups: vLLM's AWQ and GPTQ loaders refuse it)")
+    if pr.activations == Dtype.FP8 and pr.weights != Dtype.FP8:
+        raise PlanError("precision.activations=fp8 needs precision.weights=fp8 (an FP8 GEMM takes both inputs in FP8)")
+
+
+def _check_traffic(t: TrafficSpec) -> None:
     if t.arrival == Arrival.TRACE:
         if t.times is None:
             raise PlanError("traffic.arrival=trace needs traffic.dataset with each request's arrival "
@@ -262,5 +269,5 @@ def check_serving(plan: ServingPlan) -> None:
             raise PlanError(f"traffic.num_requests={t.num_requests} exceeds the trace's {len(t.times)} requests")
     if t.arrival == Arrival.CONCURRENCY and not 1 <= t.concurrency:
         raise PlanError("traffic.arrival=concurrency needs traffic.concurrency, the clients (at least 1)")
-    if plan.traffic.arrival == Arrival.POISSON and plan.traffic.rate <= 0:
+    if t.arrival == Arrival.POISSON and t.rate <= 0:
         raise PlanError("traffic.rate must be positive for traffic.arrival=poisson")

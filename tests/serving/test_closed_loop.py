@@ -41,3 +41,8 @@ def test_more_clients_raise_throughput_and_latency():
 def test_a_closed_loop_needs_its_clients():
     with pytest.raises(PlanError, match="traffic.arrival=concurrency needs traffic.concurrency"):
         plan(clients=0)
+
+
+def test_fewer_clients_than_replicas_leave_replicas_idle():
+    r = simulate_serving(plan(clients=2, replicas=3, n=40))
+    assert r.requests == 40 and np.isfinite(r.makespan_s) and r.e2e[2] > 0
