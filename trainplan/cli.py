@@ -120,6 +120,8 @@ def _serving_commands(sub) -> None:
     p.add_argument("--top", type=int, default=15, help="options printed")
     p.add_argument("--frontier", type=int, default=3, help="options whose throughput-latency frontier is printed")
     p.add_argument("--jobs", type=int, default=1, help="processes for the search")
+    p.add_argument("--disaggregate", action="store_true", help="search prefill and decode pools (each pair of "
+                   "TP degrees) instead of co-located replicas")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=serve.cmd_serve_plan)
 

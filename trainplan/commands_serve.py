@@ -103,7 +103,7 @@ def _money(x: float) -> str:
 
 def _option_row(i: int, o, mode: str) -> str:
     r = o.result
-    return (f"{i:>4}  {o.gpu:<10} {o.node:<14} {o.precision:<5} {o.tp:>2} x {o.replicas:<4} {o.gpus:>5}  "
+    return (f"{i:>4}  {o.gpu:<10} {o.node:<14} {o.precision:<5} {o.layout:<22} {o.gpus:>5}  "
             f"{r.slo_ttft_s * 1e3:>9.1f}  {r.slo_tpot_s * 1e3:>9.2f}  {r.goodput_req_s:>8.2f}  "
             + "  ".join(f"{_money(o.usd_per_mtok[m]):>9}" for m in ("on_demand", "reserved", "buy"))
             + f"  {o.kwh_per_mtok:>8.3f}" + ("  <- ranked by " + _MODE_LABEL[mode] if i == 1 else ""))
@@ -113,7 +113,7 @@ def _print_frontier(plan, res, top: int) -> None:
     from simcore.planner.serving_search import frontier
 
     for o in [o for o in res.options if o.met][:top]:
-        print(f"\nfrontier of {o.gpu} {o.precision} TP{o.tp} x {o.replicas} ({o.gpus} GPUs): load against latency (ms)")
+        print(f"\nfrontier of {o.gpu} {o.precision} {o.layout} ({o.gpus} GPUs): load against latency (ms)")
         print(f"  {'load req/s':>10}  {'TTFT p50':>9}  {'TTFT p99':>9}  {'TPOT p50':>9}  {'TPOT p99':>9}  "
               f"{'out tok/s':>10}  {'goodput':>8}  SLO")
         for rate, r in frontier(plan, o, res.slo, res.rate):
@@ -142,7 +142,8 @@ def cmd_serve_plan(args) -> None:
     plan, slo, rate = _search_inputs(args)
     t0 = time.perf_counter()
     res = capacity_search(plan, slo=slo, rate=rate, gpus=_csv(args.gpus), precisions=_csv(args.precisions),
-                          tps=_csv(args.tp, int), max_gpus=args.max_gpus, mode=args.mode, jobs=args.jobs)
+                          tps=_csv(args.tp, int), max_gpus=args.max_gpus, mode=args.mode, jobs=args.jobs,
+                          disaggregated=args.disaggregate)
     wall = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"plan": plan.name, "rate": rate, "slo": asdict(slo), "mode": args.mode, "wall_s": wall,
@@ -153,25 +154,29 @@ def cmd_serve_plan(args) -> None:
     mean = "mean " if t.dataset else ""
     print(f"serve-plan: {plan.model.name} at {rate:g} req/s Poisson ({mean}prompt {t.prompt_len}, output {t.output_len} "
           f"tokens, {t.num_requests} requests a simulation), SLO {slo.describe()}, router {plan.router}")
-    print(f"searched {len(res.options)} variants (GPU kind x precision x TP) with "
+    what = "GPU kind x precision x prefill TP x decode TP" if args.disaggregate else "GPU kind x precision x TP"
+    print(f"searched {len(res.options)} variants ({what}) with "
           f"{sum(o.simulations for o in res.options)} simulations in {wall:.1f} s; {len(met)} meet the SLO")
     if res.left_out:
         print("not searched: " + "; ".join(f"{g} ({why})" for g, why in res.left_out.items()))
     p = slo.percentile
-    print(f"\n{'rank':>4}  {'gpu':<10} {'node':<14} {'prec':<5} {'TP x rep':<9} {'GPUs':>5}  {f'p{p:g} TTFT':>9}  "
+    print(f"\n{'rank':>4}  {'gpu':<10} {'node':<14} {'prec':<5} {'layout':<22} {'GPUs':>5}  {f'p{p:g} TTFT':>9}  "
           f"{f'p{p:g} TPOT':>9}  {'goodput':>8}  {'$/Mtok od':>9}  {'reserved':>9}  {'buy':>9}  {'kWh/Mtok':>8}")
     for i, o in enumerate(met[:args.top], 1):
         print(_option_row(i, o, res.mode))
     misses = [o for o in res.options if not o.met]
     for o in misses[:args.top]:
-        print(f"   -  {o.gpu:<10} {o.node:<14} {o.precision:<5} {o.tp:>2} x -     {'':>5}  {o.why}")
+        print(f"   -  {o.gpu:<10} {o.node:<14} {o.precision:<5} {'TP' + str(o.tp):<22} {'':>5}  {o.why}")
     if len(misses) > args.top:
         print(f"   ... and {len(misses) - args.top} more variants that cannot meet the SLO")
     best = res.best
     if best is None:
         print("\nanswer: no searched option meets the SLO at this rate (see why above)")
         return
-    print(f"\nanswer: {best.gpus} x {best.gpu} ({best.node}) as {best.replicas} replica(s) of TP{best.tp}, "
+    shape = (f"{best.replicas} replica(s) of TP{best.tp}" if not best.prefill_tp else
+             f"{best.prefill_replicas} prefill instance(s) of TP{best.prefill_tp} and {best.replicas} decode "
+             f"instance(s) of TP{best.tp}")
+    print(f"\nanswer: {best.gpus} x {best.gpu} ({best.node}) as {shape}, "
           f"{best.precision}: ${best.usd_per_mtok[res.mode]:.3f} per million output tokens "
           f"({_MODE_LABEL[res.mode]}, ${best.usd_per_gpu_hour[res.mode]:.2f} per GPU-hour), "
           f"p{p:g} TTFT {best.result.slo_ttft_s * 1e3:.0f} ms, p{p:g} TPOT {best.result.slo_tpot_s * 1e3:.1f} ms")

@@ -26,10 +26,11 @@ from dataclasses import dataclass, replace
 from simcore.engine.serving import ServingResult, simulate_serving
 from simcore.plan.spec import PlanError
 from simcore.planner.prices import buy_sheet, resolve_prices
+from simcore.planner.serving_disagg_search import check_pair, fewest_pools
 from simcore.planner.workers import imap
 from simcore.model.compute import device_model
 from simcore.serving.cost import decode_s, prefill_s, replica_cost
-from simcore.serving.spec import Arrival, Dtype, PrecisionSpec, ServingPlan, SloSpec, check_serving
+from simcore.serving.spec import Arrival, DisaggSpec, Dtype, PrecisionSpec, ServingPlan, SloSpec, check_serving
 from topologies.components import CatalogError
 from topologies.hardware import load_catalog
 
@@ -64,10 +65,18 @@ class ServingOption:
     """Mode -> $ per million output tokens at the target rate."""
     kwh_per_mtok: float
     simulations: int
+    prefill_tp: int = 0
+    prefill_replicas: int = 0
+    """A disaggregated option's prefill instances (``serving_disagg_search``); 0: co-located."""
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.replicas
+        return self.tp * self.replicas + self.prefill_tp * self.prefill_replicas
+
+    @property
+    def layout(self) -> str:
+        co = f"TP{self.tp} x {self.replicas}"
+        return co if not self.prefill_tp else f"P TP{self.prefill_tp} x {self.prefill_replicas} + D {co}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,26 +208,31 @@ def _fewest_replicas(plan: ServingPlan, rc, slo: SloSpec, rate: float, max_gpus:
 
 
 def evaluate(args) -> ServingOption:
-    """One variant's option (``args``: plan, node, precision, tp, slo, rate, max_gpus)."""
-    plan, node, precision, tp, slo, rate, max_gpus = args
-    replicas, result, sims, why = 0, None, 0, ""
+    """One variant's option (``args``: plan, node, precision, tp, slo, rate, max_gpus, and the
+    prefill TP of a disaggregated variant, 0 for co-located replicas)."""
+    plan, node, precision, tp, slo, rate, max_gpus, prefill_tp = args
+    replicas, prefills, result, sims, why = 0, 0, None, 0, ""
     try:
         v = variant(plan, node, precision, tp)
         rc = replica_cost(v)
         why = _lone_request_misses(v, rc, slo)
-        if not why:
+        if not why and prefill_tp:
+            check_pair(v, prefill_tp)
+            prefills, replicas, result, sims, why = fewest_pools(v, prefill_tp, slo, rate, max_gpus, at_rate)
+        elif not why:
             replicas, result, sims, why = _fewest_replicas(v, rc, slo, rate, max_gpus)
     except PlanError as exc:
         v, why = None, str(exc)
     gpu = load_catalog().node(node).gpu
     prices, kw = prices_of(v) if v is not None else ({m: math.nan for m in MODES}, math.nan)
     mtok_h = rate * plan.traffic.output_len * 3600 / 1e6
-    gpus = tp * replicas
+    gpus = tp * replicas + (prefill_tp * prefills if result is not None else 0)
     return ServingOption(
         node=node, gpu=gpu.name, precision=precision, tp=tp, replicas=replicas, met=result is not None, why=why,
         result=result, usd_per_gpu_hour=prices,
         usd_per_mtok={m: (gpus * p / mtok_h if result is not None else math.nan) for m, p in prices.items()},
-        kwh_per_mtok=gpus * kw / mtok_h if result is not None else math.nan, simulations=sims)
+        kwh_per_mtok=gpus * kw / mtok_h if result is not None else math.nan, simulations=sims,
+        prefill_tp=prefill_tp if result is not None else 0, prefill_replicas=prefills if result is not None else 0)
 
 
 def variants(plan: ServingPlan, nodes: list[str], precisions: list[str], tps: list[int]) -> list[tuple]:
@@ -235,8 +249,10 @@ def variants(plan: ServingPlan, nodes: list[str], precisions: list[str], tps: li
 
 def capacity_search(plan: ServingPlan, *, slo: SloSpec, rate: float, gpus: list[str] | None = None,
                     precisions: list[str] | None = None, tps: list[int] | None = None, max_gpus: int = 512,
-                    mode: str = "on_demand", jobs: int = 1) -> SearchResult:
-    """Every variant's option, those that meet the SLO first, cheapest (in ``mode``) first."""
+                    mode: str = "on_demand", jobs: int = 1, disaggregated: bool = False) -> SearchResult:
+    """Every variant's option, those that meet the SLO first, cheapest (in ``mode``) first;
+    ``disaggregated``: prefill and decode pools of every pair of TP degrees instead of
+    co-located replicas (``simcore.planner.serving_disagg_search``)."""
     if mode not in MODES:
         raise PlanError(f"mode={mode!r} is not one of: {', '.join(MODES)}")
     if plan.disaggregation is not None:
@@ -249,7 +265,8 @@ def capacity_search(plan: ServingPlan, *, slo: SloSpec, rate: float, gpus: list[
         raise PlanError(f"precision {', '.join(bad)} is not one of: {', '.join(PRECISIONS)}")
     nodes, left = search_nodes(gpus)
     cells = variants(plan, nodes, precisions or list(DEFAULT_PRECISIONS), tps or [1, 2, 4, 8])
-    items = [(plan, node, prec, tp, slo, rate, max_gpus) for node, prec, tp in cells]
+    pairs = sorted({tp for _, _, tp in cells}) if disaggregated else [0]
+    items = [(plan, node, prec, tp, slo, rate, max_gpus, p) for node, prec, tp in cells for p in pairs]
     options = list(imap(evaluate, items, jobs))
     ranked = sorted(options, key=lambda o: (not o.met, _nan_last(o.usd_per_mtok.get(mode, math.nan)), o.gpus))
     return SearchResult(options=ranked, left_out=left, slo=slo, rate=rate, mode=mode)
@@ -264,4 +281,8 @@ def frontier(plan: ServingPlan, option: ServingOption, slo: SloSpec, rate: float
     """The option's throughput-latency frontier: (rate, result) at each multiple of the target rate."""
     v = variant(plan, option.node, option.precision, option.tp, option.replicas)
     rc = replica_cost(v)
+    if option.prefill_tp:
+        cluster = replace(v.cluster, nodes=math.ceil(option.gpus / v.cluster.gpus_per_node))
+        v = replace(v, cluster=cluster, disaggregation=DisaggSpec(prefill_tp=option.prefill_tp,
+                                                                  prefill_replicas=option.prefill_replicas))
     return [(x * rate, simulate_serving(at_rate(v, x * rate), rc, slo)) for x in loads]

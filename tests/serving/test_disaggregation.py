@@ -66,3 +66,44 @@ def test_a_bad_disaggregation_is_one_sentence(edit, words):
            "disaggregation": {"prefill_tp": 2, "prefill_replicas": 1}, "traffic": TRAFFIC, **edit}
     with pytest.raises(PlanError, match=words):
         serving_from_dict(doc)
+
+
+def test_the_search_sizes_each_pool_to_its_own_target():
+    """serve-plan --disaggregate: the fewest prefill instances whose prompts-only run meets the
+    TTFT target, then the fewest decode instances that meet the SLO behind them; both pools
+    priced."""
+    from simcore.planner.serving_disagg_search import prompts_only
+    from simcore.planner.serving_search import at_rate, capacity_search
+    from simcore.serving.spec import SloSpec
+
+    base = serving_from_dict({"model": "llama3-8b", "hardware": {"node": "dgx-h100"},
+                              "traffic": {**TRAFFIC, "rate": 30, "num_requests": 300}})
+    slo = SloSpec(ttft_s=0.25, tpot_s=0.012, percentile=90)
+    res = capacity_search(base, slo=slo, rate=30, gpus=["h100-sxm"], precisions=["bf16"], tps=[1, 2],
+                          disaggregated=True)
+    met = [o for o in res.options if o.met]
+    assert met and all(o.prefill_tp in (1, 2) and o.prefill_replicas >= 1 for o in met)
+    o = met[0]
+    assert o.gpus == o.tp * o.replicas + o.prefill_tp * o.prefill_replicas
+    assert o.usd_per_mtok["on_demand"] == pytest.approx(o.gpus * o.usd_per_gpu_hour["on_demand"] /
+                                                        (30 * TRAFFIC["output_len"] * 3600 / 1e6))
+    pre = replace(prompts_only(at_rate(base, 30)), tp=o.prefill_tp)
+    if o.prefill_replicas > 1:   # one prefill instance fewer misses the TTFT target
+        assert simulate_serving(replace(pre, replicas=o.prefill_replicas - 1), slo=slo).slo_ttft_s > slo.ttft_s
+    assert simulate_serving(replace(pre, replicas=o.prefill_replicas), slo=slo).slo_ttft_s <= slo.ttft_s
+    assert o.result.slo_met
+
+
+def test_serve_plan_prints_the_pools(tmp_path, capsys):
+    import json
+
+    from trainplan.cli import main
+
+    f = tmp_path / "p.yaml"
+    f.write_text(json.dumps({"model": "llama3-8b", "hardware": {"node": "dgx-h100"},
+                             "traffic": {**TRAFFIC, "rate": 10, "num_requests": 200},
+                             "slo": {"ttft_ms": 500, "tpot_ms": 40}}))
+    assert main(["serve-plan", str(f), "--gpus", "h100-sxm", "--tp", "1", "--precisions", "bf16",
+                 "--disaggregate", "--frontier", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill TP x decode TP" in out and "P TP1 x " in out and "prefill instance(s) of TP1" in out
