@@ -65,8 +65,7 @@ ADAM_BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1
 #: SGD's momentum: Megatron-LM's ``--sgd-momentum`` default (megatron/training/arguments.py), one state a parameter.
 SGD_MOMENTUM = 0.9
-#: PowerSGD's rank (the model's, ``simcore.model.ddp_hooks``) and its uncompressed first steps.
-POWERSGD_RANK = hooks.POWERSGD_RANK
+#: PowerSGD's uncompressed first steps (its rank is the model's, ``simcore.model.ddp_hooks``).
 POWERSGD_START_ITER = 2
 
 
@@ -200,7 +199,7 @@ def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
     elif compression == GradCompression.BF16:
         ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
     elif compression == GradCompression.POWERSGD:
-        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=POWERSGD_RANK,
+        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=hooks.POWERSGD_RANK,
                                             start_powerSGD_iter=POWERSGD_START_ITER)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     else:  # torch's Python all-reduce hook, so that the measured all-reduces are visible

@@ -74,6 +74,8 @@ def _optimizer_rules(plan: Plan) -> list[tuple[bool, str]]:
 def check_executable(plan: Plan, device_type: str) -> None:
     """The layouts this executor cannot run; ValueError with one sentence each."""
     par, tr = plan.parallel, plan.training
+    gloo_powersgd = tr.grad_compression == GradCompression.POWERSGD and device_type != "cuda"
+    buckets = _ddp_buckets(plan) if gloo_powersgd else 1
     rules = [
         (tr.offload == Offload.NONE or device_type == "cuda",
          f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
@@ -102,9 +104,8 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "not run: the executor's ZeRO and FSDP2 reduce the fp32 gradients autocast keeps"),
         (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",
          "training.grad_compression=bf16 needs a GPU: torch's bf16 compression hook requires NCCL"),
-        (tr.grad_compression != GradCompression.POWERSGD or device_type == "cuda" or _ddp_buckets(plan) <= 1,
-         f"training.grad_compression=powersgd on gloo needs the gradients in one DDP bucket (this model's fill "
-         f"{_ddp_buckets(plan)}): torch's powerSGD_hook issues each bucket's later all-reduces from completion "
+        (buckets <= 1, f"training.grad_compression=powersgd on gloo needs the gradients in one DDP bucket (this "
+         f"model's fill {buckets}): torch's powerSGD_hook issues each bucket's later all-reduces from completion "
          "callbacks, whose order gloo does not keep across ranks (a collective mismatch)"),
     ]
     rules += [

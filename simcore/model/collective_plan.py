@@ -88,8 +88,6 @@ from simcore.plan.spec import (
 )
 from topologies.placement import rank_grid
 
-#: torch's DDP bucket limits (``simcore.model.ddp_hooks``).
-DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES = hooks.DDP_BUCKET_CAP_BYTES, hooks.DDP_FIRST_BUCKET_BYTES
 _ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1,
                       Precision.MXFP8: 2, Precision.NVFP4: 2}   # MX/NV recipes: activations stay 16-bit
 #: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``, with
@@ -113,8 +111,8 @@ class Call:
 
 # --------------------------------------------------------------------------- data parallel
 
-def ddp_buckets(ready_bytes: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
-                cap: int = DDP_BUCKET_CAP_BYTES) -> list[int]:
+def ddp_buckets(ready_bytes: list[int], first_cap: int = hooks.DDP_FIRST_BUCKET_BYTES,
+                cap: int = hooks.DDP_BUCKET_CAP_BYTES) -> list[int]:
     """Bytes of each DDP bucket from gradient sizes in ready order (``ddp_hooks.bucket_members``)."""
     return [sum(ready_bytes[i] for i in m) for m in hooks.bucket_members(ready_bytes, first_cap, cap)]
 

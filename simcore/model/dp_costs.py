@@ -40,9 +40,6 @@ def deepspeed_gathers(plan: Plan, layer_params: float) -> tuple[int, float]:
     return modules, max(0.0, 1.0 - DS_PREFETCH_ELEMENTS / per_module) if per_module > 0 else 0.0
 
 
-POWERSGD_RANK = hooks.POWERSGD_RANK
-
-
 def host_link_bytes_per_s(plan: Plan) -> float:
     """Host-link bandwidth per GPU and direction (PCIe, or a superchip's NVLink-C2C): GPUs
     behind one PCIe switch (one Grace) share its uplink."""
@@ -74,7 +71,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         enet = coll.group_net(cl, dev, edp, par.tp * par.ep) if edp > 1 else None
         dense = params - expert
         if tr.grad_compression == GradCompression.POWERSGD:
-            gb = 4.0 * 2 * POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
+            gb = 4.0 * 2 * hooks.POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
             out["compress"] = cmp.stream_s(12.0 * params, dev)
         elif tr.grad_compression != GradCompression.NONE:
             out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
@@ -91,7 +88,8 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
                     return dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(nbytes, net)
                 return coll.all_reduce_s(nbytes, net)
             shapes = grad_shapes(plan, sp, layer_params)
-            out["grad"], out["compress"] = hooks.hook_costs(tr.grad_compression.value, shapes, POWERSGD_RANK, dev, one)
+            out["grad"], out["compress"] = hooks.hook_costs(tr.grad_compression.value, shapes, hooks.POWERSGD_RANK,
+                                                            dev, one)
             buckets = len(hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]))
         elif dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
             # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),

@@ -24,6 +24,7 @@ import operator
 from dataclasses import dataclass
 
 from simcore.model import activations as acts
+from simcore.model import ddp_hooks as hooks
 from simcore.model import fsdp_pools
 from simcore.model import moe_layers as ml
 from simcore.model import onebit
@@ -39,8 +40,8 @@ from simcore.plan.spec import FsdpRoot, Offload, Optimizer, Plan, Precision, Zer
 GIB = 1024**3
 #: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
 FP8_AMAX_HISTORY = 1024
-#: torch DDP's default gradient bucket (``bucket_cap_mb=25`` in torch/nn/parallel/distributed.py).
-DDP_BUCKET_BYTES = 25 * 1024**2
+#: torch DDP's default gradient bucket (``simcore.model.ddp_hooks``).
+DDP_BUCKET_BYTES = hooks.DDP_BUCKET_CAP_BYTES
 #: DeepSpeed ZeRO defaults, in elements (deepspeed/runtime/zero/config.py: reduce_bucket_size,
 #: stage3_prefetch_bucket_size, stage3_max_live_parameters).
 DS_REDUCE_BUCKET, DS_PREFETCH_BUCKET, DS_MAX_LIVE = 5e8, 5e7, 1e9

@@ -20,7 +20,7 @@ import functools
 from dataclasses import replace
 
 from simcore.model.recompute import LayerActivations
-from simcore.plan.spec import ModelSpec, Plan, layer_mask, rank_sums
+from simcore.plan.spec import ModelSpec, Plan, dense_layer_mask, layer_mask, rank_sums
 
 
 @functools.lru_cache(maxsize=256)
@@ -67,7 +67,7 @@ def moe_layers(m: ModelSpec, first: int, count: int) -> int:
     """MoE layers among layers ``first`` .. ``first + count - 1`` of the model."""
     if not m.moe:
         return 0
-    return count - sum(layer_mask(m.dense_layers, m.moe_layers, m.layers)[first:first + count])
+    return count - sum(dense_layer_mask(m)[first:first + count])
 
 
 def mixed_activations(act: LayerActivations, flat: LayerActivations | None, n: float, d: float) -> LayerActivations:

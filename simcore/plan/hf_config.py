@@ -111,7 +111,7 @@ def hf_fields(cfg: dict, path: Path) -> dict:
             out["rope_base"] = float(cfg["rope_theta"])
     given = [cfg[k] for k in DROPOUT_KEYS if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)]
     out["dropout"] = float(max(given)) if given else (0.1 if mtype == "gpt2" else 0.0)
-    out.update(_moe_fields(cfg, mtype, path))
+    out.update(_moe_fields(cfg, mtype))
     out.update(_window_fields(cfg, mtype))
     if cfg.get("kv_lora_rank"):
         out.update(_mla_fields(cfg))
@@ -146,7 +146,7 @@ def _window_fields(cfg: dict, mtype: str) -> dict:
     return {"sliding_window": window, "sliding_window_layers": share} if share > 0 else {}
 
 
-def _moe_fields(cfg: dict, mtype: str, path: Path) -> dict:
+def _moe_fields(cfg: dict, mtype: str) -> dict:
     """Experts, their width, shared experts and the dense layers of an MoE config.
 
     Mixtral's experts are ``intermediate_size`` wide; Qwen2-MoE's and DeepSeek's are

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from simcore.plan.deepspeed_writer import ZEROPP_KEYS
 from simcore.plan.hf_config import USED as HF_USED
 from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.spec import PlanError
@@ -173,7 +174,7 @@ def _deepspeed_zero(zero, f: dict, used: set) -> None:
         f["training.offload"] = "optimizer+params" if param_dev != "none" else "optimizer"
     elif "offload_optimizer" in zero:
         f["training.offload"] = "none"
-    for key in ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients"):   # ZeRO++
+    for key in ZEROPP_KEYS:   # ZeRO++
         if key in zero:
             used.add(f"zero_optimization.{key}")
             f[f"parallel.{key}"] = zero[key]
