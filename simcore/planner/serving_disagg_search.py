@@ -16,9 +16,8 @@ import math
 from dataclasses import replace
 
 from simcore.engine.serving import simulate_serving
-from simcore.plan.spec import PlanError
 from simcore.serving.cost import replica_cost
-from simcore.serving.spec import Arrival, DisaggSpec, ServingPlan, SloSpec
+from simcore.serving.spec import Arrival, DisaggSpec, ServingPlan, SloSpec, at_rate, sized
 
 
 def _fewest(lo: int, cap: int, holds) -> tuple[int, object, int]:
@@ -53,8 +52,8 @@ def prompts_only(plan: ServingPlan) -> ServingPlan:
     return replace(plan, traffic=replace(t, output_len=1, dataset=pairs))
 
 
-def fewest_pools(plan: ServingPlan, prefill_tp: int, slo: SloSpec, rate: float, max_gpus: int,
-                 at_rate) -> tuple[int, int, object, int, str]:
+def fewest_pools(plan: ServingPlan, prefill_tp: int, slo: SloSpec, rate: float,
+                 max_gpus: int) -> tuple[int, int, object, int, str]:
     """(prefill instances, decode instances, result, simulations, why) for ``plan`` (the decode
     instances' node, precision and TP) with prefill instances of TP ``prefill_tp``."""
     pre = replace(prompts_only(at_rate(plan, rate)), tp=prefill_tp, replicas=1)
@@ -80,9 +79,7 @@ def fewest_pools(plan: ServingPlan, prefill_tp: int, slo: SloSpec, rate: float, 
     d_cap = (max_gpus - prefills * prefill_tp) // plan.tp
 
     def both_hold(n: int):
-        cluster = replace(pooled.cluster, nodes=max(1, math.ceil((n * plan.tp + prefills * prefill_tp)
-                                                                 / pooled.cluster.gpus_per_node)))
-        r = simulate_serving(replace(pooled, replicas=n, cluster=cluster), rc, slo)
+        r = simulate_serving(sized(replace(pooled, replicas=n)), rc, slo)
         return bool(r.slo_met), r
 
     decodes, result, calls = _fewest(1, d_cap, both_hold) if d_cap >= 1 else (0, None, 0)
@@ -90,9 +87,3 @@ def fewest_pools(plan: ServingPlan, prefill_tp: int, slo: SloSpec, rate: float, 
     if not decodes:
         return prefills, 0, None, sims, f"the TPOT target misses with {d_cap} decode instances of TP{plan.tp}"
     return prefills, decodes, result, sims, ""
-
-
-def check_pair(plan: ServingPlan, prefill_tp: int) -> None:
-    """A prefill TP the model and node take (one sentence otherwise)."""
-    if plan.model.heads % prefill_tp or prefill_tp > plan.cluster.gpus_per_node:
-        raise PlanError(f"prefill TP {prefill_tp} must divide model.heads={plan.model.heads} and stay within a node")

@@ -26,11 +26,12 @@ from dataclasses import dataclass, replace
 from simcore.engine.serving import ServingResult, simulate_serving
 from simcore.plan.spec import PlanError
 from simcore.planner.prices import buy_sheet, resolve_prices
-from simcore.planner.serving_disagg_search import check_pair, fewest_pools
+from simcore.planner.serving_disagg_search import fewest_pools
 from simcore.planner.workers import imap
 from simcore.model.compute import device_model
 from simcore.serving.cost import decode_s, prefill_s, replica_cost
-from simcore.serving.spec import Arrival, DisaggSpec, Dtype, PrecisionSpec, ServingPlan, SloSpec, check_serving
+from simcore.serving.spec import (Arrival, DisaggSpec, Dtype, PrecisionSpec, ServingPlan, SloSpec, at_rate,
+                                  check_serving, sized)
 from topologies.components import CatalogError
 from topologies.hardware import load_catalog
 
@@ -122,20 +123,10 @@ def variant(plan: ServingPlan, node: str, precision: str, tp: int, replicas: int
     """The plan on ``node`` at ``precision``, TP ``tp`` and ``replicas`` (checked)."""
     from simcore.plan.load import _cluster
 
-    cluster = _cluster({"node": node}, load_catalog(), None)
-    cluster = replace(cluster, nodes=max(1, math.ceil(tp * replicas / cluster.gpus_per_node)))
-    v = replace(plan, cluster=cluster, tp=tp, replicas=replicas, precision=PRECISIONS[precision],
-                name=f"{plan.model.name}-{node}-{precision}-tp{tp}x{replicas}")
+    v = sized(replace(plan, cluster=_cluster({"node": node}, load_catalog(), None), tp=tp, replicas=replicas,
+                      precision=PRECISIONS[precision], name=f"{plan.model.name}-{node}-{precision}-tp{tp}x{replicas}"))
     check_serving(v)
     return v
-
-
-def at_rate(plan: ServingPlan, rate: float) -> ServingPlan:
-    """The plan's traffic at ``rate``: a trace replayed faster or slower, anything else Poisson;
-    the same requests (count, lengths or dataset, seed)."""
-    t = plan.traffic
-    return replace(plan, traffic=replace(t, arrival=Arrival.TRACE if t.arrival == Arrival.TRACE else Arrival.POISSON,
-                                         rate=rate))
 
 
 def prices_of(plan: ServingPlan) -> tuple[dict, float]:
@@ -217,8 +208,8 @@ def evaluate(args) -> ServingOption:
         rc = replica_cost(v)
         why = _lone_request_misses(v, rc, slo)
         if not why and prefill_tp:
-            check_pair(v, prefill_tp)
-            prefills, replicas, result, sims, why = fewest_pools(v, prefill_tp, slo, rate, max_gpus, at_rate)
+            check_serving(replace(v, disaggregation=DisaggSpec(prefill_tp=prefill_tp, prefill_replicas=1)))
+            prefills, replicas, result, sims, why = fewest_pools(v, prefill_tp, slo, rate, max_gpus)
         elif not why:
             replicas, result, sims, why = _fewest_replicas(v, rc, slo, rate, max_gpus)
     except PlanError as exc:
@@ -282,7 +273,6 @@ def frontier(plan: ServingPlan, option: ServingOption, slo: SloSpec, rate: float
     v = variant(plan, option.node, option.precision, option.tp, option.replicas)
     rc = replica_cost(v)
     if option.prefill_tp:
-        cluster = replace(v.cluster, nodes=math.ceil(option.gpus / v.cluster.gpus_per_node))
-        v = replace(v, cluster=cluster, disaggregation=DisaggSpec(prefill_tp=option.prefill_tp,
-                                                                  prefill_replicas=option.prefill_replicas))
+        v = sized(replace(v, disaggregation=DisaggSpec(prefill_tp=option.prefill_tp,
+                                                       prefill_replicas=option.prefill_replicas)))
     return [(x * rate, simulate_serving(at_rate(v, x * rate), rc, slo)) for x in loads]

@@ -26,13 +26,13 @@ blocks fit. With ``chunked_prefill`` false a prompt is admitted only whole withi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simcore.plan.choices import PlanError, _Choice
 from simcore.plan.spec import ClusterSpec, ModelSpec
 
 __all__ = ["Arrival", "CapacityPolicy", "DisaggSpec", "Dtype", "KvCacheSpec", "PlanError", "PrecisionSpec", "Router",
-           "SchedulerSpec", "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES", "WEIGHT_ONLY"]
+           "SchedulerSpec", "ServingPlan", "SloSpec", "TrafficSpec", "DTYPE_BYTES", "WEIGHT_ONLY", "at_rate", "sized"]
 
 
 class Dtype(_Choice):
@@ -206,6 +206,20 @@ class ServingPlan:
     def gpus(self) -> int:
         d = self.disaggregation
         return self.tp * self.replicas + (d.prefill_tp * d.prefill_replicas if d else 0)
+
+
+def at_rate(plan: ServingPlan, rate: float) -> ServingPlan:
+    """The plan's traffic at ``rate``: a trace replayed faster or slower, anything else Poisson;
+    the same requests (count, lengths or dataset, seed)."""
+    t = plan.traffic
+    return replace(plan, traffic=replace(t, arrival=Arrival.TRACE if t.arrival == Arrival.TRACE else Arrival.POISSON,
+                                         rate=rate))
+
+
+def sized(plan: ServingPlan) -> ServingPlan:
+    """The plan on as many of its nodes as its GPUs (both pools of a disaggregated plan) take."""
+    nodes = max(1, math.ceil(plan.gpus / plan.cluster.gpus_per_node))
+    return replace(plan, cluster=replace(plan.cluster, nodes=nodes))
 
 
 def check_serving(plan: ServingPlan) -> None:
