@@ -151,14 +151,14 @@ def rankings(out: pd.DataFrame, column: str) -> pd.DataFrame:
 def noise_floor(out: pd.DataFrame) -> pd.DataFrame:
     """Configurations published more than once (across or within sources): their measured
     times and spread, (max - min) / min."""
-    keys = ["kind", "gpus", "layers", "hidden", "seq_len", "global_batch", "layout", "precision"]
+    keys = ["kind", "gpus", "layers", "hidden", "ffn_hidden", "seq_len", "global_batch", "layout", "precision"]
     recs = []
     for key, g in out.groupby(keys):
         if len(g) < 2:
             continue
         searched = sorted(set(g.source[~g.mb_published]))
         note = f" (micro-batch not published by {', '.join(searched)}: searched)" if searched else ""
-        recs.append({"config": f"{g.model.iloc[0]} on {key[1]} x {key[0]}, {key[6]}, s {key[4]}{note}",
+        recs.append({"config": f"{g.model.iloc[0]} on {key[1]} x {key[0]}, {key[7]}, s {key[5]}{note}",
                      "sources": ", ".join(f"{s} row {r}" for s, r in zip(g.source, g.row)),
                      "measured_s": ", ".join(f"{x:.4g}" for x in g.measured_s),
                      "spread": g.measured_s.max() / g.measured_s.min() - 1})
@@ -173,7 +173,7 @@ def coverage_summary(out: pd.DataFrame) -> dict:
         moe = g[g.experts > 0]
         summary[kind] = {"rows": int(len(g)), "gpus": int(g.gpus.max()),
                          "precisions": sorted({p.split("/")[0] for p in g.precision}),
-                         **{axis: int(g[axis].max()) for axis in ("tp", "pp", "cp", "ep")},
+                         **{axis: int(g[axis].max()) for axis in u.COVERED_AXES},
                          "experts": int(moe.experts.max()) if len(moe) else 0,
                          "top_k": int(moe.top_k.max()) if len(moe) else 0,
                          "expert_width": round(float((moe.ffn_hidden / moe.hidden).min()), 4) if len(moe) else 0.0}

@@ -254,12 +254,17 @@ def base_doc(row: pd.Series) -> dict:
     cluster = {"node": NODE[row.accelerator], "nodes": max(1, math.ceil(chips / gpn))}
     if src in MAXTEXT and cluster["nodes"] > 1 and load_catalog().node(cluster["node"]).fabric is None:
         cluster["fabric"] = PLACEHOLDER_FABRIC
+    if src in MAXTEXT and slices(row) > 1:   # one ICI torus a slice, the slices joined by the DCN
+        cluster["nvlink_domain_gpus"] = chips // slices(row)
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
                 "precision": "fp16" if str(row.precision) == "fp16" else "bf16", "flash_attention": True}
     rc = str(_num(row.recompute, "none"))
     if src in MAXTEXT:
+        # FSDP over the slice's ICI (ici_fsdp_parallelism), data parallel over the DCN
+        # (dcn_data_parallelism): parameters sharded inside a slice, replicated across slices
         fsdp = int(row.fsdp) * slices(row)
-        parallel = {"tp": tp, "pp": 1, "dp": fsdp, "zero": 3, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1}
+        parallel = {"tp": tp, "pp": 1, "dp": fsdp, "zero": 3, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1,
+                    "dp_replicate": slices(row)}
         training["recompute"] = {"minimal": "selective"}.get(rc, rc)
     elif src == NEURON:
         parallel = {"tp": tp // UNITS_PER_CHIP[src], "pp": pp, "dp": dp, "zero": int(_num(row.zero_stage, 1)),

@@ -264,7 +264,8 @@ def _shape(plan) -> dict:
     p, t, m = plan.parallel, plan.training, plan.model
     layout = (f"tp{p.tp}-pp{p.pp}-dp{p.dp}-cp{p.cp}-ep{p.ep}-z{int(p.zero)}-mb{t.micro_batch}-vpp{p.vpp}"
               f"-b{t.global_batch}-rc:{getattr(t.recompute, 'value', t.recompute)}")
-    return {"cp": p.cp, "ep": p.ep, "layout": layout, "layers": m.layers, "hidden": m.hidden,
+    layout += f"-r{p.dp_replicate}" if p.dp_replicate > 1 else ""
+    return {"cp": p.cp, "ep": p.ep, "dp_replicate": p.dp_replicate, "layout": layout, "layers": m.layers, "hidden": m.hidden,
             "ffn_hidden": m.ffn_hidden, "experts": m.experts, "top_k": m.top_k}
 
 

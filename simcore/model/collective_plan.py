@@ -106,7 +106,7 @@ class Call:
     bytes: int
     """The whole buffer: all-gather output, reduce-scatter input, the all-reduced tensor."""
     issuer: str
-    """``ddp``, ``replicate``, ``zero1``, ``fsdp2``, ``dtensor`` or ``pipelining``."""
+    """``ddp``, ``replicate``, ``zero1``, ``fsdp2``, ``distopt`` (Megatron's instances), ``dtensor`` or ``pipelining``."""
 
 
 # --------------------------------------------------------------------------- data parallel
@@ -143,13 +143,16 @@ def _dp_params(plan: Plan, params: list[ParamTensor]) -> list[ParamTensor]:
 
 
 def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int, wire: Wire) -> Counter:
-    par, out, nd, axis = plan.parallel, Counter(), plan.parallel.dp * plan.parallel.cp, grad_axis(plan)
+    par, out, nd, axis = plan.parallel, Counter(), plan.parallel.shard_ranks, grad_axis(plan)
     for unit in _fsdp_units(plan, part):
         numels = [(fsdp_padded_numel(local_shape(p, par.tp, tp_rank), nd), wire.of(p)) for p in unit]
         gathers, scatters = fsdp_unit_calls(actions, part.stage, par.zero == ZeroStage.WEIGHTS, par.pp > 1)
         out[Call(kind="all_gather", axis=axis, bytes=sum(n * e for n, e in numels), issuer="fsdp2")] += gathers
         out[Call(kind="reduce_scatter", axis=axis, bytes=sum(n for n, _ in numels) * wire.grad,
                  issuer="fsdp2")] += scatters
+        if par.dp_replicate > 1:   # HSDP: foreach_reduce all-reduces the shard over the replicas
+            out[Call(kind="all_reduce", axis="dp_replicate", bytes=sum(n for n, _ in numels) // nd * wire.grad,
+                     issuer="fsdp2")] += scatters
     return +out
 
 
@@ -174,6 +177,12 @@ def _dp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int, 
         return Counter()
     if par.zero >= ZeroStage.GRADIENTS:
         return _fsdp_calls(plan, part, actions, tp_rank, wire)
+    if par.dp_replicate > 1:   # Megatron's distributed-optimizer instances (ZeRO-1 by instance)
+        n = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params)
+        shard = math.ceil(n / par.shard_ranks)
+        return Counter({Call(kind="reduce_scatter", axis=axis, bytes=shard * par.shard_ranks * wire.grad, issuer="distopt"): 1,
+                        Call(kind="all_reduce", axis="dp_replicate", bytes=shard * wire.grad, issuer="distopt"): 1,
+                        Call(kind="all_gather", axis=axis, bytes=shard * par.shard_ranks * wire.param, issuer="distopt"): 1})
     if _replicate(plan):  # replicate: one param group, all-reduced per reduction
         nbytes = sum(_numel(local_shape(p, par.tp, tp_rank)) for p in params) * wire.grad
         out = Counter({Call(kind="all_reduce", axis=axis, bytes=nbytes, issuer="replicate"): grad_reductions(plan)})
@@ -361,12 +370,13 @@ def format_collectives(plan: Plan, wire: Wire = EXECUTOR_WIRE) -> str:
         for c, n in calls.items():
             rows.setdefault((c.axis, c.kind), []).append((c.bytes, n))
         lines.append(f"rank {rank} (pipeline stage {pp_rank}), {plan.num_microbatches} micro-batches per step")
-        lines.append(f"  {'axis':<5}{'kind':<15}{'calls/step':>11}  {'bytes/call':>29}  {'bytes/step':>19}")
+        w = max([5] + [len(a) + 1 for a, _ in rows])   # dp_replicate, dp_shard under hybrid sharding
+        lines.append(f"  {'axis':<{w}}{'kind':<15}{'calls/step':>11}  {'bytes/call':>29}  {'bytes/step':>19}")
         for (axis, kind), items in sorted(rows.items()):
             sizes = sorted({b for b, _ in items})
             per_call = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}"
             count, total = sum(n for _, n in items), sum(b * n for b, n in items)
-            lines.append(f"  {axis:<5}{kind:<15}{count:>11,}  {per_call:>29}  {total:>19,}")
+            lines.append(f"  {axis:<{w}}{kind:<15}{count:>11,}  {per_call:>29}  {total:>19,}")
         if not rows:
             lines.append("  (no collectives)")
     return "\n".join(lines) + "\n"

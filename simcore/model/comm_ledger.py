@@ -108,7 +108,7 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
     out: Counter = Counter()
     if nd == 1:
         return out
-    axis = "cp" if par.dp == 1 else "dp"
+    axis = "cp" if par.dp == 1 else "dp_shard" if par.dp_replicate > 1 else "dp"
     sp = mem.stage_params(plan)[pp_rank]
     wb, gb = mem.param_bytes(tr), coll.grad_wire_bytes(plan)
     # the experts' gradients over the expert data-parallel ranks (the executor's group name: dp), if several
@@ -138,4 +138,6 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
         f_ag, b_ag, scatters = calls[pp_rank]
         out[axis, "all_gather"] += ag * (f_ag + b_ag)
         out[axis, "reduce_scatter"] += rs * scatters
+    if par.dp_replicate > 1:   # hybrid sharding: each reduce-scattered shard all-reduced over the replicas
+        out["dp_replicate", "all_reduce"] += out[axis, "reduce_scatter"] / par.shard_ranks
     return out

@@ -54,16 +54,14 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     backward's gather, ZeRO++ hpZ's where it differs) and of an MoE model's dense layer
     (``dense_layer_ag``, ``dense_layer_rs``, ``dense_layer_ag_b``: the same where it has none)."""
     par, tr, cl = plan.parallel, plan.training, plan.cluster
-    nd = par.dp * par.cp
-    wb = mem.param_bytes(tr)
-    gb = coll.grad_wire_bytes(plan)
+    nd, wb, gb = par.dp * par.cp, mem.param_bytes(tr), coll.grad_wire_bytes(plan)
     out = dict(grad=0.0, sync=0.0, gather=0.0, layer_rs=0.0, layer_ag=0.0, ag_exposed=0.0, buckets=1, compress=0.0)
     # the model's ends (``end_comm``): FSDP2's root group of this rank, the tied embedding's all-reduce
     out["root_ag"], out["root_rs"] = ec.fsdp_root_s(plan, dev, sp)
     out["tied"] = ec.tied_s(plan, dev)
     if nd > 1:
-        net = coll.group_net(cl, dev, nd, par.tp)
-        params = sp.total
+        # dp x cp ranks, or one replica's; their replicas (``collectives.replica_net``)
+        net, rnet, params = coll.group_net(cl, dev, par.shard_ranks, par.tp), coll.replica_net(plan, dev), sp.total
         # expert parallel: the experts' gradients reduce over the ranks holding the same experts
         # only (Megatron-Core's expert data-parallel group; torchtitan's dp_shard_mod_ep mesh):
         # none where each rank holds its own, and the dense ones over all dp x cp ranks
@@ -103,6 +101,8 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         elif par.zero == ZeroStage.OPTIMIZER_STATES:
             out["grad"] = coll.reduce_scatter_s(gb * dense, net) + (coll.reduce_scatter_s(gb * expert, enet)
                                                                     if enet else 0.0)
+            # Megatron's optimizer instances: the shard all-reduced across them after the reduce-scatter
+            out["grad"] += coll.all_reduce_s(gb * dense / par.shard_ranks, rnet) if rnet else 0.0
             # the updated parameters as stored (FP8 primary weights: their FP8 bytes)
             out["sync"] = coll.all_gather_s(stored_weight_bytes(plan, dense, sp.ends), net) + (
                 coll.all_gather_s(stored_weight_bytes(plan, expert, 0.0), enet) if enet else 0.0)
@@ -113,7 +113,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out.update(_fsdp_layer(plan, dev, (net, enet), sizes, (layer_params - expert_l, expert_l)))
             if fp8_ag:   # precompute_float8_dynamic_scale_for_fsdp after the step: the shards' amax, one all-reduce
                 linears = (4 + wl.mlp_matrices(plan.model)) * round((params - sp.ends) / max(layer_params, 1.0))
-                out["sync"] += cmp.stream_s(wb * params / nd, dev) + coll.all_reduce_s(4.0 * linears, net)
+                out["sync"] += cmp.stream_s(wb * params / par.shard_ranks, dev) + coll.all_reduce_s(4.0 * linears, net)
             if par.zero_impl == ZeroImpl.DEEPSPEED and par.zero < ZeroStage.WEIGHTS:
                 # DeepSpeed's ZeRO-2 keeps whole 16-bit parameters: one all-gather of the updated
                 # shards a step (stage_1_and_2.py ``step``)
@@ -170,6 +170,8 @@ def _fsdp_layer(plan: Plan, dev: cmp.DeviceModel, nets: tuple, sizes: tuple[floa
         # a calibrated host's measured layer cost holds the latency: the bytes' term only
         out["layer_ag"], out["layer_rs"] = (both(coll.ring_bytes_s, b * dense_l, b * expert_l) for b in (wb, gb))
         out.pop("layer_ag_b", None)
+    if par.dp_replicate > 1:   # HSDP: the replicas all-reduce each reduce-scattered shard
+        out["layer_rs"] += coll.all_reduce_s(gb * dense_l / par.shard_ranks, coll.replica_net(plan, dev))
     out.setdefault("layer_ag_b", out["layer_ag"])
     return out
 
@@ -223,7 +225,7 @@ def _host_optimizer_s(plan: Plan, dev: cmp.DeviceModel, owned: float, tensors: t
     1/N_d of the tensors; CPU profiles) plus the parameter bytes at the measured rate. The
     executor steps fp32 parameters under autocast (``master_weights``), 16-bit ones without."""
     par, tr = plan.parallel, plan.training
-    share = 1.0 / (par.dp * par.cp) if par.zero == ZeroStage.OPTIMIZER_STATES else 1.0
+    share = 1.0 / par.shard_ranks if par.zero == ZeroStage.OPTIMIZER_STATES else 1.0
     per_tensor = share * (tensors[0] * dev.optimizer_per_tensor_kernels
                           + tensors[1] * dev.optimizer_dtensor_per_tensor_kernels) * dev.host_overhead_s
     stepped = 4 if tr.master_weights else mem.weight_bytes_per_param(tr.precision)
@@ -234,8 +236,7 @@ def optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
                      tensors: tuple[int, int] = (0, 0)) -> tuple[float, float]:
     """(optimizer on the GPU or host, offload copies) per step for this rank's shard."""
     par, tr = plan.parallel, plan.training
-    nd = par.dp * par.cp
-    owned = sp.total / nd if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
+    owned = sp.total / par.shard_ranks if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
     k = mem.optimizer_bytes_per_param(tr, plan.model.hidden, flat_partitions(plan))
     wb = mem.param_bytes(tr)
     if tr.offload == Offload.NONE and dev.optimizer_bytes_per_s > 0:

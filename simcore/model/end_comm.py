@@ -116,11 +116,12 @@ def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[
     if par.zero < ZeroStage.GRADIENTS or nd == 1 or sp.ends <= 0:
         return 0.0, 0.0
     ag, rs = fsdp_root_bytes(plan, sp)
-    net = coll.group_net(plan.cluster, dev, nd, par.tp)
+    net, rnet = coll.group_net(plan.cluster, dev, par.shard_ranks, par.tp), coll.replica_net(plan, dev)
     mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
+    hsdp = coll.all_reduce_s(rs / par.shard_ranks, rnet) if rnet else 0.0   # the replicas' all-reduce of the shard
     if dev.measured(f"{mode}_root"):   # latency in the measured root cost
-        return coll.ring_bytes_s(ag, net), coll.ring_bytes_s(rs, net)
-    return coll.all_gather_s(ag, net), coll.reduce_scatter_s(rs, net)
+        return coll.ring_bytes_s(ag, net), coll.ring_bytes_s(rs, net) + hsdp
+    return coll.all_gather_s(ag, net), coll.reduce_scatter_s(rs, net) + hsdp
 
 
 def tied_bytes(plan: Plan) -> float:
@@ -129,8 +130,7 @@ def tied_bytes(plan: Plan) -> float:
     m, par = plan.model, plan.parallel
     if not (m.tied_embeddings and par.pp > 1) or par.v_shape:
         return 0.0
-    nd = par.dp * par.cp
-    shard = nd if par.zero >= ZeroStage.GRADIENTS and nd > 1 else 1
+    shard = par.shard_ranks if par.zero >= ZeroStage.GRADIENTS else 1
     return coll.grad_wire_bytes(plan) * m.vocab * m.hidden / par.tp / shard
 
 

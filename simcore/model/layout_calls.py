@@ -31,8 +31,11 @@ FP32_BYTES = 4
 
 
 def grad_axis(plan: Plan) -> str:
-    """The axis of the data-parallel gradient reduction: dp, or cp when dp is 1 (dp x cp)."""
+    """The axis of the data-parallel gradient reduction: dp, or cp when dp is 1 (dp x cp); under
+    hybrid sharding the shard group, ``dp_shard`` (torchtitan's mesh name), the replicas ``dp_replicate``."""
     par = plan.parallel
+    if par.dp_replicate > 1:
+        return "cp" if par.dp == par.dp_replicate else "dp_shard"
     return "cp" if par.dp == 1 and par.cp > 1 else "dp"
 
 
@@ -100,7 +103,7 @@ def tied_calls(plan: Plan, part: StagePart, tp_rank: int, grad_bytes: int = FP32
     if not (m.tied_embeddings and par.pp > 1 and (part.embed or part.head)) or par.v_shape:
         return []
     shape = local_shape(ParamTensor(name="embed.tok.weight", shape=(m.vocab, m.hidden), tp_dim=0), par.tp, tp_rank)
-    nd = par.dp * par.cp
+    nd = par.shard_ranks
     fsdp = nd > 1 and par.zero >= ZeroStage.GRADIENTS
     numel = fsdp_padded_numel(shape, nd) // nd if fsdp else _numel(shape)
     return [("all_reduce", "pp", numel * grad_bytes, "tied", 1)]

@@ -222,7 +222,7 @@ def model_state_bytes(plan: Plan, sp: StageParams) -> dict[str, float]:
     par, tr = plan.parallel, plan.training
     wb, gb = param_bytes(tr), coll.grad_wire_bytes(plan)
     k = optimizer_bytes_per_param(tr, plan.model.hidden, flat_partitions(plan))
-    nd = par.dp * par.cp
+    nd = par.shard_ranks                                # dp x cp, or one replica's (``dp_replicate``)
     nd_e = max(1, nd * par.tp // (par.ep * par.etp))    # expert data parallel (folded: over TP ranks too)
     shard = sp.dense / nd + sp.expert / nd_e           # parameters this GPU owns
     z = par.zero

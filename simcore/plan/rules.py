@@ -113,7 +113,7 @@ def check_plan(plan: Plan) -> None:
          f"parallel.ep={par.ep} does not divide model.experts={m.experts}"),
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
-        *_expert_tp_rules(plan), *_moe_overlap_rules(plan), _fsdp_root_rule(plan), *_zeropp_rules(plan),
+        *_expert_tp_rules(plan), *_moe_overlap_rules(plan), _fsdp_root_rule(plan), *_zeropp_rules(plan), *_hsdp_rules(plan),
         *_moe_layer_rules(m), *_schedule_rules(plan),
         (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
         (0.0 < m.sliding_window_layers <= 1.0,
@@ -269,6 +269,26 @@ def _zeropp_rules(plan: Plan) -> list[tuple[bool, str]]:
     ]
 
 
+def _hsdp_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """Hybrid sharding (``parallel.dp_replicate``): replicas of what ZeRO shards, as FSDP2 on a
+    (replicate, shard) mesh and Megatron's distributed-optimizer instances run it."""
+    par = plan.parallel
+    r = par.dp_replicate
+    if r == 1:
+        return []
+    return [
+        (par.dp % r == 0, f"parallel.dp_replicate={r} does not divide parallel.dp={par.dp}"),
+        (par.dp % r or par.shard_ranks > 1, f"parallel.dp_replicate={r} leaves each shard on one rank: that is "
+                                            "replication, parallel.zero=0"),
+        (par.zero >= ZeroStage.OPTIMIZER_STATES,
+         f"parallel.dp_replicate={r} needs parallel.zero 1, 2 or 3 (it replicates what ZeRO shards)"),
+        (par.zero_impl == ZeroImpl.FSDP2,
+         f"parallel.dp_replicate={r} needs parallel.zero_impl=fsdp2 (DeepSpeed's hybrid shards, MiCS, are not modelled)"),
+        (par.ep == 1, f"parallel.dp_replicate={r} with parallel.ep={par.ep} is not modelled (the experts' data-parallel "
+                      "group would shard differently)"),
+    ]
+
+
 def _domain_rules(plan: Plan) -> list[tuple[bool, str]]:
     """The rules of ``cluster.nvlink_domain_gpus``: whole nodes, and NVLink switches to span several."""
     cl = plan.cluster
@@ -277,8 +297,8 @@ def _domain_rules(plan: Plan) -> list[tuple[bool, str]]:
         (not domain or domain % cl.gpus_per_node == 0,
          f"cluster.nvlink_domain_gpus={domain} must be a multiple of "
          f"cluster.gpus_per_node={cl.gpus_per_node} (an NVLink domain is whole nodes)"),
-        (not domain or domain <= cl.gpus_per_node or cl.node.intra == "nvswitch",
-         f"cluster.nvlink_domain_gpus={domain} spans several nodes, which needs NVLink switches "
+        (not domain or domain <= cl.gpus_per_node or cl.node.intra in ("nvswitch", "torus"),
+         f"cluster.nvlink_domain_gpus={domain} spans several nodes, which needs NVLink switches or a torus "
          f"(cluster.node={cl.node.name} has intra {cl.node.intra})"),
     ]
 

@@ -32,15 +32,11 @@ __all__ = [
 
 #: Megatron-LM's --hidden-dropout and --attention-dropout default (arguments.py), the Plan's.
 MEGATRON_DROPOUT = 0.1
-#: ``training.allocator_margin`` under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps
-#: pages into one growing segment per stream instead of caching fixed segments: the pages are the
-#: large pool's 20 MiB (``ExpandableSegment``: "2MB for small pool, 20MB for large pool",
-#: c10/cuda/CUDACachingAllocator.cpp), and before it reports an out-of-memory the allocator unmaps
-#: every whole free page (``release_cached_blocks``), so what it cannot give back is under a page at
-#: each free block's ends: nothing on a GPU's scale. torchtitan's and torchao's published reserved
-#: peaks under it are the tensors' (bench/validate_memory.py, within 6%).
+#: ``training.allocator_margin`` under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: one growing
+#: segment per stream of 20 MiB pages (c10/cuda/CUDACachingAllocator.cpp ``ExpandableSegment``), every
+#: whole free page unmapped before an out-of-memory (``release_cached_blocks``): under a page lost at
+#: each free block's ends; torchtitan's, torchao's reserved peaks under it are the tensors' (6%); the exports set _ENV.
 EXPANDABLE_SEGMENTS_MARGIN = 0.0
-#: The environment setting that gives it, which the exports of such a Plan write.
 EXPANDABLE_SEGMENTS_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
@@ -199,12 +195,15 @@ class ParallelSpec:
     """Layers per virtual stage, in model order; None spreads them as evenly as possible."""
     zero: ZeroStage = ZeroStage.NONE
     zero_impl: ZeroImpl = ZeroImpl.FSDP2
+    dp_replicate: int = 1
+    """Hybrid sharding: ZeRO shards over dp / dp_replicate ranks (x cp), the replicas all-reduce each shard
+    (FSDP2's 2-D mesh, torchtitan's replicate degree, Megatron's optimizer instances); 1: off."""
     zero_quantized_weights: bool = False
     """ZeRO++ qwZ (DeepSpeed ZeRO-3 ``zero_quantized_weights``): each parameter all-gather moves
     int8 values and an fp32 scale per group of at most 8,000 (``simcore.model.zeropp``)."""
     zero_hpz_partition_size: int = 1
-    """ZeRO++ hpZ (``zero_hpz_partition_size``): a secondary copy of the parameters sharded over
-    groups of this many data-parallel ranks, which the backward's all-gathers read; 1: off."""
+    """ZeRO++ hpZ: a secondary copy of the parameters sharded over groups of this many
+    data-parallel ranks, which the backward's all-gathers read; 1: off."""
     zero_quantized_gradients: bool = False
     """ZeRO++ qgZ (``zero_quantized_gradients``): gradients reduce-scattered as int4 by two
     all-to-alls, inside each node and then across nodes, in place of the reduce-scatter."""
@@ -221,23 +220,24 @@ class ParallelSpec:
     bucket (Megatron-Core ``--overlap-param-gather`` with the distributed optimizer; off by
     default there; Megatron-Bridge's recipes set it); otherwise it runs after the step."""
     moe_a2a_overlap: bool = False
-    """MoE layers' expert-parallel all-to-alls under another micro-batch's compute (Megatron-Core
-    ``--overlap-moe-expert-parallel-comm``, Megatron-Bridge ``moe_a2a_overlap``): in 1F1B's
-    steady phase one micro-batch's forward and another's backward run layer by layer together,
-    each one's dispatch and combine beside the other's attention and MLP
-    (megatron/core/pipeline_parallel/combined_1f1b.py @d98e8a64); the first forward and the
-    pipeline's warm-up and cool-down run alone."""
+    """MoE all-to-alls under another micro-batch's compute (Megatron-Core
+    ``--overlap-moe-expert-parallel-comm``): 1F1B's steady phase pairs one forward with another's
+    backward layer by layer (pipeline_parallel/combined_1f1b.py @d98e8a64); warm-up, cool-down alone."""
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     """How MoE tokens travel to the expert-parallel ranks (``MoeDispatcher``)."""
     microbatch_group: int = 0
-    """Interleaved 1F1B: micro-batches a model chunk runs in a row before the next chunk takes
-    over (Megatron-Core ``--microbatch-group-size-per-virtual-pipeline-stage``, Llama 3's
-    tunable N, arXiv:2407.21783 Sec. 3.3.2): rank r warms up with (vpp - 1) N + 2 (pp - 1 - r)
-    forwards. 0: the schedule's own (pp; torch's rounds rule)."""
+    """Interleaved 1F1B: micro-batches a chunk runs in a row (Megatron-Core
+    ``--microbatch-group-size-per-virtual-pipeline-stage``, Llama 3's N, arXiv:2407.21783 3.3.2): rank r
+    warms up with (vpp - 1) N + 2 (pp - 1 - r) forwards. 0: the schedule's own (pp)."""
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def shard_ranks(self) -> int:
+        """The ranks ZeRO shards over: dp x cp, or one replica's share of them (``dp_replicate``)."""
+        return self.dp // self.dp_replicate * self.cp
 
     @property
     def etp(self) -> int:

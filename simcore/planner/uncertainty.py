@@ -47,7 +47,7 @@ MEMORY_KIND = "gpu-peak-memory"
 #: out there; the leave-one-source-out residuals already carry an unseen publication's).
 EXTRAPOLATION_WIDENING = 1.5
 #: The parallel axes whose largest published degree bounds a question (``covers`` in residuals.yaml).
-COVERED_AXES = ("tp", "pp", "cp", "ep")
+COVERED_AXES = ("tp", "pp", "cp", "ep", "dp_replicate")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -311,7 +311,7 @@ def _merged(covers: dict) -> dict:
     cs = list(covers.values())
     moe = [c for c in cs if c.get("experts")]
     return {"gpus": max(c["gpus"] for c in cs), "precisions": sorted({p for c in cs for p in c["precisions"]}),
-            **{a: max(c[a] for c in cs) for a in COVERED_AXES},
+            **{a: max(c.get(a, 1) for c in cs) for a in COVERED_AXES},   # dp_replicate: recorded since 2026-11-28
             "experts": max((c["experts"] for c in moe), default=0), "top_k": max((c["top_k"] for c in moe), default=0),
             "expert_width": min((c["expert_width"] for c in moe), default=0.0)}
 
