@@ -12,7 +12,8 @@ the config's ``pipeline.stages`` is read by nothing), experts' ``ep_size`` an ar
 activations (deepspeed/module_inject/layers.py ``LinearAllreduce``): no Megatron-style sequence parallel.
 What DeepSpeed runs differently from the plan is refused too, so that a plan ranked for DeepSpeed
 (``trainplan plan --stack deepspeed``) is charged DeepSpeed's physics: its own ZeRO-2/3
-(``parallel.zero_impl: deepspeed``, not FSDP2's). Sources at DeepSpeed v0.19.5 (cf443004, 2026-08-09),
+(``parallel.zero_impl: deepspeed``, not FSDP2's), and no hybrid sharding (``parallel.dp_replicate``:
+DeepSpeed's is MiCS, ``mics_shard_size``, not modelled). Sources at DeepSpeed v0.19.5 (cf443004, 2026-08-09),
 which also runs AutoTP under ZeRO-3 (eec237ee; 0.16.4 to 0.19.3 assert stage <= 2).
 """
 from __future__ import annotations
@@ -102,6 +103,9 @@ def _refuse(field_: str, value, why: str = "") -> ValueError:
 def _layout_refusals(plan: Plan) -> None:
     """What a ds_config cannot state, or DeepSpeed runs otherwise than the plan says (the module's docstring)."""
     par = plan.parallel
+    if par.dp_replicate > 1:   # first: whatever else the plan says, DeepSpeed has no HSDP to write
+        raise _refuse("parallel.dp_replicate", par.dp_replicate, "DeepSpeed's hybrid sharding is MiCS "
+                      "(zero_optimization.mics_shard_size), which the Plan does not model")
     if par.zero >= ZeroStage.GRADIENTS and par.zero_impl != ZeroImpl.DEEPSPEED:
         raise _refuse("parallel.zero_impl", par.zero_impl.value, f"DeepSpeed runs its own ZeRO-{int(par.zero)} "
                       "(parallel.zero_impl: deepspeed models it)")

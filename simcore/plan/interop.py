@@ -19,7 +19,9 @@ The mappings, with the tools' own semantics:
 - Megatron-LM: the world is ``torchrun --nnodes x --nproc-per-node``; data parallel =
   world / (TP*PP*CP) (``validate_args``). ZeRO-1 is ``--use-distributed-optimizer``;
   ZeRO-2/3 are Megatron-FSDP's ``--data-parallel-sharding-strategy optim_grads`` /
-  ``optim_grads_params`` (docs/discussions/megatron-fsdp-user-guide). ``--optimizer
+  ``optim_grads_params`` (docs/discussions/megatron-fsdp-user-guide); with either,
+  ``--num-distributed-optimizer-instances N`` (N instances, each sharding over dp/N ranks)
+  is ``parallel.dp_replicate`` N. ``--optimizer
   adam`` is AdamW (decoupled weight decay). Interleaving is
   ``--num-virtual-stages-per-pipeline-rank``; GPipe and zero-bubble have no option.
 - DeepSpeed: train_batch_size = micro * gradient_accumulation_steps * dp
@@ -27,7 +29,8 @@ The mappings, with the tools' own semantics:
   ``communication_data_type`` is the gradient all-reduce dtype. DeepSpeed reads the
   file with hjson, so the ``//`` header comments are legal.
 - torchtitan: dp = data_parallel_replicate_degree * data_parallel_shard_degree; shard
-  > 1 is FSDP2 (ZeRO-3, or ZeRO-2 when ``fsdp_reshard_after_forward = "never"``);
+  > 1 is FSDP2 (ZeRO-3, or ZeRO-2 when ``fsdp_reshard_after_forward = "never"``), with
+  replicate > 1 too HSDP (``parallel.dp_replicate`` = replicate; replicate alone is DDP);
   TP always shards the sequence (its TP plan uses SequenceParallel); with PP,
   ``local_batch_size / pipeline_parallel_microbatch_size`` micro-batches run per step.
 """
@@ -206,8 +209,8 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
         if torchtitan_autocasts(values.get("training.precision"), values["parallel.zero"], g("parallel.tp"),
                                 g("parallel.pp"), g("parallel.cp"), g("parallel.ep")):
             values["training.autocast"] = True
-        if replicate > 1 and shard > 1:
-            notes.append(f"torchtitan HSDP ({replicate} replicas x {shard} shards) taken as zero over all dp")
+        if replicate > 1 and shard > 1:   # HSDP: FSDP over each replica's shard ranks, the replicas all-reduce
+            values["parallel.dp_replicate"] = replicate
     layers = values.get("model.layers")
     per_stage = hints.get("megatron.layers_per_virtual_stage")
     if per_stage and layers:
@@ -269,7 +272,7 @@ _SECTION_ORDER = {
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
               "sliding_window_layers"),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "expert_tp", "vpp", "stage_layers", "zero", "zero_impl",
-                 "zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients", "sequence_parallel", "fsdp_root", "schedule", "microbatch_group", "cp_comm", "tp_comm_overlap", "overlap_param_gather",
+                 "dp_replicate", "zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients", "sequence_parallel", "fsdp_root", "schedule", "microbatch_group", "cp_comm", "tp_comm_overlap", "overlap_param_gather",
                  "moe_dispatcher", "moe_a2a_overlap"),
     "training": ("global_batch", "micro_batch", "precision", "fp8_recipe", "attention_kernel", "attention_unpad", "recompute", "offload",
                  "activation_offload", "moe_routing",

@@ -78,10 +78,9 @@ def read_megatron(text: str) -> Reading:
     _megatron_parallel(a, f)
     _megatron_training(a, f)
     hints = {}
-    if "--nnodes" in pre:
-        hints["world.nnodes"] = _to_int(pre["--nnodes"], "torchrun --nnodes")
-    if "--nproc-per-node" in pre:
-        hints["world.gpus_per_node"] = _to_int(pre["--nproc-per-node"], "torchrun --nproc-per-node")
+    for opt, key in (("--nnodes", "world.nnodes"), ("--nproc-per-node", "world.gpus_per_node")):
+        if opt in pre:
+            hints[key] = _to_int(pre[opt], f"torchrun {opt}")
     if "--num-layers-per-virtual-pipeline-stage" in opts:
         hints["megatron.layers_per_virtual_stage"] = a.value("--num-layers-per-virtual-pipeline-stage")
     account = (a.flag("--account-for-embedding-in-pipeline-split"), a.flag("--account-for-loss-in-pipeline-split"))
@@ -279,15 +278,27 @@ def _megatron_parallel(a: _Args, f: dict) -> None:
         f["parallel.zero"] = 2 if a.flag("--torch-fsdp2-no-reshard-after-forward") else 3
     elif a.flag("--use-distributed-optimizer"):
         f["parallel.zero"] = 1
-    _overlap_param_gather(a, f)
+    _distributed_optimizer(a, f)
 
 
-def _overlap_param_gather(a: _Args, f: dict) -> None:
-    """--overlap-param-gather: validate_args accepts it "with distributed optimizer, megatron fsdp,
-    or dist_muon" (megatron/training/arguments.py@d98e8a64ddf34856e74b24714e3bedb2f5a39553, line
-    1024). Under the distributed optimizer it is the Plan's parallel.overlap_param_gather; under
+def _distributed_optimizer(a: _Args, f: dict) -> None:
+    """The distributed optimizer's options (megatron/training/arguments.py@d98e8a64ddf34856e74b24714e3bedb2f5a39553).
+    --num-distributed-optimizer-instances N: N instances (Megatron-FSDP: HSDP) each shard over dp*cp/N ranks
+    and all-reduce the shards (parallel_state.py, fsdp/mcore_fsdp_adapter.py ``enable_hsdp``): the Plan's
+    parallel.dp_replicate; --use-torch-fsdp2 shards over all of dp, so there it is listed as not mapped.
+    --overlap-param-gather: validate_args accepts it "with distributed optimizer, megatron fsdp, or dist_muon"
+    (line 1024). Under the distributed optimizer it is the Plan's parallel.overlap_param_gather; under
     Megatron-FSDP (NVIDIA's examples/megatron_fsdp recipes set it) it is the layer-by-layer gather
     ahead of each layer's compute that the Plan's ZeRO-2/3 already models, so nothing more."""
+    n = (a.value("--num-distributed-optimizer-instances") if "--use-torch-fsdp2" not in a.opts else None) or 1
+    fsdp = "--use-megatron-fsdp" in a.opts
+    if n > 1 and not (fsdp or "--use-distributed-optimizer" in a.opts):
+        raise PlanError(f"megatron --num-distributed-optimizer-instances {n} needs --use-distributed-optimizer "
+                        "(distributed_data_parallel.py: 'Partial DistOpt cannot be used without DistOpt')")
+    if n > 1 and fsdp and a.value("--outer-dp-sharding-strategy", str) not in (None, "no_shard"):
+        raise PlanError("megatron --outer-dp-sharding-strategy optim shards the optimizer states over the "
+                        "replicas too, which parallel.dp_replicate does not model")
+    f["parallel.dp_replicate"] = n if n > 1 else None
     if not a.flag("--overlap-param-gather"):
         return
     if f.get("parallel.zero") == 1:

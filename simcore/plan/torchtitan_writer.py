@@ -95,6 +95,9 @@ def _check(plan: Plan) -> None:
     refusals = [
         (par.zero == 1, "parallel.zero", 1, "it has DDP (zero 0) and FSDP2 (zero 2, 3)"),
         (par.zero_impl.value == "deepspeed", "parallel.zero_impl", "deepspeed", "it runs ZeRO as FSDP2 (zero_impl: fsdp2)"),
+        (par.dp_replicate > 1 and par.dp == par.dp_replicate, "parallel.dp_replicate", par.dp_replicate,
+         "data_parallel_shard_degree would be 1 (FSDP over the context-parallel ranks alone), which trainplan does "
+         "not write"),
         (tr.autocast and not _ddp_autocast(plan), "training.autocast", "true",
          "it applies mixed_precision_param through torch.autocast only under DDP or one device with no other "
          "parallelism (torchtitan/config/configs.py), through fully_shard's policy else"),
@@ -142,7 +145,8 @@ def _flavor(plan: Plan) -> str | None:
 
 def _parallelism(plan: Plan, target: str) -> dict:
     par = plan.parallel
-    shard = par.dp if par.zero >= 2 else 1
+    # FSDP2 over each replica's shard ranks; replicate > 1 with shard > 1 is torchtitan's HSDP
+    shard = par.dp // par.dp_replicate if par.zero >= 2 else 1
     out = {"data_parallel_replicate_degree": par.dp // shard, "data_parallel_shard_degree": shard}
     if shard > 1:
         out["fsdp_reshard_after_forward"] = ("never" if par.zero == 2 else   # "default" keeps [norm, output]

@@ -105,6 +105,8 @@ def _megatron_parallel_args(plan: Plan) -> list:
                  ("--data-parallel-sharding-strategy", "optim_grads" if par.zero == 2 else "optim_grads_params"),
                  ("--no-gradient-accumulation-fusion", None), ("--use-distributed-optimizer", None),
                  ("--ckpt-format", "fsdp_dtensor")]
+    if par.dp_replicate > 1:   # N instances of the distributed optimizer (Megatron-FSDP: HSDP), each over dp/N
+        args.append(("--num-distributed-optimizer-instances", par.dp_replicate))
     return args
 
 

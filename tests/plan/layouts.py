@@ -1,6 +1,6 @@
 """The plans every export test runs on: the shipped plans and layout variants that reach
 the branches they do not (ZeRO 0-3, offload, fp16/bf16/fp8, TP/PP/CP/EP, interleaved and
-uneven stages, MoE with shared experts)."""
+uneven stages, MoE with shared experts, hybrid sharding)."""
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +47,9 @@ def _variants() -> dict:
                                                              sequence_parallel=True),
                                       training=replace(tr, precision=Precision.FP16)),
         "v-ddp-pp-even": replace(base, parallel=replace(par, pp=4, dp=2, zero=ZeroStage.NONE)),
+        # hybrid sharding (parallel.dp_replicate): FSDP2's HSDP, Megatron's distributed-optimizer instances
+        "v-hsdp-zero3": replace(base, parallel=replace(par, dp_replicate=2)),
+        "v-hsdp-zero1": replace(base, parallel=replace(par, zero=ZeroStage.OPTIMIZER_STATES, dp_replicate=4)),
         "v-mixtral-ep": _mixtral(),
         # DeepSpeed's own ZeRO (the ds_config export refuses FSDP2's ZeRO-2/3), its offload branches and
         # DeepSpeed-Ulysses for a sequence split

@@ -26,6 +26,8 @@ REFUSED = {
                            "torchtitan": "parallel.zero_impl", "torchtitan-0.2": "parallel.zero_impl"},
     "v-ds-zero3-paramoffload": {"megatron": "parallel.zero_impl", "slurm": "parallel.zero_impl",
                                 "torchtitan": "parallel.zero_impl", "torchtitan-0.2": "parallel.zero_impl"},
+    "v-hsdp-zero1": {"deepspeed": "parallel.dp_replicate", "torchtitan": "parallel.zero", "torchtitan-0.2": "parallel.zero"},
+    "v-hsdp-zero3": {"deepspeed": "parallel.dp_replicate"},
     "v-interleaved-tp": {"deepspeed": "parallel.pp"},
     "v-mixtral-ep": {"deepspeed": "parallel.pp", "torchtitan": "parallel.zero", "torchtitan-0.2": "parallel.zero"},
     "v-pp-uneven": {"deepspeed": "parallel.pp"},

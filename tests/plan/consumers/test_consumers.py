@@ -43,9 +43,9 @@ REFUSALS = REFUSED | {"ds-autotp-zero1": dict.fromkeys(_TT, "parallel.zero"),
 #: The plans each consumer is given (every other one is refused, naming its field): a change shows here.
 GIVEN = {
     "deepspeed": ["ds-autotp-zero1", "ds-autotp-zero3-offload", "v-ds-zero2-offload", "v-ds-zero3-paramoffload"],
-    "torchtitan": ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-interleaved-tp", "v-pp-uneven", "v-zero3-eager",
-                   "v-zero3-paramoffload"],
-    "torchtitan-0.2": ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-interleaved-tp", "v-pp-uneven",
+    "torchtitan": ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-hsdp-zero3", "v-interleaved-tp", "v-pp-uneven",
+                   "v-zero3-eager", "v-zero3-paramoffload"],
+    "torchtitan-0.2": ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-hsdp-zero3", "v-interleaved-tp", "v-pp-uneven",
                        "v-zero-bubble-cp", "v-zero3-eager", "v-zero3-optim-in-bwd", "v-zero3-paramoffload"],
 }
 
@@ -156,6 +156,8 @@ def test_torchtitan_03_parses_the_command_and_accepts_the_layout(name):
     par = plan.parallel
     assert (dims.tp, dims.pp, dims.cp, dims.ep) == (par.tp, par.pp, par.cp, par.ep)
     assert dims.dp_replicate * dims.dp_shard == par.dp
+    # FSDP2 over each replica's shard ranks: HSDP (replicate x shard) where parallel.dp_replicate > 1
+    assert dims.dp_shard == (par.dp // par.dp_replicate if par.zero >= 2 else 1)
     assert cfg.training.seq_len == plan.model.seq_len and cfg.training.global_batch_size == plan.training.global_batch
     assert len(cfg.model_spec.model.layers) == plan.model.layers
     assert cfg.compile.enable == (plan.training.kernels.value == "fused")   # compiled kernels are fused ones

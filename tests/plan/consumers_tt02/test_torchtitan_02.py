@@ -11,8 +11,8 @@ from tests.plan.test_export_refusals import REFUSED, assert_one_sentence_naming
 
 #: The plans of tests/plan/layouts.py written for torchtitan 0.2.2; every other one is refused in
 #: one sentence naming its field (REFUSED in tests/plan/test_export_refusals.py): a change shows here.
-GIVEN = ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-interleaved-tp", "v-pp-uneven", "v-zero-bubble-cp",
-         "v-zero3-eager", "v-zero3-optim-in-bwd", "v-zero3-paramoffload"]
+GIVEN = ["llama3-8b-fsdp-h100", "v-ddp-pp-even", "v-hsdp-zero3", "v-interleaved-tp", "v-pp-uneven",
+         "v-zero-bubble-cp", "v-zero3-eager", "v-zero3-optim-in-bwd", "v-zero3-paramoffload"]
 EXPORTS = {name: export_plan(ALL[name], "torchtitan-0.2") for name in GIVEN}
 
 
@@ -46,6 +46,8 @@ def test_torchtitan_02_loads_the_toml(name, tmp_path):
                         world_size=plan.parallel.gpus)
     assert (dims.tp, dims.pp, dims.cp, dims.dp_replicate * dims.dp_shard) == (
         plan.parallel.tp, plan.parallel.pp, plan.parallel.cp, plan.parallel.dp)
+    par = plan.parallel   # FSDP2 over each replica's shard ranks: HSDP where parallel.dp_replicate > 1
+    assert dims.dp_shard == (par.dp // par.dp_replicate if par.zero >= 2 else 1)
     assert cfg.training.seq_len == plan.model.seq_len and cfg.activation_checkpoint.mode == plan.training.recompute.value
     assert cfg.compile.enable == (plan.training.kernels.value == "fused")   # compiled kernels are fused ones
     assert cfg.optimizer.early_step_in_backward == plan.training.optimizer_in_backward

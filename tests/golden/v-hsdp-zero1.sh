@@ -1,0 +1,40 @@
+#!/bin/bash
+# Megatron-LM launch for plan 'v-hsdp-zero1', written by trainplan.
+# Options as spelt in NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option parsed by its own parser's definitions, simcore/plan/megatron_args.yaml).
+# Add the data, tokenizer and learning-rate options of your run (--data-path,
+# --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
+# with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
+# The Plan has no field for the norm, linear biases, the MLP's activation, QK norm or
+# attention sinks; written as Llama's: RMSNorm, no linear biases, SwiGLU MLP, no QK norm, no sinks.
+# A model that differs needs its own options (Qwen3: --qk-layernorm; Qwen2: --add-qkv-bias;
+# GPT-OSS: biases, --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0
+# --softmax-type learnable); Gemma's tanh-GeLU GLU has none (--quick-geglu is x*sigmoid(1.702x)).
+torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
+    --num-layers 32 \
+    --hidden-size 4096 \
+    --ffn-hidden-size 14336 \
+    --num-attention-heads 32 \
+    --group-query-attention \
+    --num-query-groups 8 \
+    --seq-length 8192 \
+    --max-position-embeddings 8192 \
+    --padded-vocab-size 128256 \
+    --position-embedding-type rope \
+    --rotary-base 500000 \
+    --normalization RMSNorm \
+    --disable-bias-linear \
+    --hidden-dropout 0.0 \
+    --attention-dropout 0.0 \
+    --swiglu \
+    --untie-embeddings-and-output-weights \
+    --tensor-model-parallel-size 1 \
+    --pipeline-model-parallel-size 1 \
+    --overlap-grad-reduce \
+    --use-distributed-optimizer \
+    --num-distributed-optimizer-instances 4 \
+    --micro-batch-size 1 \
+    --global-batch-size 64 \
+    --bf16 \
+    --recompute-granularity selective \
+    --attention-backend flash \
+    --optimizer adam
