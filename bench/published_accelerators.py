@@ -11,10 +11,15 @@ source's own words, with the degrees converted once into chips (the unit the cat
   between the TP matmuls: ``sequence_parallel``; XLA's latency-hiding scheduler runs the TP
   all-gathers and reduce-scatters asynchronously beside the matmuls: ``tp_comm_overlap``); ``ici_fsdp_parallelism`` shards parameters,
   gradients and optimizer state over those chips: ZeRO-3 over the data-parallel ranks, and
-  ``dcn_data_parallelism`` (slices over DCN) multiplies them: ``dp = fsdp x slices``, zero 3
-  (the Plan has one sharded data-parallel group, so a multislice run is ZeRO-3 across the
-  slices too, where MaxText replicates across DCN: ``MULTISLICE``). ``per_device_batch_size``
-  -> ``micro_batch`` with no accumulation (global batch = chips x per-device batch). Remat
+  ``dcn_data_parallelism`` (slices over DCN) replicates them: ``dp = fsdp x slices``, zero 3,
+  ``dp_replicate = slices`` (hybrid sharding: FSDP inside a slice, the slices all-reduce the
+  shards), each slice one ICI torus (``cluster.nvlink_domain_gpus``). ``per_device_batch_size``
+  -> ``micro_batch`` (global batch = chips x per-device batch). MaxText shards that batch over the
+  data and FSDP axes, not the tensor axis, and runs it at once; with TP the Plan runs tp
+  micro-batches of it instead (a stated approximation: one micro-batch of per-device x tp, the
+  source's own setup, puts 6 of the 8 v5p rows over their HBM, because ``minimal`` is stated as
+  Megatron's selective recompute, which keeps about twice what MaxText's
+  ``checkpoint_dots_with_no_batch_dims`` keeps). Remat
   policy ``full`` -> full recompute; ``minimal`` (``checkpoint_dots_with_no_batch_dims``: the
   projections' outputs saved, attention scores and elementwise ops recomputed) -> selective.
   The base.yml model: ReLU MLP (not gated), tied embeddings (``logits_via_embedding``), RoPE,
@@ -63,9 +68,6 @@ FAMILY = {"tpu-v4": "tpu", "tpu-v5e": "tpu", "tpu-v5p": "tpu", "trainium1": "tra
 UNITS_PER_CHIP = {NEURON: 2}
 #: Catalog gaps that the step-time model reads: a chip with one of them cannot be predicted.
 READ_GAPS = ("hbm_tbyte_per_s", "intra_link_gbyte_per_s_bidir", "efficiency")
-#: The reason a multislice MaxText run is stated only approximately (see the module docstring).
-MULTISLICE = ("ZeRO-3 across the slices: MaxText shards over ICI (fsdp) and replicates over DCN "
-              "(dcn_data_parallelism); the Plan has one sharded data-parallel group")
 
 
 def _num(x, default=None):

@@ -89,8 +89,8 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out["grad"], out["compress"] = hooks.hook_costs(tr.grad_compression.value, shapes, hooks.POWERSGD_RANK,
                                                             dev, one)
             buckets = len(hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]))
-        elif dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES:
-            # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP),
+        elif dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES and not rnet:
+            # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP; not hybrid),
             # each a lone call issued after compute, plus the ring's bytes term
             out["grad"] = buckets * dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(gb * dense, net) \
                 + (2 * coll.ring_bytes_s(gb * expert, enet) if enet else 0.0)

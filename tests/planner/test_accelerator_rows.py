@@ -54,6 +54,8 @@ def test_maxtext_fsdp_is_zero3_over_the_chips_and_slices_multiply_it(acc, rows):
     r2 = _find(rows, "maxtext_v5e_readme", "16B", 512)                # fsdp 256 x 2 slices over DCN
     p2 = _plan(acc, r2)
     assert (p2.parallel.tp, p2.parallel.dp) == (1, 512) and p2.training.recompute.value == "full"
+    # FSDP inside each slice's ICI torus, the two slices replicas over the DCN (dcn_data_parallelism)
+    assert p2.parallel.dp_replicate == 2 and p2.parallel.shard_ranks == 256 and p2.cluster.nvlink_domain == 256
     assert p2.model.kv_channels == 256 and not p2.model.gated_mlp and p2.model.tied_embeddings
     assert p2.training.global_batch == 512 * p2.training.micro_batch   # per-device batch, no accumulation
 
@@ -95,6 +97,8 @@ def test_rows_that_cannot_be_predicted_are_refused_with_their_reason(acc, rows):
     assert "catalog gaps" in acc.refusal(_find(rows, "mindspeed_llm_readme_2024", "Qwen-72B", 128))
     assert "no data-centre network" in acc.refusal(_find(rows, "maxtext_v4_readme", "22B", 128))
     assert acc.refusal(_find(rows, "maxtext_v5p_readme", "32B", 64)) is None
+    # two slices: the replicas' all-reduce crosses the DCN, whose oversubscription is a catalog gap
+    assert "oversubscription is a catalog gap" in acc.refusal(_find(rows, "maxtext_v5p_readme", "32B", 128))
     assert acc.refusal(_find(rows, "maxtext_v4_readme", "22B", 64)) is None    # one slice: ICI only
 
 
