@@ -1,5 +1,6 @@
 """The process groups a layout needs beyond the mesh's four axes, and their axis names.
 
+- ``dp_replicate`` x ``dp_shard``: hybrid sharding's mesh (the dp axis unflattened).
 - ``dp_cp``: the data-parallel gradient reduction when ``cp > 1``. Context-parallel ranks
   hold the same parameters and see different tokens, so their gradients are reduced
   together with the data-parallel ones, as Megatron-Core's ``get_data_parallel_group(
@@ -46,8 +47,18 @@ def _subgroup(groups: list[list[int]], name: str):
 
 
 def dp_cp_mesh(plan: Plan, mesh: DeviceMesh) -> DeviceMesh:
-    """The mesh the data-parallel wrappers reduce gradients over: dp, or dp x cp flattened."""
-    if plan.parallel.cp == 1:
+    """The mesh the data-parallel wrappers reduce gradients over: dp, or dp x cp flattened; under
+    hybrid sharding (``parallel.dp_replicate``, cp 1) dp unflattened into (dp_replicate, dp_shard),
+    torchtitan's HSDP mesh, on which ``fully_shard`` shards over dp_shard and all-reduces over
+    dp_replicate."""
+    par = plan.parallel
+    if par.dp_replicate > 1:
+        two = mesh._unflatten("dp", (par.dp_replicate, par.dp // par.dp_replicate), ("dp_replicate", "dp_shard"))
+        hsdp = two["dp_replicate", "dp_shard"]
+        for name in ("dp_replicate", "dp_shard"):
+            _AXES[frozenset(dist.get_process_group_ranks(hsdp.get_group(name)))] = name
+        return hsdp
+    if par.cp == 1:
         return mesh["dp"]
     flat = mesh["dp", "cp"]._flatten("dp_cp")
     ranks = frozenset(dist.get_process_group_ranks(flat.get_group()))

@@ -219,8 +219,9 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh,
         Optimizer.ADAFACTOR: (torch.optim.Adafactor, {"weight_decay": WEIGHT_DECAY}),
     }[opt]   # adamw8bit is refused (executors.support)
     par = plan.parallel
-    group = dp_mesh.get_group() if par.ep == 1 else edp_group
-    if par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1 and group is not None:
+    zero1 = par.zero == ZeroStage.OPTIMIZER_STATES and par.dp * par.cp > 1   # (hybrid sharding's 2-D mesh: zero 2-3)
+    group = (dp_mesh.get_group() if par.ep == 1 else edp_group) if zero1 else None
+    if group is not None:
         # bucket view: one broadcast per rank after the step instead of one per tensor
         if uses_replicate(plan):   # DTensor parameters: their local shards, updated in place (executors.zero1)
             return LocalShardZero(params, optimizer_class=cls, process_group=group, lr=lr, **kwargs)

@@ -119,8 +119,9 @@ def check_executable(plan: Plan, device_type: str) -> None:
          "executor: its context parallelism is the ring (p2p)"),
         (par.zero_impl == ZeroImpl.FSDP2, "parallel.zero_impl=deepspeed is priced, not run: the executor runs "
          "ZeRO as torch's FSDP2 (zero_impl: fsdp2)"),
-        (par.dp_replicate == 1, f"parallel.dp_replicate={par.dp_replicate} is priced, not run: the executor shards "
-         "over every data-parallel rank (a 1-D mesh)"),
+        (par.dp_replicate == 1 or par.zero >= ZeroStage.GRADIENTS and par.cp == 1,
+         f"parallel.dp_replicate={par.dp_replicate} runs with parallel.zero 2 or 3 and cp 1 (FSDP2 on a (replicate, "
+         "shard) mesh); Megatron's ZeRO-1 instances and a context-parallel shard group are priced, not run"),
         (par.stage_layers is None or 0 not in par.stage_layers, "parallel.stage_layers with a stage of 0 "
          "layers (the embedding or the loss alone) is priced, not run by the executor"),
         (par.etp == par.tp, f"parallel.expert_tp={par.expert_tp} is priced, not run: the executor's experts are "

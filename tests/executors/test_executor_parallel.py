@@ -176,6 +176,7 @@ FOUR_RANK = {
     "dp2xtp2": make_plan(LLAMA, dp=2, tp=2),
     "dp2xtp2-sp-zero3": make_plan(LLAMA, dp=2, tp=2, sequence_parallel=True, zero=3),
     "dp2xpp2-zero2-interleaved": make_plan(dp=2, pp=2, vpp=2, zero=2, schedule="interleaved-1f1b"),
+    "dp4-hsdp2-zero2": make_plan(dp=4, zero=2, dp_replicate=2, gb=8),   # FSDP2 on a (replicate, shard) mesh
 }
 EXACT = {k for k in TWO_RANK if k not in ("dp2-fp16-compression", "dp2-bf16")} | set(FOUR_RANK)
 

@@ -197,7 +197,8 @@ def recorded_bytes(plan, calls: Counter) -> Counter:
     """The sizes ``executors.record`` records: a call's first tensor argument, i.e. the shard
     for c10d reduce-scatter (FSDP2's output) and functional all-gather (DTensor's input);
     receives are counted but not drawn."""
-    sizes = {"dp": plan.parallel.dp, "tp": plan.parallel.tp, "pp": plan.parallel.pp}
+    par = plan.parallel
+    sizes = {"dp": par.dp, "tp": par.tp, "pp": par.pp, "dp_shard": par.shard_ranks, "dp_replicate": par.dp_replicate}
     out: Counter = Counter()
     for c, n in calls.items():
         shard = (c.kind, c.issuer) in (("reduce_scatter", "fsdp2"), ("all_gather", "dtensor"))
@@ -233,6 +234,8 @@ TWO_RANK = {
 }
 FOUR_RANK = {
     "dp2xpp2-zero1": make_plan(dp=2, pp=2, zero=1),
+    # hybrid sharding: FSDP2 over 2 shards, the shard all-reduced over 2 replicas (foreach_reduce)
+    "dp4-hsdp2-zero3": make_plan(dp=4, zero=3, dp_replicate=2),
     "dp2xpp2-zero3-gpipe": make_plan(dp=2, pp=2, zero=3, schedule="gpipe"),
     "dp2xpp2-zero3-interleaved": make_plan(dp=2, pp=2, vpp=2, zero=3, schedule="interleaved-1f1b"),
     "dp2xpp2-zero2-zero-bubble": make_plan(dp=2, pp=2, zero=2, schedule="zero-bubble"),
