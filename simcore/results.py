@@ -25,8 +25,8 @@ GIB = 1024**3
 #: Streams of a rank. "compute" runs kernels; "wait" holds idle time whose cause the
 #: simulator knows (a CPU host's pipeline receive hand-over), counted as bubble; the others
 #: carry communication or copies.
-STREAMS = ("compute", "tp", "cp", "ep", "pp", "dp", "copy", "wait")
-COMM_STREAMS = ("tp", "cp", "ep", "pp", "dp")
+STREAMS = ("compute", "tp", "cp", "ep", "pp", "dp", "dp_shard", "dp_replicate", "copy", "wait")
+COMM_STREAMS = ("tp", "cp", "ep", "pp", "dp", "dp_shard", "dp_replicate")   # dp_*: hybrid sharding's groups
 
 #: Kinds of span. backward_input / backward_weight are the zero-bubble split of backward.
 KINDS = ("forward", "backward", "backward_input", "backward_weight", "recompute", "optimizer",
