@@ -75,7 +75,7 @@ def layout_differences(plan, layout: dict) -> list[str]:
     par, tr = plan.parallel, plan.training
     mine = {"tp": par.tp, "pp": par.pp, "cp": par.cp, "ep": par.ep, "dp": par.dp, "vpp": par.vpp,
             "micro_batch": tr.micro_batch, "global_batch": tr.global_batch, "seq_len": plan.model.seq_len,
-            "layers": plan.model.layers, "gpus": par.gpus}
+            "layers": plan.model.layers, "gpus": par.gpus, "dp_replicate": par.dp_replicate}
     return [f"{field}: log {value}, plan {mine[field]}" for field, value in layout.items()
             if field in mine and value != mine[field]]
 

@@ -39,5 +39,8 @@ def mesh_layout(text: str) -> dict:
     dims = {k.strip(): int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", text)}
     out = {f: dims[f] for f in ("pp", "cp", "tp", "ep") if f in dims}
     if "dp_replicate" in dims or "dp_shard" in dims:
-        out["dp"] = max(dims.get("dp_replicate", 1), 1) * max(dims.get("dp_shard", 1), 1)
+        replicate, shard = max(dims.get("dp_replicate", 1), 1), max(dims.get("dp_shard", 1), 1)
+        out["dp"] = replicate * shard
+        if replicate > 1 and shard > 1:   # HSDP, as the importer reads it (replicate alone is DDP)
+            out["dp_replicate"] = replicate
     return out

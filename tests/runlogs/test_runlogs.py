@@ -59,6 +59,17 @@ def test_torchtitan_colour_codes_stripped(tmp_path):
 def test_torchtitan_mesh_line():
     assert mesh_layout("pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=2, ep=1, etp=1") == \
         {"pp": 1, "cp": 1, "tp": 2, "ep": 1, "dp": 8}
+    # HSDP: the replicas are kept, so that compare checks them against the Plan's dp_replicate
+    assert mesh_layout("pp=1, dp_replicate=2, dp_shard=4, cp=1, tp=1, ep=1, etp=1")["dp_replicate"] == 2
+    assert "dp_replicate" not in mesh_layout("pp=1, dp_replicate=8, dp_shard=1, cp=1, tp=1")   # DDP
+
+
+def test_compare_names_a_replica_count_the_plan_lacks():
+    from simcore.plan.load import plan_from_dict
+    from trainplan.commands_compare import layout_differences
+    plan = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                           "parallel": {"dp": 8, "zero": 3}, "training": {"global_batch": 8, "micro_batch": 1}})
+    assert layout_differences(plan, {"dp": 8, "dp_replicate": 2}) == ["dp_replicate: log 2, plan 1"]
 
 
 def test_deepspeed_timer_and_megatron_deepspeed():
