@@ -169,9 +169,9 @@ def _planning_commands(sub) -> None:
                    help="rank no layout that offloads activations to host memory (for stacks without it)")
     p.add_argument("--min-headroom", type=float, default=0.0, metavar="GIB",
                    help="rank only layouts that leave this much GPU memory (default 0: every layout that fits)")
-    p.add_argument("--precision", metavar="P,Q",
-                   help="training precisions to search, e.g. bf16,fp8 (fp8, mxfp8, nvfp4 where the GPU has them), "
-                        "or 'all' (default: bf16)")
+    p.add_argument("--precision", metavar="P,Q", help="training precisions to search, e.g. bf16,fp8 (fp8, mxfp8, "
+                   "nvfp4 where the GPU has them), or 'all' (default: bf16)")
+    p.add_argument("--hybrid", action="store_true", help="also rank hybrid sharding (parallel.dp_replicate)")
     p.add_argument("--out", type=Path, help="where to write the best Plan (default: NAME.yaml)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=jobs.cmd_plan)

@@ -114,7 +114,7 @@ def cmd_plan(args) -> None:
                  allow_fewer_gpus=args.allow_fewer_gpus, min_headroom_gib=args.min_headroom,
                  activation_offload=args.activation_offload, stack=args.stack,
                  refuses=_executor_refuses() if args.stack == "executor" else None,
-                 precisions=_csv(args.precision, "--precision"))
+                 precisions=_csv(args.precision, "--precision"), hybrid=getattr(args, "hybrid", False))
     out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:

@@ -323,6 +323,7 @@ def _row(lay: Layout, res, fit: str, name: str = "") -> dict:
             "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute.value, "offload": lay.offload.value,
             "activation_offload": lay.activation_offload, "autocast": lay.autocast, "split": lay.split,
             "expert_tp": lay.expert_tp, "recompute_layers": lay.recompute_layers, "precision": lay.precision,
+            "dp_replicate": lay.dp_replicate,
             "fp8_recipe": lay.fp8_recipe,
             "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
             "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,

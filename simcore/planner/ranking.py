@@ -82,7 +82,8 @@ def explain_ranking(df: pd.DataFrame, tally, explain: int = 5) -> list[str]:
     out = [tally_sentence(tally), _best_line(best)]
     shown = set(range(1, min(len(df), explain + 1)))
     out += [f"#{i + 1} {why_slower(df.iloc[i], best)}" for i in sorted(shown)]
-    for axis in ("tp", "pp", "cp"):
+    hybrid = "dp_replicate" in df and (df["dp_replicate"] > 1).any()   # a search with hybrid sharding
+    for axis in ("tp", "pp", "cp") + (("dp_replicate",) if hybrid else ()):
         for value, idx in df.groupby(axis).head(1).set_index(axis)["rank"].items() if "rank" in df else ():
             i = int(idx) - 1
             if i > 0 and i not in shown:

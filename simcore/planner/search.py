@@ -139,7 +139,7 @@ def _layout_of(row) -> Layout:
                   activation_offload=int(row.get("activation_offload", 0)), autocast=bool(row.get("autocast", False)),
                   split=str(row.get("split", "even")), expert_tp=int(row.get("expert_tp", 0)),
                   recompute_layers=int(row.get("recompute_layers", 0)), precision=str(row.get("precision", "")),
-                  fp8_recipe=str(row.get("fp8_recipe", "")))
+                  fp8_recipe=str(row.get("fp8_recipe", "")), dp_replicate=int(row.get("dp_replicate", 1)))
 
 
 #: The most layouts the event engine re-simulates in one search: each takes it up to a few
@@ -193,7 +193,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
            space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = True,
            explain: int = 5, min_headroom_gib: float = 0.0, activation_offload: bool = True,
            stack: str | None = None, refuses=None, parallel: dict | None = None,
-           precisions: list[str] | None = None) -> SearchResult:
+           precisions: list[str] | None = None, hybrid: bool = False) -> SearchResult:
     """Every valid layout of ``model`` on the cluster, ranked by ``objective`` (time | cost
     | pareto); the top ``top_k`` re-simulated on the event engine (0: none). With
     ``min_headroom_gib`` only layouts that leave that much GPU memory are ranked; without
@@ -202,7 +202,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     why a layout cannot run instead); ``parallel`` holds the stack's switches each layout takes
     where it can (``space.SWITCHES``); pipelines of every depth unless ``uneven_pp`` is False
     (then only those whose stages divide the layers); ``precisions`` the training precisions to
-    search (``['all']``: every one the GPU has a peak for; default: the base plan's)."""
+    search (``['all']``: every one the GPU has a peak for; default: the base plan's); ``hybrid``
+    also hybrid sharding, the shard group one NVLink domain (``SearchSpace.hybrid``)."""
     from simcore.planner.formatting import hbm_gib
     from simcore.planner.headroom import headroom_note, keep_roomy, recommended_first
 
@@ -225,6 +226,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         space = replace(space, precision=precision_axis(precisions, base.cluster.node.gpu))
     if not activation_offload:
         space = replace(space, activation_offload=(False,))
+    if hybrid:
+        space = replace(space, hybrid=(False, True))
     from simcore.planner.stacks import stack_base, stack_space
 
     space, base = stack_space(space, stack), stack_base(base, stack)

@@ -87,6 +87,10 @@ class SearchSpace:
     fit, also the fewest layers whose activations, offloaded to host memory, make it fit
     without recomputing (``training.activation_offload``, below the model's layers as
     Megatron-Core requires); a what-if sweep pins ``[false]`` to leave it out."""
+    hybrid: tuple[bool, ...] = (False,)
+    """With True among them: each ZeRO layout whose data-parallel ranks span NVLink domains also
+    with hybrid sharding, the shard group one domain (``parallel.dp_replicate``: FSDP2's 2-D mesh,
+    Megatron's optimizer instances); off by default, as the stacks' recipes leave it."""
     ddp_autocast: bool = False
     """A stack that runs its bf16 DDP and one-device layouts (no TP, PP, CP or EP) under
     torch.autocast over fp32 parameters (torchtitan: ``mixed_precision_param``): those layouts
@@ -122,6 +126,8 @@ class Layout:
     """The training precision where it is not the base plan's (``SearchSpace.precision``)."""
     fp8_recipe: str = ""
     """With ``precision`` fp8: its scaling where it is not the base plan's (``SearchSpace.fp8_recipe``)."""
+    dp_replicate: int = 1
+    """Hybrid sharding's replicas (``parallel.dp_replicate``; ``SearchSpace.hybrid``)."""
 
     def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
@@ -137,7 +143,7 @@ class Layout:
         par = evolve(base.parallel, tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
                       vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
                       sequence_parallel=self.sequence_parallel, zero_impl=impl, tp_comm_overlap=tp_overlap,
-                      overlap_param_gather=param_gather, expert_tp=self.expert_tp)
+                      overlap_param_gather=param_gather, expert_tp=self.expert_tp, dp_replicate=self.dp_replicate)
         block = {"recompute_layers": self.recompute_layers, "recompute_method": RecomputeMethod.BLOCK} \
             if self.recompute_layers else {}
         if self.precision:
@@ -161,7 +167,8 @@ class Layout:
                 + (f"-off:{self.offload.value}" if self.offload != Offload.NONE else "")
                 + (f"-aoff:{self.activation_offload}" if self.activation_offload else "")
                 + ("-amp" if self.autocast else "") + (f"-split:{self.split}" if self.split != "even" else "")
-                + (f"-etp{self.expert_tp}" if self.expert_tp else "") + (f"-{self.precision}" if self.precision else ""))
+                + (f"-etp{self.expert_tp}" if self.expert_tp else "") + (f"-{self.precision}" if self.precision else "")
+                + (f"-hsdp{self.dp_replicate}" if self.dp_replicate > 1 else ""))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -291,10 +298,27 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
             for prec in precisions:
                 amp = space.ddp_autocast and torchtitan_autocasts(prec or base.training.precision.value, zero, tp, pp,
                                                                   cp, ep)
-                out.append(Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
-                                  micro_batch=mb, sequence_parallel=sp, autocast=amp, split=split, expert_tp=etp,
-                                  precision=prec, fp8_recipe=space.fp8_recipe if prec == "fp8" else ""))
+                lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
+                             micro_batch=mb, sequence_parallel=sp, autocast=amp, split=split, expert_tp=etp,
+                             precision=prec, fp8_recipe=space.fp8_recipe if prec == "fp8" else "")
+                out.append(lay)
+                if True in space.hybrid and (r := hybrid_replicas(base, lay)) > 1:
+                    out.append(evolve(lay, dp_replicate=r))
     return out
+
+
+def hybrid_replicas(base: Plan, lay: Layout) -> int:
+    """Replicas of hybrid sharding whose shard group is one NVLink domain (dp_shard x cp x tp of
+    its GPUs); 1 where the layout cannot take it (no ZeRO, DeepSpeed's, experts, a group inside
+    one domain already, or no whole number of shards)."""
+    domain = base.cluster.nvlink_domain
+    if lay.zero == ZeroStage.NONE or lay.ep > 1 or base.parallel.zero_impl != ZeroImpl.FSDP2 \
+            or domain % (lay.tp * lay.cp):
+        return 1
+    shard = domain // (lay.tp * lay.cp)
+    if lay.dp % shard or shard * lay.cp < 2:
+        return 1
+    return lay.dp // shard
 
 
 #: The ``parallel`` fields a search takes from its caller as the stack's switches (``base_plan``),

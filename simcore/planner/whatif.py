@@ -45,7 +45,7 @@ _FIGURES = {
 _SPACE_PARSERS = {"tp": int, "pp": int, "cp": int, "ep": int, "vpp": int, "micro_batch": int,
                   "precision": lambda v: "all" if v == "all" else Precision.parse(v, "space.precision").value,
                   "zero": lambda v: ZeroStage(int(v)), "schedule": Schedule, "recompute": Recompute,
-                  "offload": Offload, "sequence_parallel": bool, "activation_offload": bool}
+                  "offload": Offload, "sequence_parallel": bool, "activation_offload": bool, "hybrid": bool}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
