@@ -88,7 +88,7 @@ def interval_coverage(out: pd.DataFrame, column: str = "loso_s", level: float = 
             for i, r in rows.iterrows():
                 x = u.residual(r[column], r["measured_s"])
                 recs.append({"kind": kind, "covered": _inside(x, own.get(r["class"])),
-                             "one_out": _inside(x, _bounds_without(g, i, r["class"], level, column)),
+                             "one_out": _inside(x, _bounds_without(g, i, level, column)),
                              "held_out": _inside(x, held.get(r["class"]))})
     d = pd.DataFrame(recs).groupby("kind").agg(rows=("covered", "size"), covered=("covered", "mean"),
                                                one_out=("one_out", "mean"), held_out=("held_out", "mean"))
@@ -97,13 +97,12 @@ def interval_coverage(out: pd.DataFrame, column: str = "loso_s", level: float = 
     return d.assign(target=["-" if n < COVERAGE_MIN_ROWS else ("met" if o else "MISSED") for n, o in zip(d.rows, ok)])
 
 
-def _bounds_without(g: pd.DataFrame, i, cls: str, level: float, column: str):
-    """The bounds ``uncertainty.pick_residuals`` would give row ``i``'s class without row ``i``."""
+def _bounds_without(g: pd.DataFrame, i, level: float, column: str):
+    """The bounds ``uncertainty.pick_residuals`` would give row ``i`` without it: its kind's
+    residuals, the classes pooled (``pooled_classes``)."""
     rest = g.drop(i)
     rs = [u.residual(p, m) for p, m in zip(rest[column], rest.measured_s)]
-    own = [x for x, c in zip(rs, rest["class"]) if c == cls]
-    pick = own if len(own) >= u.MIN_CLASS_N else rs
-    return u.log_bounds(pick, level) if len(pick) >= 2 else None
+    return u.log_bounds(rs, level) if len(rs) >= 2 else None
 
 
 def _bounds(g: pd.DataFrame, level: float, classes, column: str = "loso_s") -> dict:
@@ -112,7 +111,7 @@ def _bounds(g: pd.DataFrame, level: float, classes, column: str = "loso_s") -> d
     if g.empty:
         return {}
     kind = g.kind.iloc[0]
-    tables = {kind: {"residuals": residual_tables(g, column)[kind]}}
+    tables = {kind: {"residuals": residual_tables(g, column)[kind], "pooled_classes": True}}
     out = {}
     for cls in classes:
         picked = u.pick_residuals(tables, kind, cls, "step_time_s")

@@ -361,7 +361,7 @@ def write_residuals(out: pd.DataFrame) -> None:
                    f"source predicted with the catalog's FITTED figures refitted without it (bench/fit.py, "
                    f"validation/fits.yaml; commit {commit})",
             "residual": "ln(measured / predicted), leave-one-source-out",
-            "covers": covers[kind]})
+            "covers": covers[kind]}, pooled_classes=True)
     header = ("# Residuals ln(measured/predicted) per hardware kind and layout class, written by the benches\n"
               "# (bench/validate_local.py, bench/validate_published.py --write-residuals);\n"
               "# simcore/planner/uncertainty.py turns them into prediction intervals.\n")
