@@ -209,7 +209,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def derive_space(base: Plan, *, uneven_pp: bool = True, max_tp: int | None = None) -> SearchSpace:
-    """tp: divisors of heads, KV heads and FFN width up to the GPUs of an NVLink domain (a
+    """tp: divisors of heads, KV heads and FFN width up to the GPUs of two NVLink domains (a
     node, or a GB200/GB300 NVL72 rack: TP may span its trays at NVLink rate); pp: every
     count up to the layers, split as ``SPLITS`` say where the stages do not divide the layers
     (only the divisors of the layers without ``uneven_pp``); cp: powers of two dividing the
@@ -218,7 +218,9 @@ def derive_space(base: Plan, *, uneven_pp: bool = True, max_tp: int | None = Non
     keeps those dividing a replica's share)."""
     m = base.model
     g = math.gcd(m.heads, math.gcd(m.kv_heads, m.ffn_hidden))
-    limit = max_tp or base.cluster.nvlink_domain
+    # TP across two domains at most, over their NICs: the most a published run took (vTrain's
+    # GPT-18.4B at tp 16 on two DGX A100, Bang et al. 2024, vtrain_runs.csv)
+    limit = max_tp or min(2 * base.cluster.nvlink_domain, base.cluster.gpus)
     pp = tuple(range(1, m.layers + 1)) if uneven_pp else tuple(_divisors(m.layers))
     return SearchSpace(
         tp=tuple(d for d in _divisors(g) if d <= limit),
@@ -281,8 +283,11 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
     m, gb = base.model, base.training.global_batch
     out = []
     precisions = _precisions(base, space)
+    domain = base.cluster.nvlink_domain
     for tp, pp, cp in product(space.tp, space.pp, space.cp):
-        if gpus % (tp * pp * cp):
+        # TP over the NICs only without a pipeline or CP: those cut the same memory with traffic
+        # that crosses the NICs once a micro-batch (p2p) or overlaps (the ring), not a layer's collectives
+        if gpus % (tp * pp * cp) or tp > domain and (pp > 1 or cp > 1):
             continue
         dp = gpus // (tp * pp * cp)
         eps = [(e, 0) for e in space.ep if (dp * cp) % e == 0]

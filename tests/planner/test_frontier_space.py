@@ -85,6 +85,16 @@ def test_the_planner_is_at_least_as_good_as_metas_layout():
     assert best["pp"] > 2 and best["fits"]
 
 
+def test_tp_across_two_nodes_without_a_pipeline_is_in_the_space():
+    """vTrain's GPT-18.4B ran tp 16 over two DGX A100 (vtrain_runs.csv): TP over the NICs is
+    searched up to two NVLink domains, where no pipeline or context parallel cuts the memory."""
+    base = base_plan("gpt-18b", {"node": "dgx-a100-80gb", "nodes": 32, "fabric": "ib-hdr"}, 1024)
+    space = derive_space(base)
+    assert 16 in space.tp and 32 not in space.tp
+    wide = [f for f in families(base, space, 256) if f.tp == 16]
+    assert wide and all(f.pp == 1 and f.cp == 1 for f in wide)
+
+
 def test_micro_batch_pruning_loses_nothing():
     """A family that fits at no setting at one micro-batch is skipped at larger ones: the same rows
     as evaluating every family."""

@@ -33,13 +33,14 @@ def small_space(base):
 def test_derive_space_follows_divisibility():
     base = base_plan("gpt3-175b", {"node": "dgx-a100-80gb", "nodes": 192}, 1536)
     sp = derive_space(base)
-    assert sp.tp == (1, 2, 3, 4, 6, 8)                 # divisors of 96 heads up to 8 GPUs per node
+    assert sp.tp == (1, 2, 3, 4, 6, 8, 12, 16)         # divisors of 96 heads up to two 8-GPU nodes
     assert sp.pp == tuple(range(1, 97))                  # every depth: the stages need not divide the layers
     assert derive_space(base, uneven_pp=False).pp == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96)
     assert sp.cp == (1, 2, 4, 8, 16, 32, 64, 128)
     assert sp.micro_batch == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)   # divisors of 1536, to 32 sequences
     for f in families(base, sp, base.cluster.gpus)[::97]:
         assert f.tp * f.pp * f.dp * f.cp == 1536 and 1536 % (f.dp * f.micro_batch) == 0
+        assert f.tp <= 8 or f.pp == f.cp == 1                # TP over the NICs only without PP or CP
 
 
 def test_every_result_obeys_the_rules_and_fits(small):
