@@ -102,6 +102,10 @@ def _serving_commands(sub) -> None:
     p.add_argument("--trace", type=Path, metavar="JSON", help="write the iterations as a Chrome trace")
     p.add_argument("--plot", type=Path, metavar="PNG", help="draw the KV cache, the decoding requests and the "
                                                              "latency distributions (format from the suffix)")
+    p.add_argument("--run", action="store_true", help="also serve the traffic for real on this host's serving loop "
+                   "(hardware: {node: localhost}, TP 1, fp32) and print the measured figures beside the predicted")
+    p.add_argument("--calibrate", action="store_true", help="first measure the serving loop's costs for the plan's "
+                   "model on this host (kept beside the host's profile; --run does it where none are kept)")
     p.set_defaults(func=serve.cmd_serve)
 
     p = sub.add_parser("serve-plan", help="the cheapest GPU kind, TP x replicas and precision that serves a rate "

@@ -1,5 +1,7 @@
 """serve: a serving plan's traffic on its replicas through the event engine; latency percentiles,
-throughput, KV-cache occupancy, goodput under the plan's SLO. serve-plan: the cheapest GPU kind,
+throughput, KV-cache occupancy, goodput under the plan's SLO; with --run, the same traffic on this
+host's serving loop, measured beside the prediction (--calibrate: the loop's costs on this host for
+the plan's model first; ``trainplan.serving_run``). serve-plan: the cheapest GPU kind,
 TP x replicas and precision that serves a rate within the SLO, and each option's frontier."""
 from __future__ import annotations
 
@@ -25,15 +27,54 @@ def _ms(xs) -> str:
     return "  ".join(f"{x * 1e3:9.1f}" for x in xs)
 
 
+def _serving_host(args, plan):
+    """This host's serving-loop figures for the plan's model (measured first where --calibrate asks,
+    or --run needs them and none are kept); a note where a localhost plan is predicted without them."""
+    from trainplan.serving_run import calibrate_serving, check_runnable, host_costs_for, serving_calibration_path
+
+    if args.run or args.calibrate:
+        check_runnable(plan)
+    host = host_costs_for(plan)
+    if args.calibrate or (args.run and host is None):
+        print(f"trainplan: measuring the serving loop's costs for {plan.model.name} on this host", file=sys.stderr)
+        host, path = calibrate_serving(plan)
+        print(f"trainplan: wrote {path}", file=sys.stderr)
+    elif host is None and plan.cluster.node.name == "localhost":
+        print(f"trainplan: note: {serving_calibration_path()} has no serving-loop figures for this model: the "
+              "prediction is the profile's roofline alone (trainplan serve PLAN --calibrate measures them)", file=sys.stderr)
+    return host
+
+
+def _print_measured(r, m) -> None:
+    """The loop's measured figures beside the prediction's, with the error of each."""
+    print("\nmeasured on this host's serving loop (executors/serving_loop.py) beside the prediction:")
+    print(f"{'':24}{'predicted':>11}  {'measured':>11}  {'error':>7}")
+    rows = [("TTFT p50 (ms)", r.ttft[0] * 1e3, m.ttft[0] * 1e3), ("TTFT p90 (ms)", r.ttft[1] * 1e3, m.ttft[1] * 1e3),
+            ("TPOT p50 (ms)", r.tpot[0] * 1e3, m.tpot[0] * 1e3), ("TPOT p90 (ms)", r.tpot[1] * 1e3, m.tpot[1] * 1e3),
+            ("end-to-end p50 (ms)", r.e2e[0] * 1e3, m.e2e[0] * 1e3), ("output tok/s", r.output_tok_s, m.output_tok_s),
+            ("makespan (s)", r.makespan_s, m.makespan_s), ("iterations", r.iterations, m.iterations),
+            ("preemptions", r.preemptions, m.preemptions)]
+    for name, p, x in rows:
+        err = f"{p / x - 1:+7.1%}" if x else "      -"
+        form = ",d" if isinstance(p, int) else ",.2f"
+        print(f"{name:24}{p:>11{form}}  {x:>11{form}}  {err}")
+
+
 def cmd_serve(args) -> None:
     plan = load_serving_plan(args.plan)
-    rc = replica_cost(plan)
+    rc = replica_cost(plan, host=_serving_host(args, plan))
     timeline = ServingTimeline() if (args.trace or args.plot) else None
     r = simulate_serving(plan, rc, timeline=timeline)
+    measured = None
+    if args.run:
+        from trainplan.serving_run import run_serving
+
+        measured, _ = run_serving(plan)
     if timeline is not None:
         _write_pictures(args, plan, timeline)
     if args.json:
-        print(json.dumps({"plan": plan.name, **asdict(r)}, indent=2))
+        print(json.dumps({"plan": plan.name, **asdict(r), **({"measured": asdict(measured)} if measured else {})},
+                         indent=2))
         return
     t = plan.traffic
     load = {Arrival.POISSON: f"{t.rate:g} req/s Poisson", Arrival.OFFLINE: "offline (all at t=0)",
@@ -66,6 +107,8 @@ def cmd_serve(args) -> None:
         p = plan.slo.percentile
         print(f"SLO {plan.slo.describe()}: {'holds' if r.slo_met else 'MISSED'} (p{p:g} TTFT {r.slo_ttft_s * 1e3:.1f} ms, "
               f"p{p:g} TPOT {r.slo_tpot_s * 1e3:.2f} ms); goodput {r.goodput_req_s:.2f} of {r.req_s:.2f} req/s")
+    if measured is not None:
+        _print_measured(r, measured)
 
 
 def _search_inputs(args):

@@ -30,7 +30,8 @@ COMMANDS = {
     "memory": ("How many bytes does each GPU hold, term by term, and does the Plan fit?",
                "trainplan memory plans/llama3-70b-h100.yaml"),
     "serve": ("How fast does this serving plan answer its traffic: time to first token, time per output token and "
-              "end-to-end latency percentiles, throughput, KV-cache occupancy (continuous batching, paged KV cache)?",
+              "end-to-end latency percentiles, throughput, KV-cache occupancy (continuous batching, paged KV cache)? "
+              "With --run (a localhost plan), what does this host's serving loop measure beside it?",
               "trainplan serve plans/serving/llama3-8b-h100-tp1.yaml"),
     "serve-plan": ("Which GPU kind, how many (TP degree x replicas) and which precision serve this traffic rate within "
                    "the TTFT and TPOT targets most cheaply, at what $ per million output tokens (rent on-demand, "

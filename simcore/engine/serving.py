@@ -224,7 +224,8 @@ class _Replica:
         tokens, pairs, kv_read, chunks = self._schedule()
         n_dec, sum_ctx = self.n_dec, self.sum_ctx        # after any preemption
         rows = n_dec + sum(1 for e, c, _ in chunks if e[1] + c >= e[2])
-        dt = iteration_s(self.rc, tokens + n_dec, pairs + sum_ctx + n_dec, kv_read + sum_ctx, rows)
+        dt = iteration_s(self.rc, tokens + n_dec, pairs + sum_ctx + n_dec, kv_read + sum_ctx, rows,
+                         chunks=len(chunks), decodes=n_dec, idle_s=now - self.end)
         if dt <= 0:
             raise PlanError("an iteration scheduled no work: the KV cache cannot hold one request")
         total = self.rc.kv_blocks
@@ -304,6 +305,7 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloS
     log = timeline.iterations if timeline is not None else None
     reps = [_Replica(rc, plan, k, log) for k in range(plan.replicas)]
     prompt, output = request_lengths(plan)
+    _check_fits(plan, rc, prompt, output)
     req = _Requests(prompt, output)
     for rep in reps:
         rep.attach(req)
@@ -312,6 +314,16 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloS
         timeline.arrivals, timeline.first, timeline.finish, timeline.kv_blocks = arrivals, req.first, req.finish, rc.kv_blocks
         timeline.output = output
     return measure(reps, arrivals, req.first, req.finish, prompt, output, rc.kv_blocks, slo)
+
+
+def _check_fits(plan: ServingPlan, rc: ReplicaCost, prompt: np.ndarray, output: np.ndarray) -> None:
+    """Refuse a request whose whole context cannot sit in a replica's KV cache (vLLM checks the
+    longest context against the cache at start-up); it would be preempted and re-admitted forever.
+    Its KV holds its prompt and outputs but the last (under a reserving policy: all of them)."""
+    longest = int((prompt + output).max()) - (plan.scheduler.capacity_policy == CapacityPolicy.ON_DEMAND)
+    if _ceil_div(longest, rc.block_size) > rc.kv_blocks:
+        raise PlanError(f"a request of {longest} tokens needs more KV blocks than a replica's {rc.kv_blocks} "
+                        f"(kv_cache.block_size={rc.block_size}); use more GPUs per replica")
 
 
 def kv_transfer_s(plan: ServingPlan, prefill: ServingPlan, prompt: np.ndarray) -> np.ndarray:

@@ -24,7 +24,10 @@ projection and after the MLP, Megatron's layout: Shoeybi et al. 2019, Sec. 3). I
 No fixed host or scheduler overhead per iteration is added: the catalog's ``kernel_overhead_us``
 and ``host_overhead_us`` are eager-PyTorch training figures, and no cited source gives a serving
 engine's per-iteration overhead (the engines run CUDA graphs). The same holds for the
-sampler and for the embedding gather (small).
+sampler and for the embedding gather (small). The exception is a CPU host calibrated for trainplan's
+serving loop (``trainplan serve PLAN --calibrate``), whose figures the caller passes to
+``replica_cost``: there the GEMMs take their times measured at the model's shapes, attention and
+the KV bytes the roofline's, and the loop's own measured costs are added (``simcore.serving.host``).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from simcore.model import workload as wl
 from simcore.model.collectives import all_reduce_s, group_net
 from simcore.model.compute import DeviceModel, device_model
 from simcore.model.params import kv_width, param_counts
+from simcore.serving.host import HostCosts
 from simcore.serving.spec import DTYPE_BYTES, Dtype, PlanError, ServingPlan
 
 #: Bytes of a 16-bit element (activations on the wire, the embedding and the output layer,
@@ -72,6 +76,8 @@ class ReplicaCost:
     kv_blocks: int
     """KV blocks a replica holds."""
     block_size: int
+    host: HostCosts | None = None
+    """A calibrated CPU host's serving-loop costs beyond the roofline (None elsewhere)."""
     _linear: dict = field(default_factory=dict, repr=False)
 
     def linear_s(self, tokens: int) -> float:
@@ -101,12 +107,21 @@ class ReplicaCost:
         return self.dense_read_bytes + reached * self.expert_bytes
 
 
-def iteration_s(rc: ReplicaCost, tokens: int, pairs: float, kv_read_tokens: float, rows: int) -> float:
+def iteration_s(rc: ReplicaCost, tokens: int, pairs: float, kv_read_tokens: float, rows: int,
+                chunks: int = 0, decodes: int = 0, idle_s: float = 0.0) -> float:
     """Seconds of one iteration over ``tokens`` scheduled tokens whose attention covers ``pairs``
-    query-key pairs and reads ``kv_read_tokens`` cached tokens, ``rows`` of them emitting a token."""
+    query-key pairs and reads ``kv_read_tokens`` cached tokens, ``rows`` of them emitting a token;
+    ``chunks`` prefill chunks and ``decodes`` decoding requests among them, ``idle_s`` seconds after
+    the replica's last iteration ended (the serving-calibrated host's terms)."""
     if tokens <= 0:
         return 0.0
     dev = rc.dev
+    if rc.host is not None:       # a CPU host calibrated for the serving loop (simcore.serving.host)
+        h = rc.host
+        attention = pairs * rc.attn_flops_per_pair / (dev.peak_flops * dev.attention_forward)
+        kv = (kv_read_tokens + tokens) * rc.kv_bytes_per_token / (dev.hbm_bytes_per_s * dev.memory_efficiency)
+        return (h.gemm_s(rc.layers, tokens, rows) + attention + kv
+                + h.seconds(tokens - decodes, chunks, decodes, kv_read_tokens) + h.wake_s(idle_s))
     logits = rows * rc.logits_flops_per_row
     compute = (rc.linear_s(tokens) + logits / (dev.peak_flops * dev.matmul.at(logits))
                + pairs * rc.attn_flops_per_pair / (dev.peak_flops * dev.attention_forward))
@@ -118,12 +133,12 @@ def iteration_s(rc: ReplicaCost, tokens: int, pairs: float, kv_read_tokens: floa
 def prefill_s(rc: ReplicaCost, prompt: int, offset: int = 0) -> float:
     """A prefill chunk of ``prompt`` tokens after ``offset`` cached ones, alone in its iteration."""
     pairs = prompt * offset + prompt * (prompt + 1) / 2
-    return iteration_s(rc, prompt, pairs, offset, 1)
+    return iteration_s(rc, prompt, pairs, offset, 1, chunks=1)
 
 
 def decode_s(rc: ReplicaCost, seqs: int, context: int) -> float:
     """A decode step of ``seqs`` requests of ``context`` tokens each."""
-    return iteration_s(rc, seqs, seqs * context, seqs * context, seqs)
+    return iteration_s(rc, seqs, seqs * context, seqs * context, seqs, decodes=seqs)
 
 
 def _gemms(plan: ServingPlan) -> tuple[tuple[float, int, bool], ...]:
@@ -146,9 +161,9 @@ def weight_bytes(plan: ServingPlan) -> tuple[float, float, float]:
     m, tp = plan.model, plan.tp
     pc = param_counts(m)
     w = weight_bytes_per_param(plan)
-    ends = (pc.embedding + pc.output) * HALF / tp
+    ends = (pc.embedding + pc.output) * act_bytes(plan) / tp
     blocks = (pc.total - pc.embedding - pc.output) * w / tp
-    head = (pc.embedding if m.tied_embeddings else pc.output) * HALF / tp
+    head = (pc.embedding if m.tied_embeddings else pc.output) * act_bytes(plan) / tp
     if not m.moe:
         return ends + blocks, blocks + head, 0.0
     moe_layers = m.layers - m.dense_count
@@ -157,13 +172,19 @@ def weight_bytes(plan: ServingPlan) -> tuple[float, float, float]:
     return ends + blocks, blocks + head - m.experts * one_expert, one_expert
 
 
+def act_bytes(plan: ServingPlan) -> float:
+    """Bytes of an activation, an embedding or output-layer weight: 16 bits, or fp32 where the plan
+    serves in fp32 (a CPU host)."""
+    return DTYPE_BYTES[Dtype.FP32] if plan.precision.activations == Dtype.FP32 else HALF
+
+
 def activation_bytes(plan: ServingPlan) -> float:
     """The activation workspace of the largest iteration on one GPU: vLLM sizes its KV cache after a
     profiling forward of ``max_num_batched_tokens`` (``gpu_worker.determine_available_memory``);
     here its largest tensors: the MLP's intermediate, the QKV output and the fp32 logits."""
     m, s, tp = plan.model, plan.scheduler, plan.tp
     width = 2 * m.ffn_hidden / tp + m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim / tp
-    return s.max_num_batched_tokens * width * HALF + s.max_num_seqs * m.vocab / tp * 4
+    return s.max_num_batched_tokens * width * act_bytes(plan) + s.max_num_seqs * m.vocab / tp * 4
 
 
 def kv_bytes_per_token(plan: ServingPlan) -> float:
@@ -174,10 +195,11 @@ def kv_bytes_per_token(plan: ServingPlan) -> float:
     return m.layers * factor * per_rank * DTYPE_BYTES[plan.precision.kv_cache]
 
 
-def replica_cost(plan: ServingPlan) -> ReplicaCost:
-    """The replica's constants: device, GEMM shapes, bytes, KV capacity, TP group."""
+def replica_cost(plan: ServingPlan, host: HostCosts | None = None) -> ReplicaCost:
+    """The replica's constants: device, GEMM shapes, bytes, KV capacity, TP group; ``host``: a
+    calibrated CPU host's serving-loop costs (``simcore.serving.host``)."""
     gpu = plan.cluster.node.gpu
-    dev = device_model(gpu, "bf16")
+    dev = device_model(gpu, "fp32" if plan.precision.activations == Dtype.FP32 else "bf16")
     fp8_peak = gpu.peak("fp8") or 0.0
     if plan.precision.activations == Dtype.FP8 and not fp8_peak:
         raise PlanError(f"precision.activations=fp8 is not supported by {gpu.name} (no fp8 peak in its catalog entry)")
@@ -198,5 +220,6 @@ def replica_cost(plan: ServingPlan) -> ReplicaCost:
         dev=dev, fp8_peak=fp8_peak, weight_bytes=held, dense_read_bytes=read, expert_bytes=expert,
         experts=m.experts, top_k=m.top_k, kv_bytes_per_token=kv_token,
         attn_flops_per_pair=4.0 * m.layers * (m.heads // plan.tp) * m.head_dim,
-        all_reduce_bytes_per_token=m.hidden * HALF,
-        net=group_net(plan.cluster, dev, plan.tp, 1), kv_blocks=blocks, block_size=plan.kv_cache.block_size)
+        all_reduce_bytes_per_token=m.hidden * act_bytes(plan),
+        net=group_net(plan.cluster, dev, plan.tp, 1), kv_blocks=blocks, block_size=plan.kv_cache.block_size,
+        host=host)

@@ -51,8 +51,9 @@ def _model_doc(value, longest: int) -> object:
 def _precision(doc: dict) -> PrecisionSpec:
     d = _section(doc, "precision", {"weights", "activations", "kv_cache", "group_size"})
     weights = Dtype.parse(_str(d, "weights", "precision", "bf16"), "precision.weights")
-    acts = Dtype.parse(_str(d, "activations", "precision",
-                            weights.value if weights in (Dtype.BF16, Dtype.FP16) else "bf16"), "precision.activations")
+    unquantized = (Dtype.BF16, Dtype.FP16, Dtype.FP32)      # activations default to the weights' format
+    acts = Dtype.parse(_str(d, "activations", "precision", weights.value if weights in unquantized else "bf16"),
+                       "precision.activations")
     kv = Dtype.parse(_str(d, "kv_cache", "precision", "bf16"), "precision.kv_cache")
     return PrecisionSpec(weights=weights, activations=acts, kv_cache=kv,
                          group_size=_int(d, "group_size", "precision", 128))
@@ -131,7 +132,8 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
                         prefill_replicas=_int(dis, "prefill_replicas", "disaggregation", 1)) if dis is not None else None
     gpus = tp * replicas + (disagg.prefill_tp * disagg.prefill_replicas if disagg else 0)
     if "nodes" not in hw and hw["node"] in cat.nodes:
-        hw["nodes"] = max(1, math.ceil(gpus / int(cat.nodes[hw["node"]].get("gpus_per_node", 8))))
+        per_node = cat.nodes[hw["node"]].get("gpus_per_node", 8)    # None: localhost, sized by its profile
+        hw["nodes"] = max(1, math.ceil(gpus / int(per_node))) if per_node else 1
     try:
         cluster = _cluster(hw, cat, base)
     except PlanError as exc:

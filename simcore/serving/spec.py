@@ -37,17 +37,19 @@ __all__ = ["Arrival", "CapacityPolicy", "DisaggSpec", "Dtype", "KvCacheSpec", "P
 
 class Dtype(_Choice):
     """Storage and GEMM formats of weights, activations and the KV cache; int8 and int4 are
-    weight-only formats (W8A16, W4A16): the GEMMs dequantize them and run in 16 bits."""
+    weight-only formats (W8A16, W4A16): the GEMMs dequantize them and run in 16 bits; fp32 is a
+    CPU host's (the serving loop's on this machine: weights, GEMMs and KV cache in fp32)."""
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
     INT8 = "int8"
     INT4 = "int4"
+    FP32 = "fp32"
 
 
 #: Bytes per element of each format (int4 before its group scales: ``PrecisionSpec.group_size``).
-DTYPE_BYTES = {Dtype.BF16: 2.0, Dtype.FP16: 2.0, Dtype.FP8: 1.0, Dtype.INT8: 1.0, Dtype.INT4: 0.5}
+DTYPE_BYTES = {Dtype.FP32: 4.0, Dtype.BF16: 2.0, Dtype.FP16: 2.0, Dtype.FP8: 1.0, Dtype.INT8: 1.0, Dtype.INT4: 0.5}
 #: Weight-only formats.
 WEIGHT_ONLY = (Dtype.INT8, Dtype.INT4)
 
@@ -270,6 +272,9 @@ def _check_precision(plan: ServingPlan) -> None:
             if width % pr.group_size:
                 raise PlanError(f"precision.group_size={pr.group_size} does not divide {what} = {width} (an int4 "
                                 "layer's input channels come in whole groups: vLLM's AWQ and GPTQ loaders refuse it)")
+    if (pr.weights == Dtype.FP32) != (pr.activations == Dtype.FP32):
+        raise PlanError(f"precision.weights={pr.weights} with precision.activations={pr.activations}: fp32 "
+                        "serving takes both in fp32")
     if pr.activations == Dtype.FP8 and pr.weights != Dtype.FP8:
         raise PlanError("precision.activations=fp8 needs precision.weights=fp8 (an FP8 GEMM takes both inputs in FP8)")
 

@@ -71,7 +71,7 @@ def test_offline_throughput_is_the_closed_form_in_a_steady_state():
 @pytest.mark.parametrize("edit, sentence", [
     ({"parallel": {"tp": 3}}, "parallel.tp=3 does not divide model.heads=32"),
     ({"scheduler": {"max_num_seqs": 0}}, "scheduler.max_num_seqs=0 must be at least 1"),
-    ({"precision": {"kv_cache": "int3"}}, "precision.kv_cache='int3' is not one of: bf16, fp16, fp8, int8, int4"),
+    ({"precision": {"kv_cache": "int3"}}, "precision.kv_cache='int3' is not one of: bf16, fp16, fp8, int8, int4, fp32"),
     ({"traffic": {"arrival": "poisson", "rate": 0}}, "traffic.rate=0 must be positive"),
 ])
 def test_a_bad_field_is_one_sentence(edit, sentence):
