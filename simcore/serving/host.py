@@ -3,7 +3,7 @@
 On a GPU the engines run CUDA graphs and the roofline is the iteration (``cost``'s docstring). On
 a CPU host the eager loop's own work shows, and GEMMs of a few rows (the decoding requests') run
 far below the FLOP-indexed matmul curve of the host's profile. So on a host calibrated for serving
-(``trainplan calibrate --serving PLAN``) an iteration is
+(``trainplan serve PLAN --calibrate``) an iteration is
 
     layers x one layer's linear GEMMs at its tokens + the output layer at its emitting rows
     + attention (the profile's roofline) + KV bytes read and written (the profile's bandwidth)
@@ -15,7 +15,7 @@ The GEMM times are measured at the model's own shapes (``executors.calibrate.ser
 .bench_linear``: its layer's linear modules at 1 to 512 rows, its output layer likewise),
 interpolated between the measured row counts. The last four terms are the loop's own costs
 (the scheduler and the batch's index tensors in Python, one dispatch per op, the norms and
-elementwise ops): ``trainplan calibrate --serving`` runs the loop on the plan's model over probe
+elementwise ops): ``trainplan serve PLAN --calibrate`` runs the loop on the plan's model over probe
 workloads of its own (offline, fixed shapes, none of them a validation cell:
 ``serving_probes.bench_serving_loop``), and ``fit_host`` fits them by least squares to the
 residual (measured iteration - the terms above), over the probe iterations grouped by their
@@ -124,7 +124,7 @@ def fit_host(tables: HostCosts, rows: list[tuple[float, float, tuple]]) -> tuple
 
 def calibration_entry(costs: HostCosts, groups: dict, probe: str, host: str, date: str) -> dict:
     """One model's entry of the serving calibration file, with its source and probe groups."""
-    source = (f"measured by trainplan calibrate --serving on {host}, {date}; GEMMs: the model's linear "
+    source = (f"measured by trainplan serve --calibrate on {host}, {date}; GEMMs: the model's linear "
               f"modules timed alone at each row count; loop terms: {probe}; least squares of (loop iteration "
               "- simcore.serving.cost.iteration_s without them) over the probe compositions' median residuals")
     out: dict = {t: round(v * 1e6, 3) for t, v in zip(TERMS, costs.terms())}
