@@ -109,17 +109,19 @@ def group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -
 group_net.cache_clear = _NETS.clear   # as functools' caches answer (tests clear them all)
 
 
-def replica_net(plan: Plan, dev: DeviceModel) -> GroupNet | None:
-    """The group of one shard's replicas under hybrid sharding (``parallel.dp_replicate``), None
-    without: as torch's mesh (pp, dp_replicate, dp_shard, cp, tp) places them, the shard group's
-    ranks contiguous after TP's and the replicas that far apart. FSDP2 all-reduces each reduce-
-    scattered shard over it (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+def replica_all_reduce_s(plan: Plan, dev: DeviceModel, scattered_bytes: float) -> float:
+    """Seconds of the all-reduce that follows a reduce-scatter of ``scattered_bytes`` under hybrid
+    sharding (``parallel.dp_replicate``; 0 without): its shard, 1 / ``shard_ranks`` of them, over the
+    shard's replicas, placed as torch's mesh (pp, dp_replicate, dp_shard, cp, tp) places them (the
+    shard group's ranks contiguous after TP's, the replicas that far apart). FSDP2 all-reduces each
+    reduce-scattered shard so (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
     ``foreach_reduce``: ``all_reduce_group``, torch 2.13); Megatron-LM's distributed optimizer
     instances the same after their reduce-scatter (``--num-distributed-optimizer-instances``)."""
     par = plan.parallel
     if par.dp_replicate == 1:
-        return None
-    return group_net(plan.cluster, dev, par.dp_replicate, par.tp * par.shard_ranks)
+        return 0.0
+    net = group_net(plan.cluster, dev, par.dp_replicate, par.tp * par.shard_ranks)
+    return all_reduce_s(scattered_bytes / par.shard_ranks, net)
 
 
 def _group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -> GroupNet:

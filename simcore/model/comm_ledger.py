@@ -23,6 +23,7 @@ from simcore.model import memory as mem
 from simcore.model import moe_layers as ml
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
+from simcore.model.layout_calls import grad_axis
 from simcore.model.schedules import Op, add_communication, build_schedule
 from simcore.plan.spec import CpComm, MoeDispatcher, Plan, Recompute, ZeroImpl, ZeroStage
 
@@ -108,7 +109,7 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
     out: Counter = Counter()
     if nd == 1:
         return out
-    axis = "cp" if par.dp == 1 else "dp_shard" if par.dp_replicate > 1 else "dp"
+    axis = grad_axis(plan)   # dp, cp where dp is 1; the shard group under hybrid sharding
     sp = mem.stage_params(plan)[pp_rank]
     wb, gb = mem.param_bytes(tr), coll.grad_wire_bytes(plan)
     # the experts' gradients over the expert data-parallel ranks (the executor's group name: dp), if several

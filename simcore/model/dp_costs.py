@@ -60,8 +60,8 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     out["root_ag"], out["root_rs"] = ec.fsdp_root_s(plan, dev, sp)
     out["tied"] = ec.tied_s(plan, dev)
     if nd > 1:
-        # dp x cp ranks, or one replica's; their replicas (``collectives.replica_net``)
-        net, rnet, params = coll.group_net(cl, dev, par.shard_ranks, par.tp), coll.replica_net(plan, dev), sp.total
+        # dp x cp ranks, or one replica's (``collectives.replica_all_reduce_s``: their replicas)
+        net, params = coll.group_net(cl, dev, par.shard_ranks, par.tp), sp.total
         # expert parallel: the experts' gradients reduce over the ranks holding the same experts
         # only (Megatron-Core's expert data-parallel group; torchtitan's dp_shard_mod_ep mesh):
         # none where each rank holds its own, and the dense ones over all dp x cp ranks
@@ -89,7 +89,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out["grad"], out["compress"] = hooks.hook_costs(tr.grad_compression.value, shapes, hooks.POWERSGD_RANK,
                                                             dev, one)
             buckets = len(hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]))
-        elif dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES and not rnet:
+        elif dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp_replicate == 1:
             # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP; not hybrid),
             # each a lone call issued after compute, plus the ring's bytes term
             out["grad"] = buckets * dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(gb * dense, net) \
@@ -102,7 +102,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out["grad"] = coll.reduce_scatter_s(gb * dense, net) + (coll.reduce_scatter_s(gb * expert, enet)
                                                                     if enet else 0.0)
             # Megatron's optimizer instances: the shard all-reduced across them after the reduce-scatter
-            out["grad"] += coll.all_reduce_s(gb * dense / par.shard_ranks, rnet) if rnet else 0.0
+            out["grad"] += coll.replica_all_reduce_s(plan, dev, gb * dense)
             # the updated parameters as stored (FP8 primary weights: their FP8 bytes)
             out["sync"] = coll.all_gather_s(stored_weight_bytes(plan, dense, sp.ends), net) + (
                 coll.all_gather_s(stored_weight_bytes(plan, expert, 0.0), enet) if enet else 0.0)
@@ -170,8 +170,7 @@ def _fsdp_layer(plan: Plan, dev: cmp.DeviceModel, nets: tuple, sizes: tuple[floa
         # a calibrated host's measured layer cost holds the latency: the bytes' term only
         out["layer_ag"], out["layer_rs"] = (both(coll.ring_bytes_s, b * dense_l, b * expert_l) for b in (wb, gb))
         out.pop("layer_ag_b", None)
-    if par.dp_replicate > 1:   # HSDP: the replicas all-reduce each reduce-scattered shard
-        out["layer_rs"] += coll.all_reduce_s(gb * dense_l / par.shard_ranks, coll.replica_net(plan, dev))
+    out["layer_rs"] += coll.replica_all_reduce_s(plan, dev, gb * dense_l)   # HSDP: the replicas' all-reduce
     out.setdefault("layer_ag_b", out["layer_ag"])
     return out
 

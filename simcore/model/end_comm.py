@@ -116,9 +116,9 @@ def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[
     if par.zero < ZeroStage.GRADIENTS or nd == 1 or sp.ends <= 0:
         return 0.0, 0.0
     ag, rs = fsdp_root_bytes(plan, sp)
-    net, rnet = coll.group_net(plan.cluster, dev, par.shard_ranks, par.tp), coll.replica_net(plan, dev)
+    net = coll.group_net(plan.cluster, dev, par.shard_ranks, par.tp)
     mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
-    hsdp = coll.all_reduce_s(rs / par.shard_ranks, rnet) if rnet else 0.0   # the replicas' all-reduce of the shard
+    hsdp = coll.replica_all_reduce_s(plan, dev, rs)   # the replicas' all-reduce of the shard
     if dev.measured(f"{mode}_root"):   # latency in the measured root cost
         return coll.ring_bytes_s(ag, net), coll.ring_bytes_s(rs, net) + hsdp
     return coll.all_gather_s(ag, net), coll.reduce_scatter_s(rs, net) + hsdp
