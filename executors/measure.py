@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from executors.record import tensor_bytes
 from simcore.plan.load import plan_to_dict
-from simcore.results import GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
+from simcore.results import DP_STREAMS, GIB, MEMORY_KINDS, StepResult, rate_fields, split_step
 
 
 # --------------------------------------------------------------------------- memory
@@ -121,7 +121,7 @@ def dp_sync_wait_s(rank_spans: list[list]) -> float:
     """One step's wait for the last rank at the data-parallel gradient sync: each rank's
     dp-axis collective spans run from its own launch to the common end, so the mean rank
     waits its span less the shortest (the last rank's) one; 0 without dp collectives."""
-    per_rank = [sum(s.duration_s for s in spans if s.stream in ("dp", "dp_shard", "dp_replicate")) for spans in rank_spans]
+    per_rank = [sum(s.duration_s for s in spans if s.stream in DP_STREAMS) for spans in rank_spans]
     if len(per_rank) < 2 or not any(per_rank):
         return 0.0
     return sum(per_rank) / len(per_rank) - min(per_rank)

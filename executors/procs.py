@@ -131,6 +131,17 @@ def _entry(rank, fn, world, port, outdir, timeout_s, beats, parent, args):
 
 
 @contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to ``n`` inside the block, what they were restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
 def _frozen_heap():
     """Fork with this process's objects in the garbage collector's permanent generation.
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from executors.procs import torch_threads
 from executors.serving_kv import Batch, KVPool, forward_iteration, physical_blocks
 
 
@@ -169,10 +170,7 @@ class Scheduler:
                     break
             whole = _ceil_div(len(self.prompts[rid]) + self.O[rid], self.bs)
             need = whole if self.reserving else _ceil_div(c, self.bs)
-            if need > self.free:
-                if not self.running and (whole if self.reserving else _ceil_div(total, self.bs)) > lim.kv_blocks:
-                    raise ServingLoopError(f"a request of {total} tokens needs more KV blocks than the "
-                                           f"{lim.kv_blocks} the plan gives (kv_cache.block_size={self.bs})")
+            if need > self.free:   # (one that could never fit is refused by run_loop before the start)
                 break
             self.waiting.popleft()
             seq = _Seq(rid, self.prompts[rid] + self.out[rid])
@@ -250,12 +248,8 @@ def run_loop(model, limits: LoopLimits, arrivals: list[float], prompts: list[lis
     n = len(arrivals)
     rec = LoopRecord(arrivals=list(arrivals), first=[math.nan] * n, finish=[math.nan] * n,
                      token_times=[[] for _ in range(n)])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         _serve(model, sched, rec, clock, sleep)
-    finally:
-        torch.set_num_threads(threads)
     rec.preemptions, rec.outputs = sched.preemptions, sched.out
     return rec
 

@@ -26,7 +26,8 @@ GIB = 1024**3
 #: simulator knows (a CPU host's pipeline receive hand-over), counted as bubble; the others
 #: carry communication or copies.
 STREAMS = ("compute", "tp", "cp", "ep", "pp", "dp", "dp_shard", "dp_replicate", "copy", "wait")
-COMM_STREAMS = ("tp", "cp", "ep", "pp", "dp", "dp_shard", "dp_replicate")   # dp_*: hybrid sharding's groups
+DP_STREAMS = ("dp", "dp_shard", "dp_replicate")   # dp_*: hybrid sharding's groups
+COMM_STREAMS = ("tp", "cp", "ep", "pp", *DP_STREAMS)
 
 #: Kinds of span. backward_input / backward_weight are the zero-bubble split of backward.
 KINDS = ("forward", "backward", "backward_input", "backward_weight", "recompute", "optimizer",

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from executors.calibrate.probes import GIB, gemm_row, time_op
+from executors.procs import torch_threads
 from simcore.model.compute import FLASH_BACKWARD_FLOP_RATIO
 from simcore.model.attention_window import CAUSAL_FLASH_FRACTION
 
@@ -160,12 +161,8 @@ def bench_cpu_optimizer() -> dict:
     CPUOffloadPolicy runs there), for the host side of optimizer offload."""
     from executors.calibrate.probes import bench_optimizer
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
+    with torch_threads(os.cpu_count() or 1):
         return bench_optimizer(torch.device("cpu"))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def device_facts(device: torch.device) -> dict:

@@ -23,6 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from executors.procs import torch_threads
 from executors.serving_kv import Batch, KVPool, forward_iteration
 from executors.serving_loop import LoopLimits, run_loop
 
@@ -60,9 +61,7 @@ def bench_linear(model, rows=None, reps: int | None = None) -> tuple[list[tuple[
     rows, reps = rows or GEMM_ROWS, reps or GEMM_REPS
     layer = next(iter(model.layers.values()))
     linears = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         inputs = {n: [torch.randn(n, lin.in_features) for lin in linears] for n in rows}
         heads = {n: torch.randn(n, model.output.in_features) for n in rows}
         per_layer, head = {n: [] for n in rows}, {n: [] for n in rows}
@@ -70,8 +69,6 @@ def bench_linear(model, rows=None, reps: int | None = None) -> tuple[list[tuple[
             for n in rows:
                 per_layer[n].append(_median_s(lambda: [F.linear(x, m.weight) for x, m in zip(inputs[n], linears)], reps))
                 head[n].append(_median_s(lambda: F.linear(heads[n], model.output.weight), reps))
-    finally:
-        torch.set_num_threads(threads)
     return ([(n, statistics.median(per_layer[n])) for n in rows], [(n, statistics.median(head[n])) for n in rows])
 
 
@@ -84,10 +81,8 @@ def bench_wake(model, idles=None, reps: int | None = None) -> list[tuple[float, 
     spec = model.spec
     pool = KVPool(spec, -(-WAKE_PROMPT // BLOCK_SIZE), BLOCK_SIZE)
     batch = Batch(chunks=[(list(range(len(pool.free_ids))), 0, [1] * WAKE_PROMPT, True)], decodes=[])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     timed = {d: [] for d in (0.0, *idles)}
-    try:
+    with torch_threads(1):
         for _ in range(reps):
             for idle in timed:
                 forward_iteration(model, pool, batch)
@@ -97,8 +92,6 @@ def bench_wake(model, idles=None, reps: int | None = None) -> list[tuple[float, 
                 t0 = time.perf_counter()
                 forward_iteration(model, pool, batch)
                 timed[idle].append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
     base = statistics.median(timed[0.0])
     return [(d, max(0.0, statistics.median(timed[d]) - base)) for d in idles]
 
