@@ -157,6 +157,20 @@ def _parse_stragglers(items: list[str], flag: str = "--slow") -> dict[int, float
     return out
 
 
+def _fit_class_note(peak_bytes: float, hbm_bytes: float, bare: bool = False) -> str:
+    """The memory model's class of a peak (``headroom.fit_class``) as a clause: thin or may not fit
+    say the prediction is within the model's error of the GPU (``--min-headroom`` in ``plan``)."""
+    from simcore.planner.headroom import FITS, MAY_NOT_FIT, THIN, fit_class, memory_margin
+
+    cls = fit_class(peak_bytes, hbm_bytes)
+    words = {FITS: "fits", THIN: "fits, thin: within the memory model's error of the GPU",
+             MAY_NOT_FIT: "may not fit: over the GPU by less than the memory model's error",
+             None: "does not fit, even within the memory model's error"}[cls]
+    if bare:
+        return f"{words} ({memory_margin().describe()})"
+    return "" if cls == FITS else f"; {words}"
+
+
 def cmd_memory(args) -> None:
     from simcore.model.step_costs import memory_report
 
@@ -188,7 +202,12 @@ def cmd_memory(args) -> None:
 
     room = headroom_gib(report["hbm_bytes"] / gib, report["memory_per_gpu_gib"])
     print(f"  fits: {'yes' if report['fits'] else 'NO'} (most loaded GPU {report['memory_per_gpu_gib']:.2f} GiB, "
-          f"headroom {room:.2f} GiB)")
+          f"headroom {room:.2f} GiB){_fit_class_note(report['memory_per_gpu_gib'] * gib, report['hbm_bytes'])}")
+    if report["allocator_margin"] and not report["fits"]:
+        bare = max(r["total"] - r["terms"]["allocator_margin"] for r in ranks)
+        print(f"  without the allocator's assumed {report['allocator_margin']:.0%} margin (an assumption, not a "
+              f"measurement; none under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, training.allocator_margin: "
+              f"0): {bare / gib:.2f} GiB, {_fit_class_note(bare, report['hbm_bytes'], bare=True)}")
     if "torch" in report:
         t = report["torch"]
         kinds = ", ".join(f"{k} {v / gib:.2f}" for k, v in t["torch_by_kind"].items() if v and k != "Total")

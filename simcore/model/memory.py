@@ -34,7 +34,8 @@ from simcore.model import zeropp as zpp
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
                                         param_bytes, stored_weight_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
-                                gradients_at_activation_peak, rank_kinds, rank_row, summary_fields)
+                                gradients_at_activation_peak, rank_kinds, rank_row, reduce_deferred,
+                                summary_fields)
 from simcore.plan.spec import FsdpRoot, Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
@@ -110,11 +111,6 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
 in_flight_chunks = acts.in_flight_chunks   # model chunks (virtual stages' activations) a rank keeps at its peak
 
 
-def _activation_terms(plan: Plan):
-    """``activations.activation_terms``: what a rank's activation bytes need, read once."""
-    return acts.activation_terms(plan, loss_overlap(plan))
-
-
 def loss_overlap(plan: Plan, params: tuple[StageParams, ...] | None = None) -> float:
     """Buffers of the last rank not alive while the loss's transients are: without a
     pipeline, no block is gathered or reduce-scattered meanwhile, and FSDP2's root reshards
@@ -134,7 +130,8 @@ def loss_overlap(plan: Plan, params: tuple[StageParams, ...] | None = None) -> f
 def activation_bytes(plan: Plan, rank: int, stages: tuple[int, ...] | None = None, terms=None) -> float:
     """Activation bytes of pipeline rank ``rank`` at its peak (the loss's buffers included)."""
     stages = stages if stages is not None else plan.layers_per_stage
-    parts = acts.rank_activation_bytes(plan, rank, stages, terms if terms is not None else _activation_terms(plan))
+    terms = terms if terms is not None else acts.activation_terms(plan, loss_overlap(plan))
+    parts = acts.rank_activation_bytes(plan, rank, stages, terms)
     return sum(parts.values())
 
 
@@ -281,7 +278,8 @@ def rank_kind(plan: Plan, sp: StageParams, kinds: dict, count_buffers: bool) -> 
     if (kind := kinds.get(sp)) is None:
         buffers = comm_buffer_terms(plan, sp)
         buffers = buffers if count_buffers else dict.fromkeys(buffers, 0.0)
-        kind = kinds[sp] = (model_state_bytes(plan, sp), buffers, sum(buffers.values()))
+        states = {**model_state_bytes(plan, sp), "deferred": buffers["fsdp_reduce_scatter"] * reduce_deferred(plan)}
+        kind = kinds[sp] = (states, buffers, sum(buffers.values()))
     return kind
 
 
@@ -340,7 +338,8 @@ def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple
     kinds = zip(map(id, params), map(operator.itemgetter(slice(1, None)), shapes))   # all but the chunks in flight
     for end in itertools.accumulate(len(list(run)) for _, run in itertools.groupby(kinds)):   # runs of one kind
         members, start = range(start, end), end
-        ends = (members[0], members[-1]) if grads_live and len(members) > 2 else members   # else every rank
+        affine = grads_live and not reduce_deferred(plan)   # a deferred reduction's peak is a max
+        ends = (members[0], members[-1]) if affine and len(members) > 2 else members   # else every rank
         for r in ends:
             row = done[r] = row_of(params[r], shapes[r])[0]
             totals[r], host = row[ROW_TOTAL], max(host, row[ROW_HOST])
@@ -370,7 +369,10 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
         mem = dict(zip(ROW_KEYS, row))
         detail = None
         if terms_too:
-            end = 0.0
+            end, deferred = 0.0, states.get("deferred", 0.0)
+            if deferred:   # ``peak.rank_row``: the reduction after the last backward, or the activations
+                act, buffers = (act, {**buffers, "fsdp_reduce_scatter": 0.0}) if sum(act) >= deferred \
+                    else ((0.0,) * len(act), buffers)
             if not grads_live and row[ROW_GRADIENTS] > 0:   # the backward's end: no activations
                 act, buffers = (0.0,) * len(act), dict.fromkeys(buffers, 0.0)
                 end = states["backward_end"]

@@ -6,7 +6,7 @@ their GPUs and the offloaded states their node's host memory (``fits``).
 from __future__ import annotations
 
 from simcore.model import activations as acts
-from simcore.plan.spec import EXPANDABLE_SEGMENTS_MARGIN, Plan, ZeroStage  # noqa: F401 (re-exported)
+from simcore.plan.spec import EXPANDABLE_SEGMENTS_MARGIN, Plan, ZeroImpl, ZeroStage  # noqa: F401 (re-exported)
 
 #: CUDA context with torch's kernels loaded, cuBLAS/cuDNN workspaces, per process: what
 #: NVML counts as used and torch's allocator statistics do not (PyTorch docs, "CUDA
@@ -63,6 +63,18 @@ def gradients_at_activation_peak(plan: Plan) -> bool:
     return par.dp * par.cp > 1 and par.zero <= ZeroStage.OPTIMIZER_STATES
 
 
+def reduce_deferred(plan: Plan) -> bool:
+    """Whether FSDP2's reduce-scatter runs only after a pipeline stage's last backward, when no
+    activation is left: torch.distributed.pipelining turns gradient sync off for every backward
+    (``PipelineStage.backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``) and the
+    schedule reduces once all micro-batches are done (``perform_reduce_grad``, "scheduled after
+    all microbatches W, B actions"; torch 2.13 ``distributed/pipelining/stage.py``). Its buffers
+    (``memory.comm_buffer_terms``' ``fsdp_reduce_scatter``) then never meet the activations' peak."""
+    par = plan.parallel
+    return (par.pp > 1 and par.zero >= ZeroStage.GRADIENTS and par.zero_impl == ZeroImpl.FSDP2
+            and par.dp * par.cp > 1)
+
+
 #: A rank's row (``rank_rows``): its bytes by kind (MEMORY_KINDS), then ``total`` (GPU bytes)
 #: and ``host`` (offloaded bytes per GPU).
 ROW_KEYS = MEMORY_KINDS + ("total", "host")
@@ -75,8 +87,11 @@ def rank_row(states: dict[str, float], activations: float, buffers: float, conte
     where the gradients are not live at the activations' peak, the peak is the backward's
     start or its end (every gradient, and FSDP2's buffers there,
     ``memory.backward_end_buffers``), whichever is larger; then the allocator's margin and the
-    CUDA context."""
+    CUDA context. Buffers that live only after the last backward (``states["deferred"]``,
+    ``reduce_deferred``) count where they outweigh the activations, which are gone by then."""
     weights, grads, opt = states["weights"], states["gradients"], states["optimizer_states"]
+    if deferred := states.get("deferred", 0.0):
+        activations, buffers = (activations, buffers - deferred) if activations >= deferred else (0.0, buffers)
     if not grads_live:
         if activations + buffers >= grads + states["backward_end"] - states["resharded_at_end"]:
             grads = 0.0

@@ -140,6 +140,9 @@ class Tally:
     simulated: int = 0
     near: int = 0
     """Of the simulated, those thin or that may not fit (``headroom.fit_class``)."""
+    margin_only: int = 0
+    """Of those that do not fit, those only the allocator's assumed margin puts over the GPU by
+    more than the memory model's error (``peak.ALLOCATOR_MARGIN``: none under expandable segments)."""
     rules: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: "Tally") -> None:
@@ -149,6 +152,7 @@ class Tally:
         self.dominated += other.dominated
         self.simulated += other.simulated
         self.near += other.near
+        self.margin_only += other.margin_only
         for k, v in other.rules.items():
             self.rules[k] = self.rules.get(k, 0) + v
 
@@ -205,6 +209,7 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
             cls = fit_class(peak, node.gpu.hbm_bytes) if host <= node.host_memory_bytes else None
             if cls is None:
                 tally.no_fit += 1
+                tally.margin_only += host <= node.host_memory_bytes and _margin_only(peak, parts, node.gpu.hbm_bytes)
                 continue
             if peak >= lighter:   # more recompute that holds no fewer bytes: only slower
                 tally.dominated += 1
@@ -221,6 +226,13 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
                 return rows if (k, i) == (0, 0) or True not in space.activation_offload else \
                     rows + _offloaded(base, family, tally)
     return rows + (_offloaded(base, family, tally) if True in space.activation_offload else [])
+
+
+def _margin_only(peak: float, parts: tuple, hbm: float) -> bool:
+    """Whether ``peak`` (``memory_table``'s, with the allocator's margin) would be in a fit class
+    without the margin (``parts``' framework terms: the CUDA context, the margin's share)."""
+    context, share = parts[4], parts[5]
+    return share > 0 and fit_class((peak - context) / (1 + share) + context, hbm) is not None
 
 
 def _variant(plan: Plan, lay: Layout, name: str | None = None) -> Plan:

@@ -58,7 +58,11 @@ def tally_sentence(tally) -> str:
     common = max(tally.rules.items(), key=lambda kv: kv[1])[0] if tally.rules else ""
     return (f"{tally.candidates} candidates: {tally.broke_rule} break a rule"
             + (f" (most often: {common})" if common else "")
-            + f", {tally.no_fit} do not fit in memory, {tally.dominated} are dominated "
+            + f", {tally.no_fit} do not fit in memory"
+            + (f" ({tally.margin_only} of them only by the caching allocator's assumed margin, which "
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True removes: --stack megatron or torchtitan "
+               "launches with it)" if getattr(tally, "margin_only", 0) else "")
+            + f", {tally.dominated} are dominated "
             f"(heavier recompute than needed, or offload where none is needed), {tally.simulated} simulated"
             + (f" ({tally.near} of them within the memory model's error of the GPU's memory: thin or may not fit)"
                if tally.near else ""))

@@ -11,7 +11,7 @@ from simcore.plan.spec import PlanError
 from simcore.planner.formatting import hbm_gib
 from simcore.planner.headroom import (FITS, MAY_NOT_FIT, THIN, MemoryMargin, fit_class, headroom_note, keep_roomy,
                                       memory_margin, recommended_first, thin_gib)
-from simcore.planner.search import display_table, search
+from simcore.planner.search import display_table, search, tally_sentence
 from simcore.planner.space import base_plan
 from simcore.planner.uncertainty import load_residuals, memory_log_bounds, pick_residuals
 from trainplan.cli import main
@@ -143,3 +143,17 @@ def test_plan_command_takes_a_config_json_as_its_help_says(tmp_path, capsys, mon
     assert main(args) == 0
     plan = load_plan(tmp_path / "best.yaml")
     assert (plan.model.layers, plan.model.hidden, plan.model.vocab, plan.model.seq_len) == (16, 2048, 128256, 2048)
+
+
+def test_layouts_over_only_by_the_allocators_assumed_margin_are_counted_and_fit_without_it():
+    """The caching allocator's 10% is an assumption (``peak.ALLOCATOR_MARGIN``): the search counts
+    the layouts it alone pushes out, and under expandable segments (margin 0) those are ranked."""
+    args = ("llama3-8b", {"node": "dgx-h100", "nodes": 1}, 64)
+    default = search(*args, top_k=0, progress=False).tally
+    bare = search(*args, top_k=0, progress=False, training={"allocator_margin": 0.0}).tally
+    assert 0 < default.margin_only <= default.no_fit
+    assert bare.margin_only == 0
+    # every layout the margin alone pushed out is in a fit class without it
+    assert bare.no_fit <= default.no_fit - default.margin_only
+    assert "only by the caching allocator's assumed margin" in tally_sentence(default)
+    assert "allocator" not in tally_sentence(bare)

@@ -166,3 +166,32 @@ def test_schedule_and_collectives_print_dualpipev_as_torch_orders_it(tmp_path, c
     assert not any(a.startswith(("3SEND_F", "4SEND_B")) for a in grid["3"])   # stages 3 and 4: one rank
     assert main(["collectives", str(path)]) == 0
     assert "pp   send" in capsys.readouterr().out
+
+
+def test_memory_says_what_the_plan_holds_without_the_allocators_assumed_margin(tmp_path, capsys):
+    """Meta's Llama 3 405B layout (tp 8, pp 16 with a layer fewer on the first and last stages, dp 128;
+    Llama 3 paper Sec. 3.3.2) is over 80 GiB only with the allocator's assumed 10%: the command says so."""
+    import yaml
+
+    from simcore.model.step_costs import memory_report
+    from simcore.plan.load import load_plan
+
+    doc = {"name": "meta-405b", "model": {"name": "llama3-405b", "seq_len": 8192},
+           "cluster": {"node": "dgx-h100", "nodes": 2048, "fabric": "roce-400"},
+           "parallel": {"tp": 8, "pp": 16, "dp": 128, "zero": 2, "sequence_parallel": True, "schedule": "1f1b",
+                        "stage_layers": [7] + [8] * 14 + [7]},
+           "training": {"global_batch": 2048, "micro_batch": 1, "recompute": "none", "flash_attention": True}}
+    path = tmp_path / "meta.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["memory", str(path)]) == 0
+    out = capsys.readouterr().out
+    report = memory_report(load_plan(str(path)))
+    bare = max(r["total"] - r["terms"]["allocator_margin"] for r in report["ranks"]) / 2**30
+    assert not report["fits"] and bare < 80
+    assert "fits: NO" in out
+    assert "without the allocator's assumed 10% margin" in out and f"{bare:.2f} GiB, fits" in out
+    doc["training"]["allocator_margin"] = 0
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["memory", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "fits: yes" in out and "without the allocator" not in out
