@@ -112,6 +112,29 @@ def _moe(notes: str) -> dict:
     return out
 
 
+#: Megatron-Bridge's DeepSeek-V3 recipe, which both the B200 and the GB200 presets start from
+#: (scripts/performance/configs/deepseek/deepseek_llm_pretrain.py imports it as ``pretrain_config``):
+#: ``cfg.model.mtp_num_layers = 1`` and ``mtp_loss_scaling_factor = 0.1``
+#: (src/megatron/bridge/recipes/deepseek/deepseek_v3.py @21d102f5e ``deepseek_v3_pretrain_config``);
+#: the presets' layouts put the MTP module with the loss on the last stage (``pp_layout``
+#: 'Et*4|(t*4|)*14tmL', 'm'; ``set_deepseek_v3_pipeline_model_parallel_layout``'s ``last_layer``).
+BRIDGE_DEEPSEEK_V3_MTP_LAYERS = 1
+#: The same recipe's split of the 61 layers over 16 virtual stages (its ``layout_map`` for (pp, vp) =
+#: (16, 1), (8, 2) and (4, 4), the GB200 preset's; the B200 preset's pp_layout 'Et*4|(t*4|)*14tmL'):
+#: four layers a stage, and the last stage one layer with the MTP module and the loss.
+BRIDGE_DEEPSEEK_V3_SPLIT = {16: [4] * 15 + [1]}
+
+
+def _bridge_deepseek_v3(row: pd.Series) -> bool:
+    return row.source == BRIDGE and str(row.model).upper().startswith("DEEPSEEKV3")
+
+
+def _mtp(row: pd.Series) -> dict:
+    """``model.mtp_layers`` of a row whose source states its MTP depth: Megatron-Bridge's DeepSeek-V3
+    rows (AutoModel's DeepSeek-V3 configs and the other MoE rows state none: none is modelled)."""
+    return {"mtp_layers": BRIDGE_DEEPSEEK_V3_MTP_LAYERS} if _bridge_deepseek_v3(row) else {}
+
+
 def _model(row: pd.Series) -> dict:
     """The model: llm-foundry's MPT (learned positions, biases, tied: the MPTConfig
     defaults its yamls keep, SOURCES.md); Llama-family rows read kv_heads, SwiGLU and
@@ -127,7 +150,7 @@ def _model(row: pd.Series) -> dict:
     m["dropout"] = 0.0
     kv = _flag(notes, r"kv_heads=(\d+)")
     if re.search(r"\d+ (routed )?experts", notes):
-        return {**m, "kv_heads": int(kv) if kv else heads, "position_embedding": "rope", **_moe(notes)}
+        return {**m, "kv_heads": int(kv) if kv else heads, "position_embedding": "rope", **_moe(notes), **_mtp(row)}
     llama2 = "LLAMA2" in str(row.model).upper()  # Llama 2 7B: MHA, SwiGLU, untied (HF config)
     return {**m, "kv_heads": int(kv) if kv else heads, "gated_mlp": llama2 or "SwiGLU" in notes,
             "tied_embeddings": not (llama2 or "untied" in notes), "position_embedding": "rope"}
@@ -224,6 +247,8 @@ def base_doc(row: pd.Series) -> dict:
                 "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
     if split := _ends_split(row):
         parallel["stage_layers"] = split
+    elif _bridge_deepseek_v3(row) and pp * vpp in BRIDGE_DEEPSEEK_V3_SPLIT:
+        parallel["stage_layers"] = BRIDGE_DEEPSEEK_V3_SPLIT[pp * vpp]
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
                 "recompute": str(_num(row.recompute, "none")), "flash_attention": True, **_precision(row)}
     if src in TORCHAO or src == AUTOMODEL:

@@ -71,12 +71,19 @@ def _optimizer_rules(plan: Plan) -> list[tuple[bool, str]]:
     ]
 
 
+def _model_rules(plan: Plan) -> list[tuple[bool, str]]:
+    m = plan.model
+    return [(m.mtp_layers == 0, f"model.mtp_layers={m.mtp_layers} is priced, not run: the executor builds no "
+             "multi-token-prediction modules (as transformers builds none); run it with model.mtp_layers: 0")]
+
+
 def check_executable(plan: Plan, device_type: str) -> None:
     """The layouts this executor cannot run; ValueError with one sentence each."""
     par, tr = plan.parallel, plan.training
     gloo_powersgd = tr.grad_compression == GradCompression.POWERSGD and device_type != "cuda"
     buckets = _ddp_buckets(plan) if gloo_powersgd else 1
     rules = [
+        *_model_rules(plan),
         (tr.offload == Offload.NONE or device_type == "cuda",
          f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
          "state off a GPU, and this host has none"),

@@ -22,6 +22,7 @@ import json
 
 from simcore.model import executor_acts as xa
 from simcore.model import moe_layers as ml
+from simcore.model import mtp
 from simcore.model import recompute as rcp
 from simcore.model import schedules as sch
 from simcore.model import workload as wl
@@ -204,7 +205,8 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
         extra = wl.eager_activation_bytes(m, act_bytes=wide * wl.ACT_BYTES, **kw)
         act = rcp.LayerActivations(whole=act.whole + extra, kept=act.kept + (extra if tr.recompute != Recompute.OP
                                                                              else 0.0), boundary=act.boundary)
-    kept, transient = loss_bytes(plan)
+    kept, transient = loss_bytes(plan)   # and the MTP modules' norms, projections and logits on the last stage
+    last, kept = last + mtp.kept_bytes(m, b=b, s=s, sp=sp), (1 + m.mtp_layers) * kept
     return (act, wide * wl.embedding_activation_bytes(m, **kw), wide * last + kept, transient,
             wide * _wgrad_stash_per_layer(plan))
 

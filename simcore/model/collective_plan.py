@@ -52,6 +52,8 @@ What each API does, and where torch does it (torch 2.13):
   needs are rebuilt (its early stop); so do the blocks ``layer:N`` or ``{layers: N, method:
   block}`` recompute. torchtitan's per-op SAC re-runs the collectives of
   ``recompute.op_sac_tp_reruns`` (a saved reduce-scatter is not re-communicated).
+- MTP modules (``model.mtp_layers``, ``simcore.model.mtp``): each module's block is one more block of the last
+  chunk, with its collectives; its output layer and loss issue the head's calls again (the executor builds none).
 - ``torch.distributed.pipelining``: one send and one receive per activation and per input
   gradient that crosses ranks, from ``simcore.model.schedules`` lowered as torch lowers it.
 
@@ -243,7 +245,7 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int, wire: Wire) -> Counter:
     redo = rcp.full_layers(tr, blocks)   # blocks recomputed whole re-run their forward's collectives
     op = Counter({k: n * blocks for k, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items()}
                  if tr.recompute == Recompute.OP else {})
-    seq = m.seq_len // par.cp
+    seq, heads = m.seq_len // par.cp, part.head * (1 + m.mtp_layers)   # the output layer again per MTP module
     act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
 
     def call(kind: str, nbytes: int) -> Call:
@@ -261,17 +263,17 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int, wire: Wire) -> Counter:
         # per block: forward gathers (attention, MLP inputs) and scatters (wo, w2 outputs),
         # the transposes in backward; recomputation gathers both inputs and scatters wo's; an
         # MoE gathers its input forward and its output's gradient backward, and scatters none
-        out[call("all_gather", act)] += n_mb * (4 * blocks + 2 * redo + op["all_gather"] + part.embed + part.head)
-        out[call("reduce_scatter", act)] += n_mb * (4 * blocks + redo - 2 * moe + part.head)
+        out[call("all_gather", act)] += n_mb * (4 * blocks + 2 * redo + op["all_gather"] + part.embed + heads)
+        out[call("reduce_scatter", act)] += n_mb * (4 * blocks + redo - 2 * moe + heads)
         out[call("all_reduce", act)] += n_mb * part.embed
         reductions = grad_reductions(plan) if _fsdp_based(plan) else OPTIMIZER_GRAD_READS[tr.optimizer]
         for p in part_params(m, part):
             out[call("all_reduce", _numel(p.shape) * wire.grad)] += reductions * p.norm
     else:
         out[call("all_reduce", act)] += n_mb * (4 * blocks + redo + op["all_reduce"] - 2 * moe + part.embed
-                                                + part.head)
+                                                + heads)
     if part.head:
-        out[call("all_reduce", tp_loss_bytes(plan))] += LOSS_ALL_REDUCES * n_mb   # fp32 in the executor too
+        out[call("all_reduce", tp_loss_bytes(plan))] += LOSS_ALL_REDUCES * n_mb * heads   # fp32 in the executor too
     return +out
 
 

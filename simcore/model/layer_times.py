@@ -8,6 +8,7 @@ import functools
 
 from simcore.model import compute as cmp
 from simcore.model import eager_ops as eager
+from simcore.model import mtp
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 
@@ -62,5 +63,8 @@ def layer_slack(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str
 
 @functools.lru_cache(maxsize=1024)
 def logits_times(model, b, s, tp, dev) -> tuple[float, float, float]:
+    """(forward, backward-input, backward-weight) of the output layer and its loss, and of the MTP
+    modules' norms, projections and output layers again (``mtp.head_ops``)."""
     extra = eager.logits_ops(model, b=b, s=s, tp=tp) if dev.eager_autocast else []
-    return cmp.ops_time_s(wl.logits_forward_ops(model, b=b, s=s, tp=tp) + extra, dev)
+    ops = wl.logits_forward_ops(model, b=b, s=s, tp=tp) + extra + mtp.head_ops(model, b=b, s=s, tp=tp)
+    return cmp.ops_time_s(ops, dev)

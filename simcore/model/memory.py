@@ -27,6 +27,7 @@ from simcore.model import activations as acts
 from simcore.model import ddp_hooks as hooks
 from simcore.model import fsdp_pools
 from simcore.model import moe_layers as ml
+from simcore.model import mtp
 from simcore.model import onebit
 from simcore.model import collectives as coll
 from simcore.model import workload as wl
@@ -79,9 +80,9 @@ def layer_params_per_gpu(plan: Plan) -> tuple[float, float]:
 
 
 def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[StageParams, ...]:
-    """Parameters per GPU on each pipeline rank: its virtual stages' layers, the embedding on
-    the first stage, the output layer (or the tied embedding's copy that Megatron keeps when
-    pp > 1) on the last (DualPipeV's V: both on rank 0)."""
+    """Parameters per GPU on each pipeline rank: its virtual stages' blocks, the embedding on the
+    first stage, the output layer (or the tied embedding's copy Megatron keeps when pp > 1) and
+    the MTP modules' heads on the last (DualPipeV's V: both on rank 0)."""
     m, par = plan.model, plan.parallel
     pc = wl.param_counts(m)
     dense_l, expert_l = layer_params_per_gpu(plan)
@@ -90,7 +91,8 @@ def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[Sta
     layers = par.by_rank(stages)
     table = m.vocab * m.hidden   # TP splits it; the learned positions and the final norm are whole on every rank
     first = table / par.tp + pc.embedding - table
-    last = pc.output - (0 if m.tied_embeddings else table) + (table / par.tp if not m.tied_embeddings or p > 1 else 0)
+    last = pc.output - (0 if m.tied_embeddings else table) + (table / par.tp if not m.tied_embeddings or p > 1 else 0) \
+        + mtp.head_params_per_gpu(m, par.tp)   # the MTP modules' projections and norms, with the output layer
     dense = ml.rank_dense_layers(m, stages, p, par.v_shape)   # an MoE model's first layers: a dense MLP, no experts
     flat = layer_params_per_gpu(ml.dense_plan(plan))[0] if any(dense) else 0.0
     same: dict = {}   # one value per kind of rank (by layers, dense layers, ends): look-ups by identity
@@ -206,11 +208,9 @@ def comm_buffer_bytes(plan: Plan, sp: StageParams) -> float:
 
 
 def sharded_gradients(plan: Plan) -> bool:
-    """Whether a rank holds only its shard of the gradients through the step: FSDP2 (zero 2,
-    3) reduce-scatters each block's gradients after its backward, every micro-batch (paid in
-    time), when it runs alone; under torch.distributed.pipelining a stage skips gradient sync
-    until its last backward (``set_requires_gradient_sync(False)``, ``perform_reduce_grad``)
-    and keeps whole gradients, as DDP does for ZeRO 0-1 (``fsdp_calls.fsdp_phase_calls``)."""
+    """Whether a rank holds only its gradient shard through the step: FSDP2 (zero 2-3) alone reduce-scatters
+    each block's after its backward, every micro-batch; under torch.distributed.pipelining a stage keeps whole
+    gradients to its last backward (``perform_reduce_grad``), as DDP does for ZeRO 0-1 (``peak.reduce_deferred``)."""
     return plan.parallel.zero >= ZeroStage.GRADIENTS and plan.parallel.pp == 1
 
 

@@ -42,6 +42,7 @@ def dense_plan(plan: Plan) -> Plan:
 def _split(dense: int, moe_layers: tuple[int, ...], layers: int, stages: tuple[int, ...]) -> tuple[int, ...]:
     """Dense layers per stage of the model whose dense layers ``spec.layer_mask`` gives."""
     mask = layer_mask(dense, moe_layers, layers)
+    mask += mask[-1:] * (sum(stages) - layers)   # MTP blocks beyond the layers: the last layer's kind
     out, start = [], 0
     for n in stages:
         out.append(sum(mask[start:start + n]))

@@ -35,6 +35,11 @@ class ParamCounts:
     dense_layers: int = 0
     """MoE: the first layers that are dense; each has ``dense_mlp`` MLP parameters instead of ``mlp``."""
     dense_mlp: int = 0
+    mtp: int = 0
+    """The MTP modules' own parameters (``model.mtp_layers`` blocks of the last layer's kind, their
+    2h -> h projections and three norms each; the embedding and output layer are the model's):
+    stated apart from ``total``, the main model's, which is what transformers builds and the
+    published sizes count (DeepSeek-V3's 671B; its checkpoint's 685B holds the MTP module)."""
 
     @property
     def per_layer(self) -> int:
@@ -45,6 +50,11 @@ class ParamCounts:
     def total(self) -> int:
         dense = self.dense_layers * (self.attention + self.dense_mlp + self.norms)
         return (self.layers - self.dense_layers) * self.per_layer + dense + self.embedding + self.output
+
+    @property
+    def trained(self) -> int:
+        """Every parameter the run trains and checkpoints: the main model's and the MTP modules'."""
+        return self.total + self.mtp
 
 
 def _biases(m: ModelSpec) -> bool:
@@ -108,9 +118,24 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     final_norm = 2 * h if bias else h
     output = (0 if m.tied_embeddings else m.vocab * h) + final_norm
     dense_mlp = _mlp_params(m, m.dense_ffn_hidden or f, bias) if m.dense_count else 0
+    block = attention + norms + (dense_mlp if m.is_dense_layer(m.layers - 1) else mlp)
     return ParamCounts(attention=attention, mlp=mlp, norms=norms, embedding=embedding, output=output,
                        layers=m.layers, shared=shared, dense_layers=m.dense_count,
-                       dense_mlp=dense_mlp)
+                       dense_mlp=dense_mlp, mtp=m.mtp_layers * block + mtp_head_params(m))
+
+
+def mtp_head_params(m: ModelSpec) -> int:
+    """An MTP module's parameters beside its block, times the depth: the 2h -> h projection
+    (``eh_proj``, no bias) and three norms (``enorm``, ``hnorm``, ``final_layernorm``) a module
+    (megatron/core/transformer/multi_token_prediction.py @d98e8a64 ``MultiTokenPredictionLayer``;
+    DeepSeek-V3 arXiv 2412.19437 Sec. 2.2, its M_k and RMSNorms)."""
+    h = m.hidden
+    return m.mtp_layers * (MTP_PROJECTION_INPUTS * h * h + MTP_NORMS * (2 * h if _biases(m) else h))
+
+
+#: An MTP module's projection takes the normed hidden state and the normed embedding
+#: concatenated (2h wide), and it has three norms (multi_token_prediction.py @d98e8a64).
+MTP_PROJECTION_INPUTS, MTP_NORMS = 2, 3
 
 
 def active_params_per_token(m: ModelSpec) -> float:

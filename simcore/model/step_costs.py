@@ -174,7 +174,7 @@ def _per_step_costs(plan: Plan, dev: cmp.DeviceModel, columns: tuple[tuple[float
 def _layer_share(plan: Plan, layers_of) -> float:
     """The share of the model's layers that ``layers_of(training, layers of a chunk)`` picks."""
     per_size = {n: layers_of(plan.training, n) for n in set(plan.layers_per_stage)}
-    return sum(map(per_size.__getitem__, plan.layers_per_stage)) / plan.model.layers
+    return sum(map(per_size.__getitem__, plan.layers_per_stage)) / sum(plan.layers_per_stage)
 
 
 def _op_sac_tp_share(plan: Plan) -> float:
@@ -262,8 +262,8 @@ def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], dense
     (ef, eb), (hf, hb) = ec.tp_ends_s(plan, dev)   # TP's embedding and head collectives
     fcomm[0] += ef   # (one list element when there is one virtual stage)
     bcomm[0] += eb
-    fcomm[-1] += hf
-    bcomm[-1] += hb
+    fcomm[-1] += hf * (1 + plan.model.mtp_layers)   # the output layer again per MTP module (``mtp``)
+    bcomm[-1] += hb * (1 + plan.model.mtp_layers)
     if par.pp > 1 and dev.parallel_kernels:   # CPU host: torch.distributed.pipelining's per-chunk bookkeeping
         cf, cb = dev.parallel_extra_s("pipeline_chunk")
         fwd, bin_ = [x + cf for x in fwd], [x + cb for x in bin_]

@@ -291,22 +291,24 @@ def forward_flops_per_layer(m: ModelSpec, tokens: float, s: int) -> float:
 
 
 def layers_forward_flops(m: ModelSpec, tokens: float, s: int) -> float:
-    """Counted forward FLOPs of all layers: the MoE layers and the dense ones."""
-    if not m.dense_count:
-        return m.layers * forward_flops_per_layer(m, tokens, s)
+    """Counted forward FLOPs of all blocks: the MoE and dense layers and the MTP modules' blocks, of the
+    last layer's kind (megatron/training/training.py @d98e8a64 ``num_floating_point_operations``)."""
+    blocks, dense_blocks = m.layers + m.mtp_layers, m.dense_count + m.mtp_layers * m.is_dense_layer(m.layers - 1)
+    if not dense_blocks:
+        return blocks * forward_flops_per_layer(m, tokens, s)
     moe = forward_flops_per_layer(m, tokens, s)
     mats = 2 * tokens * mlp_matrices(m) * m.hidden
     moe_mlp = m.top_k * mats * m.ffn_hidden + 2 * tokens * m.hidden * m.experts + mats * m.shared_ffn_hidden
     dense = moe - moe_mlp + mats * (m.dense_ffn_hidden or m.ffn_hidden)
-    return (m.layers - m.dense_count) * moe + m.dense_count * dense
+    return (blocks - dense_blocks) * moe + dense_blocks * dense
 
 
 def model_flops_per_step(m: ModelSpec, global_batch: int) -> float:
     """Model FLOPs of one optimizer step: forward + backward (3x), logits included, no
-    recompute (the MFU convention of Chowdhery et al. 2022, PaLM, Appendix B)."""
+    recompute (Chowdhery et al. 2022, PaLM, Appendix B); MTP modules add their heads as Megatron counts them."""
     tokens = global_batch * m.seq_len
-    fwd = layers_forward_flops(m, tokens, m.seq_len) + 2 * tokens * m.hidden * m.vocab
-    return 3 * fwd
+    heads = 2 * tokens * (m.hidden * m.vocab * (1 + m.mtp_layers) + _params.mtp_head_params(m))
+    return 3 * (layers_forward_flops(m, tokens, m.seq_len) + heads)
 
 
 def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: Recompute) -> float:

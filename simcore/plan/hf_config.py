@@ -42,7 +42,7 @@ USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_s
         "mlp_only_layers", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
         "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
         "moe_layer_freq", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-        "sliding_window_pattern", *DROPOUT_KEYS, *USED_HERE}
+        "sliding_window_pattern", "num_nextn_predict_layers", *DROPOUT_KEYS, *USED_HERE}
 
 
 def read_config(path: Path) -> dict:
@@ -96,6 +96,7 @@ def hf_fields(cfg: dict, path: Path) -> dict:
         "seq_len": min(max_pos, DEFAULT_SEQ_LEN) if isinstance(max_pos, int) else None,
         "max_positions": max_pos,
         "kv_channels": pick("head_dim"),
+        "mtp_layers": pick("num_nextn_predict_layers"),   # DeepSeek-V3's MTP modules (transformers builds none)
         "source": f"Hugging Face config {path}",
     }
     if mtype == "gpt2":

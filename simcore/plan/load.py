@@ -138,7 +138,7 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
 _EXTRA_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)
                    if f.name in ("kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers",
                                  "shared_ffn_hidden", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
-                                 "sliding_window", "sliding_window_layers")}
+                                 "sliding_window", "sliding_window_layers", "mtp_layers")}
 
 
 def _layer_indices(value, where: str) -> tuple[int, ...]:

@@ -66,6 +66,8 @@ def megatron_model_args(plan: Plan) -> list:
         args = [(o, v) for o, v in args if not (o == "--q-lora-rank" and v is None)]
     if m.moe:
         args += _moe_args(m)
+    if m.mtp_layers:   # on the last pipeline stage, Megatron-Core's default (multi_token_prediction.py @d98e8a64)
+        args.append(("--mtp-num-layers", m.mtp_layers))
     return args
 
 

@@ -62,6 +62,10 @@ def read_hf(path: Path) -> Reading:
     defaults = {"model.name": fields_.pop("name"), **({"model.seq_len": seq_len} if seq_len else {}),
                 "training.flash_attention": True, "training.recompute": "selective", "parallel.zero": 3}
     hints = {"hf.max_positions": max_pos, **({"hf.seq_len": seq_len} if seq_len else {})}
+    if fields_.get("mtp_layers"):   # mapped, and said: transformers' parameter count leaves them out
+        hints["note.mtp"] = (f"model.mtp_layers={fields_['mtp_layers']} (num_nextn_predict_layers: multi-token "
+                             "prediction modules, which transformers does not build; their parameters are counted "
+                             "apart from the main model's, and trained on the last pipeline stage)")
     return Reading(source=f"hf {path.name}", fields={f"model.{k}": v for k, v in fields_.items()},
                    defaults=defaults, hints=hints, ignored=tuple(sorted(k for k in cfg if k not in HF_USED)))
 

@@ -6,8 +6,8 @@ YAML; everything downstream takes the ``Plan`` dataclass. Every wrong input rais
 ``PlanError`` with one sentence that names the field and the rule.
 
 This module holds the value: the four section dataclasses and ``Plan`` (with PlanError and
-the enumerated choices of ``simcore.plan.choices``, re-exported here), with ``even_split``
-(the default spread of layers over pipeline stages). Building a Plan from a document is
+the enumerated choices of ``simcore.plan.choices`` and the stage helpers of
+``simcore.plan.stages``, re-exported here). Building a Plan from a document is
 ``simcore.plan.load``; the cross-field rules it must satisfy are ``simcore.plan.rules``.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from simcore.plan.choices import (
     MoeRouting, Offload, Optimizer, PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule,
     StateDtype, ZeroImpl, ZeroStage,
 )
+from simcore.plan.stages import even_split, rank_stages, rank_sums, stage_rank
 from topologies.components import Fabric, Node, Storage
 
 __all__ = [
@@ -103,6 +104,11 @@ class ModelSpec:
     sliding_window_layers: float = 1.0
     """Share of the layers that are windowed (Gemma 2, GPT-OSS: 0.5; Gemma 3: 5/6; Megatron
     --window-attn-skip-freq N: (N-1)/N); the rest attend to the whole prefix."""
+    mtp_layers: int = 0
+    """Multi-token prediction depth D (DeepSeek-V3, arXiv 2412.19437 Sec. 2.2; Hugging Face
+    ``num_nextn_predict_layers``, Megatron --mtp-num-layers): D modules after the model, each two
+    RMSNorms, a 2h -> h projection, one block of the last layer's kind, and the shared output
+    layer and loss again (``simcore.model.mtp``); 0: none."""
 
     @property
     def mla(self) -> bool:
@@ -127,8 +133,9 @@ class ModelSpec:
         return sum(dense_layer_mask(self)) if self.moe else 0
 
     def is_dense_layer(self, index: int) -> bool:
-        """Whether layer ``index`` of an MoE model runs a dense MLP (False for a dense model)."""
-        return self.moe and dense_layer_mask(self)[index]
+        """Whether layer ``index`` of an MoE model runs a dense MLP (False for a dense model); an
+        MTP module's block (``index`` >= layers) is of the last layer's kind."""
+        return self.moe and dense_layer_mask(self)[min(index, self.layers - 1)]
 
 
 def dense_layer_mask(m: ModelSpec) -> tuple[bool, ...]:
@@ -347,11 +354,20 @@ class Plan:
         return self.training.global_batch // (self.parallel.dp * self.training.micro_batch)
 
     @property
-    def layers_per_stage(self) -> tuple[int, ...]:
-        """Layers of each virtual stage (pp * vpp of them), in model order."""
+    def model_layers_per_stage(self) -> tuple[int, ...]:
+        """The model's layers of each virtual stage (pp * vpp of them), in model order: the split
+        ``parallel.stage_layers`` gives and the stacks' launch options write."""
         if self.parallel.stage_layers is not None:
             return self.parallel.stage_layers
         return even_split(self.model.layers, self.parallel.pp * self.parallel.vpp)
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        """Blocks each virtual stage runs: its layers and, on the last, the ``model.mtp_layers``
+        MTP modules' blocks (Megatron-Bridge's DeepSeek-V3 layout puts them with the loss:
+        src/megatron/bridge/recipes/deepseek/deepseek_v3.py @21d102f5e, ``last_layer``)."""
+        stages = self.model_layers_per_stage
+        return (*stages[:-1], stages[-1] + self.model.mtp_layers) if self.model.mtp_layers else stages
 
 
 def evolve(value, /, **changes):
@@ -365,36 +381,3 @@ def evolve(value, /, **changes):
     if changes:
         raise TypeError(f"{cls.__name__} has no field {next(iter(changes))!r}")
     return new
-
-
-def rank_stages(rank: int, pp: int, vpp: int = 1, v_shape: bool = False) -> tuple[int, ...]:
-    """The virtual stages pipeline rank ``rank`` holds, in model order. Loop style (torch's
-    ``generate_stage_to_rank_mapping`` style "loop", Megatron's interleaving): r, r + pp, ...;
-    V style (``v_shape``, DualPipeV's two stages a rank: style "v"): r and 2 pp - 1 - r, so that
-    rank 0 holds the first and the last stage and rank pp - 1 the two middle ones."""
-    return (rank, 2 * pp - 1 - rank) if v_shape else tuple(range(rank, pp * vpp, pp))
-
-
-def stage_rank(stage: int, pp: int, v_shape: bool = False) -> int:
-    """The pipeline rank holding virtual stage ``stage`` (``rank_stages`` inverted)."""
-    return 2 * pp - 1 - stage if v_shape and stage >= pp else stage % pp
-
-
-def rank_sums(per_stage, pp: int, v_shape: bool = False) -> tuple:
-    """Per pipeline rank, the sum of its virtual stages' entries of ``per_stage`` (model order);
-    a sequence of ``pp`` entries is per rank already."""
-    if len(per_stage) == pp:
-        return tuple(per_stage)
-    if v_shape:
-        return tuple(per_stage[r] + per_stage[2 * pp - 1 - r] for r in range(pp))
-    return tuple(sum(per_stage[r::pp]) for r in range(pp))
-
-
-@functools.lru_cache(maxsize=1024)
-def even_split(layers: int, stages: int) -> tuple[int, ...]:
-    """Spread ``layers`` over ``stages`` as evenly as possible; the extra layers go to
-    the middle stages, since the first and last stages also hold the embedding and
-    the logits (the choice Llama 3 405B made: 126 layers on 16 stages)."""
-    base, extra = divmod(layers, stages)
-    start = (stages - extra) // 2
-    return tuple(base + (start <= i < start + extra) for i in range(stages))

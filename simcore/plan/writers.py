@@ -44,8 +44,17 @@ def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tupl
         raise _refuse("training.autocast", "true", "DeepSpeed config" if to == "deepspeed" else "Megatron-LM", _MASTER_COPY)
     if plan.training.attention_unpad and to in ("megatron", "slurm"):   # TE/flash on the padded batch
         raise _refuse("training.attention_unpad", "true", "Megatron-LM", "its attention runs on the whole batch")
+    if plan.model.mtp_layers and to not in ("megatron", "slurm"):   # only Megatron-LM builds MTP modules
+        raise _refuse("model.mtp_layers", plan.model.mtp_layers, _MTP_LESS[to],
+                      "it builds no multi-token-prediction modules")
     text = writers[to](plan)
     return text, (deepspeed_notes(plan) if to == "deepspeed" else [])
+
+
+#: The targets that build no MTP modules (``model.mtp_layers``): DeepSpeed's config drives a model it does
+#: not build; torchtitan 0.3's option (deepseek_v3 ``num_mtp_layers``) the torchtitan import refuses too.
+_MTP_LESS = {"deepspeed": "DeepSpeed config", "torchtitan": "torchtitan", "torchtitan-0.2": "torchtitan 0.2",
+             "slurm-trainplan": "trainplan executor"}
 
 
 def _refuse(field_: str, value, tool: str, why: str = "") -> ValueError:
@@ -114,7 +123,7 @@ def _megatron_stage_args(plan: Plan) -> list:
     """The split of the layers: the embedding and the loss counted as layers where that is the
     split (``account_split``: the search's "ends" split, Bridge's Llama 3.1 405B recipes), else
     first and last stage sizes; one sentence for a split Megatron has no option for."""
-    stages, par = list(plan.layers_per_stage), plan.parallel
+    stages, par = list(plan.model_layers_per_stage), plan.parallel
     if len(set(stages)) == 1:
         return []
     for embedding, loss in ((True, True), (True, False), (False, True)):
@@ -329,7 +338,7 @@ def hf_config_from_model(model) -> dict:
                    n_shared_experts=m.shared_ffn_hidden // m.ffn_hidden if m.moe else 0,
                    first_k_dense_replace=_dense_prefix(m), q_lora_rank=m.q_lora_rank or None,
                    kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.kv_channels,
-                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
+                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim, num_nextn_predict_layers=m.mtp_layers)
         cfg.pop("head_dim", None)
         return cfg
     if m.moe and (m.shared_ffn_hidden or m.dense_count or m.dense_ffn_hidden):  # Qwen2-MoE's names

@@ -89,7 +89,7 @@ def replicated_bytes(plan: Plan, state_bytes: float) -> float:
     shards them (the ZeRO paper's partitions; experts counted as dense); never below the
     state once (``state_bytes``)."""
     tr, par = plan.training, plan.parallel
-    params = wl.param_counts(plan.model).total
+    params = wl.param_counts(plan.model).trained
     replicas = par.dp * par.cp
     weights = mem.param_bytes(tr) * params * (1 if par.zero >= ZeroStage.WEIGHTS else replicas)
     opt = mem.optimizer_bytes_per_param(tr, plan.model.hidden) * params * (

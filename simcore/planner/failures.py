@@ -42,7 +42,7 @@ def checkpoint_bytes(plan: Plan) -> float:
     """Full training state: 16-bit (or fp32) weights plus K optimizer bytes per parameter."""
     tr = plan.training
     per_param = mem.param_bytes(tr) + mem.optimizer_bytes_per_param(tr, plan.model.hidden)
-    return wl.param_counts(plan.model).total * per_param
+    return wl.param_counts(plan.model).trained * per_param
 
 
 def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:

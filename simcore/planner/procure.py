@@ -69,7 +69,7 @@ def states_overflow(c: Candidates, cell: dict) -> str:
                      c.training)
     tr = base.training
     per_param = 2 * mem.param_bytes(tr) + mem.optimizer_bytes_per_param(tr, base.model.hidden)
-    need = param_counts(base.model).total * per_param / base.cluster.gpus
+    need = param_counts(base.model).trained * per_param / base.cluster.gpus
     hbm = base.cluster.node.gpu.hbm_bytes
     if need <= hbm:
         return ""
