@@ -38,7 +38,7 @@ def stale(fits: dict | None) -> str | None:
     if not fits:
         return f"{FITS.name} not found: run bench/fit.py (leave-one-source-out errors need it)"
     stored = fitting.stored_values()
-    moved = [k for k, f in fits["figures"].items() if stored.get(k) != f["value"]]
+    moved = [k for k, v in stored.items() if fits["figures"].get(k, {}).get("value") != v]   # new figures too
     if moved:
         return f"{FITS.name} is stale (the catalog's {', '.join(moved)} differ): rerun bench/fit.py"
     return None
@@ -221,5 +221,7 @@ def report(out: pd.DataFrame, frames: dict, predict, fits: dict | None) -> pd.Da
 
 def _moved(fits: dict, src: str) -> str:
     figs = fits["figures"]
-    return ", ".join(f"{k} {f['value']:g} -> {f['leave_one_source_out'][src]:g}" for k, f in figs.items()
-                     if f["leave_one_source_out"].get(src, f["value"]) != f["value"])
+    return ", ".join(f"{k} {f['value']:g} -> {f['leave_one_source_out'][src]:g}"
+                     + (" (its prior: no other source's rows fit it)"
+                        if src in f.get("prior_when_left_out", ()) else "")
+                     for k, f in figs.items() if f["leave_one_source_out"].get(src, f["value"]) != f["value"])

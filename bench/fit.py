@@ -86,15 +86,28 @@ def catalog_text(values: dict) -> str:
     return text
 
 
+def _prior_when_left_out(rows, sources) -> dict[str, list[str]]:
+    """figure -> the sources whose leaving out leaves it no row: its refitted value is its prior."""
+    out: dict[str, list[str]] = {}
+    for s in sources:
+        for block in R.prior_blocks(rows, s):
+            for f in F.FIGURES:
+                if f.block == block:
+                    out.setdefault(f.name, []).append(s)
+    return out
+
+
 def fits_doc(rows, values: dict, loso: dict, cache: dict) -> dict:
     losses = {b: round(R.loss(rows, R.block_rows(rows, b), b, values, cache), 6) for b in F.BLOCKS}
     sources = sorted({r.source for r in rows})
+    prior = _prior_when_left_out(rows, sources)
     return {
         "procedure": " ".join((R.__doc__ or "").split("\n\n")[1:3]).replace("\n", " "),
         "rows": {f: sum(r.file == f for r in rows) for f in R.FILES},
         "figures": {f.name: {"value": values[f.name], "home": f.home, "prior": f.prior, "bounds": [f.lo, f.hi],
                              "step": f.step, "basis": f.basis, "fitted_to": f.rows,
-                             "leave_one_source_out": {s: loso[s][f.name] for s in sources if s in loso}}
+                             "leave_one_source_out": {s: loso[s][f.name] for s in sources if s in loso},
+                             **({"prior_when_left_out": prior[f.name]} if f.name in prior else {})}
                     for f in F.FIGURES},
         "loss": losses,
         "leave_one_source_out": loso,
@@ -130,6 +143,9 @@ def main(argv=None) -> int:
         loso[src] = R.fit(rows, exclude=src, cache=cache)
         moved = {k: v for k, v in loso[src].items() if v != values[k]}
         print(f"  without {src}: {moved or 'no figure moves'}")
+        for block in R.prior_blocks(rows, src):   # nothing left to fit: out of sample is the prior
+            names = ", ".join(f"{f.name} = its prior {f.prior:g}" for f in F.FIGURES if f.block == block)
+            print(f"    {src} is the only source of block {block}'s rows: without it, {names} (not a fit)")
     doc = fits_doc(rows, values, loso, cache)
     header = ("# The catalog's FITTED figures, written by bench/fit.py: each figure's value, rows, bounds and\n"
               "# prior, and every figure refitted with each source left out (bench/validate_published.py reads\n"

@@ -122,8 +122,9 @@ def predict(row: Row) -> float:
 
 def relevant(row: Row) -> tuple[str, ...]:
     """The fitted figures a row's prediction reads (a prediction is cached on their values)."""
-    if row.gpu in F.TPU:   # the TPU entries take no framework figure (efficiency.yaml overheads_source)
-        return ("tpu_plateau",)
+    for figure, family in F.PLATEAUS.values():   # a compiled stack: no framework figure (overheads_source)
+        if row.gpu in family:
+            return (figure,)
     out = ["kernel_overhead_us", "host_overhead_us", "comm_compute_interference"]
     if row.gpu in F.A100:
         out.append("a100_plateau")
@@ -156,14 +157,22 @@ def block_rows(rows: list[Row], block: str) -> list[int]:
     """The rows (indices) a block is fitted to (``fitting.Figure.rows`` in words)."""
     if block == "rows":   # every GPU row; the accelerators' rows fit their own family's figures only
         return [k for k, r in enumerate(rows) if r.file != F.ACCELERATOR_ROWS]
-    if block == "tpu":
-        return [k for k, r in enumerate(rows) if r.file == F.ACCELERATOR_ROWS and r.gpu in F.TPU]
+    if block in F.PLATEAUS:   # one accelerator family's rows of dev_accelerators.csv
+        family = F.PLATEAUS[block][1]
+        return [k for k, r in enumerate(rows) if r.file == F.ACCELERATOR_ROWS and r.gpu in family]
     if block == "fp8":
         return [k for k, r in enumerate(rows) if r.twin is not None and r.precision in ("fp8/delayed", "fp8/tensorwise")
                 and r.gpu in F.HOPPER_FP8]
     if block == "rowwise":
         return [k for k, r in enumerate(rows) if r.twin is not None and r.precision == "fp8/rowwise"]
     return []   # clock500: torchtitan's own tables (``fleet_loss``), not rows of ../shared/validation
+
+
+def prior_blocks(rows: list[Row], exclude: str) -> list[str]:
+    """The blocks with rows that have none left once source ``exclude`` is left out: their
+    figures refitted without it are their priors (a family published by one source alone)."""
+    return [b for b in F.BLOCKS if b != "clock500" and (idx := block_rows(rows, b))
+            and all(rows[k].source == exclude for k in idx)]
 
 
 def _by_source(errors: list[tuple[str, float]]) -> float:

@@ -37,6 +37,9 @@ A100_PLATEAU_FROM = 1e10
 #: The TPU family (issue 54): one MXU plateau for v4, v5e and v5p, fitted to MaxText's tables of
 #: dev_accelerators.csv only; the points from 1e10 FLOPs on (the A100 curve's shape below).
 TPU = ("tpu-v4", "tpu-v5e", "tpu-v5p")
+#: The Trainium family (issue 54): one TensorEngine plateau, fitted to Neuron's trn1 tables of
+#: dev_accelerators.csv only; the points from 1e10 FLOPs on, as the TPU family's.
+TRAINIUM = ("trn1",)
 ACCELERATOR_ROWS = "dev_accelerators.csv"
 
 
@@ -96,6 +99,13 @@ FIGURES = (
            "plateau's prior, an isolated dense GEMM at 0.88 of peak (no public MXU GEMM sweep)",
            "the TPU rows of dev_accelerators.csv that bench/published_accelerators.py predicts (MaxText's "
            "v4, v5e and v5p tables); no GPU row"),
+    Figure("trainium_plateau", "trn1: matmul.points (>= 1e10 FLOPs)", "trainium", 0.88, 0.33, 0.95, 0.01,
+           "at least the highest model-FLOPs utilisation Neuron's trn1 tables publish (0.3314, GPT3-175B on "
+           "512 chips; the definition is not printed, and a step cannot run its matmuls faster than its "
+           "GEMMs' rate), at most 0.95 of the TensorEngine peak (the TPU family's bound); prior the A100 "
+           "plateau's prior, an isolated dense GEMM at 0.88 of peak (no public Trainium GEMM sweep)",
+           "the trn1 rows of dev_accelerators.csv that bench/published_accelerators.py predicts (Neuron's "
+           "trn1 performance tables, one source: left out, the figure is its prior); no GPU or TPU row"),
     Figure("fp8_matmul_ratio", "h100-sxm: fp8_matmul_ratio", "fp8", 0.97, 0.5, 1.0, 0.01,
            "at 0.5 an FP8 GEMM gains nothing over BF16 (twice the peak), at 1.0 it keeps BF16's share; "
            "prior the calibrated H100's FP8 GEMM at 0.97 of BF16's (bench/RESULTS.md, sixteenth session)",
@@ -110,7 +120,9 @@ FIGURES = (
            "../shared/validation)"),
 )
 BY_NAME = {f.name: f for f in FIGURES}
-BLOCKS = ("rows", "fp8", "rowwise", "clock500", "tpu")
+BLOCKS = ("rows", "fp8", "rowwise", "clock500", "tpu", "trainium")
+#: The accelerator families: block -> (its plateau figure, the entries it is written to).
+PLATEAUS = {"tpu": ("tpu_plateau", TPU), "trainium": ("trainium_plateau", TRAINIUM)}
 
 
 def _points(e: dict) -> list[list[float]]:
@@ -170,10 +182,11 @@ def _set_hopper(eff: dict, v: dict) -> None:
 
 
 def _set_accelerators(eff: dict, v: dict) -> None:
-    for name in TPU:
-        if name in eff:
-            eff[name]["matmul"]["points"] = [[x, v["tpu_plateau"] if x >= A100_PLATEAU_FROM else y]
-                                             for x, y in _points(eff[name])]
+    for figure, names in PLATEAUS.values():
+        for name in names:
+            if name in eff:
+                eff[name]["matmul"]["points"] = [[x, v[figure] if x >= A100_PLATEAU_FROM else y]
+                                                 for x, y in _points(eff[name])]
 
 
 def efficiency_with(values: dict) -> dict:
@@ -199,7 +212,7 @@ def stored_values(eff: dict | None = None) -> dict:
             "triton_ratio": _r(flash2["forward"] / triton["forward"], 2),
             "fp8_matmul_ratio": h100["fp8_matmul_ratio"], "fp8_rowwise": h100["fp8_recipes"]["rowwise"],
             "h100_500w_clock": _r(_points(eff[H100_500W])[-1][1] / _points(h100)[-1][1], 2),
-            "tpu_plateau": _points(eff[TPU[0]])[-1][1]}
+            "tpu_plateau": _points(eff[TPU[0]])[-1][1], "trainium_plateau": _points(eff[TRAINIUM[0]])[-1][1]}
 
 
 @contextlib.contextmanager

@@ -33,7 +33,8 @@ source's own words, with the degrees converted once into chips (the unit the cat
   with TP (both tutorials); recompute as the row states it, the fastest fitting of none /
   selective / full where it is blank; micro-batch and global batch as published. GPT-3:
   GeLU MLP of 4h, learned positions, GPT-2 vocabulary (50257 padded to 50304) where the row
-  leaves it blank; Llama: SwiGLU, untied, RoPE, ``kv_heads`` from the notes.
+  leaves it blank; Llama: SwiGLU, untied, RoPE, ``kv_heads`` from the notes. Node: trn1.32xlarge,
+  16 chips in a 2D torus; instances over EFA (``efa-trn1``, non-blocking as trn1-arch.rst says).
 - ``mindspeed_llm_readme_2024`` (MindSpeed-LLM on Atlas 800T A2, Megatron-LM arguments): TP,
   PP, DP in NPUs (= chips on 910B); ``--use-distributed-optimizer`` -> ZeRO-1 (zero_stage 1),
   ``--sequence-parallel`` and ``--use-flash-attn`` from the script's flags; recompute as the
@@ -62,7 +63,8 @@ GPU = {"tpu-v4": "tpu-v4", "tpu-v5e": "tpu-v5e", "tpu-v5p": "tpu-v5p", "trainium
 NODE = {"tpu-v4": "tpu-v4-host", "tpu-v5e": "tpu-v5e-host", "tpu-v5p": "tpu-v5p-host",
         "trainium1": "trn1-32xl", "ascend-910b": "atlas-800t-a2"}
 #: Accelerator families: the chips whose efficiency figures are fitted together (one stack,
-#: one matrix-unit design: the TPU MXU of v4 / v5e / v5p under MaxText/XLA).
+#: one matrix-unit design: the TPU MXU of v4 / v5e / v5p under MaxText/XLA; Trn1's TensorEngine
+#: under Neuron's PyTorch/XLA stacks, ``bench/fitting.py`` ``trainium_plateau``).
 FAMILY = {"tpu-v4": "tpu", "tpu-v5e": "tpu", "tpu-v5p": "tpu", "trainium1": "trainium", "ascend-910b": "ascend"}
 #: Device units per chip, per source (SOURCES.md "Parallel-degree units").
 UNITS_PER_CHIP = {NEURON: 2}

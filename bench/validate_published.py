@@ -256,6 +256,10 @@ def accelerator_summary(out: pd.DataFrame) -> None:
     print(f"{ACCEL}: MAPE {100 * a.ins.mean():.2f}% (LOSO {100 * a.loso.mean():.2f}%)  max {100 * a.ins.max():.1f}% "
           f"(LOSO {100 * a.loso.max():.1f}%)  rows above 25%: {int((a.ins > 0.25).sum())}  "
           f"predicted to fit: {int(a.fits.sum())}/{len(a)}")
+    for name, f in ((crossval.load_fits() or {}).get("figures") or {}).items():
+        for src in sorted(set(f.get("prior_when_left_out", ())) & set(a.source)):
+            print(f"  {src}: LOSO is the prior's prediction ({name} {f['prior']:g}, fitted {f['value']:g}): "
+                  "the only source of its family's rows, so nothing out of sample was fitted")
 
 
 def _shape(plan) -> dict:
@@ -337,12 +341,16 @@ def main(argv=None) -> int:
         if crossval.stale(fits):
             print(f"residuals not written: {crossval.stale(fits)}", file=sys.stderr)
             return 2
-        write_residuals(out)
+        write_residuals(out, fits)
     return 0
 
 
-def write_residuals(out: pd.DataFrame) -> None:
-    """Merge this run's residuals, one table per GPU kind, into validation/residuals.yaml."""
+def write_residuals(out: pd.DataFrame, fits: dict | None = None) -> None:
+    """Merge this run's residuals, one table per GPU kind, into validation/residuals.yaml. A kind
+    each of whose sources is the only source of a figure fitted to that kind's entry
+    (``prior_when_left_out`` in validation/fits.yaml) has no out-of-sample residual: left out, the
+    figure is its prior, not a refit, and an interval from those residuals would not be about the
+    fitted prediction. Such a kind gets no table (its predictions print no interval)."""
     import datetime
     import subprocess
 
@@ -353,7 +361,13 @@ def write_residuals(out: pd.DataFrame) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     tables, covers = crossval.residual_tables(out, "loso_s"), crossval.coverage_summary(out)
+    prior_only = {(entry.strip(), s) for f in ((fits or {}).get("figures") or {}).values()   # (its entry, source)
+                  for entry in f["home"].split(":")[0].split(",") for s in f.get("prior_when_left_out", ())}
     for kind, rows in out.groupby("kind"):
+        if all((kind, src) in prior_only for src in set(rows.source)):
+            print(f"residuals of {kind} not written: its only source ({', '.join(sorted(set(rows.source)))}) is "
+                  "the only one its fitted figure has, so leaving it out refits nothing (the prior)")
+            continue
         sources = ", ".join(f"{src} ({n})" for src, n in rows.groupby("source").size().items())
         doc = merge_residuals(doc, kind, tables[kind], {
             "set": f"published runs: {sources}", "when": datetime.date.today().isoformat(),

@@ -1,6 +1,7 @@
 """dev_accelerators.csv rows as Plans (issue 54): each source's degrees by its own rule, in chips;
 the rows the Plan cannot state refused with their reason; a TPU plan predicted with its interval;
-the accelerators with no fitted entry refused in one sentence."""
+Trn1 rows across instances predicted over the non-blocking EFA, their one-source plateau honest
+when left out; the accelerators with no fitted entry refused in one sentence."""
 from __future__ import annotations
 
 import subprocess
@@ -100,6 +101,83 @@ def test_rows_that_cannot_be_predicted_are_refused_with_their_reason(acc, rows):
     # two slices: the replicas' all-reduce crosses the DCN, whose oversubscription is a catalog gap
     assert "oversubscription is a catalog gap" in acc.refusal(_find(rows, "maxtext_v5p_readme", "32B", 128))
     assert acc.refusal(_find(rows, "maxtext_v4_readme", "22B", 64)) is None    # one slice: ICI only
+    # TP 32 NeuronCores = 16 chips over 8 KV heads: NxD replicates them, the Plan cannot state it
+    assert "does not divide model.kv_heads=8" in acc.refusal(_find(rows, "neuron_trn1_perf", "Llama-3.1-8B", 512))
+
+
+def test_trn1_rows_across_instances_are_predicted_over_the_non_blocking_efa(acc, rows):
+    # 32 trn1.32xlarge: the DP groups cross EFA leaf switches, priced at oversubscription 1.0
+    # (trn1-arch.rst: 'non-blocking'), where they were refused while it was a catalog gap
+    from simcore.engine.predict import simulate
+    from topologies.hardware import load_catalog
+
+    r = _find(rows, "neuron_trn1_perf", "GPT3-23B", 512)
+    assert acc.refusal(r) is None
+    p = _plan(acc, r)
+    assert p.cluster.nodes == 32 and p.cluster.fabric.name == "efa-trn1"
+    assert p.cluster.fabric.oversubscription == 1.0
+    res = simulate(p)
+    assert res.fits and 0 < res.step_time_s < 10 * acc.measured_step_s(r)
+    assert "trn1" in load_catalog().efficiency and acc.refusal(_find(rows, "neuron_trn1_perf", "Llama2-7B", 256,
+                                                                       dp=64, seq_len=4096)) is None
+
+
+def test_a_trn2_group_across_instances_still_refuses_its_fabric_gap():
+    # efa-v3's oversubscription stays a gap (trn2-arch.rst prints no such words): even with an
+    # efficiency entry standing in for trn2's, a DP group over 32 instances is refused
+    from simcore.engine.predict import simulate
+    from simcore.model import collectives, compute
+    from topologies.hardware import load_catalog
+
+    cat = load_catalog()
+    assert "trn2" not in cat.efficiency
+    cat.efficiency["trn2"] = cat.efficiency["trn1"]
+    compute.device_model.cache_clear()
+    collectives.group_net.cache_clear()
+    try:
+        plan = plan_from_dict({"model": "llama2-7b", "cluster": {"node": "trn2-48xl", "nodes": 32},
+                               "parallel": {"tp": 4, "dp": 128, "zero": 1},
+                               "training": {"global_batch": 512, "micro_batch": 1}}, catalog=cat)
+        with pytest.raises(ValueError, match="efa-v3 has no oversubscription figure in the catalog"):
+            simulate(plan)
+    finally:
+        del cat.efficiency["trn2"]
+        compute.device_model.cache_clear()
+        collectives.group_net.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def bench_fit():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import fit_rows
+        import fitting
+
+        yield fitting, fit_rows
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_the_trainium_plateau_is_where_its_fit_stops_and_its_loso_is_the_prior(bench_fit):
+    # fitted to the predictable trn1 rows only (one source): from the stored figure no step on its
+    # grid lowers the loss; left out, nothing else fits it, so its out-of-sample value is the prior
+    import yaml
+
+    from topologies.hardware import load_catalog
+
+    F, R = bench_fit
+    rows = R.accelerator_rows(CSV.parent, load_catalog())
+    idx = R.block_rows(rows, "trainium")
+    assert len(idx) == 27 and {rows[k].source for k in idx} == {"neuron_trn1_perf"}
+    stored = F.stored_values()
+    assert R.fit_block(rows, "trainium", stored, None, {}) == stored
+    fig = F.BY_NAME["trainium_plateau"]
+    assert fig.lo <= stored["trainium_plateau"] <= fig.hi
+    assert R.fit_block(rows, "trainium", stored, "neuron_trn1_perf", {})["trainium_plateau"] == fig.prior
+    assert R.prior_blocks(rows, "neuron_trn1_perf") == ["trainium"] and R.prior_blocks(rows, "maxtext_v5p_readme") == []
+    fits = yaml.safe_load((ROOT / "validation" / "fits.yaml").read_text())["figures"]["trainium_plateau"]
+    assert fits["value"] == stored["trainium_plateau"] and fits["prior_when_left_out"] == ["neuron_trn1_perf"]
+    assert fits["leave_one_source_out"]["neuron_trn1_perf"] == fig.prior
 
 
 def test_simulate_predicts_a_tpu_plan_with_its_interval(tmp_path):

@@ -66,8 +66,10 @@ def test_no_new_accelerator_joins_the_procurement_defaults(cat):
 
 
 #: The accelerators whose efficiency entry bench/fit.py fits to their family's rows of
-#: ../shared/validation/dev_accelerators.csv (the TPU family under MaxText); every other new one has none.
-FITTED = {"tpu-v4", "tpu-v5e", "tpu-v5p"}
+#: ../shared/validation/dev_accelerators.csv (the TPU family under MaxText, Trn1 under Neuron's
+#: NxD and neuronx-nemo-megatron); every other new one has none.
+FAMILIES = {"tpu": {"tpu-v4", "tpu-v5e", "tpu-v5p"}, "trainium": {"trn1"}}
+FITTED = set().union(*FAMILIES.values())
 
 
 def test_simulate_refuses_what_the_catalog_lacks_in_one_sentence(cat):
@@ -88,10 +90,14 @@ def test_an_accelerator_gets_an_efficiency_entry_only_from_the_fit_with_its_rows
         e = cat.efficiency[name]
         assert "efficiency" not in cat.gpus[name].gaps
         assert "FITTED by bench/fit.py" in e["matmul"]["source"] and "dev_accelerators.csv" in e["matmul"]["source"]
-        # the GPU stacks' eager per-kernel figures are not written to a compiled (XLA) stack
+        # the GPU stacks' eager per-kernel figures are not written to a compiled (XLA, Neuron) stack
         assert not {"kernel_overhead_us", "host_overhead_us", "comm_compute_interference"} & set(e)
-    plateaus = {cat.efficiency[n]["matmul"]["points"][-1][1] for n in FITTED}
-    assert len(plateaus) == 1   # one MXU plateau for the family
+    for family, names in FAMILIES.items():
+        plateaus = {cat.efficiency[n]["matmul"]["points"][-1][1] for n in names}
+        assert len(plateaus) == 1, family   # one matrix-unit plateau for the family
+    # Neuron's own words for the compiled step (lazy torch-xla graphs, neuronx-cc), not an analogy only
+    assert "lazy mode" in cat.efficiency["trn1"]["overheads_source"]
+    assert "one source" in cat.efficiency["trn1"]["matmul"]["source"]
 
 
 #: Gaps the step-time model never reads: the host link (offload only) and the power.
@@ -103,3 +109,45 @@ def test_an_efficiency_entry_needs_the_figures_the_model_reads(cat):
     for name, g in cat.gpus.items():
         if name in cat.efficiency:
             assert set(g.gaps) <= UNREAD, name
+
+
+def test_efa_on_trn1_is_non_blocking_as_its_source_says_and_efa_v3_stays_a_gap(cat):
+    trn1, v3 = cat.fabrics["efa-trn1"], cat.fabrics["efa-v3"]
+    assert trn1.oversubscription == 1.0 and "oversubscription" not in trn1.gaps
+    assert "non-blocking petabit-scale EFA networking infrastructure" in trn1.source and "trn1-arch.rst" in trn1.source
+    assert math.isnan(trn1.latency_s) and "latency_us" in trn1.gaps        # no source prints it
+    assert math.isnan(v3.oversubscription) and "oversubscription" in v3.gaps   # trn2-arch.rst says nothing of it
+
+
+def _trn1_step(cat, **gpu_figures) -> float:
+    """A trn1 plan across four instances (its DP groups cross EFA), with the trn1 entry's
+    figures replaced by ``gpu_figures`` for the call."""
+    import dataclasses
+
+    from simcore.engine.predict import simulate
+    from simcore.model import collectives, compute
+    from simcore.plan.load import plan_from_dict
+
+    saved = cat.gpus["trn1"]
+    cat.gpus["trn1"] = dataclasses.replace(saved, **gpu_figures)
+    compute.device_model.cache_clear()
+    collectives.group_net.cache_clear()
+    try:
+        return simulate(plan_from_dict({
+            "model": "llama2-7b", "cluster": {"node": "trn1-32xl", "nodes": 4},
+            "parallel": {"tp": 4, "dp": 16, "zero": 1, "sequence_parallel": True},
+            "training": {"global_batch": 64, "micro_batch": 1, "recompute": "selective"}}, catalog=cat)).step_time_s
+    finally:
+        cat.gpus["trn1"] = saved
+        compute.device_model.cache_clear()
+        collectives.group_net.cache_clear()
+
+
+def test_trn1s_remaining_gaps_are_not_read_by_the_step_model(cat):
+    # the rule above, checked: trn1's gaps (host PCIe, TDP) are NaN, and filling them with any
+    # number leaves the step time where it was
+    assert set(cat.gpus["trn1"].gaps) == {"pcie_gbyte_per_s_bidir", "tdp_w"}
+    step = _trn1_step(cat)
+    assert math.isfinite(step) and step > 0
+    assert _trn1_step(cat, pcie_bytes_per_s=1e9, tdp_w=1.0) == step
+    assert _trn1_step(cat, pcie_bytes_per_s=1e12, tdp_w=1e4) == step
