@@ -45,10 +45,14 @@ OFFLOAD_ORDER = (Offload.NONE, Offload.OPTIMIZER)
 #: ``get_num_layers_to_build`` asserts the division), the Megatron-Bridge Llama 3.1 405B and
 #: Qwen3 recipes; ``titan``, torchtitan's rule with its default ``pipeline_parallel_first_stage_less_layers``
 #: = ``last_stage_less_layers`` = 1, the extra layers on the first stages
-#: (``torchtitan_writer.stage_split``), searched for the torchtitan stacks.
-SPLITS = ("even", "ends", "titan")
+#: (``torchtitan_writer.stage_split``), searched for the torchtitan stacks; ``mtp``, a model with
+#: MTP modules (``model.mtp_layers``) counting them as layers of the last stage: every other stage
+#: ceil((layers + D) / stages) layers, the last the rest beside the modules, as Megatron-Bridge's
+#: DeepSeek-V3 layouts place them ('Et*4|(t*4|)*14tmL', recipes/deepseek/deepseek_v3.py @21d102f5e;
+#: Megatron-LM's ``--decoder-last-pipeline-num-layers``).
+SPLITS = ("even", "ends", "titan", "mtp")
 #: The splits a search proposes unless a stack says otherwise (``SearchSpace.splits``).
-DEFAULT_SPLITS = ("even", "ends")
+DEFAULT_SPLITS = ("even", "ends", "mtp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,7 +138,7 @@ class Layout:
         ``stage_layers`` too (the same Plan, with the split computed once: faster to evaluate)."""
         stages = None
         if explicit_stages or self.split != "even":
-            stages = layer_split(base.model.layers, self.pp * self.vpp, self.split)
+            stages = layer_split(base.model.layers, self.pp * self.vpp, self.split, base.model.mtp_layers)
         impl = base.parallel.zero_impl if self.zero > ZeroStage.NONE else ZeroImpl.FSDP2   # the base's ZeRO
         # the stack's switches (``base_plan``'s ``parallel``), where this layout can take them
         tp_overlap = base.parallel.tp_comm_overlap and self.tp > 1 and self.sequence_parallel
@@ -172,10 +176,14 @@ class Layout:
 
 
 @functools.lru_cache(maxsize=4096)
-def layer_split(layers: int, stages: int, split: str = "even") -> tuple[int, ...] | None:
-    """Layers per virtual stage under ``split`` (``SPLITS``); None where it gives no valid split
-    (a middle stage without a layer)."""
-    if split == "even":
+def layer_split(layers: int, stages: int, split: str = "even", mtp: int = 0) -> tuple[int, ...] | None:
+    """Layers per virtual stage under ``split`` (``SPLITS``; ``mtp``: the model's MTP modules); None
+    where it gives no valid split (a middle stage without a layer; ``mtp`` without modules)."""
+    if split == "mtp":
+        per = -(-(layers + mtp) // stages)
+        rest = layers - per * (stages - 1)
+        out = (per,) * (stages - 1) + (rest,) if mtp and stages > 1 and 0 <= rest < per else None
+    elif split == "even":
         out = even_split(layers, stages)
     elif split == "ends":
         per, extra = divmod(layers + 2, stages)
@@ -190,14 +198,14 @@ def layer_split(layers: int, stages: int, split: str = "even") -> tuple[int, ...
     return out
 
 
-def stage_splits(space: "SearchSpace", layers: int, stages: int) -> list[str]:
-    """The splits of ``space`` that give a valid split of ``layers`` over ``stages``, each a
-    different one (the first named wins a tie)."""
+def stage_splits(space: "SearchSpace", layers: int, stages: int, mtp: int = 0) -> list[str]:
+    """The splits of ``space`` that give a valid split of ``layers`` (and ``mtp`` MTP modules) over
+    ``stages``, each a different one (the first named wins a tie)."""
     if stages == 1:
         return ["even"]
     seen, out = set(), []
     for name in space.splits:
-        split = layer_split(layers, stages, name)
+        split = layer_split(layers, stages, name, mtp)
         if split is not None and split not in seen:
             seen.add(split)
             out.append(name)
@@ -232,18 +240,18 @@ def derive_space(base: Plan, *, uneven_pp: bool = True, max_tp: int | None = Non
     )
 
 
-def _schedules(space: SearchSpace, pp: int, layers: int) -> list[tuple[Schedule, int, str]]:
+def _schedules(space: SearchSpace, pp: int, layers: int, mtp: int = 0) -> list[tuple[Schedule, int, str]]:
     """(schedule, vpp, split) triples for ``pp`` stages: with pp = 1 the schedule does not
     matter; each schedule with every split of ``space`` that gives its own stages."""
     if pp == 1:
         return [(Schedule.ONE_F_ONE_B, 1, "even")]
     out = [(s, 1, split) for s in space.schedule if s not in (Schedule.INTERLEAVED_1F1B, Schedule.DUALPIPE_V)
-           for split in stage_splits(space, layers, pp)]
+           for split in stage_splits(space, layers, pp, mtp)]
     if Schedule.DUALPIPE_V in space.schedule and layers >= 2 * pp:   # torch's ScheduleDualPipeV: 2 stages a rank
         out.append((Schedule.DUALPIPE_V, 2, "even"))
     if Schedule.INTERLEAVED_1F1B in space.schedule:
         out += [(Schedule.INTERLEAVED_1F1B, v, split) for v in space.vpp
-                for split in stage_splits(space, layers, pp * v)]
+                for split in stage_splits(space, layers, pp * v, mtp)]
     return out
 
 
@@ -297,7 +305,7 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
         zeros = space.zero if dp * cp > 1 else (ZeroStage.NONE,)
         sps = sorted({s and tp > 1 and (m.seq_len // cp) % tp == 0 for s in space.sequence_parallel})
         for (ep, etp), zero, mb, (sched, vpp, split), sp in product(eps, zeros, space.micro_batch,
-                                                                    _schedules(space, pp, m.layers), sps):
+                                                                    _schedules(space, pp, m.layers, m.mtp_layers), sps):
             if gb % (dp * mb) or sched == Schedule.DUALPIPE_V and gb // (dp * mb) < 2 * pp:   # DualPipeV: m >= 2 pp
                 continue
             for prec in precisions:

@@ -5,6 +5,7 @@ keeps the search fast loses nothing."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,28 @@ def test_layer_splits_as_the_stacks_make_them():
             assert split is None or (sum(split) == layers and len(split) == stages and 0 not in split[1:-1])
     with pytest.raises(ValueError, match="split='odd' is not one of"):
         layer_split(10, 2, "odd")
+
+
+def test_the_mtp_split_counts_the_modules_as_layers_of_the_last_stage():
+    """Megatron-Bridge's DeepSeek-V3 layout 'Et*4|(t*4|)*14tmL': 61 layers and one MTP module over
+    16 virtual stages, four layers a stage and the last one layer beside the module."""
+    assert layer_split(61, 16, "mtp", 1) == (4,) * 15 + (1,)
+    assert layer_split(61, 16, "mtp") is None                            # no modules: not a split of its own
+    assert layer_split(63, 16, "mtp", 1) == (4,) * 15 + (3,)
+    for layers, stages, mtp in ((61, 16, 1), (61, 8, 1), (94, 24, 2), (60, 16, 4)):
+        split = layer_split(layers, stages, "mtp", mtp)
+        assert split is None or (sum(split) == layers and len(split) == stages and min(split) >= 0)
+
+
+def test_bridges_deepseek_v3_layout_with_its_mtp_module_is_in_the_space():
+    hf = Path(__file__).resolve().parents[2] / "examples" / "hf" / "deepseek-v3" / "config.json"
+    base = base_plan({"hf_config": str(hf), "seq_len": 4096}, {"node": "dgx-b200", "nodes": 32}, 4096,
+                     {"precision": "mxfp8"})
+    assert base.model.mtp_layers == 1                                     # num_nextn_predict_layers
+    found = _families_like(base, tp=1, pp=8, vpp=2, ep=32, cp=1, micro_batch=1, schedule=Schedule.INTERLEAVED_1F1B)
+    blocks = {f.split: f.apply(base, True).layers_per_stage for f in found}
+    assert blocks["mtp"] == (4,) * 15 + (2,)                             # the last stage: a layer, the module
+    check_plan(next(f for f in found if f.split == "mtp").apply(base, True))
 
 
 def _families_like(base, **fields):
