@@ -225,6 +225,15 @@ def _resolve_layout(values: dict, hints: dict, world: int, notes: list[str]) -> 
     if "megatron.account" in hints and layers:
         values["parallel.stage_layers"] = account_split(layers, g("parallel.pp"), g("parallel.vpp"),
                                                         *hints["megatron.account"])
+    if "megatron.layout" in hints:   # every virtual stage's layers; vpp = stages / pp (arguments.py)
+        (stages, mtp), pp = hints["megatron.layout"], g("parallel.pp")
+        if len(stages) % pp or (layers and sum(stages) != layers) or mtp != (values.get("model.mtp_layers") or 0):
+            raise PlanError(f"megatron --pipeline-model-parallel-layout gives {len(stages)} stages of {sum(stages)} "
+                            f"layers and {mtp} MTP modules, where Megatron needs a multiple of --pipeline-model-"
+                            f"parallel-size ({pp}), --num-layers ({layers}) and --mtp-num-layers")
+        values["parallel.vpp"], values["parallel.stage_layers"] = len(stages) // pp, stages
+        if len(stages) > pp:   # several virtual stages a rank: Megatron interleaves them
+            values["parallel.schedule"] = "interleaved-1f1b"
     stages = values.get("parallel.stage_layers")
     if stages and layers and list(stages) == list(even_split(layers, g("parallel.pp") * g("parallel.vpp"))):
         del values["parallel.stage_layers"]

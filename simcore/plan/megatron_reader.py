@@ -90,12 +90,29 @@ def read_megatron(text: str) -> Reading:
     last = a.value("--decoder-last-pipeline-num-layers")
     if first is not None or last is not None:
         hints["megatron.first_last"] = (first, last)
+    if (layout := a.value("--pipeline-model-parallel-layout", str)) is not None:
+        hints["megatron.layout"] = read_layout(layout)
     if f.get("parallel.sequence_parallel") and (f.get("parallel.tp") or 1) == 1:
         # validate_args: "if args.tensor_model_parallel_size == 1: ... args.sequence_parallel = False"
         del f["parallel.sequence_parallel"]
         hints["note.megatron_sp"] = "--sequence-parallel at tensor-model-parallel-size 1 is off (as Megatron turns it off)"
     ignored = tuple(o for o in opts if o not in a.used)
     return Reading(source="megatron", fields=f, defaults=d, hints=hints, ignored=ignored)
+
+
+def read_layout(layout: str) -> tuple[tuple[int, ...], int]:
+    """(decoder layers per virtual stage, MTP modules) of ``--pipeline-model-parallel-layout``,
+    unrolled as Megatron's ``PipelineParallelLayerLayout.parse_str_to_list`` does (@d98e8a64)."""
+    import re
+
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), text)
+    if set(text) - set("ELtm|"):
+        raise PlanError(f"megatron --pipeline-model-parallel-layout={layout!r} has a layer other than E, t, m, L "
+                        "(embedding, decoder, MTP, loss)")
+    stages = text.split("|")
+    return tuple(st.count("t") for st in stages), text.count("m")
 
 
 def _to_int(value: str, where: str) -> int:

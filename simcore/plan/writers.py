@@ -88,11 +88,12 @@ def _megatron_parallel_args(plan: Plan) -> list:
         raise _refuse("parallel.schedule", schedule, "Megatron-LM", "it runs 1F1B or interleaved 1F1B")
     if par.pp > 1 and schedule == "interleaved-1f1b" and par.vpp == 1:
         raise _refuse("parallel.schedule", schedule, "Megatron-LM", "interleaving needs parallel.vpp > 1")
-    if par.vpp > 1:
-        args.append(("--num-virtual-stages-per-pipeline-rank", par.vpp))
+    stage_args = _megatron_stage_args(plan)
+    if par.vpp > 1 and not any(k == "--pipeline-model-parallel-layout" for k, _ in stage_args):
+        args.append(("--num-virtual-stages-per-pipeline-rank", par.vpp))   # the layout sets it (arguments.py)
     if par.microbatch_group:
         args.append(("--microbatch-group-size-per-virtual-pipeline-stage", par.microbatch_group))
-    args += _megatron_stage_args(plan)
+    args += stage_args
     if par.sequence_parallel:
         args.append(("--sequence-parallel", None))
     if par.tp_comm_overlap:
@@ -122,7 +123,7 @@ def _megatron_parallel_args(plan: Plan) -> list:
 def _megatron_stage_args(plan: Plan) -> list:
     """The split of the layers: the embedding and the loss counted as layers where that is the
     split (``account_split``: the search's "ends" split, Bridge's Llama 3.1 405B recipes), else
-    first and last stage sizes; one sentence for a split Megatron has no option for."""
+    first and last stage sizes, else the layout of every virtual stage (``megatron_layout``)."""
     stages, par = list(plan.model_layers_per_stage), plan.parallel
     if len(set(stages)) == 1:
         return []
@@ -133,11 +134,20 @@ def _megatron_stage_args(plan: Plan) -> list:
                                                       ("--account-for-loss-in-pipeline-split", loss)) if on]
         except PlanError:
             continue
-    middle = stages[1:-1]
-    if plan.parallel.vpp > 1 or len(set(middle)) > 1:
-        raise _refuse("parallel.stage_layers", stages, "Megatron-LM", "only the first and last stage may differ "
-                      "(--decoder-first/last-pipeline-num-layers, or by the embedding and the loss counted as layers)")
+    if plan.parallel.vpp > 1 or len(set(stages[1:-1])) > 1:
+        return [("--pipeline-model-parallel-layout", megatron_layout(stages, plan.model.mtp_layers))]
     return [("--decoder-first-pipeline-num-layers", stages[0]), ("--decoder-last-pipeline-num-layers", stages[-1])]
+
+
+def megatron_layout(stages, mtp: int = 0) -> str:
+    """Megatron-LM's ``--pipeline-model-parallel-layout`` of ``stages`` (the model's layers per
+    virtual stage, in model order): stages split by '|', ``E`` the embedding first, ``t*n`` n
+    decoder layers, the ``m`` MTP modules and ``L`` the loss last (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py @d98e8a64 ``parse_str_to_list``; Megatron-Bridge's DeepSeek-V3
+    recipes write 'Et*4|(t*4|)*14tmL')."""
+    last = len(stages) - 1
+    return "|".join(("E" if i == 0 else "") + ("t" if n == 1 else f"t*{n}" if n else "")
+                    + ("m" * mtp + "L" if i == last else "") for i, n in enumerate(stages))
 
 
 def _megatron_training_args(plan: Plan) -> list:

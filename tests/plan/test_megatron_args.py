@@ -153,3 +153,24 @@ def test_a_one_line_command_longer_than_a_file_name_is_text():
     with pytest.raises(PlanError, match="cannot be read: no such file"):
         import_plan(megatron="missing/pretrain.sh", cluster="dgx-a100-80gb")
     assert Path(SCRIPTS / "README.md").read_text().count("commit") >= 3
+
+
+def test_a_layout_export_passes_validate_args_and_reads_back_stage_for_stage():
+    """A split Megatron has no first/last option for is written as --pipeline-model-parallel-layout,
+    without --num-virtual-stages-per-pipeline-rank (arguments.py @d98e8a64: at most one of them)."""
+    from simcore.plan.load import plan_from_dict
+
+    stages = (2,) + (4,) * 31
+    plan = plan_from_dict({"model": {"name": "llama3-405b", "seq_len": 8192},
+                           "cluster": {"node": "dgx-h100", "nodes": 64},
+                           "parallel": {"tp": 8, "pp": 16, "dp": 4, "vpp": 2, "zero": 1, "sequence_parallel": True,
+                                        "schedule": "interleaved-1f1b", "stage_layers": list(stages)},
+                           "training": {"global_batch": 64, "micro_batch": 1, "flash_attention": True}})
+    text = export_plan(plan, "megatron")
+    assert broken_rules(text) == []
+    args, _, _ = parse_export(text)
+    assert args["pipeline_model_parallel_layout"].startswith("Et*2|t*4|")
+    assert args["num_virtual_stages_per_pipeline_rank"] is None
+    doc, _ = import_plan(megatron=text, cluster="dgx-h100", nodes=64)
+    back = plan_from_dict(doc)
+    assert back.layers_per_stage == stages and back.parallel.vpp == 2

@@ -72,3 +72,24 @@ def test_the_export_writes_the_split_back(vpp, flags):
     assert all(f in text for f in flags.split()) and "--decoder-first-pipeline-num-layers" not in text
     again, _ = _plan(text)
     assert again.layers_per_stage == plan.layers_per_stage and again.parallel == plan.parallel
+
+
+def test_a_layout_megatron_has_no_first_last_option_for_is_written_and_read_as_its_layout():
+    """Megatron-LM's --pipeline-model-parallel-layout (pipeline_parallel_layer_layout.py @d98e8a64):
+    Meta's interleaved Llama 3 405B (the first chunk the embedding alone, the last the loss alone)
+    and Bridge's DeepSeek-V3 shape with an MTP module, written and read back stage for stage."""
+    from simcore.plan.megatron_reader import read_layout
+    from simcore.plan.writers import megatron_args, megatron_layout
+
+    assert read_layout("Et*4|(t*4|)*14tmL") == ((4,) * 15 + (1,), 1)            # Bridge's own string
+    assert megatron_layout((4,) * 15 + (1,), 1) == "Et*4|" + "t*4|" * 14 + "tmL"
+    stages = (2,) + (4,) * 31                                                 # 126 over 16 x 2: the first lighter
+    plan, _ = _plan(LLAMA_405B + f"--pipeline-model-parallel-layout {megatron_layout(stages)}")
+    assert plan.layers_per_stage == stages and plan.parallel.vpp == 2
+    args = dict(megatron_args(plan))
+    assert args["--pipeline-model-parallel-layout"] == megatron_layout(stages)
+    assert "--num-virtual-stages-per-pipeline-rank" not in args            # Megatron: one of the two at most
+    with pytest.raises(PlanError, match="pipeline-model-parallel-layout gives 3 stages"):
+        _plan(LLAMA_405B + "--pipeline-model-parallel-layout Et*42|t*42|t*42L")
+    with pytest.raises(PlanError, match="other than E, t, m, L"):
+        _plan(LLAMA_405B + "--pipeline-model-parallel-layout Et*126xL")
