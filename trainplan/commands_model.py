@@ -33,9 +33,12 @@ def _model_size(plan) -> dict:
     """The model's parameter count, and per token for MoE, so an import shows which model it means."""
     from simcore.model.workload import active_params_per_token, param_counts
 
-    out = {"params_total": param_counts(plan.model).total}
+    pc = param_counts(plan.model)
+    out = {"params_total": pc.total}
     if plan.model.moe:
         out["params_active"] = int(active_params_per_token(plan.model))
+    if pc.mtp:   # the MTP modules' own, beside the main model's count (``ParamCounts.mtp``)
+        out["params_mtp"] = pc.mtp
     return out
 
 
@@ -132,7 +135,8 @@ def cmd_simulate(args) -> None:
     else:
         size = _model_size(plan)
         active = f", {size['params_active'] / 1e9:.1f} B active per token" if "params_active" in size else ""
-        print(f"{plan.name}: {plan.model.name}, {size['params_total'] / 1e9:.2f} B parameters{active}")
+        mtp = f" (+{size['params_mtp'] / 1e9:.2f} B in {plan.model.mtp_layers} MTP modules)" if "params_mtp" in size else ""
+        print(f"{plan.name}: {plan.model.name}, {size['params_total'] / 1e9:.2f} B parameters{mtp}{active}")
         print_prediction(result, plan)
         if interval["interval_s"]:
             lo, hi = interval["interval_s"]

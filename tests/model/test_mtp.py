@@ -199,3 +199,25 @@ def test_checkpoints_and_failure_recovery_carry_the_mtp_modules_state():
     pc = wl.param_counts(deep.model)
     assert pc.mtp > 0 and pc.trained == pc.total + pc.mtp
     assert checkpoint_bytes(deep) / checkpoint_bytes(plain) == pytest.approx(pc.trained / pc.total)
+
+
+def test_simulate_names_the_mtp_modules_parameters_beside_the_models(tmp_path, capsys):
+    """An imported DeepSeek-V3 says what it holds beyond transformers' count: its MTP module."""
+    import json
+
+    import yaml
+
+    from trainplan.cli import main
+
+    doc = {"name": "dsv3", "model": {"hf_config": str(HF / "deepseek-v3" / "config.json"), "seq_len": 4096},
+           "cluster": {"node": "dgx-b200", "nodes": 32},
+           "parallel": {"tp": 1, "pp": 8, "dp": 32, "ep": 32, "zero": 1},
+           "training": {"global_batch": 1024, "micro_batch": 1, "precision": "bf16", "flash_attention": True,
+                        "recompute": "full"}}
+    path = tmp_path / "dsv3.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["simulate", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["params_total"] == DEEPSEEK_V3_TRANSFORMERS and out["params_mtp"] > 11e9
+    assert main(["simulate", str(path)]) == 0
+    assert f"(+{out['params_mtp'] / 1e9:.2f} B in 1 MTP modules)" in capsys.readouterr().out
