@@ -350,7 +350,8 @@ def write_residuals(out: pd.DataFrame, fits: dict | None = None) -> None:
     each of whose sources is the only source of a figure fitted to that kind's entry
     (``prior_when_left_out`` in validation/fits.yaml) has no out-of-sample residual: left out, the
     figure is its prior, not a refit, and an interval from those residuals would not be about the
-    fitted prediction. Such a kind gets no table (its predictions print no interval)."""
+    fitted prediction. Such a kind gets no table, only ``in_sample_only`` (its intervals are those of
+    a GPU no run was published on, and say why: ``uncertainty.extrapolated``)."""
     import datetime
     import subprocess
 
@@ -367,6 +368,11 @@ def write_residuals(out: pd.DataFrame, fits: dict | None = None) -> None:
         if all((kind, src) in prior_only for src in set(rows.source)):
             print(f"residuals of {kind} not written: its only source ({', '.join(sorted(set(rows.source)))}) is "
                   "the only one its fitted figure has, so leaving it out refits nothing (the prior)")
+            doc = {**doc, "kinds": {**doc["kinds"], kind: {"measured": {
+                "set": f"published runs: {', '.join(sorted(set(rows.source)))}", "in_sample_only": True,
+                "when": datetime.date.today().isoformat(),
+                "how": "no residual table: these runs fitted the kind's figures (bench/fit.py), none is out of "
+                       "sample; its intervals are every published kind's, widened as for an unpublished GPU"}}}}
             continue
         sources = ", ".join(f"{src} ({n})" for src, n in rows.groupby("source").size().items())
         doc = merge_residuals(doc, kind, tables[kind], {

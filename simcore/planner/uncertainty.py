@@ -325,13 +325,16 @@ def extrapolated(kind: str, gpus: int, precision: str, axes: dict, moe: tuple | 
     """What a question takes beyond every published run, one phrase each: a GPU kind none ran
     on; more GPUs, a precision, a larger parallel degree or a finer MoE than any run has. None
     where no published coverage is recorded, or the kind has residuals of its own without one
-    (a calibrated host or GPU: its own runs measured it). ``moe``: (experts, top-k, expert
+    (a calibrated host or GPU: its own runs measured it); a kind whose only published runs fitted
+    its figures (``in_sample_only``) is as one none ran on. ``moe``: (experts, top-k, expert
     width / hidden) of an MoE model."""
     covers = published_covers(tables)
-    if not covers or (kind in tables and kind not in covers):
+    in_sample = ((tables.get(kind) or {}).get("measured") or {}).get("in_sample_only")
+    if not covers or (kind in tables and kind not in covers and not in_sample):
         return []
     c = _merged(covers)
-    out = [] if kind in covers else [f"{kind}: no published run on this GPU"]
+    out = [] if kind in covers else [f"{kind}: its published runs fitted its figures, none is out of sample"
+                                     if in_sample else f"{kind}: no published run on this GPU"]
     if gpus > c["gpus"]:
         out.append(f"{gpus} GPUs (published runs reach {c['gpus']})")
     if precision.split("/")[0] not in c["precisions"]:

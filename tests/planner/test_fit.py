@@ -136,6 +136,20 @@ def test_a_gpu_no_run_was_published_on_gets_every_kinds_residuals_widened():
     assert got["interval_s"] is not None and "every published GPU kind pooled" in got["interval_source"]
 
 
+def test_a_gpu_whose_runs_only_fitted_its_figures_is_widened_as_an_unpublished_one_and_says_why():
+    """trn1: its one source fitted its plateau, so no residual of it is out of sample
+    (bench/validate_published.py writes it ``in_sample_only``, no table)."""
+    plan = _plan(cluster={"node": "dgx-b200"})
+    tables = {**TABLES, "b200": {"measured": {"set": "one source", "in_sample_only": True}}}
+    factor, line = u.extrapolation(plan, tables)
+    assert line == "extrapolated: b200: its published runs fitted its figures, none is out of sample"
+    assert factor == u.extrapolation(plan, TABLES)[0]
+    step = type("P", (), {"step_time_s": 1.0})
+    got = u.interval_fields(plan, step, tables=tables)
+    assert got["interval_s"] == u.interval_fields(plan, step, tables=TABLES)["interval_s"]
+    assert "every published GPU kind pooled" in got["interval_source"]
+
+
 def test_moe_beyond_the_published_shapes_is_named():
     assert u.extrapolated("h100-sxm", 8, "bf16", {}, (256, 8, 2048 / 7168), TABLES) == [
         "MoE granularity 256 experts, top-8, expert width 0.286 x hidden (published runs reach 64, "
