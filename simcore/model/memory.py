@@ -336,9 +336,9 @@ def rank_totals(plan: Plan, stages: tuple[int, ...] | None = None, params: tuple
     totals, host, start = [0.0] * len(shapes), 0.0, 0
     done: dict[int, tuple[float, ...]] = {}   # the rows computed whole, by rank
     kinds = zip(map(id, params), map(operator.itemgetter(slice(1, None)), shapes))   # all but the chunks in flight
+    affine = grads_live and not reduce_deferred(plan)   # a deferred reduction's peak is a max
     for end in itertools.accumulate(len(list(run)) for _, run in itertools.groupby(kinds)):   # runs of one kind
         members, start = range(start, end), end
-        affine = grads_live and not reduce_deferred(plan)   # a deferred reduction's peak is a max
         ends = (members[0], members[-1]) if affine and len(members) > 2 else members   # else every rank
         for r in ends:
             row = done[r] = row_of(params[r], shapes[r])[0]
@@ -370,8 +370,8 @@ def rank_breakdown(plan: Plan, stages: tuple[int, ...] | None = None,
         detail = None
         if terms_too:
             end, deferred = 0.0, states.get("deferred", 0.0)
-            if deferred:   # ``peak.rank_row``: the reduction after the last backward, or the activations
-                act, buffers = (act, {**buffers, "fsdp_reduce_scatter": 0.0}) if sum(act) >= deferred \
+            if deferred:   # as ``peak.rank_row`` chose: the activations, or the reduction after them
+                act, buffers = (act, {**buffers, "fsdp_reduce_scatter": 0.0}) if mem["activations"] \
                     else ((0.0,) * len(act), buffers)
             if not grads_live and row[ROW_GRADIENTS] > 0:   # the backward's end: no activations
                 act, buffers = (0.0,) * len(act), dict.fromkeys(buffers, 0.0)

@@ -61,7 +61,7 @@ def tally_sentence(tally) -> str:
             + f", {tally.no_fit} do not fit in memory"
             + (f" ({tally.margin_only} of them only by the caching allocator's assumed margin, which "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True removes: --stack megatron or torchtitan "
-               "launches with it)" if getattr(tally, "margin_only", 0) else "")
+               "launches with it)" if tally.margin_only else "")
             + f", {tally.dominated} are dominated "
             f"(heavier recompute than needed, or offload where none is needed), {tally.simulated} simulated"
             + (f" ({tally.near} of them within the memory model's error of the GPU's memory: thin or may not fit)"
