@@ -69,6 +69,12 @@ def end_workers(pool: ProcessPoolExecutor) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+    # the pool's manager thread closes its wake-up pipe as it ends; at exit concurrent.futures'
+    # _python_exit writes to that pipe unlocked (CPython 3.11), so a close racing it printed an
+    # "Exception ignored ... Bad file descriptor" traceback after the one-sentence stop: let it end first
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(TERM_GRACE_S)
 
 
 def imap(fn, items: list, jobs: int):
