@@ -3,9 +3,16 @@
 One iteration runs the linear layers over every token it schedules (prefill chunks and one
 token per decoding request), attention over each token's context, the output layer over the
 rows that emit a token, and two tensor-parallel all-reduces per layer (after the attention
-projection and after the MLP, Megatron's layout: Shoeybi et al. 2019, Sec. 3). Its time is
+projection and after the MLP, Megatron's layout: Shoeybi et al. 2019, Sec. 3). The engines
+run these as a sequence of kernels on one stream (captured in CUDA graphs), so the iteration
+is the sum of each kernel's roofline (Williams et al., "Roofline", CACM 2009; summed per
+operator as Vidur, Agrawal et al. MLSys 2024, and LLM-Viewer, Yuan et al. 2024, arXiv
+2402.16363, do), not one roofline of the whole iteration: a large decode batch's GEMMs are
+compute-bound while its attention streams the KV cache, and neither hides the other.
 
-    max(compute, HBM bytes / achievable bandwidth) + TP all-reduces
+    per layer: sum over its GEMMs of max(FLOPs / matmul rate, weight bytes / bandwidth)
+               + max(attention FLOPs / attention rate, KV bytes / bandwidth)
+    + the output layer's max(FLOPs / matmul rate, its weight bytes / bandwidth) + TP all-reduces
 
 - compute: each linear GEMM at the catalog's matmul efficiency for its FLOPs (int8/int4
   weight-only layers at the 16-bit peak: the kernels dequantize the weights into 16-bit GEMMs;
@@ -15,9 +22,13 @@ projection and after the MLP, Megatron's layout: Shoeybi et al. 2019, Sec. 3). I
   times the catalog's ``fp8_matmul_ratio``; attention at the catalog's attention fraction of
   the 16-bit peak, causal (a prefill chunk of c tokens after o cached ones: c*o + c(c+1)/2
   query-key pairs; a decode step: its context);
-- bytes: the weights once per iteration (an MoE layer: the experts its tokens reach, each
-  expert drawn top_k/E per token), the KV cache each token's attention reads, and the KV it
-  writes; at the GPU's datasheet HBM bandwidth times the catalog's ``memory_bound.efficiency``;
+- bytes: each GEMM's weights once per iteration (a GEMM of k x n weights computes 2kn FLOPs a
+  token; an MoE layer's expert GEMMs read the experts its tokens reach, each expert drawn top_k/E
+  per token), the KV cache each token's attention reads and the KV it writes; at the GPU's
+  datasheet HBM bandwidth times the catalog's ``memory_bound.efficiency``. The GEMMs' activation
+  reads and writes and the elementwise kernels (norms, activation, residual adds, which the
+  engines fuse into the GEMMs' epilogues) are not charged: at a decode batch they are a few
+  percent of the weights' bytes, and a prefill's GEMMs are compute-bound;
 - all-reduces: ``simcore.model.collectives.all_reduce_s`` (NCCL ring or tree, the faster) on the
   node's NVLink (``group_net``), 16-bit activations.
 
@@ -54,17 +65,16 @@ class ReplicaCost:
 
     tp: int
     layers: int
-    gemms: tuple[tuple[float, int, bool], ...]
-    """Per layer: (FLOPs per token of one GEMM, GEMMs, runs in FP8)."""
+    gemms: tuple[tuple[float, int, bool, float, bool], ...]
+    """Per layer: (FLOPs per token of one GEMM, GEMMs, runs in FP8, weight bytes of one GEMM on one
+    GPU, an expert's GEMM)."""
     logits_flops_per_row: float
     dev: DeviceModel
     fp8_peak: float
     weight_bytes: float
     """Weights one GPU holds."""
-    dense_read_bytes: float
-    """Weights an iteration reads whatever its tokens (all but the experts and the embedding)."""
-    expert_bytes: float
-    """One GPU's share of one expert's weights, all MoE layers (0 for a dense model)."""
+    head_bytes: float
+    """The output layer's weights on one GPU (read by every iteration)."""
     experts: int
     top_k: int
     kv_bytes_per_token: float
@@ -81,15 +91,17 @@ class ReplicaCost:
     _linear: dict = field(default_factory=dict, repr=False)
 
     def linear_s(self, tokens: int) -> float:
-        """The linear layers' compute time for ``tokens`` tokens (cached per count)."""
+        """The linear layers' time for ``tokens`` tokens, each GEMM the larger of its compute
+        and its weights' read (cached per count)."""
         t = self._linear.get(tokens)
         if t is None:
-            t = 0.0
-            for per_token, count, fp8 in self.gemms:
+            t, bw = 0.0, self.dev.hbm_bytes_per_s * self.dev.memory_efficiency
+            reached = self.experts * (1.0 - (1.0 - self.top_k / self.experts) ** tokens) if self.experts else 0.0
+            for per_token, count, fp8, weights, expert in self.gemms:
                 flops = per_token * tokens
-                eff = self.dev.matmul.at(flops)
                 peak = self.fp8_peak * self.dev.fp8_matmul_ratio if fp8 else self.dev.peak_flops
-                t += count * flops / (peak * eff)
+                compute = count * flops / (peak * self.dev.matmul.at(flops))
+                t += max(compute, (reached if expert else count) * weights / bw)
             t *= self.layers
             self._linear[tokens] = t
         return t
@@ -99,12 +111,6 @@ class ReplicaCost:
         if self.tp == 1 or tokens == 0:
             return 0.0
         return 2 * self.layers * all_reduce_s(tokens * self.all_reduce_bytes_per_token, self.net)
-
-    def weight_read_bytes(self, tokens: int) -> float:
-        if not self.experts:
-            return self.dense_read_bytes
-        reached = self.experts * (1.0 - (1.0 - self.top_k / self.experts) ** tokens)
-        return self.dense_read_bytes + reached * self.expert_bytes
 
 
 def iteration_s(rc: ReplicaCost, tokens: int, pairs: float, kv_read_tokens: float, rows: int,
@@ -122,12 +128,12 @@ def iteration_s(rc: ReplicaCost, tokens: int, pairs: float, kv_read_tokens: floa
         kv = (kv_read_tokens + tokens) * rc.kv_bytes_per_token / (dev.hbm_bytes_per_s * dev.memory_efficiency)
         return (h.gemm_s(rc.layers, tokens, rows) + attention + kv
                 + h.seconds(tokens - decodes, chunks, decodes, kv_read_tokens) + h.wake_s(idle_s))
+    bw = dev.hbm_bytes_per_s * dev.memory_efficiency
     logits = rows * rc.logits_flops_per_row
-    compute = (rc.linear_s(tokens) + logits / (dev.peak_flops * dev.matmul.at(logits))
-               + pairs * rc.attn_flops_per_pair / (dev.peak_flops * dev.attention_forward))
-    bytes_ = rc.weight_read_bytes(tokens) + (kv_read_tokens + tokens) * rc.kv_bytes_per_token
-    memory = bytes_ / (dev.hbm_bytes_per_s * dev.memory_efficiency)
-    return max(compute, memory) + rc.all_reduce_s(tokens)
+    head = max(logits / (dev.peak_flops * dev.matmul.at(logits)) if rows else 0.0, rc.head_bytes / bw)
+    attention = max(pairs * rc.attn_flops_per_pair / (dev.peak_flops * dev.attention_forward),
+                    (kv_read_tokens + tokens) * rc.kv_bytes_per_token / bw)
+    return rc.linear_s(tokens) + attention + head + rc.all_reduce_s(tokens)
 
 
 def prefill_s(rc: ReplicaCost, prompt: int, offset: int = 0) -> float:
@@ -141,11 +147,27 @@ def decode_s(rc: ReplicaCost, seqs: int, context: int) -> float:
     return iteration_s(rc, seqs, seqs * context, seqs * context, seqs, decodes=seqs)
 
 
-def _gemms(plan: ServingPlan) -> tuple[tuple[float, int, bool], ...]:
-    """The linear GEMMs of one layer per token (``layer_forward_ops`` at one token)."""
-    fp8 = plan.precision.activations == Dtype.FP8
-    ops = wl.layer_forward_ops(plan.model, b=1, s=1, tp=plan.tp, flash=True)
-    return tuple((op.flops, op.count, fp8 and op.name in wl.FP8_LINEAR_OPS) for op in ops if op.name in LINEAR_OPS)
+#: An MoE layer's expert GEMMs (``workload.mlp_ops``): their weights are read per expert reached.
+EXPERT_OPS = ("expert_in", "expert_out")
+
+
+def _gemms(plan: ServingPlan) -> tuple[tuple[float, int, bool, float, bool], ...]:
+    """The linear GEMMs of one layer per token (``layer_forward_ops`` at one token) and the
+    weight bytes of each on one GPU: a GEMM of k x n weights computes 2kn FLOPs a token (an
+    expert's, 2kn per token copy routed to it: top_k x capacity_factor / E a token at one token);
+    the router's weights stay 16-bit."""
+    m, fp8 = plan.model, plan.precision.activations == Dtype.FP8
+    w, half = weight_bytes_per_param(plan), act_bytes(plan)
+    ops = wl.layer_forward_ops(m, b=1, s=1, tp=plan.tp, flash=True)
+    out = []
+    for op in ops:
+        if op.name not in LINEAR_OPS:
+            continue
+        expert = op.name in EXPERT_OPS
+        params = op.flops / 2 / (m.top_k * m.capacity_factor / op.count if expert else 1.0)
+        out.append((op.flops, op.count, fp8 and op.name in wl.FP8_LINEAR_OPS,
+                    params * (half if op.name == "router" else w), expert))
+    return tuple(out)
 
 
 def weight_bytes_per_param(plan: ServingPlan) -> float:
@@ -156,20 +178,12 @@ def weight_bytes_per_param(plan: ServingPlan) -> float:
     return w + (HALF + DTYPE_BYTES[Dtype.INT4]) / pr.group_size if pr.weights == Dtype.INT4 else w
 
 
-def weight_bytes(plan: ServingPlan) -> tuple[float, float, float]:
-    """(held, read every iteration, one expert's) weight bytes on one GPU."""
-    m, tp = plan.model, plan.tp
-    pc = param_counts(m)
-    w = weight_bytes_per_param(plan)
+def weight_bytes(plan: ServingPlan) -> float:
+    """The weight bytes one GPU holds: the blocks in the weights' format, the embedding and the
+    output layer in 16 bits."""
+    pc, tp = param_counts(plan.model), plan.tp
     ends = (pc.embedding + pc.output) * act_bytes(plan) / tp
-    blocks = (pc.total - pc.embedding - pc.output) * w / tp
-    head = (pc.embedding if m.tied_embeddings else pc.output) * act_bytes(plan) / tp
-    if not m.moe:
-        return ends + blocks, blocks + head, 0.0
-    moe_layers = m.layers - m.dense_count
-    one_expert = moe_layers * 3 * m.hidden * m.ffn_hidden * w / tp if m.gated_mlp else \
-        moe_layers * 2 * m.hidden * m.ffn_hidden * w / tp
-    return ends + blocks, blocks + head - m.experts * one_expert, one_expert
+    return ends + (pc.total - pc.embedding - pc.output) * weight_bytes_per_param(plan) / tp
 
 
 def act_bytes(plan: ServingPlan) -> float:
@@ -204,7 +218,8 @@ def replica_cost(plan: ServingPlan, host: HostCosts | None = None) -> ReplicaCos
     if plan.precision.activations == Dtype.FP8 and not fp8_peak:
         raise PlanError(f"precision.activations=fp8 is not supported by {gpu.name} (no fp8 peak in its catalog entry)")
     m = plan.model
-    held, read, expert = weight_bytes(plan)
+    held = weight_bytes(plan)
+    pc = param_counts(m)
     kv_token = kv_bytes_per_token(plan)
     kv = plan.kv_cache
     if kv.free_memory_fraction is None:
@@ -217,7 +232,8 @@ def replica_cost(plan: ServingPlan, host: HostCosts | None = None) -> ReplicaCos
     blocks = int(free // (kv_token * plan.kv_cache.block_size))
     return ReplicaCost(
         tp=plan.tp, layers=m.layers, gemms=_gemms(plan), logits_flops_per_row=2.0 * m.hidden * m.vocab / plan.tp,
-        dev=dev, fp8_peak=fp8_peak, weight_bytes=held, dense_read_bytes=read, expert_bytes=expert,
+        dev=dev, fp8_peak=fp8_peak, weight_bytes=held,
+        head_bytes=(pc.embedding if m.tied_embeddings else pc.output) * act_bytes(plan) / plan.tp,
         experts=m.experts, top_k=m.top_k, kv_bytes_per_token=kv_token,
         attn_flops_per_pair=4.0 * m.layers * (m.heads // plan.tp) * m.head_dim,
         all_reduce_bytes_per_token=m.hidden * act_bytes(plan),

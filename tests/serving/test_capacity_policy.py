@@ -80,7 +80,7 @@ def test_a_static_batch_whose_prompts_exceed_the_budget_prefills_them_in_turn():
 
 def test_tensorrt_llms_kv_share_is_of_the_memory_left():
     p = plan(kv_cache={"free_memory_fraction": 0.95})
-    held, _, _ = weight_bytes(p)
+    held = weight_bytes(p)
     left = p.cluster.node.gpu.hbm_bytes - held - activation_bytes(p)
     assert replica_cost(p).kv_blocks == int(0.95 * left // (kv_bytes_per_token(p) * p.kv_cache.block_size))
     with pytest.raises(PlanError, match="not both"):
