@@ -20,7 +20,7 @@ from simcore.planner import uncertainty as u
 
 FITS = Path(__file__).resolve().parents[1] / "validation" / "fits.yaml"
 #: Pairs of runs closer than this (per sequence, measured) are not ranked: the noise floor.
-RANK_MIN_GAP = 0.05
+RANK_MIN_GAP = u.RANK_MIN_GAP
 #: Coverage is judged for GPU kinds with at least this many rows: on the residuals the planner
 #: reads (the row's own among them) from ``uncertainty.EMPIRICAL_MIN_N`` rows on, where the
 #: intervals are their empirical quantiles; below it, where they are Student-t prediction

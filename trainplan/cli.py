@@ -151,8 +151,8 @@ def _interop_commands(sub) -> None:
     p.set_defaults(func=model.cmd_export)
 
 
-def _planning_commands(sub) -> None:
-    """The search, price, what-if, reports and the demo."""
+def _plan_command(sub) -> None:
+    """``trainplan plan``: the layout search."""
     p = sub.add_parser("plan", help="search every valid layout of a model on a cluster; rank by time or cost")
     p.add_argument("--model", required=True, help="catalog model name (trainplan catalog --kind models) or a Hugging Face config.json")
     p.add_argument("--cluster", required=True, metavar="NODE", help="catalog node type, e.g. dgx-h100")
@@ -176,9 +176,17 @@ def _planning_commands(sub) -> None:
     p.add_argument("--precision", metavar="P,Q", help="training precisions to search, e.g. bf16,fp8 (fp8, mxfp8, "
                    "nvfp4 where the GPU has them), or 'all' (default: bf16)")
     p.add_argument("--hybrid", action="store_true", help="also rank hybrid sharding (parallel.dp_replicate)")
+    p.add_argument("--compression", metavar="M,N", help="communication compression to rank beside none, where a "
+                   "layout can take it: bf16, fp16, powersgd, onebit_adam, zeropp (--stack deepspeed), "
+                   "fp8_param_gather (fp8); the answer says what each costs in accuracy")
     p.add_argument("--out", type=Path, help="where to write the best Plan (default: NAME.yaml)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=jobs.cmd_plan)
+
+
+def _planning_commands(sub) -> None:
+    """The search, price, what-if, reports and the demo."""
+    _plan_command(sub)
 
     p = sub.add_parser("cost", help="time to train, GPU-hours, $, energy, checkpoints and failures of a run")
     p.add_argument("plan", type=Path)

@@ -114,7 +114,8 @@ def cmd_plan(args) -> None:
                  allow_fewer_gpus=args.allow_fewer_gpus, min_headroom_gib=args.min_headroom,
                  activation_offload=args.activation_offload, stack=args.stack,
                  refuses=_executor_refuses() if args.stack == "executor" else None,
-                 precisions=_csv(args.precision, "--precision"), hybrid=getattr(args, "hybrid", False))
+                 precisions=_csv(args.precision, "--precision"), hybrid=getattr(args, "hybrid", False),
+                 compressions=_compressions(args.compression))
     out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:
@@ -301,6 +302,16 @@ def _check_calibrate_flags(args) -> None:
     if args.quick and (args.refresh or sources):
         raise UsageError(f"calibrate --quick shortens a full calibration; --{'refresh' if args.refresh else sources[0].replace('_', '-')} "
                          "measures nothing it would shorten")
+
+
+def _compressions(text: str | None) -> list[str] | None:
+    """``--compression``'s methods (``simcore.planner.compression.METHODS``); UsageError naming the flag."""
+    from simcore.planner.compression import check_methods
+
+    try:
+        return list(check_methods(text, "--compression")) if text else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _csv(text: str | None, flag: str, kind=str) -> list | None:

@@ -93,12 +93,13 @@ TIE_DIGITS = 6
 
 
 def _complexity(df: pd.DataFrame) -> pd.DataFrame:
-    """What makes a layout harder to run, most important first: parallel dimensions in use,
-    ZeRO stage, activation offload, then the context-parallel, virtual-stage, expert, tensor and
-    pipeline sizes."""
+    """What makes a layout harder to run, most important first: a compression method (it changes
+    the numbers trained on), parallel dimensions in use, ZeRO stage, activation offload, then the
+    context-parallel, virtual-stage, expert, tensor and pipeline sizes."""
     axes = sum((df[a] > 1).astype(int) for a in ("tp", "pp", "dp", "cp", "ep")) + (df["vpp"] > 1).astype(int)
     offload = df["activation_offload"] if "activation_offload" in df else 0
-    return pd.DataFrame({"axes": axes, "zero": df["zero"], "offload": offload, "cp": df["cp"], "vpp": df["vpp"],
+    lossy = (df["compression"].fillna("") != "").astype(int) if "compression" in df else 0
+    return pd.DataFrame({"lossy": lossy, "axes": axes, "zero": df["zero"], "offload": offload, "cp": df["cp"], "vpp": df["vpp"],
                          "ep": df["ep"], "tp": df["tp"], "pp": df["pp"], "micro_batch": df["micro_batch"]},
                         index=df.index)
 
@@ -120,6 +121,12 @@ def merge_ties(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _ranked_by(df: pd.DataFrame, objective: str) -> str:
+    """The figure the recommendation was ranked by: the event engine's where it ran on the first row."""
+    col = "step_time_s" if objective != "cost" else _cost_column(df)
+    return "des_" + col if "des_" + col in df and pd.notna(df.iloc[0].get("des_" + col)) else col
+
+
 def _objective_order(df: pd.DataFrame, objective: str) -> pd.DataFrame:
     if objective == "time":
         return df.sort_values(["step_time_s", "memory_per_gpu_gib"], kind="stable")
@@ -139,7 +146,8 @@ def _layout_of(row) -> Layout:
                   activation_offload=int(row.get("activation_offload", 0)), autocast=bool(row.get("autocast", False)),
                   split=str(row.get("split", "even")), expert_tp=int(row.get("expert_tp", 0)),
                   recompute_layers=int(row.get("recompute_layers", 0)), precision=str(row.get("precision", "")),
-                  fp8_recipe=str(row.get("fp8_recipe", "")), dp_replicate=int(row.get("dp_replicate", 1)))
+                  fp8_recipe=str(row.get("fp8_recipe", "")), dp_replicate=int(row.get("dp_replicate", 1)),
+                  compression=c if isinstance(c := row.get("compression", ""), str) else "")
 
 
 #: The most layouts the event engine re-simulates in one search: each takes it up to a few
@@ -193,7 +201,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
            space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = True,
            explain: int = 5, min_headroom_gib: float = 0.0, activation_offload: bool = True,
            stack: str | None = None, refuses=None, parallel: dict | None = None,
-           precisions: list[str] | None = None, hybrid: bool = False) -> SearchResult:
+           precisions: list[str] | None = None, hybrid: bool = False,
+           compressions: list[str] | None = None) -> SearchResult:
     """Every valid layout of ``model`` on the cluster, ranked by ``objective`` (time | cost
     | pareto); the top ``top_k`` re-simulated on the event engine (0: none). With
     ``min_headroom_gib`` only layouts that leave that much GPU memory are ranked; without
@@ -203,7 +212,9 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     where it can (``space.SWITCHES``); pipelines of every depth unless ``uneven_pp`` is False
     (then only those whose stages divide the layers); ``precisions`` the training precisions to
     search (``['all']``: every one the GPU has a peak for; default: the base plan's); ``hybrid``
-    also hybrid sharding, the shard group one NVLink domain (``SearchSpace.hybrid``)."""
+    also hybrid sharding, the shard group one NVLink domain (``SearchSpace.hybrid``); ``compressions``
+    the communication compression methods to try beside none (``simcore.planner.compression``)."""
+    from simcore.planner.compression import absent_notes, lossless_first
     from simcore.planner.formatting import hbm_gib
     from simcore.planner.headroom import headroom_note, keep_roomy, recommended_first
 
@@ -221,13 +232,8 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
         raise ValueError(f"top_k={top_k} is over {MAX_TOP_K}: the event engine takes up to a few seconds a layout, "
                          "and the analytic ranking covers the rest")
     base = base_plan(model, cluster_doc, global_batch, training, parallel)
-    space = space or derive_space(base, uneven_pp=uneven_pp)
-    if precisions:
-        space = replace(space, precision=precision_axis(precisions, base.cluster.node.gpu))
-    if not activation_offload:
-        space = replace(space, activation_offload=(False,))
-    if hybrid:
-        space = replace(space, hybrid=(False, True))
+    space = _space_for(base, space or derive_space(base, uneven_pp=uneven_pp), precisions, activation_offload,
+                       hybrid, compressions)
     from simcore.planner.stacks import stack_base, stack_space
 
     space, base = stack_space(space, stack), stack_base(base, stack)
@@ -253,6 +259,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
                                      stack, what)
     # the recommendation among the layouts re-simulated (it joins them where it ranked lower)
     df = recommended_first(_engine_rerank(recommended_first(df), base, top_k, jobs, progress, objective))
+    df, squeezed = lossless_first(df, _ranked_by(df, objective))
     df.insert(0, "rank", range(1, len(df) + 1))
     df = _with_intervals_and_headroom(df, base)
     best = _layout_of(df.iloc[0]).apply(base)
@@ -261,11 +268,29 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     explanations[2:2] = headroom_note(df, hbm_gib(base))   # right after the best layout's line
     explanations[1:1] = [left_out] if left_out else []
     explanations += [unpriced] if unpriced else []
+    explanations += ([squeezed] if squeezed else []) + absent_notes(space.compression, df["compression"])
     if isinstance(wide := df.iloc[0].get("extrapolated"), str) and wide:   # uncertainty.extrapolation's line
         explanations.append(f"The best layout's interval is widened for what no published run covers: {wide}.")
     explanations += _skipped(df)
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
                         explanations=explanations + _overlap(df))
+
+
+def _space_for(base: Plan, space: SearchSpace, precisions, activation_offload: bool, hybrid: bool,
+               compressions) -> SearchSpace:
+    """``space`` with ``search``'s options: the precisions, activation offload, hybrid sharding and
+    the compression methods beside none (``simcore.planner.compression``)."""
+    if precisions:
+        space = replace(space, precision=precision_axis(precisions, base.cluster.node.gpu))
+    if not activation_offload:
+        space = replace(space, activation_offload=(False,))
+    if hybrid:
+        space = replace(space, hybrid=(False, True))
+    if compressions:
+        from simcore.planner.compression import check_methods
+
+        space = replace(space, compression=check_methods(["none", *compressions], "compression"))
+    return space
 
 
 def _with_intervals_and_headroom(df: pd.DataFrame, base: Plan) -> pd.DataFrame:

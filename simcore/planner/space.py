@@ -20,6 +20,7 @@ from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import (Fp8Recipe, Offload, Plan, Precision, Recompute, RecomputeMethod, Schedule, ZeroImpl,
                                ZeroStage, even_split, evolve)
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts
+from simcore.planner.compression import applies as compression_applies, fields as compression_fields
 
 #: Candidate values of the axes the search does not derive from the model and batch.
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -95,6 +96,7 @@ class SearchSpace:
     """With True among them: each ZeRO layout whose data-parallel ranks span NVLink domains also
     with hybrid sharding, the shard group one domain (``parallel.dp_replicate``: FSDP2's 2-D mesh,
     Megatron's optimizer instances); off by default, as the stacks' recipes leave it."""
+    compression: tuple[str, ...] = ("none",)   # methods to try (compression.METHODS), each where a layout can
     ddp_autocast: bool = False
     """A stack that runs its bf16 DDP and one-device layouts (no TP, PP, CP or EP) under
     torch.autocast over fp32 parameters (torchtitan: ``mixed_precision_param``): those layouts
@@ -132,6 +134,7 @@ class Layout:
     """With ``precision`` fp8: its scaling where it is not the base plan's (``SearchSpace.fp8_recipe``)."""
     dp_replicate: int = 1
     """Hybrid sharding's replicas (``parallel.dp_replicate``; ``SearchSpace.hybrid``)."""
+    compression: str = ""   # a communication compression method (compression.METHODS; '' none)
 
     def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
@@ -144,12 +147,14 @@ class Layout:
         tp_overlap = base.parallel.tp_comm_overlap and self.tp > 1 and self.sequence_parallel
         param_gather = base.parallel.overlap_param_gather and self.zero == ZeroStage.OPTIMIZER_STATES \
             and impl == ZeroImpl.FSDP2
+        squeeze, block = compression_fields(self.compression, base.cluster.gpus_per_node)
         par = evolve(base.parallel, tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
                       vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
                       sequence_parallel=self.sequence_parallel, zero_impl=impl, tp_comm_overlap=tp_overlap,
-                      overlap_param_gather=param_gather, expert_tp=self.expert_tp, dp_replicate=self.dp_replicate)
-        block = {"recompute_layers": self.recompute_layers, "recompute_method": RecomputeMethod.BLOCK} \
-            if self.recompute_layers else {}
+                      overlap_param_gather=param_gather, expert_tp=self.expert_tp, dp_replicate=self.dp_replicate,
+                      **squeeze)
+        if self.recompute_layers:
+            block.update(recompute_layers=self.recompute_layers, recompute_method=RecomputeMethod.BLOCK)
         if self.precision:
             block["precision"] = Precision(self.precision)
             if self.fp8_recipe:
@@ -172,7 +177,8 @@ class Layout:
                 + (f"-aoff:{self.activation_offload}" if self.activation_offload else "")
                 + ("-amp" if self.autocast else "") + (f"-split:{self.split}" if self.split != "even" else "")
                 + (f"-etp{self.expert_tp}" if self.expert_tp else "") + (f"-{self.precision}" if self.precision else "")
-                + (f"-hsdp{self.dp_replicate}" if self.dp_replicate > 1 else ""))
+                + (f"-hsdp{self.dp_replicate}" if self.dp_replicate > 1 else "")
+                + (f"-{self.compression}" if self.compression else ""))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -314,9 +320,10 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
                 lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
                              micro_batch=mb, sequence_parallel=sp, autocast=amp, split=split, expert_tp=etp,
                              precision=prec, fp8_recipe=space.fp8_recipe if prec == "fp8" else "")
-                out.append(lay)
-                if True in space.hybrid and (r := hybrid_replicas(base, lay)) > 1:
-                    out.append(evolve(lay, dp_replicate=r))
+                lays = [lay] + ([evolve(lay, dp_replicate=r)] if True in space.hybrid and
+                                (r := hybrid_replicas(base, lay)) > 1 else [])
+                out += [evolve(x, compression="" if c == "none" else c) for x in lays for c in space.compression
+                        if compression_applies(c, base, tp, pp, cp, ep, dp, zero, prec)]
     return out
 
 

@@ -42,6 +42,10 @@ EMPIRICAL_MIN_N = 20
 MIN_CLASS_N = 3
 #: The default two-sided level of an interval.
 DEFAULT_LEVEL = 0.9
+#: The gap between two layouts' times below which the model does not claim their order:
+#: ``bench/crossval.py`` checks the order of measured pairs more than this apart (the noise floor
+#: of the published runs), and the model orders 96.7% of them as measured (bench/RESULTS.md).
+RANK_MIN_GAP = 0.05
 #: The residual set of the memory model's peak per GPU on published runs, pooled over GPU kinds
 #: (``bench/validate_memory.py --write-residuals``): the planner's memory margin.
 MEMORY_KIND = "gpu-peak-memory"

@@ -13,7 +13,8 @@ answers "with this hardware and these prices, how long and how much?". Axes:
 - ``price.<field>``: a price, energy or failure figure (``runcost.PriceSheet`` fields);
 - ``model.<field>``, ``training.<field>``, ``global_batch``, ``tokens``: the base;
 - ``parallel.<axis>`` / ``layout.<axis>``: pin a search axis (tp, pp, cp, zero, micro_batch,
-  schedule, recompute, offload, ...) to one value.
+  schedule, recompute, offload, ..., ``compression``: a communication compression method of
+  ``simcore.planner.compression``, each cell's best layout that takes it) to one value.
 
 Example: ``sweeps/example.yaml``. Every figure used is from the catalog with its source;
 ``WhatIfResult.assumptions`` lists them.
@@ -45,7 +46,18 @@ _FIGURES = {
 _SPACE_PARSERS = {"tp": int, "pp": int, "cp": int, "ep": int, "vpp": int, "micro_batch": int,
                   "precision": lambda v: "all" if v == "all" else Precision.parse(v, "space.precision").value,
                   "zero": lambda v: ZeroStage(int(v)), "schedule": Schedule, "recompute": Recompute,
-                  "offload": Offload, "sequence_parallel": bool, "activation_offload": bool, "hybrid": bool}
+                  "offload": Offload, "sequence_parallel": bool, "activation_offload": bool, "hybrid": bool,
+                  "compression": lambda v: _method(v)}
+
+
+def _method(value) -> str:
+    """A compression axis value (``simcore.planner.compression.METHODS``); one sentence if unknown."""
+    from simcore.planner.compression import check_methods
+
+    try:
+        return check_methods([value], "compression")[0]
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

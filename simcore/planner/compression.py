@@ -1,0 +1,135 @@
+"""Communication compression as a search axis: each method the stacks ship, the Plan fields it
+sets, where a layout can take it, and what its sources say it costs in accuracy.
+
+A search tries a method only when asked (``search(..., compressions=...)``, ``trainplan plan
+--compression``, a what-if's ``compression`` axis): every method but ``none`` changes the numbers
+the model trains on, and the model prices its time and memory (``simcore.model.zeropp``,
+``ddp_hooks``, ``onebit``, ``collectives.grad_wire_bytes``), not its convergence. Each layout takes
+a method only where ``simcore.plan.rules`` accepts it (``applies``), so the search does not count
+what no stack could run as a broken rule; a stack's exporter then keeps the rows it writes
+(``stacks.keep_runnable``: DeepSpeed writes ZeRO++ and 1-bit Adam, Megatron-LM
+``--grad-reduce-in-bf16`` and ``--fp8-param-gather``, torchtitan the bf16 gradient reduction).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from simcore.plan.spec import GradCompression, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
+
+#: The methods, in the order a table lists them.
+METHODS = ("none", "bf16", "fp16", "powersgd", "onebit_adam", "zeropp", "fp8_param_gather")
+#: What each method's source says of its convergence (the price the model does not price).
+ACCURACY = {
+    "bf16": "16-bit gradient sums round away low bits (Megatron-LM --grad-reduce-in-bf16, DeepSpeed "
+            "communication_data_type)",
+    "fp16": "16-bit gradient sums round away low bits and may overflow without loss scaling",
+    "powersgd": "rank-r gradient approximation with error feedback; Vogels et al. (NeurIPS 2019) report "
+                "test accuracy on par with SGD on their image and language-model tasks",
+    "onebit_adam": "1-bit momentum with error feedback after an uncompressed warm-up; Tang et al. (ICML "
+                   "2021) report the same convergence as Adam on BERT pre-training",
+    "zeropp": "int8 weights and int4 gradients on the wire; Wang et al. (2023, arXiv 2306.10209) report "
+              "loss curves matching ZeRO-3 on their GPT runs",
+    "fp8_param_gather": "the FP8 weights the GEMMs use, gathered before the cast rather than after it",
+}
+
+
+def check_methods(values, where: str) -> tuple[str, ...]:
+    """The methods named by ``values`` (a list or a comma-separated string), each once, ``none``
+    first; one sentence naming ``where`` for an unknown one."""
+    names = values.split(",") if isinstance(values, str) else list(values)
+    out = []
+    for name in (str(n).strip() for n in names):
+        if name not in METHODS:
+            raise ValueError(f"{where}={name!r} is not one of: {', '.join(METHODS)}")
+        if name not in out:
+            out.append(name)
+    return tuple(sorted(out, key=METHODS.index))
+
+
+def applies(method: str, base: Plan, tp: int, pp: int, cp: int, ep: int, dp: int, zero: ZeroStage,
+            precision: str) -> bool:
+    """Whether a layout of these degrees can take ``method`` (the rules of
+    ``simcore.plan.rules`` for it; ``precision`` the layout's, '' for the base plan's)."""
+    if method == "none":
+        return True
+    if dp * cp == 1:
+        return False   # nothing to compress without data parallel
+    if method in ("bf16", "fp16"):
+        return True
+    if method == "powersgd":
+        return zero == ZeroStage.NONE
+    if method == "onebit_adam":
+        return zero == ZeroStage.NONE and ep == 1 and base.training.grad_compression.value == "none"
+    if method == "zeropp":
+        gpus, node = tp * pp * cp * dp, base.cluster.gpus_per_node
+        return (zero == ZeroStage.WEIGHTS and base.parallel.zero_impl == ZeroImpl.DEEPSPEED
+                and tp == pp == cp == 1 and gpus % node == 0 and gpus > node)
+    prec = precision or base.training.precision.value
+    recipe = base.training.fp8_recipe.value
+    return (prec == Precision.FP8.value and base.parallel.zero_impl == ZeroImpl.FSDP2
+            and (zero == ZeroStage.OPTIMIZER_STATES or zero >= ZeroStage.GRADIENTS and recipe == "tensorwise"))
+
+
+def fields(method: str, gpus_per_node: int) -> tuple[dict, dict]:
+    """(parallel, training) fields of a Plan that runs ``method``: ZeRO++ with all three switches
+    and hpZ's secondary partition over one node, as DeepSpeed's ZeRO++ tutorial sets them
+    (docs/_tutorials/zeropp.md @edaa7221: ``zero_hpz_partition_size`` the GPUs of a node)."""
+    if method == "zeropp":
+        return ({"zero_quantized_weights": True, "zero_hpz_partition_size": gpus_per_node,
+                 "zero_quantized_gradients": True}, {})
+    if method in ("bf16", "fp16", "powersgd"):
+        return {}, {"grad_compression": GradCompression(method)}
+    if method == "onebit_adam":
+        return {}, {"optimizer": Optimizer.ONEBIT_ADAM}
+    if method == "fp8_param_gather":
+        return {}, {"fp8_param_gather": True}
+    return {}, {}
+
+
+#: Where a layout can take each method (``applies``), as its sentence says it.
+NEEDS = {
+    "bf16": "data parallel", "fp16": "data parallel",
+    "powersgd": "DDP (parallel.zero=0): it is a DDP communication hook",
+    "onebit_adam": "DDP (parallel.zero=0) without experts: DeepSpeed's 1-bit Adam is not compatible with ZeRO",
+    "zeropp": "DeepSpeed's ZeRO-3 (--stack deepspeed) without tensor, pipeline or context parallelism, on "
+              "whole nodes",
+    "fp8_param_gather": "fp8 training (--precision fp8) with Megatron's distributed optimizer (zero 1) or FSDP2 "
+                        "with tensorwise scaling",
+}
+
+
+def absent_notes(methods, ranked) -> list[str]:
+    """A sentence for each method asked for (``methods``) that no ranked layout (the ``compression``
+    column of ``ranked``) takes, saying what it needs."""
+    used = set(ranked) if ranked is not None else set()
+    missing = [m for m in methods if m != "none" and m not in used]
+    return [f"No ranked layout compresses with {m}: it needs {NEEDS[m]}." for m in missing]
+
+
+def lossless_first(df: pd.DataFrame, col: str) -> tuple[pd.DataFrame, str]:
+    """The ranked table (recommendation first) with the best layout that compresses nothing on top
+    where the recommended one compresses and is not ahead of it by more than the model resolves
+    (``uncertainty.RANK_MIN_GAP`` on ``col``, the ranking's figure; both of the recommendation's fit
+    class or better), and the sentence saying which way it went ('' where nothing compresses)."""
+    from simcore.planner.headroom import CLASS_ORDER
+    from simcore.planner.uncertainty import RANK_MIN_GAP
+
+    if "compression" not in df or df.empty or not df.iloc[0]["compression"]:
+        return df, ""
+    best = df.iloc[0]
+    method = best["compression"]
+    ok = CLASS_ORDER[:CLASS_ORDER.index(best["fit"]) + 1] if "fit" in df else CLASS_ORDER
+    plain = df.index[(df["compression"] == "") & df.get("fit", pd.Series(ok[0], index=df.index)).isin(ok)]
+    note = (f"The best layout compresses its communication ({method}): the model prices its time and memory, "
+            f"not its convergence; {ACCURACY[method]}.")
+    if not len(plain):
+        return df, note
+    other = df.loc[plain[0]]
+    if pd.isna(other.get(col)) or pd.isna(best.get(col)):   # one engine for both: the analytic path's
+        col = col.removeprefix("des_")
+    gain = other[col] / best[col] - 1
+    if gain > RANK_MIN_GAP:
+        return df, f"{note} It is {gain:.0%} ahead of the best layout without compression, {other['layout']}."
+    top = pd.concat([df.loc[[plain[0]]], df.drop(index=plain[0])]).reset_index(drop=True)
+    return top, (f"{best['layout']} ({method}) is only {gain:.1%} ahead of {other['layout']}, within the "
+                 f"{RANK_MIN_GAP:.0%} the model's ranking resolves: the recommendation compresses nothing.")
