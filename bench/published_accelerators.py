@@ -33,7 +33,13 @@ source's own words, with the degrees converted once into chips (the unit the cat
   with TP (both tutorials); recompute as the row states it, the fastest fitting of none /
   selective / full where it is blank; micro-batch and global batch as published. GPT-3:
   GeLU MLP of 4h, learned positions, GPT-2 vocabulary (50257 padded to 50304) where the row
-  leaves it blank; Llama: SwiGLU, untied, RoPE, ``kv_heads`` from the notes. Node: trn1.32xlarge,
+  leaves it blank; Llama: SwiGLU, untied, RoPE, ``kv_heads`` from the notes. Where the TP cores
+  outnumber the KV heads (TP 32 over Llama's 8: every such row is NxD's), NxD copies each KV head
+  onto TP / kv_heads cores, one head a core: ``parallel.kv_replicator`` = TP cores / kv_heads, the
+  ``--kv_replicator 4`` of NxD's own Llama 2 70B, Llama 3 70B and Llama 3 8B scripts at TP 32
+  (aws-neuron/neuronx-distributed @fbac349b examples/training/llama/tp_pp_llama_hf_pretrain/
+  run_llama2_70B_tp_pp.sh, run_llama3_70B_tp_pp.sh, tp_zero1_llama_hf_pretrain/
+  tp_zero1_llama3_8B_hf_pretrain.sh; ``simcore.model.kv_replication``). Node: trn1.32xlarge,
   16 chips in a 2D torus; instances over EFA (``efa-trn1``, non-blocking as trn1-arch.rst says).
 - ``mindspeed_llm_readme_2024`` (MindSpeed-LLM on Atlas 800T A2, Megatron-LM arguments): TP,
   PP, DP in NPUs (= chips on 910B); ``--use-distributed-optimizer`` -> ZeRO-1 (zero_stage 1),
@@ -273,6 +279,9 @@ def base_doc(row: pd.Series) -> dict:
     elif src == NEURON:
         parallel = {"tp": tp // UNITS_PER_CHIP[src], "pp": pp, "dp": dp, "zero": int(_num(row.zero_stage, 1)),
                     "sequence_parallel": tp // UNITS_PER_CHIP[src] > 1}
+        kv = int(_flag(str(row.notes), r"kv_(?:heads|groups)=(\d+)") or row.heads)   # as ``_model`` reads it
+        if tp > kv:   # NxD copies each KV head onto tp / kv_heads NeuronCores (--kv_replicator: one head a core)
+            parallel["kv_replicator"] = tp // kv
         training["recompute"] = rc
     else:   # MindSpeed-LLM: Megatron-LM arguments
         notes = str(row.notes)

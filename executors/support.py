@@ -74,7 +74,15 @@ def _optimizer_rules(plan: Plan) -> list[tuple[bool, str]]:
 def _model_rules(plan: Plan) -> list[tuple[bool, str]]:
     m = plan.model
     return [(m.mtp_layers == 0, f"model.mtp_layers={m.mtp_layers} is priced, not run: the executor builds no "
-             "multi-token-prediction modules (as transformers builds none); run it with model.mtp_layers: 0")]
+             "multi-token-prediction modules (as transformers builds none); run it with model.mtp_layers: 0"),
+            (m.linear_attention is None, "model.linear_attention is priced, not run: the executor's blocks are softmax "
+             "attention only (no Gated DeltaNet layer, no attention output gate)")]
+
+
+def _kv_copies_rule(plan: Plan) -> tuple[bool, str]:
+    r = plan.parallel.kv_replicator
+    return r == 1, (f"parallel.kv_replicator={r} is priced, not run: the executor's attention splits the key/value "
+                    "heads it has (NeuronX Distributed's copies and kv shared group are not built)")
 
 
 def check_executable(plan: Plan, device_type: str) -> None:
@@ -83,7 +91,7 @@ def check_executable(plan: Plan, device_type: str) -> None:
     gloo_powersgd = tr.grad_compression == GradCompression.POWERSGD and device_type != "cuda"
     buckets = _ddp_buckets(plan) if gloo_powersgd else 1
     rules = [
-        *_model_rules(plan),
+        *_model_rules(plan), _kv_copies_rule(plan),
         (tr.offload == Offload.NONE or device_type == "cuda",
          f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
          "state off a GPU, and this host has none"),

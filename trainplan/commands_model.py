@@ -341,6 +341,10 @@ def cmd_collectives(args) -> None:
         wire = EXECUTOR_WIRE if executor else plan_wire(plan)
         print(format_collectives(plan, wire))
         print(wire_note(plan, wire, executor))
+        if (r := plan.parallel.kv_replicator) > 1:
+            print(f"axis kv: each key/value head copied {r} times (parallel.kv_replicator), as NeuronX Distributed runs it: "
+                  f"its kv shared group of {r} ranks all-reduces the K and V output gradients in fp32, once per layer "
+                  "and micro-batch in the backward (the executor does not run it)")
 
 
 def wire_note(plan, wire, executor: bool) -> str:

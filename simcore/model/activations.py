@@ -21,6 +21,7 @@ import functools
 import json
 
 from simcore.model import executor_acts as xa
+from simcore.model import linear_attention as la
 from simcore.model import moe_layers as ml
 from simcore.model import mtp
 from simcore.model import recompute as rcp
@@ -185,11 +186,11 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
         return (act, xa.embedding_bytes(m, b=b, s=s), xa.logits_bytes(m, **kw), transient, 0.0)
     kw = dict(b=b, s=s, tp=par.tp, sequence_parallel=par.sequence_parallel)
     gemm_input = wl.saved_gemm_input_bytes(tr.precision.value, tr.fp8_recipe.value)
-    whole = wl.activation_bytes_per_layer(m, recompute=Recompute.NONE, flash=tr.flash_attention,
+    whole = la.activation_bytes_per_layer(m, recompute=Recompute.NONE, flash=tr.flash_attention,
                                           gemm_input=gemm_input, unpad=tr.attention_unpad, **kw)
     kept = whole
     if tr.recompute == Recompute.SELECTIVE:
-        kept = wl.activation_bytes_per_layer(m, recompute=Recompute.SELECTIVE, flash=tr.flash_attention,
+        kept = la.activation_bytes_per_layer(m, recompute=Recompute.SELECTIVE, flash=tr.flash_attention,
                                              gemm_input=gemm_input, unpad=tr.attention_unpad, **kw)
     elif tr.recompute == Recompute.OP:
         kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, ep=par.ep,

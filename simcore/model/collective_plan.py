@@ -76,6 +76,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from simcore.model import ddp_hooks as hooks
+from simcore.model import kv_replication as kvr
 from simcore.model import recompute as rcp
 from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
@@ -324,7 +325,9 @@ def _check_modelled(plan: Plan) -> None:
 
 
 def expected_calls(plan: Plan, rank: int, wire: Wire = EXECUTOR_WIRE) -> Counter:
-    """Counter of ``Call`` -> calls that global ``rank`` issues in one steady-state step, bytes by ``wire``."""
+    """Counter of ``Call`` -> calls that global ``rank`` issues in one steady-state step, bytes by ``wire``;
+    replicated key/value heads: the model NxD builds, and its kv shared group's all-reduces (``kv_replication``)."""
+    plan, replicated = kvr.as_run(plan), plan
     _check_modelled(plan)
     par = plan.parallel
     coords = rank_grid(par.pp, par.dp, par.cp, par.tp).coords(rank)
@@ -336,7 +339,8 @@ def expected_calls(plan: Plan, rank: int, wire: Wire = EXECUTOR_WIRE) -> Counter
         out.update(_dp_calls(plan, part, actions, coords["tp"], wire))
         for kind, axis, nbytes, issuer, n in (ring_calls(plan, part, act)
                                               + expert_calls(plan, part, act, coords["tp"], wire.grad)
-                                              + tied_calls(plan, part, coords["tp"], wire.grad)):
+                                              + tied_calls(plan, part, coords["tp"], wire.grad)
+                                              + kvr.sync_calls(replicated, len(part.layers))):
             out[Call(kind=kind, axis=axis, bytes=nbytes, issuer=issuer)] += n
     return +out
 

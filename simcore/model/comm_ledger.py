@@ -19,6 +19,7 @@ from collections import Counter
 from simcore.model import collectives as coll
 from simcore.model import dp_costs as dpm
 from simcore.model import end_comm as ec
+from simcore.model import kv_replication as kvr
 from simcore.model import memory as mem
 from simcore.model import moe_layers as ml
 from simcore.model import recompute as rcp
@@ -76,7 +77,9 @@ def _pp_sends(plan: Plan, pp_rank: int) -> int:
 
 
 def step_bytes(plan: Plan, pp_rank: int = 0) -> Counter:
-    """(axis, kind) -> bytes per step that the model charges on pipeline rank ``pp_rank``."""
+    """(axis, kind) -> bytes per step that the model charges on pipeline rank ``pp_rank`` (replicated
+    key/value heads: the model NxD builds and its kv shared group's all-reduces, ``kv_replication``)."""
+    plan, replicated = kvr.as_run(plan), plan
     _check(plan)
     m, par, tr = plan.model, plan.parallel, plan.training
     stages = plan.layers_per_stage
@@ -87,6 +90,7 @@ def step_bytes(plan: Plan, pp_rank: int = 0) -> Counter:
     for v in mine:
         for key, n in _layer_bytes(plan, stages[v], dense[v]).items():
             out[key] += n * mbs
+        out[kvr.KV_AXIS, "all_reduce"] += kvr.sync_bytes(replicated) * stages[v] * mbs
     (embed, head), end = ec.tp_end_calls(plan), coll.tp_act_bytes(plan)
     for side, holds in ((embed, 0 in mine), (head, len(stages) - 1 in mine)):
         for kind in (k for kinds in side for k in kinds) if holds else ():

@@ -8,6 +8,7 @@ import functools
 
 from simcore.model import compute as cmp
 from simcore.model import eager_ops as eager
+from simcore.model import linear_attention as la
 from simcore.model import mtp
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
@@ -23,7 +24,7 @@ def _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, et
                unpad=False) -> list:
     """One layer's forward ops as the stack runs them (``layer_times``' arguments)."""
     chunk = wl.attention_chunk(s, cp, cp_comm)
-    ops = wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
+    ops = la.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=sp, flash=flash, chunk=chunk,
                                etp=etp, megatron_softmax=_megatron_softmax(dev), unpad=unpad)
     if dev.linear_peak_flops:   # an FP8 recipe: its linear layers in FP8, and their casts
         ops += wl.fp8_cast_ops(model, b, s, tp, fp8_dynamic, dev.linear_format or "fp8", dev.fp8_transpose)
@@ -43,7 +44,10 @@ def layer_times(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str
     """(forward, backward-input, backward-weight, recompute, attention-core forward) of one layer;
     ``python_eager``: uncompiled PyTorch modules (``training.kernels: eager``); ``autocast``:
     torch.autocast over fp32 parameters (``training.autocast``); ``unpad``: flash-attn's varlen
-    path (``training.attention_unpad``)."""
+    path (``training.attention_unpad``). A hybrid model's layer is the mean of its kinds' (``linear_attention``)."""
+    if la.mixed(model):
+        return la.mix(model, lambda v: layer_times(v, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm, fp8_dynamic,
+                                                   etp, python_eager, autocast, unpad))
     ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast, unpad)
     f, bi, bw = cmp.ops_time_s(ops, dev)
     r = cmp.ops_time_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
@@ -57,6 +61,9 @@ def layer_slack(model, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm: str
                  unpad: bool = False) -> tuple[float, float, float]:
     """(forward, backward, recomputation) time one layer's GPU waits for the host
     (``compute.ops_host_slack_s``; 0 where the phase is device-bound or on a CPU host)."""
+    if la.mixed(model):
+        return la.mix(model, lambda v: layer_slack(v, b, s, tp, cp, ep, sp, flash, recompute, dev, cp_comm, fp8_dynamic,
+                                                   etp, python_eager, autocast, unpad))
     ops = _layer_ops(model, b, s, tp, cp, ep, sp, flash, dev, cp_comm, fp8_dynamic, etp, python_eager, autocast, unpad)
     return *cmp.ops_host_slack_s(ops, dev), cmp.ops_host_slack_s(rcp.layer_recompute_ops(ops, model, recompute), dev)[0]
 

@@ -8,7 +8,7 @@ import functools
 from dataclasses import replace
 
 from simcore.model import compute as cmp
-from simcore.model import workload as wl
+from simcore.model import linear_attention as la
 from simcore.plan.spec import Plan
 
 
@@ -31,7 +31,9 @@ def tp_gemm_times(model, b, s, tp, cp, ep, flash, dev) -> tuple[float, float, fl
     runs each as tp smaller GEMMs, one per chunk of the collective it overlaps,
     transformer_engine/pytorch/module/base.py ``initialize_ub``; the weight gradient is the
     bulk-overlap partner and stays whole)."""
-    ops = [o for o in wl.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=True, flash=flash)
+    if la.mixed(model):   # a hybrid model: the mean of its softmax and Gated DeltaNet layers'
+        return la.mix(model, lambda v: tp_gemm_times(v, b, s, tp, cp, ep, flash, dev))
+    ops = [o for o in la.layer_forward_ops(model, b=b, s=s, tp=tp, cp=cp, ep=ep, sequence_parallel=True, flash=flash)
            if o.name in TP_OVERLAP_OPS]
     f = sum(cmp.op_forward_s(o, dev) for o in ops)
     bi, bw = (sum(x) for x in zip(*(cmp.op_backward_s(o, dev) for o in ops))) if ops else (0.0, 0.0)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from simcore.model.gdn import forward_flops as gdn_forward_flops  # noqa: F401 (workload's, through this module)
+from simcore.model.gdn import gdn_params, hybrid_mean
+from simcore.plan.linear_attention import output_gated
 from simcore.plan.spec import ModelSpec, PositionEmbedding
 
 
@@ -20,7 +23,8 @@ class ParamCounts:
     """Parameters of the model, by part (counts, not bytes)."""
 
     attention: int
-    """One layer's attention: QKV and output projections (and biases; MLA's down/up projections)."""
+    """One layer's attention: QKV and output projections (and biases; MLA's down/up projections); a
+    hybrid model's the mean over its softmax and Gated DeltaNet layers (``gdn.hybrid_mean``)."""
     mlp: int
     """One layer's dense MLP, or ALL experts of an MoE layer plus the router and shared experts."""
     norms: int
@@ -49,7 +53,7 @@ class ParamCounts:
     @property
     def total(self) -> int:
         dense = self.dense_layers * (self.attention + self.dense_mlp + self.norms)
-        return (self.layers - self.dense_layers) * self.per_layer + dense + self.embedding + self.output
+        return round((self.layers - self.dense_layers) * self.per_layer + dense + self.embedding + self.output)
 
     @property
     def trained(self) -> int:
@@ -82,8 +86,8 @@ def attention_in_params(m: ModelSpec) -> int:
     one q_proj without q_lora; kv_a (h x (kv_lora + rope)), its norm, kv_b (kv_lora x
     heads*(nope + v))."""
     h = m.hidden
-    if not m.mla:
-        return h * (q_width(m) + 2 * kv_width(m))
+    if not m.mla:   # an output gate (Qwen3-Next's gated attention) doubles the query projection
+        return h * (q_width(m) * (2 if output_gated(m) else 1) + 2 * kv_width(m))
     qk = m.heads * (m.kv_channels + m.qk_rope_head_dim)
     q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * qk) if m.q_lora_rank else h * qk
     kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
@@ -110,6 +114,7 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     h, f, bias = m.hidden, m.ffn_hidden, _biases(m)
     qkv_out = attention_in_params(m) // h
     attention = attention_in_params(m) + attention_out_width(m) * h + ((qkv_out + h) if bias else 0)
+    attention = hybrid_mean(m, attention, lambda: gdn_params(m))   # Gated DeltaNet layers: the mean layer's
     expert = _mlp_params(m, f, bias)
     shared = _mlp_params(m, m.shared_ffn_hidden, bias) if m.moe and m.shared_ffn_hidden else 0
     mlp = expert * m.experts + h * m.experts + shared if m.moe else expert
@@ -121,7 +126,7 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     block = attention + norms + (dense_mlp if m.is_dense_layer(m.layers - 1) else mlp)
     return ParamCounts(attention=attention, mlp=mlp, norms=norms, embedding=embedding, output=output,
                        layers=m.layers, shared=shared, dense_layers=m.dense_count,
-                       dense_mlp=dense_mlp, mtp=m.mtp_layers * block + mtp_head_params(m))
+                       dense_mlp=dense_mlp, mtp=round(m.mtp_layers * block + mtp_head_params(m)))
 
 
 def mtp_head_params(m: ModelSpec) -> int:

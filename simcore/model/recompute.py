@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, replace
 
 from simcore.model import workload as wl
+from simcore.model.gdn import hybrid_mean
 from simcore.plan.spec import ModelSpec, Recompute, RecomputeMethod, TrainingSpec
 
 #: The attention core's ops (``workload.attention_core_ops``), which selective recompute re-runs.
@@ -107,8 +108,8 @@ def recompute_flops_per_layer(m: ModelSpec, tokens: float, s: int, recompute: Re
     """Counted FLOPs one recomputed layer re-runs for ``tokens`` tokens (whole model, no split)."""
     if recompute in (Recompute.FULL, Recompute.LAYER):
         return wl.forward_flops_per_layer(m, tokens, s)
-    if recompute == Recompute.SELECTIVE:
-        return 4 * tokens * s * m.hidden
+    if recompute == Recompute.SELECTIVE:   # the softmax layers' core; a Gated DeltaNet layer's is kept
+        return hybrid_mean(m, 4 * tokens * s * m.hidden, 0.0)
     if recompute == Recompute.OP:
         h, kv, f = m.hidden, wl.kv_width(m), m.ffn_hidden
         w3 = 2 * tokens * h * f * (m.top_k if m.moe else 1) if m.gated_mlp else 0.0

@@ -33,6 +33,7 @@ from simcore.model import compute as cmp
 from simcore.model import end_comm as ec
 from simcore.model import fsdp_pools
 from simcore.model import host_costs as hc
+from simcore.model import kv_replication as kvr
 from simcore.model import layer_times as lt
 from simcore.model import memory as mem
 from simcore.model import moe_dispatch as md
@@ -301,11 +302,14 @@ def _work(plan: Plan, dev: cmp.DeviceModel, kept: dict | None) -> tuple:
 
 
 def step_costs(plan: Plan, kept: dict | None = None) -> StepCosts:
-    """Every per-virtual-stage number of one step (see simcore/model/costs.py); ``kept``: ``_work``'s."""
+    """Every per-virtual-stage number of one step (see simcore/model/costs.py); ``kept``: ``_work``'s.
+    Replicated key/value heads: the model NxD builds and its kv group's all-reduce (``kv_replication``)."""
     _check_device(plan)
     m, par, tr, stages = plan.model, plan.parallel, plan.training, plan.layers_per_stage
     dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
                            attention_kernel=tr.attention_kernel.value)
+    if par.kv_replicator > 1:
+        return kvr.with_kv_sync(step_costs(kvr.as_run(plan), kept), plan, dev)
     times, blocking, lc, dense, (fwd, bin_, bwt, rec, fcomm, bcomm), p2p, hw, copies = _work(plan, dev, kept)
     nv = len(stages)
     params, rank_costs, columns = dpm.rank_costs(plan, dev)
@@ -369,6 +373,7 @@ def memory_report(plan: Plan) -> dict:
     side streams' pools keep reserved beyond the total, which torch's max_memory_reserved
     counts and the allocator releases on demand (``fsdp_pools.side_stream_cache``)."""
     _check_device(plan)
+    plan = kvr.as_run(plan)   # replicated key/value heads: the model NxD builds (``kv_replication``)
     params, parts = mem.stage_params(plan), []
     breakdown = mem.rank_breakdown(plan, params=params, parts=parts)
     per_rank = [kinds for kinds, _ in breakdown]
@@ -382,19 +387,14 @@ def memory_report(plan: Plan) -> dict:
     peak = max(d["total"] for d in per_rank)
     hbm = plan.cluster.node.gpu.hbm_bytes
     return {
-        "plan": plan.name,
-        "hbm_bytes": hbm,
-        "host_memory_bytes_per_node": plan.cluster.node.host_memory_bytes,
-        "host_offload_bytes_per_node": host_node,
+        "plan": plan.name, "hbm_bytes": hbm,
+        "host_memory_bytes_per_node": plan.cluster.node.host_memory_bytes, "host_offload_bytes_per_node": host_node,
         "ranks": [{"pp_rank": r, **kinds, "terms": terms, "stream_cache": c}
                   for r, ((kinds, terms), c) in enumerate(zip(breakdown, cache))],
         "stream_cache_bytes": max(cache),
-        "max_gpu_bytes": peak,
-        "memory_per_gpu_gib": peak / GIB,
-        "allocator_margin": margin,
-        "allocator_margin_bytes": max(t["allocator_margin"] for _, t in breakdown),
+        "max_gpu_bytes": peak, "memory_per_gpu_gib": peak / GIB,
+        "allocator_margin": margin, "allocator_margin_bytes": max(t["allocator_margin"] for _, t in breakdown),
         "cuda_context_bytes": context,
-        "headroom_bytes": hbm - peak,
-        "headroom_gib": (hbm - peak) / GIB,
+        "headroom_bytes": hbm - peak, "headroom_gib": (hbm - peak) / GIB,
         "fits": pk.fits(plan, per_rank),
     }

@@ -282,8 +282,8 @@ def forward_flops_per_layer(m: ModelSpec, tokens: float, s: int) -> float:
     (whole model, no parallel split): 2*tokens*(params touched) + 4*tokens*s*heads*head_dim.
     For an MoE model this is an MoE layer (``dense_layer_forward_flops`` the dense ones)."""
     h, f = m.hidden, m.ffn_hidden
-    attn = (2 * tokens * (attention_in_params(m) + attention_out_width(m) * h)
-            + 4 * tokens * s * m.heads * m.head_dim)
+    attn = _params.hybrid_mean(m, 2 * tokens * (attention_in_params(m) + attention_out_width(m) * h)   # Gated DeltaNet
+                               + 4 * tokens * s * m.heads * m.head_dim, lambda: _params.gdn_forward_flops(m, tokens))
     dense = 2 * tokens * mlp_matrices(m) * h * f
     shared = 2 * tokens * mlp_matrices(m) * h * m.shared_ffn_hidden
     mlp = m.top_k * dense + 2 * tokens * h * m.experts + shared if m.moe else dense
@@ -319,7 +319,7 @@ def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: Recomput
     if recompute == Recompute.FULL:
         extra = layers_forward_flops(m, tokens, m.seq_len)
     elif recompute == Recompute.SELECTIVE:
-        extra = m.layers * 4 * tokens * m.seq_len * q_width(m)
+        extra = _params.hybrid_mean(m, m.layers * 4 * tokens * m.seq_len * q_width(m), 0.0)   # softmax layers'
     return model_flops_per_step(m, global_batch) + extra
 
 

@@ -19,6 +19,10 @@ def plan_summary(plan: Plan) -> dict:
         "layers_per_virtual_stage": list(plan.layers_per_stage),
         "tokens_per_step": plan.training.global_batch * plan.model.seq_len,
     }
+    if par.kv_replicator > 1:   # NeuronX Distributed's copies (simcore.model.kv_replication)
+        m = plan.model
+        derived["kv_heads_per_rank"] = f"{m.kv_heads * par.kv_replicator // par.tp} ({m.kv_heads} heads x " \
+                                       f"{par.kv_replicator} copies over tp {par.tp})"
     if not cl.node.calibrated and cl.node.gpu.name == "uncalibrated-host":
         derived["note"] = "localhost has no calibrated profile yet: run `trainplan calibrate` to simulate it"
     return {"plan": plan_to_dict(plan), "derived": derived}

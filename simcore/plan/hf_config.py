@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simcore.plan.hf_families import USED_HERE, global_attention_share, language_model, moe_layout, refuse_unstated
+from simcore.plan import linear_attention
+from simcore.plan.hf_families import (HYBRID_LINEAR, USED_HERE, global_attention_share, language_model, moe_layout,
+                                      refuse_unstated)
 from simcore.plan.spec import PlanError
 
 DEFAULT_SEQ_LEN = 8192
@@ -116,6 +118,7 @@ def hf_fields(cfg: dict, path: Path) -> dict:
     out.update(_window_fields(cfg, mtype))
     if cfg.get("kv_lora_rank"):
         out.update(_mla_fields(cfg))
+    out["linear_attention"] = linear_attention.hf_section(cfg, mtype in HYBRID_LINEAR)
     missing = [k for k in ("layers", "hidden", "heads", "vocab") if out[k] is None]
     if missing:
         raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")

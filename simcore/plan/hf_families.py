@@ -23,7 +23,8 @@ MAX_DROPPED_SHARE = 0.005
 
 #: ``<Family>TextConfig`` defaults for the fields that shape the model (transformers
 #: configuration_llama4.py Llama4TextConfig, configuration_gemma3.py Gemma3TextConfig,
-#: configuration_gemma4.py Gemma4TextConfig).
+#: configuration_gemma4.py Gemma4TextConfig, configuration_qwen3_5.py Qwen3_5TextConfig,
+#: configuration_qwen3_5_moe.py Qwen3_5MoeTextConfig; transformers 5.24.0).
 TEXT_DEFAULTS = {
     "llama4_text": {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
                     "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
@@ -40,14 +41,23 @@ TEXT_DEFAULTS = {
                     "tie_word_embeddings": True, "hidden_size_per_layer_input": 256, "global_head_dim": 512,
                     "attention_k_eq_v": False, "num_kv_shared_layers": 0, "enable_moe_block": False,
                     "use_double_wide_mlp": False},
+    "qwen3_5_text": {"vocab_size": 248_320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+                     "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+                     "max_position_embeddings": 32768, "tie_word_embeddings": False},
+    "qwen3_5_moe_text": {"vocab_size": 248_320, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+                         "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 32768,
+                         "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                         "num_experts_per_tok": 8, "num_experts": 256, "tie_word_embeddings": False},
 }
 
 #: Text model types whose layers default to a hybrid of linear and full attention when the
-#: config gives no ``layer_types`` (Qwen3-Next, Qwen3.5: three Gated DeltaNet layers in four).
+#: config gives no ``layer_types`` (Qwen3-Next, Qwen3.5: three Gated DeltaNet layers in four;
+#: ``simcore.plan.linear_attention.hf_section`` reads them).
 HYBRID_LINEAR = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 #: Fields ``hf_fields`` reads from a language model's config beyond the classic ones.
-USED_HERE = {"text_config", "vision_config", "top_k_experts", "enable_moe_block", "interleave_moe_layer_step",
+USED_HERE = {"text_config", "vision_config", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+             "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval", "attn_output_gate", "top_k_experts", "enable_moe_block", "interleave_moe_layer_step",
              "intermediate_size_mlp", "moe_layers", "global_head_dim", "num_global_key_value_heads",
              "attention_k_eq_v", "hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp"}
 
@@ -76,14 +86,14 @@ def language_model(cfg: dict) -> tuple[dict, list[str]]:
 def refuse_unstated(cfg: dict, mtype: str, path: Path) -> None:
     """A PlanError naming the first field that changes the parameter count by more than
     MAX_DROPPED_SHARE, or the layer layout, in a way the plan's model cannot state."""
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and any(t not in ("full_attention", "sliding_attention") for t in types):
-        other = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
+    types, kinds = cfg.get("layer_types"), ("full_attention", "sliding_attention", "linear_attention")
+    if isinstance(types, list) and any(t not in kinds for t in types):
+        other = sorted({str(t) for t in types} - set(kinds))
         raise PlanError(f"model config {path}: layer_types has {', '.join(other)} layers, which the plan's "
-                        "model cannot state (every layer is softmax attention, full or windowed)")
-    if mtype in HYBRID_LINEAR and not isinstance(types, list):
-        raise PlanError(f"model config {path}: {mtype} defaults layer_types to linear_attention layers, which the "
-                        "plan's model cannot state (every layer is softmax attention, full or windowed)")
+                        "model cannot state (softmax attention, full or windowed, or Gated DeltaNet linear attention)")
+    if isinstance(types, list) and "linear_attention" in types and "sliding_attention" in types:
+        raise PlanError(f"model config {path}: layer_types mixes sliding_attention and linear_attention layers, "
+                        "which the plan's model cannot state (its windowed share counts the softmax layers alone)")
     for key in ("hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp"):
         if cfg.get(key):
             raise PlanError(f"model config {path}: {key}={cfg[key]} (Gemma's per-layer inputs, shared key/value "

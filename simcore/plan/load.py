@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from simcore.plan.hf_config import hf_config_fields, model_section
+from simcore.plan import linear_attention
 from simcore.plan.rules import check_plan
 from simcore.plan.yaml_file import read_yaml_file
 from simcore.plan.spec import (AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss,
@@ -129,6 +130,7 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
         position_embedding=pos,
         source=str(fields_.get("source", "")),
         moe_layers=_layer_indices(fields_.get("moe_layers"), "model.moe_layers"),
+        linear_attention=linear_attention.parse(fields_.get("linear_attention")),
         **_model_extras(fields_),
     )
 
@@ -235,6 +237,7 @@ def _parallel(value, cluster_gpus: int) -> ParallelSpec:
         moe_a2a_overlap=_bool(doc, "moe_a2a_overlap", w, False),
         moe_dispatcher=MoeDispatcher.parse(doc.get("moe_dispatcher", "alltoall"), "parallel.moe_dispatcher"),
         microbatch_group=_int(doc, "microbatch_group", w, 0, minimum=0),
+        kv_replicator=_int(doc, "kv_replicator", w, 1),
     )
 
 
@@ -353,10 +356,7 @@ def plan_to_dict(plan: Plan) -> dict:
     for key, default in _EXTRA_DEFAULTS.items():
         if model.get(key) == default:
             del model[key]
-    if model.get("moe_layers"):
-        model["moe_layers"] = list(model["moe_layers"])
-    else:
-        model.pop("moe_layers", None)
+    linear_attention.tidy_model_doc(model)
     par = plan.parallel
     parallel = {
         "tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "vpp": par.vpp,
@@ -371,6 +371,7 @@ def plan_to_dict(plan: Plan) -> dict:
                 "zero_quantized_weights": par.zero_quantized_weights or None,
                 "zero_hpz_partition_size": par.zero_hpz_partition_size if par.zero_hpz_partition_size != 1 else None,
                 "zero_quantized_gradients": par.zero_quantized_gradients or None,
+                "kv_replicator": par.kv_replicator if par.kv_replicator != 1 else None,
                 "stage_layers": list(par.stage_layers) if par.stage_layers is not None else None}
     parallel.update({k: v for k, v in optional.items() if v is not None})
     cluster = {"node": plan.cluster.node.name, "nodes": plan.cluster.nodes,

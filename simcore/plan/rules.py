@@ -2,6 +2,7 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
+from simcore.plan import linear_attention
 from simcore.plan.spec import (ONEBIT_FREEZE_STEP, AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression,
                                MoeDispatcher, Offload, Optimizer, Plan, PlanError, Precision, Recompute, Schedule,
                                StateDtype, ZeroImpl, ZeroStage)
@@ -76,7 +77,7 @@ def check_plan(plan: Plan) -> None:
         (not m.mla or m.qk_rope_head_dim > 0 and m.v_head_dim > 0 and m.kv_channels > 0,
          "model.kv_lora_rank (multi-latent attention) needs model.kv_channels, qk_rope_head_dim and v_head_dim"),
         (m.heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.heads={m.heads}"),
-        (m.kv_heads % par.tp == 0, f"parallel.tp={par.tp} does not divide model.kv_heads={m.kv_heads}"),
+        *_kv_head_rules(plan),
         (m.ffn_hidden % par.tp == 0, f"parallel.tp={par.tp} does not divide model.ffn_hidden={m.ffn_hidden}"),
         (m.top_k <= m.experts, f"model.top_k={m.top_k} exceeds model.experts={m.experts}"),
         (not m.experts or m.top_k >= 1, f"model.top_k must be at least 1 when model.experts={m.experts}"),
@@ -98,9 +99,6 @@ def check_plan(plan: Plan) -> None:
         (not par.tp_comm_overlap or par.sequence_parallel,
          "parallel.tp_comm_overlap needs parallel.sequence_parallel (Megatron-Core overlaps SP's all-gathers "
          "and reduce-scatters with the GEMMs)"),
-        (par.cp_comm != CpComm.A2A or (m.heads // par.tp) % par.cp == 0 and (m.kv_heads // par.tp) % par.cp == 0,
-         f"parallel.cp_comm=a2a needs parallel.cp={par.cp} to divide the heads per TP rank "
-         f"({m.heads // par.tp} query, {m.kv_heads // par.tp} key/value): Ulysses splits heads over the cp ranks"),
         (par.zero_impl == ZeroImpl.FSDP2 or par.zero >= ZeroStage.OPTIMIZER_STATES,
          "parallel.zero_impl=deepspeed needs parallel.zero 1, 2 or 3"),
         (par.zero_impl == ZeroImpl.FSDP2 or par.pp == 1 or par.zero <= ZeroStage.OPTIMIZER_STATES,
@@ -114,7 +112,7 @@ def check_plan(plan: Plan) -> None:
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
         *_expert_tp_rules(plan), *_moe_overlap_rules(plan), _fsdp_root_rule(plan), *_zeropp_rules(plan), *_hsdp_rules(plan),
-        *_moe_layer_rules(m), *_schedule_rules(plan),
+        *_moe_layer_rules(m), *_schedule_rules(plan), *linear_attention.rules(plan),
         (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
         (0.0 < m.sliding_window_layers <= 1.0,
          f"model.sliding_window_layers={m.sliding_window_layers} must be a share of the layers in (0, 1]"),
@@ -286,6 +284,35 @@ def _hsdp_rules(plan: Plan) -> list[tuple[bool, str]]:
          f"parallel.dp_replicate={r} needs parallel.zero_impl=fsdp2 (DeepSpeed's hybrid shards, MiCS, are not modelled)"),
         (par.ep == 1, f"parallel.dp_replicate={r} with parallel.ep={par.ep} is not modelled (the experts' data-parallel "
                       "group would shard differently)"),
+    ]
+
+
+def _kv_head_rules(plan: Plan) -> list[tuple[bool, str]]:
+    """The key/value heads a TP rank holds: tp divides them, or ``parallel.kv_replicator`` copies them as
+    NeuronX Distributed does (its two asserts on ``kv_size_multiplier``, src/neuronx_distributed/modules/
+    qkv_linear.py @fbac349b ``GQAQKVColumnParallelLinear.__init__``); Ulysses splits a rank's heads over cp."""
+    m, par = plan.model, plan.parallel
+    r = par.kv_replicator
+    local = m.kv_heads * r // par.tp
+    a2a = (par.cp_comm != CpComm.A2A or (m.heads // par.tp) % par.cp == 0 and local % par.cp == 0,
+           f"parallel.cp_comm=a2a needs parallel.cp={par.cp} to divide the heads per TP rank "
+           f"({m.heads // par.tp} query, {local} key/value): Ulysses splits heads over the cp ranks")
+    if r == 1:
+        return [(m.kv_heads % par.tp == 0,
+                 f"parallel.tp={par.tp} does not divide model.kv_heads={m.kv_heads} (parallel.kv_replicator copies "
+                 "the key/value heads across the TP ranks, as NeuronX Distributed does)"), a2a]
+    return [
+        (not m.mla, f"parallel.kv_replicator={r} needs grouped-query attention: multi-latent attention "
+                    "(model.kv_lora_rank) has no key/value heads to replicate"),
+        (par.tp % r == 0, f"parallel.kv_replicator={r} does not divide parallel.tp={par.tp} "
+                          "(each key/value head's copies form a kv shared group inside the TP group)"),
+        (m.kv_heads * r % par.tp == 0,
+         f"parallel.tp={par.tp} does not divide model.kv_heads x parallel.kv_replicator = {m.kv_heads} x {r} "
+         f"= {m.kv_heads * r} (the replicated key/value heads split evenly over the TP ranks)"),
+        (m.heads % (m.kv_heads * r) == 0,
+         f"model.kv_heads x parallel.kv_replicator = {m.kv_heads * r} does not divide model.heads={m.heads} "
+         "(each rank's query heads share its key/value heads evenly: examples/training/llama/modeling_llama_nxd.py "
+         "num_key_value_groups)"), a2a,
     ]
 
 

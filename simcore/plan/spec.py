@@ -20,6 +20,7 @@ from simcore.plan.choices import (
     MoeRouting, Offload, Optimizer, PlanError, PositionEmbedding, Precision, Recompute, RecomputeMethod, Schedule,
     StateDtype, ZeroImpl, ZeroStage,
 )
+from simcore.plan.linear_attention import LinearAttention
 from simcore.plan.stages import even_split, rank_stages, rank_sums, stage_rank
 from topologies.components import Fabric, Node, Storage
 
@@ -109,6 +110,9 @@ class ModelSpec:
     ``num_nextn_predict_layers``, Megatron --mtp-num-layers): D modules after the model, each two
     RMSNorms, a 2h -> h projection, one block of the last layer's kind, and the shared output
     layer and loss again (``simcore.model.mtp``); 0: none."""
+    linear_attention: LinearAttention | None = None
+    """Gated DeltaNet layers among the softmax ones, and the latter's output gate (Qwen3-Next, Qwen3.5:
+    ``simcore.plan.linear_attention``); None: every layer softmax attention, ungated."""
 
     @property
     def mla(self) -> bool:
@@ -236,6 +240,11 @@ class ParallelSpec:
     """Interleaved 1F1B: micro-batches a chunk runs in a row (Megatron-Core
     ``--microbatch-group-size-per-virtual-pipeline-stage``, Llama 3's N, arXiv:2407.21783 3.3.2): rank r
     warms up with (vpp - 1) N + 2 (pp - 1 - r) forwards. 0: the schedule's own (pp)."""
+    kv_replicator: int = 1
+    """Copies of each key/value head across the TP group (AWS NeuronX Distributed's ``--kv_replicator``,
+    ``GQAQKVColumnParallelLinear(kv_size_multiplier=...)``): the K and V weights are built this many times
+    wider and split over tp, kv_heads * kv_replicator / tp heads a rank, and the copies' output gradients
+    all-reduced over the "kv shared group" of kv_replicator ranks (``simcore.model.kv_replication``). 1: off."""
 
     @property
     def gpus(self) -> int:

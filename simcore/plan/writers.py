@@ -47,8 +47,28 @@ def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tupl
     if plan.model.mtp_layers and to not in ("megatron", "slurm"):   # only Megatron-LM builds MTP modules
         raise _refuse("model.mtp_layers", plan.model.mtp_layers, _MTP_LESS[to],
                       "it builds no multi-token-prediction modules")
+    if plan.parallel.kv_replicator > 1:   # NeuronX Distributed's copied K/V heads: none of these stacks copies them
+        raise _refuse("parallel.kv_replicator", plan.parallel.kv_replicator, *_KV_COPIES[to])
+    if plan.model.linear_attention is not None:   # Gated DeltaNet layers or gated attention: not written unverified
+        raise _refuse("model.linear_attention", "(Gated DeltaNet layers, gated attention)", _KV_COPIES[to][0],
+                      "trainplan writes no option for them (Megatron-LM's --experimental-attention-variant "
+                      "gated_delta_net and --linear-attention-freq are not yet checked against its model code)"
+                      if to in ("megatron", "slurm") else "a ds_config drives a model it does not build"
+                      if to == "deepspeed" else "its model code builds no such layer")
     text = writers[to](plan)
     return text, (deepspeed_notes(plan) if to == "deepspeed" else [])
+
+
+#: Why each target refuses copied key/value heads (``parallel.kv_replicator``, NeuronX Distributed's).
+_MEGATRON_KV = ("Megatron-LM", "Megatron-Core runs tp above num_query_groups by all-gathering the QKV activations "
+                "over TP, not by copying the K/V weights (megatron/core/transformer/attention.py @d98e8a64)")
+_KV_COPIES = {"megatron": _MEGATRON_KV, "slurm": _MEGATRON_KV,
+              "deepspeed": ("DeepSpeed config", "no ds_config option copies key/value heads"),
+              "torchtitan": ("torchtitan", "tensor_parallel_degree must divide n_kv_heads "
+                                           "(torchtitan/models/common/decoder.py @b5bcd76c)"),
+              "torchtitan-0.2": ("torchtitan 0.2", "its wk and wv are n_kv_heads x head_dim wide, split over TP "
+                                                   "(torchtitan/models/llama3/model/model.py @v0.2.2)"),
+              "slurm-trainplan": ("trainplan executor", "its attention splits the key/value heads it has")}
 
 
 #: The targets that build no MTP modules (``model.mtp_layers``): DeepSpeed's config drives a model it does

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from types import SimpleNamespace
 from typing import Mapping
 
+from simcore.model import kv_replication as kvr
 from simcore.model import memory as mem
 
 from simcore.model import peak as pk
@@ -65,7 +66,7 @@ def nvme_offload_s_per_step(plan: Plan) -> float:
     if plan.training.offload == Offload.NONE:
         return 0.0
     nvme = load_catalog().storage["local-nvme"]
-    per_node = pk.host_bytes_per_node(plan, mem.memory_per_rank(plan))
+    per_node = pk.host_bytes_per_node(plan, mem.memory_per_rank(kvr.as_run(plan)))   # NxD's K/V copies held
     return per_node / nvme.read_bytes_per_s + per_node / nvme.write_bytes_per_s
 
 

@@ -227,6 +227,9 @@ def sized(plan: ServingPlan) -> ServingPlan:
 def check_serving(plan: ServingPlan) -> None:
     """The cross-field rules: one sentence naming the field for the first broken."""
     m, s = plan.model, plan.scheduler
+    if m.linear_attention is not None:   # cost.py prices every layer's paged K/V and softmax attention
+        raise PlanError("model.linear_attention is refused for serving: a Gated DeltaNet layer keeps a fixed "
+                        "recurrent state per sequence, not the paged KV cache the serving model holds for every layer")
     if m.heads % plan.tp:
         raise PlanError(f"parallel.tp={plan.tp} does not divide model.heads={m.heads}")
     if plan.tp > plan.cluster.gpus_per_node:

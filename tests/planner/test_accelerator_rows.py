@@ -101,8 +101,11 @@ def test_rows_that_cannot_be_predicted_are_refused_with_their_reason(acc, rows):
     # two slices: the replicas' all-reduce crosses the DCN, whose oversubscription is a catalog gap
     assert "oversubscription is a catalog gap" in acc.refusal(_find(rows, "maxtext_v5p_readme", "32B", 128))
     assert acc.refusal(_find(rows, "maxtext_v4_readme", "22B", 64)) is None    # one slice: ICI only
-    # TP 32 NeuronCores = 16 chips over 8 KV heads: NxD replicates them, the Plan cannot state it
-    assert "does not divide model.kv_heads=8" in acc.refusal(_find(rows, "neuron_trn1_perf", "Llama-3.1-8B", 512))
+    # TP 32 NeuronCores = 16 chips over 8 KV heads: NxD copies each head onto 4 cores (--kv_replicator 4)
+    llama = _find(rows, "neuron_trn1_perf", "Llama-3.1-8B", 512)
+    assert acc.refusal(llama) is None
+    assert acc.base_doc(llama)["parallel"]["kv_replicator"] == 4
+    assert "kv_replicator" not in acc.base_doc(_find(rows, "neuron_trn1_perf", "GPT3-23B", 512))["parallel"]
 
 
 def test_trn1_rows_across_instances_are_predicted_over_the_non_blocking_efa(acc, rows):
@@ -168,7 +171,7 @@ def test_the_trainium_plateau_is_where_its_fit_stops_and_its_loso_is_the_prior(b
     F, R = bench_fit
     rows = R.accelerator_rows(CSV.parent, load_catalog())
     idx = R.block_rows(rows, "trainium")
-    assert len(idx) == 27 and {rows[k].source for k in idx} == {"neuron_trn1_perf"}
+    assert len(idx) == 40 and {rows[k].source for k in idx} == {"neuron_trn1_perf"}   # 13 of them with KV copies
     stored = F.stored_values()
     assert R.fit_block(rows, "trainium", stored, None, {}) == stored
     fig = F.BY_NAME["trainium_plateau"]
