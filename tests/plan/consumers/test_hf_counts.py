@@ -29,13 +29,11 @@ TRANSFORMERS = {
     "llama4-scout": 107_769_861_120, "mistral-7b": 7_241_732_096, "mixtral-8x7b": 46_702_792_704,
     "phi3-mini": 3_821_079_552, "qwen2-57b-a14b": 57_408_658_944, "qwen2-7b": 7_615_616_512,
     "qwen2.5-7b": 7_615_616_512, "qwen3-32b": 32_762_123_264, "qwen3-8b": 8_190_735_360,
-    "qwen3.5-27b": 25_377_789_952,
+    "qwen3.5-27b": 25_377_789_952, "qwen3.5-35b-a3b": 34_660_610_688, "qwen3-next-80b-a3b": 79_674_391_296,
 }
 
 #: The field trainplan's import refuses a config over (transformers builds these models).
-IMPORT_REFUSES = {
-    "qwen3.5-27b": "layer_types",                     # Gated DeltaNet linear-attention layers
-}
+IMPORT_REFUSES: dict[str, str] = {}
 
 #: Configs transformers 5.24.0 itself refuses as written, the field and why; the count is of
 #: the config with that field set as transformers now types it (it holds no parameters).
