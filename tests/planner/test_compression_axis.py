@@ -14,7 +14,7 @@ from simcore.planner.space import base_plan, derive_space, families
 from simcore.planner.stacks import stack_base
 
 #: DeepSpeed's ZeRO++ tutorial model (docs/_tutorials/zeropp.md) on 48 DGX-1 with one 100 Gbps NIC
-#: each: ZeRO-3's gathers cross a thin network, where ZeRO++ pays (bench/zeropp.py).
+#: each: ZeRO-3's gathers cross a thin network, where ZeRO++ pays.
 MODEL = {"name": "gpt-18b-zeropp-tutorial", "layers": 40, "hidden": 6144, "heads": 32, "vocab": 50304,
          "seq_len": 512, "position_embedding": "learned", "tied_embeddings": True}
 CLUSTER = {"node": "dgx1-v100-16gb", "nodes": 48, "nics_per_node": 1}
