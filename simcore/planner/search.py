@@ -214,7 +214,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     search (``['all']``: every one the GPU has a peak for; default: the base plan's); ``hybrid``
     also hybrid sharding, the shard group one NVLink domain (``SearchSpace.hybrid``); ``compressions``
     the communication compression methods to try beside none (``simcore.planner.compression``)."""
-    from simcore.planner.compression import absent_notes, lossless_first
+    from simcore.planner.compression import absent_notes
     from simcore.planner.formatting import hbm_gib
     from simcore.planner.headroom import headroom_note, keep_roomy, recommended_first
 
@@ -259,7 +259,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
                                      stack, what)
     # the recommendation among the layouts re-simulated (it joins them where it ranked lower)
     df = recommended_first(_engine_rerank(recommended_first(df), base, top_k, jobs, progress, objective))
-    df, squeezed = lossless_first(df, _ranked_by(df, objective))
+    df, squeezed = _lossless(df, base, top_k, jobs, progress, objective)
     df.insert(0, "rank", range(1, len(df) + 1))
     df = _with_intervals_and_headroom(df, base)
     best = _layout_of(df.iloc[0]).apply(base)
@@ -274,6 +274,17 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     explanations += _skipped(df)
     return SearchResult(table=df, pareto=pareto_front(df), best=best, objective=objective, tally=tally,
                         explanations=explanations + _overlap(df))
+
+
+def _lossless(df: pd.DataFrame, base: Plan, top_k: int, jobs: int, progress: bool, objective: str):
+    """``compression.lossless_first`` on the ranked table (and its sentence), the recommendation
+    re-simulated on the event engine where it came from beyond the layouts that were."""
+    from simcore.planner.compression import lossless_first
+
+    df, squeezed = lossless_first(df, _ranked_by(df, objective))
+    if top_k and squeezed and pd.isna(df.iloc[0].get("des_step_time_s")):
+        df = _engine_rerank(df, base, 1, jobs, progress, objective)
+    return df, squeezed
 
 
 def _space_for(base: Plan, space: SearchSpace, precisions, activation_offload: bool, hybrid: bool,

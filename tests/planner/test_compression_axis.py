@@ -112,3 +112,15 @@ def test_whatif_takes_compression_as_an_axis():
     assert _space_of(base, sweep, {"parallel.compression": "zeropp"}).compression == ("zeropp",)
     with pytest.raises(PlanError, match="compression='zip' is not one of"):
         _space_of(base, sweep, {"parallel.compression": "zip"})
+
+
+def test_the_recommendation_without_compression_is_timed_on_both_engines():
+    """Where a compressed layout is passed over (within the model's resolution), the uncompressed one
+    put first is re-simulated on the event engine like the layouts it displaced."""
+    cluster = {"node": "dgx-a100-80gb", "nodes": 4}
+    base = base_plan("gpt-1.7b", cluster, 512)
+    space = replace(derive_space(base), tp=(1,), pp=(1,), cp=(1,), micro_batch=(16,))
+    res = search("gpt-1.7b", cluster, 512, top_k=1, progress=False, space=space, compressions=["bf16"])
+    first = res.table.iloc[0]
+    assert first["compression"] == "" and not pd.isna(first["des_step_time_s"])
+    assert any("the recommendation compresses nothing" in line for line in res.explanations)
