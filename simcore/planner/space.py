@@ -27,12 +27,10 @@ MICRO_BATCHES = (1, 2, 4, 8)
 #: Context-parallel sizes: powers of two (Megatron-Core and torch split the sequence into 2 cp
 #: chunks for causal balance), to NeMo's 1M-token runs on 32 (nemo_longctx_2024_h100) and beyond.
 CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32, 64, 128)
-#: The largest micro-batch ``derive_space`` proposes, in sequences and in tokens: the published runs
-#: tuned theirs to 24 sequences of 2k tokens (vTrain's GPT, 48k tokens) and 16 (llm-foundry's
-#: MPT-13B, 32k tokens); past that a GEMM's token dimension gains nothing more and the memory
-#: check prunes what does not fit.
-MAX_MICRO_BATCH = 32
-MAX_MICRO_BATCH_TOKENS = 65536
+#: The largest micro-batch ``derive_space`` proposes, in sequences and in tokens: the published runs tuned
+#: theirs to 24 sequences of 2k tokens (vTrain's GPT) and 16 (llm-foundry's MPT-13B); past that a GEMM
+#: gains nothing more and the memory check prunes what does not fit.
+MAX_MICRO_BATCH, MAX_MICRO_BATCH_TOKENS = 32, 65536
 VIRTUAL_STAGES = (2, 3, 4, 5, 6, 7, 8)   # Narayanan et al. 2021 ran 5-8, Megatron-Core 2024 7
 RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 OFFLOAD_ORDER = (Offload.NONE, Offload.OPTIMIZER)
@@ -227,11 +225,12 @@ def derive_space(base: Plan, *, uneven_pp: bool = True, max_tp: int | None = Non
     node, or a GB200/GB300 NVL72 rack: TP may span its trays at NVLink rate); pp: every
     count up to the layers, split as ``SPLITS`` say where the stages do not divide the layers
     (only the divisors of the layers without ``uneven_pp``); cp: powers of two dividing the
-    sequence; ep: divisors of the experts (MoE only); micro-batch: divisors of the global
-    batch up to ``MAX_MICRO_BATCH`` sequences and ``MAX_MICRO_BATCH_TOKENS`` tokens (``families``
-    keeps those dividing a replica's share)."""
-    m = base.model
-    g = math.gcd(m.heads, math.gcd(m.kv_heads, m.ffn_hidden))
+    sequence (1 alone with Gated DeltaNet layers, which no stack runs context-parallel; tp then
+    divides their heads too: ``linear_attention.rules``); ep: divisors of the experts (MoE only);
+    micro-batch: divisors of the global batch up to ``MAX_MICRO_BATCH`` sequences and
+    ``MAX_MICRO_BATCH_TOKENS`` tokens (``families`` keeps those dividing a replica's share)."""
+    m, la = base.model, base.model.linear_attention
+    g = math.gcd(m.heads, m.kv_heads, m.ffn_hidden, *((la.num_key_heads, la.num_value_heads) if la and la.layers else ()))
     # TP across two domains at most, over their NICs: the most a published run took (vTrain's
     # GPT-18.4B at tp 16 on two DGX A100, Bang et al. 2024, vtrain_runs.csv)
     limit = max_tp or min(2 * base.cluster.nvlink_domain, base.cluster.gpus)
@@ -239,7 +238,8 @@ def derive_space(base: Plan, *, uneven_pp: bool = True, max_tp: int | None = Non
     return SearchSpace(
         tp=tuple(d for d in _divisors(g) if d <= limit),
         pp=pp,
-        cp=tuple(c for c in CONTEXT_PARALLEL if m.seq_len % c == 0 and c <= base.cluster.gpus),
+        cp=tuple(c for c in CONTEXT_PARALLEL if m.seq_len % c == 0 and c <= base.cluster.gpus
+                 and (c == 1 or not (la and la.layers))),
         ep=tuple(_divisors(m.experts)) if m.moe else (1,),
         micro_batch=tuple(d for d in _divisors(base.training.global_batch)
                           if d <= MAX_MICRO_BATCH and (d == 1 or d * m.seq_len <= MAX_MICRO_BATCH_TOKENS)),
