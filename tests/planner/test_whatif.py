@@ -73,8 +73,9 @@ def test_bad_sweeps_are_one_sentence():
         sweep(grid={"colour": ["red"]})
     with pytest.raises(PlanError, match="needs 'tokens'"):
         sweep_from_dict({"model": "gpt-1.7b", "cluster": {"node": "dgx-h100"}, "global_batch": 8})
-    with pytest.raises(PlanError, match="no catalog node has GPU 'v100-32gb'"):
-        node_for_gpu("v100-32gb")
+    with pytest.raises(PlanError, match="no catalog node has GPU 'l40s'"):
+        node_for_gpu("l40s")
+    assert node_for_gpu("v100-32gb") == "dgx2-v100-32gb"
 
 
 def test_a_cell_says_whether_nothing_fits_or_its_plan_is_invalid_on_that_gpu():
