@@ -42,7 +42,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput, RowwiseParallel, SequenceParallel,
                                                loss_parallel, parallelize_module)
 
-from executors import groups, moe, tied
+from executors import groups, int8_hook, moe, tied
 from executors.float8 import apply_float8
 from executors.fsdp_wrap import shard_groups
 from executors.act_offload import apply_activation_offload
@@ -202,6 +202,8 @@ def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
         state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=hooks.POWERSGD_RANK,
                                             start_powerSGD_iter=POWERSGD_START_ITER)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif compression == GradCompression.INT8:   # ours: torch's int8 hook fails on gloo
+        ddp.register_comm_hook(group, int8_hook.int8_hook)
     else:  # torch's Python all-reduce hook, so that the measured all-reduces are visible
         ddp.register_comm_hook(group, default_hooks.allreduce_hook)
 

@@ -121,14 +121,15 @@ def ddp_buckets(ready_bytes: list[int], first_cap: int = hooks.DDP_FIRST_BUCKET_
 
 
 def _ddp_calls(plan: Plan, params: list[ParamTensor], wire: Wire) -> Counter:
-    """DDP's all-reduces per bucket, as its communication hook makes them (``ddp_hooks``: one; the
-    16-bit hooks' of a half-precision copy; PowerSGD's three in its steady state)."""
+    """DDP's calls per bucket, as its communication hook makes them (``ddp_hooks``: one all-reduce;
+    the 16-bit hooks' of a half-precision copy; PowerSGD's three in its steady state; the int8
+    hook's all-to-all and all-gather)."""
     shapes = [p.shape for p in reversed(params)]
-    compression = plan.training.grad_compression.value
-    return Counter(Call(kind="all_reduce", axis=grad_axis(plan), bytes=int(b), issuer="ddp")
+    compression, world = plan.training.grad_compression.value, plan.parallel.dp * plan.parallel.cp
+    return Counter(Call(kind=kind, axis=grad_axis(plan), bytes=int(b), issuer="ddp")
                    for members in hooks.bucket_members([_numel(s) * PARAM_ELEMENT_BYTES for s in shapes])
-                   for b in hooks.bucket_calls(compression, [shapes[i] for i in members], hooks.POWERSGD_RANK,
-                                               wire.grad))
+                   for kind, b in hooks.bucket_collectives(compression, [shapes[i] for i in members],
+                                                           hooks.POWERSGD_RANK, wire.grad, world))
 
 
 def _fsdp_units(plan: Plan, part: StagePart) -> list[list[ParamTensor]]:

@@ -14,9 +14,11 @@ and all-to-all context-parallel variants, DeepSpeed's ZeRO.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from simcore.model import collectives as coll
+from simcore.model import ddp_hooks as hooks
 from simcore.model import dp_costs as dpm
 from simcore.model import end_comm as ec
 from simcore.model import kv_replication as kvr
@@ -26,7 +28,7 @@ from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.layout_calls import grad_axis
 from simcore.model.schedules import Op, add_communication, build_schedule
-from simcore.plan.spec import CpComm, MoeDispatcher, Plan, Recompute, ZeroImpl, ZeroStage
+from simcore.plan.spec import CpComm, GradCompression, MoeDispatcher, Plan, Recompute, ZeroImpl, ZeroStage
 
 
 def _check(plan: Plan) -> None:
@@ -125,7 +127,13 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
         if expert_axis:
             out[expert_axis, kind] += expert
 
-    if par.zero == ZeroStage.NONE:
+    if par.zero == ZeroStage.NONE and tr.grad_compression == GradCompression.INT8 and not sp.expert:
+        # the int8 hook (``ddp_hooks``): an all-to-all and an all-gather a DDP bucket, as dp_costs prices them
+        shapes = dpm.grad_shapes(plan, sp, sum(mem.layer_params_per_gpu(plan)), exact=True)
+        for members in hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]):
+            for kind, nbytes in hooks.bucket_collectives("int8", [shapes[i] for i in members], 1, hooks.FP32, nd):
+                out[axis, kind] += nbytes
+    elif par.zero == ZeroStage.NONE:
         add("all_reduce", gb * sp.dense, gb * sp.expert)
     elif par.zero == ZeroStage.OPTIMIZER_STATES:
         add("reduce_scatter", gb * sp.dense, gb * sp.expert)

@@ -12,11 +12,17 @@ torch 2.13 runs them (torch/distributed/algorithms/ddp_comm_hooks), per bucket a
   Q = M^T P and M = P Q^T, each P and Q orthogonalised first (Gram-Schmidt for r <= 2: a norm
   and a division per column); three all-reduces a bucket, each after the last one's result
   (the uncompressed tensors, all Ps, all Qs), then the Qs divided by the world, the
-  uncompressed tensors copied back and the new error (the clone minus the result) kept.
+  uncompressed tensors copied back and the new error (the clone minus the result) kept;
+- ``int8`` (the executor's own hook, ``executors/int8_hook.py``: ZeRO++'s qgZ in one level, arXiv
+  2306.10209 Sec. 4): the bucket padded to W chunks of k groups of g elements (``int8_layout``),
+  quantized (an fp32 scale a group, absmax / 127), one all-to-all of the int8 chunks and their
+  scales, the W copies of this rank's chunk dequantized, summed and quantized again, one
+  all-gather of the sums, dequantized with the scales divided by W: two calls a bucket, each of
+  W (k g + 4 k) bytes, and ``INT8_KERNELS`` kernels.
 
 ``hook_costs`` prices them on a device (its streams and per-kernel costs: a hook's kernels are
 plain eager ops issued one by one from Python callbacks, no autograd around them);
-``bucket_calls`` lists the all-reduces each bucket makes.
+``bucket_calls`` lists the all-reduces each bucket makes, ``bucket_collectives`` every call by kind.
 """
 from __future__ import annotations
 
@@ -35,6 +41,23 @@ MIN_COMPRESSION_RATE = 2
 GRAM_SCHMIDT_KERNELS = 2
 #: fp32 gradients (DDP reduces the parameters' dtype; the executor's are fp32).
 FP32 = 4
+#: The int8 hook's largest quantization group (elements): DeepSpeed's ``CUDAQuantizer.target_group_size``,
+#: which ZeRO++'s qwZ quantizes with (deepspeedai/DeepSpeed@edaa7221 runtime/zero/partition_parameters.py,
+#: as ``simcore.model.zeropp`` cites it).
+INT8_GROUP = 8000
+#: An fp32 scale per int8 group, sent as 4 int8 bytes beside the values.
+SCALE_BYTES = 4
+#: The int8 hook's kernels a bucket (``executors/int8_hook.py``): two quantizations of 7 (absmax,
+#: its division and floor, x / scale, round, the int8 copy, the scales' copy), two dequantizations of
+#: 3 (the scales made contiguous, int8 to fp32, times the scales), the sum over the ranks, and the
+#: scales divided by the world.
+INT8_KERNELS = 2 * 7 + 2 * 3 + 1 + 1
+#: fp32 bytes a padded element costs those kernels: the first quantization over the W chunks reads
+#: it three times and writes it twice in fp32, once in int8 (25); each dequantization over them
+#: reads int8, writes fp32, reads and writes it again (13, twice); the sum reads it (4).
+INT8_PASS_BYTES = 25 + 13 + 13 + 4
+#: The same per element of this rank's chunk: the sum's write (4) and its quantization (25).
+INT8_CHUNK_BYTES = 4 + 25
 
 
 def bucket_members(ready_bytes: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
@@ -60,6 +83,32 @@ def compressed(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
     return (n * r, m * r) if (n + m) * r * MIN_COMPRESSION_RATE < n * m else None
 
 
+def int8_layout(numel: int, world: int) -> tuple[int, int]:
+    """(groups a chunk, elements a group) of the int8 hook's bucket of ``numel`` over ``world``
+    ranks: W chunks of ceil(numel / W) elements, each the fewest groups of at most ``INT8_GROUP``,
+    equal ones (the last chunk zero-padded)."""
+    chunk = max(1, -(-numel // world))
+    k = -(-chunk // INT8_GROUP)
+    return k, -(-chunk // k)
+
+
+def int8_call_bytes(numel: int, world: int) -> int:
+    """Bytes of each of the int8 hook's two calls on a bucket of ``numel`` gradients (the
+    all-to-all's buffer, the all-gather's output): every chunk's values and scales."""
+    k, g = int8_layout(numel, world)
+    return world * (k * g + SCALE_BYTES * k)
+
+
+def bucket_collectives(compression: str, shapes: list[tuple[int, ...]], rank: int, element_bytes: int,
+                       world: int) -> list[tuple[str, int]]:
+    """(kind, bytes) of each call one bucket of gradients of ``shapes`` makes over ``world`` ranks:
+    the int8 hook's all-to-all and all-gather, the others' all-reduces (``bucket_calls``)."""
+    if compression == "int8":
+        b = int8_call_bytes(sum(math.prod(s) for s in shapes), world)
+        return [("all_to_all", b), ("all_gather", b)]
+    return [("all_reduce", b) for b in bucket_calls(compression, shapes, rank, element_bytes)]
+
+
 def bucket_calls(compression: str, shapes: list[tuple[int, ...]], rank: int, element_bytes: int) -> list[int]:
     """Bytes of each all-reduce one bucket of gradients of ``shapes`` makes under ``compression``
     (``none``, ``fp16``, ``bf16``, ``powersgd``)."""
@@ -74,9 +123,13 @@ def bucket_calls(compression: str, shapes: list[tuple[int, ...]], rank: int, ele
             element_bytes * sum(c[1] for c in pq if c)]
 
 
-def hook_costs(compression: str, shapes: list[tuple[int, ...]], rank: int, dev, all_reduce) -> tuple[float, float]:
-    """(all-reduce seconds, hook kernel seconds) of one step's buckets of gradients of ``shapes``
-    (in ready order); ``all_reduce(nbytes)`` the seconds of one call."""
+def hook_costs(compression: str, shapes: list[tuple[int, ...]], rank: int, dev, all_reduce,
+               world: int = 1, call=None) -> tuple[float, float]:
+    """(communication seconds, hook kernel seconds) of one step's buckets of gradients of ``shapes``
+    (in ready order) over ``world`` ranks; ``all_reduce(nbytes)`` the seconds of one all-reduce,
+    ``call(kind, nbytes)`` of one call of another kind (the int8 hook's)."""
+    if compression == "int8":
+        return _int8_costs(shapes, dev, world, call)
     comm = kernels = 0.0
     # one kernel: on a CPU host its issue and run (the thread that issues it runs it), else the
     # longer of the host's issue and the device's kernel (a hook issues them one by one)
@@ -101,4 +154,26 @@ def hook_costs(compression: str, shapes: list[tuple[int, ...]], rank: int, dev, 
             # over the matrices (read M twice, write it once); cat and copy back over the rest
             passes = 8 * n + 3 * sum(squeezed) + 4 * (n - sum(squeezed))
             kernels += count * op + FP32 * passes / stream
+    return comm, kernels
+
+
+def _op_s(dev) -> float:
+    """One eager kernel of a hook: on a CPU host its issue and run (the thread that issues it runs
+    it), else the longer of the host's issue and the device's kernel (a hook issues them one by one)."""
+    return dev.kernel_overhead_s + dev.dispatch_s if dev.dispatch_s is not None else \
+        max(dev.kernel_overhead_s, dev.host_overhead_s)
+
+
+def _int8_costs(shapes: list[tuple[int, ...]], dev, world: int, call) -> tuple[float, float]:
+    """``hook_costs`` of the int8 hook: per bucket its all-to-all and all-gather, its kernels over
+    the padded bucket (N elements: zero-padding costs a fill and a copy) and over this rank's chunk."""
+    comm = kernels = 0.0
+    stream = dev.hbm_bytes_per_s * dev.memory_efficiency
+    for members in bucket_members([FP32 * math.prod(s) for s in shapes]):
+        n = sum(math.prod(shapes[i]) for i in members)
+        k, g = int8_layout(n, world)
+        padded, pad = world * k * g, world * k * g > n
+        comm += call("all_to_all", int8_call_bytes(n, world)) + call("all_gather", int8_call_bytes(n, world))
+        passes = INT8_PASS_BYTES * padded + INT8_CHUNK_BYTES * k * g + ((FP32 * padded + 2 * FP32 * n) if pad else 0)
+        kernels += (INT8_KERNELS + 2 * pad) * _op_s(dev) + passes / stream
     return comm, kernels

@@ -71,6 +71,9 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         if tr.grad_compression == GradCompression.POWERSGD:
             gb = 4.0 * 2 * hooks.POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
             out["compress"] = cmp.stream_s(12.0 * params, dev)
+        elif tr.grad_compression == GradCompression.INT8:   # int8 and a scale a group; its passes
+            gb = 1.0 + hooks.SCALE_BYTES / hooks.INT8_GROUP
+            out["compress"] = cmp.stream_s((hooks.INT8_PASS_BYTES + hooks.INT8_CHUNK_BYTES / nd) * params, dev)
         elif tr.grad_compression != GradCompression.NONE:
             out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
         buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
@@ -81,14 +84,7 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out["sync"] = onebit.compressed_allreduce_s(params, net) + onebit.kernel_s(params, dev)
             buckets = 1
         elif hooked:   # DDP's communication hook, bucket by bucket as torch runs it
-            def one(nbytes: float) -> float:
-                if dev.lone_all_reduce_s > 0:   # a CPU host's lone call and the ring's bytes
-                    return dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(nbytes, net)
-                return coll.all_reduce_s(nbytes, net)
-            shapes = grad_shapes(plan, sp, layer_params)
-            out["grad"], out["compress"] = hooks.hook_costs(tr.grad_compression.value, shapes, hooks.POWERSGD_RANK,
-                                                            dev, one)
-            buckets = len(hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]))
+            out["grad"], out["compress"], buckets = _hook_costs(plan, dev, sp, layer_params, net)
         elif dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp_replicate == 1:
             # CPU host: DDP's bucket all-reduces (ZeRO-1 too: ZeroRedundancyOptimizer keeps DDP; not hybrid),
             # each a lone call issued after compute, plus the ring's bytes term
@@ -130,16 +126,44 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
     return out
 
 
-def grad_shapes(plan: Plan, sp: mem.StageParams, layer_params: float) -> list[tuple[int, ...]]:
+def _hook_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params: float,
+                net: coll.GroupNet) -> tuple[float, float, int]:
+    """(communication, kernels, buckets) of DDP's communication hook (``ddp_hooks.hook_costs``)
+    over the dp x cp ranks of ``net``."""
+    tr, nd = plan.training, plan.parallel.dp * plan.parallel.cp
+
+    def one(nbytes: float) -> float:
+        if dev.lone_all_reduce_s > 0:   # a CPU host's lone call and the ring's bytes
+            return dev.lone_all_reduce_s + 2 * coll.ring_bytes_s(nbytes, net)
+        return coll.all_reduce_s(nbytes, net)
+
+    def call(kind: str, nbytes: float) -> float:   # the int8 hook's all-to-all and all-gather
+        if dev.lone_all_reduce_s > 0:   # a lone gloo call, one pass of the ring's bytes
+            return dev.lone_all_reduce_s + coll.ring_bytes_s(nbytes, net)
+        return (coll.all_to_all_s if kind == "all_to_all" else coll.all_gather_s)(nbytes, net)
+    shapes = grad_shapes(plan, sp, layer_params, tr.grad_compression == GradCompression.INT8)
+    comm, kernels = hooks.hook_costs(tr.grad_compression.value, shapes, hooks.POWERSGD_RANK, dev, one, nd, call)
+    return comm, kernels, len(hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]))
+
+
+def grad_shapes(plan: Plan, sp: mem.StageParams, layer_params: float, exact: bool = False) -> list[tuple[int, ...]]:
     """A rank's gradient tensors (their TP-local shapes) in DDP's ready order, the reverse of
     the executor's model's (``param_layout``): its blocks and the vocabulary matrices its
-    parameters hold (the embedding, the output), as many as ``sp`` counts."""
+    parameters hold (the embedding, the output), as many as ``sp`` counts. ``exact`` (the int8
+    hook's, whose padding and scales follow each bucket's size) also holds the final norm and
+    puts each end where it is ready (the output and the norm first, the embedding last); the
+    others' order, the vocabulary matrices first, is the one the analytic goldens pin."""
     m, tp = plan.model, plan.parallel.tp
     blocks = round((sp.total - sp.ends) / layer_params) if layer_params else 0
     ends = round(sp.ends / (m.vocab * m.hidden / tp)) if sp.ends else 0
     params = [p for i in range(blocks) for p in pl.block_params(m, i)]
-    shapes = [pl.local_shape(p, tp, 0) for p in params] + [(m.vocab // tp, m.hidden)] * ends
-    return shapes[::-1]
+    shapes = [pl.local_shape(p, tp, 0) for p in params]
+    if not exact:
+        return (shapes + [(m.vocab // tp, m.hidden)] * ends)[::-1]
+    norm = round(sp.ends - ends * (m.vocab // tp) * m.hidden)   # the final norm's elements (the head's rank)
+    head = 1 if norm and ends and not (plan.parallel.pp == 1 and m.tied_embeddings) else 0
+    return [(m.vocab // tp, m.hidden)] * head + [(norm,)] * bool(norm) + shapes[::-1] \
+        + [(m.vocab // tp, m.hidden)] * (ends - head)
 
 
 def _fsdp_layer(plan: Plan, dev: cmp.DeviceModel, nets: tuple, sizes: tuple[float, float],

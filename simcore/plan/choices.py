@@ -195,12 +195,15 @@ class GradCompression(_Choice):
     """The gradients' wire dtype: ``none`` the stack's default (fp32 under 16-bit mixed
     precision, DeepSpeed's model dtype: ``collectives.grad_wire_bytes``), ``fp16``/``bf16``
     16-bit reductions (DDP's compress hooks, Megatron's ``--grad-reduce-in-bf16``, FSDP2's
-    ``reduce_dtype``, DeepSpeed's ``communication_data_type``), ``powersgd`` DDP's hook."""
+    ``reduce_dtype``, DeepSpeed's ``communication_data_type``), ``powersgd`` DDP's hook, ``int8``
+    the executor's own DDP hook: the bucket quantized to int8 (an fp32 scale a group), all-to-all,
+    summed, quantized again and all-gathered, as ZeRO++'s qgZ (``executors.int8_hook``)."""
 
     NONE = "none"
     FP16 = "fp16"
     BF16 = "bf16"
     POWERSGD = "powersgd"
+    INT8 = "int8"
 
 
 class Optimizer(_Choice):

@@ -157,6 +157,22 @@ def test_powersgd_all_reduces_three_times_a_bucket():
     assert sum(c.bytes * n for c, n in calls.items()) < sum(c.bytes * n for c, n in plain.items() if c.issuer == "ddp") / 20
 
 
+def test_int8_all_to_alls_and_all_gathers_each_bucket():
+    """The int8 hook (``executors.int8_hook``): per DDP bucket one all-to-all and one all-gather,
+    each of the bucket's int8 values and a scale a group (``ddp_hooks.int8_call_bytes``)."""
+    plain = cp.expected_calls(make_plan(BIG, dp=2, gb=4), 0)
+    int8 = cp.expected_calls(make_plan(BIG, dp=2, gb=4, grad_compression="int8"), 0)
+    buckets = sorted(c.bytes // 4 for c, n in plain.items() if c.issuer == "ddp" for _ in range(n))
+    calls = {c: n for c, n in int8.items() if c.issuer == "ddp"}
+    assert sorted((c.kind, c.bytes) for c, n in calls.items() for _ in range(n)) == sorted(
+        (kind, cp.hooks.int8_call_bytes(b, 2)) for b in buckets for kind in ("all_to_all", "all_gather"))
+    fp32 = sum(c.bytes * n for c, n in plain.items() if c.issuer == "ddp")
+    assert fp32 / 4 < sum(c.bytes * n for c, n in calls.items()) / 2 < fp32 / 4 * 1.001
+    text = cp.format_collectives(make_plan(BIG, dp=2, gb=4, grad_compression="int8"))
+    assert {tuple(line.split()[:3]) for line in text.splitlines()[2:]} == {("dp", "all_gather", "3"),
+                                                                          ("dp", "all_to_all", "3")}
+
+
 def test_format_collectives_lists_every_axis_and_kind():
     text = cp.format_collectives(make_plan(LLAMA, dp=2, tp=2, sequence_parallel=True, zero=3))
     rows = {tuple(line.split()[:3]) for line in text.splitlines()[2:]}
@@ -213,6 +229,8 @@ TWO_RANK = {
     "dp2-three-buckets": make_plan(BIG, dp=2, gb=4),
     "dp2-fp16-compression": make_plan(dp=2, grad_compression="fp16"),
     "dp2-powersgd": make_plan(dp=2, grad_compression="powersgd"),
+    "dp2-int8": make_plan(dp=2, grad_compression="int8"),
+    "dp2-int8-three-buckets": make_plan(BIG, dp=2, gb=4, grad_compression="int8"),
     "zero1-adamw": make_plan(LLAMA, dp=2, zero=1, optimizer="adamw"),
     "zero1-adafactor": make_plan(LLAMA, dp=2, zero=1, optimizer="adafactor"),
     "zero2": make_plan(dp=2, zero=2),

@@ -56,6 +56,12 @@ LAYOUTS = {
                                  {"experts": 4, "top_k": 2, "dense_layers": 3, "dense_ffn_hidden": 384}, {}),
     "tied-pp2": ({"pp": 2}, {"tied_embeddings": True}, {}),
     "tied-pp2-dp2-zero3": ({"pp": 2, "dp": 2, "zero": 3}, {"tied_embeddings": True}, {}),
+    # the int8 hook: an all-to-all and an all-gather of int8 and scales a DDP bucket, over 2 and 4 ranks
+    "dp2-int8": ({"dp": 2}, {}, {"grad_compression": "int8"}),
+    "dp4-int8-big": ({"dp": 4}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048}, {"grad_compression": "int8"}),
+    "dp2-pp2-int8-big": ({"dp": 2, "pp": 2}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048},
+                         {"grad_compression": "int8"}),
+    "dp2-int8-tied": ({"dp": 2}, {"tied_embeddings": True}, {"grad_compression": "int8"}),
 }
 
 

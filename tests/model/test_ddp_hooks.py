@@ -41,7 +41,7 @@ def _plan(compression: str, nodes: int = 2, model: str = "llama3-8b"):
 
 
 @settings(max_examples=10, deadline=None)
-@given(compression=st.sampled_from(["fp16", "bf16", "powersgd"]), nodes=st.sampled_from([1, 2, 4]))
+@given(compression=st.sampled_from(["fp16", "bf16", "powersgd", "int8"]), nodes=st.sampled_from([1, 2, 4]))
 def test_a_hook_cannot_win_for_nothing(compression, nodes):
     t = simulate(_plan(compression, nodes)).step_time_s
     with pytest.MonkeyPatch.context() as mp:
@@ -74,3 +74,71 @@ def test_the_executor_refuses_powersgd_over_several_gloo_buckets():
                            "training": {"global_batch": 4, "precision": "fp32", "grad_compression": "powersgd"}})
     with pytest.raises(ValueError, match="needs the gradients in one DDP bucket .*fill 3"):
         check_executable(plan, "cpu")
+
+
+@settings(max_examples=200, deadline=None)
+@given(world=st.integers(2, 1024), numel=st.integers(1, 10**9))
+def test_int8_puts_a_quarter_of_fp32_on_the_wire_and_never_nothing(world, numel):
+    """Per bucket the int8 hook's two calls (each W (k g + 4 k) bytes, ``int8_layout``) move, per
+    rank, (W-1)/W of each, against a ring all-reduce's 2 (W-1)/W of fp32's 4 bytes an element:
+    less wherever the bucket holds at least 4 elements a rank (a smaller one pays its padding
+    and scales), never zero, and no more than int8 plus a scale a group and a group's padding."""
+    k, g = hooks.int8_layout(numel, world)
+    assert k * g * world >= numel and g <= hooks.INT8_GROUP and (k * g - 1) * world < numel + world * k
+    b = hooks.int8_call_bytes(numel, world)
+    assert b >= numel + hooks.SCALE_BYTES * world > 0
+    if numel >= 4 * world:
+        assert 2 * b < 2 * hooks.FP32 * numel
+    assert b <= numel + world * k * (1 + hooks.SCALE_BYTES)
+
+
+def test_int8_moves_less_than_fp32_and_pays_kernels():
+    import math
+
+    shapes = [(4096, 4096), (14336, 4096), (4096,)] * 4
+    ar = lambda nbytes: nbytes * 1e-9   # noqa: E731  one byte a nanosecond
+    call = lambda kind, nbytes: nbytes * 1e-9   # noqa: E731
+    from simcore.model import compute as cmp
+    dev = cmp.device_model(_plan("none").cluster.node.gpu, "bf16")
+    comm_fp32, k_fp32 = hooks.hook_costs("none", shapes, 1, dev, ar)
+    comm_int8, kernels = hooks.hook_costs("int8", shapes, 1, dev, ar, 16, call)
+    n = sum(math.prod(s) for s in shapes)
+    assert comm_fp32 == pytest.approx(4 * n * 1e-9) and k_fp32 == 0
+    assert 2 * n * 1e-9 < comm_int8 < 2 * n * 1e-9 * 1.01   # two calls of ~n bytes each
+    # every bucket's 22 kernels and its passes: at least the 55 bytes an element they stream
+    assert kernels > hooks.INT8_PASS_BYTES * n / (dev.hbm_bytes_per_s * dev.memory_efficiency)
+
+
+def test_int8_plans_move_fewer_bytes_than_fp32_and_cost_kernels():
+    from simcore.model import comm_ledger as ledger
+
+    plain, int8 = _plan("none"), _plan("int8")
+    wire = {k: v for k, v in ledger.step_bytes(int8).items() if k[0] == "dp"}
+    assert set(wire) == {("dp", "all_to_all"), ("dp", "all_gather")}
+    fp32 = ledger.step_bytes(plain)["dp", "all_reduce"]
+    assert 0 < wire["dp", "all_to_all"] < fp32 / 3.9 and wire["dp", "all_to_all"] == wire["dp", "all_gather"]
+    costs = [simulate(p, engine=e) for p in (plain, int8) for e in ("analytic", "des")]
+    assert all(c.step_time_s > 0 for c in costs)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_int8_needs_zero_0(zero):
+    from simcore.plan.spec import PlanError
+
+    with pytest.raises(PlanError, match=f"training.grad_compression=int8 needs parallel.zero=0, not {zero}: it is a "
+                                        "DDP communication hook"):
+        plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                        "parallel": {"dp": 8, "zero": zero},
+                        "training": {"global_batch": 16, "grad_compression": "int8"}})
+
+
+def test_the_exporters_refuse_int8_in_one_sentence():
+    """No stack the exporters write has the hook (as for powersgd); trainplan's own executor runs it."""
+    from simcore.plan.writers import export_plan
+
+    plan = _plan("int8")
+    for to in ("megatron", "slurm", "deepspeed", "torchtitan", "torchtitan-0.2"):
+        with pytest.raises(ValueError, match="training.grad_compression.*int8") as err:
+            export_plan(plan, to)
+        assert err.value.args[0].count(". ") == 0 and "\n" not in err.value.args[0], err.value.args[0]
+    assert "trainplan" in export_plan(plan, "slurm-trainplan")
