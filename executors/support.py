@@ -79,6 +79,25 @@ def _model_rules(plan: Plan) -> list[tuple[bool, str]]:
              "attention only (no Gated DeltaNet layer, no attention output gate)")]
 
 
+def block_note(plan: Plan) -> str:
+    """A sentence where the Plan's block (``model.norm``, ``bias``, ``activation``, ``qk_norm``,
+    ``attention_sinks``: ``simcore.plan.model_props``) is not the one ``executors.model`` builds
+    (RMSNorm with a gated MLP, else LayerNorm without its shift; no linear biases; SwiGLU or GeLU;
+    no QK norm, no sinks): the run trains that block, the prediction prices the Plan's ('' where they
+    are the same)."""
+    from simcore.plan.model_props import Activation, Bias, Norm, QkNorm
+
+    m = plan.model
+    built = {"norm": Norm.RMSNORM if m.gated_mlp else Norm.LAYERNORM, "bias": Bias.NONE,
+             "activation": Activation.SWIGLU if m.gated_mlp else Activation.GELU, "qk_norm": QkNorm.NONE,
+             "attention_sinks": False}
+    differ = [f"model.{k}={getattr(getattr(m, k), 'value', getattr(m, k))}" for k, v in built.items()
+              if getattr(m, k) != v or (k == "norm" and v == Norm.LAYERNORM)]
+    return (f"the executor builds its own block ({', '.join(differ)} are priced, not built: it runs "
+            f"{'RMSNorm' if m.gated_mlp else 'LayerNorm without its shift'}, no linear biases, "
+            f"{'SwiGLU' if m.gated_mlp else 'GeLU'}, no QK norm, no sinks)") if differ else ""
+
+
 def _kv_copies_rule(plan: Plan) -> tuple[bool, str]:
     r = plan.parallel.kv_replicator
     return r == 1, (f"parallel.kv_replicator={r} is priced, not run: the executor's attention splits the key/value "

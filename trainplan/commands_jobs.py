@@ -6,15 +6,16 @@ import sys
 from pathlib import Path
 
 from simcore.plan.load import dump_plan, load_plan
-from trainplan.common import (RunFailed, UsageError, check_prediction, model_doc, portable_name, print_json, print_prediction,
-                              warn)
+from trainplan.common import RunFailed, UsageError, check_prediction, model_doc, portable_name, print_json, print_prediction, warn
 
 
 def cmd_run(args) -> None:
     from executors.launch import run
     from executors.measure import plan_identity
+    from executors.support import block_note
 
     plan = load_plan(args.plan)
+    warn([n] if (n := block_note(plan)) else [])
     try:
         result = run(plan, steps=args.steps, warmup=args.warmup, seed=args.seed, trace_path=args.trace,
                      checkpoint_dir=args.checkpoint_dir, resume=args.resume, timeout_s=args.timeout,
@@ -307,7 +308,6 @@ def _check_calibrate_flags(args) -> None:
 def _compressions(text: str | None) -> list[str] | None:
     """``--compression``'s methods (``simcore.planner.compression.METHODS``); UsageError naming the flag."""
     from simcore.planner.compression import check_methods
-
     try:
         return list(check_methods(text, "--compression")) if text else None
     except ValueError as exc:

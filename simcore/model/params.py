@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from simcore.model.gdn import forward_flops as gdn_forward_flops  # noqa: F401 (workload's, through this module)
 from simcore.model.gdn import gdn_params, hybrid_mean
 from simcore.plan.linear_attention import output_gated
+from simcore.plan.model_props import Bias, Norm, QkNorm
 from simcore.plan.spec import ModelSpec, PositionEmbedding
 
 
@@ -61,10 +62,25 @@ class ParamCounts:
         return self.total + self.mtp
 
 
-def _biases(m: ModelSpec) -> bool:
-    """GPT-style models (learned positions) carry biases and LayerNorm; Llama-style
-    (rotary) models have neither biases nor LayerNorm shifts (RMSNorm)."""
-    return m.position_embedding == PositionEmbedding.LEARNED
+def norm_params(m: ModelSpec, width: int) -> int:
+    """One norm over ``width`` channels: a scale, and a shift under LayerNorm (``model.norm``)."""
+    return 2 * width if m.norm == Norm.LAYERNORM else width
+
+
+def _mlp_bias(m: ModelSpec) -> bool:
+    return m.bias == Bias.ALL
+
+
+def attention_extras(m: ModelSpec) -> int:
+    """A softmax-attention layer's parameters beside its weights (``simcore.plan.model_props``):
+    the q/k/v biases (``model.bias`` qkv and up) and the output's (attention, all); the QK norms
+    (``head``: one of head_dim each for queries and keys, Qwen3's q_norm/k_norm; ``projection``:
+    over the whole projections, OLMo 2's; ``l2`` has none); a learned sink logit per head (GPT-OSS's
+    ``sinks``, Megatron's --softmax-type learnable ``softmax_offset``)."""
+    qkv = attention_in_params(m) // m.hidden
+    bias = (qkv if m.bias != Bias.NONE else 0) + (m.hidden if m.bias in (Bias.ATTENTION, Bias.ALL) else 0)
+    qk = {QkNorm.HEAD: 2 * m.head_dim, QkNorm.PROJECTION: (m.heads + m.kv_heads) * m.head_dim}.get(m.qk_norm, 0)
+    return bias + (norm_params(m, qk) if qk else 0) + (m.heads if m.attention_sinks else 0)
 
 
 def kv_width(m: ModelSpec) -> int:
@@ -104,23 +120,23 @@ def mlp_matrices(m: ModelSpec) -> int:
 
 
 def _mlp_params(m: ModelSpec, width: int, bias: bool) -> int:
-    return mlp_matrices(m) * m.hidden * width + ((width + m.hidden) if bias else 0)
+    """The MLP's matrices and, with ``bias``, fc1's (gate and up, ``mlp_matrices - 1`` of ``width``) and fc2's."""
+    return mlp_matrices(m) * m.hidden * width + (((mlp_matrices(m) - 1) * width + m.hidden) if bias else 0)
 
 
 @functools.lru_cache(maxsize=256)
 def param_counts(m: ModelSpec) -> ParamCounts:
     """Parameters; GPT-3 175B gives 174.6e9, Llama-3 70B 70.6e9, Qwen2-57B-A14B 57.4e9,
     DeepSeek-V3 671e9 (tests/plan/test_hf_families.py holds each family to its published size)."""
-    h, f, bias = m.hidden, m.ffn_hidden, _biases(m)
-    qkv_out = attention_in_params(m) // h
-    attention = attention_in_params(m) + attention_out_width(m) * h + ((qkv_out + h) if bias else 0)
+    h, f, bias = m.hidden, m.ffn_hidden, _mlp_bias(m)
+    attention = attention_in_params(m) + attention_out_width(m) * h + attention_extras(m)
     attention = hybrid_mean(m, attention, lambda: gdn_params(m))   # Gated DeltaNet layers: the mean layer's
     expert = _mlp_params(m, f, bias)
     shared = _mlp_params(m, m.shared_ffn_hidden, bias) if m.moe and m.shared_ffn_hidden else 0
     mlp = expert * m.experts + h * m.experts + shared if m.moe else expert
-    norms = 2 * (2 * h if bias else h)
+    norms = 2 * norm_params(m, h)
     embedding = m.vocab * h + (m.seq_len * h if m.position_embedding == PositionEmbedding.LEARNED else 0)
-    final_norm = 2 * h if bias else h
+    final_norm = norm_params(m, h)
     output = (0 if m.tied_embeddings else m.vocab * h) + final_norm
     dense_mlp = _mlp_params(m, m.dense_ffn_hidden or f, bias) if m.dense_count else 0
     block = attention + norms + (dense_mlp if m.is_dense_layer(m.layers - 1) else mlp)
@@ -135,7 +151,7 @@ def mtp_head_params(m: ModelSpec) -> int:
     (megatron/core/transformer/multi_token_prediction.py @d98e8a64 ``MultiTokenPredictionLayer``;
     DeepSeek-V3 arXiv 2412.19437 Sec. 2.2, its M_k and RMSNorms)."""
     h = m.hidden
-    return m.mtp_layers * (MTP_PROJECTION_INPUTS * h * h + MTP_NORMS * (2 * h if _biases(m) else h))
+    return m.mtp_layers * (MTP_PROJECTION_INPUTS * h * h + MTP_NORMS * norm_params(m, h))
 
 
 #: An MTP module's projection takes the normed hidden state and the normed embedding

@@ -22,6 +22,7 @@ from pathlib import Path
 from simcore.plan import linear_attention
 from simcore.plan.hf_families import (HYBRID_LINEAR, USED_HERE, global_attention_share, language_model, moe_layout,
                                       refuse_unstated)
+from simcore.plan.model_props import unconventional
 from simcore.plan.spec import PlanError
 
 DEFAULT_SEQ_LEN = 8192
@@ -44,7 +45,23 @@ USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_s
         "mlp_only_layers", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
         "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
         "moe_layer_freq", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-        "sliding_window_pattern", "num_nextn_predict_layers", *DROPOUT_KEYS, *USED_HERE}
+        "sliding_window_pattern", "num_nextn_predict_layers", *DROPOUT_KEYS, *USED_HERE,
+        "hidden_act", "hidden_activation", "activation_function", "attention_bias", "mlp_bias", "qkv_bias",
+        "use_qk_norm", "swiglu_alpha", "swiglu_limit"}
+
+#: Text model types built with LayerNorm (GPT2Block's ln_1/ln_2, GPTNeoXLayer's input_layernorm); the
+#: others the importer reads are RMSNorm (transformers 5.24.0 modeling_<family>.py).
+LAYERNORM_TYPES = ("gpt2", "gpt_neox")
+#: The config classes' activation defaults where a file may leave it out (GPT2Config.activation_function,
+#: GPTNeoXConfig.hidden_act, Gemma2Config/Gemma3TextConfig/Gemma4TextConfig.hidden_activation); else silu.
+ACT_DEFAULTS = {"gpt2": "gelu_new", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh", "gemma2": "gelu_pytorch_tanh",
+                "gemma3_text": "gelu_pytorch_tanh", "gemma4_text": "gelu_pytorch_tanh"}
+#: Text model types whose attention has q_norm/k_norm over each head's width (Qwen3Attention,
+#: Qwen3NextAttention, Qwen3_5Attention, Gemma3Attention, Gemma4TextAttention), or over the whole
+#: projections (Olmo2Attention).
+QK_NORM_TYPES = {"qwen3": "head", "qwen3_moe": "head", "qwen3_next": "head", "qwen3_5_text": "head",
+                 "qwen3_5_moe_text": "head", "gemma3_text": "head", "gemma4_text": "head", "olmo2": "projection"}
+GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python")
 
 
 def read_config(path: Path) -> dict:
@@ -116,6 +133,7 @@ def hf_fields(cfg: dict, path: Path) -> dict:
     out["dropout"] = float(max(given)) if given else (0.1 if mtype == "gpt2" else 0.0)
     out.update(_moe_fields(cfg, mtype))
     out.update(_window_fields(cfg, mtype))
+    out.update(unconventional(block_fields(cfg, mtype, out["gated_mlp"], path), mtype != "gpt2", out["gated_mlp"]))
     if cfg.get("kv_lora_rank"):
         out.update(_mla_fields(cfg))
     out["linear_attention"] = linear_attention.hf_section(cfg, mtype in HYBRID_LINEAR)
@@ -124,6 +142,44 @@ def hf_fields(cfg: dict, path: Path) -> dict:
         raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")
     refuse_unstated(cfg, mtype, path)
     return {k: v for k, v in out.items() if v is not None}   # no seq_len without a context: the caller's
+
+
+def block_fields(cfg: dict, mtype: str, gated: bool, path: Path) -> dict:
+    """The block's norm, biases, MLP activation, QK norm and sinks (``simcore.plan.model_props``) as
+    the family's modeling code builds them, or PlanError naming the field the Plan cannot state."""
+    def refuse(key, why):
+        return PlanError(f"model config {path}: {key}={cfg.get(key)} {why}, which the plan's model cannot state")
+    out = {"norm": "layernorm" if mtype in LAYERNORM_TYPES else "rmsnorm",
+           "qk_norm": QK_NORM_TYPES.get(mtype, "none"), "attention_sinks": mtype == "gpt_oss"}
+    if mtype == "llama4_text" and cfg.get("use_qk_norm", True):   # Llama4TextConfig's default; Llama4TextL2Norm
+        out["qk_norm"] = "l2"
+    attn, mlp = bool(cfg.get("attention_bias", mtype in ("gpt_neox", "gpt_oss"))), bool(cfg.get("mlp_bias"))
+    if mtype in ("gpt2", "gpt_neox", "gpt_oss"):   # their MLPs (experts) are always biased
+        if not attn and mtype != "gpt2":
+            raise refuse("attention_bias", "leaves the attention unbiased beside a biased MLP")
+        out["bias"] = "all"
+    elif mtype in ("qwen2", "qwen2_moe"):   # Qwen2Attention: q, k, v biased, o not
+        out["bias"] = "qkv" if cfg.get("qkv_bias", True) else "none"
+    elif mlp and not attn:
+        raise refuse("mlp_bias", "biases the MLP alone")
+    elif attn and cfg.get("kv_lora_rank"):
+        raise refuse("attention_bias", "biases multi-latent attention's down-projections")
+    else:
+        out["bias"] = "all" if mlp else "attention" if attn else "none"
+    act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or cfg.get("activation_function")
+              or ACT_DEFAULTS.get(mtype, "silu"))
+    key = next((k for k in ("hidden_activation", "hidden_act", "activation_function") if cfg.get(k)), "hidden_act")
+    if mtype == "gpt_oss":   # GptOssExperts._apply_gate: its own clamped GLU, whatever hidden_act says
+        if (cfg.get("swiglu_alpha", 1.702), cfg.get("swiglu_limit", 7.0)) != (1.702, 7.0):
+            raise refuse("swiglu_limit", f"with swiglu_alpha={cfg.get('swiglu_alpha')} is a GLU other than GPT-OSS's")
+        out["activation"] = "oss_glu"
+    elif gated and act in ("silu", "swish") or not gated and act in ("relu", "relu2"):
+        out["activation"] = {"silu": "swiglu", "swish": "swiglu", "relu": "relu", "relu2": "squared_relu"}[act]
+    elif act in GELUS:
+        out["activation"] = "geglu" if gated else "gelu"
+    else:
+        raise refuse(key, f"is an {'gated ' if gated else ''}MLP activation")
+    return out
 
 
 def _window_fields(cfg: dict, mtype: str) -> dict:

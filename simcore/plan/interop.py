@@ -44,6 +44,7 @@ from simcore.plan.megatron_log import read_megatron_log
 from simcore.plan.megatron_reader import read_megatron
 from simcore.plan.megatron_writer import account_split
 from simcore.plan.readers import Reading, read_deepspeed, read_hf, sdpa_attention_kernel
+from simcore.plan.model_props import FIELDS
 from simcore.plan.spec import PlanError, even_split
 from simcore.plan.torchtitan_reader import read_torchtitan
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts, virtual_stages
@@ -279,7 +280,7 @@ _SECTION_ORDER = {
               "gated_mlp", "experts", "top_k", "capacity_factor", "tied_embeddings", "position_embedding",
               "kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers", "moe_layers", "shared_ffn_hidden",
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
-              "sliding_window_layers", "mtp_layers", "linear_attention"),
+              "sliding_window_layers", "mtp_layers", "linear_attention", *FIELDS),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "expert_tp", "vpp", "stage_layers", "zero", "zero_impl",
                  "dp_replicate", "zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients", "sequence_parallel", "fsdp_root", "schedule", "microbatch_group", "cp_comm", "tp_comm_overlap", "overlap_param_gather",
                  "moe_dispatcher", "moe_a2a_overlap", "kv_replicator"),

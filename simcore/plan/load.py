@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from simcore.plan.hf_config import hf_config_fields, model_section
-from simcore.plan import linear_attention
+from simcore.plan import linear_attention, model_props
 from simcore.plan.rules import check_plan
 from simcore.plan.yaml_file import read_yaml_file
 from simcore.plan.spec import (AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss,
@@ -131,7 +131,7 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
         source=str(fields_.get("source", "")),
         moe_layers=_layer_indices(fields_.get("moe_layers"), "model.moe_layers"),
         linear_attention=linear_attention.parse(fields_.get("linear_attention")),
-        **_model_extras(fields_),
+        **_model_extras(fields_), **model_props.parse(fields_),
     )
 
 
@@ -353,7 +353,7 @@ def plan_to_dict(plan: Plan) -> dict:
     """The Plan as a Plan-file document (catalog names for hardware, fields for the model)."""
     model = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.model).items()}
     model.pop("source", None)
-    for key, default in _EXTRA_DEFAULTS.items():
+    for key, default in (_EXTRA_DEFAULTS | model_props.defaults(plan.model)).items():
         if model.get(key) == default:
             del model[key]
     linear_attention.tidy_model_doc(model)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 
 from simcore.plan.megatron_moe import _moe_layer_fields, moe_layer_pattern  # noqa: F401  (re-exported)
+from simcore.plan.megatron_block import read_block
+from simcore.plan.model_props import unconventional
 from simcore.plan.megatron_shell import _logical_lines, expand_script, options, split_command  # noqa: F401
 from simcore.plan.readers import Reading
 from simcore.plan.spec import MEGATRON_DROPOUT, PlanError
@@ -148,12 +150,9 @@ def _megatron_model(a: _Args, f: dict) -> None:
     drops = [a.value(o, float) for o in ("--hidden-dropout", "--attention-dropout")]
     if any(d is not None for d in drops):   # unset: Megatron's default, the Plan's
         f["model.dropout"] = max(MEGATRON_DROPOUT if d is None else d for d in drops)
-    a.value("--normalization", str), a.flag("--disable-bias-linear")  # RMSNorm, no biases: implied by rope
     # --quick-geglu is a gated MLP too (argument_utils.py: gated_linear_unit=True, quick_gelu
-    # @d98e8a64): three matrices, as --swiglu; the activation's FLOPs are the Plan's either way
+    # @d98e8a64): three matrices, as --swiglu
     f["model.gated_mlp"] = a.flag("--swiglu") | a.flag("--quick-geglu")
-    if a.opts.get("--softmax-type") == ["vanilla"]:   # the Plan's softmax; off-by-one and learnable (a
-        a.value("--softmax-type", str)   # sink offset: `heads` parameters a layer) are listed as not mapped
     _read_mla(a, f)
     _read_window(a, f)
     # the MTP modules, on the last pipeline stage (multi_token_prediction.py @d98e8a64); the loss
@@ -163,6 +162,8 @@ def _megatron_model(a: _Args, f: dict) -> None:
     pos = a.value("--position-embedding-type", str) or "learned_absolute"
     rope = pos == "rope" or a.flag("--use-rotary-position-embeddings")
     f["model.position_embedding"] = "rope" if rope else "learned"
+    f.update({f"model.{k}": v for k, v in unconventional(read_block(a, bool(f.get("model.kv_lora_rank"))), rope,
+                                                             f["model.gated_mlp"]).items()})
     if "--num-experts" in a.opts:
         f["model.experts"] = a.value("--num-experts")
         f["model.top_k"] = a.value("--moe-router-topk") or 2  # Megatron's default top-k

@@ -1,17 +1,19 @@
 """The model's Megatron-LM options (pretrain_gpt.py, NVIDIA/Megatron-LM commit d98e8a64, options as
-its parser defines them: ``megatron_args.yaml``), and what the export says of the model properties a
-Plan has no field for.
+its parser defines them: ``megatron_args.yaml``), and what the export says of what a Plan cannot state.
 
 A ModelSpec states the shapes (layers, widths, heads, experts, MLA ranks, windows), whether the MLP
-is gated, the positions, tied embeddings, the rotary base and dropout. It does not state the norm
-(LayerNorm or RMSNorm), linear or QKV biases, the MLP's activation (SwiGLU, GeGLU, quick-GeLU GLU),
-QK norm or attention sinks, so the export writes one convention that the Megatron import reads back
-as the same Plan: rotary models as Llama (``--normalization RMSNorm --disable-bias-linear``, gated:
-``--swiglu``), learned positions as GPT-2/3 (Megatron's defaults: LayerNorm, biases, GeLU); the
-script's head says so (``megatron_model_note``), with the options a model that differs needs.
+is gated, the positions, tied embeddings, the rotary base, dropout and the block's properties
+(``simcore.plan.model_props``): the norm (--normalization), the biased linear layers
+(--disable-bias-linear, --add-qkv-bias), the MLP's activation (--swiglu, --quick-geglu with GPT-OSS's
+--glu-linear-offset and --activation-func-clamp-value, --squared-relu; Megatron's default F.gelu), QK
+norm (--qk-layernorm, --qk-l2-norm) and sinks (--softmax-type learnable), each as
+``core_transformer_config_from_args`` (megatron/training/argument_utils.py @d98e8a64) builds it. A
+property Megatron has no option for (GeGLU, ReLU, attention-only biases, OLMo 2's whole-projection QK
+norm) is refused in one sentence naming the field (``megatron_block``).
 """
 from __future__ import annotations
 
+from simcore.plan.megatron_block import activation_args, block_args
 from simcore.plan.spec import MEGATRON_DROPOUT, Plan, PlanError
 
 
@@ -20,21 +22,12 @@ def _refuse(field_: str, value, why: str) -> ValueError:
 
 
 def megatron_model_note(plan: Plan) -> list[str]:
-    """Comment lines for the script's head: the model properties the Plan has no field for,
-    the convention written for them, and the options for a model that differs."""
+    """Comment lines for the script's head: the block as written, and what the Plan cannot state."""
     m = plan.model
-    mlp = "SwiGLU" if m.gated_mlp else "GeLU"
-    if m.position_embedding.value == "rope":
-        written = f"as Llama's: RMSNorm, no linear biases, {mlp} MLP"
-    else:
-        written = f"as GPT's (Megatron's defaults): LayerNorm, linear biases, {mlp} MLP"
-    return [
-        "# The Plan has no field for the norm, linear biases, the MLP's activation, QK norm or",
-        f"# attention sinks; written {written}, no QK norm, no sinks.",
-        "# A model that differs needs its own options (Qwen3: --qk-layernorm; Qwen2: --add-qkv-bias;",
-        "# GPT-OSS: biases, --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0",
-        "# --softmax-type learnable); Gemma's tanh-GeLU GLU has none (--quick-geglu is x*sigmoid(1.702x)).",
-    ]
+    return [f"# The block: {m.norm.value}, linear biases {m.bias.value}, {m.activation.value} MLP, QK norm "
+            f"{m.qk_norm.value}, {'learned' if m.attention_sinks else 'no'} attention sinks (the Plan's model fields);",
+            "# the Plan has no field for the residual layout: written pre-norm and sequential (not GPT-NeoX's parallel",
+            "# attention and MLP, nor Gemma's norms after attention and MLP)."]
 
 
 def megatron_model_args(plan: Plan) -> list:
@@ -48,14 +41,14 @@ def megatron_model_args(plan: Plan) -> list:
         args.append(("--kv-channels", m.kv_channels))
     args += [("--seq-length", m.seq_len), ("--max-position-embeddings", m.seq_len), ("--padded-vocab-size", m.vocab),
              ("--position-embedding-type", "rope" if m.position_embedding.value == "rope" else "learned_absolute")]
-    if m.position_embedding.value == "rope":  # Llama-style: RMSNorm, no biases, the model's rotary base
+    if m.position_embedding.value == "rope":  # the model's rotary base
         if m.rope_base != int(m.rope_base):
             raise _refuse("model.rope_base", m.rope_base, "--rotary-base takes an integer")
-        args += [("--rotary-base", int(m.rope_base)), ("--normalization", "RMSNorm"), ("--disable-bias-linear", None)]
+        args.append(("--rotary-base", int(m.rope_base)))
+    args += block_args(m)
     if m.dropout != MEGATRON_DROPOUT:   # Megatron's default for both
         args += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout)]
-    if m.gated_mlp:
-        args.append(("--swiglu", None))
+    args += activation_args(m)
     args += _window_args(m)
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))

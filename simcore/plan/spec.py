@@ -5,10 +5,8 @@ A Plan file (YAML, schema in DESIGN.md "The Plan file") has four sections: ``mod
 YAML; everything downstream takes the ``Plan`` dataclass. Every wrong input raises
 ``PlanError`` with one sentence that names the field and the rule.
 
-This module holds the value: the four section dataclasses and ``Plan`` (with PlanError and
-the enumerated choices of ``simcore.plan.choices`` and the stage helpers of
-``simcore.plan.stages``, re-exported here). Building a Plan from a document is
-``simcore.plan.load``; the cross-field rules it must satisfy are ``simcore.plan.rules``.
+This module holds the value: the four section dataclasses and ``Plan`` (``simcore.plan.choices``
+and ``stages`` re-exported); building one from a document is ``load``, its rules ``rules``.
 """
 from __future__ import annotations
 
@@ -21,6 +19,7 @@ from simcore.plan.choices import (
     StateDtype, ZeroImpl, ZeroStage,
 )
 from simcore.plan.linear_attention import LinearAttention
+from simcore.plan.model_props import Activation, Bias, Norm, QkNorm, resolve
 from simcore.plan.stages import even_split, rank_stages, rank_sums, stage_rank
 from topologies.components import Fabric, Node, Storage
 
@@ -113,6 +112,15 @@ class ModelSpec:
     linear_attention: LinearAttention | None = None
     """Gated DeltaNet layers among the softmax ones, and the latter's output gate (Qwen3-Next, Qwen3.5:
     ``simcore.plan.linear_attention``); None: every layer softmax attention, ungated."""
+    norm: Norm | None = None
+    bias: Bias | None = None
+    activation: Activation | None = None
+    qk_norm: QkNorm = QkNorm.NONE
+    attention_sinks: bool = False
+    """The block's properties (``simcore.plan.model_props``); None: position_embedding's and gated_mlp's convention."""
+
+    def __post_init__(self) -> None:
+        resolve(self)
 
     @property
     def mla(self) -> bool:

@@ -129,10 +129,22 @@ def _check(plan: Plan) -> None:
         (m.tied_embeddings, "model.tied_embeddings", "true", "its llama3 model is dense, SwiGLU, RoPE, untied"),
         (m.position_embedding.value != "rope", "model.position_embedding", m.position_embedding.value,
          "its llama3 model is dense, SwiGLU, RoPE, untied"),
+        *_block_refusals(m),
     ]
     for bad, name, value, why in refusals:
         if bad:
             raise _refuse(name, value, why)
+
+
+def _block_refusals(m) -> list:
+    """The block torchtitan 0.3's llama3 model builds (torchtitan/models/llama3/__init__.py: RMSNorm, bias-free
+    nn.Linear, SwiGLU FeedForward, no QK norm, plain SDPA softmax); the export writes --module llama3 only."""
+    why = "its llama3 model is RMSNorm, bias-free, SwiGLU, without QK norm or sinks"
+    return [(m.norm.value != "rmsnorm", "model.norm", m.norm.value, why),
+            (m.bias.value != "none", "model.bias", m.bias.value, why),
+            (m.gated_mlp and m.activation.value != "swiglu", "model.activation", m.activation.value, why),
+            (m.qk_norm.value != "none", "model.qk_norm", m.qk_norm.value, why),
+            (m.attention_sinks, "model.attention_sinks", "true", why)]
 
 
 def _flavor(plan: Plan) -> str | None:

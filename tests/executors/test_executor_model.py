@@ -99,3 +99,23 @@ def test_model_flops_closed_form():
     assert wl.model_flops_per_step(GPT, 3) == tokens * (6 * p + 12 * 2 * 16 * 32)
     # full recomputation repeats the layers' forward (not the logits): 6 P + 2 P_layers + 16 L T H
     assert wl.hardware_flops_per_step(GPT, 3, Recompute.FULL) == tokens * (6 * p + 2 * layers_p + 16 * 2 * 16 * 32)
+
+def test_the_run_says_where_the_plans_block_is_not_the_one_it_builds():
+    """``trainplan run`` names the block fields the executor does not build (its block: RMSNorm or a
+    shift-free LayerNorm, no linear biases, SwiGLU or GeLU); a Llama-style Plan matches it."""
+    from dataclasses import replace
+
+    from executors.support import block_note
+    from simcore.plan.load import plan_from_dict
+    from simcore.plan.model_props import QkNorm
+
+    doc = {"model": {"name": "t", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128,
+                     "vocab": 256, "seq_len": 32, "gated_mlp": True, "position_embedding": "rope"},
+           "cluster": {"node": "localhost"}, "parallel": {"tp": 1, "pp": 1, "dp": 1}, "training": {"global_batch": 1}}
+    llama = plan_from_dict(doc)
+    assert block_note(llama) == ""
+    qwen3 = replace(llama, model=replace(llama.model, qk_norm=QkNorm.HEAD))
+    assert "model.qk_norm=head" in block_note(qwen3)
+    gpt = plan_from_dict({**doc, "model": {**doc["model"], "gated_mlp": False, "position_embedding": "learned"}})
+    note = block_note(gpt)
+    assert "model.bias=all" in note and "model.norm=layernorm" in note and "\n" not in note

@@ -4,11 +4,9 @@
 # Add the data, tokenizer and learning-rate options of your run (--data-path,
 # --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node
 # with --node-rank and --master-addr, or use `trainplan export PLAN --to slurm`.
-# The Plan has no field for the norm, linear biases, the MLP's activation, QK norm or
-# attention sinks; written as Llama's: RMSNorm, no linear biases, SwiGLU MLP, no QK norm, no sinks.
-# A model that differs needs its own options (Qwen3: --qk-layernorm; Qwen2: --add-qkv-bias;
-# GPT-OSS: biases, --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0
-# --softmax-type learnable); Gemma's tanh-GeLU GLU has none (--quick-geglu is x*sigmoid(1.702x)).
+# The block: rmsnorm, linear biases none, swiglu MLP, QK norm none, no attention sinks (the Plan's model fields);
+# the Plan has no field for the residual layout: written pre-norm and sequential (not GPT-NeoX's parallel
+# attention and MLP, nor Gemma's norms after attention and MLP).
 torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py \
     --num-layers 32 \
     --hidden-size 4096 \

@@ -68,17 +68,17 @@ def test_what_a_ds_config_cannot_state_is_refused_in_one_sentence(parallel, mode
     assert "\n" not in message and not re.search(r"\.\s+[A-Z]", message)   # one sentence
 
 
-def test_megatron_names_what_the_plan_cannot_state():
+def test_megatron_names_the_block_it_writes_and_what_the_plan_cannot_state():
     rope = export_plan(_plan({"tp": 2, "dp": 4}), "megatron")
-    assert "written as Llama's: RMSNorm, no linear biases, SwiGLU MLP, no QK norm, no sinks" in rope
+    assert "# The block: rmsnorm, linear biases none, swiglu MLP, QK norm none, no attention sinks" in rope
     assert all(o in rope for o in ("--normalization RMSNorm", "--disable-bias-linear", "--swiglu"))
-    assert "--qk-layernorm" in rope.split("torchrun")[0]   # named in the head, not written as an option
+    assert "--qk-layernorm" not in rope and "residual layout" in rope.split("torchrun")[0]
     gpt3 = plan_from_dict({"model": {"name": "gpt3-175b"}, "cluster": {"node": "dgx-a100-80gb", "nodes": 16},
                            "parallel": {"tp": 8, "pp": 16}, "training": {"global_batch": 64}})
     text = export_plan(gpt3, "megatron")
-    assert "as GPT's (Megatron's defaults): LayerNorm, linear biases, GeLU MLP" in text
+    assert "# The block: layernorm, linear biases all, gelu MLP" in text   # Megatron's defaults
     assert "--normalization" not in text.split("torchrun")[1] and "--swiglu" not in text.split("torchrun")[1]
-    assert "Qwen3: --qk-layernorm" in export_plan(gpt3, "slurm")
+    assert "# The block: layernorm" in export_plan(gpt3, "slurm")
 
 
 def test_the_model_options_come_first_in_megatron_args():

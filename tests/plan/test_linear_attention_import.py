@@ -65,7 +65,7 @@ def test_without_the_hybrid_layers_the_count_is_off_by_more_than_the_tolerance()
     plain = replace(m, linear_attention=replace(m.linear_attention, layers=()))
     h = 2048
     mixer = h * (2 * 2048 + 2 * 4096 + 2 * 32) + (2 * 2048 + 4096) * 4 + 2 * 32 + 128 + 4096 * h
-    attention = h * (16 * 256 * 2 + 2 * 2 * 256) + 16 * 256 * h
+    attention = h * (16 * 256 * 2 + 2 * 2 * 256) + 16 * 256 * h + 2 * 256   # and its q_norm/k_norm (qk_norm: head)
     assert param_counts(m).total - param_counts(plain).total == 36 * (mixer - attention)
     assert (param_counts(m).total - param_counts(plain).total) / 79_674_391_296 > 2e-3
 

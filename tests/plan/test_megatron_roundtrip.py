@@ -84,7 +84,7 @@ def test_the_options_the_plan_can_state():
     r = read_megatron(CMD + "--multi-latent-attention --softmax-type learnable --cpu-offloading-num-layers 2")
     assert (r.fields["model.kv_lora_rank"], r.fields["model.kv_channels"], r.fields["model.qk_rope_head_dim"],
             r.fields["model.v_head_dim"], r.fields["model.q_lora_rank"]) == (32, 128, 64, 128, None)  # Megatron's
-    assert r.fields["training.activation_offload"] == 2 and r.ignored == ("--softmax-type",)
+    assert r.fields["training.activation_offload"] == 2 and r.ignored == () and r.fields["model.attention_sinks"]
     assert "--q-lora-rank" in read_megatron(CMD + "--q-lora-rank 64").ignored   # no MLA: ordinary attention
     with pytest.raises(PlanError, match="--group-query-attention"):
         read_megatron(CMD + "--multi-latent-attention --group-query-attention --num-query-groups 2")
