@@ -71,7 +71,8 @@ def test_every_proposed_method_passes_the_plan_rules():
                 check_plan(lay.apply(base))
             except PlanError as exc:
                 assert not any(w in str(exc) for w in words), (lay.label(), str(exc))
-        assert seen >= ({"", "bf16", "zeropp"} if stack else {"", "bf16", "powersgd", "onebit_adam", "fp8_param_gather"})
+        assert seen >= ({"", "bf16", "zeropp"} if stack else {"", "bf16", "powersgd", "int8", "onebit_adam",
+                                                              "fp8_param_gather"})
 
 
 def test_a_compressed_layout_within_the_models_resolution_is_not_recommended():
@@ -99,7 +100,7 @@ def test_cli_names_the_flag(tmp_path, capsys):
     assert main(["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "8",
                  "--compression", "zip", "--out", str(tmp_path / "p.yaml")]) == 2
     assert capsys.readouterr().err.strip().endswith("--compression='zip' is not one of: none, bf16, fp16, powersgd, "
-                                                    "onebit_adam, zeropp, fp8_param_gather")
+                                                    "int8, onebit_adam, zeropp, fp8_param_gather")
     assert not (tmp_path / "p.yaml").exists()
 
 
