@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from simcore.plan.load import dump_plan, load_plan
-from trainplan.common import RunFailed, UsageError, check_prediction, model_doc, portable_name, print_json, print_prediction, warn
+from trainplan.common import (RunFailed, UsageError, check_prediction, compressions, model_doc, portable_name, print_json,
+                              print_prediction, warn)
 
 
 def cmd_run(args) -> None:
@@ -15,17 +16,19 @@ def cmd_run(args) -> None:
     from executors.support import block_note
 
     plan = load_plan(args.plan)
-    warn([n] if (n := block_note(plan)) else [])
     try:
         result = run(plan, steps=args.steps, warmup=args.warmup, seed=args.seed, trace_path=args.trace,
                      checkpoint_dir=args.checkpoint_dir, resume=args.resume, timeout_s=args.timeout,
                      data_path=args.data)
     except RuntimeError as exc:
         raise RunFailed(str(exc).splitlines()[0] if str(exc) else "the run failed") from None
+    note = block_note(plan)   # the block the executor trained, where the Plan's differs
     if args.json:   # with the plan it ran, which `calibrate --from-run` checks
-        print_json({**result.to_json(), "plan": plan_identity(plan)})
-    else:
-        print_prediction(result)
+        print_json({**result.to_json(), "plan": plan_identity(plan), **({"block_note": note} if note else {})})
+        return
+    print_prediction(result)
+    if note:
+        print(f"  note: {note}")
 
 
 def _print_comparison(comp) -> None:
@@ -116,7 +119,7 @@ def cmd_plan(args) -> None:
                  activation_offload=args.activation_offload, stack=args.stack,
                  refuses=_executor_refuses() if args.stack == "executor" else None,
                  precisions=_csv(args.precision, "--precision"), hybrid=getattr(args, "hybrid", False),
-                 compressions=_compressions(args.compression))
+                 compressions=compressions(args.compression))
     out = args.out or Path(portable_name(res.best.name) + ".yaml")
     atomic_write_text(out, dump_plan(res.best))
     if args.json:
@@ -198,7 +201,7 @@ def cmd_whatif(args) -> None:
     for source in sources:
         print(f"intervals (90%): {source}")
     for note in res.notes():
-        print(f"note: {note}")
+        print(f"  note: {note}")
     if html:
         print(f"\nreport written to {html} and {html.parent / 'report.md'}")
 
@@ -303,15 +306,6 @@ def _check_calibrate_flags(args) -> None:
     if args.quick and (args.refresh or sources):
         raise UsageError(f"calibrate --quick shortens a full calibration; --{'refresh' if args.refresh else sources[0].replace('_', '-')} "
                          "measures nothing it would shorten")
-
-
-def _compressions(text: str | None) -> list[str] | None:
-    """``--compression``'s methods (``simcore.planner.compression.METHODS``); UsageError naming the flag."""
-    from simcore.planner.compression import check_methods
-    try:
-        return list(check_methods(text, "--compression")) if text else None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _csv(text: str | None, flag: str, kind=str) -> list | None:

@@ -152,6 +152,16 @@ def model_doc(model, seq_len: int | None = None) -> dict:
     return {**model_section(model or {}), **({"seq_len": seq_len} if seq_len is not None else {})}
 
 
+def compressions(text: str | None) -> list[str] | None:
+    """``plan --compression``'s methods (``simcore.planner.compression.METHODS``); UsageError naming the flag."""
+    from simcore.planner.compression import check_methods
+
+    try:
+        return list(check_methods(text, "--compression")) if text else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def portable_name(name: str) -> str:
     """A file name every system takes (scp, rsync, make, Windows): letters, digits, '.', '_'
     and '-' only; anything else (':' above all) becomes '-'."""
