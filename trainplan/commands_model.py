@@ -351,7 +351,9 @@ def wire_note(plan, wire, executor: bool) -> str:
     """What the listed bytes are: the calls trainplan's executor issues (torch's APIs), their
     buffers in ``wire``'s dtypes (``simcore.model.collective_plan.Wire``)."""
     act = plan.training.precision.value
-    grads = f"gradients reduced at {wire.grad} bytes an element"
+    grads = f"gradients reduced at {wire.grad} bytes an element" + (
+        " (DDP's buckets at 1 and an fp32 scale a group: grad_compression int8)"
+        if plan.training.grad_compression.value == "int8" else "")
     params = f"parameters gathered or broadcast at {wire.param} bytes" + (
         " (the blocks' linear weights at 1, fp8_param_gather)" if wire.fp8_weights else "")
     if executor:

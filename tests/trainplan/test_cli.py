@@ -195,3 +195,18 @@ def test_memory_says_what_the_plan_holds_without_the_allocators_assumed_margin(t
     assert main(["memory", str(path)]) == 0
     out = capsys.readouterr().out
     assert "fits: yes" in out and "without the allocator" not in out
+
+
+def test_collectives_say_an_int8_plan_reduces_its_buckets_at_one_byte(tmp_path, capsys):
+    """The footer named fp32's 4 bytes for an int8 plan, whose DDP buckets move at 1 byte and a scale."""
+    import yaml
+
+    doc = {"model": "gpt-1.7b", "cluster": {"node": "dgx-h100", "nodes": 1},
+           "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 0}, "training": {"global_batch": 8, "grad_compression": "int8"}}
+    path = tmp_path / "int8.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["collectives", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "at 1 and an fp32 scale a group: grad_compression int8" in out.strip().splitlines()[-1]
+    kinds = {tuple(line.split()[:2]) for line in out.splitlines() if line.startswith("  dp ")}
+    assert kinds == {("dp", "all_to_all"), ("dp", "all_gather")}
