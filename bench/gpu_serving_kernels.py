@@ -10,6 +10,8 @@ several batch sizes and contexts: each part alone, then the whole layer.
 
     python bench/gpu_serving_kernels.py measure OUT.json     # on the GPU (torch only)
     .venv/bin/python bench/gpu_serving_kernels.py compare OUT.json --gpu h200
+
+The H200 measurement of 2026-11-28 is validation/gpu_serving_kernels_h200.json (bench/RESULTS.md).
 """
 from __future__ import annotations
 
