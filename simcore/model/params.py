@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from simcore.model.gdn import forward_flops as gdn_forward_flops  # noqa: F401 (workload's, through this module)
 from simcore.model.gdn import gdn_params, hybrid_mean
 from simcore.plan.linear_attention import output_gated
 from simcore.plan.model_props import Bias, Norm, QkNorm

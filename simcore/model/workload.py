@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simcore.model import params as _params
+from simcore.model import gdn, params as _params
 from simcore.model.attention_window import attention_fraction
 from simcore.model.softmax import FP32_SOFTMAX_BYTES, FP32_SOFTMAX_KERNELS, fused_softmax
 from simcore.model.params import attention_in_params, attention_out_width, kv_width, mlp_matrices, q_width
@@ -282,8 +282,8 @@ def forward_flops_per_layer(m: ModelSpec, tokens: float, s: int) -> float:
     (whole model, no parallel split): 2*tokens*(params touched) + 4*tokens*s*heads*head_dim.
     For an MoE model this is an MoE layer (``dense_layer_forward_flops`` the dense ones)."""
     h, f = m.hidden, m.ffn_hidden
-    attn = _params.hybrid_mean(m, 2 * tokens * (attention_in_params(m) + attention_out_width(m) * h)   # Gated DeltaNet
-                               + 4 * tokens * s * m.heads * m.head_dim, lambda: _params.gdn_forward_flops(m, tokens))
+    attn = gdn.hybrid_mean(m, 2 * tokens * (attention_in_params(m) + attention_out_width(m) * h)   # Gated DeltaNet
+                           + 4 * tokens * s * m.heads * m.head_dim, lambda: gdn.forward_flops(m, tokens))
     dense = 2 * tokens * mlp_matrices(m) * h * f
     shared = 2 * tokens * mlp_matrices(m) * h * m.shared_ffn_hidden
     mlp = m.top_k * dense + 2 * tokens * h * m.experts + shared if m.moe else dense
@@ -319,7 +319,7 @@ def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: Recomput
     if recompute == Recompute.FULL:
         extra = layers_forward_flops(m, tokens, m.seq_len)
     elif recompute == Recompute.SELECTIVE:
-        extra = _params.hybrid_mean(m, m.layers * 4 * tokens * m.seq_len * q_width(m), 0.0)   # softmax layers'
+        extra = gdn.hybrid_mean(m, m.layers * 4 * tokens * m.seq_len * q_width(m), 0.0)   # softmax layers'
     return model_flops_per_step(m, global_batch) + extra
 
 
