@@ -221,8 +221,7 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "itself) and parallel.ep=1 (its one data-parallel group cannot reduce experts apart)"),
         (tr.optimizer == Optimizer.ONEBIT_ADAM or tr.onebit_freeze_step == ONEBIT_FREEZE_STEP,
          "training.onebit_freeze_step is 1-bit Adam's warm-up: set training.optimizer=onebit_adam"),
-        (not tr.fp8_param_gather or tr.precision == Precision.FP8 and par.zero_impl == ZeroImpl.FSDP2 and (
-            par.zero == ZeroStage.OPTIMIZER_STATES or par.zero >= ZeroStage.GRADIENTS and tr.fp8_recipe.value == "tensorwise"),
+        (not tr.fp8_param_gather or fp8_gather_runs(tr.precision, par.zero_impl, par.zero, tr.fp8_recipe),
          "training.fp8_param_gather needs training.precision=fp8 with parallel.zero=1 (Megatron's distributed "
          "optimizer keeps the fp32 weights it re-quantizes) or FSDP2 (zero 2-3) with training.fp8_recipe=tensorwise "
          "(torchao's float8 all-gather)"),
@@ -230,6 +229,13 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          and tr.master_weights and not tr.autocast, f"training.optimizer_state_dtype={tr.optimizer_state_dtype.value} "
          "needs optimizer adamw or adam with master weights (the precision-aware Adam of Transformer Engine)"),
     ]
+
+
+def fp8_gather_runs(precision: Precision, zero_impl: ZeroImpl, zero: ZeroStage, recipe: Fp8Recipe) -> bool:
+    """Whether a layout can gather its weights in FP8 (``training.fp8_param_gather``): fp8 training with
+    Megatron's distributed optimizer (zero 1) or FSDP2 (zero 2-3) under torchao's tensorwise recipe."""
+    return precision == Precision.FP8 and zero_impl == ZeroImpl.FSDP2 and (
+        zero == ZeroStage.OPTIMIZER_STATES or zero >= ZeroStage.GRADIENTS and recipe == Fp8Recipe.TENSORWISE)
 
 
 def _moe_layer_rules(m) -> list[tuple[bool, str]]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from simcore.plan.spec import GradCompression, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
+from simcore.plan.rules import fp8_gather_runs
+from simcore.plan.spec import Fp8Recipe, GradCompression, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 #: The methods, in the order a table lists them.
 METHODS = ("none", "bf16", "fp16", "powersgd", "int8", "onebit_adam", "zeropp", "fp8_param_gather")
@@ -50,28 +51,27 @@ def check_methods(values, where: str) -> tuple[str, ...]:
     return tuple(sorted(out, key=METHODS.index))
 
 
-def applies(method: str, base: Plan, tp: int, pp: int, cp: int, ep: int, dp: int, zero: ZeroStage,
-            precision: str) -> bool:
-    """Whether a layout of these degrees can take ``method`` (the rules of
-    ``simcore.plan.rules`` for it; ``precision`` the layout's, '' for the base plan's)."""
+def applies(method: str, base: Plan, lay) -> bool:
+    """Whether layout ``lay`` (``space.Layout``: its degrees, ZeRO stage, and the precision and FP8
+    recipe where they are not ``base``'s) can take ``method``: the rules of ``simcore.plan.rules``
+    for it."""
     if method == "none":
         return True
-    if dp * cp == 1:
+    if lay.dp * lay.cp == 1:
         return False   # nothing to compress without data parallel
     if method in ("bf16", "fp16"):
         return True
     if method in ("powersgd", "int8"):
-        return zero == ZeroStage.NONE
+        return lay.zero == ZeroStage.NONE
     if method == "onebit_adam":
-        return zero == ZeroStage.NONE and ep == 1 and base.training.grad_compression.value == "none"
+        return lay.zero == ZeroStage.NONE and lay.ep == 1 and base.training.grad_compression.value == "none"
     if method == "zeropp":
-        gpus, node = tp * pp * cp * dp, base.cluster.gpus_per_node
-        return (zero == ZeroStage.WEIGHTS and base.parallel.zero_impl == ZeroImpl.DEEPSPEED
-                and tp == pp == cp == 1 and gpus % node == 0 and gpus > node)
-    prec = precision or base.training.precision.value
-    recipe = base.training.fp8_recipe.value
-    return (prec == Precision.FP8.value and base.parallel.zero_impl == ZeroImpl.FSDP2
-            and (zero == ZeroStage.OPTIMIZER_STATES or zero >= ZeroStage.GRADIENTS and recipe == "tensorwise"))
+        gpus, node = lay.tp * lay.pp * lay.cp * lay.dp, base.cluster.gpus_per_node
+        return (lay.zero == ZeroStage.WEIGHTS and base.parallel.zero_impl == ZeroImpl.DEEPSPEED
+                and lay.tp == lay.pp == lay.cp == 1 and gpus % node == 0 and gpus > node)
+    tr = base.training
+    return fp8_gather_runs(Precision(lay.precision) if lay.precision else tr.precision, base.parallel.zero_impl,
+                           lay.zero, Fp8Recipe(lay.fp8_recipe) if lay.fp8_recipe else tr.fp8_recipe)
 
 
 def fields(method: str, gpus_per_node: int) -> tuple[dict, dict]:

@@ -323,7 +323,7 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
                 lays = [lay] + ([evolve(lay, dp_replicate=r)] if True in space.hybrid and
                                 (r := hybrid_replicas(base, lay)) > 1 else [])
                 out += [evolve(x, compression="" if c == "none" else c) for x in lays for c in space.compression
-                        if compression_applies(c, base, tp, pp, cp, ep, dp, zero, prec)]
+                        if compression_applies(c, base, lay)]
     return out
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from simcore.plan.rules import check_plan
-from simcore.plan.spec import PlanError
+from simcore.plan.spec import PlanError, ZeroStage
 from simcore.planner import compression as cmp
 from simcore.planner.search import search
 from simcore.planner.space import base_plan, derive_space, families
@@ -125,3 +125,16 @@ def test_the_recommendation_without_compression_is_timed_on_both_engines():
     first = res.table.iloc[0]
     assert first["compression"] == "" and not pd.isna(first["des_step_time_s"])
     assert any("the recommendation compresses nothing" in line for line in res.explanations)
+
+
+def test_fp8_gathers_follow_the_layouts_own_precision_and_recipe():
+    """A bf16 base searched in fp8 under torchao's tensorwise recipe (torchtitan's, ``space.fp8_recipe``):
+    its FSDP2 ZeRO-2/3 layouts take FP8 gathers, as the rule lets them; not under delayed scaling."""
+    base = base_plan("gpt-1.7b", {"node": "dgx-h100", "nodes": 2}, 64)
+    space = replace(derive_space(base), compression=("none", "fp8_param_gather"), micro_batch=(1,), pp=(1,),
+                    precision=("fp8",))
+    def zeros(recipe):
+        return {lay.zero for lay in families(base, replace(space, fp8_recipe=recipe), base.cluster.gpus)
+                if lay.compression == "fp8_param_gather"}
+    assert {ZeroStage.GRADIENTS, ZeroStage.WEIGHTS} <= zeros("tensorwise")
+    assert zeros("delayed") == {ZeroStage.OPTIMIZER_STATES}
