@@ -9,7 +9,7 @@ heads of a KV head as its query rows), captured in a CUDA graph as the engines r
 several batch sizes and contexts: each part alone, then the whole layer.
 
     python bench/gpu_serving_kernels.py measure OUT.json     # on the GPU (torch only)
-    .venv/bin/python bench/gpu_serving_kernels.py compare OUT.json --gpu h200
+    .venv/bin/python bench/gpu_serving_kernels.py compare OUT.json --node hgx-h200
 
 The H200 measurement of 2026-11-28 is validation/gpu_serving_kernels_h200.json (bench/RESULTS.md).
 """
@@ -82,40 +82,34 @@ def measure(out: Path) -> None:
                               indent=1))
 
 
-def predicted(b: int, ctx: int, gpu: str) -> dict:
-    """The cost model's seconds of each part (``simcore.serving.cost``'s per-kernel rooflines)."""
+def predicted(b: int, ctx: int, gpu_node: str) -> dict:
+    """The serving cost model's seconds of one layer's parts for Llama 3 8B in bf16 on ``gpu_node``
+    (``simcore.serving.cost``: ``ReplicaCost.linear_s`` and ``attention_s``, a decode step of ``b``
+    requests of ``ctx`` cached tokens each), and the one roofline it priced before 298eb27."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from simcore.model.compute import device_model
-    from topologies.hardware import load_catalog
+    from simcore.serving.cost import replica_cost
+    from simcore.serving.load import serving_from_dict
 
-    cat = load_catalog()
-    dev = device_model(cat.gpus[gpu], "bf16")
-    bw = dev.hbm_bytes_per_s * dev.memory_efficiency
-    shapes = {"qkv": (H, (HEADS + 2 * KV_HEADS) * HEAD_DIM), "o": (HEADS * HEAD_DIM, H), "gate_up": (H, 2 * FFN),
-              "down": (FFN, H)}
-    out, compute, weights = {}, 0.0, 0.0
-    for name, (k, n) in shapes.items():
-        flops = 2.0 * b * k * n
-        c = flops / (dev.peak_flops * dev.matmul.at(flops))
-        out[name] = max(c, 2.0 * k * n / bw)
-        compute, weights = compute + c, weights + 2.0 * k * n
-    attn_flops = 4.0 * b * ctx * HEADS * HEAD_DIM
-    kv_bytes = 2.0 * b * ctx * KV_HEADS * HEAD_DIM * 2
-    attn_c = attn_flops / (dev.peak_flops * dev.attention_forward)
-    out["attention"] = max(attn_c, kv_bytes / bw)
-    out["layer (sum)"] = sum(out.values())
-    out["layer (one roofline)"] = max(compute + attn_c, (weights + kv_bytes) / bw)   # before 298eb27
-    return out
+    rc = replica_cost(serving_from_dict({
+        "model": "llama3-8b", "hardware": {"node": gpu_node}, "parallel": {"tp": 1},
+        "precision": {"weights": "bf16", "activations": "bf16", "kv_cache": "bf16"},
+        "traffic": {"arrival": "offline", "num_requests": 1, "prompt_len": 1, "output_len": 1}}))
+    m, dev, n = rc.layers, rc.dev, b * ctx
+    gemms, attention = rc.linear_s(b) / m, rc.attention_s(n, n + b) / m
+    compute = sum(count * per * b / (dev.peak_flops * dev.matmul.at(per * b)) for per, count, *_ in rc.gemms)
+    weights = sum(count * w for _, count, _, w, _ in rc.gemms)
+    one = max(compute + n * rc.attn_flops_per_pair / m / (dev.peak_flops * dev.attention_forward),
+              (weights + (n + b) * rc.kv_bytes_per_token / m) / (dev.hbm_bytes_per_s * dev.memory_efficiency))
+    return {"gemms": gemms, "attention": attention, "layer (sum)": gemms + attention, "layer (one roofline)": one}
 
 
-def compare(path: Path, gpu: str) -> None:
+def compare(path: Path, node: str) -> None:
     doc = json.loads(path.read_text())
-    print(f"{doc['device']} (torch {doc['torch']}) against the catalog's {gpu}; times in ms, measured / predicted")
+    print(f"{doc['device']} (torch {doc['torch']}) against the catalog's {node}; times in ms, measured / predicted")
     print(f"{'batch':>6} {'ctx':>5} {'GEMMs':>15} {'attention':>15} {'layer':>9} {'sum':>9} {'one roofline':>13}")
     for r in doc["rows"]:
-        p = predicted(r["batch"], r["context"], gpu)
-        gm = sum(r[n] for n in ("qkv", "o", "gate_up", "down")) * 1e3
-        gp = sum(p[n] for n in ("qkv", "o", "gate_up", "down")) * 1e3
+        p = predicted(r["batch"], r["context"], node)
+        gm, gp = sum(r[n] for n in ("qkv", "o", "gate_up", "down")) * 1e3, p["gemms"] * 1e3
         print(f"{r['batch']:>6} {r['context']:>5} {gm:>7.3f}/{gp:<7.3f} {r['attention'] * 1e3:>7.3f}/"
               f"{p['attention'] * 1e3:<7.3f} {r['layer'] * 1e3:>9.3f} {p['layer (sum)'] * 1e3:>9.3f} "
               f"{p['layer (one roofline)'] * 1e3:>13.3f}")
@@ -125,7 +119,7 @@ if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "measure":
         measure(Path(sys.argv[2]))
     elif len(sys.argv) >= 3 and sys.argv[1] == "compare":
-        compare(Path(sys.argv[2]), sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--gpu" else "h200")
+        compare(Path(sys.argv[2]), sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--node" else "hgx-h200")
     else:
         print(__doc__)
         sys.exit(2)

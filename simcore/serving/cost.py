@@ -106,6 +106,13 @@ class ReplicaCost:
             self._linear[tokens] = t
         return t
 
+    def attention_s(self, pairs: float, kv_tokens: float) -> float:
+        """Attention over ``pairs`` query-key pairs, all layers, the larger of its FLOPs and the KV of
+        ``kv_tokens`` tokens it reads and writes."""
+        dev = self.dev
+        return max(pairs * self.attn_flops_per_pair / (dev.peak_flops * dev.attention_forward),
+                   kv_tokens * self.kv_bytes_per_token / (dev.hbm_bytes_per_s * dev.memory_efficiency))
+
     def all_reduce_s(self, tokens: int) -> float:
         """Two all-reduces per layer of ``tokens`` hidden vectors."""
         if self.tp == 1 or tokens == 0:
@@ -131,9 +138,7 @@ def iteration_s(rc: ReplicaCost, tokens: int, pairs: float, kv_read_tokens: floa
     bw = dev.hbm_bytes_per_s * dev.memory_efficiency
     logits = rows * rc.logits_flops_per_row
     head = max(logits / (dev.peak_flops * dev.matmul.at(logits)) if rows else 0.0, rc.head_bytes / bw)
-    attention = max(pairs * rc.attn_flops_per_pair / (dev.peak_flops * dev.attention_forward),
-                    (kv_read_tokens + tokens) * rc.kv_bytes_per_token / bw)
-    return rc.linear_s(tokens) + attention + head + rc.all_reduce_s(tokens)
+    return rc.linear_s(tokens) + rc.attention_s(pairs, kv_read_tokens + tokens) + head + rc.all_reduce_s(tokens)
 
 
 def prefill_s(rc: ReplicaCost, prompt: int, offset: int = 0) -> float:
