@@ -43,11 +43,6 @@ _FIGURES = {
     "storage.write_gbyte_per_s": ("storage", "write_bytes_per_s", 1e9),
     "storage.per_client_gbyte_per_s": ("storage", "per_client_bytes_per_s", 1e9),
 }
-_SPACE_PARSERS = {"tp": int, "pp": int, "cp": int, "ep": int, "vpp": int, "micro_batch": int,
-                  "precision": lambda v: "all" if v == "all" else Precision.parse(v, "space.precision").value,
-                  "zero": lambda v: ZeroStage(int(v)), "schedule": Schedule, "recompute": Recompute,
-                  "offload": Offload, "sequence_parallel": bool, "activation_offload": bool, "hybrid": bool,
-                  "compression": lambda v: _method(v)}
 
 
 def _method(value) -> str:
@@ -58,6 +53,13 @@ def _method(value) -> str:
         return check_methods([value], "compression")[0]
     except ValueError as exc:
         raise PlanError(str(exc)) from None
+
+
+_SPACE_PARSERS = {"tp": int, "pp": int, "cp": int, "ep": int, "vpp": int, "micro_batch": int,
+                  "precision": lambda v: "all" if v == "all" else Precision.parse(v, "space.precision").value,
+                  "zero": lambda v: ZeroStage(int(v)), "schedule": Schedule, "recompute": Recompute,
+                  "offload": Offload, "sequence_parallel": bool, "activation_offload": bool, "hybrid": bool,
+                  "compression": _method}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
