@@ -114,9 +114,11 @@ def absent_notes(methods, ranked) -> list[str]:
 def lossless_first(df: pd.DataFrame, col: str) -> tuple[pd.DataFrame, str]:
     """The ranked table (recommendation first) with the best layout that compresses nothing on top
     where the recommended one compresses and is not ahead of it by more than the model resolves
-    (``uncertainty.RANK_MIN_GAP`` on ``col``, the ranking's figure; both of the recommendation's fit
-    class or better), and the sentence saying which way it went ('' where nothing compresses)."""
+    (``uncertainty.RANK_MIN_GAP`` on ``col``, the ranking's figure, from the engine both were timed
+    with; both of the recommendation's fit class or better), and the sentence saying which way it
+    went ('' where nothing compresses)."""
     from simcore.planner.headroom import CLASS_ORDER
+    from simcore.planner.ranking import engine_prefix
     from simcore.planner.uncertainty import RANK_MIN_GAP
 
     if "compression" not in df or df.empty or not df.iloc[0]["compression"]:
@@ -130,8 +132,7 @@ def lossless_first(df: pd.DataFrame, col: str) -> tuple[pd.DataFrame, str]:
     if not len(plain):
         return df, note
     other = df.loc[plain[0]]
-    if pd.isna(other.get(col)) or pd.isna(best.get(col)):   # one engine for both: the analytic path's
-        col = col.removeprefix("des_")
+    col = engine_prefix(best, other) + col
     gain = other[col] / best[col] - 1
     if gain > RANK_MIN_GAP:
         return df, f"{note} It is {gain:.0%} ahead of the best layout without compression, {other['layout']}."

@@ -21,9 +21,10 @@ _PARTS = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"),
           ("offload_s", "offload stall"))
 
 
-def _time_col(row, best) -> str:
-    both = "des_step_time_s" in row and pd.notna(row.get("des_step_time_s")) and pd.notna(best.get("des_step_time_s"))
-    return "des_" if both else ""
+def engine_prefix(*rows) -> str:
+    """The column prefix of the one engine every row's figures come from: the event engine's where it
+    ran on each of them (``des_``), else the analytic path's ('')."""
+    return "des_" if all(pd.notna(r.get("des_step_time_s")) for r in rows) else ""
 
 
 def _cost_col(row, pre: str) -> str | None:
@@ -32,8 +33,8 @@ def _cost_col(row, pre: str) -> str | None:
 
 def why_slower(row, best) -> str:
     """One sentence: how ``row`` compares with ``best`` in time (and cost, and GPUs when they
-    differ) and which parts of the step grow, both on one engine (``_time_col``)."""
-    pre = _time_col(row, best)
+    differ) and which parts of the step grow, both on one engine (``engine_prefix``)."""
+    pre = engine_prefix(row, best)
     t, t0 = row[pre + "step_time_s"], best[pre + "step_time_s"]
     deltas = sorted(((row[pre + c] - best[pre + c], name) for c, name in _PARTS), reverse=True)
     grow = [f"{name} {d:+.3g} s" for d, name in deltas if d > 0.005 * t0][:2]

@@ -121,12 +121,6 @@ def merge_ties(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _ranked_by(df: pd.DataFrame, objective: str) -> str:
-    """The figure the recommendation was ranked by: the event engine's where it ran on the first row."""
-    col = "step_time_s" if objective != "cost" else _cost_column(df)
-    return "des_" + col if "des_" + col in df and pd.notna(df.iloc[0].get("des_" + col)) else col
-
-
 def _objective_order(df: pd.DataFrame, objective: str) -> pd.DataFrame:
     if objective == "time":
         return df.sort_values(["step_time_s", "memory_per_gpu_gib"], kind="stable")
@@ -281,7 +275,7 @@ def _lossless(df: pd.DataFrame, base: Plan, top_k: int, jobs: int, progress: boo
     re-simulated on the event engine where it came from beyond the layouts that were."""
     from simcore.planner.compression import lossless_first
 
-    df, squeezed = lossless_first(df, _ranked_by(df, objective))
+    df, squeezed = lossless_first(df, "step_time_s" if objective != "cost" else _cost_column(df))
     if top_k and squeezed and pd.isna(df.iloc[0].get("des_step_time_s")):
         df = _engine_rerank(df, base, 1, jobs, progress, objective)
     return df, squeezed

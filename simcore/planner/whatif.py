@@ -33,6 +33,7 @@ from simcore.plan.load import read_yaml_file
 from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import Offload, PlanError, Precision, Recompute, Schedule, ZeroStage
 from simcore.planner.stacks import checked_stack
+from simcore.planner.ranking import engine_prefix
 from topologies.hardware import load_catalog
 
 _CLUSTER_KEYS = ("node", "nodes", "fabric", "storage", "gpus_per_node")
@@ -181,17 +182,11 @@ def _space_of(base, sweep: Sweep, cell: dict):
     return space
 
 
-def _engine_of(row) -> str:
-    """The column prefix of the engine a cell's figures come from: the event engine where it ran
-    on the cell's layout, else the analytic path (``simcore.planner.ranking``)."""
-    return "des_" if "des_step_time_s" in row and pd.notna(row.get("des_step_time_s")) else ""
-
-
 def _prediction_of(row):
     """The step figures run_cost needs, from the engine where it ran, else the analytic path."""
     from types import SimpleNamespace
 
-    pre = _engine_of(row)
+    pre = engine_prefix(row)
     return SimpleNamespace(step_time_s=float(row[pre + "step_time_s"]), compute_s=float(row[pre + "compute_s"]))
 
 
@@ -249,7 +244,7 @@ def _cost_fields(rc, top, cluster) -> dict:
     from simcore.planner.formatting import headroom_gib
 
     od, sp = rc.on_demand, rc.spot
-    iv, pre = od.interval, _engine_of(top)   # every figure of the cell from the engine its step came from
+    iv, pre = od.interval, engine_prefix(top)   # every figure of the cell from the engine its step came from
     lo_hi = lambda key, i: iv[key][i] if key in iv else float("nan")  # noqa: E731
     fields = dict(step_time_s=rc.step_time_s, step_time_s_lo=lo_hi("step_time_s", 0),
                   step_time_s_hi=lo_hi("step_time_s", 1), mfu=float(top[pre + "mfu"]),
