@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from executors.moe import AUX_LOSS_COEFF, moe_forward
+from simcore.plan.model_props import Activation, Bias, Norm, QkNorm
 from simcore.plan.spec import ModelSpec, PositionEmbedding
 
 
@@ -119,9 +120,21 @@ class MoE(nn.Module):
         return moe_forward(self, x)
 
 
+def built_block(spec: ModelSpec) -> dict:
+    """The block this module builds, whatever the Plan's ``model.norm``, ``bias``, ``activation``,
+    ``qk_norm`` and ``attention_sinks`` say (``simcore.plan.model_props``' terms): RMSNorm with a gated
+    MLP (Llama), else a LayerNorm without its shift (GPT-2 style; None: no Plan value names it); no
+    linear biases; SwiGLU or GeLU (``FeedForward``); no QK norm, no sinks."""
+    gated = spec.gated_mlp
+    return {"norm": Norm.RMSNORM if gated else None, "bias": Bias.NONE,
+            "activation": Activation.SWIGLU if gated else Activation.GELU, "qk_norm": QkNorm.NONE,
+            "attention_sinks": False}
+
+
 def _norm(spec: ModelSpec) -> nn.Module:
-    # Llama-style models (gated MLP) use RMSNorm; GPT-2 style use LayerNorm
-    return nn.RMSNorm(spec.hidden, eps=1e-5) if spec.gated_mlp else nn.LayerNorm(spec.hidden, bias=False)
+    if built_block(spec)["norm"] == Norm.RMSNORM:
+        return nn.RMSNorm(spec.hidden, eps=1e-5)
+    return nn.LayerNorm(spec.hidden, bias=False)
 
 
 class Block(nn.Module):

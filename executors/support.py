@@ -82,17 +82,13 @@ def _model_rules(plan: Plan) -> list[tuple[bool, str]]:
 def block_note(plan: Plan) -> str:
     """A sentence where the Plan's block (``model.norm``, ``bias``, ``activation``, ``qk_norm``,
     ``attention_sinks``: ``simcore.plan.model_props``) is not the one ``executors.model`` builds
-    (RMSNorm with a gated MLP, else LayerNorm without its shift; no linear biases; SwiGLU or GeLU;
-    no QK norm, no sinks): the run trains that block, the prediction prices the Plan's ('' where they
+    (``built_block``): the run trains that block, the prediction prices the Plan's ('' where they
     are the same)."""
-    from simcore.plan.model_props import Activation, Bias, Norm, QkNorm
+    from executors.model import built_block
 
     m = plan.model
-    built = {"norm": Norm.RMSNORM if m.gated_mlp else Norm.LAYERNORM, "bias": Bias.NONE,
-             "activation": Activation.SWIGLU if m.gated_mlp else Activation.GELU, "qk_norm": QkNorm.NONE,
-             "attention_sinks": False}
-    differ = [f"model.{k}={getattr(getattr(m, k), 'value', getattr(m, k))}" for k, v in built.items()
-              if getattr(m, k) != v or (k == "norm" and v == Norm.LAYERNORM)]
+    differ = [f"model.{k}={getattr(getattr(m, k), 'value', getattr(m, k))}" for k, v in built_block(m).items()
+              if getattr(m, k) != v]
     return (f"the executor builds its own block ({', '.join(differ)} are priced, not built: it runs "
             f"{'RMSNorm' if m.gated_mlp else 'LayerNorm without its shift'}, no linear biases, "
             f"{'SwiGLU' if m.gated_mlp else 'GeLU'}, no QK norm, no sinks)") if differ else ""
