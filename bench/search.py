@@ -1,8 +1,11 @@
 """Benchmark: the full layout search for GPT-3 175B on 1536 A100-80GB (192 DGX A100).
 
 Every valid layout (tp, pp, cp, vpp, ZeRO stage, schedule, micro-batch, recompute,
-offload) is enumerated and pruned, ranked by the analytic path, and the top 10 are
-re-simulated on the event engine. Target: under 30 s wall on the 2-core CI machine.
+offload) is enumerated and pruned (rules, memory, dominance, and the bound that leaves
+untimed a family whose step floor's interval lies above the best's:
+``simcore.planner.bound``), ranked by the analytic path, and the top 10 are re-simulated on
+the event engine. Target: under 30 s wall on the 2-core CI machine; issue 50 asks for
+within 20% of its filing day's 9.7 s (11.6 s) on this 2-core host.
 
     .venv/bin/python bench/search.py [--jobs 2] [--top-k 10]
 """
@@ -32,8 +35,8 @@ def main() -> int:
     wall = time.perf_counter() - start
     t = result.tally
     print(f"layouts: {t.candidates} candidates, {t.broke_rule} break a rule, {t.no_fit} do not fit, "
-          f"{t.dominated} dominated, {t.simulated} ranked analytically, {min(args.top_k, len(result.table))} "
-          f"by the event engine")
+          f"{t.dominated} dominated, {t.bounded} left untimed by the bound, {t.simulated} ranked analytically, "
+          f"{min(args.top_k, len(result.table))} by the event engine")
     cols = ["rank", "layout", "step_time_s", "des_step_time_s", "mfu", "memory_per_gpu_gib"]
     print(result.table[[c for c in cols if c in result.table]].head(5).to_string(index=False))
     print(f"search wall time: {wall:.1f} s with {args.jobs} process(es) (target < {TARGET_S:.0f} s: "

@@ -357,10 +357,15 @@ def _spot(spot: dict) -> dict:
             "spot_source": str(spot.get("source", ""))}
 
 
+#: PyYAML's safe loader on libyaml's parser where the wheel has it (the same resolver and
+#: constructors in Python, so the same values; a tenth of the pure-Python parser's time).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_LOADER)
     except OSError as exc:
         raise CatalogError(f"cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:

@@ -27,7 +27,7 @@ from simcore.model.costs import StepCosts
 from simcore.model.dp_costs import fsdp2_offload
 from simcore.model.overlap import lost_share
 from simcore.model.schedules import Action, Op, fused_p2p
-from simcore.plan.spec import Offload, Schedule
+from simcore.plan.spec import Offload, Plan, Schedule
 from simcore.results import GIB, StepResult, rate_fields
 
 
@@ -194,6 +194,29 @@ def _held_sends_s(c: StepCosts) -> float:
     if not c.grad_sync_holds_send or c.plan.parallel.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V):
         return 0.0
     return sum(_reduce_tail_s(c, v) for v in range(1, c.stages))
+
+
+def step_floor(plan: Plan, kept: dict | None = None) -> float:
+    """A lower bound on ``analytic(step_costs(plan))``'s step: each rank's stages' compute and
+    blocking communication (``step_costs.stage_work``), in the pipeline span ``_pipeline_s``
+    gives them for 1F1B, GPipe and the interleaved schedule (non-decreasing in every rank's
+    time), m times the slowest rank for zero-bubble and DualPipeV (their bubbles read the
+    weight gradients' share, and are >= 0); the step adds hops, exposure, DP tails, the
+    optimizer and offload, none negative. 0 where ``stage_work`` has none (a calibrated CPU
+    host). More recompute and any offload only add: a family's floor at its lightest setting
+    bounds every row of it (the layout search skips families whose floor is far off the best,
+    ``simcore.planner.evaluate.evaluate_family``)."""
+    from simcore.model.step_costs import stage_work
+
+    work = stage_work(plan, kept)
+    if work is None:
+        return 0.0
+    par, m = plan.parallel, plan.num_microbatches
+    t = _by_rank(work, par)
+    tmax = max(t)
+    if par.pp == 1 or par.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V):
+        return m * tmax
+    return m * tmax + (sum(t) - tmax) / par.vpp if par.vpp > 1 else (m - 1) * tmax + sum(t)
 
 
 def analytic(c: StepCosts) -> StepResult:

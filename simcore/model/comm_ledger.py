@@ -44,7 +44,7 @@ def _check(plan: Plan) -> None:
 
 def _layer_bytes(plan: Plan, layers: int, dense: int = 0) -> Counter:
     """One micro-batch through ``layers`` layers, ``dense`` of them an MoE model's dense layers:
-    TP, CP ring and EP bytes (``step_costs._layer_comm`` and ``_layer_blocking``: the recomputed
+    TP, CP ring and EP bytes (``layer_comm.layer_comm`` and ``step_costs._layer_blocking``: the recomputed
     layers re-run their forward's)."""
     m, par, tr = plan.model, plan.parallel, plan.training
     b, s = tr.micro_batch, m.seq_len // par.cp

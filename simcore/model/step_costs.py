@@ -34,6 +34,7 @@ from simcore.model import end_comm as ec
 from simcore.model import fsdp_pools
 from simcore.model import host_costs as hc
 from simcore.model import kv_replication as kvr
+from simcore.model import layer_comm as lcm
 from simcore.model import layer_times as lt
 from simcore.model import memory as mem
 from simcore.model import moe_dispatch as md
@@ -44,7 +45,7 @@ from simcore.model import peak as pk
 from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.costs import StepCosts
-from simcore.plan.spec import CpComm, Fp8Recipe, Kernels, Plan, PlanError, Recompute, ZeroStage, evolve
+from simcore.plan.spec import Fp8Recipe, Kernels, Plan, PlanError, Recompute, ZeroStage, evolve
 from simcore.results import GIB
 
 #: ``workload.model_flops_per_step`` kept per (model, global batch): a search asks for few.
@@ -58,78 +59,6 @@ def _check_device(plan: Plan) -> None:
 
 #: A stage's FSDP2 reduce-scatters per block, of its ``dp_costs.fsdp_calls`` entry.
 _SCATTERS = operator.itemgetter(2)
-
-def _layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
-    """Blocking TP / CP / EP communication of one layer and one micro-batch (seconds), and
-    (CPU host) the host compute TP's DTensor dispatch adds to it (``host_f``, ``host_b``).
-    An MoE model's layer is an MoE layer; its dense layers are ``moe_layers.dense_plan``'s."""
-    m, par, tr, cl = plan.model, plan.parallel, plan.training, plan.cluster
-    b, s = tr.micro_batch, m.seq_len // par.cp
-    act = coll.tp_act_bytes(plan)
-    out = dict.fromkeys(("tp_f", "tp_b", "cp", "cp_f", "cp_b", "ep_f", "ep_b", "host_f", "host_b"), 0.0)
-    if par.tp > 1:   # Megatron: 2 all-reduces forward, 2 backward; with SP each becomes AG + RS,
-        # the same bytes (Korthikanti et al. 2022, Sec. 4.2.2: an all-reduce is a reduce-scatter
-        # and an all-gather)
-        net = coll.group_net(cl, dev, par.tp, 1)
-        gathered = coll.sp_gathered_bytes(plan)   # FP8 under TE
-        one = coll.all_gather_s(gathered, net) + coll.reduce_scatter_s(act, net) if par.sequence_parallel \
-            else coll.all_reduce_s(act, net)
-        out["tp_f"] = out["tp_b"] = 2 * one
-        if m.moe and par.etp < par.tp:   # folded experts: the MoE block's AG + RS over expert_tp ranks only
-            enet = coll.group_net(cl, dev, par.etp, 1)
-            expert = coll.all_gather_s(act, enet) + coll.reduce_scatter_s(act, enet) if par.etp > 1 else 0.0
-            out["tp_f"] = out["tp_b"] = one + expert
-        (tf, tb), (hf, hb) = dev.parallel_split_s("tp_sp" if par.sequence_parallel else "tp")
-        if tf + tb + hf + hb > 0:  # measured DTensor layer cost (latency, dispatch) plus the bandwidth term
-            wire = 4 * coll.ring_bytes_s(act, net)
-            out["tp_f"], out["tp_b"] = tf + wire, tb + wire
-            out["host_f"], out["host_b"] = hf, hb   # DTensor's dispatch: host compute
-    if par.cp > 1:
-        out.update(_cp_comm(plan, dev, b, s))
-    if m.moe and par.ep > 1:  # dispatch and combine all-to-alls (Lepikhin et al. 2021, GShard)
-        net = coll.group_net(cl, dev, par.ep, par.etp if par.etp < par.tp else par.tp * par.cp)   # folded: across TP
-        routed, remote = md.ep_bytes(plan, act, net)   # per dispatcher and routing (``moe_dispatch``)
-        one = coll.all_to_all_s(routed, net, remote)
-        if dev.measured("ep"):
-            # CPU host: the EP probe's measured layer cost (``host_costs``) already holds the
-            # four all-to-alls' latency and dispatch; only the bytes' term is added, as for
-            # TP's DTensor probe and the CP ring's
-            one = coll.ring_bytes_s(routed, net)
-        out["ep_f"] = out["ep_b"] = 2 * one
-    return out
-
-
-def _cp_comm(plan: Plan, dev: cmp.DeviceModel, b: int, s: int) -> dict[str, float]:
-    """Context parallel's K/V traffic of one layer and micro-batch, by ``parallel.cp_comm``:
-    ``cp`` the ring's exchanges (overlapped with the attention core, in ``_layer_blocking``),
-    ``cp_f``/``cp_b`` the blocking collectives of the all-gather and all-to-all variants.
-
-    - p2p: cp-1 exchanges of the local K and V (ring attention, Liu et al. 2023; Transformer
-      Engine's ``AttnFuncWithCPAndKVP2P``).
-    - all_gather: one all-gather of the whole sequence's K/V before the attention and one
-      reduce-scatter of dK/dV after its backward, not overlapped (Transformer Engine's
-      ``AttnFuncWithCPAndKVAllGather``; the Llama 3 paper's CP, arXiv 2407.21783 Sec. 3.3.2).
-    - a2a: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509): all-to-alls turn Q, K,
-      V from sequence- to head-sharded before the attention and the output back after it;
-      the backward runs the mirror ones. Not overlapped.
-    """
-    m, par, cl = plan.model, plan.parallel, plan.cluster
-    net = coll.group_net(cl, dev, par.cp, par.tp)
-    kv = 2 * coll.comm_act_bytes(plan.training.precision) * b * s * wl.kv_width(m) / par.tp   # this rank's K and V
-    if par.cp_comm == CpComm.P2P:
-        # each exchange is a point-to-point send and receive: the hop latency, as a pipeline
-        # stage's send (``_p2p_s``), not a collective's base latency; on a calibrated CPU host
-        # the ring probe's measured layer cost already holds each exchange's latency
-        # (``host_costs``), so only the bytes' term is added, as for TP's DTensor probe
-        hop = 0.0 if dev.measured("cp") else net.hop_s
-        return {"cp": (par.cp - 1) * coll.send_recv_s(kv, net.bus_bytes_per_s, hop)}
-    if par.cp_comm == CpComm.ALL_GATHER:
-        one = coll.all_gather_s(kv * par.cp, net)
-        return {"cp_f": one, "cp_b": 2 * one}   # the backward gathers K/V again and reduce-scatters dK/dV
-    qo = 2 * coll.comm_act_bytes(plan.training.precision) * b * s * wl.attention_out_width(m) / par.tp   # Q, output
-    one = coll.all_to_all_s(kv + qo, net)
-    return {"cp_f": one, "cp_b": one}
-
 
 def _p2p_s(plan: Plan, dev: cmp.DeviceModel) -> float:
     """One micro-batch's activations to the next stage; with tp > 1 each TP rank sends
@@ -190,7 +119,7 @@ def _op_sac_tp_share(plan: Plan) -> float:
 
 def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[float, float, float],
                     compute: tuple[float, float] = (0.0, 0.0)) -> tuple[dict, float, float, float, float, float]:
-    """Per layer and micro-batch: ``_layer_comm``'s figures, the (forward, backward) blocking
+    """Per layer and micro-batch: ``layer_comm.layer_comm``'s figures, the (forward, backward) blocking
     communication, the (forward, backward) host compute of the wrappers (CPU host), and the
     host compute a full recomputation repeats; ``core`` is the attention core's forward time,
     ``slack`` the (forward, backward, recompute) time the layer's GPU waits for its host,
@@ -203,7 +132,7 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[
     that wait. EP's all-to-alls are not: Megatron-Core's dispatcher copies the tokens per
     expert to the host and synchronises on every layer (megatron/core/transformer/moe/
     token_dispatcher.py ``_maybe_dtoh_and_synchronize`` @d98e8a64)."""
-    lc = _layer_comm(plan, dev)
+    lc = lcm.layer_comm(plan, dev)
     if plan.parallel.moe_a2a_overlap:
         ef, eb = md.a2a_exposed(plan, (lc["ep_f"], lc["ep_b"]), compute, dev.comm_compute_interference)
         lc = {**lc, "ep_f": ef, "ep_b": eb}
@@ -233,7 +162,7 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[
 def _layer_work(plan: Plan, dev: cmp.DeviceModel) -> tuple[tuple[float, ...], tuple[float, ...], dict]:
     """One layer of ``plan``'s model and one micro-batch: its (forward, backward-input,
     backward-weight, recompute) times, its (forward comm, backward comm, forward host, backward
-    host) ``_layer_blocking`` figures and ``_layer_comm``'s."""
+    host) ``_layer_blocking`` figures and ``layer_comm``'s."""
     m, par, tr = plan.model, plan.parallel, plan.training
     shape = (m, tr.micro_batch, m.seq_len // par.cp, par.tp, par.cp, par.ep, par.sequence_parallel,
              tr.flash_attention, tr.recompute, dev, par.cp_comm.value, tr.fp8_recipe != Fp8Recipe.DELAYED,
@@ -283,7 +212,7 @@ def _stage_work(plan: Plan, dev: cmp.DeviceModel, stages: tuple[int, ...], dense
 
 def _work(plan: Plan, dev: cmp.DeviceModel, kept: dict | None) -> tuple:
     """What ``step_costs`` reads of neither the ZeRO stage nor the memory (one layer's times, blocking and
-    ``_layer_comm``, the stages' work, p2p send, FLOPs, activation offload's waits), held in ``kept`` (a search's
+    ``layer_comm``, the stages' work, p2p send, FLOPs, activation offload's waits), held in ``kept`` (a search's
     batch, read only) by all of the plan but the ZeRO stage, which only a CPU host's wrapper costs read."""
     m, par, tr, stages = plan.model, plan.parallel, plan.training, plan.layers_per_stage
     key = kept is not None and ("work", m, tr, par if dev.parallel_kernels else evolve(par, zero=ZeroStage.NONE))
@@ -299,6 +228,22 @@ def _work(plan: Plan, dev: cmp.DeviceModel, kept: dict | None) -> tuple:
     if key:
         kept[key] = (plan.cluster, dev, out)
     return out
+
+
+def stage_work(plan: Plan, kept: dict | None = None) -> tuple[float, ...] | None:
+    """Per virtual stage and micro-batch, the compute and blocking TP/CP/EP communication that
+    ``step_costs`` charges it (``_work``'s, ``kept`` alike) before anything it adds (pipeline
+    hops, FSDP2 exposure, ZeRO-3 gathers, replicated KV heads' syncs; all >= 0); None on a
+    device with per-message host costs (a calibrated CPU host), whose fused receive posts
+    shorten a rank's waits (``analytic._fused_posts``)."""
+    _check_device(plan)
+    tr = plan.training
+    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
+                           attention_kernel=tr.attention_kernel.value)
+    if dev.p2p_post_s > 0 or hc.host_p2p(dev, plan.parallel.pp, 1):
+        return None
+    *_, (fwd, bin_, bwt, rec, fcomm, bcomm), _, _, _ = _work(kvr.as_run(plan), dev, kept)
+    return tuple(map(sum, zip(fwd, bin_, bwt, rec, fcomm, bcomm)))
 
 
 def step_costs(plan: Plan, kept: dict | None = None) -> StepCosts:

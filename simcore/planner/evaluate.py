@@ -3,22 +3,24 @@
 ``evaluate_family`` turns one layout family (``simcore.planner.space.families``) into at
 most one row of the search's table: ``check_plan`` rejects what breaks a rule,
 ``memory_table`` / ``fits_memory`` what does not fit, dominance what needs more recompute
-or offload than it must; the survivor is timed by the analytic path. ``Tally`` counts
-what happened to the candidates; ``_evaluate_chunk`` is the worker of one batch of
-families (one process of a parallel search).
+or offload than it must, the search's bound a family whose step floor is far off the best
+(``simcore.planner.bound``); the survivor is timed by the analytic path. ``Tally``
+(``simcore.planner.tally``) counts what happened to the candidates; ``_evaluate_chunk`` is
+the worker of one batch of families (one process of a parallel search).
 """
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from simcore.model import activations
 from simcore.model import memory as mem
 from simcore.model import peak as pk
-from simcore.plan.rules import check_plan
-from simcore.plan.spec import Offload, Plan, PlanError, Recompute, RecomputeMethod, Schedule, evolve
+from simcore.plan.spec import Offload, Plan, Recompute, RecomputeMethod, Schedule, evolve
 from simcore.planner.headroom import FITS, fit_class, memory_margin
 from simcore.planner.space import Layout, SearchSpace
+from simcore.planner.tally import Tally, rejected
+from simcore.planner.uncertainty import interval_key
 
 
 # --------------------------------------------------------------------------- pruning
@@ -129,51 +131,6 @@ def fits_memory(plan: Plan, peak_bytes: float, host_bytes_per_node: float) -> bo
     return peak_bytes <= node.gpu.hbm_bytes and host_bytes_per_node <= node.host_memory_bytes
 
 
-@dataclass(slots=True)
-class Tally:
-    """What happened to the candidates (the search's accounting)."""
-
-    candidates: int = 0
-    broke_rule: int = 0
-    no_fit: int = 0
-    dominated: int = 0
-    simulated: int = 0
-    near: int = 0
-    """Of the simulated, those thin or that may not fit (``headroom.fit_class``)."""
-    margin_only: int = 0
-    """Of those that do not fit, those only the allocator's assumed margin puts over the GPU by
-    more than the memory model's error (``peak.ALLOCATOR_MARGIN``: none under expandable segments)."""
-    rules: dict[str, int] = field(default_factory=dict)
-
-    def add(self, other: "Tally") -> None:
-        self.candidates += other.candidates
-        self.broke_rule += other.broke_rule
-        self.no_fit += other.no_fit
-        self.dominated += other.dominated
-        self.simulated += other.simulated
-        self.near += other.near
-        self.margin_only += other.margin_only
-        for k, v in other.rules.items():
-            self.rules[k] = self.rules.get(k, 0) + v
-
-
-def _rule_key(message: str) -> str:
-    """A PlanError message without its numbers, to count rules broken by kind."""
-    return " ".join(w for w in message.split() if not any(ch.isdigit() for ch in w))
-
-
-def _rejected(plan: Plan, tally: Tally, count: int = 1) -> bool:
-    """Count (``count`` times) a candidate that breaks a rule of ``check_plan``."""
-    try:
-        check_plan(plan)
-    except PlanError as exc:
-        tally.broke_rule += count
-        key = _rule_key(str(exc))
-        tally.rules[key] = tally.rules.get(key, 0) + count
-        return True
-    return False
-
-
 def _twin(family: Layout) -> Layout | None:
     """The 1F1B layout whose StepCosts a zero-bubble layout shares: ``step_costs`` reads the
     schedule only through the stages and the memory model (ZB-H1's owed weight gradients,
@@ -184,23 +141,41 @@ def _twin(family: Layout) -> Layout | None:
     return None
 
 
+def _over(plan: Plan, family: Layout, limit: float, tally: Tally, count: int, cache: dict) -> bool:
+    """Whether ``plan`` (``family``'s lightest setting that keeps to the rules) has a step floor
+    over ``limit`` (``analytic.step_floor``: every setting of the family is at least as slow);
+    its ``count`` candidates and axis values then go to ``tally.bounded``."""
+    from simcore.engine.analytic import step_floor
+
+    if limit == float("inf") or step_floor(plan, cache) <= limit:
+        return False
+    tally.bounded += count
+    for axis in ("tp", "pp", "cp"):
+        tally.bounded_values.setdefault(axis, set()).add(getattr(family, axis))
+    return True
+
+
 def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally,
-                    cache: dict | None = None) -> list[dict]:
+                    cache: dict | None = None, limit: float = float("inf")) -> list[dict]:
     """Rows for one layout: for each offload setting, the lightest recompute that fits with the
     memory model's margin (heavier recompute only adds time), and on the way every lighter one
     that is thin or may not fit (``headroom.fit_class``: ranked and marked, so the search can
     say what the margin costs). An offload setting is checked (rules, memory) only when nothing
     fits without it; the rules of ``check_plan`` do not depend on recompute, so each is checked
     once. ``cache`` (per batch of layouts) reuses activation bytes and a zero-bubble layout's
-    1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls."""
+    1F1B twin's StepCosts (``_twin``): the same numbers, fewer calls. A family whose step floor
+    is over ``limit`` is left there (``_over``)."""
     cache = {} if cache is None else cache
     nrc, noff = len(space.recompute), len(space.offload)
     tally.candidates += nrc * noff
-    node, rows, first = base.cluster.node, [], None
+    node, rows, first, checked = base.cluster.node, [], None, False
     for k, off in enumerate(space.offload):
         plan = evolve(family, offload=off, recompute=space.recompute[0]).apply(base, True)
-        if _rejected(plan, tally, nrc):
+        if rejected(plan, tally, nrc):
             continue
+        if not checked and _over(plan, family, limit, tally, nrc * (noff - k), cache):
+            return []
+        checked = True
         parts = _shared_parts(plan, cache)
         table = memory_table(plan, (off,), space.recompute, cache, parts)
         lighter = float("inf")   # the peak of the last row kept at this offload
@@ -305,7 +280,7 @@ def _offloaded(base: Plan, family: Layout, tally: Tally) -> list[dict]:
     def plan_of(n: int) -> Plan:
         return replace(family, recompute=Recompute.NONE, offload=Offload.NONE, activation_offload=n).apply(base, True)
 
-    if _rejected(plan_of(top), tally):
+    if rejected(plan_of(top), tally):
         return []
     peak = lambda n: max(mem.rank_totals(plan_of(n))[0])  # noqa: E731
     hbm, least = base.cluster.node.gpu.hbm_bytes, peak(top)
@@ -349,8 +324,11 @@ def _evaluate_chunk(args) -> tuple[list[dict], Tally]:
     their size is min(m, k) x b for m = B / b, non-decreasing in b; the model states do not
     change), so the larger ones are counted as not fitting unevaluated. The cyclic garbage collector
     is off meanwhile: a batch leaves no reference cycles, and each of its passes walked every object
-    the search holds (8% of a search's time)."""
-    base, chunk, space = args
+    the search holds (8% of a search's time). ``bound`` (``bound.bound_of``'s value, per GPU, lows),
+    where given: a family is left where its step floor times its interval's low end is over the
+    value (its GPU-seconds where per GPU: the cost objective), ``evaluate_family``'s ``limit``."""
+    base, chunk, space, *bound = args
+    value, per_gpu, lows = bound[0] if bound else (float("inf"), False, {})
     tally, rows, cache, too_big = Tally(), [], {}, {}
     per_family = len(space.recompute) * len(space.offload)
     collecting = gc.isenabled()
@@ -363,9 +341,11 @@ def _evaluate_chunk(args) -> tuple[list[dict], Tally]:
                 tally.candidates += n
                 tally.no_fit += n
                 continue
-            broke = tally.broke_rule
-            found = evaluate_family(base, fam, space, tally, cache)
-            if not found and tally.broke_rule == broke:
+            broke, bounded = tally.broke_rule, tally.bounded
+            low = lows.get(interval_key(fam), 0.0) if lows else 0.0
+            limit = value / low / (fam.tp * fam.pp * fam.dp * fam.cp if per_gpu else 1) if low else float("inf")
+            found = evaluate_family(base, fam, space, tally, cache, limit)
+            if not found and tally.broke_rule == broke and tally.bounded == bounded:
                 too_big[key] = min(fam.micro_batch, too_big.get(key, fam.micro_batch))
             rows += found
     finally:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from simcore.planner.tally import UNTIMED, bounded_sentence
+
 #: The engines' column prefixes and the names the headings give them.
 ENGINES = (("des_", "event"), ("", "analytic"))
 _PARTS = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
@@ -51,7 +53,7 @@ def why_slower(row, best) -> str:
 
 
 def tally_sentence(tally) -> str:
-    """What the search looked at and why candidates left (``evaluate.Tally``)."""
+    """What the search looked at and why candidates left (``tally.Tally``)."""
     if not tally.candidates:
         return ("no tp x pp x cp x dp of these GPUs meets the divisibility rules: tp divides the heads and KV heads "
                 "inside an NVLink domain, pp at most the layers, cp the sequence, dp x micro-batch the global batch; "
@@ -64,7 +66,8 @@ def tally_sentence(tally) -> str:
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True removes: --stack megatron or torchtitan "
                "launches with it)" if tally.margin_only else "")
             + f", {tally.dominated} are dominated "
-            f"(heavier recompute than needed, or offload where none is needed), {tally.simulated} simulated"
+            f"(heavier recompute than needed, or offload where none is needed){bounded_sentence(tally)}, "
+            f"{tally.simulated} simulated"
             + (f" ({tally.near} of them within the memory model's error of the GPU's memory: thin or may not fit)"
                if tally.near else ""))
 
@@ -94,6 +97,8 @@ def explain_ranking(df: pd.DataFrame, tally, explain: int = 5) -> list[str]:
             if i > 0 and i not in shown:
                 shown.add(i)
                 out.append(f"best with {axis}={value} is #{i + 1}: {why_slower(df.iloc[i], best)}")
+        left = sorted(set(tally.bounded_values.get(axis, ())) - set(df[axis]))
+        out += [f"no layout with {axis}={v} is ranked: {UNTIMED}, or they do not fit or break a rule" for v in left]
     return out
 
 

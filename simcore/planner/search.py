@@ -36,6 +36,7 @@ import pandas as pd
 from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import Offload, Plan, Recompute, Schedule, ZeroStage
 from simcore.planner.prices import ranking_price
+from simcore.planner.bound import bound_of, log_ends, split_sample
 from simcore.planner.evaluate import Tally, _evaluate_chunk
 from simcore.planner.ranking import display_table, explain_ranking, summary_table, tally_sentence  # noqa: F401
 from simcore.planner.space import Layout, SearchSpace, _gpu_counts, base_plan, derive_space, families, precision_axis
@@ -114,7 +115,9 @@ def merge_ties(df: pd.DataFrame) -> pd.DataFrame:
     cx = _complexity(df)
     simple = cx.assign(_g=group).sort_values(["_g", *cx.columns], kind="stable")
     keep = simple.groupby("_g", sort=False).head(1).index
-    names = df["layout"].groupby(group).agg(list)
+    names: dict[int, list[str]] = {}
+    for g, lay in zip(group, df["layout"]):
+        names.setdefault(g, []).append(lay)
     out = df[df.index.isin(keep)].copy()
     out["ties"] = [len(names[g]) - 1 for g in group[out.index]]
     out["tied_with"] = [", ".join(n for n in names[g] if n != lay) for g, lay in zip(group[out.index], out["layout"])]
@@ -190,6 +193,38 @@ def _run(fn, args: list, jobs: int, progress: bool, desc: str, weights: list[int
     return out
 
 
+def _evaluate(base: Plan, fams: list[Layout], space: SearchSpace, jobs: int, progress: bool, bound: tuple,
+              tally: Tally, rows: list[dict]) -> None:
+    """``fams`` evaluated in batches (``evaluate._evaluate_chunk``, in ``jobs`` processes) under
+    ``bound`` (``simcore.planner.bound``); their rows added to ``rows``, their counts to ``tally``."""
+    chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
+    for r, t in _run(_evaluate_chunk, [(base, c, space, bound) for c in chunks], jobs, progress, "analytic",
+                     [len(c) for c in chunks]):
+        rows += r
+        tally.add(t)
+
+
+def _bounded(base: Plan, fams: list[Layout], space: SearchSpace, jobs: int, progress: bool, objective: str,
+             min_headroom_gib: float, stack: str | None, refuses) -> tuple[Tally, list[dict]]:
+    """The tally and rows of ``fams``: a sample first, then the others under the bound its best
+    gives (``simcore.planner.bound``: the best that leaves the headroom asked and that ``stack``
+    runs)."""
+    from simcore.planner.formatting import hbm_gib
+
+    first, rest = split_sample(fams)
+    tally, rows = Tally(), []
+    _evaluate(base, first, space, jobs, progress, (math.inf, False, {}), tally, rows)
+    runs = None
+    if stack:
+        from simcore.planner.stacks import exporter_check
+        refused = refuses or exporter_check(stack)
+        runs = lambda row: refused(_layout_of(row).apply(base)) is None  # noqa: E731
+    _evaluate(base, rest, space, jobs, progress,
+              bound_of(rows, objective, hbm_gib(base) - max(0.0, min_headroom_gib), log_ends(base, fams), runs),
+              tally, rows)
+    return tally, rows
+
+
 def search(model, cluster_doc, global_batch: int, *, objective: str = "time", top_k: int = 10, jobs: int = 1,
            tokens: float | None = None, progress: bool = True, training: dict | None = None,
            space: SearchSpace | None = None, allow_fewer_gpus: bool = False, uneven_pp: bool = True,
@@ -232,13 +267,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
 
     space, base = stack_space(space, stack), stack_base(base, stack)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
-    chunks = _chunks(fams, max(8, len(fams) // (20 * jobs) + 1))
-    results = _run(_evaluate_chunk, [(base, c, space) for c in chunks], jobs, progress, "analytic",
-                   [len(c) for c in chunks])
-    tally, rows = Tally(), []
-    for r, t in results:
-        rows += r
-        tally.add(t)
+    tally, rows = _bounded(base, fams, space, jobs, progress, objective, min_headroom_gib, stack, refuses)
     if not rows:
         raise NoLayoutFits(f"no layout of {base.model.name} fits {base.cluster.gpus} x {base.cluster.node.gpu.name} "
                         f"with training.global_batch={global_batch} ({tally_sentence(tally)})")

@@ -109,7 +109,13 @@ def t_quantile(p: float, dof: int) -> float:
 
 
 def log_bounds(residuals: list[float], level: float = DEFAULT_LEVEL) -> tuple[float, float]:
-    """(lower, upper) log-ratio bounds of a ``level`` interval from the residuals."""
+    """(lower, upper) log-ratio bounds of a ``level`` interval from the residuals (kept per set:
+    a search asks for the same few sets' bounds for each of its layout classes)."""
+    return _log_bounds(tuple(residuals), level)
+
+
+@lru_cache(maxsize=256)
+def _log_bounds(residuals: tuple[float, ...], level: float) -> tuple[float, float]:
     rs = [r for r in residuals if math.isfinite(r)]
     if len(rs) < 2:
         raise ValueError(f"an interval needs at least 2 residuals, got {len(rs)}")
@@ -261,14 +267,13 @@ def interval_columns(df, node, columns: tuple[str, ...] = ("step_time_s", "days"
     tables = load_residuals() if tables is None else tables
     kind = hardware_kind(node)
     out = df.copy()
-    bounds, sources, lines = {}, [], []
+    bounds, picked = {}, []
     for row in out.itertuples(index=False):
         key = _class_key(row, plan)
         if key not in bounds:
             bounds[key] = _class_bounds(tables, kind, key, row, plan, level)
-        sources.append(bounds[key][1])
-        lines.append(bounds[key][2])
-    factors = [bounds[_class_key(r, plan)][0] for r in out.itertuples(index=False)]
+        picked.append(bounds[key])
+    factors, sources, lines = (list(x) for x in zip(*picked)) if picked else ([], [], [])
     if plan is not None:
         out["extrapolated"] = lines
     for col in columns:
@@ -279,9 +284,20 @@ def interval_columns(df, node, columns: tuple[str, ...] = ("step_time_s", "days"
     return out
 
 
+def interval_key(row) -> tuple:
+    """What a layout's step interval depends on in a search: its layout class and its degree of
+    each axis an interval widens for (``COVERED_AXES``)."""
+    return (layout_class(row), *(int(getattr(row, a, 1) or 1) for a in COVERED_AXES))
+
+
 def _class_key(row, plan) -> tuple:
-    cls = layout_class(row)
-    return (cls,) if plan is None else (cls, *(int(getattr(row, a, 1) or 1) for a in COVERED_AXES))
+    return (layout_class(row),) if plan is None else interval_key(row)
+
+
+def class_log_bounds(tables: dict, kind: str, row, plan, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """The log bounds (lo, hi) of ``row``'s step interval as ``interval_columns`` gives them (NaN where
+    no residuals exist)."""
+    return _class_bounds(tables, kind, _class_key(row, plan), row, plan, level)[0]
 
 
 def _class_bounds(tables: dict, kind: str, key: tuple, row, plan, level: float) -> tuple:

@@ -10,6 +10,7 @@ import pytest
 from simcore.model import compute as cmp
 from simcore.model import memory as mem
 from simcore.model import workload as wl
+from simcore.model.layer_comm import layer_comm
 from simcore.plan.load import plan_from_dict
 from topologies.hardware import load_catalog
 
@@ -62,7 +63,6 @@ def test_sequence_parallel_gathers_quantized_under_transformer_engine(precision,
     # torchao's Float8ColwiseParallel casts tensorwise float8 before its all-gather; the
     # reduce-scatters stay 16-bit; torchao's rowwise recipe gathers 16-bit
     from simcore.model import collectives as coll
-    from simcore.model import step_costs as sc
 
     plan = _plan("dgx-h100" if precision == "fp8" else "dgx-b200", precision, recipe)
     dev = cmp.device_model(plan.cluster.node.gpu, precision, fp8_recipe=recipe)
@@ -70,4 +70,4 @@ def test_sequence_parallel_gathers_quantized_under_transformer_engine(precision,
     tokens = plan.training.micro_batch * plan.model.seq_len * plan.model.hidden
     assert coll.sp_gather_element_bytes(plan) == pytest.approx(element)
     want = 2 * (coll.all_gather_s(element * tokens, net) + coll.reduce_scatter_s(2 * tokens, net))
-    assert sc._layer_comm(plan, dev)["tp_f"] == pytest.approx(want)
+    assert layer_comm(plan, dev)["tp_f"] == pytest.approx(want)

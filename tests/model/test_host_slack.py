@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from simcore.engine.predict import simulate
 from simcore.model import compute as cmp
+from simcore.model import layer_comm as lcm
 from simcore.model import layer_times as lt
 from simcore.model import step_costs as sim
 from simcore.model import workload as wl
@@ -70,7 +71,7 @@ def test_a_cpu_host_has_no_slack():
 def test_tp_comm_is_exposed_only_beyond_the_hosts_wait(hidden, tp, micro_batch):
     plan = _gpt(hidden=hidden, tp=tp, micro_batch=micro_batch)
     dev, m, par, tr = _dev(plan), plan.model, plan.parallel, plan.training
-    lc = sim._layer_comm(plan, dev)
+    lc = lcm.layer_comm(plan, dev)
     sf, sb, sr = lt.layer_slack(m, tr.micro_batch, m.seq_len, par.tp, 1, 1, False, False, tr.recompute, dev)
     assert sf > 0 and lc["tp_f"] > 0
     costs = sim.step_costs(plan)
@@ -97,12 +98,12 @@ def test_tp_comm_never_makes_a_step_faster_nor_costs_more_than_additive(hidden, 
     collectives priced at nothing, no slower than device time plus every collective."""
     plan = _gpt(hidden=hidden, layers=layers, tp=tp, micro_batch=micro_batch)
     step = simulate(plan).step_time_s
-    real = sim._layer_comm
+    real = lcm.layer_comm
 
     def no_tp(p, d):
         return {**real(p, d), "tp_f": 0.0, "tp_b": 0.0}
 
-    with um.patch.object(sim, "_layer_comm", no_tp):
+    with um.patch.object(lcm, "layer_comm", no_tp):
         free = simulate(plan).step_time_s
     with um.patch.object(lt, "layer_slack", return_value=(0.0, 0.0, 0.0)):
         additive = simulate(plan).step_time_s
@@ -113,7 +114,7 @@ def test_ep_all_to_alls_are_never_hidden_in_the_hosts_wait():
     plan = plan_from_dict({"model": "mixtral-8x7b", "cluster": {"node": "dgx-h100", "nodes": 1},
                            "parallel": {"tp": 1, "ep": 8, "dp": 8}, "training": {"global_batch": 8}})
     dev = _dev(plan)
-    lc = sim._layer_comm(plan, dev)
+    lc = lcm.layer_comm(plan, dev)
     assert lc["ep_f"] > 0
     with um.patch.object(lt, "layer_slack", return_value=(1.0, 1.0, 1.0)):   # a wait longer than any collective
         costs = sim.step_costs(plan)

@@ -13,6 +13,7 @@ from simcore.engine.predict import simulate
 from simcore.model import collective_plan as cplan
 from simcore.model import comm_ledger as ledger
 from simcore.model import compute as cmp
+from simcore.model import layer_comm as lcm
 from simcore.model import layer_times as lt
 from simcore.model import memory as mem
 from simcore.model import moe_layers as ml
@@ -95,7 +96,7 @@ def test_only_the_stages_holding_the_first_layers_change(k):
     dense = ml.stage_dense_layers(plan.model, plan.layers_per_stage)
     assert dense == tuple(max(0, min(2, k - 2 * v)) for v in range(4))
     a, b = sc.step_costs(base), sc.step_costs(plan)
-    ep = sc._layer_comm(plan, _dev(plan))
+    ep = lcm.layer_comm(plan, _dev(plan))
     for v, d in enumerate(dense):
         if not d:
             assert (b.forward_s[v], b.backward_input_s[v], b.forward_comm_s[v]) == \

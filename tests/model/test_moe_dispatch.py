@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from simcore.engine.predict import simulate
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
+from simcore.model import layer_comm as lcm
 from simcore.model import moe_dispatch as md
 from simcore.model import step_costs as sc
 from simcore.model.step_costs import memory_report
@@ -86,10 +87,10 @@ def test_deepep_never_moves_more_than_a_copy_per_expert(nodes, ep, routing):
         deep = _plan(nodes, ep=ep, moe_dispatcher="deepep", training={"moe_routing": routing})
     except PlanError:
         return
-    ta, td = (sc._layer_comm(p, _dev(p))["ep_f"] for p in (a2a, deep))
+    ta, td = (lcm.layer_comm(p, _dev(p))["ep_f"] for p in (a2a, deep))
     assert 0 < td <= ta * (1 + 1e-12)
     # the all-to-all dispatcher sends a copy per expert whatever the gate: routing moves nothing there
-    assert ta == pytest.approx(sc._layer_comm(_plan(nodes, ep=ep), _dev(a2a))["ep_f"])
+    assert ta == pytest.approx(lcm.layer_comm(_plan(nodes, ep=ep), _dev(a2a))["ep_f"])
 
 
 def test_round_robin_routing_sends_a_token_to_one_rank_under_deepep():
@@ -98,7 +99,7 @@ def test_round_robin_routing_sends_a_token_to_one_rank_under_deepep():
     net = coll.group_net(rr.cluster, _dev(rr), 8, 1)
     act = coll.tp_act_bytes(rr)
     assert md.ep_bytes(rr, act, net) == (act, None)
-    assert sc._layer_comm(rr, _dev(rr))["ep_f"] < sc._layer_comm(balanced, _dev(rr))["ep_f"] / 3   # latency aside: 1/5
+    assert lcm.layer_comm(rr, _dev(rr))["ep_f"] < lcm.layer_comm(balanced, _dev(rr))["ep_f"] / 3   # latency aside: 1/5
 
 
 @SETTINGS
@@ -117,12 +118,12 @@ def test_the_combined_1f1b_hides_all_to_alls_but_never_for_free(nodes, dispatche
     except PlanError:
         return
     a, b = simulate(plain), simulate(over)
-    real = sc._layer_comm
+    real = lcm.layer_comm
 
     def no_ep(p, d):
         return {**real(p, d), "ep_f": 0.0, "ep_b": 0.0}
 
-    with um.patch.object(sc, "_layer_comm", no_ep):
+    with um.patch.object(lcm, "layer_comm", no_ep):
         free = simulate(over)
     assert free.step_time_s * (1 - 1e-9) <= b.step_time_s <= a.step_time_s * (1 + 1e-9)
     assert b.step_time_s < a.step_time_s   # cross-node all-to-alls: some is hidden

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simcore.engine.predict import simulate
+from simcore.model import layer_comm as lcm
 from simcore.plan.load import plan_from_dict, plan_to_dict
 from simcore.plan.spec import PlanError
 
@@ -129,7 +130,7 @@ def test_tp_comm_overlap_hides_no_more_than_the_gemms_and_its_last_chunk_allow(m
     a, b = simulate(plain), simulate(over)
     assert b.step_time_s >= a.step_time_s - a.time_s["layer_comm"] - 1e-12
     dev = device_model(over.cluster.node.gpu, over.training.precision.value)
-    lc = sc._layer_comm(over, dev)
+    lc = lcm.layer_comm(over, dev)
     tp_f, tp_b = ov.tp_exposed(over, dev, lc, 1 - 1 / dev.comm_compute_interference)
     assert tp_f >= lc["tp_f"] * ov.UB_TAIL_SHARE[0] / tp > 0 and tp_b >= 0.0
 

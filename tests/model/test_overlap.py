@@ -14,7 +14,7 @@ from simcore.engine.des import simulate_des
 from simcore.model import comm_ledger
 from simcore.model import compute as cmp
 from simcore.model import overlap as ov
-from simcore.model import step_costs as sc
+from simcore.model.layer_comm import layer_comm
 from simcore.model.step_costs import step_costs
 from simcore.plan.load import plan_from_dict
 from simcore.plan.spec import PlanError
@@ -66,7 +66,7 @@ def test_userbuffers_slow_the_gemms_only_for_their_sm_transfers():
     of the same chunks."""
     plan = _plan(tp_comm_overlap=True)
     dev = cmp.device_model(plan.cluster.node.gpu, plan.training.precision.value)
-    lc = sc._layer_comm(plan, dev)
+    lc = layer_comm(plan, dev)
     lost = 1 - 1 / dev.comm_compute_interference
     tp_f, tp_b = ov.tp_exposed(plan, dev, lc, lost)
     gf, gb, split_f, split_b = ov.tp_gemm_times(plan.model, 1, 8192, 4, 1, 1, True, dev)

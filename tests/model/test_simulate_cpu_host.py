@@ -10,6 +10,7 @@ from simcore.engine import analytic as ana
 from simcore.model import collectives as coll
 from simcore.model import dp_costs as dpm
 from simcore.model import end_comm as ec
+from simcore.model import layer_comm as lcm
 from simcore.model import layer_times as lt
 from simcore.model import step_costs as sim
 from simcore.plan.load import plan_from_dict
@@ -183,7 +184,7 @@ def test_cpu_model_ends_wrapper_cost_sits_on_the_stages_holding_them():
 
     def ends(p):
         dev = cmp.device_model(p.cluster.node.gpu, "fp32")
-        c, lc = sim.step_costs(p), sim._layer_comm(p, dev)
+        c, lc = sim.step_costs(p), lcm.layer_comm(p, dev)
         f = [x - n * lc["tp_f"] for x, n in zip(c.forward_comm_s, c.layers)]
         b = [x - n * lc["tp_b"] for x, n in zip(c.backward_comm_s, c.layers)]
         return dev, f, b
@@ -325,8 +326,8 @@ def test_cpu_ring_exchange_is_not_charged_twice():
     bare = dataclasses.replace(dev, parallel_kernels=tuple(k for k in dev.parallel_kernels if k[0] != "cp"))
     net = coll.group_net(p.cluster, dev, 2, 1)
     kv = 2 * coll.comm_act_bytes(p.training.precision) * 1 * 16 * wl.kv_width(p.model)
-    assert sim._cp_comm(p, probed, 1, 16)["cp"] == pytest.approx(kv / net.bus_bytes_per_s)
-    assert sim._cp_comm(p, bare, 1, 16)["cp"] == pytest.approx(net.intra_hop_s + kv / net.bus_bytes_per_s)
+    assert lcm.cp_comm(p, probed, 1, 16)["cp"] == pytest.approx(kv / net.bus_bytes_per_s)
+    assert lcm.cp_comm(p, bare, 1, 16)["cp"] == pytest.approx(net.intra_hop_s + kv / net.bus_bytes_per_s)
     assert net.base_latency_s > net.intra_hop_s   # the collective's alpha would have been the larger charge
 
 
@@ -344,6 +345,6 @@ def test_cpu_expert_all_to_all_is_not_charged_twice():
     bare = dataclasses.replace(dev, parallel_kernels=tuple(k for k in dev.parallel_kernels if k[0] != "ep"))
     net = coll.group_net(p.cluster, dev, 2, 1)
     routed = coll.comm_act_bytes(p.training.precision) * 32 * 64 * p.model.top_k * p.model.capacity_factor
-    assert sim._layer_comm(p, probed)["ep_f"] == pytest.approx(2 * 0.5 * routed / net.bus_bytes_per_s)
-    assert sim._layer_comm(p, bare)["ep_f"] == pytest.approx(2 * coll.all_to_all_s(routed, net))
-    assert sim._layer_comm(p, bare)["ep_f"] > 2 * net.base_latency_s   # what the probe's cost holds already
+    assert lcm.layer_comm(p, probed)["ep_f"] == pytest.approx(2 * 0.5 * routed / net.bus_bytes_per_s)
+    assert lcm.layer_comm(p, bare)["ep_f"] == pytest.approx(2 * coll.all_to_all_s(routed, net))
+    assert lcm.layer_comm(p, bare)["ep_f"] > 2 * net.base_latency_s   # what the probe's cost holds already
