@@ -62,8 +62,8 @@ def skip_reason(row: pd.Series) -> str | None:
     notes = str(row.notes)
     model = notes[notes.rfind("Model:"):]
     if "sliding-window" in model:
-        return ("GPT-OSS: its attention sinks have no ModelSpec field and its kernels (TE's sink support, "
-                "FlexAttention) no catalog figures; with its sliding window modelled (model.sliding_window) the "
+        return ("GPT-OSS: its attention sinks (model.attention_sinks) run in kernels with no catalog figures "
+                "(TE's sink support, FlexAttention); with its sliding window modelled (model.sliding_window) the "
                 "Bridge rows come out -17% to -39% (bench/RESULTS.md, twenty-ninth session)")
     if re.search(r"first layer dense", model) and not re.search(r"first \d+ layers? dense \(ffn", model):
         return "the dense layers' MLP width is not in the notes (Kimi K2)"
