@@ -6,10 +6,11 @@ torchtitan 0.3 has no job file: ``--config C`` calls the config registry's funct
 (torchtitan/models/M/config_registry.py), whose values the command's options override.
 ``torchtitan_configs.yaml`` holds what each registry function sets, generated from the
 registry source by ``bench/dump_torchtitan_configs.py`` with the file and commit it read;
-the reader applies those values first, then the command's. A registry value that changes
-the parameter count or the layout and has no Plan field (LoRA adapters, MTP layers, all-bf16
-training) refuses the import in one sentence; the harmless ones (attention backend, GEMM
-backend) are listed as not mapped.
+the reader applies those values first, then the command's. A llama3 flavor's shape is
+``tool_options.yaml``'s, a qwen3 one's ``simcore.plan.torchtitan_qwen3``'s. A registry value
+that changes the parameter count or the layout and has no Plan field (LoRA adapters, MTP
+layers, all-bf16 training) refuses the import in one sentence; the harmless ones (attention
+backend, GEMM backend) are listed as not mapped.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import yaml
 
 from simcore.plan.readers import Reading, _flat, load_tool_options
 from simcore.plan.spec import PlanError
+from simcore.plan.torchtitan_qwen3 import qwen3_fields
 
 CONFIGS_PATH = Path(__file__).parent / "torchtitan_configs.yaml"
 # newer torchtitan's TrainingConfig names (pytorch/torchtitan #4088) -> 0.3.0's
@@ -202,6 +204,10 @@ def _torchtitan_training(get, used: set, given: dict, d: dict, hints: dict) -> d
 
 
 def _torchtitan_model(name: str, flavor: str, d: dict, hints: dict) -> dict:
+    qwen3 = qwen3_fields(flavor) if name == "qwen3" else None   # torchtitan 0.3's qwen3 configs
+    if qwen3 is not None:
+        d["model.name"] = f"qwen3-{flavor.lower()}"
+        return qwen3
     flavors = load_tool_options()["torchtitan"]["llama3_flavors"]
     if name != "llama3" or flavor not in flavors:
         hints["torchtitan.flavor"] = f"{name}/{flavor}"
@@ -219,6 +225,10 @@ def _torchtitan_parallel(get, hints: dict) -> dict:
          "parallel.sequence_parallel": tp > 1 and get("parallelism", "enable_sequence_parallel", True)}
     if tp > 1 and get("compile", "enable", False) and get("compile", "enable_async_tensor_parallel", False):
         f["parallel.tp_comm_overlap"] = True   # async TP: the TP collectives overlap their GEMMs
+    if f["parallel.ep"] > 1 and tp > 1:   # EP borrows the TP ranks: an expert is whole (torchtitan/config/configs.py)
+        f["parallel.expert_tp"] = 1
+    if get("debug", "moe_force_load_balance", False):   # round-robin experts (models/common/moe.py)
+        f["training.moe_routing"] = "round_robin"
     if f["parallel.cp"] > 1:   # torch's rotate method: allgather by default, alltoall the ring (torchtitan 0.2)
         rotate = get("parallelism", "context_parallel_rotate_method", "allgather")
         f["parallel.cp_comm"] = "p2p" if rotate == "alltoall" else "all_gather"

@@ -5,6 +5,8 @@
   ``config_registry`` function) with ``--section.option value`` overrides parsed by tyro
   (torchtitan/config/manager.py ``ConfigManager.parse_args``) and the activation
   checkpointing mode as the subcommand ``activation-checkpoint:{selective,full,none}``.
+  A Qwen3 model is written as ``--module qwen3 --config qwen3_<name>`` where it is one of that
+  module's named configs, its refusals those of the qwen3 module (``simcore.plan.torchtitan_qwen3``).
   Target ``torchtitan``.
 - torchtitan 0.2.x (0.2.0-0.2.2): the TOML job config (torchtitan/config/job_config.py,
   ``--job.config_file``). Target ``torchtitan-0.2``.
@@ -27,6 +29,7 @@ import shlex
 
 from simcore.plan.readers import load_tool_options
 from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan
+from simcore.plan.torchtitan_qwen3 import is_qwen3, qwen3_config, qwen3_refusals
 from simcore.plan.torchtitan_reader import load_torchtitan_configs
 
 VERSIONS = {"torchtitan": "0.3.x (tested: 0.3.0)", "torchtitan-0.2": "0.2.x (0.2.0-0.2.2; rules: 0.2.2)"}
@@ -90,7 +93,9 @@ def stage_options(plan: Plan) -> dict | None:
     return None
 
 
-def _check(plan: Plan) -> None:
+def _check(plan: Plan, qwen3: bool = False) -> None:
+    """The first thing torchtitan cannot run as the Plan says, in one sentence: the layout, then the model
+    (``qwen3``: torchtitan 0.3's qwen3 module, ``simcore.plan.torchtitan_qwen3``; else llama3's)."""
     tr, par, m = plan.training, plan.parallel, plan.model
     refusals = [
         (par.zero == 1, "parallel.zero", 1, "it has DDP (zero 0) and FSDP2 (zero 2, 3)"),
@@ -123,24 +128,24 @@ def _check(plan: Plan) -> None:
          "its job config has no activation offload"),
         (tr.optimizer_in_backward and par.ep > 1, "training.optimizer_in_backward", "true",
          "its optimizers in backward do not support expert parallel (components/optimizer.py)"),
-        (m.moe, "model.experts", m.experts, "its llama3 model is dense, SwiGLU, RoPE, untied"),
-        (m.sliding_window > 0, "model.sliding_window", m.sliding_window, "its llama3 attention is full causal"),
-        (not m.gated_mlp, "model.gated_mlp", "false", "its llama3 model is dense, SwiGLU, RoPE, untied"),
-        (m.tied_embeddings, "model.tied_embeddings", "true", "its llama3 model is dense, SwiGLU, RoPE, untied"),
-        (m.position_embedding.value != "rope", "model.position_embedding", m.position_embedding.value,
-         "its llama3 model is dense, SwiGLU, RoPE, untied"),
-        *_block_refusals(m),
+        *(qwen3_refusals(plan) if qwen3 else _llama3_refusals(m)),
     ]
     for bad, name, value, why in refusals:
         if bad:
             raise _refuse(name, value, why)
 
 
-def _block_refusals(m) -> list:
-    """The block torchtitan 0.3's llama3 model builds (torchtitan/models/llama3/__init__.py: RMSNorm, bias-free
-    nn.Linear, SwiGLU FeedForward, no QK norm, plain SDPA softmax); the export writes --module llama3 only."""
+def _llama3_refusals(m) -> list:
+    """The model torchtitan 0.3's llama3 module builds (torchtitan/models/llama3/__init__.py: dense, untied, RoPE,
+    RMSNorm, bias-free nn.Linear, SwiGLU FeedForward, no QK norm, plain softmax, full causal attention)."""
+    dense = "its llama3 model is dense, SwiGLU, RoPE, untied"
     why = "its llama3 model is RMSNorm, bias-free, SwiGLU, without QK norm or sinks"
-    return [(m.norm.value != "rmsnorm", "model.norm", m.norm.value, why),
+    return [(m.moe, "model.experts", m.experts, dense),
+            (m.sliding_window > 0, "model.sliding_window", m.sliding_window, "its llama3 attention is full causal"),
+            (not m.gated_mlp, "model.gated_mlp", "false", dense),
+            (m.tied_embeddings, "model.tied_embeddings", "true", dense),
+            (m.position_embedding.value != "rope", "model.position_embedding", m.position_embedding.value, dense),
+            (m.norm.value != "rmsnorm", "model.norm", m.norm.value, why),
             (m.bias.value != "none", "model.bias", m.bias.value, why),
             (m.gated_mlp and m.activation.value != "swiglu", "model.activation", m.activation.value, why),
             (m.qk_norm.value != "none", "model.qk_norm", m.qk_norm.value, why),
@@ -208,11 +213,13 @@ def _llama_fqns(stages: tuple[int, ...], output: str) -> list[list[str]]:
 
 
 def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict, list[str]]:
-    """The job config as {section: {option: value}}, and comment lines for the file."""
-    _check(plan)
+    """The job config as {section: {option: value}}, and comment lines for the file (0.3: a Qwen3 model is
+    checked against torchtitan's qwen3 module, every other model against llama3's; 0.2: llama3's)."""
+    qwen3 = target == "torchtitan" and is_qwen3(plan.model)
+    _check(plan, qwen3)
     tr, par, m = plan.training, plan.parallel, plan.model
     flavor, notes = _flavor(plan), []
-    if flavor is None:
+    if flavor is None and not qwen3:
         flavor = m.name
         notes.append(f"# No torchtitan llama3 flavor has this shape: register flavor '{m.name}' in "
                      f"torchtitan/models/llama3/__init__.py with dim={m.hidden}, n_layers={m.layers}, "
@@ -278,31 +285,43 @@ def export_torchtitan_toml(plan: Plan) -> str:
 def torchtitan_args(plan: Plan) -> tuple[list[str], list[str]]:
     """torchtitan 0.3.x: the arguments after ``-m torchtitan.train``, and comment lines for the script."""
     doc, notes = torchtitan_config(plan, "torchtitan")
-    flavor = _flavor(plan)
-    if flavor is None:
-        raise ValueError(f"model {plan.model.name} is not a torchtitan llama3 config (llama3_debugmodel, llama3_8b, "
-                         "llama3_70b, llama3_405b): torchtitan 0.3 takes the shape from a config_registry function")
-    name = f"llama3_{flavor.lower()}"
+    module, name = _module_config(plan)
     entry = load_torchtitan_configs()["configs"].get(name, {})
     _registry_precision(plan, name, entry)
     if plan.training.optimizer_in_backward:   # 0.2.2's optimizer.early_step_in_backward is gone from 0.3.0
         raise _refuse("training.optimizer_in_backward", "true", "in 0.3 (0.2.2 had optimizer.early_step_in_backward)")
-    args = ["--module", "llama3", "--config", name]
+    args = ["--module", module, "--config", name]
+    if plan.training.moe_routing.value == "round_robin":   # Router._debug_force_load_balance_routing: token t's
+        doc["debug"] = {"moe_force_load_balance": True}   # k experts are t*k .. t*k+k-1 mod E (models/common/moe.py)
     async_tp = entry.get("sections", {}).get("compile", {}).get("enable_async_tensor_parallel")
     if async_tp and not plan.parallel.tp_comm_overlap:
         doc["compile"]["enable_async_tensor_parallel"] = False   # llama3_405b turns it on
     elif plan.parallel.tp_comm_overlap and plan.parallel.tp > 1:
         doc["compile"]["enable_async_tensor_parallel"] = True
-    if plan.parallel.pp > 1:  # torchtitan/trainer.py (0.3.0): "CUDA graphs do not support pipeline parallelism yet"
+    # torchtitan/trainer.py (0.3.0) _validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet",
+    # nor expert parallel's all-to-all dispatcher (it synchronises with the host: qwen3's standard backend)
+    if plan.parallel.pp > 1 or plan.parallel.ep > 1:
         doc["training"]["disable_cuda_graphs"] = True
-    for section in ("training", "parallelism", "compile"):
-        for key, value in doc[section].items():
+    for section in ("training", "parallelism", "compile", "debug"):
+        for key, value in doc.get(section, {}).items():
             flag = f"--{section}.{key.replace('_', '-')}"
             if isinstance(value, bool):
                 args.append(flag if value else f"--{section}.no-{key.replace('_', '-')}")
             else:
                 args += [flag, str(value)]
     return args + [f"activation-checkpoint:{plan.training.recompute.value}"], notes
+
+
+def _module_config(plan: Plan) -> tuple[str, str]:
+    """torchtitan 0.3's ``--module`` and ``--config`` for the Plan's model (a qwen3 model that matches no
+    config was refused by ``torchtitan_config``)."""
+    if is_qwen3(plan.model):
+        return "qwen3", qwen3_config(plan.model)
+    flavor = _flavor(plan)
+    if flavor is None:
+        raise ValueError(f"model {plan.model.name} is not a torchtitan llama3 config (llama3_debugmodel, llama3_8b, "
+                         "llama3_70b, llama3_405b): torchtitan 0.3 takes the shape from a config_registry function")
+    return "llama3", f"llama3_{flavor.lower()}"
 
 
 def _registry_precision(plan: Plan, name: str, entry: dict) -> None:

@@ -129,7 +129,8 @@ def test_megatron_refuses_what_it_has_no_option_for_in_one_sentence(model, field
 
 
 @pytest.mark.parametrize("model, field", [
-    ("qwen3-8b", "model.qk_norm=head"), ({"norm": "layernorm"}, "model.norm=layernorm"), ("qwen2-7b", "model.bias=qkv"),
+    ({"qk_norm": "projection"}, "model.qk_norm=projection"), ({"norm": "layernorm"}, "model.norm=layernorm"),
+    ("qwen2-7b", "model.bias=qkv"),   # a Qwen3 model (QK norm per head) is the qwen3 module's: test_torchtitan_qwen3.py
     ({"activation": "geglu"}, "model.activation=geglu"), ({"attention_sinks": True}, "model.attention_sinks=true"),
 ])
 def test_torchtitan_refuses_a_block_its_llama3_model_cannot_build(model, field):

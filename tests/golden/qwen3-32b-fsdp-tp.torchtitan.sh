@@ -1,0 +1,21 @@
+#!/bin/bash
+# torchtitan 0.3.x (tested: 0.3.0) launch for plan 'qwen3-32b-fsdp-tp', written by trainplan.
+# Options as pytorch/torchtitan torchtitan/config (0.3.0: manager.py, configs.py; 0.2.2: job_config.py) parse them (tyro); on several nodes add --node-rank and --rdzv-endpoint.
+# Add --dataloader.dataset, --training.steps and --optimizer.lr for your run.
+torchrun --nnodes 4 --nproc-per-node 8 -m torchtitan.train \
+    --module qwen3 \
+    --config qwen3_32b \
+    --training.local-batch-size 1 \
+    --training.global-batch-size 64 \
+    --training.seq-len 4096 \
+    --training.mixed-precision-param bfloat16 \
+    --training.no-enable-cpu-offload \
+    --parallelism.data-parallel-replicate-degree 1 \
+    --parallelism.data-parallel-shard-degree 4 \
+    --parallelism.fsdp-reshard-after-forward always \
+    --parallelism.tensor-parallel-degree 8 \
+    --parallelism.context-parallel-degree 1 \
+    --parallelism.expert-parallel-degree 1 \
+    --parallelism.pipeline-parallel-degree 1 \
+    --compile.enable \
+    activation-checkpoint:full
