@@ -25,22 +25,25 @@ source's own words, with the degrees converted once into chips (the unit the cat
   The base.yml model: ReLU MLP (not gated), tied embeddings (``logits_via_embedding``), RoPE,
   no dropout, ``head_dim`` from the notes (``kv_channels``), the Pallas flash attention kernel.
   Node: the catalog's TPU host of the chip; a slice is its ICI torus.
-- ``neuron_trn1_perf`` (AWS Neuron on trn1.32xlarge, NeMo-Megatron and NeuronX Distributed):
-  TP/PP/DP count NeuronCores, two per Trainium chip, and a TP group's two ranks on one chip are
-  neighbours: ``tp`` chips = TP cores / 2, PP and DP as published (TP x PP x DP cores = 2 x
-  chips). ZeRO-1 (both stacks' tutorials shard the optimizer: NxD ``use_zero1_optimizer``,
-  neuronx-nemo-megatron ``wrap_with_zero``) where the row leaves it blank; sequence parallel
-  with TP (both tutorials); recompute as the row states it, the fastest fitting of none /
-  selective / full where it is blank; micro-batch and global batch as published. GPT-3:
-  GeLU MLP of 4h, learned positions, GPT-2 vocabulary (50257 padded to 50304) where the row
-  leaves it blank; Llama: SwiGLU, untied, RoPE, ``kv_heads`` from the notes. Where the TP cores
-  outnumber the KV heads (TP 32 over Llama's 8: every such row is NxD's), NxD copies each KV head
-  onto TP / kv_heads cores, one head a core: ``parallel.kv_replicator`` = TP cores / kv_heads, the
-  ``--kv_replicator 4`` of NxD's own Llama 2 70B, Llama 3 70B and Llama 3 8B scripts at TP 32
-  (aws-neuron/neuronx-distributed @fbac349b examples/training/llama/tp_pp_llama_hf_pretrain/
-  run_llama2_70B_tp_pp.sh, run_llama3_70B_tp_pp.sh, tp_zero1_llama_hf_pretrain/
-  tp_zero1_llama3_8B_hf_pretrain.sh; ``simcore.model.kv_replication``). Node: trn1.32xlarge,
-  16 chips in a 2D torus; instances over EFA (``efa-trn1``, non-blocking as trn1-arch.rst says).
+- ``neuron_trn1_perf`` (AWS Neuron on trn1.32xlarge, NeMo-Megatron and NeuronX Distributed): TP/PP/DP count
+  NeuronCores, two per Trainium chip, and a TP group's two ranks on one chip are neighbours: ``tp`` chips = TP
+  cores/2, PP and DP as published (TP x PP x DP cores = 2 x chips). ZeRO-1 (both stacks' tutorials shard the
+  optimizer: NxD ``use_zero1_optimizer``, neuronx-nemo-megatron ``wrap_with_zero``) where the row leaves it blank
+  (NxD @fbac349b: run_llama2_70B_tp_pp.sh "--use_zero1_optimizer 1", tp_zero1_llama3_8B_hf_pretrain.sh
+  "USE_ZERO_1=1"); sequence parallel with TP (both tutorials: NxD run_llama_nxd.py @fbac349b
+  '"--use_sequence_parallel", default=1', tp_zero1_llama3_8B_hf_pretrain.sh "--sequence_parallel_enabled";
+  neuronx-nemo-megatron nemo/examples/nlp/language_modeling/test.sh @05dde85a "model.sequence_parallel=True");
+  recompute as the row states it, the fastest fitting of none / selective / full where it is blank; micro-batch and
+  global batch as published. GPT-3: GeLU MLP of 4h, learned positions, GPT-2 vocabulary (50257 padded to 50304)
+  where the row leaves it blank (notes: "FFN=4*HS in test.sh"; test.sh @05dde85a: "gpt2/gpt2-vocab.json"); Llama:
+  SwiGLU, untied, RoPE, ``kv_heads`` from the notes (e.g. "kv_heads=8; arch=maxtext
+  configs/models/llama3.1-70b.yml"). Where the TP cores outnumber the KV heads (TP 32 over Llama's 8: every such row
+  is NxD's), NxD copies each KV head onto TP / kv_heads cores, one head a core: ``parallel.kv_replicator`` = TP
+  cores / kv_heads, the ``--kv_replicator 4`` of NxD's own Llama 2 70B, Llama 3 70B and Llama 3 8B scripts at TP 32
+  (aws-neuron/neuronx-distributed @fbac349b examples/training/llama/tp_pp_llama_hf_pretrain/run_llama2_70B_tp_pp.sh,
+  run_llama3_70B_tp_pp.sh, tp_zero1_llama_hf_pretrain/tp_zero1_llama3_8B_hf_pretrain.sh;
+  ``simcore.model.kv_replication``). Node: trn1.32xlarge, 16 chips in a 2D torus; instances over EFA (``efa-trn1``,
+  non-blocking as trn1-arch.rst says).
 - ``mindspeed_llm_readme_2024`` (MindSpeed-LLM on Atlas 800T A2, Megatron-LM arguments): TP,
   PP, DP in NPUs (= chips on 910B); ``--use-distributed-optimizer`` -> ZeRO-1 (zero_stage 1),
   ``--sequence-parallel`` and ``--use-flash-attn`` from the script's flags; recompute as the
@@ -63,7 +66,9 @@ FILE = "dev_accelerators.csv"
 MAXTEXT = ("maxtext_v4_readme", "maxtext_v5e_readme", "maxtext_v5p_readme")
 NEURON = "neuron_trn1_perf"
 MINDSPEED = "mindspeed_llm_readme_2024"
-#: The catalog's chip and host of each accelerator the CSV names.
+#: The catalog's chip and host of each accelerator the CSV names (topology column: "trn1.32xlarge/trn1n.32xlarge
+#: (16 Trainium chips = 32 NeuronCore-v2 per node", "Atlas 800T A2 nodes, 8 NPUs per node"; SOURCES.md: "v5e
+#: chips_per_host = 4").
 GPU = {"tpu-v4": "tpu-v4", "tpu-v5e": "tpu-v5e", "tpu-v5p": "tpu-v5p", "trainium1": "trn1",
        "ascend-910b": "ascend-910b"}
 NODE = {"tpu-v4": "tpu-v4-host", "tpu-v5e": "tpu-v5e-host", "tpu-v5p": "tpu-v5p-host",
@@ -72,7 +77,8 @@ NODE = {"tpu-v4": "tpu-v4-host", "tpu-v5e": "tpu-v5e-host", "tpu-v5p": "tpu-v5p-
 #: one matrix-unit design: the TPU MXU of v4 / v5e / v5p under MaxText/XLA; Trn1's TensorEngine
 #: under Neuron's PyTorch/XLA stacks, ``bench/fitting.py`` ``trainium_plateau``).
 FAMILY = {"tpu-v4": "tpu", "tpu-v5e": "tpu", "tpu-v5p": "tpu", "trainium1": "trainium", "ascend-910b": "ascend"}
-#: Device units per chip, per source (SOURCES.md "Parallel-degree units").
+#: Device units per chip, per source (SOURCES.md "Parallel-degree units": "Trainium1: TP/PP/DP are in
+#: **NeuronCores** (2 per chip)"; notes: "units=TP/PP/DP are in NeuronCores (2 per Trainium1 chip)").
 UNITS_PER_CHIP = {NEURON: 2}
 #: Catalog gaps that the step-time model reads: a chip with one of them cannot be predicted.
 READ_GAPS = ("hbm_tbyte_per_s", "intra_link_gbyte_per_s_bidir", "efficiency")
@@ -93,7 +99,9 @@ def slices(row: pd.Series) -> int:
 
 
 def devices(row: pd.Series) -> int:
-    """The degrees' product in the source's units (NeuronCores on Trainium, chips else)."""
+    """The degrees' product in the source's units (NeuronCores on Trainium, chips else). MaxText (SOURCES.md):
+    "`fsdp` for MaxText rows = `ici_fsdp × ici_fsdp_transpose` (× `dcn_fsdp` where used). `dp` = slices over DCN ×
+    `ici_data`."."""
     tp, pp, dp, cp = (int(_num(row[k], 1)) for k in ("tp", "pp", "dp", "cp"))
     if row.source in MAXTEXT:
         return tp * int(_num(row.fsdp, 1)) * slices(row)
@@ -205,7 +213,8 @@ def measured_step_s(row: pd.Series) -> float:
     """Seconds per step as SOURCES.md derives it per source: MaxText's model TFLOP/s per chip
     over its own FLOP count (``calculate_training_tflops``: 6 x params x tokens + 12 x heads x
     layers x head_dim x seq^2 per sequence, the attention not halved, SOURCES.md); Neuron and
-    MindSpeed: batch tokens over tokens/s/chip."""
+    MindSpeed: batch tokens over tokens/s/chip (SOURCES.md: Neuron "tokens/s/chip = seq/s × seq_len / (nodes × 16)
+    is `derived`"; MindSpeed "The unit is **tokens/s/p** (per NPU)")."""
     b, s = float(row.global_batch_seqs), float(row.seq_len)
     if not math.isnan(float(_num(row.measured_step_time_s, float("nan")))):
         return float(row.measured_step_time_s)
@@ -264,6 +273,7 @@ def base_doc(row: pd.Series) -> dict:
     cluster = {"node": NODE[row.accelerator], "nodes": max(1, math.ceil(chips / gpn))}
     if src in MAXTEXT and cluster["nodes"] > 1 and load_catalog().node(cluster["node"]).fabric is None:
         cluster["fabric"] = PLACEHOLDER_FABRIC
+    # topology column, e.g. "2x v5p-128 (64 chips/slice, ICI 3D torus; 2 slice(s) over DCN)"
     if src in MAXTEXT and slices(row) > 1:   # one ICI torus a slice, the slices joined by the DCN
         cluster["nvlink_domain_gpus"] = chips // slices(row)
     training = {"global_batch": int(row.global_batch_seqs), "micro_batch": int(_num(row.micro_batch, 1)),
@@ -271,7 +281,9 @@ def base_doc(row: pd.Series) -> dict:
     rc = str(_num(row.recompute, "none"))
     if src in MAXTEXT:
         # FSDP over the slice's ICI (ici_fsdp_parallelism), data parallel over the DCN
-        # (dcn_data_parallelism): parameters sharded inside a slice, replicated across slices
+        # (dcn_data_parallelism): parameters sharded inside a slice, replicated across slices. SOURCES.md: "Pure
+        # FSDP over ICI", "Data parallel over DCN across slices"; zero_stage "3 = FSDP-style sharding of params,
+        # grads and optimizer state (MaxText `fsdp` axes)"
         fsdp = int(row.fsdp) * slices(row)
         parallel = {"tp": tp, "pp": 1, "dp": fsdp, "zero": 3, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1,
                     "dp_replicate": slices(row)}
@@ -284,6 +296,8 @@ def base_doc(row: pd.Series) -> dict:
             parallel["kv_replicator"] = tp // kv
         training["recompute"] = rc
     else:   # MindSpeed-LLM: Megatron-LM arguments
+        # zero_stage (SOURCES.md): "1 = Megatron distributed optimizer", set where the notes' script flags have
+        # "use-distributed-optimizer"; the script "gives TP, PP, EP, MBS, GBS, ... recompute and flags"
         notes = str(row.notes)
         parallel = {"tp": tp, "pp": pp, "dp": dp, "zero": int(_num(row.zero_stage, 0)),
                     "sequence_parallel": tp > 1 and "sequence-parallel" in notes}

@@ -55,13 +55,13 @@ def _node(row: pd.Series) -> str | None:
 
 def skip_reason(row: pd.Series) -> str | None:
     """Why a row cannot become a Plan today, or None."""
-    if "power limit" in str(row.gpu):
+    if "power limit" in str(row.gpu):   # notes: "single node 8xB200 limited to 750W" (torchao mx README @d8bb51f63)
         return f"GPU {row.gpu!r}: a power-capped part (the catalog's B200 is the 1000 W DGX B200)"
     if _node(row) is None:
         return f"GPU {row.gpu!r} is not in the catalog"
     notes = str(row.notes)
     model = notes[notes.rfind("Model:"):]
-    if "sliding-window" in model:
+    if "sliding-window" in model:   # notes: "attention sinks, alternating 128-token sliding-window / full attention"
         return ("GPT-OSS: its attention sinks (model.attention_sinks) run in kernels with no catalog figures "
                 "(TE's sink support, FlexAttention); with its sliding window modelled (model.sliding_window) the "
                 "Bridge rows come out -17% to -39% (bench/RESULTS.md, twenty-ninth session)")
@@ -94,7 +94,9 @@ def _moe(notes: str) -> dict:
     """An MoE row's model fields from its notes' "Model:" line (the validation README: the
     notes give experts, top-k, shared experts, dense layers, head width and MLA): every
     family here runs SwiGLU experts (HF ``hidden_act: silu``), untied, token-dropless
-    (capacity factor 1). ``ffn_hidden`` is one expert's width (the column)."""
+    (capacity factor 1). ``ffn_hidden`` is one expert's width (the column). Notes: Bridge
+    rows "MoE benchmarks force-balance the token distribution and are token-dropless"; Qwen3 "kv_heads=4, head_dim 128,
+    SwiGLU"; DeepSeek "HF config deepseek-ai/DeepSeek-V3" (the HF config's words, not copied into the notes)."""
     model = notes[notes.rfind("Model:"):]
     experts, top_k = re.search(r"(\d+) (?:routed )?experts top-(\d+)", model).groups()
     out = {"experts": int(experts), "top_k": int(top_k), "gated_mlp": True, "tied_embeddings": False,
@@ -151,6 +153,7 @@ def _model(row: pd.Series) -> dict:
     kv = _flag(notes, r"kv_heads=(\d+)")
     if re.search(r"\d+ (routed )?experts", notes):
         return {**m, "kv_heads": int(kv) if kv else heads, "position_embedding": "rope", **_moe(notes), **_mtp(row)}
+    # notes (nemo_longctx_2024_h100): "Llama 2 7B: MHA (kv_heads=32), SwiGLU, untied embeddings"
     llama2 = "LLAMA2" in str(row.model).upper()  # Llama 2 7B: MHA, SwiGLU, untied (HF config)
     return {**m, "kv_heads": int(kv) if kv else heads, "gated_mlp": llama2 or "SwiGLU" in notes,
             "tied_embeddings": not (llama2 or "untied" in notes), "position_embedding": "rope"}
@@ -173,7 +176,8 @@ def _num(x, default=None):
 def _precision(row: pd.Series) -> dict:
     """The precision and FP8 scaling of a row: torchao's rows name theirs ("Scaling
     'float8 tensorwise ...'" / "'rowwise ...'"), Megatron-Bridge's FP8 is FP8-CS (current
-    scaling); llm-foundry's amp_fp8 (TE 0.10) and NeMo 24.03 use TE's default, delayed."""
+    scaling); llm-foundry's amp_fp8 (TE 0.10) and NeMo 24.03 use TE's default, delayed. llm-foundry's notes:
+    "Composer amp_fp8 = TE fp8_autocast (delayed scaling default)"; NeMo's precision: "FP8 recipe not stated"."""
     prec, notes = str(row.precision), str(row.notes)
     if row.source in TORCHAO:
         scaling = notes.split("Scaling '")[1].split("'")[0]
@@ -192,7 +196,8 @@ def _deepep(row: pd.Series, ep: int) -> bool:
     kernels) or Megatron-Core's flex dispatcher over DeepEP or HybridEP (Megatron-Bridge presets)
     run ``parallel.moe_dispatcher: deepep``: both backends send a token once to each rank holding
     one of its experts (Megatron-Core ``moe/token_dispatcher.py`` ``MoEFlexTokenDispatcher``:
-    the routing map is reduced to ranks before the dispatch), not once per expert."""
+    the routing map is reduced to ranks before the dispatch), not once per expert. Notes: AutoModel "kernels 'TE +
+    DeepEP'", "dispatcher deepep"; Bridge "flex dispatcher hybridep", "deepep dispatcher", "hybridep"."""
     return ep > 1 and re.search(r"(?i)deepep|hybridep", str(row.notes)) is not None
 
 
@@ -212,7 +217,9 @@ def _bridge_tp_overlap(row: pd.Series, tp: int) -> bool:
     @0d5f5558), and the performance scripts keep it on every GPU except for NVFP4
     (scripts/performance/configs/llama/llama3_llm_pretrain.py @2a0d46e2 and
     llama31_llm_pretrain.py @0013c9a8: ``tp_comm_overlap = False if precision == "nvfp4"``).
-    The MoE recipes are left as the Plan's default (no overlap): not read."""
+    The MoE recipes are left as the Plan's default (no overlap); the one MoE row with tp > 1 (Qwen3 235B on H100)
+    agrees: ``qwen3_235b_a22b_pretrain_config_h100`` sets ``CommOverlapConfig(tp_comm_overlap=False)``
+    (scripts/performance/configs/qwen/qwen3_llm_pretrain.py @21d102f5e)."""
     return (row.source == BRIDGE and tp > 1 and "LLAMA" in str(row.model).upper()
             and not str(row.precision).startswith("nvfp4"))
 
@@ -241,7 +248,10 @@ def base_doc(row: pd.Series) -> dict:
         cluster["nvlink_domain_gpus"] = NVL72_JOB_GPUS_PER_RACK
     vpp = int(_num(row.vpp_interleave, 1))
     ep = int(_flag(str(row.notes), r"EP (\d+)") or 1)   # "Published: ... EP n" (carved out of dp x cp)
+    # expert TP 1 where EP spans TP ranks: notes "EP64 ETP1" (DeepSeek), ``BASE_QWEN3_235B_A22B_CONFIG =
+    # WorkloadBaseConfig(expert_tensor_parallel_size=1)`` (qwen3_workload_base_configs.py @21d102f5e)
     folded = ep > 1 and (dp * cp) % ep != 0   # EP across TP ranks: Megatron-Core's MoE parallel folding
+    # sequence_parallel: Bridge notes "Recipe facts: sequence_parallel = tp > 1" (NeMo's notes: "Not stated: ...")
     parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vpp": vpp, "ep": ep, **({"expert_tp": 1} if folded else {}),
                 "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
                 "zero": int(_num(row.zero_stage, 1)), "sequence_parallel": tp > 1}
@@ -253,11 +263,15 @@ def base_doc(row: pd.Series) -> dict:
                 "recompute": str(_num(row.recompute, "none")), "flash_attention": True, **_precision(row)}
     if src in TORCHAO or src == AUTOMODEL:
         parallel["zero"] = 3  # FSDP2 fully_shard over the dp ranks
+        # notes: torchao "FSDP2 data_parallel_shard_degree -1"; AutoModel "PyTorch backend (FSDP2)"
     if _bridge_tp_overlap(row, tp):
         parallel["tp_comm_overlap"] = True
     if src == BRIDGE and parallel["zero"] == 1:
         # Megatron-Bridge's recipes: DistributedDataParallelConfig(use_distributed_optimizer=True,
-        # overlap_grad_reduce=True, overlap_param_gather=True)
+        # overlap_grad_reduce=True, overlap_param_gather=True): ``cfg.ddp.overlap_param_gather = True`` in
+        # recipes/llama/llama3.py, deepseek/deepseek_v3.py, qwen/qwen3_moe.py @21d102f5e; but the 405B GB200 preset
+        # calls ``disable_param_gather_overlap(cfg)`` ``if precision == "nvfp4" and config_variant.lower() == "v2"``
+        # (scripts/performance/configs/llama/llama31_llm_pretrain.py @21d102f5e): row 73 ran without it
         parallel["overlap_param_gather"] = True
     if src == NEMO_LONG[0]:
         training["grad_compression"] = NEMO_2024_GRAD_DTYPE
@@ -279,8 +293,10 @@ def base_doc(row: pd.Series) -> dict:
         training["recompute"] = "op"  # torchtitan per-op SAC (selective_ac_option "op")
         # torchao's benchmark scripts launch torchtitan's run_train.sh, which sets
         # PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" (bench/validate_memory.py
-        # ``EXPANDABLE_SEGMENTS_SOURCES``; both tables ran on CUDA)
+        # ``EXPANDABLE_SEGMENTS_SOURCES``; both tables ran on CUDA): pytorch/ao float8_training_benchmark.sh
+        # @8c81863ba runs "${TORCHTITAN_ROOT}/run_train.sh"; torchtitan's run_train.sh @0da8901b1 sets it
         training["allocator_margin"] = EXPANDABLE_SEGMENTS_MARGIN
+        # notes: "SDPA flash attention".
         # torchtitan's attention is SDPA, whose flash backend (Dao's FlashAttention-2 kernels) runs
         # on H100: torch made its cuDNN backend opt-in in 2.5.1 (pytorch/pytorch#138522)
         training["attention_kernel"] = sdpa_attention_kernel(load_catalog().node(cluster["node"]).gpu)

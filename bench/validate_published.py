@@ -17,29 +17,32 @@ the noise floor where one configuration was published twice. ``--write-residuals
 the LOSO residuals, with what the published runs cover, in validation/residuals.yaml.
 
 How rows map onto Plans (the same rules for every row of a source; nothing per row):
-- node: the catalog's DGX of the row's GPU (a100-80gb -> dgx-a100-80gb, a100-40gb ->
-  dgx-a100-40gb, h100-80gb(-sxm) -> dgx-h100). vTrain's ``a100`` -> dgx-a100-80gb with
-  fabric ib-edr: 8 NICs x 100 Gb/s = the 800 Gb/s per node its configs state. MPT's
-  A100 rows state 1600 Gb/s RoCE per node -> fabric roce-200 (8 x 200 Gb/s).
+- node: the catalog's DGX of the row's GPU (a100-80gb -> dgx-a100-80gb, a100-40gb -> dgx-a100-40gb, h100-80gb(-sxm) ->
+  dgx-h100). vTrain's ``a100`` -> dgx-a100-80gb with fabric ib-edr: 8 NICs x 100 Gb/s = the 800 Gb/s per node its
+  configs state. MPT's A100 rows state 1600 Gb/s RoCE per node -> fabric roce-200 (8 x 200 Gb/s).
 - precision fp16 for narayanan2021 and vTrain ("mixed", "fp16 mixed (assumed)"), bf16 else.
-- narayanan2021_table1: full recompute, no flash attention, no SP, tied embeddings, the
-  interleaved schedule (Sec. 5.1); ZeRO 0 (Megatron's DDP, 2021).
-- megatron_readme_2024_h100_weak: Megatron-Core r0.8 with TE: flash attention, sequence
-  parallel and TP communication overlap (the README's --tp-comm-overlap) when tp > 1, selective recompute, distributed optimizer (ZeRO 1), untied
-  embeddings (the README's parameter counts need them).
-- llmfoundry_mpt_benchmarks: FSDP FULL_SHARD (ZeRO 3), the 2022 Triton FlashAttention
-  (``attention_kernel: triton``: scripts/train/benchmarking/submit_benchmarks.py defaults
-  ``--attn_impl triton`` from its first commit, 300cc5c58, May 2023, through 061f2c7ce, the
-  README's commit), the row's recompute and per-device batch; learned positions with biases and tied embeddings: the
-  MPTConfig defaults that the benchmark yamls keep (they set neither ALiBi nor no_bias; the
-  published NumParams grow by d_model x seq_len, the position table; SOURCES.md).
-- vtrain_runs: Megatron-DeepSpeed GPT: full recompute, 1F1B, no flash, no SP, ZeRO 0,
-  vocab 50257 padded to a multiple of 128*tp as Megatron does.
-- Fields a source leaves blank (narayanan's micro-batch and interleave depth, Megatron
-  2024's micro-batch and interleave depth): the planner fills them the way the authors
-  tuned their runs, with the fastest predicted choice that fits in memory among
-  micro-batch in {1, 2, 4, 8} (dividing the per-replica batch) and vpp dividing the
-  layers per stage (<= 8). This is a search over the plan, not a change of the model.
+- narayanan2021_table1: full recompute (README: Eq. 3 counts "one extra forward for the full activation
+  recomputation"), no flash attention, no SP (the CSV's sequence_parallel False), tied embeddings, the interleaved
+  schedule (Sec. 5.1); ZeRO 0 (Megatron's DDP, 2021).
+- megatron_readme_2024_h100_weak: Megatron-Core r0.8 with TE: flash attention, sequence parallel and TP communication
+  overlap (the README's --tp-comm-overlap) when tp > 1, selective recompute, distributed optimizer (ZeRO 1), untied
+  embeddings (the README's parameter counts need them). Megatron-LM arguments.py @937571cfd4 asserts "Tensor parallel
+  communication/GEMM overlap can happen only when sequence parallelism is enabled" and "--overlap-param-gather only
+  supported with distributed optimizer".
+- llmfoundry_mpt_benchmarks: FSDP FULL_SHARD (ZeRO 3; notes: "Composer/FSDP FULL_SHARD over all GPUs"), the 2022
+  Triton FlashAttention (``attention_kernel: triton``: scripts/train/benchmarking/submit_benchmarks.py defaults
+  ``--attn_impl triton`` from its first commit, 300cc5c58, May 2023, through 061f2c7ce, the README's commit), the
+  row's recompute and per-device batch; learned positions with biases and tied embeddings: the MPTConfig defaults that
+  the benchmark yamls keep (they set neither ALiBi nor no_bias; the published NumParams grow by d_model x seq_len, the
+  position table; SOURCES.md).
+- vtrain_runs: Megatron-DeepSpeed GPT: full recompute, 1F1B, no flash, no SP, ZeRO 0, vocab 50257 padded to a multiple
+  of 128*tp as Megatron does. README: "recompute = full (use_checkpoint is true in every config)", "vpp_interleave = 1
+  (pipeline_scheduling is "1f1b")", "sequence_parallel = false (assumed ...)", "Megatron pads it to a multiple of
+  128·tp"; tied: "the repo's per-rank parameter bookkeeping counts the tied embedding twice".
+- Fields a source leaves blank (narayanan's micro-batch and interleave depth, Megatron 2024's micro-batch and
+  interleave depth): the planner fills them the way the authors tuned their runs, with the fastest predicted choice
+  that fits in memory among micro-batch in {1, 2, 4, 8} (dividing the per-replica batch) and vpp dividing the layers
+  per stage (<= 8). This is a search over the plan, not a change of the model.
 """
 from __future__ import annotations
 
@@ -77,7 +80,9 @@ SKIPPED: list[str] = []
 
 
 def measured_step_s(row: pd.Series) -> float:
-    """The measured step time as the validation README derives it per source."""
+    """The measured step time as the validation README derives it per source: narayanan "F = 96·B·s·L·h²·(1 +
+    s/(6h) + V/(16·L·h))", Megatron 2024 "F = 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))", both "t = F / (num_gpus ·
+    measured_tflops_per_gpu · 1e12)"; llm-foundry "t = B·s / (measured_tokens_per_s_per_gpu · num_gpus)"."""
     src = row.source
     b, s, l, h, v = (float(x) for x in (row.global_batch_seqs, row.seq_len, row.layers, row.hidden, row.vocab))
     if not math.isnan(row.measured_step_time_s):
