@@ -123,6 +123,13 @@ def _mlp_params(m: ModelSpec, width: int, bias: bool) -> int:
     return mlp_matrices(m) * m.hidden * width + (((mlp_matrices(m) - 1) * width + m.hidden) if bias else 0)
 
 
+def _router_params(m: ModelSpec) -> int:
+    """An MoE layer's router: h x experts, and a bias per expert where every linear has one
+    (``model.bias`` all: Megatron-Core's TopKRouter under ``add_bias_linear``, megatron/core/
+    transformer/moe/router.py @d98e8a64; GPT-OSS's router, transformers 5.24.0 GptOssTopKRouter)."""
+    return (m.hidden + _mlp_bias(m)) * m.experts
+
+
 @functools.lru_cache(maxsize=256)
 def param_counts(m: ModelSpec) -> ParamCounts:
     """Parameters; GPT-3 175B gives 174.6e9, Llama-3 70B 70.6e9, Qwen2-57B-A14B 57.4e9,
@@ -132,7 +139,7 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     attention = hybrid_mean(m, attention, lambda: gdn_params(m))   # Gated DeltaNet layers: the mean layer's
     expert = _mlp_params(m, f, bias)
     shared = _mlp_params(m, m.shared_ffn_hidden, bias) if m.moe and m.shared_ffn_hidden else 0
-    mlp = expert * m.experts + h * m.experts + shared if m.moe else expert
+    mlp = expert * m.experts + _router_params(m) + shared if m.moe else expert
     norms = 2 * norm_params(m, h)
     embedding = m.vocab * h + (m.seq_len * h if m.position_embedding == PositionEmbedding.LEARNED else 0)
     final_norm = norm_params(m, h)
@@ -164,7 +171,7 @@ def active_params_per_token(m: ModelSpec) -> float:
     pc = param_counts(m)
     if not m.moe:
         return pc.total
-    expert = (pc.mlp - m.hidden * m.experts - pc.shared) / m.experts
-    per_layer = pc.attention + pc.norms + m.top_k * expert + m.hidden * m.experts + pc.shared
+    expert = (pc.mlp - _router_params(m) - pc.shared) / m.experts
+    per_layer = pc.attention + pc.norms + m.top_k * expert + _router_params(m) + pc.shared
     dense = pc.dense_layers * (pc.attention + pc.norms + pc.dense_mlp)
     return (m.layers - pc.dense_layers) * per_layer + dense + pc.embedding + pc.output

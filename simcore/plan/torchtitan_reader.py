@@ -6,8 +6,10 @@ torchtitan 0.3 has no job file: ``--config C`` calls the config registry's funct
 (torchtitan/models/M/config_registry.py), whose values the command's options override.
 ``torchtitan_configs.yaml`` holds what each registry function sets, generated from the
 registry source by ``bench/dump_torchtitan_configs.py`` with the file and commit it read;
-the reader applies those values first, then the command's. A llama3 flavor's shape is
-``tool_options.yaml``'s, a qwen3 one's ``simcore.plan.torchtitan_qwen3``'s. A registry value
+the reader applies those values first, then the command's (gpt_oss's two configs, which that file
+lacks: ``simcore.plan.torchtitan_gpt_oss.REGISTRY``). A llama3 flavor's shape is
+``tool_options.yaml``'s, a qwen3 one's ``simcore.plan.torchtitan_qwen3``'s, a gpt_oss one's
+``simcore.plan.torchtitan_gpt_oss``'s. A registry value
 that changes the parameter count or the layout and has no Plan field (LoRA adapters, MTP
 layers, all-bf16 training) refuses the import in one sentence; the harmless ones (attention
 backend, GEMM backend) are listed as not mapped.
@@ -25,6 +27,7 @@ import yaml
 
 from simcore.plan.readers import Reading, _flat, load_tool_options
 from simcore.plan.spec import PlanError
+from simcore.plan.torchtitan_gpt_oss import gpt_oss_fields, gpt_oss_registry
 from simcore.plan.torchtitan_qwen3 import qwen3_fields
 
 CONFIGS_PATH = Path(__file__).parent / "torchtitan_configs.yaml"
@@ -106,6 +109,8 @@ def _registry(cfg: dict, f: dict, hints: dict, ignored: list) -> dict:
     if name is None:
         return cfg
     reg = load_torchtitan_configs()
+    if module == "gpt_oss" or name.startswith("gpt_oss"):   # not in torchtitan_configs.yaml (its dump reads 3 modules)
+        reg = {**reg, "configs": {**reg["configs"], **gpt_oss_registry(name)}}
     entry = reg["configs"].get(name)
     known = sorted(n for n, e in reg["configs"].items() if module in (None, e["module"]))
     if entry is None or module not in (None, entry["module"]):
@@ -204,10 +209,11 @@ def _torchtitan_training(get, used: set, given: dict, d: dict, hints: dict) -> d
 
 
 def _torchtitan_model(name: str, flavor: str, d: dict, hints: dict) -> dict:
-    qwen3 = qwen3_fields(flavor) if name == "qwen3" else None   # torchtitan 0.3's qwen3 configs
-    if qwen3 is not None:
-        d["model.name"] = f"qwen3-{flavor.lower()}"
-        return qwen3
+    named = {"qwen3": qwen3_fields, "gpt_oss": gpt_oss_fields}.get(name)   # torchtitan 0.3's qwen3, gpt_oss configs
+    fields = named(flavor) if named else None
+    if fields is not None:
+        d["model.name"] = f"{name.replace('_', '-')}-{flavor.lower()}"
+        return fields
     flavors = load_tool_options()["torchtitan"]["llama3_flavors"]
     if name != "llama3" or flavor not in flavors:
         hints["torchtitan.flavor"] = f"{name}/{flavor}"

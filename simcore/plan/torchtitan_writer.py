@@ -6,7 +6,8 @@
   (torchtitan/config/manager.py ``ConfigManager.parse_args``) and the activation
   checkpointing mode as the subcommand ``activation-checkpoint:{selective,full,none}``.
   A Qwen3 model is written as ``--module qwen3 --config qwen3_<name>`` where it is one of that
-  module's named configs, its refusals those of the qwen3 module (``simcore.plan.torchtitan_qwen3``).
+  module's named configs, its refusals those of the qwen3 module (``simcore.plan.torchtitan_qwen3``);
+  a GPT-OSS one as ``--module gpt_oss --config gpt_oss_20b|120b`` (``simcore.plan.torchtitan_gpt_oss``).
   Target ``torchtitan``.
 - torchtitan 0.2.x (0.2.0-0.2.2): the TOML job config (torchtitan/config/job_config.py,
   ``--job.config_file``). Target ``torchtitan-0.2``.
@@ -29,6 +30,7 @@ import shlex
 
 from simcore.plan.readers import load_tool_options
 from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan
+from simcore.plan.torchtitan_gpt_oss import gpt_oss_config, gpt_oss_notes, gpt_oss_refusals, is_gpt_oss
 from simcore.plan.torchtitan_qwen3 import is_qwen3, qwen3_config, qwen3_refusals
 from simcore.plan.torchtitan_reader import load_torchtitan_configs
 
@@ -93,9 +95,9 @@ def stage_options(plan: Plan) -> dict | None:
     return None
 
 
-def _check(plan: Plan, qwen3: bool = False) -> None:
+def _check(plan: Plan, module: str = "llama3") -> None:
     """The first thing torchtitan cannot run as the Plan says, in one sentence: the layout, then the model
-    (``qwen3``: torchtitan 0.3's qwen3 module, ``simcore.plan.torchtitan_qwen3``; else llama3's)."""
+    (torchtitan 0.3's ``module``: qwen3's ``simcore.plan.torchtitan_qwen3``, gpt_oss's ``.torchtitan_gpt_oss``)."""
     tr, par, m = plan.training, plan.parallel, plan.model
     refusals = [
         (par.zero == 1, "parallel.zero", 1, "it has DDP (zero 0) and FSDP2 (zero 2, 3)"),
@@ -128,7 +130,8 @@ def _check(plan: Plan, qwen3: bool = False) -> None:
          "its job config has no activation offload"),
         (tr.optimizer_in_backward and par.ep > 1, "training.optimizer_in_backward", "true",
          "its optimizers in backward do not support expert parallel (components/optimizer.py)"),
-        *(qwen3_refusals(plan) if qwen3 else _llama3_refusals(m)),
+        *({"qwen3": qwen3_refusals, "gpt_oss": gpt_oss_refusals}[module](plan) if module != "llama3"
+          else _llama3_refusals(m)),
     ]
     for bad, name, value, why in refusals:
         if bad:
@@ -213,13 +216,13 @@ def _llama_fqns(stages: tuple[int, ...], output: str) -> list[list[str]]:
 
 
 def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict, list[str]]:
-    """The job config as {section: {option: value}}, and comment lines for the file (0.3: a Qwen3 model is
-    checked against torchtitan's qwen3 module, every other model against llama3's; 0.2: llama3's)."""
-    qwen3 = target == "torchtitan" and is_qwen3(plan.model)
-    _check(plan, qwen3)
+    """The job config as {section: {option: value}}, and comment lines for the file (0.3: a Qwen3 or GPT-OSS
+    model is checked against torchtitan's qwen3 or gpt_oss module, every other against llama3's; 0.2: llama3's)."""
+    module = _module(plan.model) if target == "torchtitan" else "llama3"
+    _check(plan, module)
     tr, par, m = plan.training, plan.parallel, plan.model
-    flavor, notes = _flavor(plan), []
-    if flavor is None and not qwen3:
+    flavor, notes = _flavor(plan), gpt_oss_notes(plan.model) if module == "gpt_oss" else []
+    if flavor is None and module == "llama3":
         flavor = m.name
         notes.append(f"# No torchtitan llama3 flavor has this shape: register flavor '{m.name}' in "
                      f"torchtitan/models/llama3/__init__.py with dim={m.hidden}, n_layers={m.layers}, "
@@ -312,11 +315,18 @@ def torchtitan_args(plan: Plan) -> tuple[list[str], list[str]]:
     return args + [f"activation-checkpoint:{plan.training.recompute.value}"], notes
 
 
+def _module(m) -> str:
+    """torchtitan 0.3's module for the Plan's model: gpt_oss (GPT-OSS's GLU, or sinks beside experts), qwen3
+    (QK norm per head), else llama3."""
+    return "gpt_oss" if is_gpt_oss(m) else "qwen3" if is_qwen3(m) else "llama3"
+
+
 def _module_config(plan: Plan) -> tuple[str, str]:
-    """torchtitan 0.3's ``--module`` and ``--config`` for the Plan's model (a qwen3 model that matches no
-    config was refused by ``torchtitan_config``)."""
-    if is_qwen3(plan.model):
-        return "qwen3", qwen3_config(plan.model)
+    """torchtitan 0.3's ``--module`` and ``--config`` for the Plan's model (a qwen3 or gpt_oss model that
+    matches no config was refused by ``torchtitan_config``)."""
+    module = _module(plan.model)
+    if module != "llama3":
+        return module, {"qwen3": qwen3_config, "gpt_oss": gpt_oss_config}[module](plan.model)
     flavor = _flavor(plan)
     if flavor is None:
         raise ValueError(f"model {plan.model.name} is not a torchtitan llama3 config (llama3_debugmodel, llama3_8b, "

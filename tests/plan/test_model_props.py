@@ -56,7 +56,8 @@ def test_gpt_oss_imports_its_biases_sinks_and_clamped_glu(tmp_path):
     assert _block(plan) == ("rmsnorm", "all", "oss_glu", "none", True)
     plain = dataclasses.replace(plan.model, bias=plan.model.bias.NONE, attention_sinks=False)
     h, q, kv, f, e = 2880, 64 * 64, 8 * 64, 2880, 32
-    assert param_counts(plan.model).total - param_counts(plain).total == 24 * (q + 2 * kv + h + 64 + e * (2 * f + h))
+    # per layer: q/k/v and output biases, 64 sinks, each expert's fc1 and fc2 biases, the router's bias
+    assert param_counts(plan.model).total - param_counts(plain).total == 24 * (q + 2 * kv + h + 64 + e * (2 * f + h) + e)
     text = export_plan(plan, "megatron")
     for option in ("--quick-geglu", "--glu-linear-offset 1.0", "--activation-func-clamp-value 7.0",
                    "--softmax-type learnable"):
