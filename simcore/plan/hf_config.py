@@ -64,6 +64,23 @@ QK_NORM_TYPES = {"qwen3": "head", "qwen3_moe": "head", "qwen3_next": "head", "qw
 GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python")
 
 
+def rope_theta(cfg: dict):
+    """The RoPE base: ``rope_theta``, or inside ``rope_parameters``, where transformers 5 writes it
+    (``PreTrainedConfig``'s ``rope_parameters``: ``{"rope_theta": ..., "rope_type": "default"}``)."""
+    rope = cfg.get("rope_parameters")
+    return cfg.get("rope_theta", rope.get("rope_theta") if isinstance(rope, dict) else None)
+
+
+def not_mapped(cfg: dict) -> list[str]:
+    """The fields of ``cfg`` no Plan field holds: those this module does not read (``USED``), and
+    ``rope_parameters`` where it holds more than the base of a plain RoPE (YaRN's or Llama 3's
+    scaling: no Plan field states it; the base is read, ``rope_theta``)."""
+    rope = cfg.get("rope_parameters")
+    plain = isinstance(rope, dict) and set(rope) <= {"rope_theta", "rope_type"} \
+        and rope.get("rope_type", "default") == "default"
+    return sorted(k for k in cfg if k not in USED and not (k == "rope_parameters" and plain))
+
+
 def read_config(path: Path) -> dict:
     """The JSON object of a config.json; PlanError with one sentence if it is not one."""
     try:
@@ -127,8 +144,8 @@ def hf_fields(cfg: dict, path: Path) -> dict:
         out.update(gated_mlp=mtype != "gpt_neox",
                    tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype.startswith("gemma"))),
                    position_embedding="rope")
-        if cfg.get("rope_theta") is not None:
-            out["rope_base"] = float(cfg["rope_theta"])
+        if (theta := rope_theta(cfg)) is not None:
+            out["rope_base"] = float(theta)
     given = [cfg[k] for k in DROPOUT_KEYS if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)]
     out["dropout"] = float(max(given)) if given else (0.1 if mtype == "gpt2" else 0.0)
     out.update(_moe_fields(cfg, mtype))
@@ -271,7 +288,7 @@ def hf_import_notes(path) -> list[str]:
                      "FLOPs and KV cache differ alike)")
     text = cfg.get("text_config")
     if isinstance(text, dict):
-        dropped = sorted(k for k in text if k not in USED)
+        dropped = not_mapped(text)
         if dropped:
             notes.append(f"not mapped to the plan: text_config: {', '.join(dropped)}")
     return notes

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from simcore.plan.deepspeed_writer import ZEROPP_KEYS
-from simcore.plan.hf_config import USED as HF_USED
+from simcore.plan.hf_config import not_mapped
 from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.spec import PlanError
 from topologies.hardware import load_catalog
@@ -67,7 +67,7 @@ def read_hf(path: Path) -> Reading:
                              "prediction modules, which transformers does not build; their parameters are counted "
                              "apart from the main model's, and trained on the last pipeline stage)")
     return Reading(source=f"hf {path.name}", fields={f"model.{k}": v for k, v in fields_.items()},
-                   defaults=defaults, hints=hints, ignored=tuple(sorted(k for k in cfg if k not in HF_USED)))
+                   defaults=defaults, hints=hints, ignored=tuple(not_mapped(cfg)))
 
 
 _JSON_COMMENTS = re.compile(r'"(?:[^"\\]|\\.)*"|//[^\n]*|#[^\n]*|/\*.*?\*/', re.S)

@@ -57,12 +57,29 @@ def test_gpt_oss_imports_its_biases_sinks_and_clamped_glu(tmp_path):
     plain = dataclasses.replace(plan.model, bias=plan.model.bias.NONE, attention_sinks=False)
     h, q, kv, f, e = 2880, 64 * 64, 8 * 64, 2880, 32
     # per layer: q/k/v and output biases, 64 sinks, each expert's fc1 and fc2 biases, the router's bias
-    assert param_counts(plan.model).total - param_counts(plain).total == 24 * (q + 2 * kv + h + 64 + e * (2 * f + h) + e)
+    per_layer = q + 2 * kv + h + 64 + e * (2 * f + h) + e
+    assert param_counts(plan.model).total - param_counts(plain).total == 24 * per_layer
     text = export_plan(plan, "megatron")
     for option in ("--quick-geglu", "--glu-linear-offset 1.0", "--activation-func-clamp-value 7.0",
                    "--softmax-type learnable"):
         assert option in text
     assert "--disable-bias-linear" not in text and "--swiglu" not in text
+
+
+def test_a_transformers_5_config_gives_its_rope_base_and_says_what_it_leaves(tmp_path):
+    """transformers 5 writes the RoPE base inside ``rope_parameters`` (``LlamaConfig(rope_theta=5e5).to_dict()``:
+    ``{"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}``): the import reads it there, and
+    lists ``rope_parameters`` as not mapped only where it scales the RoPE (GPT-OSS's YaRN), which no field states."""
+    base = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192}
+    yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+    plain = {"rope_theta": 500000.0, "rope_type": "default"}
+    for rope, base_, listed in ((plain, 500000.0, False), (yarn, 150000.0, True)):
+        (tmp_path / "config.json").write_text(json.dumps({**base, "rope_parameters": rope}))
+        doc, warnings = import_plan(hf=str(tmp_path / "config.json"), cluster="dgx-h100", nodes=1)
+        assert plan_from_dict(doc).model.rope_base == base_
+        assert any("rope_parameters" in w for w in warnings) == listed
 
 
 def test_counts_biases_and_norms_where_they_are():
