@@ -227,6 +227,11 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
         notes.append(f"# No torchtitan llama3 flavor has this shape: register flavor '{m.name}' in "
                      f"torchtitan/models/llama3/__init__.py with dim={m.hidden}, n_layers={m.layers}, "
                      f"n_heads={m.heads}, n_kv_heads={m.kv_heads}, FFN hidden {m.ffn_hidden}, vocab {m.vocab}.")
+    if not tr.flash_attention:   # the Plan prices the materialized scores; torchtitan never holds them
+        notes.append("# The Plan's training.flash_attention is false, but torchtitan's attention is always a fused "
+                     "kernel (SDPA with cuDNN's and flash's backends first, FlexAttention or varlen: 0.3's "
+                     "torchtitan/models/common/attention.py, 0.2's models/attention.py): this run is faster and "
+                     "lighter than the Plan predicts; set flash_attention: true to predict it.")
     if _ddp_autocast(plan) and not tr.autocast:
         notes.append("# torchtitan runs this layout under torch.autocast over fp32 parameters: the Plan's "
                      "training.autocast: true predicts that run.")
