@@ -8,8 +8,8 @@ filled by the fastest predicted choice that fits (as the authors tuned their run
 Rows whose hardware, precision or model the Plan cannot express yet are left out with
 the reason printed (``skip_reason``): a power-capped B200, sliding-window attention
 (GPT-OSS). GB200 rows run on the catalog's
-``gb200-nvl72`` (4-GPU trays in one 72-GPU NVLink domain, of which a job past one rack uses
-64: ``NVL72_JOB_GPUS_PER_RACK``); MXFP8 / NVFP4 rows on
+``gb200-nvl72`` (4-GPU trays in one 72-GPU NVLink domain; a job past one rack in the Slurm
+segments Megatron-Bridge's launcher asks for, 64 GPUs at 256: ``bridge_segment_gpus``); MXFP8 / NVFP4 rows on
 ``training.precision`` mxfp8 / nvfp4 (Transformer Engine's block-scaled recipes).
 """
 from __future__ import annotations
@@ -31,11 +31,20 @@ LLMFOUNDRY = ("llmfoundry_2024_h100_large_scale", "llmfoundry_2023_h100_bf16", "
 NEMO_LONG = ("nemo_longctx_2024_h100", "nemo_longctx_2025_b200")
 TORCHAO = ("torchao_float8_readme_2025_h100", "torchao_mx_readme_2025_b200")
 AUTOMODEL = "automodel_perf_summary_2026"
-#: GPUs a job uses per GB200 NVL72 rack once it spans several: 16 of the 18 trays, two kept
-#: as spares (ASSUMPTION: the sources state only the GPU count; 64 and 256 GPUs are whole
-#: 16-tray racks, and filled 72 to a rack their EP 32-64 and TP x CP groups would straddle
-#: racks, which no tuned run would do).
-NVL72_JOB_GPUS_PER_RACK = 64
+#: Trays (4-GPU nodes) of one GB200 NVL72 rack: Megatron-Bridge's launcher sizes a job's Slurm
+#: segment, the trays sbatch keeps in one NVLink domain, by them (``bridge_segment_gpus``).
+NVL72_TRAYS = 18
+
+
+def bridge_segment_gpus(gpus: int, per_node: int = 4) -> int:
+    """GPUs in one NVLink domain of a Megatron-Bridge job on GB200: its launcher passes sbatch
+    ``--segment``, the job's node count up to 18, else the largest divisor of it up to 18
+    (scripts/performance/utils/executors.py @21d102f5e: "add --segment flag to sbatch if job uses
+    GB200", ``for segment_candidate in range(18, 0, -1): if nodes % segment_candidate == 0``).
+    256 GPUs (64 trays) run in domains of 16 trays, 64 GPUs."""
+    nodes = math.ceil(gpus / per_node)
+    segment = nodes if nodes <= NVL72_TRAYS else next(s for s in range(NVL72_TRAYS, 0, -1) if nodes % s == 0)
+    return per_node * segment
 BRIDGE = "megatron_bridge_26.04.01_perf_summary"
 
 
@@ -244,8 +253,8 @@ def base_doc(row: pd.Series) -> dict:
     tp, pp, dp, cp = (int(_num(row[k], 1)) for k in ("tp", "pp", "dp", "cp"))
     gpn = int(_num(row.gpus_per_node, 8))
     cluster = {"node": _node(row), "nodes": max(1, math.ceil(int(row.num_gpus) / gpn))}
-    if cluster["node"] == "gb200-nvl72" and int(row.num_gpus) > NVL72_JOB_GPUS_PER_RACK:
-        cluster["nvlink_domain_gpus"] = NVL72_JOB_GPUS_PER_RACK
+    if cluster["node"] == "gb200-nvl72" and int(row.num_gpus) > (seg := bridge_segment_gpus(int(row.num_gpus), gpn)):
+        cluster["nvlink_domain_gpus"] = seg
     vpp = int(_num(row.vpp_interleave, 1))
     ep = int(_flag(str(row.notes), r"EP (\d+)") or 1)   # "Published: ... EP n" (carved out of dp x cp)
     # expert TP 1 where EP spans TP ranks: notes "EP64 ETP1" (DeepSeek), ``BASE_QWEN3_235B_A22B_CONFIG =
