@@ -116,6 +116,9 @@ def _moe_refusals(plan, name: str) -> list[tuple]:
          f"({_INIT}), and the command line cannot change it"),
         (par.moe_a2a_overlap, "parallel.moe_a2a_overlap", "true", "its expert all-to-alls block (Megatron-Core's "
          "combined 1F1B schedule pairs them)"),
+        (plan.training.precision.value == "fp32", "training.precision", "fp32",
+         f"{name}'s experts cast their grouped GEMMs to bfloat16 whatever the parameters' dtype "
+         "(torchtitan/models/common/moe.py GroupedExperts)"),
         (par.ep > 1 and efsdp == 0, "parallel.ep", par.ep,
          f"{folded}, and dp_shard x cp x tp is {ranks} as written (data_parallel_shard_degree {shard})"),
         (par.ep > 1 and par.tp > 1 and par.etp != 1, "parallel.expert_tp", par.etp,

@@ -165,6 +165,7 @@ REFUSALS = [
     ("qwen3-30b-a3b-ep-tp", {"model__shared_ffn_hidden": 768}, "model.shared_ffn_hidden"),
     ("qwen3-30b-a3b-ep-tp", {"parallel__moe_dispatcher": "deepep"}, "parallel.moe_dispatcher"),
     ("qwen3-30b-a3b-ep-tp", {"model__top_k": 2}, "model.top_k"),
+    ("qwen3-30b-a3b-ep-tp", {"training__precision": "fp32"}, "training.precision"),   # its experts run bf16
     ("qwen3-30b-a3b-ep-pp", {"parallel__zero": 0}, "parallel.ep"),    # dp_shard 1: EP has 1 rank to borrow
     ("qwen3-30b-a3b-ep-tp", {"parallel__zero": 0, "parallel__ep": 2, "parallel__cp": 2, "parallel__dp": 4,
                              "parallel__cp_comm": "all_gather"}, "parallel.zero"),   # experts FSDP'd over 2 ranks
