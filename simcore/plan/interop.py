@@ -133,7 +133,9 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, log=
         kernel = sdpa_attention_kernel(load_catalog().node(cluster).gpu)
         if kernel != "auto":
             values["training.attention_kernel"] = kernel
-            notes.append(f"training.attention_kernel={kernel} (torch SDPA's flash backend, FlashAttention-2)")
+            why = "FlashAttention-2's figures for FlexAttention" if "note.attention" in hints else \
+                "torch SDPA's flash backend, FlashAttention-2"
+            notes.append(f"training.attention_kernel={kernel} ({why})")
     _resolve_layout(values, hints, world, notes)
     doc = _document(values, cluster_doc, hints)
     ignored = "; ".join(f"{r.source}: {', '.join(r.ignored)}" for r in readings if r.ignored)

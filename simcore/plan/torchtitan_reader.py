@@ -35,6 +35,9 @@ CONFIGS_PATH = Path(__file__).parent / "torchtitan_configs.yaml"
 RENAMES = {"max_context_length": "seq_len", "num_tokens_per_microbatch_per_dp_rank": "local_batch_size"}
 # registry model_registry() options that change neither the parameter count nor the layout
 HARMLESS_MODEL_OPTIONS = ("attn_backend", "tp_gemm_backend", "moe_comm_backend", "non_blocking_capacity_factor")
+#: model_registry's attn_backend where a config sets none (torchtitan 0.3.0 models/<module>/__init__.py;
+#: gpt_oss's config functions set varlen, flash-attn's kernel)
+REGISTRY_ATTENTION = {"llama3": "flex", "qwen3": "flex", "deepseek_v3": "flex"}
 # converter -> training.precision (Float8LinearConverter.Config.recipe_name defaults to rowwise in 0.3.0)
 CONVERTERS = {"Float8LinearConverter": "fp8", "Float8GroupedExpertsConverter": "fp8",
               "MXFP8LinearConverter": "mxfp8", "MXFP8GroupedExpertsConverter": "mxfp8",
@@ -131,6 +134,11 @@ def _registry(cfg: dict, f: dict, hints: dict, ignored: list) -> dict:
         if key not in HARMLESS_MODEL_OPTIONS:
             raise PlanError(f"{where} sets model_registry {key}={value}, which a Plan has no field for")
         ignored.append(f"{name}.model.{key}={value}")
+    backend = (entry.get("model_options") or {}).get("attn_backend", REGISTRY_ATTENTION.get(entry["module"]))
+    if backend in ("flex", "flex_flash"):
+        hints["note.attention"] = (f"{where} attends through FlexAttention (attn_backend {backend}; model_registry's "
+                                   f"default is flex, torchtitan/models/{entry['module']}/__init__.py): priced as the "
+                                   "catalog's flash kernel, which has no FlexAttention figure")
     ignored += [f"{name}: {line}" for line in entry.get("unparsed", [])]
     out = copy.deepcopy(entry["sections"])
     for section, values in cfg.items():

@@ -148,3 +148,17 @@ def test_the_trainplan_sbatch_carries_the_plan_file():
     executor refuses what it cannot run, naming the field, executors/support.py)."""
     text = export_plan(ALL["v-hsdp-zero3"], "slurm-trainplan", plan_path="hsdp.yaml")
     assert "-m executors.launch hsdp.yaml" in text
+
+
+def test_a_torchtitan_0_3_import_says_its_attention_is_flex_attention():
+    """torchtitan 0.3's llama3 and qwen3 model_registry attend through FlexAttention unless the config sets another
+    attn_backend (models/llama3/__init__.py, models/qwen3/__init__.py: ``attn_backend: str = "flex"``); the
+    import prices the catalog's flash kernel and says so. The 0.2 TOML (SDPA) and gpt_oss (varlen: flash-attn)
+    say nothing."""
+    _, warnings = import_plan(torchtitan=TT_LAUNCH.format(r=1, s=8), cluster="dgx-h100", nodes=8)
+    assert any("attends through FlexAttention (attn_backend flex" in w for w in warnings), warnings
+    _, warnings = import_plan(torchtitan=HSDP_TOML, cluster="dgx-h100", nodes=8)
+    assert not any("FlexAttention" in w for w in warnings)
+    _, warnings = import_plan(torchtitan="torchrun --nnodes 4 --nproc-per-node 8 -m torchtitan.train --module gpt_oss "
+                              "--config gpt_oss_20b --parallelism.expert-parallel-degree 8", cluster="dgx-h100", nodes=4)
+    assert not any("FlexAttention" in w for w in warnings)
