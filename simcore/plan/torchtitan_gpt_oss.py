@@ -39,6 +39,7 @@ trainplan's parameter count (``simcore.model.params``) holds the routers' biases
 from __future__ import annotations
 
 from simcore.plan.spec import PlanError
+from simcore.plan.torchtitan_named import config_of, expert_layout_refusals, shape_refusal
 
 #: The two named configs an export writes, as Plan fields (``head_dim`` is ``model.kv_channels``, MoE
 #: ``ffn_hidden`` an expert's width): torchtitan/models/gpt_oss/__init__.py ``_20b``, ``_120b``.
@@ -48,8 +49,6 @@ CONFIGS = {
     "gpt_oss_120b": {"flavor": "120b", "layers": 36, "hidden": 2880, "heads": 64, "kv_heads": 8, "head_dim": 64,
                      "ffn_hidden": 2880, "vocab": 201088, "tied_embeddings": False, "experts": 128, "top_k": 4},
 }
-SHAPE = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "tied_embeddings", "experts",
-         "top_k")
 ROPE_THETA, MAX_SEQ_LEN = 150_000.0, 131072   # every config's CosSinRoPE.Config (theta, max_seq_len)
 YARN = {"rope_factor": 32, "original_seq_len": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
 WINDOW, WINDOWED_SHARE = 128, 0.5   # sliding_window_size 128 where layer_id % 2 == 0
@@ -68,10 +67,6 @@ _BLOCK = (f"torchtitan 0.3's gpt_oss model is RMSNorm, with biased attention, ex
           f"layer and no dropout ({_INIT}, model.py, moe.py)")
 
 
-def _show(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def is_gpt_oss(m) -> bool:
     """Whether a Plan's model goes to torchtitan's gpt_oss module: GPT-OSS's clamped GLU, an MoE with
     attention sinks, or a model named GPT-OSS (the llama3 and qwen3 modules build none of these)."""
@@ -79,27 +74,9 @@ def is_gpt_oss(m) -> bool:
     return m.activation.value == "oss_glu" or (m.attention_sinks and m.moe) or name.startswith(("gpt-oss", "gpt_oss"))
 
 
-def _shape(m) -> dict:
-    return {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
-            "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab,
-            "tied_embeddings": m.tied_embeddings, "experts": m.experts, "top_k": m.top_k}
-
-
 def gpt_oss_config(m) -> str | None:
     """The named config that builds this model's shape, or None."""
-    shape = _shape(m)
-    return next((name for name, c in CONFIGS.items() if all(c[k] == shape[k] for k in SHAPE)), None)
-
-
-def _shape_refusal(m) -> tuple:
-    """The first field where the model differs from the nearest config (fewest fields apart)."""
-    shape = _shape(m)
-    nearest = min(CONFIGS, key=lambda n: sum(CONFIGS[n][k] != shape[k] for k in SHAPE))
-    key = next(k for k in SHAPE if CONFIGS[nearest][k] != shape[k])
-    field_, value = ("kv_channels", m.kv_channels) if key == "head_dim" else (key, shape[key])
-    return (True, f"model.{field_}", _show(value),
-            f"torchtitan 0.3's gpt_oss module builds only its registered configs ({', '.join(CONFIGS)}) and the "
-            f"nearest, {nearest}, has {key} {_show(CONFIGS[nearest][key])} ({_INIT})")
+    return config_of(m, CONFIGS)
 
 
 def _block_refusals(m) -> list[tuple]:
@@ -124,11 +101,6 @@ def _moe_refusals(plan, name: str) -> list[tuple]:
     m, par = plan.model, plan.parallel
     moe = (f"{name} routes every layer's tokens to {m.top_k} of {m.experts} experts, dropless, with no shared "
            f"expert ({_INIT})")
-    shard = par.dp // par.dp_replicate if par.zero >= 2 else 1   # data_parallel_shard_degree as the export writes it
-    ranks = shard * par.cp * par.tp
-    efsdp = ranks // par.ep if ranks % par.ep == 0 else 0
-    folded = "torchtitan's expert parallel borrows ranks from FSDP and TP, efsdp = dp_shard x cp x tp / ep " \
-             "(torchtitan/config/configs.py expert_parallel_degree)"
     dense = "model.moe_layers" if m.moe_layers else "model.dense_layers"
     return [
         (m.shared_ffn_hidden > 0, "model.shared_ffn_hidden", m.shared_ffn_hidden, moe),
@@ -139,17 +111,8 @@ def _moe_refusals(plan, name: str) -> list[tuple]:
          f"({_INIT} model_registry), and the command line cannot change it"),
         (par.moe_a2a_overlap, "parallel.moe_a2a_overlap", "true", "its expert all-to-alls block (Megatron-Core's "
          "combined 1F1B schedule pairs them)"),
-        (par.ep > 1 and efsdp == 0, "parallel.ep", par.ep,
-         f"{folded}, and dp_shard x cp x tp is {ranks} as written (data_parallel_shard_degree {shard})"),
-        (par.ep > 1 and par.tp > 1 and par.etp != 1, "parallel.expert_tp", par.etp,
-         f"{folded}, so each expert is whole on its rank (expert_tp 1)"),
-        (par.ep == 1 and par.etp != par.tp, "parallel.expert_tp", par.etp,
-         "without expert parallel its experts split over the TP ranks (torchtitan/models/gpt_oss/sharding.py, "
-         "models/common/moe_sharding.py)"),
-        (par.ep > 1 and par.zero < 2 and efsdp > 1, "parallel.zero", int(par.zero),
-         f"it FSDP-shards the experts over efsdp = {efsdp} ranks (torchtitan/models/gpt_oss/parallelize.py "
-         "apply_fsdp_to_decoder on the efsdp mesh)"),
-    ]
+    ] + expert_layout_refusals(plan, "gpt_oss",
+                               "torchtitan/models/gpt_oss/sharding.py, models/common/moe_sharding.py")
 
 
 def _run_refusals(plan, name: str) -> list[tuple]:
@@ -180,7 +143,7 @@ def gpt_oss_refusals(plan) -> list[tuple]:
         return block
     name = gpt_oss_config(m)
     if name is None:
-        return [_shape_refusal(m)]
+        return [shape_refusal(m, CONFIGS, "gpt_oss")]
     return _moe_refusals(plan, name) + _run_refusals(plan, name)
 
 

@@ -25,6 +25,8 @@ pytorch/torchtitan@4f9e9a47, ``torchtitan_configs.yaml``):
 """
 from __future__ import annotations
 
+from simcore.plan.torchtitan_named import config_of, expert_layout_refusals, shape_refusal
+
 #: The five named configs an export writes, as Plan fields (``head_dim`` is the model's head width,
 #: ``model.kv_channels``; MoE ``ffn_hidden`` is an expert's width): torchtitan/models/qwen3/__init__.py.
 CONFIGS = {
@@ -39,17 +41,11 @@ CONFIGS = {
     "qwen3_32b": {"flavor": "32B", "layers": 64, "hidden": 5120, "heads": 64, "kv_heads": 8, "head_dim": 128,
                   "ffn_hidden": 25600, "vocab": 151936, "tied_embeddings": False, "experts": 0, "top_k": 0},
 }
-SHAPE = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "tied_embeddings", "experts",
-         "top_k")
 ROPE_THETA, MAX_SEQ_LEN = 1_000_000.0, 40960   # every config's CosSinRoPE.Config (theta, max_seq_len)
 _INIT = "torchtitan/models/qwen3/__init__.py"
 _DECODER = "torchtitan/models/common/decoder.py"
 _BLOCK = (f"torchtitan 0.3's qwen3 model is RMSNorm, bias-free, SwiGLU, RoPE theta 1e6, with an RMSNorm over "
           f"each head's queries and keys, full causal attention and no dropout ({_INIT})")
-
-
-def _show(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def is_qwen3(m) -> bool:
@@ -58,27 +54,9 @@ def is_qwen3(m) -> bool:
     return m.qk_norm.value == "head" or m.name.lower().startswith("qwen3")
 
 
-def _shape(m) -> dict:
-    return {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
-            "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab,
-            "tied_embeddings": m.tied_embeddings, "experts": m.experts, "top_k": m.top_k}
-
-
 def qwen3_config(m) -> str | None:
     """The named config that builds this model's shape, or None."""
-    shape = _shape(m)
-    return next((name for name, c in CONFIGS.items() if all(c[k] == shape[k] for k in SHAPE)), None)
-
-
-def _shape_refusal(m) -> tuple:
-    """The first field where the model differs from the nearest config (fewest fields apart)."""
-    shape = _shape(m)
-    nearest = min(CONFIGS, key=lambda n: sum(CONFIGS[n][k] != shape[k] for k in SHAPE))
-    key = next(k for k in SHAPE if CONFIGS[nearest][k] != shape[k])
-    field_, value = ("kv_channels", m.kv_channels) if key == "head_dim" else (key, shape[key])
-    return (True, f"model.{field_}", _show(value),
-            f"torchtitan 0.3's qwen3 module builds only its registered configs ({', '.join(CONFIGS)}) and the "
-            f"nearest, {nearest}, has {key} {_show(CONFIGS[nearest][key])} ({_INIT})")
+    return config_of(m, CONFIGS)
 
 
 def _block_refusals(m) -> list[tuple]:
@@ -101,11 +79,6 @@ def _moe_refusals(plan, name: str) -> list[tuple]:
     m, par = plan.model, plan.parallel
     moe = (f"{name} routes every layer's tokens to {m.top_k} of {m.experts} experts, dropless, with no shared "
            f"expert ({_INIT})")
-    shard = par.dp // par.dp_replicate if par.zero >= 2 else 1   # data_parallel_shard_degree as the export writes it
-    ranks = shard * par.cp * par.tp
-    efsdp = ranks // par.ep if ranks % par.ep == 0 else 0
-    folded = "torchtitan's expert parallel borrows ranks from FSDP and TP, efsdp = dp_shard x cp x tp / ep " \
-             "(torchtitan/config/configs.py expert_parallel_degree)"
     return [
         (m.shared_ffn_hidden > 0, "model.shared_ffn_hidden", m.shared_ffn_hidden, moe),
         (m.dense_layers > 0, "model.dense_layers", m.dense_layers, moe),
@@ -119,16 +92,7 @@ def _moe_refusals(plan, name: str) -> list[tuple]:
         (plan.training.precision.value == "fp32", "training.precision", "fp32",
          f"{name}'s experts cast their grouped GEMMs to bfloat16 whatever the parameters' dtype "
          "(torchtitan/models/common/moe.py GroupedExperts)"),
-        (par.ep > 1 and efsdp == 0, "parallel.ep", par.ep,
-         f"{folded}, and dp_shard x cp x tp is {ranks} as written (data_parallel_shard_degree {shard})"),
-        (par.ep > 1 and par.tp > 1 and par.etp != 1, "parallel.expert_tp", par.etp,
-         f"{folded}, so each expert is whole on its rank (expert_tp 1)"),
-        (par.ep == 1 and par.etp != par.tp, "parallel.expert_tp", par.etp,
-         "without expert parallel its experts split over the TP ranks (torchtitan/models/common/moe_sharding.py)"),
-        (par.ep > 1 and par.zero < 2 and efsdp > 1, "parallel.zero", int(par.zero),
-         f"it FSDP-shards the experts over efsdp = {efsdp} ranks (torchtitan/models/qwen3/parallelize.py "
-         "apply_fsdp_to_decoder on the efsdp mesh)"),
-    ]
+    ] + expert_layout_refusals(plan, "qwen3", "torchtitan/models/common/moe_sharding.py")
 
 
 def qwen3_refusals(plan) -> list[tuple]:
@@ -140,7 +104,7 @@ def qwen3_refusals(plan) -> list[tuple]:
         return block
     name = qwen3_config(m)
     if name is None:
-        return [_shape_refusal(m)]
+        return [shape_refusal(m, CONFIGS, "qwen3")]
     out = _moe_refusals(plan, name) if m.moe else []
     return out + [
         (m.tied_embeddings and par.pp > 1, "parallel.pp", par.pp,

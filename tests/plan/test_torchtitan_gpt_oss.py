@@ -19,6 +19,7 @@ from simcore.plan.torchtitan_reader import _torchtitan_command, read_torchtitan
 from simcore.plan.writers import export_plan
 from tests.plan.layouts import ALL
 from tests.plan.test_export_refusals import assert_one_sentence_naming
+from tests.plan.test_torchtitan_qwen3 import _held, _refused
 
 #: GPT-OSS's block as the Plan states it (what trainplan's Hugging Face import reads from a gpt_oss config.json).
 _GPT_OSS = {"hidden": 2880, "heads": 64, "kv_heads": 8, "kv_channels": 64, "ffn_hidden": 2880, "vocab": 201088,
@@ -91,15 +92,6 @@ def test_the_layout_options_are_the_llama3_path_s():
     assert "--module gpt_oss \\\n    --config gpt_oss_20b" in export_plan(oss, "torchtitan")
 
 
-def _held(plan) -> dict:
-    """What the command holds: the model, the layout, the training but the attention kernel (which
-    torchtitan's config does not name) and the cluster the user gives."""
-    doc = plan_to_dict(plan)
-    skip = ("flash_attention", "attention_kernel", "grad_compression")
-    return {"model": doc["model"], "parallel": doc["parallel"],
-            "training": {k: v for k, v in doc["training"].items() if k not in skip}}
-
-
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_the_command_reads_back_into_the_same_model_and_layout(name):
     plan = PLANS[name]
@@ -162,15 +154,6 @@ def test_trainplan_counts_the_parameters_torchtitan_builds(config):
     model = plan_from_dict(doc).model
     assert gpt_oss_config(model) == config
     assert param_counts(model).total == TORCHTITAN_PARAMS[config]
-
-
-def _refused(plan, **changes):
-    """The plan with model/parallel/training fields changed."""
-    doc = plan_to_dict(plan)
-    for key, value in changes.items():
-        section, field_ = key.split("__")
-        doc[section] = {**doc[section], field_: value}
-    return plan_from_dict(doc)
 
 
 REFUSALS = [

@@ -1,9 +1,9 @@
 """The gpt_oss exports (tests/plan/test_torchtitan_gpt_oss.py) against the installed torchtitan 0.3.0: its own
 ``ConfigManager`` parses each command to the config and layout the Plan says, its meshes build, its own model
 checks (``Decoder.Config.update_from_config``) accept it, and the model it builds from the registry on the meta
-device has trainplan's parameter count, the routers' biases (one per expert a layer) among them. ``simcore.plan.torchtitan_gpt_oss``'s tables are held to
-torchtitan's ``gptoss_configs`` and config functions field by field, and what the export refuses citing
-torchtitan, torchtitan refuses too."""
+device has trainplan's parameter count, the routers' biases (one per expert a layer) among them.
+``simcore.plan.torchtitan_gpt_oss``'s tables are held to torchtitan's ``gptoss_configs`` and config functions
+field by field, and what the export refuses citing torchtitan, torchtitan refuses too."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +12,7 @@ import torch
 from simcore.model.params import param_counts
 from simcore.plan.torchtitan_gpt_oss import CONFIGS, MAX_SEQ_LEN, REGISTRY, ROPE_THETA, WINDOW, YARN
 from simcore.plan.writers import export_plan
-from tests.plan.consumers.test_consumers import _torchtitan_parse, _torchtitan_stages
-from tests.plan.consumers.test_torchtitan_qwen3 import _fake_world
+from tests.plan.consumers.test_torchtitan_qwen3 import _fake_world, parsed_export
 from tests.plan.test_torchtitan_gpt_oss import (CONFIG_OF, EXPORTS, PLANS, ROUTER_BIASES, TORCHTITAN_PARAMS,
                                                 _plan)
 
@@ -39,7 +38,8 @@ def _shape(model_config) -> dict:
     att, moe = layer.attention, layer.moe
     return {"layers": len(model_config.layers), "hidden": model_config.dim, "heads": att.n_heads,
             "kv_heads": att.n_kv_heads, "head_dim": att.head_dim,
-            "ffn_hidden": moe.routed_experts.inner_experts.hidden_dim, "vocab": model_config.vocab_size, "tied_embeddings": model_config.enable_weight_tying,
+            "ffn_hidden": moe.routed_experts.inner_experts.hidden_dim, "vocab": model_config.vocab_size,
+            "tied_embeddings": model_config.enable_weight_tying,
             "experts": moe.num_experts, "top_k": moe.router.top_k}
 
 
@@ -80,27 +80,8 @@ def test_the_tables_are_torchtitan_s_registry(name):
 
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_torchtitan_parses_builds_and_counts_each_export(name):
-    from torchtitan.distributed.parallel_dims import ParallelDims
-
-    plan, cfg = PLANS[name], _torchtitan_parse(EXPORTS[name])
-    assert (cfg.model_spec.name, cfg.model_spec.flavor) == ("gpt_oss", CONFIGS[CONFIG_OF[name]]["flavor"])
-    par = plan.parallel
-    dims = ParallelDims.from_config(cfg.parallelism, world_size=par.gpus)   # validates the product
-    assert (dims.tp, dims.pp, dims.cp, dims.ep) == (par.tp, par.pp, par.cp, par.ep)
-    assert dims.dp_replicate * dims.dp_shard == par.dp
-    with _fake_world(par.gpus):   # the meshes torchtitan builds, the experts' (pp, dp_replicate, efsdp, ep) among them
-        dims.build_mesh()
-        if par.ep > 1:
-            assert dims.get_mesh("ep").size() == par.ep
-            assert dims.get_mesh("efsdp").size() == dims.dp_shard * dims.cp * dims.tp // par.ep
-    assert cfg.training.seq_len == plan.model.seq_len and cfg.training.global_batch_size == plan.training.global_batch
-    assert cfg.compile.enable == (plan.training.kernels.value == "fused")
-    assert cfg.debug.moe_force_load_balance == (plan.training.moe_routing.value == "round_robin")
-    assert plan.training.recompute.value.split("-")[0] in type(cfg.activation_checkpoint).__qualname__.lower()
-    if par.pp > 1:
-        assert _torchtitan_stages(cfg, plan) == list(plan.layers_per_stage)
-    cfg.model_spec.model.update_from_config(config=cfg)   # torchtitan's own checks of the model and layout
-    assert _params(cfg.model_spec.model)[0] == param_counts(plan.model).total
+    cfg = parsed_export(PLANS[name], EXPORTS[name], "gpt_oss", CONFIGS[CONFIG_OF[name]]["flavor"])
+    assert _params(cfg.model_spec.model)[0] == param_counts(PLANS[name].model).total
 
 
 def test_torchtitan_refuses_the_sequence_the_export_refuses():

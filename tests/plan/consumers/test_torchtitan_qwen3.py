@@ -78,12 +78,14 @@ def test_the_table_is_torchtitan_s_registry(name):
     assert _params(model) == TORCHTITAN_PARAMS[name]
 
 
-@pytest.mark.parametrize("name", sorted(PLANS))
-def test_torchtitan_parses_builds_and_counts_each_export(name):
+def parsed_export(plan, export: str, module: str, flavor: str):
+    """torchtitan's config of ``export`` (a command trainplan wrote for ``plan``), held to the Plan: the
+    module and flavor, the parallel degrees and the meshes they build (the experts' among them), batch,
+    sequence, compile, routing, checkpointing and stages, and torchtitan's own checks of the model."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    plan, cfg = PLANS[name], _torchtitan_parse(EXPORTS[name])
-    assert (cfg.model_spec.name, cfg.model_spec.flavor) == ("qwen3", CONFIGS[CONFIG_OF[name]]["flavor"])
+    cfg = _torchtitan_parse(export)
+    assert (cfg.model_spec.name, cfg.model_spec.flavor) == (module, flavor)
     par = plan.parallel
     dims = ParallelDims.from_config(cfg.parallelism, world_size=par.gpus)   # validates the product
     assert (dims.tp, dims.pp, dims.cp, dims.ep) == (par.tp, par.pp, par.cp, par.ep)
@@ -100,7 +102,13 @@ def test_torchtitan_parses_builds_and_counts_each_export(name):
     if par.pp > 1:
         assert _torchtitan_stages(cfg, plan) == list(plan.layers_per_stage)
     cfg.model_spec.model.update_from_config(config=cfg)   # torchtitan's own checks of the model and layout
-    assert _params(cfg.model_spec.model) == param_counts(plan.model).total
+    return cfg
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_torchtitan_parses_builds_and_counts_each_export(name):
+    cfg = parsed_export(PLANS[name], EXPORTS[name], "qwen3", CONFIGS[CONFIG_OF[name]]["flavor"])
+    assert _params(cfg.model_spec.model) == param_counts(PLANS[name].model).total
 
 
 @pytest.mark.parametrize("options, error, plan", [
