@@ -147,9 +147,14 @@ def _pipeline_s(c: StepCosts, t: list[float], ranks: dict, crit: int) -> float:
         return m * tmax + _dualpipe_bubble(t, ranks, crit)
     if par.schedule == Schedule.ZERO_BUBBLE:   # ZB-H1: the weight gradients fill the bubble
         return m * tmax + (p - 1) * max(0.0, tmax - w_crit) / v
-    if v > 1:
-        return m * tmax + (sum(t) - tmax) / v
-    return (m - 1) * tmax + sum(t)
+    return _span(t, m, v)
+
+
+def _span(t, m: int, v: int) -> float:
+    """1F1B and GPipe's span, (m - 1) T_max + sum_r T_r, or the interleaved schedule's,
+    m T_max + (sum_r T_r - T_max) / v (module docstring), of the ranks' times ``t``."""
+    tmax = max(t)
+    return m * tmax + (sum(t) - tmax) / v if v > 1 else (m - 1) * tmax + sum(t)
 
 
 def _dualpipe_bubble(t: list[float], ranks: dict, crit: int) -> float:
@@ -199,8 +204,8 @@ def _held_sends_s(c: StepCosts) -> float:
 def step_floor(plan: Plan, kept: dict | None = None) -> float:
     """A lower bound on ``analytic(step_costs(plan))``'s step: each rank's stages' compute and
     blocking communication (``step_costs.stage_work``), in the pipeline span ``_pipeline_s``
-    gives them for 1F1B, GPipe and the interleaved schedule (non-decreasing in every rank's
-    time), m times the slowest rank for zero-bubble and DualPipeV (their bubbles read the
+    gives them for 1F1B, GPipe and the interleaved schedule (``_span``, non-decreasing in every
+    rank's time), m times the slowest rank for zero-bubble and DualPipeV (their bubbles read the
     weight gradients' share, and are >= 0); the step adds hops, exposure, DP tails, the
     optimizer and offload, none negative. 0 where ``stage_work`` has none (a calibrated CPU
     host). More recompute and any offload only add: a family's floor at its lightest setting
@@ -213,10 +218,9 @@ def step_floor(plan: Plan, kept: dict | None = None) -> float:
         return 0.0
     par, m = plan.parallel, plan.num_microbatches
     t = _by_rank(work, par)
-    tmax = max(t)
     if par.pp == 1 or par.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V):
-        return m * tmax
-    return m * tmax + (sum(t) - tmax) / par.vpp if par.vpp > 1 else (m - 1) * tmax + sum(t)
+        return m * max(t)
+    return _span(t, m, par.vpp)
 
 
 def analytic(c: StepCosts) -> StepResult:
