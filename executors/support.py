@@ -76,7 +76,9 @@ def _model_rules(plan: Plan) -> list[tuple[bool, str]]:
     return [(m.mtp_layers == 0, f"model.mtp_layers={m.mtp_layers} is priced, not run: the executor builds no "
              "multi-token-prediction modules (as transformers builds none); run it with model.mtp_layers: 0"),
             (m.linear_attention is None, "model.linear_attention is priced, not run: the executor's blocks are softmax "
-             "attention only (no Gated DeltaNet layer, no attention output gate)")]
+             "attention only (no Gated DeltaNet layer, no attention output gate)"),
+            (m.sparse_attention is None, "model.sparse_attention is priced, not run: the executor's blocks are dense "
+             "softmax attention (no DSA indexer, no sparse attention kernel)")]
 
 
 def block_note(plan: Plan) -> str:

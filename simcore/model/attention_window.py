@@ -13,6 +13,8 @@ Mistral 7B v0.1 and Phi-3 window every layer) name the same two numbers.
 """
 from __future__ import annotations
 
+from simcore.model import dsa
+
 #: Fraction of the s x s attention block a causal FlashAttention kernel computes.
 CAUSAL_FLASH_FRACTION = 0.5
 #: Keys in one tile of FlashAttention-2's forward kernel (``kBlockN``, the module docstring).
@@ -22,7 +24,10 @@ FLASH_KEY_TILE = 128
 def attention_fraction(model, s_kv: int) -> float:
     """The share of a (queries x ``s_kv`` keys) causal score block the flash kernel computes,
     averaged over the layers: windowed layers compute (w + tile) / s_kv of it, at most the
-    causal half; the others the causal half."""
+    causal half; the others the causal half; DeepSeek Sparse Attention's kernels each query's
+    selected keys (``dsa.attention_share``)."""
+    if model.sparse_attention is not None:
+        return dsa.attention_share(model, s_kv)
     w = model.sliding_window
     if not w or w + FLASH_KEY_TILE >= s_kv * CAUSAL_FLASH_FRACTION:
         return CAUSAL_FLASH_FRACTION

@@ -75,7 +75,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from simcore.model import ddp_hooks as hooks
+from simcore.model import ddp_hooks as hooks, dsa
 from simcore.model import kv_replication as kvr
 from simcore.model import recompute as rcp
 from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
@@ -109,7 +109,8 @@ class Call:
     bytes: int
     """The whole buffer: all-gather output, reduce-scatter input, the all-reduced tensor."""
     issuer: str
-    """``ddp``, ``replicate``, ``zero1``, ``fsdp2``, ``distopt`` (Megatron's instances), ``dtensor`` or ``pipelining``."""
+    """``ddp``, ``replicate``, ``zero1``, ``fsdp2``, ``distopt`` (Megatron's instances), ``dtensor``, ``pipelining``
+    or ``dsa`` (Megatron-Core's DSA indexer loss, which the executor does not run)."""
 
 
 # --------------------------------------------------------------------------- data parallel
@@ -276,6 +277,9 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int, wire: Wire) -> Counter:
                                                 + heads)
     if part.head:
         out[call("all_reduce", tp_loss_bytes(plan))] += LOSS_ALL_REDUCES * n_mb * heads   # fp32 in the executor too
+    if m.sparse_attention is not None:   # DSA's indexer loss, forward and backward (Megatron-Core's dsa.py)
+        out[Call(kind="all_reduce", axis="tp", bytes=int(dsa.loss_all_reduce_bytes(m, tr.micro_batch, seq)),
+                 issuer="dsa")] += n_mb * (2 * blocks + redo)
     return +out
 
 

@@ -19,6 +19,7 @@ from collections import Counter
 
 from simcore.model import collectives as coll
 from simcore.model import ddp_hooks as hooks
+from simcore.model import dsa
 from simcore.model import dp_costs as dpm
 from simcore.model import end_comm as ec
 from simcore.model import kv_replication as kvr
@@ -60,6 +61,7 @@ def _layer_bytes(plan: Plan, layers: int, dense: int = 0) -> Counter:
         if tr.recompute == Recompute.OP:
             for kind, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items():
                 out["tp", kind] += n * size[kind] * layers
+        out["tp", "all_reduce"] += dsa.loss_all_reduce_bytes(m, b, s) * (2 * layers + redo)   # DSA's indexer loss
     if par.cp > 1:   # forward K/V; backward K/V and dK/dV; K/V again where the attention is recomputed
         kv = 2 * coll.comm_act_bytes(tr.precision) * b * s * wl.kv_width(m) / par.tp
         out["cp", "send"] += (par.cp - 1) * kv * (3 * layers + attention)

@@ -340,11 +340,11 @@ def op_backward_s(op: Op, dev: DeviceModel) -> tuple[float, float]:
                                   2 * op.bytes, dev, dev.attention_backward * attention_length_factor(op, dev))
         return t, 0.0
     if not op.matmul:
-        return op.count * roofline_s(0.0, ELEMENTWISE_BACKWARD_TRAFFIC * op.bytes, dev, 1.0), 0.0
-    one = op_forward_s(op, dev)
+        return op.backward_scale * op.count * roofline_s(0.0, ELEMENTWISE_BACKWARD_TRAFFIC * op.bytes, dev, 1.0), 0.0
+    one = op.backward_scale * op_forward_s(op, dev)
     if op.batched:
         return 2 * one, 0.0
-    return one, one
+    return (0.0 if op.detached else one), one
 
 
 def phase_s(device_s: float, kernels: int, dev: DeviceModel) -> float:
@@ -367,7 +367,8 @@ def _ops_device_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float, float,
         bi += i
         bw += w
         kf += op.kernels
-        kb += op.kernels * (2 if op.matmul and not op.batched and op.name != "flash_attention" else 1)
+        kb += op.kernels * (2 - op.detached if op.matmul and not op.batched and op.name != "flash_attention"
+                            else 1) * (op.backward_scale > 0)
     return fwd, bi, bw, kf, kb
 
 

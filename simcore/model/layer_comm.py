@@ -2,13 +2,15 @@
 
 ``layer_comm`` is what ``step_costs`` charges each layer on the wire before overlap
 (``step_costs._layer_blocking`` decides what of it blocks): Megatron's TP all-reduces (or
-SP's all-gather and reduce-scatter), the CP variants' K/V traffic (``cp_comm``) and the MoE
-dispatch and combine all-to-alls; on a calibrated CPU host the measured layer costs.
+SP's all-gather and reduce-scatter; DSA's indexer-loss all-reduce, ``simcore.model.dsa``), the CP
+variants' K/V traffic (``cp_comm``) and the MoE dispatch and combine all-to-alls; on a calibrated CPU
+host the measured layer costs.
 """
 from __future__ import annotations
 
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
+from simcore.model import dsa
 from simcore.model import moe_dispatch as md
 from simcore.model import workload as wl
 from simcore.plan.spec import CpComm, Plan
@@ -39,6 +41,9 @@ def layer_comm(plan: Plan, dev: cmp.DeviceModel) -> dict[str, float]:
             wire = 4 * coll.ring_bytes_s(act, net)
             out["tp_f"], out["tp_b"] = tf + wire, tb + wire
             out["host_f"], out["host_b"] = hf, hb   # DTensor's dispatch: host compute
+        if m.sparse_attention is not None:   # DSA's indexer loss: the heads' attention sums, forward and backward
+            loss = coll.all_reduce_s(dsa.loss_all_reduce_bytes(m, b, s), net)
+            out["tp_f"], out["tp_b"] = out["tp_f"] + loss, out["tp_b"] + loss
     if par.cp > 1:
         out.update(cp_comm(plan, dev, b, s))
     if m.moe and par.ep > 1:  # dispatch and combine all-to-alls (Lepikhin et al. 2021, GShard)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from simcore.model import gdn
+from simcore.model import dsa, gdn
 from simcore.model import workload as wl
 from simcore.model.params import q_width
 from simcore.plan.linear_attention import linear_share, output_gated
@@ -106,7 +106,7 @@ def activation_bytes_per_layer(m, *, b: int, s: int, tp: int = 1, sequence_paral
     a Gated DeltaNet layer keeps the flash-attention layer's bytes less its attention terms (Q, K, V,
     the projection input, the log-sum-exp) plus the mixer's (``gdn.saved_elements_per_token``), the
     same under selective recompute (Megatron's selective recompute re-runs the softmax core only);
-    a gated softmax layer keeps the gate and the attention output besides."""
+    a gated softmax layer keeps the gate and the attention output besides, a DSA layer its indexer's tensors."""
     kw = dict(b=b, s=s, tp=tp, sequence_parallel=sequence_parallel, gemm_input=gemm_input)
     if mixed(m):
         return mix(m, lambda v: (activation_bytes_per_layer(v, recompute=recompute, flash=flash, unpad=unpad,
@@ -120,4 +120,5 @@ def activation_bytes_per_layer(m, *, b: int, s: int, tp: int = 1, sequence_paral
                      + 4 * b * m.heads * s)
         return base + (sb * gdn.saved_elements_per_token(m, gemm_input) - attention) / tp
     gate = 2 * wl.ACT_BYTES * sb * q_width(m) / tp if output_gated(m) else 0.0
-    return wl.activation_bytes_per_layer(m, recompute=recompute, flash=flash, unpad=unpad, **kw) + gate
+    indexer = sb * dsa.saved_bytes_per_token(m, s)   # DeepSeek Sparse Attention's, on every TP rank
+    return wl.activation_bytes_per_layer(m, recompute=recompute, flash=flash, unpad=unpad, **kw) + gate + indexer

@@ -23,15 +23,8 @@ import itertools
 import operator
 from dataclasses import dataclass
 
-from simcore.model import activations as acts
-from simcore.model import ddp_hooks as hooks
-from simcore.model import fsdp_pools
-from simcore.model import moe_layers as ml
-from simcore.model import mtp
-from simcore.model import onebit
-from simcore.model import collectives as coll
-from simcore.model import workload as wl
-from simcore.model import zeropp as zpp
+from simcore.model import activations as acts, collectives as coll, ddp_hooks as hooks, dsa, fsdp_pools
+from simcore.model import moe_layers as ml, mtp, onebit, workload as wl, zeropp as zpp
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
                                         param_bytes, stored_weight_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
@@ -72,11 +65,13 @@ def layer_params_per_gpu(plan: Plan) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one GPU."""
     m, par = plan.model, plan.parallel
     pc = wl.param_counts(m)
+    whole = pc.norms + dsa.indexer_params(m)   # on every TP rank: the norms, DSA's duplicated indexer
+    attention = pc.attention - dsa.indexer_params(m)
     if m.moe:  # the router and the shared experts (TP-split like a dense MLP) are on every EP rank
         router = m.hidden * m.experts
         experts = pc.mlp - router - pc.shared
-        return (pc.attention + pc.shared) / par.tp + pc.norms + router, experts / (par.ep * par.etp)
-    return (pc.attention + pc.mlp) / par.tp + pc.norms, 0.0
+        return (attention + pc.shared) / par.tp + whole + router, experts / (par.ep * par.etp)
+    return (attention + pc.mlp) / par.tp + whole, 0.0
 
 
 def stage_params(plan: Plan, stages: tuple[int, ...] | None = None) -> tuple[StageParams, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from simcore.model.dsa import indexer_params
 from simcore.model.gdn import gdn_params, hybrid_mean
 from simcore.plan.linear_attention import output_gated
 from simcore.plan.model_props import Bias, Norm, QkNorm
@@ -23,8 +24,9 @@ class ParamCounts:
     """Parameters of the model, by part (counts, not bytes)."""
 
     attention: int
-    """One layer's attention: QKV and output projections (and biases; MLA's down/up projections); a
-    hybrid model's the mean over its softmax and Gated DeltaNet layers (``gdn.hybrid_mean``)."""
+    """One layer's attention: QKV and output projections (and biases; MLA's down/up projections; DSA's
+    indexer, ``dsa.indexer_params``); a hybrid model's the mean over its softmax and Gated DeltaNet
+    layers (``gdn.hybrid_mean``)."""
     mlp: int
     """One layer's dense MLP, or ALL experts of an MoE layer plus the router and shared experts."""
     norms: int
@@ -135,7 +137,7 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     """Parameters; GPT-3 175B gives 174.6e9, Llama-3 70B 70.6e9, Qwen2-57B-A14B 57.4e9,
     DeepSeek-V3 671e9 (tests/plan/test_hf_families.py holds each family to its published size)."""
     h, f, bias = m.hidden, m.ffn_hidden, _mlp_bias(m)
-    attention = attention_in_params(m) + attention_out_width(m) * h + attention_extras(m)
+    attention = attention_in_params(m) + attention_out_width(m) * h + attention_extras(m) + indexer_params(m)
     attention = hybrid_mean(m, attention, lambda: gdn_params(m))   # Gated DeltaNet layers: the mean layer's
     expert = _mlp_params(m, f, bias)
     shared = _mlp_params(m, m.shared_ffn_hidden, bias) if m.moe and m.shared_ffn_hidden else 0

@@ -20,10 +20,9 @@ All sizes: ONE micro-batch on ONE GPU, ``b`` sequences of ``s`` tokens (per cp r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from simcore.model import gdn, params as _params
+from simcore.model import dsa, gdn, params as _params
 from simcore.model.attention_window import attention_fraction
+from simcore.model.kernel import ACT_BYTES, Op, _eltwise, _gemm  # noqa: F401 (Op re-exported)
 from simcore.model.softmax import FP32_SOFTMAX_BYTES, FP32_SOFTMAX_KERNELS, fused_softmax
 from simcore.model.params import attention_in_params, attention_out_width, kv_width, mlp_matrices, q_width
 from simcore.plan.spec import ModelSpec, Recompute
@@ -32,39 +31,6 @@ from simcore.plan.spec import ModelSpec, Recompute
 ParamCounts = _params.ParamCounts
 param_counts = _params.param_counts
 active_params_per_token = _params.active_params_per_token
-
-#: Bytes per element of 16-bit activations (the mixed-precision case all sources model).
-ACT_BYTES = 2
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Op:
-    """One kernel (or ``count`` identical kernels) of one micro-batch on one GPU."""
-
-    name: str
-    flops: float
-    """FLOPs of one instance (counted, no causal halving)."""
-    bytes: float
-    """HBM bytes one instance reads and writes."""
-    matmul: bool
-    count: int = 1
-    exec_fraction: float = 1.0
-    """Fraction of ``flops`` the kernel really executes (causal flash attention: 0.5)."""
-    batched: bool = False
-    """The ``count`` instances run as ONE batched kernel (attention bmm over b x heads)."""
-    length: int = 0
-    """Query tokens of one attention kernel (0: not an attention kernel); its efficiency
-    depends on it (``compute.attention_length_factor``)."""
-    uncounted: bool = False
-    """Kernels outside the modelled set whose launches the per-kernel costs already carry
-    (``eager_ops``): their device time counts, their launches do not."""
-
-    @property
-    def kernels(self) -> int:
-        if self.uncounted:
-            return 0
-        return 1 if self.batched else self.count
-
 
 #: The GEMMs an FP8 recipe runs in FP8: the linear layers of the transformer blocks
 #: (Transformer Engine's te.Linear / LayerNormLinear / LayerNormMLP under fp8_autocast, as
@@ -135,17 +101,6 @@ def fp8_cast_ops(m: ModelSpec, b: int, s: int, tp: int, dynamic: bool = False, f
     return [_eltwise("fp8_cast_transpose", inputs, cast_passes(fmt, dynamic, transpose))]
 
 
-def _gemm(name: str, m_: float, n: float, k: float, count: int = 1, batched: bool = False) -> Op:
-    """A (m x k) @ (k x n) matmul: 2mnk FLOPs, reads both inputs and writes the output."""
-    return Op(name=name, flops=2.0 * m_ * n * k, bytes=ACT_BYTES * (m_ * k + k * n + m_ * n),
-              matmul=True, count=count, batched=batched)
-
-
-def _eltwise(name: str, elements: float, passes: float) -> Op:
-    """A memory-bound kernel moving ``passes`` 16-bit tensors of ``elements`` each."""
-    return Op(name=name, flops=0.0, bytes=ACT_BYTES * elements * passes, matmul=False)
-
-
 def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bool, chunk: int = 0,
                        megatron_softmax: bool = False, unpad: bool = False) -> list[Op]:
     """Scores Q K^T and context P V of one layer (the s^2 terms), and their softmax.
@@ -164,6 +119,8 @@ def attention_core_ops(m: ModelSpec, b: int, s: int, tp: int, cp: int, flash: bo
         io = ACT_BYTES * b * (2 * s * heads * d + 2 * s_kv * kv_local * d)   # read Q, K, V; write O
         core = [Op(name="flash_attention", flops=4.0 * b * heads * s * s_kv * d, bytes=io, matmul=True,
                    exec_fraction=attention_fraction(m, s_kv), length=chunk or s)]
+        if m.sparse_attention is not None:   # DeepSeek Sparse Attention's indexer and its loss
+            core += dsa.indexer_ops(m, b, s, tp)
         if not unpad:
             return core
         qkv, out = b * (s * heads * d + 2 * s_kv * kv_local * d), b * s * heads * d

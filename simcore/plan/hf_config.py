@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simcore.plan import linear_attention
+from simcore.plan import linear_attention, sparse_attention
 from simcore.plan.hf_families import (HYBRID_LINEAR, USED_HERE, global_attention_share, language_model, moe_layout,
                                       refuse_unstated)
 from simcore.plan.model_props import unconventional
@@ -47,7 +47,8 @@ USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_s
         "moe_layer_freq", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
         "sliding_window_pattern", "num_nextn_predict_layers", *DROPOUT_KEYS, *USED_HERE,
         "hidden_act", "hidden_activation", "activation_function", "attention_bias", "mlp_bias", "qkv_bias",
-        "use_qk_norm", "swiglu_alpha", "swiglu_limit"}
+        "use_qk_norm", "swiglu_alpha", "swiglu_limit", *sparse_attention.HF_KEYS.values(),
+        *sparse_attention.HF_LAYER_KEYS}
 
 #: Text model types built with LayerNorm (GPT2Block's ln_1/ln_2, GPTNeoXLayer's input_layernorm); the
 #: others the importer reads are RMSNorm (transformers 5.24.0 modeling_<family>.py).
@@ -154,6 +155,7 @@ def hf_fields(cfg: dict, path: Path) -> dict:
     if cfg.get("kv_lora_rank"):
         out.update(_mla_fields(cfg))
     out["linear_attention"] = linear_attention.hf_section(cfg, mtype in HYBRID_LINEAR)
+    out["sparse_attention"] = sparse_attention.hf_section(cfg)
     missing = [k for k in ("layers", "hidden", "heads", "vocab") if out[k] is None]
     if missing:
         raise PlanError(f"model config {path} lacks the field for model.{missing[0]}")
@@ -177,6 +179,8 @@ def block_fields(cfg: dict, mtype: str, gated: bool, path: Path) -> dict:
         out["bias"] = "all"
     elif mtype in ("qwen2", "qwen2_moe"):   # Qwen2Attention: q, k, v biased, o not
         out["bias"] = "qkv" if cfg.get("qkv_bias", True) else "none"
+    elif mtype in ("glm4", "glm4_moe") and not mlp:   # Glm4(Moe)Attention: attention_bias on q, k, v; o_proj never
+        out["bias"] = "qkv" if attn else "none"
     elif mlp and not attn:
         raise refuse("mlp_bias", "biases the MLP alone")
     elif attn and cfg.get("kv_lora_rank"):

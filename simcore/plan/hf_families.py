@@ -87,6 +87,13 @@ def refuse_unstated(cfg: dict, mtype: str, path: Path) -> None:
     """A PlanError naming the first field that changes the parameter count by more than
     MAX_DROPPED_SHARE, or the layer layout, in a way the plan's model cannot state."""
     types, kinds = cfg.get("layer_types"), ("full_attention", "sliding_attention", "linear_attention")
+    if cfg.get("index_topk") and isinstance(types, list) and set(types) == {"indexed_attention"}:
+        types = None   # DeepSeek-V3.2's, GLM-5's indexer on every layer: model.sparse_attention
+    pattern = cfg.get("indexer_types") or cfg.get("index_topk_pattern") or ""
+    if cfg.get("index_topk") and ("shared" in pattern or "S" in pattern or int(cfg.get("index_topk_freq") or 1) > 1):
+        raise PlanError(f"model config {path}: indexer_types / index_topk_freq reuse an earlier layer's top-k on some "
+                        "layers (GlmMoeDsaConfig's shared layers), which model.sparse_attention cannot state (an "
+                        "indexer on every layer)")
     if isinstance(types, list) and any(t not in kinds for t in types):
         other = sorted({str(t) for t in types} - set(kinds))
         raise PlanError(f"model config {path}: layer_types has {', '.join(other)} layers, which the plan's "

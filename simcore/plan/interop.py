@@ -282,7 +282,7 @@ _SECTION_ORDER = {
               "gated_mlp", "experts", "top_k", "capacity_factor", "tied_embeddings", "position_embedding",
               "kv_channels", "rope_base", "dropout", "dense_ffn_hidden", "dense_layers", "moe_layers", "shared_ffn_hidden",
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
-              "sliding_window_layers", "mtp_layers", "linear_attention", *FIELDS),
+              "sliding_window_layers", "mtp_layers", "linear_attention", "sparse_attention", *FIELDS),
     "parallel": ("tp", "pp", "dp", "cp", "ep", "expert_tp", "vpp", "stage_layers", "zero", "zero_impl",
                  "dp_replicate", "zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients", "sequence_parallel", "fsdp_root", "schedule", "microbatch_group", "cp_comm", "tp_comm_overlap", "overlap_param_gather",
                  "moe_dispatcher", "moe_a2a_overlap", "kv_replicator"),

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from simcore.plan.hf_config import hf_config_fields, model_section
-from simcore.plan import linear_attention, model_props
+from simcore.plan import linear_attention, model_props, sparse_attention
 from simcore.plan.rules import check_plan
 from simcore.plan.yaml_file import read_yaml_file
 from simcore.plan.spec import (AttentionKernel, ClusterSpec, CpComm, Fp8Recipe, FsdpRoot, GradCompression, Kernels, Loss,
@@ -131,6 +131,7 @@ def _model(value, cat: Catalog, base_dir: Path) -> ModelSpec:
         source=str(fields_.get("source", "")),
         moe_layers=_layer_indices(fields_.get("moe_layers"), "model.moe_layers"),
         linear_attention=linear_attention.parse(fields_.get("linear_attention")),
+        sparse_attention=sparse_attention.parse(fields_.get("sparse_attention")),
         **_model_extras(fields_), **model_props.parse(fields_),
     )
 
@@ -153,13 +154,9 @@ def _layer_indices(value, where: str) -> tuple[int, ...]:
 
 
 def _model_extras(doc: dict) -> dict:
-    out = {}
-    for key, default in _EXTRA_DEFAULTS.items():
-        if isinstance(default, float):   # a dropout of 0 is none (check_plan bounds it)
-            out[key] = _float(doc, key, "model", default, positive=key != "dropout")
-        else:
-            out[key] = _int(doc, key, "model", default, minimum=0)
-    return out
+    """The ``_EXTRA_DEFAULTS`` fields (a dropout of 0 is none: check_plan bounds it)."""
+    return {key: _float(doc, key, "model", default, positive=key != "dropout") if isinstance(default, float)
+            else _int(doc, key, "model", default, minimum=0) for key, default in _EXTRA_DEFAULTS.items()}
 
 
 def _resolve(path: str, base_dir: Path) -> Path:
@@ -353,7 +350,7 @@ def plan_to_dict(plan: Plan) -> dict:
     """The Plan as a Plan-file document (catalog names for hardware, fields for the model)."""
     model = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.model).items()}
     model.pop("source", None)
-    for key, default in (_EXTRA_DEFAULTS | model_props.defaults(plan.model)).items():
+    for key, default in (_EXTRA_DEFAULTS | model_props.defaults(plan.model) | {"sparse_attention": None}).items():
         if model.get(key) == default:
             del model[key]
     linear_attention.tidy_model_doc(model)
@@ -387,9 +384,9 @@ def plan_to_dict(plan: Plan) -> dict:
     training = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(plan.training).items()
                 if k not in ("recompute_layers", "recompute_method")}
     training["recompute"] = recompute_doc(plan.training)
-    for key in ("allocator_margin", "loss", "master_weights", "autocast", "attention_kernel", "attention_unpad",
-                "moe_routing", "kernels", "grads_to_none", "optimizer_in_backward", "activation_offload",
-                "fp8_param_gather", "optimizer_state_dtype", "onebit_freeze_step"):
+    for key in ("allocator_margin", "loss", "master_weights", "autocast", "attention_kernel", "attention_unpad", "moe_routing",
+                "kernels", "grads_to_none", "optimizer_in_backward", "activation_offload", "fp8_param_gather",
+                "optimizer_state_dtype", "onebit_freeze_step"):
         if training[key] == _TRAINING_DEFAULTS[key]:   # written only where the Plan sets it
             del training[key]
     doc = {"model": model, "cluster": cluster, "parallel": parallel, "training": training}

@@ -2,7 +2,7 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
-from simcore.plan import linear_attention
+from simcore.plan import linear_attention, sparse_attention
 from simcore.plan.spec import (ONEBIT_FREEZE_STEP, AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression,
                                MoeDispatcher, Offload, Optimizer, Plan, PlanError, Precision, Recompute, Schedule,
                                StateDtype, ZeroImpl, ZeroStage)
@@ -112,7 +112,7 @@ def check_plan(plan: Plan) -> None:
         (par.etp != par.tp or par.ep == 1 or (par.dp * par.cp) % par.ep == 0,
          f"parallel.ep={par.ep} does not divide parallel.dp*cp={par.dp * par.cp} (expert ranks come from them)"),
         *_expert_tp_rules(plan), *_moe_overlap_rules(plan), _fsdp_root_rule(plan), *_zeropp_rules(plan), *_hsdp_rules(plan),
-        *_moe_layer_rules(m), *_schedule_rules(plan), *linear_attention.rules(plan),
+        *_moe_layer_rules(m), *_schedule_rules(plan), *linear_attention.rules(plan), *sparse_attention.rules(plan),
         (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be at least 0 and below 1"),
         (0.0 < m.sliding_window_layers <= 1.0,
          f"model.sliding_window_layers={m.sliding_window_layers} must be a share of the layers in (0, 1]"),

@@ -20,15 +20,15 @@ from simcore.plan.choices import (
 )
 from simcore.plan.linear_attention import LinearAttention
 from simcore.plan.model_props import Activation, Bias, Norm, QkNorm, resolve
+from simcore.plan.sparse_attention import SparseAttention
 from simcore.plan.stages import even_split, rank_stages, rank_sums, stage_rank
 from topologies.components import Fabric, Node, Storage
 
-__all__ = [
-    "AttentionKernel", "CpComm", "Fp8Recipe", "FsdpRoot", "GradCompression", "Kernels", "Loss", "MoeDispatcher", "Offload",
-    "MoeRouting", "Optimizer", "PlanError", "PositionEmbedding", "Precision", "Recompute", "RecomputeMethod",
-    "Schedule", "StateDtype", "ZeroImpl", "ZeroStage", "MEGATRON_DROPOUT", "ModelSpec", "ClusterSpec", "ParallelSpec",
-    "TrainingSpec", "Plan", "even_split", "evolve", "rank_stages", "rank_sums", "stage_rank",
-]
+__all__ = ["AttentionKernel", "CpComm", "Fp8Recipe", "FsdpRoot", "GradCompression", "Kernels", "Loss", "MoeDispatcher",
+           "Offload", "MoeRouting", "Optimizer", "PlanError", "PositionEmbedding", "Precision", "Recompute",
+           "RecomputeMethod", "Schedule", "StateDtype", "ZeroImpl", "ZeroStage", "MEGATRON_DROPOUT", "ModelSpec",
+           "ClusterSpec", "ParallelSpec", "TrainingSpec", "Plan", "even_split", "evolve", "rank_stages", "rank_sums",
+           "stage_rank"]
 
 
 #: Megatron-LM's --hidden-dropout and --attention-dropout default (arguments.py), the Plan's.
@@ -112,6 +112,8 @@ class ModelSpec:
     linear_attention: LinearAttention | None = None
     """Gated DeltaNet layers among the softmax ones, and the latter's output gate (Qwen3-Next, Qwen3.5:
     ``simcore.plan.linear_attention``); None: every layer softmax attention, ungated."""
+    sparse_attention: SparseAttention | None = None
+    """DeepSeek Sparse Attention's indexer on every layer (``simcore.plan.sparse_attention``); None: dense."""
     norm: Norm | None = None
     bias: Bias | None = None
     activation: Activation | None = None
@@ -135,9 +137,7 @@ class ModelSpec:
             return (self.kv_channels + self.qk_rope_head_dim + self.v_head_dim) // 2
         return self.kv_channels or self.hidden // self.heads
 
-    @property
-    def moe(self) -> bool:
-        return self.experts > 0
+    moe = property(lambda self: self.experts > 0)
 
     @property
     def dense_count(self) -> int:

@@ -12,6 +12,7 @@ import re
 import shlex
 
 from simcore.plan.deepspeed_writer import deepspeed_notes, export_deepspeed
+from simcore.plan.hf_writer import hf_config_from_model  # noqa: F401 (re-exported)
 from simcore.plan.megatron_writer import account_split, megatron_model_args, megatron_model_note
 from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan, PlanError
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
@@ -49,16 +50,21 @@ def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tupl
                       "it builds no multi-token-prediction modules")
     if plan.parallel.kv_replicator > 1:   # NeuronX Distributed's copied K/V heads: none of these stacks copies them
         raise _refuse("parallel.kv_replicator", plan.parallel.kv_replicator, *_KV_COPIES[to])
-    if plan.model.linear_attention is not None:   # Gated DeltaNet layers or gated attention: not written unverified
-        raise _refuse("model.linear_attention", "(Gated DeltaNet layers, gated attention)", _KV_COPIES[to][0],
-                      "trainplan writes no option for them (Megatron-LM's --experimental-attention-variant "
-                      "gated_delta_net and --linear-attention-freq are not yet checked against its model code)"
-                      if to in ("megatron", "slurm") else "a ds_config drives a model it does not build"
-                      if to == "deepspeed" else "its model code builds no such layer")
+    for field, what, options in _ATTENTION_VARIANTS:   # Gated DeltaNet, gated attention, DSA: not written unverified
+        if getattr(plan.model, field) is not None:
+            raise _refuse(f"model.{field}", what, _KV_COPIES[to][0],
+                          f"trainplan writes no option for them (Megatron-LM's {options} are not yet checked against "
+                          "its model code)" if to in ("megatron", "slurm") else "a ds_config drives a model it does "
+                          "not build" if to == "deepspeed" else "its model code builds no such layer")
     text = writers[to](plan)
     return text, (deepspeed_notes(plan) if to == "deepspeed" else [])
 
 
+#: Attention variants no export writes: (model field, its value in words, Megatron-LM's options for it).
+_ATTENTION_VARIANTS = (("linear_attention", "(Gated DeltaNet layers, gated attention)",
+                        "--experimental-attention-variant gated_delta_net and --linear-attention-freq"),
+                       ("sparse_attention", "(DeepSeek Sparse Attention)",
+                        "--experimental-attention-variant dsa and --dsa-indexer-*"))
 #: Why each target refuses copied key/value heads (``parallel.kv_replicator``, NeuronX Distributed's).
 _MEGATRON_KV = ("Megatron-LM", "Megatron-Core runs tp above num_query_groups by all-gathering the QKV activations "
                 "over TP, not by copying the K/V weights (megatron/core/transformer/attention.py @d98e8a64)")
@@ -336,64 +342,3 @@ def _export_slurm_trainplan(plan: Plan, plan_path: str) -> str:
         "# with `trainplan simulate PLAN --json`."]
     cmd = [_srun_torchrun(plan), f"-m executors.launch {shlex.quote(plan_path)}", "--steps 20 --warmup 5"]
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"
-
-
-def hf_config_from_model(model) -> dict:
-    """A Hugging Face config.json object with ``model``'s shape (a ModelSpec): Llama
-    field names for dense RoPE models, Mixtral's for MoE, GPT-2's for learned positions,
-    GPT-NeoX's for ungated RoPE models."""
-    m = model
-    rope = m.position_embedding.value == "rope"
-    if not rope:
-        if m.gated_mlp or m.kv_heads != m.heads or m.moe:
-            raise ValueError(f"model {m.name}: no Hugging Face family here has learned positions with "
-                             "gated MLP, grouped-query attention or experts")
-        return {"model_type": "gpt2", "n_layer": m.layers, "n_embd": m.hidden, "n_head": m.heads,
-                "n_inner": m.ffn_hidden, "vocab_size": m.vocab, "n_positions": m.seq_len,
-                "tie_word_embeddings": m.tied_embeddings,
-                "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout}
-    cfg = {"model_type": "llama" if m.gated_mlp else "gpt_neox", "num_hidden_layers": m.layers,
-           "hidden_size": m.hidden, "num_attention_heads": m.heads, "num_key_value_heads": m.kv_heads,
-           "intermediate_size": m.ffn_hidden, "vocab_size": m.vocab, "max_position_embeddings": m.seq_len,
-           "tie_word_embeddings": m.tied_embeddings}
-    cfg["rope_theta"] = m.rope_base
-    cfg["attention_dropout"] = m.dropout   # the rotary families' one dropout field (NeoX: also hidden)
-    if cfg["model_type"] == "gpt_neox":
-        cfg["hidden_dropout"] = m.dropout
-    if m.kv_channels:
-        cfg["head_dim"] = m.kv_channels
-    if m.mla:  # DeepSeek-V3's field names (configuration_deepseek_v3.py)
-        cfg.update(model_type="deepseek_v3", n_routed_experts=m.experts, num_experts_per_tok=m.top_k,
-                   moe_intermediate_size=m.ffn_hidden, intermediate_size=m.dense_ffn_hidden or m.ffn_hidden,
-                   n_shared_experts=m.shared_ffn_hidden // m.ffn_hidden if m.moe else 0,
-                   first_k_dense_replace=_dense_prefix(m), q_lora_rank=m.q_lora_rank or None,
-                   kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.kv_channels,
-                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim, num_nextn_predict_layers=m.mtp_layers)
-        cfg.pop("head_dim", None)
-        return cfg
-    if m.moe and (m.shared_ffn_hidden or m.dense_count or m.dense_ffn_hidden):  # Qwen2-MoE's names
-        cfg.update(model_type="qwen2_moe", num_experts=m.experts, num_experts_per_tok=m.top_k,
-                   moe_intermediate_size=m.ffn_hidden, intermediate_size=m.dense_ffn_hidden or m.ffn_hidden,
-                   shared_expert_intermediate_size=m.shared_ffn_hidden, decoder_sparse_step=1,
-                   mlp_only_layers=[i for i in range(m.layers) if m.is_dense_layer(i)])
-        return cfg
-    if m.moe:
-        if not m.gated_mlp:
-            raise ValueError(f"model {m.name}: an ungated MoE model has no Hugging Face family here")
-        cfg.update(model_type="mixtral", num_local_experts=m.experts, num_experts_per_tok=m.top_k)
-    if m.sliding_window:   # Mistral and Mixtral window every layer (modeling_mistral, modeling_mixtral)
-        if m.sliding_window_layers < 1.0 or not m.gated_mlp:
-            raise ValueError(f"model {m.name}: model.sliding_window_layers={m.sliding_window_layers:g} has no "
-                             "Hugging Face family here (Mistral and Mixtral window every layer)")
-        cfg.update(model_type="mixtral" if m.moe else "mistral", sliding_window=m.sliding_window)
-    return cfg
-
-
-def _dense_prefix(m) -> int:
-    """DeepSeek's ``first_k_dense_replace``: the dense layers as a prefix (ValueError where they interleave)."""
-    mask = [m.is_dense_layer(i) for i in range(m.layers)]
-    k = m.dense_count
-    if mask != [True] * k + [False] * (m.layers - k):
-        raise ValueError(f"model {m.name}: model.moe_layers interleaves dense layers, which DeepSeek-V3's "
-                         "first_k_dense_replace cannot state")
-    return k

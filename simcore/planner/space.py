@@ -225,8 +225,8 @@ def derive_space(base: Plan, *, uneven_pp: bool = True, max_tp: int | None = Non
     node, or a GB200/GB300 NVL72 rack: TP may span its trays at NVLink rate); pp: every
     count up to the layers, split as ``SPLITS`` say where the stages do not divide the layers
     (only the divisors of the layers without ``uneven_pp``); cp: powers of two dividing the
-    sequence (1 alone with Gated DeltaNet layers, which no stack runs context-parallel; tp then
-    divides their heads too: ``linear_attention.rules``); ep: divisors of the experts (MoE only);
+    sequence (1 alone with Gated DeltaNet layers, which no stack runs context-parallel, tp then
+    dividing their heads too: ``linear_attention.rules``; 1 alone with DSA, whose CP is not priced); ep: divisors of the experts (MoE only);
     micro-batch: divisors of the global batch up to ``MAX_MICRO_BATCH`` sequences and
     ``MAX_MICRO_BATCH_TOKENS`` tokens (``families`` keeps those dividing a replica's share)."""
     m, la = base.model, base.model.linear_attention
@@ -239,7 +239,7 @@ def derive_space(base: Plan, *, uneven_pp: bool = True, max_tp: int | None = Non
         tp=tuple(d for d in _divisors(g) if d <= limit),
         pp=pp,
         cp=tuple(c for c in CONTEXT_PARALLEL if m.seq_len % c == 0 and c <= base.cluster.gpus
-                 and (c == 1 or not (la and la.layers))),
+                 and (c == 1 or not (la and la.layers or m.sparse_attention))),
         ep=tuple(_divisors(m.experts)) if m.moe else (1,),
         micro_batch=tuple(d for d in _divisors(base.training.global_batch)
                           if d <= MAX_MICRO_BATCH and (d == 1 or d * m.seq_len <= MAX_MICRO_BATCH_TOKENS)),
@@ -356,16 +356,15 @@ def base_plan(model, cluster_doc, global_batch: int, training: dict | None = Non
     from simcore.plan.load import _parallel
     from simcore.plan.spec import ClusterSpec, ModelSpec, PlanError
 
-    model_doc = {"name": model} if isinstance(model, str) else model
-    spec = None
+    model_doc, spec, cluster = {"name": model} if isinstance(model, str) else model, None, None
     if isinstance(model, ModelSpec):
         spec, model_doc = model, {"name": "gpt-1.7b"}
-    cluster = None
     if isinstance(cluster_doc, ClusterSpec):
         cluster, cluster_doc = cluster_doc, {"node": cluster_doc.node.name, "nodes": 1}
     doc = {"model": model_doc, "cluster": cluster_doc, "parallel": {"tp": 1, "pp": 1, "dp": 1},
            "training": {"global_batch": global_batch, "flash_attention": True, **(training or {})}}
-    probe = plan_from_dict({**doc, "training": {"global_batch": global_batch, "precision": "fp32"}})   # its cluster
+    probe = plan_from_dict({**doc, "training": {"global_batch": global_batch, "precision": "fp32",
+                                                "flash_attention": True}})   # its cluster
     if "precision" not in doc["training"]:   # mixed bf16, or fp16 where the GPU has no bf16 (V100)
         gpu = probe.cluster.node.gpu
         doc["training"]["precision"] = "bf16" if gpu.peak("bf16") or gpu.peak("fp16") is None else "fp16"

@@ -382,6 +382,8 @@ def extrapolation(plan, tables: dict | None = None, axes: dict | None = None) ->
     moe = (m.experts, m.top_k, m.ffn_hidden / m.hidden) if m.experts > 0 else None
     precision = plan.training.precision.value
     items = extrapolated(hardware_kind(plan.cluster.node), plan.cluster.gpus, precision, axes, moe, tables)
+    variants = (("Gated DeltaNet layers", m.linear_attention), ("DeepSeek Sparse Attention", m.sparse_attention))
+    items += [f"{what}: no published run has it" for what, on in variants if on]
     if not items:
         return 1.0, None
     return EXTRAPOLATION_WIDENING ** len(items), "extrapolated: " + "; ".join(items)

@@ -230,6 +230,9 @@ def check_serving(plan: ServingPlan) -> None:
     if m.linear_attention is not None:   # cost.py prices every layer's paged K/V and softmax attention
         raise PlanError("model.linear_attention is refused for serving: a Gated DeltaNet layer keeps a fixed "
                         "recurrent state per sequence, not the paged KV cache the serving model holds for every layer")
+    if m.sparse_attention is not None:   # cost.py reads every cached token's K/V at each decode step
+        raise PlanError("model.sparse_attention is refused for serving: the serving model reads every cached token's "
+                        "K/V at each step, where DeepSeek Sparse Attention reads the indexer's top-k (not priced)")
     if m.heads % plan.tp:
         raise PlanError(f"parallel.tp={plan.tp} does not divide model.heads={m.heads}")
     if plan.tp > plan.cluster.gpus_per_node:
