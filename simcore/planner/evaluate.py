@@ -25,14 +25,23 @@ from simcore.planner.uncertainty import interval_key
 
 # --------------------------------------------------------------------------- pruning
 
-def _peak_ranks(plan: Plan) -> list[int]:
+def _peak_ranks(plan: Plan, params: tuple) -> list[int]:
     """Pipeline ranks that can hold the most bytes: the first (embedding, most micro-batches
-    in flight), the last (logits, output layer), the first with the most layers."""
+    in flight), the last (logits, output layer), and each that holds more layers, or more
+    parameters (``params``: ``stage_params``; an MoE model's first, dense, layers hold fewer), than
+    every earlier rank: a rank with no more of either than an earlier one keeps fewer micro-batches."""
     pp, stages = plan.parallel.pp, plan.layers_per_stage
     if plan.parallel.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE_V):   # owed weight gradients peak mid-pipeline
         return list(range(pp))
     layers = [sum(stages[v] for v in range(r, len(stages), pp)) for r in range(pp)]
-    return sorted({0, pp - 1, layers.index(max(layers))})
+    out = {0, pp - 1}
+    for values in (layers, [sp.total for sp in params]):
+        top = values[0]
+        for r, v in enumerate(values):
+            if v > top:
+                out.add(r)
+                top = v
+    return sorted(out)
 
 
 def _activation_key(plan: Plan, overlap: float) -> tuple:
@@ -56,7 +65,8 @@ def _shared_parts(plan: Plan, cache: dict | None = None) -> tuple:
     whether the gradients are live."""
     key = ("params", plan.model, plan.parallel)
     if cache is None or (hit := cache.get(key)) is None:
-        hit = (mem.stage_params(plan), _peak_ranks(plan))
+        params = mem.stage_params(plan)
+        hit = (params, _peak_ranks(plan, params))
         if cache is not None:
             cache[key] = hit
     return (*hit, activations.rank_shapes(plan, plan.layers_per_stage), mem.loss_overlap(plan, hit[0]),
