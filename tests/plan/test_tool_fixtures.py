@@ -85,3 +85,20 @@ def test_the_readme_imports_work_as_written_and_fit(argv, capsys, monkeypatch):
     assert main(argv) == 0
     plan = plan_from_dict(yaml.safe_load(capsys.readouterr().out))
     assert memory_report(plan)["fits"]
+
+
+@pytest.mark.parametrize("toml, nodes", [("llama3_8b.toml", 8), ("llama3_70b.toml", 8)])
+@pytest.mark.parametrize("target", ["torchtitan", "torchtitan-0.2"])
+def test_every_torchtitan_example_round_trips(toml, nodes, target, tmp_path):
+    """Import, export to torchtitan 0.3 (its torchrun command) or 0.2 (a job TOML), import again:
+    the same Plan (issue 55); the HF config carries the model, as a user gives it beside the file."""
+    import json
+
+    from simcore.plan.load import plan_to_dict
+    from simcore.plan.writers import export_plan, hf_config_from_model
+    from tests.plan.test_interop import _held
+
+    plan = plan_from_dict(_import(torchtitan=f"examples/torchtitan/{toml}", nodes=nodes)[0])
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_from_model(plan.model)))
+    doc, _ = _import(torchtitan=export_plan(plan, target), hf=str(tmp_path / "config.json"), nodes=nodes)
+    assert _held(plan_to_dict(plan_from_dict(doc)), target) == _held(plan_to_dict(plan), target)
