@@ -50,6 +50,9 @@ USED = {"model_type", "_name_or_path", "num_hidden_layers", "n_layer", "hidden_s
         "use_qk_norm", "swiglu_alpha", "swiglu_limit", *sparse_attention.HF_KEYS.values(),
         *sparse_attention.HF_LAYER_KEYS}
 
+#: Text model types whose layers have four RMSNorms, the MLP between pre- and post-feedforward ones
+#: (transformers 5.24.0 Gemma2DecoderLayer, Gemma3DecoderLayer, Gemma4TextDecoderLayer).
+SANDWICH_NORM_TYPES = ("gemma2", "gemma3_text", "gemma4_text")
 #: Text model types built with LayerNorm (GPT2Block's ln_1/ln_2, GPTNeoXLayer's input_layernorm); the
 #: others the importer reads are RMSNorm (transformers 5.24.0 modeling_<family>.py).
 LAYERNORM_TYPES = ("gpt2", "gpt_neox")
@@ -290,6 +293,10 @@ def hf_import_notes(path) -> list[str]:
                      f"{lm.get('num_global_key_value_heads')}, attention_k_eq_v={lm.get('attention_k_eq_v')} "
                      f"(they hold {abs(share):.2%} {'more' if share > 0 else 'fewer'} parameters than priced; their attention "
                      "FLOPs and KV cache differ alike)")
+    if lm.get("model_type") in SANDWICH_NORM_TYPES:   # Gemma2DecoderLayer's pre_/post_feedforward_layernorm
+        extra = 2 * int(lm.get("num_hidden_layers") or 0) * int(lm.get("hidden_size") or 0)
+        notes.append(f"not modelled: the pre- and post-feedforward RMSNorms of every layer ({extra:,} parameters, "
+                     "and their elementwise kernels): the plan's block has two norms a layer")
     text = cfg.get("text_config")
     if isinstance(text, dict):
         dropped = not_mapped(text)

@@ -145,3 +145,13 @@ def test_gemma4_says_its_full_attention_layers_are_priced_with_the_sliding_shape
     notes = hf_import_notes(HF / "gemma4-26b-a4b" / "config.json")
     line = next(n for n in notes if n.startswith("priced with the sliding layers' attention shape"))
     assert "global_head_dim=512" in line and "0.29% more parameters than priced" in line
+
+
+@pytest.mark.parametrize("model, transformers", [("gemma2-9b", 9_241_705_984), ("gemma3-27b", 27_009_346_304)])
+def test_gemma_says_its_sandwich_norms_are_not_modelled_and_how_many_parameters_they_hold(model, transformers):
+    """Gemma's layers have four RMSNorms, the plan's two: the import says so, and the parameters it names
+    are what trainplan's count lacks against transformers 5.24.0's (tests/plan/consumers/test_hf_counts.py)."""
+    notes = hf_import_notes(HF / model / "config.json")
+    said = [n for n in notes if n.startswith("not modelled: the pre- and post-feedforward RMSNorms")]
+    assert len(said) == 1
+    assert f"({transformers - param_counts(_model(model)).total:,} parameters" in said[0]
