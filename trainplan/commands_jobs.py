@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from simcore.plan.load import dump_plan, load_plan
-from trainplan.common import (RunFailed, UsageError, check_prediction, compressions, model_doc, portable_name, print_json,
-                              print_prediction, warn)
+from trainplan.common import (RunFailed, UsageError, check_prediction, compressions, model_doc, model_notes,
+                              portable_name, print_json, print_prediction, warn)
 
 
 def cmd_run(args) -> None:
@@ -106,6 +106,7 @@ def cmd_plan(args) -> None:
     from simcore.results import atomic_write_text
 
     model = model_doc(args.model, args.seq_len)
+    warn(model_notes(args.model))
     cluster = {"node": args.cluster, "nodes": args.nodes}
     if args.fabric:
         cluster["fabric"] = args.fabric
@@ -331,6 +332,7 @@ def _procure_doc(args) -> dict:
         doc.setdefault("name", Path(args.candidates).stem)
     if args.model:
         doc["model"] = args.model
+        warn(model_notes(args.model))
     if args.seq_len is not None:
         doc["model"] = model_doc(doc.get("model"), args.seq_len)
     over = {"tokens": args.tokens, "global_batch": args.global_batch, "deadline_days": args.deadline_days,

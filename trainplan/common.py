@@ -152,6 +152,20 @@ def model_doc(model, seq_len: int | None = None) -> dict:
     return {**model_section(model or {}), **({"seq_len": seq_len} if seq_len is not None else {})}
 
 
+def model_notes(model) -> list[str]:
+    """What the model a config.json path (``--model``) gives leaves out, in ``trainplan import``'s words:
+    the config's fields no Plan field holds, a wrapper's towers and ``text_config`` fields, the norms
+    or layers priced otherwise (``hf_config.hf_import_notes``); [] for a catalog name or a section."""
+    if not (isinstance(model, str) and model.endswith(".json")):
+        return []
+    from pathlib import Path
+
+    from simcore.plan.hf_config import hf_import_notes, not_mapped, read_config
+
+    dropped = not_mapped(read_config(Path(model)))
+    return ([f"not mapped to the plan: {model}: {', '.join(dropped)}"] if dropped else []) + hf_import_notes(model)
+
+
 def compressions(text: str | None) -> list[str] | None:
     """``plan --compression``'s methods (``simcore.planner.compression.METHODS``); UsageError naming the flag."""
     from simcore.planner.compression import check_methods

@@ -155,3 +155,16 @@ def test_gemma_says_its_sandwich_norms_are_not_modelled_and_how_many_parameters_
     said = [n for n in notes if n.startswith("not modelled: the pre- and post-feedforward RMSNorms")]
     assert len(said) == 1
     assert f"({transformers - param_counts(_model(model)).total:,} parameters" in said[0]
+
+
+def test_plan_with_a_config_json_says_what_the_import_says(capsys, tmp_path):
+    """``trainplan plan --model config.json`` builds the model ``trainplan import`` builds, and says the same
+    of what it leaves out (the vision tower, the fields no Plan field holds, Gemma's extra norms)."""
+    from trainplan.cli import main
+
+    assert main(["plan", "--model", str(HF / "gemma3-27b" / "config.json"), "--cluster", "dgx-h100", "--nodes", "1",
+                 "--global-batch", "8", "--seq-len", "2048", "--jobs", "1", "--top-k", "0", "--rows", "1",
+                 "--out", str(tmp_path / "best.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "the vision tower (vision_config) is not modelled" in err
+    assert "not mapped to the plan:" in err and "pre- and post-feedforward RMSNorms" in err
