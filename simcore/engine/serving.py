@@ -19,6 +19,7 @@ request's first token, then, after its KV cache's transfer, decode instances.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import replace
 
@@ -51,6 +52,8 @@ class _Replica:
         self.reserving = s.capacity_policy != CapacityPolicy.ON_DEMAND
         self.prefilled = False                    # a decode instance of a disaggregated plan
         self.static = s.capacity_policy == CapacityPolicy.STATIC_BATCH
+        self.window = s.batch_window_s                # dynamic batching: the oldest request's wait
+        self.wake, self.timer = -1.0, 0               # when a held batch forms; the hold's count
         self.free = rc.kv_blocks
         self.waiting: deque[int] = deque()
         self.prefilling: list[list[int]] = []     # [rid, done, total], admission order
@@ -70,6 +73,19 @@ class _Replica:
         self.gen, self.c0, self.s0, self.epoch = req.gen, req.c0, req.s0, req.epoch
         self.first, self.finish = req.first, req.finish
         self.P, self.O = req.prompt, req.output
+        self.arrived = req.arrived
+
+    def _held(self, now: float) -> bool:
+        """Dynamic batching: no batch runs, fewer than a full one wait and the oldest has waited
+        less than the window; ``wake`` is then when it will have (a new hold: a new ``timer``)."""
+        if not (self.window and not self.running and self.waiting and len(self.waiting) < self.max_seqs):
+            return False
+        deadline = float(self.arrived[self.waiting[0]]) + self.window
+        if now >= deadline:
+            return False
+        if deadline != self.wake:
+            self.wake, self.timer = deadline, self.timer + 1
+        return True
 
     def _reservation(self, rid: int) -> int:
         """The blocks a request needs to complete: its prompt and all its output (TensorRT-LLM's
@@ -218,9 +234,11 @@ class _Replica:
         heapq.heappush(self.ends, (self.step + self.O[rid] - self.gen[rid], rid, self.epoch[rid]))
 
     def begin(self, now: float) -> float:
-        """Form and cost the next iteration at ``now``; its end time, or -1.0 when idle."""
-        if not self.running and not self.waiting:
+        """Form and cost the next iteration at ``now``; its end time, or -1.0 when idle or holding a
+        batch for the window (``wake`` then says until when)."""
+        if not self.running and not self.waiting or self._held(now):
             return -1.0
+        self.wake = -1.0
         tokens, pairs, kv_read, chunks = self._schedule()
         n_dec, sum_ctx = self.n_dec, self.sum_ctx        # after any preemption
         rows = n_dec + sum(1 for e, c, _ in chunks if e[1] + c >= e[2])
@@ -261,7 +279,11 @@ class _Replica:
             self.waiting.append(int(rid))
         now = 0.0
         while self.waiting or self.running:
-            now = self.begin(now)
+            end = self.begin(now)
+            if end < 0:                               # holding a batch: no one else sends meanwhile
+                now = self.wake
+                continue
+            now = end
             self.complete(now)
 
     def run(self, arrivals: np.ndarray, ids: np.ndarray) -> None:
@@ -272,8 +294,8 @@ class _Replica:
                 self.waiting.append(int(ids[nxt]))
                 nxt += 1
             end = self.begin(now)
-            if end < 0:
-                now = float(arrivals[nxt])
+            if end < 0:                               # idle, or holding a batch until ``wake``
+                now = min(float(arrivals[nxt]) if nxt < n else math.inf, self.wake if self.wake >= 0 else math.inf)
                 continue
             now = end
             self.complete(now)
@@ -291,6 +313,7 @@ class _Requests:
         self.epoch = [0] * n
         self.first = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
+        self.arrived = np.zeros(n)   # each request's arrival (a closed loop's: when it was sent)
 
 
 def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloSpec | None = None,
@@ -307,6 +330,7 @@ def simulate_serving(plan: ServingPlan, rc: ReplicaCost | None = None, slo: SloS
     prompt, output = request_lengths(plan)
     _check_fits(plan, rc, prompt, output)
     req = _Requests(prompt, output)
+    req.arrived = arrivals   # the same array a closed loop writes its send times into
     for rep in reps:
         rep.attach(req)
     route(plan, reps, arrivals)

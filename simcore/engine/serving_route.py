@@ -40,26 +40,31 @@ def _least_outstanding(reps: list, arrivals: np.ndarray) -> None:
     after the last chosen, so identical idle replicas take turns), on one clock: before an
     arrival at t, every iteration that ends before t has ended (an iteration ending exactly at
     t sees the arrival, as in ``_Replica.run``); requests arriving at one instant are all
-    routed before an idle replica starts."""
-    heap: list[tuple[float, int]] = []
+    routed before an idle replica starts. A replica holding a batch for its window (dynamic
+    batching) is not busy: an arrival may fill the batch; its wake-up is an event that a newer
+    hold (``_Replica.timer``) or a started batch makes stale."""
+    heap: list[tuple[float, int, int]] = []   # (time, replica, -1: an iteration ends; else the hold's timer)
     busy, starting, last, r = [False] * len(reps), [], -1, len(reps)
+
+    def schedule(k: int, end: float) -> None:
+        busy[k] = end >= 0
+        if end >= 0:
+            heapq.heappush(heap, (end, k, -1))
+        elif reps[k].wake >= 0:
+            heapq.heappush(heap, (reps[k].wake, k, reps[k].timer))
 
     def advance(until: float, inclusive: bool) -> None:
         while heap and (heap[0][0] < until or (inclusive and heap[0][0] <= until)):
-            end, k = heapq.heappop(heap)
-            reps[k].complete(end)
-            nxt = reps[k].begin(end)
-            if nxt >= 0:
-                heapq.heappush(heap, (nxt, k))
-            else:
-                busy[k] = False
+            t, k, timer = heapq.heappop(heap)
+            if timer < 0:
+                reps[k].complete(t)
+            elif timer != reps[k].timer or reps[k].pending is not None:
+                continue   # a stale wake-up: the batch started, or a newer hold replaced it
+            schedule(k, reps[k].begin(t))
 
     def start(now: float) -> None:
         for k in starting:
-            nxt = reps[k].begin(now)
-            if nxt >= 0:
-                heapq.heappush(heap, (nxt, k))
-                busy[k] = True
+            schedule(k, reps[k].begin(now))
         starting.clear()
 
     now = 0.0
@@ -75,5 +80,3 @@ def _least_outstanding(reps: list, arrivals: np.ndarray) -> None:
             starting.append(k)
     start(now)
     advance(float("inf"), True)
-
-

@@ -7,7 +7,8 @@ the field (``PlanError``).
     parallel: {tp: 1, replicas: 1}
     precision: {weights: bf16, activations: bf16, kv_cache: bf16}   # weights int8/int4: weight-only
     scheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192, chunked_prefill: true,
-                capacity_policy: on_demand}   # or guaranteed_no_evict, static_batch (TensorRT-LLM's)
+                capacity_policy: on_demand}   # or guaranteed_no_evict, static_batch (TensorRT-LLM's);
+                                              # static_batch with batch_window_s: dynamic batching
     kv_cache: {block_size: 16, gpu_memory_utilization: 0.9}   # or free_memory_fraction (TensorRT-LLM's)
     traffic: {arrival: poisson, rate: 10, num_requests: 1000, prompt_len: 1024, output_len: 128, seed: 0}
                                      # or dataset: FILE in place of the lengths (simcore.serving.dataset);
@@ -142,7 +143,7 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
         raise PlanError(f"the plan's {gpus} GPUs (parallel.tp x parallel.replicas"
                         f"{' + the prefill instances' if disagg else ''}) exceed hardware's {cluster.gpus}")
     sch = _section(doc, "scheduler", {"max_num_seqs", "max_num_batched_tokens", "chunked_prefill",
-                                           "capacity_policy"})
+                                           "capacity_policy", "batch_window_s"})
     kv = _section(doc, "kv_cache", {"block_size", "gpu_memory_utilization", "free_memory_fraction"})
     if "gpu_memory_utilization" in kv and "free_memory_fraction" in kv:
         raise PlanError("kv_cache takes gpu_memory_utilization (vLLM's) or free_memory_fraction (TensorRT-LLM's), "
@@ -155,7 +156,8 @@ def serving_from_dict(doc, base_dir: str | os.PathLike = ".", catalog: Catalog |
                                 max_num_batched_tokens=_int(sch, "max_num_batched_tokens", "scheduler", 8192),
                                 chunked_prefill=_bool(sch, "chunked_prefill", "scheduler", True),
                                 capacity_policy=CapacityPolicy.parse(_str(sch, "capacity_policy", "scheduler", "on_demand"),
-                                                                     "scheduler.capacity_policy")),
+                                                                     "scheduler.capacity_policy"),
+                                batch_window_s=_float(sch, "batch_window_s", "scheduler", 0.0, positive=False)),
         kv_cache=KvCacheSpec(block_size=_int(kv, "block_size", "kv_cache", 16),
                              gpu_memory_utilization=_float(kv, "gpu_memory_utilization", "kv_cache", 0.9),
                              free_memory_fraction=_float(kv, "free_memory_fraction", "kv_cache")),

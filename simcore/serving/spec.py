@@ -22,6 +22,13 @@ blocks fit. With ``chunked_prefill`` false a prompt is admitted only whole withi
 - ``static_batch``: TensorRT-LLM's ``STATIC_BATCH`` (the same ``impl<true>``): as
   ``guaranteed_no_evict``, but new requests are admitted only when none runs, so a batch runs to
   its end before the next is formed.
+
+Dynamic batching, as request-level servers batch (``scheduler.batch_window_s`` with ``static_batch``):
+a batch is formed when ``max_num_seqs`` requests wait, or when the oldest has waited the window,
+then runs to its end. TorchServe's ``batchSize`` and ``maxBatchDelay`` ("the maximum delay for batch
+aggregation ... TorchServe waits to receive batch_size number of requests", docs/batch_inference_with_ts.md)
+and Triton's dynamic batcher's ``max_queue_delay_microseconds`` (docs/user_guide/model_configuration.md,
+"Delayed Batching") name the same two numbers.
 """
 from __future__ import annotations
 
@@ -125,6 +132,9 @@ class SchedulerSpec:
     """Tokens one iteration computes (vLLM ``--max-num-batched-tokens``)."""
     chunked_prefill: bool = True
     capacity_policy: CapacityPolicy = CapacityPolicy.ON_DEMAND
+    batch_window_s: float = 0.0
+    """Dynamic batching (``static_batch`` only): how long the oldest waiting request may wait for a
+    batch to fill (module docstring); 0: a batch of whatever waits, as soon as none runs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,6 +253,11 @@ def check_serving(plan: ServingPlan) -> None:
         where = "the dataset's longest prompt" if plan.traffic.dataset else "traffic.prompt_len"
         raise PlanError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} is below "
                         f"{where}={plan.traffic.max_prompt}, which chunked_prefill false must fit whole")
+    if s.batch_window_s < 0:
+        raise PlanError(f"scheduler.batch_window_s={s.batch_window_s:g} must be 0 or more seconds")
+    if s.batch_window_s and (s.capacity_policy != CapacityPolicy.STATIC_BATCH or plan.disaggregation is not None):
+        raise PlanError(f"scheduler.batch_window_s={s.batch_window_s:g} is dynamic batching's window: it needs "
+                        "capacity_policy static_batch (batches formed whole) and no disaggregation")
     if s.max_num_batched_tokens < s.max_num_seqs:
         raise PlanError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} must be at least "
                         f"scheduler.max_num_seqs={s.max_num_seqs} (vLLM's rule: every running request's token fits)")
