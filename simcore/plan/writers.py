@@ -13,11 +13,12 @@ import shlex
 
 from simcore.plan.deepspeed_writer import deepspeed_notes, export_deepspeed
 from simcore.plan.hf_writer import hf_config_from_model  # noqa: F401 (re-exported)
+from simcore.plan.maxtext_writer import export_maxtext
 from simcore.plan.megatron_writer import account_split, megatron_model_args, megatron_model_note
 from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan, PlanError
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
-TARGETS = ("deepspeed", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
+TARGETS = ("deepspeed", "maxtext", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
 
 _MEGATRON_SRC = ("NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option "
                  "parsed by its own parser's definitions, simcore/plan/megatron_args.yaml)")
@@ -35,7 +36,7 @@ def export_plan(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> str:
 
 def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tuple[str, list[str]]:
     """The export and the notes that do not belong in the file (for stderr)."""
-    writers = {"megatron": _export_megatron, "deepspeed": export_deepspeed,
+    writers = {"megatron": _export_megatron, "deepspeed": export_deepspeed, "maxtext": export_maxtext,
                "torchtitan": lambda p: export_torchtitan_command(p, *_torchrun_shape(p)),
                "torchtitan-0.2": export_torchtitan_toml, "slurm": _export_slurm,
                "slurm-trainplan": lambda p: _export_slurm_trainplan(p, plan_path)}
@@ -74,13 +75,14 @@ _KV_COPIES = {"megatron": _MEGATRON_KV, "slurm": _MEGATRON_KV,
                                            "(torchtitan/models/common/decoder.py @b5bcd76c)"),
               "torchtitan-0.2": ("torchtitan 0.2", "its wk and wv are n_kv_heads x head_dim wide, split over TP "
                                                    "(torchtitan/models/llama3/model/model.py @v0.2.2)"),
-              "slurm-trainplan": ("trainplan executor", "its attention splits the key/value heads it has")}
+              "slurm-trainplan": ("trainplan executor", "its attention splits the key/value heads it has"),
+              "maxtext": ("MaxText", "MaxText copies no key/value heads")}
 
 
 #: The targets that build no MTP modules (``model.mtp_layers``): DeepSpeed's config drives a model it does
 #: not build; torchtitan 0.3's option (deepseek_v3 ``num_mtp_layers``) the torchtitan import refuses too.
 _MTP_LESS = {"deepspeed": "DeepSpeed config", "torchtitan": "torchtitan", "torchtitan-0.2": "torchtitan 0.2",
-             "slurm-trainplan": "trainplan executor"}
+             "slurm-trainplan": "trainplan executor", "maxtext": "MaxText"}
 
 
 def _refuse(field_: str, value, tool: str, why: str = "") -> ValueError:

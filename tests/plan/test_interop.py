@@ -25,9 +25,9 @@ from tests.plan.layouts import ALL, PLANS, ROOT, VARIANTS
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 EXAMPLES = ROOT / "examples"
-TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "slurm", "slurm-trainplan")
+TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "slurm", "slurm-trainplan", "maxtext")
 SUFFIX = {"megatron": "sh", "slurm": "sbatch", "deepspeed": "json", "torchtitan": "torchtitan.sh",
-          "torchtitan-0.2": "toml", "slurm-trainplan": "trainplan.sbatch"}
+          "torchtitan-0.2": "toml", "slurm-trainplan": "trainplan.sbatch", "maxtext": "maxtext.sh"}
 
 
 def _export_or_refusal(plan, target):
@@ -52,6 +52,9 @@ def _megatron_script_options(text: str) -> tuple[list, list, list]:
 def undefined_options(text: str, target: str) -> list[str]:
     """Every option name in an export that the tool does not define (tool_options.yaml)."""
     known = load_tool_options()
+    if target == "maxtext":   # key=value overrides after MaxText's base.yml
+        keys = [a.split("=", 1)[0] for a in shlex.split(text, comments=True) if "=" in a]
+        return [k for k in keys if k not in known["maxtext"]["options"]]
     if target == "slurm-trainplan":
         sbatch, launch, _ = _megatron_script_options(text)
         return [o for o in launch if o not in known["torchrun"]["options"]] + [
@@ -115,6 +118,7 @@ def test_tool_options_name_their_sources():
     known = load_tool_options()
     assert re.fullmatch(r"[0-9a-f]{40}", known["megatron"]["source"]["commit"])
     assert re.fullmatch(r"[0-9a-f]{40}", known["torchtitan"]["source"]["commit"])
+    assert re.fullmatch(r"[0-9a-f]{40}", known["maxtext"]["source"]["commit"])
     assert all(re.fullmatch(r"[0-9a-f]{40}", f["commit"]) for f in known["deepspeed"]["source"]["files"])
 
 
@@ -174,7 +178,7 @@ def _held(doc: dict, target: str) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
-@pytest.mark.parametrize("target", [t for t in TARGETS if t != "slurm-trainplan"])
+@pytest.mark.parametrize("target", [t for t in TARGETS if t not in ("slurm-trainplan", "maxtext")])   # no importer
 def test_import_of_export_gives_back_the_plan(name, target, tmp_path):
     plan = ALL[name]
     text, refusal = _export_or_refusal(plan, target)

@@ -1,0 +1,109 @@
+"""The MaxText export (issue 54, item 5): a TPU plan's mesh as MaxText's ici_/dcn_ axes, its batch as
+MaxText counts it, every key one base.yml defines, and what MaxText's options here cannot state refused
+in one sentence naming the field. Checked against the mesh of MaxText's own published configs."""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simcore.plan.load import plan_from_dict
+from simcore.plan.maxtext_writer import maxtext_args, mesh
+from simcore.plan.readers import load_tool_options
+from simcore.plan.writers import export_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCELERATORS = ROOT.parent / "shared" / "validation" / "dev_accelerators.csv"
+
+
+def _tpu(tp=4, dp=32, zero=3, replicate=2, micro_batch=2, **training):
+    return plan_from_dict({"name": "llama3-8b-v5p", "model": {"name": "llama3-8b", "seq_len": 8192},
+                           "cluster": {"node": "tpu-v5p-host", "nodes": tp * dp // 4, "nvlink_domain_gpus": 64},
+                           "parallel": {"tp": tp, "dp": dp, "zero": zero, "dp_replicate": replicate,
+                                        "sequence_parallel": tp > 1},
+                           "training": {"global_batch": 256, "micro_batch": micro_batch, "precision": "bf16",
+                                        "recompute": "selective", "flash_attention": True, **training}})
+
+
+def _args(text: str) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in shlex.split(text, comments=True) if "=" in a)
+
+
+def test_two_v5p_slices_of_an_fsdp_plan():
+    args = _args(export_plan(_tpu(), "maxtext"))
+    assert (args["ici_tensor_parallelism"], args["ici_fsdp_parallelism"], args["ici_data_parallelism"],
+            args["dcn_data_parallelism"]) == ("4", "16", "1", "2")
+    # MaxText trains devices x per_device_batch_size x gradient_accumulation_steps sequences a step
+    assert 128 * float(args["per_device_batch_size"]) * int(args["gradient_accumulation_steps"]) == 256
+    assert (args["remat_policy"], args["attention"], args["mlp_activations"]) == ("minimal", "flash", "[silu,linear]")
+    known = load_tool_options()["maxtext"]["options"]
+    assert all(k in known for k in args)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), slices=st.sampled_from([1, 2, 4]), zero=st.sampled_from([0, 1, 3]),
+       replicate=st.sampled_from([1, 2, 4, 8]))
+def test_the_mesh_covers_every_device_and_a_slice_holds_its_ici_axes(tp, slices, zero, replicate):
+    dp = 64 * slices // tp
+    if dp % replicate or dp == replicate or (zero != 3 and replicate > 1):   # replicas of what ZeRO-3 shards
+        return
+    plan = _tpu(tp=tp, dp=dp, zero=zero, replicate=replicate, micro_batch=1)
+    try:
+        axes = dict(mesh(plan))
+    except ValueError as exc:   # a shard group that tiles no slice: one sentence naming the field
+        assert str(exc).startswith("parallel.dp_replicate=") and "\n" not in str(exc)
+        return
+    assert math.prod(axes.values()) == plan.parallel.gpus
+    assert math.prod(v for k, v in axes.items() if k.startswith("ici_")) == 64
+    if zero == 3:   # the shard group is the fsdp axis, the replicas the data axis
+        assert axes["ici_fsdp_parallelism"] * axes.get("dcn_fsdp_parallelism", 1) == dp // replicate
+
+
+@pytest.mark.skipif(not ACCELERATORS.exists(), reason="../shared/validation is not beside this checkout")
+def test_maxtexts_own_tables_come_back_with_their_mesh_and_batch():
+    """Each MaxText row of dev_accelerators.csv, as the bench reads it into a Plan, exports with the
+    published tensor and fsdp degrees inside a slice, its slices over DCN, and its per-device batch."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import published_accelerators as acc
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rows = pd.read_csv(ACCELERATORS)
+    checked = 0
+    for _, row in rows[rows.source.isin(acc.MAXTEXT)].iterrows():
+        plan = plan_from_dict(acc.base_doc(row))
+        args = dict(maxtext_args(plan))
+        slices = acc.slices(row)
+        assert args["ici_tensor_parallelism"] == int(row.tp)
+        assert args["ici_fsdp_parallelism"] == int(row.fsdp)
+        assert args["dcn_data_parallelism"] == slices
+        if m := re.search(r"dcn_data_parallelism=(\d+)", str(row.notes)):
+            assert int(m.group(1)) == slices
+        assert args["per_device_batch_size"] * args["gradient_accumulation_steps"] == pytest.approx(row.micro_batch)
+        checked += 1
+    assert checked >= 40
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"parallel": {"zero": 2}}, "parallel.zero=2"),
+    ({"training": {"optimizer_in_backward": True, "micro_batch": 8}}, "training.optimizer_in_backward=True"),
+    ({"training": {"optimizer": "adam"}}, "training.optimizer=adam"),
+    ({"training": {"precision": "fp8"}}, "training.precision=fp8"),
+])
+def test_what_maxtext_cannot_state_is_refused_in_one_sentence(change, field):
+    from simcore.plan.load import plan_to_dict
+
+    doc = plan_to_dict(_tpu())
+    for section, values in change.items():
+        doc[section].update(values)
+    with pytest.raises(ValueError) as err:
+        export_plan(plan_from_dict(doc), "maxtext")
+    assert str(err.value).startswith(field) and "has no MaxText option" in str(err.value)
+    assert "\n" not in str(err.value)
