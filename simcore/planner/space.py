@@ -353,8 +353,9 @@ def base_plan(model, cluster_doc, global_batch: int, training: dict | None = Non
     """The Plan every layout derives from: ``model`` is a catalog name, a Plan ``model``
     section or a ModelSpec; ``cluster_doc`` a Plan ``cluster`` section (or a ClusterSpec);
     ``parallel`` the stack's switches (``SWITCHES``), which each layout takes where it can."""
-    from simcore.plan.load import _parallel
+    from simcore.plan.load import Path, _cluster, _parallel
     from simcore.plan.spec import ClusterSpec, ModelSpec, PlanError
+    from topologies.hardware import load_catalog
 
     model_doc, spec, cluster = {"name": model} if isinstance(model, str) else model, None, None
     if isinstance(model, ModelSpec):
@@ -363,14 +364,13 @@ def base_plan(model, cluster_doc, global_batch: int, training: dict | None = Non
         cluster, cluster_doc = cluster_doc, {"node": cluster_doc.node.name, "nodes": 1}
     doc = {"model": model_doc, "cluster": cluster_doc, "parallel": {"tp": 1, "pp": 1, "dp": 1},
            "training": {"global_batch": global_batch, "flash_attention": True, **(training or {})}}
-    probe = plan_from_dict({**doc, "training": {"global_batch": global_batch, "precision": "fp32",
-                                                "flash_attention": True}})   # its cluster
+    probe = _cluster(cluster_doc, load_catalog(), Path("."))   # its cluster (a plan to probe would need a precision)
     if "precision" not in doc["training"]:   # mixed bf16, or fp16 where the GPU has no bf16 (V100)
-        gpu = probe.cluster.node.gpu
+        gpu = probe.node.gpu
         doc["training"]["precision"] = "bf16" if gpu.peak("bf16") or gpu.peak("fp16") is None else "fp16"
     plan = plan_from_dict(doc)
     if plan.cluster.node.calibrated:   # a CPU host's figures as all its ranks see them (they share its cores)
-        gpus = probe.cluster.gpus
+        gpus = probe.gpus
         every = {**doc, "parallel": {"tp": 1, "pp": 1, "dp": gpus}, "training": {**doc["training"], "global_batch": gpus}}
         plan = replace(plan, cluster=plan_from_dict(every).cluster)
     if spec is not None:

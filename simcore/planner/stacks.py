@@ -20,7 +20,7 @@ from simcore.plan.spec import (EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpCo
                                ZeroImpl)
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
-STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
+STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext")
 #: The stacks that run bf16 DDP and one-device layouts under torch.autocast over fp32 parameters
 #: (``torchtitan_writer.torchtitan_autocasts``; a search sets ``SearchSpace.ddp_autocast``).
 DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
@@ -44,15 +44,16 @@ STACK_FP8_RECIPE = {"torchtitan": "tensorwise", "torchtitan-0.2": "tensorwise"}
 #: own rule (its exporter expresses it and the even split where the stages divide the layers).
 STACK_SPLITS = {"torchtitan": ("even", "titan"), "torchtitan-0.2": ("even", "titan")}
 #: The stacks that recompute every layer or none (no Megatron block method: torchtitan checkpoints
-#: every layer or every Nth, DeepSpeed's and Hugging Face's checkpointing wraps every layer).
-WHOLE_RECOMPUTE_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed")
+#: every layer or every Nth, DeepSpeed's and Hugging Face's checkpointing wraps every layer; MaxText's
+#: remat_policy applies to every layer of its scanned stack).
+WHOLE_RECOMPUTE_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "maxtext")
 #: The stacks whose attention is torch SDPA or the flash-attn package, FlashAttention-2 where the
 #: catalog has its figures (``readers.sdpa_attention_kernel``): torchtitan, Hugging Face under
 #: DeepSpeed or Megatron-DeepSpeed, trainplan's executor. Megatron-LM's is TE's (the catalog's own).
 FA2_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "executor")
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
-          "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor"}
+          "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor", "maxtext": "MaxText"}
 
 
 def stack_base(base: Plan, stack: str | None) -> Plan:

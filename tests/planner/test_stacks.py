@@ -193,3 +193,17 @@ def test_the_stacks_that_run_expandable_segments_are_charged_its_margin_and_thei
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in export_plan(best, "megatron")
     cached = replace(best, training=replace(best.training, allocator_margin=None))
     assert "PYTORCH_CUDA_ALLOC_CONF" not in export_plan(cached, "megatron")
+
+
+def test_a_search_on_tpus_for_maxtext_ranks_what_its_export_writes(tmp_path):
+    """A TPU cluster searches (its chips have no fp32 peak: the search's base takes its cluster, not a
+    probe plan in fp32), and for MaxText ranks only layouts its exporter writes: the best one's launch
+    carries its mesh."""
+    res = search("llama3-8b", {"node": "tpu-v5p-host", "nodes": 8}, 64, jobs=1, top_k=0, progress=False,
+                 stack="maxtext", training={"precision": "bf16"})
+    df = res.table
+    assert len(df) and (df.pp == 1).all() and (df.cp == 1).all() and set(df.zero) <= {0, 1, 3}
+    text = export_plan(res.best, "maxtext")
+    assert f"ici_tensor_parallelism={res.best.parallel.tp} " in text
+    assert any("MaxText cannot run them" in line for line in res.explanations)
+    assert base_plan("llama3-8b", {"node": "tpu-v5p-host", "nodes": 8}, 64).training.precision.value == "bf16"
