@@ -59,11 +59,13 @@ def _ddp_buckets(plan: Plan) -> int:
 
 
 def _optimizer_rules(plan: Plan) -> list[tuple[bool, str]]:
+    from simcore.plan.choices import ONEBIT_OPTIMIZERS   # DeepSpeed's 1-bit Adam, 1-bit LAMB, 0/1 Adam
+
     tr = plan.training
     return [
         (tr.optimizer != Optimizer.ADAMW8BIT, "training.optimizer=adamw8bit is priced, not run: its 8-bit states "
          "need bitsandbytes' CUDA kernels or torchao's compiled ones, which the executor does not install"),
-        (tr.optimizer != Optimizer.ONEBIT_ADAM, "training.optimizer=onebit_adam is priced, not run: it is "
+        (tr.optimizer not in ONEBIT_OPTIMIZERS, f"training.optimizer={tr.optimizer.value} is priced, not run: it is "
          "DeepSpeed's optimizer (its NCCL backend packs signs with CuPy), and the executor does not run DeepSpeed"),
         (tr.optimizer != Optimizer.ADAFACTOR or not _dtensor_parameters(plan), "training.optimizer=adafactor "
          "is priced, not run, with DTensor parameters (parallel.tp>1, zero>=2, or split-backward pipelining): "

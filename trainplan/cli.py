@@ -177,8 +177,8 @@ def _plan_command(sub) -> None:
                    "nvfp4 where the GPU has them), or 'all' (default: bf16)")
     p.add_argument("--hybrid", action="store_true", help="also rank hybrid sharding (parallel.dp_replicate)")
     p.add_argument("--compression", metavar="M,N", help="communication compression to rank beside none, where a "
-                   "layout can take it: bf16, fp16, powersgd, int8, onebit_adam, zeropp (--stack deepspeed), "
-                   "fp8_param_gather (fp8); the answer says what each costs in accuracy")
+                   "layout can take it: bf16, fp16, powersgd, int8, onebit_adam, onebit_lamb, zero_one_adam, "
+                   "zeropp (--stack deepspeed), fp8_param_gather (fp8); the answer says what each costs in accuracy")
     p.add_argument("--out", type=Path, help="where to write the best Plan (default: NAME.yaml)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=jobs.cmd_plan)
@@ -188,7 +188,8 @@ def _planning_commands(sub) -> None:
     """The search, price, what-if, reports and the demo."""
     _plan_command(sub)
 
-    p = sub.add_parser("cost", help="time to train, GPU-hours, $, energy, checkpoints and failures of a run")
+    p = sub.add_parser("cost", help="time to train, GPU-hours, $, energy, checkpoints and failures of a run "
+                       "(DeepSpeed's 1-bit optimizers: the steps before their steady state as DeepSpeed runs them)")
     p.add_argument("plan", type=Path)
     p.add_argument("--tokens", type=float, required=True)
     p.add_argument("--price", action="append", metavar="KEY=VALUE",

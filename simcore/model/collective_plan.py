@@ -302,6 +302,8 @@ def _pp_calls(plan: Plan, pp_rank: int, tp_rank: int) -> Counter:
 # --------------------------------------------------------------------------- per rank
 
 def _check_modelled(plan: Plan) -> None:
+    from simcore.plan.choices import ONEBIT_OPTIMIZERS   # DeepSpeed's 1-bit Adam, 1-bit LAMB, 0/1 Adam
+
     m, tr = plan.model, plan.training
     par = plan.parallel
     rules = [(not m.moe or tr.recompute not in (Recompute.FULL, Recompute.LAYER),
@@ -318,9 +320,9 @@ def _check_modelled(plan: Plan) -> None:
               "ZeRO++ (parallel.zero_quantized_weights / zero_hpz_partition_size / zero_quantized_gradients): "
               "DeepSpeed's quantized and hierarchical calls are priced (simcore/model/zeropp.py), not listed at "
               "torch's granularity (the executor does not run DeepSpeed)"),
-             (tr.optimizer != Optimizer.ONEBIT_ADAM, "training.optimizer=onebit_adam: DeepSpeed's compressed "
-              "all-reduce is priced (simcore/model/onebit.py), not listed at torch's granularity (the executor does "
-              "not run DeepSpeed)"),
+             (tr.optimizer not in ONEBIT_OPTIMIZERS, f"training.optimizer={tr.optimizer.value}: DeepSpeed's "
+              "compressed all-reduce is priced (simcore/model/onebit.py), not listed at torch's granularity (the "
+              "executor does not run DeepSpeed)"),
              (not par.sequence_parallel or tr.optimizer in OPTIMIZER_GRAD_READS,
               f"training.optimizer={tr.optimizer.value} with sequence parallelism: how often its step reads a "
               "DTensor gradient is not modelled (the executor does not run it)")]

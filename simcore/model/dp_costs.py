@@ -17,7 +17,8 @@ from simcore.model import ddp_hooks as hooks
 from simcore.model import onebit
 from simcore.model import param_layout as pl
 from simcore.model.optim_states import flat_partitions, stored_weight_bytes
-from simcore.plan.spec import GradCompression, Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
+from simcore.plan.choices import ONEBIT_OPTIMIZERS
+from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
 #: DeepSpeed ZeRO-3's default ``stage3_prefetch_bucket_size``: parameter elements fetched
 #: ahead of use (deepspeed/runtime/zero/config.py ``prefetch_bucket_size = pp_int(5e7)``).
@@ -78,11 +79,10 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
             out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
         buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
         hooked = par.zero == ZeroStage.NONE and tr.grad_compression != GradCompression.NONE and not expert
-        if tr.optimizer == Optimizer.ONEBIT_ADAM:
-            # 1-bit Adam's compression stage: no gradient all-reduce; in the optimizer's step,
-            # after the backward, the momentum's compressed all-reduce and its kernels
-            out["sync"] = onebit.compressed_allreduce_s(params, net) + onebit.kernel_s(params, dev)
-            buckets = 1
+        if tr.optimizer in ONEBIT_OPTIMIZERS:
+            # DeepSpeed's 1-bit optimizers' compression stage: no gradient all-reduce; in the step, after
+            # the backward, the momentum's compressed all-reduce and its kernels (0/1 Adam: one step in 16)
+            out["sync"], buckets = onebit.sync_s(tr.optimizer, params, net, dev), 1
         elif hooked:   # DDP's communication hook, bucket by bucket as torch runs it
             out["grad"], out["compress"], buckets = _hook_costs(plan, dev, sp, layer_params, net)
         elif dev.lone_all_reduce_s > 0 and par.zero <= ZeroStage.OPTIMIZER_STATES and par.dp_replicate == 1:
@@ -261,11 +261,11 @@ def optimizer_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams,
     par, tr = plan.parallel, plan.training
     owned = sp.total / par.shard_ranks if par.zero >= ZeroStage.OPTIMIZER_STATES else sp.total
     k = mem.optimizer_bytes_per_param(tr, plan.model.hidden, flat_partitions(plan))
-    wb = mem.param_bytes(tr)
+    wb, extra = mem.param_bytes(tr), onebit.step_kernel_s(tr.optimizer, owned, dev)   # 1-bit LAMB's, 0/1 Adam's
     if tr.offload == Offload.NONE and dev.optimizer_bytes_per_s > 0:
-        return _host_optimizer_s(plan, dev, owned, tensors), 0.0
+        return _host_optimizer_s(plan, dev, owned, tensors) + extra, 0.0
     if tr.offload == Offload.NONE:   # read grad, states; write states and the 16-bit copy
-        return cmp.stream_s(owned * (2 * k + 2 * wb), dev), 0.0
+        return cmp.stream_s(owned * (2 * k + 2 * wb), dev) + extra, 0.0
     host_bw = dev.host_memory_bytes_per_s / plan.cluster.gpus_per_node
     host = owned * dev.adam_host_bytes_per_param / host_bw if host_bw > 0 else math.inf
     if fsdp2_offload(plan):

@@ -30,7 +30,7 @@ from simcore.model.optim_states import (flat_partitions, largest_tensor_params, 
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
                                 gradients_at_activation_peak, rank_kinds, rank_row, reduce_deferred,
                                 summary_fields)
-from simcore.plan.spec import FsdpRoot, Offload, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
+from simcore.plan.spec import FsdpRoot, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
 GIB = 1024**3
 #: Transformer Engine's ``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe).
@@ -192,8 +192,8 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
         out["fp8_weights"] = cached + linears * 3 * FP8_AMAX_HISTORY * 4
     elif tr.precision.value in wl.LOW_PRECISION_FORMATS:   # mxfp8, nvfp4: two block-scaled copies
         out["fp8_weights"] = 2 * wl.quantized_bytes(tr.precision.value) * (sp.total - sp.ends)
-    if tr.optimizer == Optimizer.ONEBIT_ADAM:   # its worker and server errors (simcore.model.onebit)
-        out["onebit_errors"] = onebit.error_bytes(sp.total, par.dp * par.cp)
+    # DeepSpeed's 1-bit optimizers: their worker and server errors, 1-bit LAMB's momentum clone (simcore.model.onebit)
+    out.update(onebit.memory_terms(tr.optimizer, sp.total, par.dp * par.cp))
     return out
 
 

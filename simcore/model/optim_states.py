@@ -6,6 +6,9 @@ the fp32 master copy (4) and the fp32 momentum and variance (8). The other optim
 - SGD: its momentum (4; Megatron's ``--sgd-momentum`` 0.9, the executor's too).
 - 1-bit Adam: Adam's (8); its error-feedback buffers are a memory term of their own
   (``simcore.model.onebit.error_bytes``: they depend on the data-parallel size).
+- 1-bit LAMB: Adam's and ``exp_avg_sq_fresh`` (12; DeepSpeed runtime/fp16/onebit/lamb.py @edaa7221, its
+  state initialization); 0/1 Adam: Adam's and ``momentum_accumulator`` (12; zoadam.py @edaa7221). Their
+  error buffers and 1-bit LAMB's ``exp_avg_last_step`` clone: ``simcore.model.onebit.memory_terms``.
 - 8-bit AdamW: momentum and variance as uint8 codes with one fp32 scale per block
   (torchao ``torchao/optim/adam.py`` @36027d82 ``AdamW8bit(block_size=256)``,
   ``subclass_8bit.py``: ``codes`` uint8, ``scale`` fp32 of ``numel // block_size``;
@@ -38,7 +41,8 @@ from simcore.plan.spec import ModelSpec, Optimizer, Plan, Precision, StateDtype,
 #: torchao's 8-bit AdamW quantisation block (elements per fp32 scale), torchao/optim/adam.py @36027d82.
 EIGHT_BIT_BLOCK = 256
 #: fp32 states, in bytes per parameter, per optimizer (Adafactor's: per hidden-size element, see above).
-_FP32_STATES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4, Optimizer.ONEBIT_ADAM: 8}
+_FP32_STATES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4, Optimizer.ONEBIT_ADAM: 8,
+                Optimizer.ONEBIT_LAMB: 12, Optimizer.ZERO_ONE_ADAM: 12}
 
 
 def largest_tensor_params(m: ModelSpec, tp: int) -> float:

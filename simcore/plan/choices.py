@@ -221,10 +221,22 @@ class Optimizer(_Choice):
     ONEBIT_ADAM = "onebit_adam"
     """DeepSpeed's 1-bit Adam in its compression stage: Adam's states, the momentum all-reduced
     as signs with error feedback in place of the gradients (``simcore.model.onebit``)."""
+    ONEBIT_LAMB = "onebit_lamb"
+    """DeepSpeed's 1-bit LAMB in its compression stage: 1-bit Adam's all-reduce of the flat momentum,
+    LAMB's layer-wise coefficients from a fresh variance (``simcore.model.onebit``)."""
+    ZERO_ONE_ADAM = "zero_one_adam"
+    """DeepSpeed's 0/1 Adam past its variance freeze: local steps, the momentum accumulator 1-bit
+    all-reduced every 16 steps (``simcore.model.onebit``)."""
 
 
-#: DeepSpeed 1-bit Adam's default warm-up (``OnebitAdam(freeze_step=100000)``, runtime/fp16/onebit/adam.py @edaa7221).
+#: DeepSpeed 1-bit Adam's default warm-up (``OnebitAdam(freeze_step=100000)``, runtime/fp16/onebit/adam.py @edaa7221),
+#: 1-bit LAMB's (lamb.py ``freeze_step=100000``) and 0/1 Adam's last variance update (zoadam.py
+#: ``var_freeze_step=100000``): ``training.onebit_freeze_step`` holds whichever the optimizer has.
 ONEBIT_FREEZE_STEP = 100_000
+#: DeepSpeed's compressed-communication optimizers (runtime/fp16/onebit/ @edaa7221), each by the name
+#: engine.py's refusal gives it ("... is not compatible with ZeRO", ``_configure_basic_optimizer``).
+ONEBIT_OPTIMIZERS = {Optimizer.ONEBIT_ADAM: "1bit-Adam", Optimizer.ONEBIT_LAMB: "1bit-Lamb",
+                     Optimizer.ZERO_ONE_ADAM: "0/1 Adam"}
 
 
 class StateDtype(_Choice):

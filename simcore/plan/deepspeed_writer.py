@@ -71,10 +71,21 @@ def deepspeed_config(plan: Plan) -> dict:
     if tr.optimizer.value in ("sgd", "adamw8bit", "adafactor"):
         raise _refuse("training.optimizer", tr.optimizer.value,
                       "its optimizer types have none; pass the optimizer to deepspeed.initialize")
-    cfg["optimizer"] = ({"type": "AdamW"} if tr.optimizer.value == "adamw" else
-                        {"type": "OneBitAdam", "params": {"freeze_step": tr.onebit_freeze_step}}
-                        if tr.optimizer.value == "onebit_adam" else {"type": "Adam", "params": {"adam_w_mode": False}})
+    if tr.optimizer.value in ONEBIT_TYPES:   # DeepSpeed's 1-bit optimizers and their warm-up
+        kind, step = ONEBIT_TYPES[tr.optimizer.value]
+        cfg["optimizer"] = {"type": kind, "params": {step: tr.onebit_freeze_step}}
+    else:
+        cfg["optimizer"] = {"type": "AdamW"} if tr.optimizer.value == "adamw" else \
+            {"type": "Adam", "params": {"adam_w_mode": False}}
     return cfg
+
+
+#: DeepSpeed's 1-bit optimizers as a ds_config names them (``optimizer.type``, matched lower-cased by
+#: runtime/config.py; docs/_tutorials/onebit-adam.md, onebit-lamb.md, zero-one-adam.md @edaa7221) and the
+#: parameter ``training.onebit_freeze_step`` is: 1-bit Adam's and LAMB's ``freeze_step``, 0/1 Adam's
+#: ``var_freeze_step``.
+ONEBIT_TYPES = {"onebit_adam": ("OneBitAdam", "freeze_step"), "onebit_lamb": ("OneBitLamb", "freeze_step"),
+                "zero_one_adam": ("ZeroOneAdam", "var_freeze_step")}
 
 
 def export_deepspeed(plan: Plan) -> str:

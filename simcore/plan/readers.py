@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from simcore.plan.deepspeed_writer import ZEROPP_KEYS
+from simcore.plan.deepspeed_writer import ONEBIT_TYPES, ZEROPP_KEYS
 from simcore.plan.hf_config import not_mapped
 from simcore.plan.hf_config import hf_config_fields
 from simcore.plan.spec import PlanError
@@ -89,6 +89,10 @@ def _flat(d: dict, prefix: str = "") -> list[str]:
     return out
 
 
+#: A ds_config's 1-bit ``optimizer.type`` (lower-cased) -> (``training.optimizer``, its warm-up parameter).
+_ONEBIT_KINDS = {kind.lower(): (name, step) for name, (kind, step) in ONEBIT_TYPES.items()}
+
+
 def read_deepspeed(text: str) -> Reading:
     """A DeepSpeed ds_config.json (comments and trailing commas allowed, as DeepSpeed's hjson
     reader does; ``"auto"`` values, which the Hugging Face Trainer fills in, count as not given)."""
@@ -127,10 +131,11 @@ def read_deepspeed(text: str) -> Reading:
         used |= {"optimizer.type", "optimizer.params.adam_w_mode"}
         w_mode = (opt.get("params") or {}).get("adam_w_mode", True)  # DeepSpeed's ADAM_W_MODE_DEFAULT
         f["training.optimizer"] = "adamw" if kind == "adamw" or w_mode else "adam"
-    elif kind == "onebitadam":   # DeepSpeed's 1-bit Adam; its freeze_step warm-up runs as Adam
-        used |= {"optimizer.type", "optimizer.params.freeze_step"}
-        f["training.optimizer"] = "onebit_adam"
-        f["training.onebit_freeze_step"] = (opt.get("params") or {}).get("freeze_step")
+    elif kind in _ONEBIT_KINDS:   # DeepSpeed's 1-bit Adam, 1-bit LAMB, 0/1 Adam and their warm-up
+        name, step = _ONEBIT_KINDS[kind]
+        used |= {"optimizer.type", f"optimizer.params.{step}"}
+        f["training.optimizer"] = name
+        f["training.onebit_freeze_step"] = (opt.get("params") or {}).get(step)
     ignored = tuple(k for k in _flat(cfg) if k not in used)
     return Reading(source="deepspeed", fields=f, defaults=d, hints=hints, ignored=ignored)
 

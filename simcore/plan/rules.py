@@ -3,6 +3,7 @@ broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
 from simcore.plan import linear_attention, sparse_attention
+from simcore.plan.choices import ONEBIT_OPTIMIZERS
 from simcore.plan.spec import (ONEBIT_FREEZE_STEP, AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression,
                                MoeDispatcher, Offload, Optimizer, Plan, PlanError, Precision, Recompute, Schedule,
                                StateDtype, ZeroImpl, ZeroStage)
@@ -215,12 +216,14 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
         (tr.grad_compression != GradCompression.INT8 or par.zero == ZeroStage.NONE,
          f"training.grad_compression=int8 needs parallel.zero=0, not {int(par.zero)}: it is a DDP communication "
          "hook (executors.int8_hook), and the ZeRO stages' gradient reductions take none"),
-        (tr.optimizer != Optimizer.ONEBIT_ADAM or par.zero == ZeroStage.NONE and tr.grad_compression ==
-         GradCompression.NONE and par.ep == 1, "training.optimizer=onebit_adam needs parallel.zero=0 (DeepSpeed: "
-         "\"1bit-Adam is not compatible with ZeRO\"), training.grad_compression=none (it compresses the momentum "
-         "itself) and parallel.ep=1 (its one data-parallel group cannot reduce experts apart)"),
-        (tr.optimizer == Optimizer.ONEBIT_ADAM or tr.onebit_freeze_step == ONEBIT_FREEZE_STEP,
-         "training.onebit_freeze_step is 1-bit Adam's warm-up: set training.optimizer=onebit_adam"),
+        (tr.optimizer not in ONEBIT_OPTIMIZERS or par.zero == ZeroStage.NONE and tr.grad_compression ==
+         GradCompression.NONE and par.ep == 1, f"training.optimizer={tr.optimizer.value} needs parallel.zero=0 "
+         f"(DeepSpeed: \"{ONEBIT_OPTIMIZERS.get(tr.optimizer)} is not compatible with ZeRO\"), "
+         "training.grad_compression=none (it compresses its own all-reduces) and parallel.ep=1 (its one "
+         "data-parallel group cannot reduce experts apart)"),
+        (tr.optimizer in ONEBIT_OPTIMIZERS or tr.onebit_freeze_step == ONEBIT_FREEZE_STEP,
+         "training.onebit_freeze_step is 1-bit Adam's warm-up (1-bit LAMB's freeze_step, 0/1 Adam's "
+         "var_freeze_step): set training.optimizer=onebit_adam, onebit_lamb or zero_one_adam"),
         (not tr.fp8_param_gather or fp8_gather_runs(tr.precision, par.zero_impl, par.zero, tr.fp8_recipe),
          "training.fp8_param_gather needs training.precision=fp8 with parallel.zero=1 (Megatron's distributed "
          "optimizer keeps the fp32 weights it re-quantizes) or FSDP2 (zero 2-3) with training.fp8_recipe=tensorwise "

@@ -223,7 +223,7 @@ def _megatron_training_args(plan: Plan) -> list:
                  ("--exp-avg-sq-dtype", tr.optimizer_state_dtype.value)]
     # Megatron's default is auto (Transformer Engine's flash or fused kernel): say which
     args.append(("--attention-backend", "flash" if tr.flash_attention else "unfused"))
-    if tr.optimizer.value in ("adam", "adamw8bit", "adafactor", "onebit_adam"):
+    if tr.optimizer.value not in ("adamw", "sgd"):   # Megatron's adam is AdamW; no 8-bit, factored or 1-bit one
         raise _refuse("training.optimizer", tr.optimizer.value, "Megatron-LM",
                       "its --optimizer is adam (AdamW) or sgd")
     if tr.kernels.value == "eager":

@@ -7,7 +7,7 @@ the model trains on, and the model prices its time and memory (``simcore.model.z
 ``ddp_hooks``, ``onebit``, ``collectives.grad_wire_bytes``), not its convergence. Each layout takes
 a method only where ``simcore.plan.rules`` accepts it (``applies``), so the search does not count
 what no stack could run as a broken rule; a stack's exporter then keeps the rows it writes
-(``stacks.keep_runnable``: DeepSpeed writes ZeRO++ and 1-bit Adam, Megatron-LM
+(``stacks.keep_runnable``: DeepSpeed writes ZeRO++, 1-bit Adam, 1-bit LAMB and 0/1 Adam, Megatron-LM
 ``--grad-reduce-in-bf16`` and ``--fp8-param-gather``, torchtitan the bf16 gradient reduction,
 trainplan's executor PowerSGD and its int8 hook).
 """
@@ -19,7 +19,10 @@ from simcore.plan.rules import fp8_gather_runs
 from simcore.plan.spec import Fp8Recipe, GradCompression, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 #: The methods, in the order a table lists them.
-METHODS = ("none", "bf16", "fp16", "powersgd", "int8", "onebit_adam", "zeropp", "fp8_param_gather")
+METHODS = ("none", "bf16", "fp16", "powersgd", "int8", "onebit_adam", "onebit_lamb", "zero_one_adam", "zeropp",
+           "fp8_param_gather")
+#: The methods that are DeepSpeed optimizers (``ONEBIT_OPTIMIZERS``): the plan's optimizer becomes the method.
+OPTIMIZERS = ("onebit_adam", "onebit_lamb", "zero_one_adam")
 #: What each method's source says of its convergence (the price the model does not price).
 ACCURACY = {
     "bf16": "16-bit gradient sums round away low bits (Megatron-LM --grad-reduce-in-bf16, DeepSpeed "
@@ -32,6 +35,13 @@ ACCURACY = {
             "none's (bench/compression_loss.py, bench/RESULTS.md)",
     "onebit_adam": "1-bit momentum with error feedback after an uncompressed warm-up; Tang et al. (ICML "
                    "2021) report the same convergence as Adam on BERT pre-training",
+    "onebit_lamb": "LAMB in place of Adam (layer-wise learning rates), its momentum 1-bit with error feedback after "
+                   "an uncompressed LAMB warm-up; Li et al. (arXiv 2104.06069) report the same sample-wise "
+                   "convergence speed as uncompressed LAMB on BERT pre-training, and DeepSpeed's tutorial advises a "
+                   "warm-up of 15-25% of the steps (docs/_tutorials/onebit-lamb.md)",
+    "zero_one_adam": "a frozen variance, local steps and a 1-bit all-reduce every 16 steps at most; Lu et al. "
+                     "(arXiv 2202.06009) report the same statistical convergence speed and end-task accuracy "
+                     "(GLUE, ImageNet) as their 1-bit Adam baseline",
     "zeropp": "int8 weights and int4 gradients on the wire; Wang et al. (2023, arXiv 2306.10209) report "
               "loss curves matching ZeRO-3 on their GPT runs",
     "fp8_param_gather": "the FP8 weights the GEMMs use, gathered before the cast rather than after it",
@@ -63,7 +73,7 @@ def applies(method: str, base: Plan, lay) -> bool:
         return True
     if method in ("powersgd", "int8"):
         return lay.zero == ZeroStage.NONE
-    if method == "onebit_adam":
+    if method in OPTIMIZERS:
         return lay.zero == ZeroStage.NONE and lay.ep == 1 and base.training.grad_compression.value == "none"
     if method == "zeropp":
         gpus, node = lay.tp * lay.pp * lay.cp * lay.dp, base.cluster.gpus_per_node
@@ -83,8 +93,8 @@ def fields(method: str, gpus_per_node: int) -> tuple[dict, dict]:
                  "zero_quantized_gradients": True}, {})
     if method in ("bf16", "fp16", "powersgd", "int8"):
         return {}, {"grad_compression": GradCompression(method)}
-    if method == "onebit_adam":
-        return {}, {"optimizer": Optimizer.ONEBIT_ADAM}
+    if method in OPTIMIZERS:
+        return {}, {"optimizer": Optimizer(method)}
     if method == "fp8_param_gather":
         return {}, {"fp8_param_gather": True}
     return {}, {}
@@ -96,6 +106,8 @@ NEEDS = {
     "powersgd": "DDP (parallel.zero=0): it is a DDP communication hook",
     "int8": "DDP (parallel.zero=0): it is trainplan's executor's DDP communication hook (--stack executor)",
     "onebit_adam": "DDP (parallel.zero=0) without experts: DeepSpeed's 1-bit Adam is not compatible with ZeRO",
+    "onebit_lamb": "DDP (parallel.zero=0) without experts: DeepSpeed's 1-bit LAMB is not compatible with ZeRO",
+    "zero_one_adam": "DDP (parallel.zero=0) without experts: DeepSpeed's 0/1 Adam is not compatible with ZeRO",
     "zeropp": "DeepSpeed's ZeRO-3 (--stack deepspeed) without tensor, pipeline or context parallelism, on "
               "whole nodes",
     "fp8_param_gather": "fp8 training (--precision fp8) with Megatron's distributed optimizer (zero 1) or FSDP2 "

@@ -17,6 +17,8 @@ predicted step time, or the storage's data floor when storage is slower) -> wall
   event, the model ``simcore.engine.runs`` plays on SimPy) gives the spread of days and $.
 - Intervals: every day and $ figure carries the interval of the step time from the
   validation residuals (``simcore.planner.uncertainty``), carried through the same model.
+- DeepSpeed's 1-bit optimizers (1-bit Adam, 1-bit LAMB, 0/1 Adam): the steps before their steady
+  state at the step DeepSpeed runs then, with a note (``simcore.planner.onebit_phases``).
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ from simcore.model import kv_replication as kvr
 from simcore.model import memory as mem
 
 from simcore.model import peak as pk
-from simcore.plan.spec import Offload, Optimizer, Plan, PlanError
+from simcore.plan.spec import Offload, Plan, PlanError
 from simcore.planner.failures import CheckpointPlan, Scenario, _scenario, plan_checkpoints, storage_bytes_per_s
+from simcore.planner.onebit_phases import warmup_phases
 from simcore.planner.prices import PriceSheet, resolve_prices
 from simcore.planner.spot import plan_spot
 from topologies.components import Storage
@@ -239,19 +242,6 @@ def _with_intervals(plan: Plan, scen: dict[str, Scenario], step_s: float, steps:
             for k, s in scen.items()}
 
 
-def onebit_warmup(plan: Plan, prediction, steps: int) -> tuple[int, float]:
-    """1-bit Adam's warm-up: (steps run as Adam, Adam's step time on the prediction's engine);
-    (0, 0.0) for any other optimizer."""
-    tr = plan.training
-    if tr.optimizer != Optimizer.ONEBIT_ADAM or tr.onebit_freeze_step == 0:
-        return 0, 0.0
-    from simcore.engine.predict import simulate
-
-    adam = replace(plan, training=replace(tr, optimizer=Optimizer.ADAM))
-    engine = "des" if getattr(prediction, "source", "analytic") == "des" else "analytic"
-    return min(steps, tr.onebit_freeze_step), simulate(adam, engine=engine).step_time_s
-
-
 def run_cost(plan: Plan, prediction, tokens: float, *, prices: Mapping[str, float] | None = None,
              storage: Storage | str | None = None, failures: bool = True, monte_carlo: int = 200,
              seed: int = 0, tiered_checkpoints: bool = False,
@@ -276,8 +266,9 @@ def run_cost(plan: Plan, prediction, tokens: float, *, prices: Mapping[str, floa
     steps = math.ceil(tokens / tokens_per_step)
     data = data_pipeline(plan, prediction.step_time_s, st)
     step_s = max(prediction.step_time_s, data["data_floor_step_s"])
-    warm_steps, warm_s = onebit_warmup(plan, prediction, steps)
-    work = steps * step_s + warm_steps * (max(warm_s, data["data_floor_step_s"]) - step_s)
+    # DeepSpeed's 1-bit optimizers: the steps before their steady state, as DeepSpeed runs them (onebit_phases)
+    phases, warm_note = warmup_phases(plan, prediction, steps)
+    work = steps * step_s + sum(n * (max(t, data["data_floor_step_s"]) - step_s) for n, t in phases)
     step_s = work / steps
 
     def again(work_s: float):
@@ -290,9 +281,7 @@ def run_cost(plan: Plan, prediction, tokens: float, *, prices: Mapping[str, floa
     busy = min(1.0, prediction.compute_s / prediction.step_time_s)
     kwh = energy_kwh(plan, busy * prediction.step_time_s / step_s, work, od.wall_s, sheet.pue)
     notes = _notes(plan, data, st, cks["on_demand"], failures, spot)
-    if warm_steps:
-        notes += (f"1-bit Adam: its first {warm_steps:,} steps (training.onebit_freeze_step) run as Adam, "
-                  f"uncompressed, at {warm_s:.3f} s a step; the rest at {prediction.step_time_s:.3f} s",)
+    notes += (warm_note,) if warm_note else ()
     return RunCost(plan_name=plan.name, gpus=cl.gpus, nodes=cl.nodes, tokens=float(tokens),
                    tokens_per_step=tokens_per_step, steps=steps, step_time_s=prediction.step_time_s,
                    effective_step_time_s=step_s, useful_s=work, checkpoint=cks["on_demand"], data=data,

@@ -72,7 +72,7 @@ def test_every_proposed_method_passes_the_plan_rules():
             except PlanError as exc:
                 assert not any(w in str(exc) for w in words), (lay.label(), str(exc))
         assert seen >= ({"", "bf16", "zeropp"} if stack else {"", "bf16", "powersgd", "int8", "onebit_adam",
-                                                              "fp8_param_gather"})
+                                                              "onebit_lamb", "zero_one_adam", "fp8_param_gather"})
 
 
 def test_a_compressed_layout_within_the_models_resolution_is_not_recommended():
@@ -100,7 +100,8 @@ def test_cli_names_the_flag(tmp_path, capsys):
     assert main(["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "8",
                  "--compression", "zip", "--out", str(tmp_path / "p.yaml")]) == 2
     assert capsys.readouterr().err.strip().endswith("--compression='zip' is not one of: none, bf16, fp16, powersgd, "
-                                                    "int8, onebit_adam, zeropp, fp8_param_gather")
+                                                    "int8, onebit_adam, onebit_lamb, zero_one_adam, zeropp, "
+                                                    "fp8_param_gather")
     assert not (tmp_path / "p.yaml").exists()
 
 
@@ -138,3 +139,17 @@ def test_fp8_gathers_follow_the_layouts_own_precision_and_recipe():
                 if lay.compression == "fp8_param_gather"}
     assert {ZeroStage.GRADIENTS, ZeroStage.WEIGHTS} <= zeros("tensorwise")
     assert zeros("delayed") == {ZeroStage.OPTIMIZER_STATES}
+
+
+@pytest.mark.parametrize("method", cmp.OPTIMIZERS)
+def test_the_deepspeed_optimizers_swap_the_optimizer_and_say_their_price(method):
+    """1-bit Adam, 1-bit LAMB and 0/1 Adam are optimizers: the method sets ``training.optimizer``, only on
+    DDP layouts (DeepSpeed refuses them with ZeRO), and states its accuracy price and need."""
+    assert cmp.fields(method, 8) == ({}, {"optimizer": cmp.Optimizer(method)})
+    assert "arXiv" in cmp.ACCURACY[method] or "ICML" in cmp.ACCURACY[method]
+    assert "not compatible with ZeRO" in cmp.NEEDS[method]
+    base = base_plan("gpt-1.7b", {"node": "dgx-h100", "nodes": 2}, 64, {"precision": "fp16"})
+    lays = families(base, replace(derive_space(base), compression=(method,), micro_batch=(1,), pp=(1,)),
+                    base.cluster.gpus)
+    took = [lay for lay in lays if lay.compression == method]
+    assert took and all(lay.zero == ZeroStage.NONE for lay in took)
