@@ -44,6 +44,19 @@ REFUSED = {
                              "deepspeed": "parallel.zero_impl"},
 }
 
+#: MaxText's (simcore/plan/maxtext_writer.py: no pipeline or context parallelism written yet, no ZeRO-2, ZeRO-1
+#: under hybrid sharding, no optimizer stepped in the backward).
+MAXTEXT_REFUSED = {
+    "gpt3-175b-a100": "parallel.pp", "llama3-70b-h100": "parallel.pp", "tiny-localhost": "parallel.pp",
+    "v-ddp-pp-even": "parallel.pp", "v-ds-zero1-fp16-tp-ulysses": "parallel.cp", "v-ds-zero2-offload": "parallel.zero",
+    "v-hsdp-zero1": "parallel.dp_replicate", "v-interleaved-tp": "parallel.pp", "v-mixtral-ep": "parallel.pp",
+    "v-pp-uneven": "parallel.pp", "v-qwen2-moe": "parallel.pp", "v-zero-bubble-cp": "parallel.pp",
+    "v-zero1-fp16-tp-cp": "parallel.cp", "v-zero2-offload-fp8": "parallel.zero",
+    "v-zero3-optim-in-bwd": "training.optimizer_in_backward",
+}
+for _name, _field in MAXTEXT_REFUSED.items():
+    REFUSED[_name]["maxtext"] = _field
+
 
 def assert_one_sentence_naming(refusal: str, field: str) -> None:
     """A refusal is one sentence that opens with the field and its value: ``parallel.pp=4 has no
