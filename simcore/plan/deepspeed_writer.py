@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 
+from simcore.plan.choices import ONEBIT_OPTIMIZERS
 from simcore.plan.spec import Plan, ZeroImpl, ZeroStage
 
 _DEEPSPEED_SRC = ("deepspeedai/DeepSpeed deepspeed/runtime/constants.py (088be892), "
@@ -104,6 +105,10 @@ def deepspeed_notes(plan: Plan) -> list[str]:
         notes.append(f"tp={par.tp} is AutoTP (tensor_parallel.autotp_size): DeepSpeed >= 0.16.4"
                      + (", >= 0.19.5 under ZeRO-3" if par.zero == ZeroStage.WEIGHTS else "")
                      + "; every rank of a TP group must be fed the same batch")
+    if plan.training.optimizer in ONEBIT_OPTIMIZERS:   # pip's deepspeed 0.19.8 wheel holds no runtime/fp16/onebit
+        notes.append(f"optimizer {ONEBIT_OPTIMIZERS[plan.training.optimizer]} needs DeepSpeed 0.19.6 or earlier: "
+                     "0.19.8 has no 1-bit optimizers (runtime/fp16/onebit is gone, its engine takes the type for "
+                     "a torch.optim class and fails)")
     return notes
 
 

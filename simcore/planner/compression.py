@@ -46,6 +46,8 @@ ACCURACY = {
               "loss curves matching ZeRO-3 on their GPT runs",
     "fp8_param_gather": "the FP8 weights the GEMMs use, gathered before the cast rather than after it",
 }
+for _method in ("onebit_adam", "onebit_lamb", "zero_one_adam"):   # beside the price: the stack that has them
+    ACCURACY[_method] += "; DeepSpeed 0.19.6 or earlier runs it (PyPI's 0.19.8 has no runtime/fp16/onebit)"
 
 
 def check_methods(values, where: str) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch.distributed as dist
 
+from simcore.plan.load import plan_from_dict, plan_to_dict
 from simcore.plan.torchtitan_reader import _torchtitan_command
 from simcore.plan.spec import Offload, ZeroImpl, ZeroStage
 from simcore.plan.torchtitan_writer import stage_split
@@ -207,3 +208,30 @@ def test_the_reader_of_the_03_command_agrees_with_torchtitan():
     text = TORCHTITAN["v-interleaved-tp"]
     ours, theirs = _torchtitan_command(text)["parallelism"], _torchtitan_parse(text).parallelism
     assert all(getattr(theirs, k) == v for k, v in ours.items())
+
+
+@pytest.mark.parametrize("optimizer, kind, step_key", [("onebit_adam", "onebitadam", "freeze_step"),
+                                                       ("onebit_lamb", "onebitlamb", "freeze_step"),
+                                                       ("zero_one_adam", "zerooneadam", "var_freeze_step")])
+def test_deepspeed_0_19_8_has_no_1_bit_optimizers_and_the_export_says_so(optimizer, kind, step_key, tmp_path,
+                                                                           one_rank_group):
+    """The export writes each 1-bit optimizer as DeepSpeed 0.19.6 dispatches on it (engine.py
+    ONEBIT_ADAM_OPTIMIZER ...: the type lower-cased, the warm-up under the key its optimizer reads), and
+    says on stderr that the pinned DeepSpeed 0.19.8 has none: its parser keeps the type as written,
+    outside DEEPSPEED_OPTIMIZERS, and its engine would look it up in torch.optim."""
+    import torch
+
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS, DeepSpeedConfig
+    from simcore.plan.writers import export_with_notes
+
+    doc = plan_to_dict(PLANS["v-ds-zero2-offload"])
+    doc["parallel"] = {"dp": doc["parallel"]["dp"], "zero": 0}
+    doc["training"] = {**doc["training"], "offload": "none", "precision": "fp16", "optimizer": optimizer,
+                       "onebit_freeze_step": 400}
+    path = tmp_path / "ds_config.json"
+    text, notes = export_with_notes(plan_from_dict(doc), "deepspeed")
+    path.write_text(text)
+    cfg = DeepSpeedConfig(str(path), mpu=_DataParallel(doc["parallel"]["dp"]))
+    assert cfg.optimizer_name.lower() == kind and cfg.optimizer_params[step_key] == 400
+    assert kind not in DEEPSPEED_OPTIMIZERS and not hasattr(torch.optim, cfg.optimizer_name)
+    assert any("needs DeepSpeed 0.19.6 or earlier" in n for n in notes)
