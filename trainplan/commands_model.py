@@ -8,7 +8,8 @@ import sys
 from simcore.plan.bounds import check_event_budget, check_graph_budget
 from simcore.plan.load import dump_plan, load_plan
 from topologies.hardware import load_catalog
-from trainplan.common import UsageError, check_prediction, fmt_s, print_json, print_prediction
+from trainplan.common import (UsageError, check_prediction, fmt_s, plan_model_notes, print_json, print_prediction,
+                              warn)
 
 
 def cmd_catalog(args) -> None:
@@ -46,6 +47,7 @@ def cmd_check(args) -> None:
     from simcore.plan.describe import plan_summary
 
     plan = load_plan(args.plan)
+    warn(plan_model_notes(args.plan))
     summary = plan_summary(plan)
     summary["derived"] = {**_model_size(plan), **summary["derived"]}
     if args.json:
@@ -91,6 +93,7 @@ def cmd_simulate(args) -> None:
     from simcore.engine.predict import simulate
 
     plan = load_plan(args.plan)
+    warn(plan_model_notes(args.plan))
     kwargs = {}
     if args.engine == "des":
         check_event_budget(plan, "the event engine", args.granularity, args.mode)

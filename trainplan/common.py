@@ -166,6 +166,21 @@ def model_notes(model) -> list[str]:
     return ([f"not mapped to the plan: {model}: {', '.join(dropped)}"] if dropped else []) + hf_import_notes(model)
 
 
+def plan_model_notes(plan_path) -> list[str]:
+    """``model_notes`` of a Plan file whose model section names a config.json (``hf_config``, relative to
+    the file as the loader resolves it); [] otherwise. The file has loaded already: it reads."""
+    from pathlib import Path
+
+    from simcore.plan.yaml_file import read_yaml_file
+
+    model = (read_yaml_file(plan_path, "plan file") or {}).get("model")
+    hf = model.get("hf_config") if isinstance(model, dict) else None
+    if not isinstance(hf, str):
+        return []
+    path = Path(hf).expanduser()
+    return model_notes(str(path if path.is_absolute() else Path(plan_path).parent / path))
+
+
 def compressions(text: str | None) -> list[str] | None:
     """``plan --compression``'s methods (``simcore.planner.compression.METHODS``); UsageError naming the flag."""
     from simcore.planner.compression import check_methods

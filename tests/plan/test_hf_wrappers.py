@@ -168,3 +168,23 @@ def test_plan_with_a_config_json_says_what_the_import_says(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "the vision tower (vision_config) is not modelled" in err
     assert "not mapped to the plan:" in err and "pre- and post-feedforward RMSNorms" in err
+
+
+def test_a_plan_file_naming_a_config_json_says_it_too(capsys, tmp_path):
+    """``check`` and ``simulate`` of a Plan whose model is ``hf_config: cfg/config.json`` (relative to the
+    file, as the loader reads it) say what that model leaves out; a catalog model says nothing."""
+    import shutil
+
+    from trainplan.cli import main
+
+    (tmp_path / "cfg").mkdir()
+    shutil.copy(HF / "gemma3-27b" / "config.json", tmp_path / "cfg" / "config.json")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("model: {hf_config: cfg/config.json, seq_len: 2048}\ncluster: {node: dgx-h100, nodes: 1}\n"
+                    "parallel: {tp: 8}\ntraining: {global_batch: 8, flash_attention: true}\n")
+    for command in ("check", "simulate"):
+        assert main([command, str(plan)]) == 0
+        err = capsys.readouterr().err
+        assert "the vision tower (vision_config) is not modelled" in err and "not mapped to the plan:" in err
+    assert main(["check", str(ROOT / "plans" / "llama3-70b-h100.yaml")]) == 0
+    assert "not mapped" not in capsys.readouterr().err
