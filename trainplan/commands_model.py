@@ -259,11 +259,11 @@ def cmd_import(args) -> None:
     from simcore.plan.interop import import_plan
     from simcore.plan.load import plan_from_dict
 
-    if not any((args.hf, args.megatron, args.deepspeed, args.torchtitan, args.log)):
-        raise UsageError("import needs at least one of --hf, --megatron, --deepspeed, --torchtitan, --log")
+    if not any((args.hf, args.megatron, args.deepspeed, args.torchtitan, args.log, args.maxtext)):
+        raise UsageError("import needs at least one of --hf, --megatron, --deepspeed, --torchtitan, --maxtext, --log")
     doc, warnings = import_plan(hf=args.hf, megatron=args.megatron, deepspeed=args.deepspeed,
                                 torchtitan=args.torchtitan, log=args.log, cluster=args.cluster, nodes=args.nodes,
-                                seq_len=args.seq_len, base_dir=".")
+                                seq_len=args.seq_len, base_dir=".", maxtext=args.maxtext)
     plan = plan_from_dict(doc, ".")
     from simcore.model.workload import active_params_per_token, param_counts
     from simcore.plan.hf_config import hf_import_notes

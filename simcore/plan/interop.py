@@ -40,6 +40,7 @@ import math
 import re
 from pathlib import Path
 
+from simcore.plan import maxtext_reader
 from simcore.plan.megatron_log import read_megatron_log
 from simcore.plan.megatron_reader import read_megatron
 from simcore.plan.megatron_writer import account_split
@@ -97,7 +98,7 @@ def _read_input(value: str, base: Path, what: str) -> str:
 
 
 def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, log=None, cluster=None,
-                nodes=None, seq_len=None, base_dir=".") -> tuple[dict, list[str]]:
+                nodes=None, seq_len=None, base_dir=".", maxtext=None) -> tuple[dict, list[str]]:
     """A Plan document from the given inputs, and warning lines (fields not mapped,
     values assumed). ``cluster`` is a catalog node type; ``nodes`` the cluster size;
     ``seq_len`` the training sequence (else the inputs', or a default with a note)."""
@@ -113,8 +114,10 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, log=
         readings.append(read_torchtitan(_read_input(torchtitan, base, "torchtitan")))
     if log is not None:
         readings.append(read_megatron_log(_read_log(base / log)))
+    if maxtext is not None:
+        readings.append(_maxtext_reading(_read_input(maxtext, base, "maxtext"), cluster, nodes))
     if not readings:
-        raise PlanError("import needs at least one input: hf, megatron, deepspeed, torchtitan or log")
+        raise PlanError("import needs at least one input: hf, megatron, deepspeed, torchtitan, maxtext or log")
     values, hints = _merge(readings)
     notes: list[str] = [v for k, v in sorted(hints.items()) if k.startswith("note.")]
     if seq_len is not None:
@@ -138,11 +141,30 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, log=
             notes.append(f"training.attention_kernel={kernel} ({why})")
     _resolve_layout(values, hints, world, notes)
     doc = _document(values, cluster_doc, hints)
+    if "cluster.nvlink_domain_gpus" in hints:   # a MaxText launch's slices
+        doc["cluster"]["nvlink_domain_gpus"] = hints["cluster.nvlink_domain_gpus"]
     ignored = "; ".join(f"{r.source}: {', '.join(r.ignored)}" for r in readings if r.ignored)
     warnings = [f"not mapped to the plan: {ignored}"] if ignored else []
     if notes:
         warnings.append("assumed: " + "; ".join(notes))
     return doc, warnings
+
+
+def _maxtext_reading(text: str, cluster, nodes) -> Reading:
+    """A MaxText launch (``maxtext_reader``) on ``nodes`` of ``cluster``: its slices are what its
+    ``num_slices`` or explicit dcn axes say, else the node's NVLink domain (a TPU host's: its largest slice)."""
+    if cluster is None or not nodes:
+        raise PlanError("import of a MaxText launch needs cluster= and nodes= (its mesh axes fill those devices)")
+    node = load_catalog().node(cluster)
+    devices = node.gpus_per_node * nodes
+    given = maxtext_reader.overrides(text)
+    dcn = [int(given.get(f"dcn_{a}_parallelism", maxtext_reader.DEFAULTS.get(f"dcn_{a}_parallelism", 1)))
+           for a in maxtext_reader.AXES]
+    slices = int(given.get("num_slices", -1))
+    slices = slices if slices > 0 else math.prod(dcn) if -1 not in dcn else max(1, devices // node.nvlink_domain_gpus)
+    keys, cluster_keys, unread = maxtext_reader.read_maxtext(text, devices, devices // slices)
+    return Reading(source="maxtext", fields={"model.name": "maxtext", **keys},
+                   hints={f"cluster.{k}": v for k, v in cluster_keys.items()}, ignored=tuple(unread))
 
 
 def _read_log(path: Path) -> str:

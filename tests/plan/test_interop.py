@@ -178,7 +178,8 @@ def _held(doc: dict, target: str) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
-@pytest.mark.parametrize("target", [t for t in TARGETS if t not in ("slurm-trainplan", "maxtext")])   # no importer
+@pytest.mark.parametrize("target", [t for t in TARGETS if t not in ("slurm-trainplan", "maxtext")])   # maxtext's:
+# tests/plan/test_maxtext_export.py (the import needs the cluster's slices)
 def test_import_of_export_gives_back_the_plan(name, target, tmp_path):
     plan = ALL[name]
     text, refusal = _export_or_refusal(plan, target)

@@ -18,6 +18,8 @@ from simcore.plan.load import plan_from_dict
 from simcore.plan.maxtext_writer import maxtext_args, mesh
 from simcore.plan.readers import load_tool_options
 from simcore.plan.writers import export_plan
+from tests.plan.layouts import ALL
+from tests.plan.test_interop import _export_or_refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATORS = ROOT.parent / "shared" / "validation" / "dev_accelerators.csv"
@@ -107,3 +109,62 @@ def test_what_maxtext_cannot_state_is_refused_in_one_sentence(change, field):
         export_plan(plan_from_dict(doc), "maxtext")
     assert str(err.value).startswith(field) and "has no MaxText option" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- the launch read back
+
+def _held(plan) -> tuple:
+    """What a MaxText launch states of a Plan: the model's shape and block, the mesh, the batch, precision,
+    remat, attention, optimizer, offload."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    model = tuple(getattr(m, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab",
+                                          "seq_len", "gated_mlp", "activation", "tied_embeddings", "rope_base",
+                                          "dropout", "norm", "bias", "position_embedding"))
+    return (model, (par.tp, par.dp, par.zero, par.dp_replicate),
+            tuple(getattr(tr, k) for k in ("global_batch", "micro_batch", "precision", "recompute",
+                                           "flash_attention", "optimizer", "offload", "master_weights")))
+
+
+EXPORTABLE = sorted(n for n, p in ALL.items() if _export_or_refusal(p, "maxtext")[0] is not None)
+
+
+@pytest.mark.parametrize("name", ["tpu", *EXPORTABLE])
+def test_import_of_the_export_gives_back_the_plan(name):
+    from simcore.plan.interop import import_plan
+
+    plan = _tpu() if name == "tpu" else ALL[name]
+    doc, _ = import_plan(maxtext=export_plan(plan, "maxtext"), cluster=plan.cluster.node.name,
+                         nodes=plan.cluster.nodes)
+    assert _held(plan_from_dict(doc)) == _held(plan)
+
+
+def test_base_ymls_auto_axes_fill_the_devices():
+    """Left out, ici_fsdp_parallelism and dcn_data_parallelism are base.yml's -1: MaxText sizes them to the
+    devices left; two v5p slices (num_slices) of 64 chips under tensor parallelism 4."""
+    from simcore.plan.interop import import_plan
+
+    text = ("python3 -m maxtext.trainers.pre_train.train src/maxtext/configs/base.yml base_emb_dim=4096 "
+            "base_num_query_heads=32 base_num_kv_heads=8 head_dim=128 base_mlp_dim=14336 base_num_decoder_layers=32 "
+            "vocab_size=128256 max_target_length=8192 ici_tensor_parallelism=4 num_slices=2 per_device_batch_size=1 "
+            "run_name=x")
+    doc, warnings = import_plan(maxtext=text, cluster="tpu-v5p-host", nodes=32)
+    assert doc["parallel"] == {"tp": 4, "dp": 32, "zero": 3, "dp_replicate": 2, "sequence_parallel": True}
+    assert doc["cluster"]["nvlink_domain_gpus"] == 64 and doc["training"]["global_batch"] == 128
+    assert doc["training"]["recompute"] == "full" and any("run_name" in w for w in warnings)   # base.yml's remat
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("decoder_block=mixtral", "decoder_block=mixtral: the import reads the llama2 block"),
+    ("model_name=llama3-8b", "model_name=llama3-8b: the import reads the llama2 block"),
+    ("ici_pipeline_parallelism=2", "ici_pipeline_parallelism=2: the import reads MaxText's tensor, fsdp and data"),
+    ("remat_policy=save_qkv_proj", "remat_policy=save_qkv_proj: the import reads full, minimal"),
+    ("per_device_batch_size=0.5", "per_device_batch_size=0.5: a data-parallel rank's micro-batch"),
+])
+def test_what_the_plan_cannot_hold_is_refused_naming_the_key(extra, words):
+    from simcore.plan.interop import import_plan
+    from simcore.plan.spec import PlanError
+
+    text = f"base_emb_dim=1024 base_num_query_heads=8 base_num_decoder_layers=4 vocab_size=32000 {extra}"
+    with pytest.raises(PlanError) as err:
+        import_plan(maxtext=text, cluster="tpu-v5p-host", nodes=2)
+    assert str(err.value).startswith(words) and "\n" not in str(err.value)
