@@ -138,7 +138,7 @@ def _interop_commands(sub) -> None:
     p.add_argument("--megatron", metavar="CMDLINE_OR_FILE")
     p.add_argument("--deepspeed", metavar="DS_CONFIG_JSON")
     p.add_argument("--torchtitan", metavar="TOML")
-    p.add_argument("--maxtext", metavar="CMDLINE_OR_FILE", help="a MaxText launch: its key=value overrides of base.yml")
+    p.add_argument("--maxtext", metavar="CMDLINE_OR_FILE", help="a MaxText launch (overrides of base.yml)")
     p.add_argument("--log", metavar="FILE", help="a Megatron-LM run's log: the arguments block it prints at start-up")
     p.add_argument("--cluster", metavar="NODE", help="catalog node type (default: from the inputs, or dgx-h100)")
     p.add_argument("--nodes", type=int)
