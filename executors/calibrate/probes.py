@@ -154,8 +154,7 @@ def probe_kernels(spec, ep: int = 1) -> tuple[int, int]:
 
     ops = wl.layer_forward_ops(spec, b=1, s=spec.seq_len, ep=ep)
     fwd = sum(op.kernels for op in ops)
-    bwd = sum(op.kernels * (2 if op.matmul and not op.batched and op.name != "flash_attention" else 1)
-              for op in ops)
+    bwd = sum(op.backward_kernels for op in ops)
     return fwd, bwd
 
 

@@ -367,8 +367,7 @@ def _ops_device_s(ops: list[Op], dev: DeviceModel) -> tuple[float, float, float,
         bi += i
         bw += w
         kf += op.kernels
-        kb += op.kernels * (2 - op.detached if op.matmul and not op.batched and op.name != "flash_attention"
-                            else 1) * (op.backward_scale > 0)
+        kb += op.backward_kernels
     return fwd, bi, bw, kf, kb
 
 

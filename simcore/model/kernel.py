@@ -43,6 +43,13 @@ class Op:
             return 0
         return 1 if self.batched else self.count
 
+    @property
+    def backward_kernels(self) -> int:
+        """Its backward's kernels: a GEMM's two (one where its input is detached), one for a batched
+        GEMM, flash attention or an elementwise kernel, none without a backward."""
+        gemm = self.matmul and not self.batched and self.name != "flash_attention"
+        return self.kernels * (2 - self.detached if gemm else 1) * (self.backward_scale > 0)
+
 
 def _gemm(name: str, m_: float, n: float, k: float, count: int = 1, batched: bool = False) -> Op:
     """A (m x k) @ (k x n) matmul: 2mnk FLOPs, reads both inputs and writes the output."""

@@ -65,8 +65,8 @@ def layer_params_per_gpu(plan: Plan) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one GPU."""
     m, par = plan.model, plan.parallel
     pc = wl.param_counts(m)
-    whole = pc.norms + dsa.indexer_params(m)   # on every TP rank: the norms, DSA's duplicated indexer
-    attention = pc.attention - dsa.indexer_params(m)
+    indexer = dsa.indexer_params(m)
+    whole, attention = pc.norms + indexer, pc.attention - indexer   # on every TP rank: the norms, DSA's indexer
     if m.moe:  # the router and the shared experts (TP-split like a dense MLP) are on every EP rank
         router = m.hidden * m.experts
         experts = pc.mlp - router - pc.shared

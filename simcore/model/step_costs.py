@@ -52,6 +52,13 @@ from simcore.results import GIB
 _model_flops_per_step = functools.lru_cache(maxsize=1024)(wl.model_flops_per_step)
 
 
+def plan_device(plan: Plan) -> cmp.DeviceModel:
+    """The device model of ``plan``'s GPU at its precision, FP8 recipe and attention kernel."""
+    tr = plan.training
+    return cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
+                            attention_kernel=tr.attention_kernel.value)
+
+
 def _check_device(plan: Plan) -> None:
     if plan.cluster.node.gpu.name == "uncalibrated-host":
         raise PlanError("cluster.node=localhost has no calibrated profile; run `trainplan calibrate` first")
@@ -237,9 +244,7 @@ def stage_work(plan: Plan, kept: dict | None = None) -> tuple[float, ...] | None
     device with per-message host costs (a calibrated CPU host), whose fused receive posts
     shorten a rank's waits (``analytic._fused_posts``)."""
     _check_device(plan)
-    tr = plan.training
-    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
-                           attention_kernel=tr.attention_kernel.value)
+    dev = plan_device(plan)
     if dev.p2p_post_s > 0 or hc.host_p2p(dev, plan.parallel.pp, 1):
         return None
     *_, (fwd, bin_, bwt, rec, fcomm, bcomm), _, _, _ = _work(kvr.as_run(plan), dev, kept)
@@ -251,8 +256,7 @@ def step_costs(plan: Plan, kept: dict | None = None) -> StepCosts:
     Replicated key/value heads: the model NxD builds and its kv group's all-reduce (``kv_replication``)."""
     _check_device(plan)
     m, par, tr, stages = plan.model, plan.parallel, plan.training, plan.layers_per_stage
-    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
-                           attention_kernel=tr.attention_kernel.value)
+    dev = plan_device(plan)
     if par.kv_replicator > 1:
         return kvr.with_kv_sync(step_costs(kvr.as_run(plan), kept), plan, dev)
     times, blocking, lc, dense, (fwd, bin_, bwt, rec, fcomm, bcomm), p2p, hw, copies = _work(plan, dev, kept)

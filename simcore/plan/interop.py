@@ -156,13 +156,7 @@ def _maxtext_reading(text: str, cluster, nodes) -> Reading:
     if cluster is None or not nodes:
         raise PlanError("import of a MaxText launch needs cluster= and nodes= (its mesh axes fill those devices)")
     node = load_catalog().node(cluster)
-    devices = node.gpus_per_node * nodes
-    given = maxtext_reader.overrides(text)
-    dcn = [int(given.get(f"dcn_{a}_parallelism", maxtext_reader.DEFAULTS.get(f"dcn_{a}_parallelism", 1)))
-           for a in maxtext_reader.AXES]
-    slices = int(given.get("num_slices", -1))
-    slices = slices if slices > 0 else math.prod(dcn) if -1 not in dcn else max(1, devices // node.nvlink_domain_gpus)
-    keys, cluster_keys, unread = maxtext_reader.read_maxtext(text, devices, devices // slices)
+    keys, cluster_keys, unread = maxtext_reader.read_maxtext(text, node.gpus_per_node * nodes, node.nvlink_domain_gpus)
     return Reading(source="maxtext", fields={"model.name": "maxtext", **keys},
                    hints={f"cluster.{k}": v for k, v in cluster_keys.items()}, ignored=tuple(unread))
 

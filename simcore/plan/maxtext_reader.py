@@ -48,6 +48,15 @@ def _axis(cfg: dict, level: str, name: str) -> int:
     return int(cfg.get(f"{level}_{name}_parallelism", DEFAULTS.get(f"{level}_{name}_parallelism", 1)))
 
 
+def _slices(cfg: dict, devices: int, largest_slice: int) -> int:
+    """The launch's slices: its ``num_slices``, else its dcn axes where none is auto (-1), else as many
+    as ``devices`` fill at ``largest_slice`` devices a slice (the node's ICI / NVLink domain)."""
+    dcn = [_axis(cfg, "dcn", a) for a in AXES]
+    if int(cfg.get("num_slices", -1)) > 0:
+        return int(cfg["num_slices"])
+    return math.prod(dcn) if -1 not in dcn else max(1, devices // largest_slice)
+
+
 def _mesh(cfg: dict, devices: int, slice_devices: int) -> dict[str, int]:
     """Each of ``AXES`` across ici x dcn, a -1 axis (MaxText's auto) sized to the devices left."""
     for key, value in cfg.items():
@@ -72,11 +81,12 @@ def _mesh(cfg: dict, devices: int, slice_devices: int) -> dict[str, int]:
     return out
 
 
-def read_maxtext(text: str, devices: int, slice_devices: int) -> tuple[dict, dict, list[str]]:
-    """(Plan keys, cluster keys, the launch's keys not read) of a MaxText launch on ``devices`` devices
-    in slices of ``slice_devices``; PlanError naming the key the Plan cannot hold."""
+def read_maxtext(text: str, devices: int, largest_slice: int) -> tuple[dict, dict, list[str]]:
+    """(Plan keys, cluster keys, the launch's keys not read) of a MaxText launch on ``devices`` devices,
+    a slice at most ``largest_slice`` of them (``_slices``); PlanError naming the key the Plan cannot hold."""
     given = overrides(text)
     cfg = {**DEFAULTS, **given}
+    slice_devices = devices // _slices(cfg, devices, largest_slice)
     for key, want in (("decoder_block", "llama2"), ("model_name", "default")):
         if cfg[key] != want:
             raise PlanError(f"{key}={cfg[key]}: the import reads the llama2 block from its base_* keys "

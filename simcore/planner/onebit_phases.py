@@ -23,6 +23,7 @@ from simcore.model import collectives as coll
 from simcore.model import compute as cmp
 from simcore.model import memory as mem
 from simcore.model import onebit
+from simcore.model.step_costs import plan_device
 from simcore.plan.choices import ONEBIT_OPTIMIZERS
 from simcore.plan.spec import Optimizer, Plan
 
@@ -59,9 +60,7 @@ def warmup_phases(plan: Plan, prediction, steps: int) -> tuple[list[Phase], str]
 def _largest_rank(plan: Plan) -> tuple[float, coll.GroupNet | None, cmp.DeviceModel]:
     """(parameters of the rank holding the most, its data-parallel group as ``dp_costs`` builds it
     (None on one rank), the device model)."""
-    tr, par = plan.training, plan.parallel
-    dev = cmp.device_model(plan.cluster.node.gpu, tr.precision.value, fp8_recipe=tr.fp8_recipe.value,
-                           attention_kernel=tr.attention_kernel.value)
+    par, dev = plan.parallel, plan_device(plan)
     net = coll.group_net(plan.cluster, dev, par.shard_ranks, par.tp) if par.dp * par.cp > 1 else None
     return max(sp.total for sp in mem.stage_params(plan)), net, dev
 

@@ -15,12 +15,14 @@ import functools
 import math
 from dataclasses import dataclass, replace
 from itertools import product
+from pathlib import Path
 
-from simcore.plan.load import plan_from_dict
+from simcore.plan.load import _cluster, _parallel, plan_from_dict
 from simcore.plan.spec import (Fp8Recipe, Offload, Plan, Precision, Recompute, RecomputeMethod, Schedule, ZeroImpl,
                                ZeroStage, even_split, evolve)
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts
 from simcore.planner.compression import applies as compression_applies, fields as compression_fields
+from topologies.hardware import load_catalog
 
 #: Candidate values of the axes the search does not derive from the model and batch.
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -353,9 +355,7 @@ def base_plan(model, cluster_doc, global_batch: int, training: dict | None = Non
     """The Plan every layout derives from: ``model`` is a catalog name, a Plan ``model``
     section or a ModelSpec; ``cluster_doc`` a Plan ``cluster`` section (or a ClusterSpec);
     ``parallel`` the stack's switches (``SWITCHES``), which each layout takes where it can."""
-    from simcore.plan.load import Path, _cluster, _parallel
     from simcore.plan.spec import ClusterSpec, ModelSpec, PlanError
-    from topologies.hardware import load_catalog
 
     model_doc, spec, cluster = {"name": model} if isinstance(model, str) else model, None, None
     if isinstance(model, ModelSpec):
