@@ -35,11 +35,13 @@ H100_SHAPE = ((1e10, 0.51 / 0.63), (1e11, 0.60 / 0.63), (1e12, 1.0))
 #: A100: the points from 1e10 FLOPs on are the plateau (cuBLAS's curve is flat there).
 A100_PLATEAU_FROM = 1e10
 #: The TPU family (issue 54): one MXU plateau for v4, v5e and v5p, fitted to MaxText's tables of
-#: dev_accelerators.csv only; the points from 1e10 FLOPs on (the A100 curve's shape below).
-TPU = ("tpu-v4", "tpu-v5e", "tpu-v5p")
+#: dev_accelerators.csv only; the points from 1e10 FLOPs on (the A100 curve's shape below). The
+#: fit writes it to the family's later chips too (EXTENDED: v6e and TPU7x have no row, so only the
+#: chips with rows are fitted to; SOURCES.md 'TPU efficiency').
+TPU = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x")
 #: The Trainium family (issue 54): one TensorEngine plateau, fitted to Neuron's trn1 tables of
-#: dev_accelerators.csv only; the points from 1e10 FLOPs on, as the TPU family's.
-TRAINIUM = ("trn1",)
+#: dev_accelerators.csv only; the points from 1e10 FLOPs on, as the TPU family's; extended to Trn2.
+TRAINIUM = ("trn1", "trn2")
 ACCELERATOR_ROWS = "dev_accelerators.csv"
 
 
@@ -93,13 +95,15 @@ FIGURES = (
     Figure("triton_ratio", "h100-sxm: attention.kernels.triton (flash2 / ratio)", "rows", 1.8, 1.3, 2.5, 0.05,
            "Dao 2023 (arXiv 2307.08691) Sec. 4.1: FlashAttention-2 1.3-2.5x the Triton kernel; prior the "
            "range's geometric middle", ALL_ROWS + " (it moves the H100 rows that run the Triton kernel: llm-foundry)"),
-    Figure("tpu_plateau", "tpu-v4, tpu-v5e, tpu-v5p: matmul.points (>= 1e10 FLOPs)", "tpu", 0.88, 0.71, 0.95, 0.01,
+    Figure("tpu_plateau", "tpu-v4, tpu-v5e, tpu-v5p (extended to tpu-v6e, tpu7x): matmul.points (>= 1e10 FLOPs)",
+           "tpu", 0.88, 0.71, 0.95, 0.01,
            "at least the highest model-FLOPs utilisation MaxText publishes (0.7147, v5p 32B: a step cannot "
            "run its matmuls faster than its GEMMs' rate), at most 0.95 of the MXU peak; prior the A100 "
            "plateau's prior, an isolated dense GEMM at 0.88 of peak (no public MXU GEMM sweep)",
            "the TPU rows of dev_accelerators.csv that bench/published_accelerators.py predicts (MaxText's "
            "v4, v5e and v5p tables); no GPU row"),
-    Figure("trainium_plateau", "trn1: matmul.points (>= 1e10 FLOPs)", "trainium", 0.88, 0.33, 0.95, 0.01,
+    Figure("trainium_plateau", "trn1 (extended to trn2): matmul.points (>= 1e10 FLOPs)", "trainium", 0.88, 0.33, 0.95,
+           0.01,
            "at least the highest model-FLOPs utilisation Neuron's trn1 tables publish (0.3314, GPT3-175B on "
            "512 chips; the definition is not printed, and a step cannot run its matmuls faster than its "
            "GEMMs' rate), at most 0.95 of the TensorEngine peak (the TPU family's bound); prior the A100 "

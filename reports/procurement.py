@@ -81,15 +81,6 @@ def _summary(result) -> list[tuple[str, str]]:
     return out
 
 
-def _notes(result) -> list[str]:
-    cells = result.cells
-    if "note" not in cells:
-        return []
-    bad = cells[cells["note"].map(lambda s: isinstance(s, str) and bool(s))]
-    return [f"{r['gpu']} x {r['nodes']} nodes ({r.get('fabric_asked', 'default')} fabric): {r['note']}"
-            for r in bad.to_dict(orient="records")]
-
-
 def procure_report(result, *, rows: int = 60) -> Report:
     """The report of a procurement search."""
     from simcore.planner.procure_answer import answer_lines, display_table, frontier_table
@@ -115,9 +106,8 @@ def procure_report(result, *, rows: int = 60) -> Report:
             text=serving_answer(result.serving, c.serving) + " Each row is a GPU kind, precision and TP degree "
             "with the fewest replicas that meet the SLO at the rate on the serving event engine (vLLM's continuous "
             "batching), cheapest first; $ per million output tokens over an hour of the traffic, kWh at TDP x PUE."))
-    notes = _notes(result)
-    if notes:
-        sections.append(Section("Cells that could not be priced", text="\n\n".join(notes[:40])))
+    if result.left_out:
+        sections.append(Section("What the answer could not weigh", text="\n\n".join(result.left_out)))
     model = c.model.get("name", "model")
     from simcore.planner.formatting import si
 

@@ -374,13 +374,17 @@ def cmd_procure(args) -> None:
         html = write_procure_report(res, args.report)
     if args.json:
         serving = {} if res.serving is None else {"serving": serving_doc(res.serving, c.serving)}
-        print_json(json_safe({"answers": answer_lines(res), "options": res.options.to_dict(orient="records"),
+        print_json(json_safe({"answers": answer_lines(res), "left_out": list(res.left_out),
+                              "options": res.options.to_dict(orient="records"),
                               "front": frontier_table(res.options).to_dict(orient="records"),
                               "assumptions": res.assumptions, "seconds": res.seconds, **serving}))
         return
     cells = res.cells
     print(f"{len(cells)} hardware cells ({int(cells['fits'].sum())} fit), {len(res.options)} options, "
-          f"{res.resimulated} re-simulated on the event engine, {res.seconds:.1f} s\n")
+          f"{res.resimulated} re-simulated on the event engine, {res.seconds:.1f} s")
+    for line in res.left_out:
+        print(f"  left out: {line}")
+    print()
     print("front of each way of paying (* = front of all):")
     print(frontier_table(res.options).to_string(index=False))
     print(f"\nfastest options (first {args.rows}):")

@@ -109,6 +109,25 @@ def group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -
 group_net.cache_clear = _NETS.clear   # as functools' caches answer (tests clear them all)
 
 
+def unpriced_group(plan: Plan, dev: DeviceModel) -> str:
+    """'' where the catalog prices every communication group of the plan's layout (the groups the
+    step model routes: TP, CP, the data-parallel shard and its replicas, EP, a pipeline hop), else
+    the refusal of the first it cannot (``_group_net``: a fabric gap), naming the group: the
+    layout search counts such a layout under that rule, as one that breaks a rule."""
+    par = plan.parallel
+    groups = (("tensor", par.tp, 1), ("context", par.cp, par.tp), ("data-parallel", par.shard_ranks, par.tp),
+              ("replica", par.dp_replicate, par.tp * par.shard_ranks),
+              ("expert", par.ep, par.etp if par.etp < par.tp else par.tp * par.cp),
+              ("pipeline", 2 if par.pp > 1 else 1, par.tp * par.cp * par.dp))
+    for name, ranks, stride in groups:
+        if ranks > 1:
+            try:
+                group_net(plan.cluster, dev, ranks, stride)
+            except ValueError as exc:
+                return f"the {name} group: {exc}"
+    return ""
+
+
 def replica_all_reduce_s(plan: Plan, dev: DeviceModel, scattered_bytes: float) -> float:
     """Seconds of the all-reduce that follows a reduce-scatter of ``scattered_bytes`` under hybrid
     sharding (``parallel.dp_replicate``; 0 without): its shard, 1 / ``shard_ranks`` of them, over the

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from simcore.planner.procure_input import Candidates, buy_sheet_of, sweep_of
+from simcore.planner.procure_input import Candidates, buy_sheet_of, purchase_priced, sweep_of
 from simcore.planner.whatif import node_for_gpu, run_cell
 
 #: The columns of one option (a cell and a way of paying), besides the cell's own. ``usd`` is
@@ -46,6 +46,8 @@ class ProcureResult:
     """Cells re-simulated on the event engine (the front and the answers)."""
     serving: object = None
     """The serving capacity search (``serving_search.SearchResult``) where the candidates ask it."""
+    left_out: tuple[str, ...] = ()
+    """What the answer could not weigh, a sentence each (``procure_answer.left_out_lines``)."""
 
 
 def hardware_cells(c: Candidates) -> list[dict]:
@@ -135,7 +137,8 @@ def options_of(c: Candidates, row: dict, rc) -> list[dict]:
     base = {k: row.get(k) for k in keep}
     scen = {"on_demand": rc.on_demand, "reserved": rc.reserved, "spot": rc.spot}
     out = [{**base, **_scenario_option(m, scen[m], rc.gpus)} for m in c.modes if m in scen]
-    if "buy" in c.modes:
+    kinds = [row[k] for k in ("base_gpu", "stage_gpu") if isinstance(row.get(k), str)] or [row["gpu"]]
+    if "buy" in c.modes and all(purchase_priced(c, g) for g in kinds):
         out.append({**base, **buy_option(c, row, rc)})
     return out
 
@@ -153,7 +156,7 @@ def _run_cells(c: Candidates, cells: list[dict], top_k: int, progress: bool, des
 
 def run_procure(c: Candidates, *, progress: bool = True) -> ProcureResult:
     """Every cell on the analytic engine, then the front and the answers on the event engine."""
-    from simcore.planner.procure_answer import assumptions_of, to_resimulate
+    from simcore.planner.procure_answer import assumptions_of, left_out_lines, to_resimulate
 
     t0 = time.perf_counter()
     cells = hardware_cells(c)
@@ -178,7 +181,8 @@ def run_procure(c: Candidates, *, progress: bool = True) -> ProcureResult:
         serving = serving_search(c.model, c.serving, c.gpus, c.modes, c.jobs)
     return ProcureResult(candidates=c, cells=table, options=_options_table(c, results, analytic),
                          assumptions=assumptions_of(c, [(r, rc) for r, rc in rows if rc is not None]),
-                         seconds=time.perf_counter() - t0, resimulated=len(done), serving=serving)
+                         seconds=time.perf_counter() - t0, resimulated=len(done), serving=serving,
+                         left_out=left_out_lines(c, table))
 
 
 #: An option's figures from the analytic pass, kept as ``analytic_*`` beside those of the engine

@@ -106,7 +106,19 @@ def option_sentence(row) -> str:
     return (f"{option_label(row)}, {f.with_interval(row['days'], row['days_lo'], row['days_hi'], f.days)} days, "
             f"{money}, layout {row['layout']}, "
             f"{row['headroom_gib']:.1f} GiB memory headroom{_thin(row)}, MFU {f.percent(row['mfu'])} "
-            f"({engine}){_price_basis(row)}{_unchecked(row)}")
+            f"({engine}){_price_basis(row)}{_unchecked(row)}{_efficiency_basis(row)}")
+
+
+def _efficiency_basis(row) -> str:
+    """'; its ... efficiency is ... extended' where the option's chip has no published run and its
+    efficiency entry is its family's, extended to it (efficiency.yaml says EXTENDED)."""
+    from topologies.hardware import load_catalog
+
+    source = str(((load_catalog().efficiency.get(row.get("gpu")) or {}).get("matmul") or {}).get("source", ""))
+    if "EXTENDED" not in source:
+        return ""
+    return (f"; its {row['gpu']} efficiency figures are its family's, fitted to the family's other chips and "
+            "extended to it (topologies/catalog/SOURCES.md): an assumption no run of its own checks")
 
 
 def _unchecked(row) -> str:
@@ -205,7 +217,8 @@ def _columns(recs: list[dict], name: str, pick: int) -> dict[str, list[str]]:
                                        for g in figs],
             f"$ paid out [{name}]": [f.money(g["cash_usd"]) if g else "" for g in figs],
             f"MFU [{name}]": [f.percent(g["mfu"]) if g else "" for g in figs],
-            f"MWh [{name}]": [f"{g['energy_kwh'] / 1000:,.0f}" if g else "" for g in figs]}
+            f"MWh [{name}]": [("no TDP" if f.is_missing(g["energy_kwh"]) else f"{g['energy_kwh'] / 1000:,.0f}") if g
+                              else "" for g in figs]}
 
 
 def display_table(options: pd.DataFrame, rows: int | None = None) -> pd.DataFrame:
@@ -247,7 +260,7 @@ def _rent_line(gpu: str) -> str:
 def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
     """Every figure the answer leaned on, with its source: the what-if's (hardware, rent,
     energy, failures), then buying (purchase prices, fabric, life, utilisation, facility)."""
-    from simcore.planner.procure_input import buy_sheet_of
+    from simcore.planner.procure_input import buy_sheet_of, purchase_priced
     from simcore.planner.whatif import assumptions_of as whatif_assumptions, node_for_gpu
 
     plain = [(r, rc) for r, rc in rows if not isinstance(r.get("stage_gpu"), str)]
@@ -260,6 +273,8 @@ def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
     out = whatif_assumptions(plain) + rents
     if "buy" in c.modes:
         for row, _ in plain:
+            if not purchase_priced(c, row["gpu"]):
+                continue
             s = buy_sheet_of(c, row)
             out.append(f"buy {row['gpu']}: ${s.usd_per_gpu:,.0f} per GPU with its server share: {s.gpu_source}")
             out.append(f"buy fabric {s.fabric}: ${s.fabric_usd_per_gpu:,.0f} per GPU: {s.fabric_source}")
@@ -279,3 +294,21 @@ def assumptions_of(c, rows: list[tuple[dict, object]]) -> list[str]:
                    "the event engine, is priced at the GPU-weighted blend of both types' prices, and counts energy at "
                    "the base GPU's power (an approximation)")
     return list(dict.fromkeys(out))
+
+
+def left_out_lines(c, cells: pd.DataFrame) -> tuple[str, ...]:
+    """What the answer could not weigh, a sentence each: the kinds with a node but no rental price
+    (when the candidates take the default kinds), the kinds no way of buying prices, and the cells
+    with no layout, grouped by kind and reason, with the cluster sizes."""
+    from simcore.planner.procure_input import purchase_priced
+
+    out = list(c.unweighed)
+    if "buy" in c.modes and (rent_only := [g for g in c.gpus if not purchase_priced(c, g)]):
+        out.append(f"rented only, no purchase price in prices.yaml purchase.gpus: {', '.join(rent_only)}; "
+                   "candidates.prices.KIND.usd_per_gpu prices buying one")
+    failed = cells[~cells["fits"].astype(bool)] if "fits" in cells else cells.iloc[0:0]
+    failed = failed.assign(note=failed["note"] if "note" in failed else "no layout fits").fillna({"note": "no layout fits"})
+    for (gpu, note), group in failed.groupby(["gpu", "note"], sort=False):
+        sizes = ", ".join(str(int(n)) for n in sorted(group["nodes"]))
+        out.append(f"{gpu} at {sizes} node{'s' if len(group) > 1 or sizes != '1' else ''}: {note}")
+    return tuple(out)

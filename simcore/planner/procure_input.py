@@ -2,9 +2,11 @@
 candidate hardware (GPU types x cluster sizes x fabrics x ways to pay), from a YAML file, the
 command line or the defaults, each field checked with one sentence naming it and its rule.
 
-The default candidates are the GPUs priced both to rent and to buy in
-``topologies/catalog/prices.yaml`` that the catalog has a node for: a GPU priced before its
-catalog entry exists (``b300``, ``gb200``, ...) joins the default set the day its node does.
+The default candidates are the accelerators priced to rent in ``topologies/catalog/prices.yaml``
+that the catalog has a node for, GPUs, TPUs and Trainium alike: one priced before its catalog
+entry exists joins the default set the day its node does. A candidate with no purchase price
+(the clouds rent TPUs and Trainium only) is offered on the rents alone; the kinds with a node
+but no rental price are named in one line (``unpriced_kinds``), with what prices them.
 Mixed pipelines (``mixed:``, ``simcore.planner.procure_mixed``) are checked here too, and the
 helpers the procure modules share (the what-if base of a GPU type, the purchase sheet of a cell)
 live here, below them all. Example file: ``sweeps/procure-llama3-70b.yaml``.
@@ -73,14 +75,40 @@ class Candidates:
     """Rank only layouts this stack runs (``simcore.planner.stacks.STACKS``); None: any."""
     serving: dict | None = None
     """Serve the model too: rate, lengths and SLO (``simcore.planner.procure_serving``); None: training only."""
+    unweighed: tuple[str, ...] = ()
+    """The default kinds' left-out groups, a sentence each (``default_kinds``); none for named GPUs."""
+
+
+def _with_node() -> set[str]:
+    cat = load_catalog()
+    return {raw.get("gpu") for raw in cat.nodes.values() if raw.get("gpu") in cat.gpus}
 
 
 def default_gpus() -> tuple[str, ...]:
-    """GPUs priced both to rent and to buy that the catalog has a node for, in prices.yaml order."""
-    cat = load_catalog()
-    with_node = {raw.get("gpu") for raw in cat.nodes.values()}
-    bought = cat.prices.purchase.get("gpus") or {}
-    return tuple(g for g in cat.prices.gpus if g in bought and g in with_node and g in cat.gpus)
+    """Accelerators priced to rent that the catalog has a node for, in prices.yaml order."""
+    with_node = _with_node()
+    return tuple(g for g in load_catalog().prices.gpus if g in with_node)
+
+
+def default_kinds(precision: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the default candidates for a run in ``precision``, a sentence for each group of the kinds
+    with a catalog node that they leave out): those with no rental price, and those with no peak
+    in that precision (V100: no bf16)."""
+    cat, with_node = load_catalog(), _with_node()
+    priced = default_gpus()
+    runs = tuple(g for g in priced if cat.gpus[g].peak(precision))
+    out = []
+    if unpriced := sorted(g for g in with_node if g not in cat.prices.gpus):
+        out.append(f"not weighed, no rental price in topologies/catalog/prices.yaml (a gap): {', '.join(unpriced)}; "
+                   "candidates.gpus with candidates.prices.KIND.on_demand_usd weighs one at your price")
+    if slow := [g for g in priced if g not in runs]:
+        out.append(f"not weighed, no {precision} peak in the catalog: {', '.join(slow)}")
+    return runs, tuple(out)
+
+
+def purchase_priced(c: "Candidates", gpu: str) -> bool:
+    """Whether the candidates can buy ``gpu``: prices.yaml's purchase price or theirs."""
+    return gpu in (load_catalog().prices.purchase.get("gpus") or {}) or "usd_per_gpu" in (c.prices.get(gpu) or {})
 
 
 def load_candidates(path: str | os.PathLike, **over) -> Candidates:
@@ -122,17 +150,25 @@ def _names(doc: dict, key: str, known, what: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _check_gpus(doc: dict) -> tuple[str, ...]:
+def _check_gpus(doc: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the candidate GPUs, the sentences on the default kinds left out)."""
     cat = load_catalog()
     if "gpus" not in doc:
-        return default_gpus()
+        training = doc.get("training") if isinstance(doc.get("training"), dict) else {}
+        return default_kinds(str({**DEFAULT_TRAINING, **training}.get("precision", "bf16")))
     with_node = sorted({raw.get("gpu") for raw in cat.nodes.values() if raw.get("gpu")})
     gpus = _names(doc, "gpus", set(cat.prices.gpus) | set(with_node), "GPUs priced in prices.yaml")
     for g in gpus:
         if g not in with_node:
             raise PlanError(f"candidates.gpus: '{g}' is priced but the catalog has no node built on it yet "
                             f"(GPUs with nodes: {', '.join(with_node)})")
-    return gpus
+        prices, price = doc.get("prices"), doc.get("price")
+        own = prices.get(g) if isinstance(prices, dict) else None
+        rent = {**(price if isinstance(price, dict) else {}), **(own if isinstance(own, dict) else {})}
+        if g not in cat.prices.gpus and "on_demand_usd" not in rent:
+            raise PlanError(f"candidates.gpus: '{g}' has no rental price in prices.yaml (a gap): give "
+                            f"candidates.prices.{g}.on_demand_usd (and reserved_usd, spot_usd), or leave it out")
+    return gpus, ()
 
 
 def _check_nodes(doc: dict) -> tuple[int, ...]:
@@ -173,7 +209,7 @@ def candidates_from_dict(doc: dict) -> Candidates:
     model = model_section(doc["model"])
     if not isinstance(model, dict):
         raise PlanError("candidates.model must be a catalog name or a Plan model section")
-    gpus = _check_gpus(doc)
+    gpus, unweighed = _check_gpus(doc)
     fabrics = _names(doc, "fabrics", set(load_catalog().fabrics) | {"default"}, "fabrics (or 'default')") \
         if "fabrics" in doc else ("default",)
     modes = _names(doc, "modes", MODES, "modes") if "modes" in doc else MODES
@@ -193,7 +229,7 @@ def candidates_from_dict(doc: dict) -> Candidates:
         storage=doc.get("storage"), jobs=_number(doc, "jobs", whole=True) if "jobs" in doc else 1,
         failures=bool(doc.get("failures", True)), resimulate=bool(doc.get("resimulate", True)),
         mixed=tuple(_mixed(doc)), stack=checked_stack(doc.get("stack"), "candidates.stack"),
-        serving=check_serving_section(doc.get("serving")))
+        serving=check_serving_section(doc.get("serving")), unweighed=unweighed)
 
 
 def _default_space(doc: dict) -> dict:

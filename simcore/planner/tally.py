@@ -54,15 +54,23 @@ def _rule_key(message: str) -> str:
 
 
 def rejected(plan: Plan, tally: Tally, count: int = 1) -> bool:
-    """Count (``count`` times) a candidate that breaks a rule of ``check_plan``."""
+    """Count (``count`` times) a candidate that breaks a rule of ``check_plan``, or one with a
+    communication group the catalog cannot price (``collectives.unpriced_group``: a fabric gap)."""
+    from simcore.model.collectives import unpriced_group
+    from simcore.model.step_costs import plan_device
+
     try:
         check_plan(plan)
     except PlanError as exc:
-        tally.broke_rule += count
-        key = _rule_key(str(exc))
-        tally.rules[key] = tally.rules.get(key, 0) + count
-        return True
-    return False
+        why = str(exc)
+    else:   # a GPU with no device model (a catalog gap) is the cell's refusal, not a rule: it propagates
+        why = unpriced_group(plan, plan_device(plan))
+    if not why:
+        return False
+    tally.broke_rule += count
+    key = _rule_key(why)
+    tally.rules[key] = tally.rules.get(key, 0) + count
+    return True
 
 
 def bounded_sentence(tally) -> str:

@@ -126,27 +126,15 @@ def test_trn1_rows_across_instances_are_predicted_over_the_non_blocking_efa(acc,
 
 
 def test_a_trn2_group_across_instances_still_refuses_its_fabric_gap():
-    # efa-v3's oversubscription stays a gap (trn2-arch.rst prints no such words): even with an
-    # efficiency entry standing in for trn2's, a DP group over 32 instances is refused
+    # efa-v3's oversubscription stays a gap (trn2-arch.rst prints no such words): with trn2's
+    # efficiency entry (the Trainium family's, extended), a DP group over 32 instances is refused
     from simcore.engine.predict import simulate
-    from simcore.model import collectives, compute
-    from topologies.hardware import load_catalog
 
-    cat = load_catalog()
-    assert "trn2" not in cat.efficiency
-    cat.efficiency["trn2"] = cat.efficiency["trn1"]
-    compute.device_model.cache_clear()
-    collectives.group_net.cache_clear()
-    try:
-        plan = plan_from_dict({"model": "llama2-7b", "cluster": {"node": "trn2-48xl", "nodes": 32},
-                               "parallel": {"tp": 4, "dp": 128, "zero": 1},
-                               "training": {"global_batch": 512, "micro_batch": 1}}, catalog=cat)
-        with pytest.raises(ValueError, match="efa-v3 has no oversubscription figure in the catalog"):
-            simulate(plan)
-    finally:
-        del cat.efficiency["trn2"]
-        compute.device_model.cache_clear()
-        collectives.group_net.cache_clear()
+    plan = plan_from_dict({"model": "llama2-7b", "cluster": {"node": "trn2-48xl", "nodes": 32},
+                           "parallel": {"tp": 4, "dp": 128, "zero": 1},
+                           "training": {"global_batch": 512, "micro_batch": 1}})
+    with pytest.raises(ValueError, match="efa-v3 has no oversubscription figure in the catalog"):
+        simulate(plan)
 
 
 @pytest.fixture(scope="module")
@@ -199,12 +187,23 @@ def test_simulate_predicts_a_tpu_plan_with_its_interval(tmp_path):
     assert "extrapolated: tpu-v5p" in out.stdout or "residuals" in out.stdout
 
 
-def test_an_accelerator_without_rows_still_refuses_in_one_sentence(tmp_path):
-    plan = tmp_path / "trn2.yaml"
-    plan.write_text("model: llama3-8b\ncluster: {node: trn2-48xl, nodes: 1}\nparallel: {tp: 4, dp: 4}\n"
+def test_an_accelerator_without_rows_or_a_family_still_refuses_in_one_sentence(tmp_path):
+    plan = tmp_path / "gaudi3.yaml"
+    plan.write_text("model: llama3-8b\ncluster: {node: hls-gaudi3, nodes: 1}\nparallel: {tp: 4, dp: 2}\n"
                     "training: {global_batch: 16, micro_batch: 1}\n")
     out = subprocess.run([sys.executable, "-m", "trainplan", "simulate", str(plan)], capture_output=True,
                          text=True, cwd=ROOT, timeout=120)
     assert out.returncode != 0
     msg = out.stderr.strip()
-    assert "GPU 'trn2' has no entry in topologies/catalog/efficiency.yaml" in msg and len(msg.splitlines()) == 1
+    assert "GPU 'gaudi3' has no entry in topologies/catalog/efficiency.yaml" in msg and len(msg.splitlines()) == 1
+
+
+def test_a_later_chip_of_a_family_is_predicted_and_says_it_extrapolates(tmp_path):
+    # trn2 has no row: its entry is the Trainium family's, extended, and its interval says so
+    plan = tmp_path / "trn2.yaml"
+    plan.write_text("model: llama3-8b\ncluster: {node: trn2-48xl, nodes: 1}\nparallel: {tp: 4, dp: 4}\n"
+                    "training: {global_batch: 16, micro_batch: 1}\n")
+    out = subprocess.run([sys.executable, "-m", "trainplan", "simulate", str(plan)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "step time" in out.stdout and "extrapolated: trn2: no published run on this GPU" in out.stdout

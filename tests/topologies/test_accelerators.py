@@ -58,26 +58,35 @@ def test_hosts_resolve_with_their_torus_and_fabric(cat):
     assert all(cat.fabrics[f].source for f in ("gcp-dcn-50", "gcp-dcn-100", "gcp-dcn-200", "efa-v3", "gaudi3-roce-200"))
 
 
-def test_no_new_accelerator_joins_the_procurement_defaults(cat):
-    from simcore.planner.procure_input import default_gpus
+def test_the_accelerators_priced_to_rent_join_the_procurement_defaults(cat):
+    # issue 54 item 4: procure weighs TPU and Trainium beside the GPUs; the rest are named, not dropped
+    from simcore.planner.procure_input import default_gpus, default_kinds
 
-    assert not NEW & set(default_gpus())
+    assert NEW & set(default_gpus()) == {"tpu-v6e", "trn1"}
     assert cat.prices.gpus["tpu-v6e"].on_demand_usd == 2.70 and "tpu-v5p" not in cat.prices.gpus
+    kinds, unweighed = default_kinds("bf16")
+    assert "v100-32gb" not in kinds and any("no bf16 peak" in s and "v100-32gb" in s for s in unweighed)
+    unpriced = next(s for s in unweighed if "no rental price" in s)
+    assert all(g in unpriced for g in NEW - {"tpu-v6e", "trn1"} if g in {n.gpu.name for n in map(cat.node, HOSTS)})
 
 
 #: The accelerators whose efficiency entry bench/fit.py fits to their family's rows of
 #: ../shared/validation/dev_accelerators.csv (the TPU family under MaxText, Trn1 under Neuron's
-#: NxD and neuronx-nemo-megatron); every other new one has none.
+#: NxD and neuronx-nemo-megatron), and the family's later chips it writes the same plateau to
+#: (EXTENDED: no row of their own); every other new one has none.
 FAMILIES = {"tpu": {"tpu-v4", "tpu-v5e", "tpu-v5p"}, "trainium": {"trn1"}}
+EXTENDED = {"tpu": {"tpu-v6e", "tpu7x"}, "trainium": {"trn2"}}
 FITTED = set().union(*FAMILIES.values())
+WITH_ENTRY = FITTED | set().union(*EXTENDED.values())
 
 
 def test_simulate_refuses_what_the_catalog_lacks_in_one_sentence(cat):
-    # an efficiency curve only from the fit to development rows (issue 54 item 3); the rest refuse
+    # an efficiency curve only from the fit to development rows (issue 54 item 3), on the chips that
+    # have rows or a family that does; the rest refuse
     from simcore.model.compute import device_model
 
-    assert NEW & set(cat.efficiency) == FITTED
-    for name in NEW - FITTED:
+    assert NEW & set(cat.efficiency) == WITH_ENTRY
+    for name in NEW - WITH_ENTRY:
         assert "efficiency" in cat.gpus[name].gaps, name
         with pytest.raises(PlanError) as err:
             device_model(cat.gpus[name], "bf16")
@@ -93,8 +102,13 @@ def test_an_accelerator_gets_an_efficiency_entry_only_from_the_fit_with_its_rows
         # the GPU stacks' eager per-kernel figures are not written to a compiled (XLA, Neuron) stack
         assert not {"kernel_overhead_us", "host_overhead_us", "comm_compute_interference"} & set(e)
     for family, names in FAMILIES.items():
-        plateaus = {cat.efficiency[n]["matmul"]["points"][-1][1] for n in names}
-        assert len(plateaus) == 1, family   # one matrix-unit plateau for the family
+        plateaus = {cat.efficiency[n]["matmul"]["points"][-1][1] for n in names | EXTENDED[family]}
+        assert len(plateaus) == 1, family   # one matrix-unit plateau for the family, its later chips included
+        for name in EXTENDED[family]:   # said to be extended, not fitted to rows of its own
+            e = cat.efficiency[name]
+            assert "EXTENDED" in e["matmul"]["source"] and "no row" in e["matmul"]["source"], name
+            assert "efficiency" not in cat.gpus[name].gaps, name
+            assert not {"kernel_overhead_us", "host_overhead_us", "comm_compute_interference"} & set(e)
     # Neuron's own words for the compiled step (lazy torch-xla graphs, neuronx-cc), not an analogy only
     assert "lazy mode" in cat.efficiency["trn1"]["overheads_source"]
     assert "one source" in cat.efficiency["trn1"]["matmul"]["source"]

@@ -1,0 +1,77 @@
+"""Procurement across every accelerator (issue 54 item 4): TPU and Trainium are weighed beside the
+GPUs on the rents they are priced for, and whatever the answer cannot weigh is named in a
+sentence (no rental price, no purchase price, a cell with no layout and why), never dropped
+silently and never a traceback."""
+from __future__ import annotations
+
+import pytest
+
+from simcore.model.collectives import unpriced_group
+from simcore.model.step_costs import plan_device
+from simcore.plan.load import plan_from_dict
+from simcore.plan.spec import PlanError
+from simcore.planner.procure import run_procure
+from simcore.planner.procure_answer import option_sentence
+from simcore.planner.procure_input import candidates_from_dict, default_gpus
+
+BASE = {"model": {"name": "llama3-8b", "seq_len": 4096}, "tokens": 1e12, "global_batch": 256, "nodes": [16],
+        "modes": ["reserved", "buy"], "resimulate": False, "deadline_days": 365}
+
+
+@pytest.fixture(scope="module")
+def default_run():
+    return run_procure(candidates_from_dict(dict(BASE)), progress=False)
+
+
+def test_tpu_and_trainium_are_ranked_on_their_rents_beside_the_gpus(default_run):
+    opts = default_run.options
+    for kind in ("tpu-v6e", "trn1"):
+        assert kind in default_gpus()
+        mine = opts[opts["gpu"] == kind]
+        assert set(mine["mode"]) == {"reserved"}, kind     # rented only: no purchase price
+        assert (mine["days"] > 0).all() and (mine["usd"] > 0).all()
+    assert {"h100-sxm", "buy"} <= set(opts["gpu"]) | set(opts["mode"])
+    row = opts[opts["gpu"] == "tpu-v6e"].iloc[0].to_dict()
+    sentence = option_sentence(row)
+    # no published run on v6e: its interval is widened and its efficiency is said to be the family's
+    assert "tpu-v6e: no published run on this GPU" in sentence and "extended to it" in sentence
+
+
+def test_what_is_not_weighed_is_named_with_what_prices_it(default_run):
+    lines = default_run.left_out
+    unpriced = next(s for s in lines if "no rental price" in s)
+    for kind in ("tpu-v5p", "trn2", "gaudi3", "ascend-910b"):
+        assert kind in unpriced
+    assert "candidates.prices.KIND.on_demand_usd" in unpriced
+    rented = next(s for s in lines if s.startswith("rented only"))
+    assert "tpu-v6e" in rented and "trn1" in rented and "h100-sxm" not in rented
+    assert all("\n" not in s for s in lines)
+
+
+def test_a_named_kind_with_no_rental_price_is_one_sentence():
+    with pytest.raises(PlanError) as err:
+        candidates_from_dict({**BASE, "gpus": ["tpu-v5p"]})
+    assert str(err.value) == ("candidates.gpus: 'tpu-v5p' has no rental price in prices.yaml (a gap): give "
+                              "candidates.prices.tpu-v5p.on_demand_usd (and reserved_usd, spot_usd), or leave it out")
+
+
+def test_a_kind_priced_by_the_user_but_with_no_efficiency_is_left_out_with_the_reason():
+    res = run_procure(candidates_from_dict({**BASE, "gpus": ["gaudi3", "h100-sxm"], "nodes": [16, 32],
+                                            "prices": {"gaudi3": {"on_demand_usd": 3.0}}}), progress=False)
+    assert set(res.options["gpu"]) == {"h100-sxm"}
+    line = next(s for s in res.left_out if s.startswith("gaudi3"))
+    assert line.startswith("gaudi3 at 16, 32 nodes: GPU 'gaudi3' has no entry in topologies/catalog/efficiency.yaml")
+
+
+def test_a_layout_whose_group_the_catalog_cannot_route_breaks_a_rule_not_the_search():
+    # two v6e slices joined by the data-centre network, whose oversubscription is a catalog gap
+    doc = {"model": "llama3-8b", "cluster": {"node": "tpu-v6e-host", "nodes": 64},
+           "parallel": {"tp": 1, "pp": 1, "dp": 512, "zero": 3}, "training": {"global_batch": 512}}
+    plan = plan_from_dict(doc)
+    why = unpriced_group(plan, plan_device(plan))
+    assert why.startswith("the data-parallel group: cluster.fabric=gcp-dcn-100 has no oversubscription figure")
+    inside = plan_from_dict({**doc, "cluster": {"node": "tpu-v6e-host", "nodes": 32},
+                             "parallel": {"tp": 1, "pp": 1, "dp": 256, "zero": 3}})
+    assert unpriced_group(inside, plan_device(inside)) == ""   # one slice: ICI only
+    res = run_procure(candidates_from_dict({**BASE, "gpus": ["tpu-v6e"], "nodes": [64]}), progress=False)
+    assert len(res.options) == 1 and res.options.iloc[0]["gpu"] == "tpu-v6e"   # a layout that avoids the gap
