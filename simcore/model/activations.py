@@ -95,9 +95,15 @@ def in_flight_chunks(plan: Plan, rank: int) -> int:
 
 
 def memory_entry(plan: Plan) -> dict:
-    """A calibrated profile's ``efficiency.memory`` entry ({} for a catalog GPU)."""
-    ej = plan.cluster.node.gpu.efficiency_json
-    return (json.loads(ej).get("memory") or {}) if ej else {}
+    """A calibrated profile's ``efficiency.memory`` entry, or the catalog entry's of its GPU (a
+    compiled runtime's own reserve and fragmentation: XLA on TPU); {} where neither has one (the
+    CUDA defaults of ``simcore.model.peak``)."""
+    gpu = plan.cluster.node.gpu
+    if gpu.efficiency_json:
+        return json.loads(gpu.efficiency_json).get("memory") or {}
+    from topologies.hardware import load_catalog
+
+    return (load_catalog().efficiency.get(gpu.name) or {}).get("memory") or {}
 
 
 def executor_activations(plan: Plan) -> bool:

@@ -215,9 +215,13 @@ def evaluate_family(base: Plan, family: Layout, space: SearchSpace, tally: Tally
 
 def _margin_only(peak: float, parts: tuple, hbm: float) -> bool:
     """Whether ``peak`` (``memory_table``'s, with the allocator's margin) would be in a fit class
-    without the margin (``parts``' framework terms: the CUDA context, the margin's share)."""
+    without the margin (``parts``' framework terms: the CUDA context, the margin's share); only
+    for torch's caching allocator at its default margin, the one expandable segments remove (a
+    compiled runtime's fragmentation, XLA's, is no setting of the launch)."""
+    from simcore.model.peak import ALLOCATOR_MARGIN
+
     context, share = parts[4], parts[5]
-    return share > 0 and fit_class((peak - context) / (1 + share) + context, hbm) is not None
+    return share == ALLOCATOR_MARGIN and fit_class((peak - context) / (1 + share) + context, hbm) is not None
 
 
 def _variant(plan: Plan, lay: Layout, name: str | None = None) -> Plan:

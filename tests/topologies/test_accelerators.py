@@ -125,6 +125,22 @@ def test_an_efficiency_entry_needs_the_figures_the_model_reads(cat):
             assert set(g.gaps) <= UNREAD, name
 
 
+def test_a_tpu_is_charged_xla_runtime_reserve_not_the_cuda_context_and_allocator(cat):
+    # XLA:TPU's HBM report: 'reserved 530.00M', buffers assigned at compile time (0.0-0.4% fragmentation)
+    from simcore.model.peak import ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, framework_terms
+    from simcore.plan.load import plan_from_dict
+
+    doc = {"model": "llama3-8b", "parallel": {"tp": 1, "dp": 16, "zero": 3}, "training": {"global_batch": 64}}
+    tpu = plan_from_dict({**doc, "cluster": {"node": "tpu-v5p-host", "nodes": 4}})
+    gpu = plan_from_dict({**doc, "cluster": {"node": "dgx-h100", "nodes": 2}})
+    context, margin, _ = framework_terms(tpu)
+    assert context == 530 * 2**20 and margin == 0.004
+    assert "reserved 530.00M" in cat.efficiency["tpu-v5p"]["memory"]["source"]
+    assert framework_terms(gpu)[:2] == (CUDA_CONTEXT_BYTES, ALLOCATOR_MARGIN)
+    for name in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x"):
+        assert cat.efficiency[name]["memory"]["framework_bytes"] == 530 * 2**20, name
+
+
 def test_efa_on_trn1_is_non_blocking_as_its_source_says_and_efa_v3_stays_a_gap(cat):
     trn1, v3 = cat.fabrics["efa-trn1"], cat.fabrics["efa-v3"]
     assert trn1.oversubscription == 1.0 and "oversubscription" not in trn1.gaps
