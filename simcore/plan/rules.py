@@ -189,6 +189,9 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          f"training.fp8_recipe={tr.fp8_recipe.value} applies to training.precision=fp8, not {tr.precision.value}"),
         (tr.offload != Offload.OPTIMIZER_PARAMS or par.zero == ZeroStage.WEIGHTS,
          "training.offload=optimizer+params needs parallel.zero=3 (FSDP2 offloads sharded parameters)"),
+        (tr.offload == Offload.NONE or gpu.vendor == "cpu" or gpu.host_bytes_per_s > 0,
+         f"training.offload={tr.offload.value} moves states over the host link, whose bandwidth "
+         f"{gpu.name}'s catalog entry lacks (pcie_gbyte_per_s_bidir, a gap)"),
         (tr.recompute not in (Recompute.FULL, Recompute.LAYER) or tr.recompute_layers <= m.layers,
          f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
         (tr.master_weights or tr.precision.value in ("bf16", "fp16"),

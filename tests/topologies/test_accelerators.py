@@ -141,6 +141,22 @@ def test_a_tpu_is_charged_xla_runtime_reserve_not_the_cuda_context_and_allocator
         assert cat.efficiency[name]["memory"]["framework_bytes"] == 530 * 2**20, name
 
 
+def test_offload_over_a_host_link_the_catalog_lacks_is_refused_not_infinite():
+    # the TPUs' and Trainium's PCIe rates are gaps: offloading over them has no time to price
+    from simcore.plan.load import plan_from_dict
+    from simcore.plan.rules import check_plan
+
+    plan = plan_from_dict({"model": "llama3-8b", "cluster": {"node": "tpu-v5p-host", "nodes": 4},
+                           "parallel": {"tp": 1, "dp": 16, "zero": 3}, "training": {"global_batch": 64}})
+    check_plan(plan)
+    with pytest.raises(PlanError) as err:
+        check_plan(plan_from_dict({"model": "llama3-8b", "cluster": {"node": "tpu-v5p-host", "nodes": 4},
+                                   "parallel": {"tp": 1, "dp": 16, "zero": 3},
+                                   "training": {"global_batch": 64, "offload": "optimizer"}}))
+    assert str(err.value) == ("training.offload=optimizer moves states over the host link, whose bandwidth "
+                              "tpu-v5p's catalog entry lacks (pcie_gbyte_per_s_bidir, a gap)")
+
+
 def test_efa_on_trn1_is_non_blocking_as_its_source_says_and_efa_v3_stays_a_gap(cat):
     trn1, v3 = cat.fabrics["efa-trn1"], cat.fabrics["efa-v3"]
     assert trn1.oversubscription == 1.0 and "oversubscription" not in trn1.gaps
