@@ -191,7 +191,7 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "training.offload=optimizer+params needs parallel.zero=3 (FSDP2 offloads sharded parameters)"),
         (tr.offload == Offload.NONE or gpu.vendor == "cpu" or gpu.host_bytes_per_s > 0,
          f"training.offload={tr.offload.value} moves states over the host link, whose bandwidth "
-         f"{gpu.name}'s catalog entry lacks (pcie_gbyte_per_s_bidir, a gap)"),
+         f"(pcie_gbyte_per_s_bidir) is a gap in the catalog entry of the GPU: {gpu.name}"),
         (tr.recompute not in (Recompute.FULL, Recompute.LAYER) or tr.recompute_layers <= m.layers,
          f"training.recompute's {tr.recompute_layers} layers exceed model.layers={m.layers}"),
         (tr.master_weights or tr.precision.value in ("bf16", "fp16"),

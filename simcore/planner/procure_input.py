@@ -35,7 +35,8 @@ DEFAULT_NODES = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 3
 DEFAULT_SPACE = {"cp": [1, 2], "zero": [1], "micro_batch": [1], "vpp": [2, 4], "offload": ["none"]}
 #: The ZeRO stage a stack runs where the distributed optimizer is not its own: torchtitan's data
 #: parallelism is FSDP2, resharding after forward by default (ZeRO-3); it has no ZeRO-1.
-STACK_ZERO = {"torchtitan": [3], "torchtitan-0.2": [3]}
+STACK_ZERO = {"torchtitan": [3], "torchtitan-0.2": [3], "maxtext": [1, 3]}
+#: (MaxText: its data axis with shard_optimizer_over_data, ZeRO-1, and its fsdp axis, ZeRO-3.)
 #: Training defaults of a procurement (the Plan's own defaults otherwise).
 DEFAULT_TRAINING = {"precision": "bf16", "flash_attention": True}
 DEFAULT_GLOBAL_BATCH = 1024
@@ -274,10 +275,15 @@ def sweep_of(c: Candidates, gpu: str):
     from simcore.planner.prices import BUY_FIELDS
     from simcore.planner.whatif import Sweep, node_for_gpu
 
+    from simcore.planner.stacks import HARDWARE_STACKS
+
     rent = {**c.price, **{k: v for k, v in (c.prices.get(gpu) or {}).items() if k not in BUY_FIELDS}}
     cluster = {"node": node_for_gpu(gpu), "nodes": 1, **({"storage": c.storage} if c.storage else {})}
+    space, own = c.space, HARDWARE_STACKS.get(load_catalog().gpus[gpu].vendor)
+    if c.stack is None and own in STACK_ZERO and space == DEFAULT_SPACE:   # the chip's own stack's ZeRO stages
+        space = {**space, "zero": STACK_ZERO[own]}
     return Sweep(name=c.name, model=c.model, cluster=cluster, global_batch=c.global_batch, tokens=c.tokens,
-                 training=c.training, space=c.space, top_k=0, objective="time", jobs=1, monte_carlo=0,
+                 training=c.training, space=space, top_k=0, objective="time", jobs=1, monte_carlo=0,
                  failures=c.failures, prices=rent, stack=c.stack)
 
 

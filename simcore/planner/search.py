@@ -263,8 +263,9 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     base = base_plan(model, cluster_doc, global_batch, training, parallel)
     space = _space_for(base, space or derive_space(base, uneven_pp=uneven_pp), precisions, activation_offload,
                        hybrid, compressions)
-    from simcore.planner.stacks import stack_base, stack_space
+    from simcore.planner.stacks import hardware_stack, stack_base, stack_space
 
+    stack, chosen = hardware_stack(base, stack)
     space, base = stack_space(space, stack), stack_base(base, stack)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     tally, rows = _bounded(base, fams, space, jobs, progress, objective, min_headroom_gib, stack, refuses)
@@ -289,7 +290,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     best = replace(best, name=f"{base.model.name}-{best.cluster.node.name}x{best.cluster.nodes}-{best.name}")
     explanations = explain_ranking(df, tally, explain)
     explanations[2:2] = headroom_note(df, hbm_gib(base))   # right after the best layout's line
-    explanations[1:1] = [left_out] if left_out else []
+    explanations[1:1] = [s for s in (chosen, left_out) if s]
     explanations += [unpriced] if unpriced else []
     explanations += ([squeezed] if squeezed else []) + absent_notes(space.compression, df["compression"])
     if isinstance(wide := df.iloc[0].get("extrapolated"), str) and wide:   # uncertainty.extrapolation's line

@@ -54,6 +54,26 @@ FA2_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "executor")
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
           "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor", "maxtext": "MaxText"}
+#: The stack a chip's own software runs where a search names none (by the catalog's vendor): a TPU
+#: runs JAX, and MaxText is the JAX trainer trainplan exports; none of the PyTorch stacks trainplan
+#: exports launches on a TPU (their launches are CUDA or ROCm ones: torchrun with NCCL/RCCL).
+HARDWARE_STACKS = {"google": "maxtext"}
+#: The stacks whose launches run on GPUs only.
+GPU_ONLY_STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "executor")
+
+
+def hardware_stack(base: Plan, stack: str | None) -> tuple[str | None, str]:
+    """(the stack a search ranks for, the sentence that says so where the chip chose it): the one
+    named, else the chip's own (``HARDWARE_STACKS``); a GPU-only stack on a TPU is one sentence."""
+    gpu = base.cluster.node.gpu
+    own = HARDWARE_STACKS.get(gpu.vendor)
+    if own and stack in GPU_ONLY_STACKS:
+        raise PlanError(f"stack={stack}: {LABELS[stack]} launches on GPUs, not on {gpu.name} "
+                        f"(stack={own} ranks the layouts {LABELS[own]} runs there)")
+    if own and stack is None:
+        return own, (f"Ranked for {LABELS[own]}, the stack trainplan exports for {gpu.name} (no PyTorch stack it "
+                     f"exports launches on a TPU): only layouts its launch writes are ranked.")
+    return stack, ""
 
 
 def stack_base(base: Plan, stack: str | None) -> Plan:

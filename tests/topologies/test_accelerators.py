@@ -154,7 +154,7 @@ def test_offload_over_a_host_link_the_catalog_lacks_is_refused_not_infinite():
                                    "parallel": {"tp": 1, "dp": 16, "zero": 3},
                                    "training": {"global_batch": 64, "offload": "optimizer"}}))
     assert str(err.value) == ("training.offload=optimizer moves states over the host link, whose bandwidth "
-                              "tpu-v5p's catalog entry lacks (pcie_gbyte_per_s_bidir, a gap)")
+                              "(pcie_gbyte_per_s_bidir) is a gap in the catalog entry of the GPU: tpu-v5p")
 
 
 def test_efa_on_trn1_is_non_blocking_as_its_source_says_and_efa_v3_stays_a_gap(cat):
