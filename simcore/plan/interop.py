@@ -131,7 +131,8 @@ def import_plan(*, hf=None, megatron=None, deepspeed=None, torchtitan=None, log=
                      "FSDP (parallel.zero=3) over all GPUs")
     cluster_doc, world = _import_cluster(cluster, nodes, values, hints)
     notes += [hints["note.nodes"]] if "note.nodes" in hints else []
-    fa2_stack = (megatron is None and log is None) or deepspeed is not None   # all but Megatron-LM (TE: cuDNN's kernel)
+    # all but Megatron-LM and MaxText (TE's cuDNN kernel on a GPU, the catalog's own; Pallas on a TPU)
+    fa2_stack = (megatron is None and log is None and maxtext is None) or deepspeed is not None
     if fa2_stack and values.get("training.flash_attention") and "training.attention_kernel" not in values:
         kernel = sdpa_attention_kernel(load_catalog().node(cluster).gpu)
         if kernel != "auto":

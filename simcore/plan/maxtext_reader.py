@@ -4,9 +4,10 @@ AI-Hypercomputer/maxtext @e591f30c), the inverse of ``simcore.plan.maxtext_write
 docstring has the mapping). base.yml's defaults fill what the launch leaves out (ici_fsdp_parallelism
 -1, dcn_data_parallelism -1: the axis MaxText sizes to the devices left; the llama2 block, remat full,
 bfloat16 over float32 weights, adamw). Refused in one sentence naming the key: another decoder block, a
-model_name (its models/*.yml is not read), the pipeline, context, expert and other axes the writer
-does not write, remat policies and optimizers it has no field for, a per-device batch that is no whole
-micro-batch of a data-parallel rank.
+model_name (its models/*.yml is not read), the pipeline, expert and other axes the writer does not
+write (the context axis is read inside a slice, with its all_gather or ring strategy), remat policies
+and optimizers it has no field for, a per-device batch that is no whole micro-batch of a data-parallel
+rank.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import shlex
 import yaml
 
 from simcore.plan.choices import PlanError
-from simcore.plan.maxtext_writer import ACTIVATIONS, OPTIMIZERS
+from simcore.plan.maxtext_writer import ACTIVATIONS, CP_STRATEGY, OPTIMIZERS
 
 #: base.yml's values of the keys the import reads (@e591f30c), where the launch leaves them out.
 DEFAULTS = {"decoder_block": "llama2", "model_name": "default", "mlp_activations": ["silu", "linear"],
@@ -24,12 +25,14 @@ DEFAULTS = {"decoder_block": "llama2", "model_name": "default", "mlp_activations
             "weight_dtype": "float32", "remat_policy": "full", "attention": "autoselected", "opt_type": "adamw",
             "per_device_batch_size": 12.0, "gradient_accumulation_steps": 1, "shard_optimizer_over_data": False,
             "optimizer_memory_host_offload": False, "parameter_memory_host_offload": False,
-            "ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1, "rope_max_timescale": 10_000}
+            "ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1, "rope_max_timescale": 10_000,
+            "context_parallel_strategy": "all_gather", "hardware": "tpu", "use_tokamax_splash": False,
+            "context_parallel_load_balance": True}
 MODEL = {"base_emb_dim": "hidden", "base_num_query_heads": "heads", "base_num_kv_heads": "kv_heads",
          "head_dim": "kv_channels", "base_mlp_dim": "ffn_hidden", "base_num_decoder_layers": "layers",
          "vocab_size": "vocab", "max_target_length": "seq_len"}
 #: The mesh axes the import reads; any other ici_/dcn_ axis above 1 is refused.
-AXES = ("tensor", "fsdp", "data")
+AXES = ("tensor", "context", "fsdp", "data")
 REMAT = {"full": "full", "minimal": "selective", "minimal_with_context": "none"}
 LAUNCH_WORDS = ("python", "python3", "-m")
 
@@ -62,7 +65,7 @@ def _mesh(cfg: dict, devices: int, slice_devices: int) -> dict[str, int]:
     for key, value in cfg.items():
         if key.startswith(("ici_", "dcn_")) and key.endswith("_parallelism") \
                 and key.split("_", 1)[1].rsplit("_", 1)[0] not in AXES and int(value) != 1:
-            raise PlanError(f"{key}={value}: the import reads MaxText's tensor, fsdp and data axes only")
+            raise PlanError(f"{key}={value}: the import reads MaxText's tensor, context, fsdp and data axes only")
     slices = devices // slice_devices
     out = {}
     for level, total in (("ici", slice_devices), ("dcn", slices)):
@@ -99,10 +102,18 @@ def read_maxtext(text: str, devices: int, largest_slice: int) -> tuple[dict, dic
             raise PlanError(f"{key}={cfg[key]}: the import reads {', '.join(table)}")
     m = _mesh(cfg, devices, slice_devices)
     tp, fsdp, data = m["ici_tensor"] * m["dcn_tensor"], m["ici_fsdp"] * m["dcn_fsdp"], m["ici_data"] * m["dcn_data"]
-    micro = float(cfg["per_device_batch_size"]) * tp
+    cp = m["ici_context"]
+    if m["dcn_context"] > 1:
+        raise PlanError(f"dcn_context_parallelism={m['dcn_context']}: the import reads the context axis inside a slice")
+    strategies = {v: k.value for k, v in CP_STRATEGY.items()}
+    if cp > 1 and cfg["context_parallel_strategy"] not in strategies:
+        raise PlanError(f"context_parallel_strategy={cfg['context_parallel_strategy']}: the import reads "
+                        f"{', '.join(strategies)}")
+    micro = float(cfg["per_device_batch_size"]) * tp * cp
     if micro < 1 or micro != int(micro):
         raise PlanError(f"per_device_batch_size={cfg['per_device_batch_size']}: a data-parallel rank's micro-batch, "
-                        f"it x ici_tensor_parallelism={tp}, must be a whole number of sequences")
+                        f"it x ici_tensor_parallelism={tp} x ici_context_parallelism={cp}, must be a whole number "
+                        "of sequences")
     model = {v: int(cfg[k]) for k, v in MODEL.items() if k in cfg}
     model |= {"gated_mlp": len(cfg["mlp_activations"]) == 2, "activation": acts, "position_embedding": "rope",
               "norm": "rmsnorm", "bias": "none", "tied_embeddings": bool(cfg["logits_via_embedding"]),
@@ -111,6 +122,7 @@ def read_maxtext(text: str, devices: int, largest_slice: int) -> tuple[dict, dic
     offload = ("optimizer+params" if cfg["parameter_memory_host_offload"] else "optimizer") \
         if cfg["optimizer_memory_host_offload"] else "none"
     keys = {**{f"model.{k}": v for k, v in model.items()}, "parallel.tp": tp, "parallel.dp": fsdp * data,
+            **({"parallel.cp": cp, "parallel.cp_comm": strategies[cfg["context_parallel_strategy"]]} if cp > 1 else {}),
             "parallel.zero": 3 if fsdp > 1 else (1 if cfg["shard_optimizer_over_data"] else 0),
             "parallel.sequence_parallel": tp > 1, "training.micro_batch": int(micro),
             "training.global_batch": round(devices * float(cfg["per_device_batch_size"])
@@ -118,7 +130,8 @@ def read_maxtext(text: str, devices: int, largest_slice: int) -> tuple[dict, dic
             "training.precision": "bf16" if cfg["dtype"] == "bfloat16" else "fp32",
             "training.master_weights": cfg["weight_dtype"] == "float32",
             "training.recompute": REMAT[cfg["remat_policy"]], "training.optimizer": cfg["opt_type"],
-            "training.flash_attention": cfg["attention"] in ("flash", "autoselected"), "training.offload": offload}
+            "training.flash_attention": cfg["attention"] in ("flash", "autoselected", "cudnn_flash_te"),
+            "training.offload": offload}
     if fsdp > 1 and data > 1:
         keys["parallel.dp_replicate"] = data
     read = set(DEFAULTS) | set(MODEL) | {k for k in given if k.startswith(("ici_", "dcn_"))}

@@ -12,6 +12,17 @@ every key one that base.yml defines, ``tool_options.yaml`` ``maxtext``).
   reads MaxText's tables: ``ici_fsdp_parallelism`` in a slice, ``dcn_data_parallelism`` across).
   Under ZeRO-0 and ZeRO-1 every data-parallel rank is on the data axis, ZeRO-1 with
   ``shard_optimizer_over_data`` ("Enable ZeRO-1 optimizer sharding over data axis", base.yml).
+- **Context parallelism.** ``ici_context_parallelism`` = cp inside a slice (MaxText's context axis
+  lies between fsdp and tensor, as the Plan's CP group between its data-parallel ranks and TP), with
+  ``context_parallel_strategy`` ``all_gather`` (base.yml's default: every rank gathers the keys and
+  values, the Plan's ``cp_comm: all_gather``) or ``ring`` (``cp_comm: p2p``; on a TPU through
+  Tokamax's splash kernel, ``use_tokamax_splash``, which types.py requires with ``attention=flash``,
+  an even context axis under its default load balancing, a sequence divisible by its square and no
+  dropout), ``context_parallel_load_balance`` base.yml's true. MaxText shards parameters over its
+  context axis as over fsdp (the ``embed`` logical rule), so context parallelism is written under
+  ZeRO-3 only, where the Plan's shards are dp x cp alike.
+- **The hardware.** A TPU is base.yml's ``hardware: tpu``; any other chip ``hardware=gpu``, its flash
+  attention MaxText's cuDNN kernel through Transformer Engine (``attention=cudnn_flash_te``).
 - **The batch.** MaxText trains devices x ``per_device_batch_size`` x ``gradient_accumulation_steps``
   sequences a step (configs/types.py ``calculate_global_batch_sizes``): the accumulation steps are the
   Plan's micro-batches a step, ``per_device_batch_size`` = micro_batch / (tp x pp x cp), a fraction
@@ -30,14 +41,15 @@ every key one that base.yml defines, ``tool_options.yaml`` ``maxtext``).
   backend) have no meaning under XLA and are not written.
 
 What MaxText has no option for here, or trainplan does not write yet, is refused in one sentence
-naming the field (``ValueError``): pipeline, context and expert parallelism (MaxText has them:
-their options are not written yet), ZeRO-2, experts, multi-latent attention, LayerNorm, learned
+naming the field (``ValueError``): pipeline and expert parallelism (MaxText has them: their
+options are not written yet), Ulysses context parallelism and context parallelism across slices or
+without ZeRO-3, ZeRO-2, experts, multi-latent attention, LayerNorm, learned
 positions, biases, QK norm, sinks, other attention variants, MTP, FP8 and fp16, activation offload.
 """
 from __future__ import annotations
 
 from simcore.plan.load import recompute_doc
-from simcore.plan.spec import Offload, Plan, Precision, Recompute, RecomputeMethod, ZeroStage
+from simcore.plan.spec import CpComm, Offload, Plan, Precision, Recompute, RecomputeMethod, ZeroStage
 
 #: MaxText's launch module and base config at the commit read (the module docstring).
 LAUNCH = "python3 -m maxtext.trainers.pre_train.train src/maxtext/configs/base.yml"
@@ -48,6 +60,34 @@ REMAT = {Recompute.FULL: "full", Recompute.SELECTIVE: "minimal", Recompute.NONE:
 DTYPE = {Precision.BF16: "bfloat16", Precision.FP32: "float32"}
 #: The Plan's optimizers MaxText's ``opt_type`` names alike (base.yml: "adamw", "adam_pax", "sgd", "muon").
 OPTIMIZERS = {"adamw": "adamw", "sgd": "sgd"}
+#: The Plan's context-parallel exchange as MaxText's ``context_parallel_strategy``.
+CP_STRATEGY = {CpComm.ALL_GATHER: "all_gather", CpComm.P2P: "ring"}
+
+
+def on_tpu(plan: Plan) -> bool:
+    """Whether the plan's chip is a TPU (MaxText's ``hardware: tpu``)."""
+    return plan.cluster.node.gpu.vendor == "google"
+
+
+def _cp_refusals(plan: Plan) -> list[tuple[bool, str, object, str]]:
+    """What MaxText's context axis here cannot state (the module docstring)."""
+    m, par, tr = plan.model, plan.parallel, plan.training
+    if par.cp == 1:
+        return []
+    ring_tpu = par.cp_comm == CpComm.P2P and on_tpu(plan)
+    return [
+        (par.cp_comm not in CP_STRATEGY, "parallel.cp_comm", par.cp_comm.value,
+         "context_parallel_strategy all_gather (all_gather) and ring (p2p) are written"),
+        (par.zero != ZeroStage.WEIGHTS, "parallel.zero", int(par.zero),
+         "MaxText shards parameters over its context axis as over fsdp (the embed rule): ZeRO-3 with parallel.cp"),
+        (par.tp * par.cp > min(plan.cluster.nvlink_domain, par.gpus), "parallel.cp", par.cp,
+         "ici_context_parallelism is written inside a slice (dcn_context_parallelism is not)"),
+        (ring_tpu and not tr.flash_attention, "training.flash_attention", False,
+         "MaxText's ring strategy on a TPU runs Tokamax's splash kernel (attention=flash)"),
+        (ring_tpu and (par.cp % 2 or m.seq_len % (par.cp * par.cp)), "parallel.cp", par.cp,
+         "MaxText's ring on a TPU needs an even context axis whose square divides max_target_length"),
+        (ring_tpu and m.dropout > 0, "model.dropout", m.dropout, "MaxText's ring on a TPU runs without dropout"),
+    ]
 
 
 def _refusals(plan: Plan) -> list[tuple[bool, str, object, str]]:
@@ -56,7 +96,6 @@ def _refusals(plan: Plan) -> list[tuple[bool, str, object, str]]:
     later = "MaxText has it; trainplan does not write its options yet"
     return [
         (par.pp > 1, "parallel.pp", par.pp, later + " (ici_pipeline_parallelism, num_layers_per_pipeline_stage)"),
-        (par.cp > 1, "parallel.cp", par.cp, later + " (ici_context_parallelism and its strategy)"),
         (m.moe, "model.experts", m.experts, later + " (its MoE decoder blocks and ici_expert_parallelism)"),
         (par.zero == ZeroStage.GRADIENTS, "parallel.zero", 2, "its fsdp axis shards parameters too (ZeRO-3) and "
          "shard_optimizer_over_data the optimizer states only (ZeRO-1)"),
@@ -86,6 +125,7 @@ def _refusals(plan: Plan) -> list[tuple[bool, str, object, str]]:
         (tr.optimizer_in_backward, "training.optimizer_in_backward", True, "its optimizer steps after the backward"),
         (tr.grad_compression.value != "none", "training.grad_compression", tr.grad_compression.value,
          "its gradients are reduced in grad_dtype"),
+        *_cp_refusals(plan),
     ]
 
 
@@ -94,20 +134,22 @@ def mesh(plan: Plan) -> list[tuple[str, int]]:
     slices in a way MaxText's axes cannot hold."""
     par = plan.parallel
     slice_ = min(plan.cluster.nvlink_domain, plan.parallel.gpus)
-    if slice_ % par.tp:
-        raise ValueError(f"parallel.tp={par.tp} has no MaxText option: ici_tensor_parallelism must divide the "
-                         f"{slice_} devices of a slice")
-    room = slice_ // par.tp   # data-parallel ranks in a slice
+    inner = par.tp * par.cp   # the tensor and context axes, inside a slice
+    if slice_ % inner:
+        raise ValueError(f"parallel.tp={par.tp} has no MaxText option: ici_tensor_parallelism"
+                         f"{' x ici_context_parallelism' if par.cp > 1 else ''} must divide the {slice_} devices "
+                         "of a slice")
+    head = [("ici_tensor_parallelism", par.tp)] + ([("ici_context_parallelism", par.cp)] if par.cp > 1 else [])
+    room = slice_ // inner   # data-parallel ranks in a slice
     if par.zero != ZeroStage.WEIGHTS:
-        return [("ici_tensor_parallelism", par.tp), ("ici_data_parallelism", room),
-                ("dcn_data_parallelism", par.dp // room)]
+        return head + [("ici_data_parallelism", room), ("dcn_data_parallelism", par.dp // room)]
     shards, replicas = par.dp // par.dp_replicate, par.dp_replicate
     if room % shards == 0 and replicas % (room // shards) == 0:   # the shard group inside a slice
-        return [("ici_tensor_parallelism", par.tp), ("ici_fsdp_parallelism", shards),
-                ("ici_data_parallelism", room // shards), ("dcn_data_parallelism", replicas // (room // shards))]
+        return head + [("ici_fsdp_parallelism", shards), ("ici_data_parallelism", room // shards),
+                       ("dcn_data_parallelism", replicas // (room // shards))]
     if shards % room == 0:                                          # the shard group spans slices
-        return [("ici_tensor_parallelism", par.tp), ("ici_fsdp_parallelism", room),
-                ("dcn_fsdp_parallelism", shards // room), ("dcn_data_parallelism", replicas)]
+        return head + [("ici_fsdp_parallelism", room), ("dcn_fsdp_parallelism", shards // room),
+                       ("dcn_data_parallelism", replicas)]
     raise ValueError(f"parallel.dp_replicate={replicas} has no MaxText option: its shard groups of {shards} do not "
                      f"tile slices of {room} data-parallel ranks")
 
@@ -129,7 +171,13 @@ def maxtext_args(plan: Plan) -> list[tuple[str, object]]:
             ("gradient_accumulation_steps", plan.num_microbatches),
             ("dtype", DTYPE[tr.precision]), ("weight_dtype", "float32" if tr.master_weights else DTYPE[tr.precision]),
             ("opt_type", OPTIMIZERS[tr.optimizer.value]), ("remat_policy", REMAT[tr.recompute]),
-            ("attention", "flash" if tr.flash_attention else "dot_product")]
+            ("attention", ("flash" if on_tpu(plan) else "cudnn_flash_te") if tr.flash_attention else "dot_product")]
+    if not on_tpu(plan):
+        args.append(("hardware", "gpu"))
+    if par.cp > 1:
+        args.append(("context_parallel_strategy", CP_STRATEGY[par.cp_comm]))
+        if par.cp_comm == CpComm.P2P and on_tpu(plan):
+            args.append(("use_tokamax_splash", True))
     if tr.offload != Offload.NONE:
         args += [("optimizer_memory_host_offload", True),
                  ("parameter_memory_host_offload", tr.offload == Offload.OPTIMIZER_PARAMS)]

@@ -97,7 +97,7 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
         base = replace(base, parallel=replace(par, **MEGATRON_RECIPE_SWITCHES))
     elif stack == "deepspeed":
         base = replace(base, parallel=replace(par, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
-    elif stack == "torchtitan":
+    elif stack in ("torchtitan", "maxtext"):   # MaxText's context_parallel_strategy default: all_gather
         base = replace(base, parallel=replace(par, cp_comm=CpComm.ALL_GATHER))
     return base
 

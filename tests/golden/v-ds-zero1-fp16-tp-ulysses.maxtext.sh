@@ -1,1 +1,1 @@
-REFUSED: parallel.cp=2 has no MaxText option: MaxText has it; trainplan does not write its options yet (ici_context_parallelism and its strategy)
+REFUSED: training.precision=fp16 has no MaxText option: bf16 or fp32 are written

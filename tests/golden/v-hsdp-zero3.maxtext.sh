@@ -26,4 +26,5 @@ python3 -m maxtext.trainers.pre_train.train src/maxtext/configs/base.yml \
     weight_dtype=float32 \
     opt_type=adamw \
     remat_policy=minimal \
-    attention=flash
+    attention=cudnn_flash_te \
+    hardware=gpu

@@ -26,6 +26,7 @@ python3 -m maxtext.trainers.pre_train.train src/maxtext/configs/base.yml \
     weight_dtype=float32 \
     opt_type=adamw \
     remat_policy=minimal \
-    attention=flash \
+    attention=cudnn_flash_te \
+    hardware=gpu \
     optimizer_memory_host_offload=true \
     parameter_memory_host_offload=true

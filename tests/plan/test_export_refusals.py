@@ -44,14 +44,14 @@ REFUSED = {
                              "deepspeed": "parallel.zero_impl"},
 }
 
-#: MaxText's (simcore/plan/maxtext_writer.py: no pipeline or context parallelism written yet, no ZeRO-2, ZeRO-1
-#: under hybrid sharding, no optimizer stepped in the backward).
+#: MaxText's (simcore/plan/maxtext_writer.py: no pipeline written yet, no ZeRO-2, ZeRO-1 under hybrid sharding,
+#: no fp16, no optimizer stepped in the backward).
 MAXTEXT_REFUSED = {
     "gpt3-175b-a100": "parallel.pp", "llama3-70b-h100": "parallel.pp", "tiny-localhost": "parallel.pp",
-    "v-ddp-pp-even": "parallel.pp", "v-ds-zero1-fp16-tp-ulysses": "parallel.cp", "v-ds-zero2-offload": "parallel.zero",
+    "v-ddp-pp-even": "parallel.pp", "v-ds-zero1-fp16-tp-ulysses": "training.precision", "v-ds-zero2-offload": "parallel.zero",
     "v-hsdp-zero1": "parallel.dp_replicate", "v-interleaved-tp": "parallel.pp", "v-mixtral-ep": "parallel.pp",
     "v-pp-uneven": "parallel.pp", "v-qwen2-moe": "parallel.pp", "v-zero-bubble-cp": "parallel.pp",
-    "v-zero1-fp16-tp-cp": "parallel.cp", "v-zero2-offload-fp8": "parallel.zero",
+    "v-zero1-fp16-tp-cp": "training.precision", "v-zero2-offload-fp8": "parallel.zero",
     "v-zero3-optim-in-bwd": "training.optimizer_in_backward",
 }
 for _name, _field in MAXTEXT_REFUSED.items():

@@ -156,7 +156,9 @@ def test_base_ymls_auto_axes_fill_the_devices():
 @pytest.mark.parametrize("extra, words", [
     ("decoder_block=mixtral", "decoder_block=mixtral: the import reads the llama2 block"),
     ("model_name=llama3-8b", "model_name=llama3-8b: the import reads the llama2 block"),
-    ("ici_pipeline_parallelism=2", "ici_pipeline_parallelism=2: the import reads MaxText's tensor, fsdp and data"),
+    ("ici_pipeline_parallelism=2", "ici_pipeline_parallelism=2: the import reads MaxText's tensor, context, fsdp"),
+    ("ici_context_parallelism=2 context_parallel_strategy=ulysses", "context_parallel_strategy=ulysses: the import "
+     "reads all_gather, ring"),
     ("remat_policy=save_qkv_proj", "remat_policy=save_qkv_proj: the import reads full, minimal"),
     ("per_device_batch_size=0.5", "per_device_batch_size=0.5: a data-parallel rank's micro-batch"),
 ])
@@ -167,4 +169,52 @@ def test_what_the_plan_cannot_hold_is_refused_naming_the_key(extra, words):
     text = f"base_emb_dim=1024 base_num_query_heads=8 base_num_decoder_layers=4 vocab_size=32000 {extra}"
     with pytest.raises(PlanError) as err:
         import_plan(maxtext=text, cluster="tpu-v5p-host", nodes=2)
+    assert str(err.value).startswith(words) and "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- context parallelism
+
+PER_NODE = {"tpu-v5p-host": 4, "dgx-h100": 8}
+
+
+def _cp(cp=4, comm="all_gather", zero=3, node="tpu-v5p-host", nodes=32, seq_len=8192, slice_=None, **parallel):
+    return plan_from_dict({"name": "cp", "model": {"name": "llama3-8b", "seq_len": seq_len},
+                           "cluster": {"node": node, "nodes": nodes,
+                                       **({"nvlink_domain_gpus": slice_} if slice_ else {})},
+                           "parallel": {"tp": 2, "cp": cp, "dp": nodes * PER_NODE[node] // (2 * cp), "zero": zero,
+                                        "sequence_parallel": True, "cp_comm": comm, **parallel},
+                           "training": {"global_batch": 256, "micro_batch": 2, "recompute": "selective",
+                                        "flash_attention": True}})
+
+
+@pytest.mark.parametrize("comm, node, nodes, extra", [
+    ("all_gather", "tpu-v5p-host", 32, {"context_parallel_strategy": "all_gather"}),
+    ("p2p", "tpu-v5p-host", 32, {"context_parallel_strategy": "ring", "use_tokamax_splash": "true"}),
+    ("p2p", "dgx-h100", 16, {"context_parallel_strategy": "ring", "hardware": "gpu", "attention": "cudnn_flash_te"}),
+])
+def test_context_parallelism_is_written_on_the_context_axis_and_read_back(comm, node, nodes, extra):
+    from simcore.plan.interop import import_plan
+
+    plan = _cp(comm=comm, node=node, nodes=nodes)
+    text = export_plan(plan, "maxtext")
+    args = _args(text)
+    assert args["ici_context_parallelism"] == "4" and all(args[k] == v for k, v in extra.items())
+    # the context axis holds the sequence, so a device's share of the micro-batch is 1 / (tp x cp) of it
+    assert float(args["per_device_batch_size"]) == 2 / (2 * 4)
+    assert all(k in load_tool_options()["maxtext"]["options"] for k in args)
+    doc, _ = import_plan(maxtext=text, cluster=node, nodes=nodes)
+    back = plan_from_dict(doc)
+    assert _held(back) == _held(plan) and (back.parallel.cp, back.parallel.cp_comm) == (4, plan.parallel.cp_comm)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"zero": 1}, "parallel.zero=1 has no MaxText option: MaxText shards parameters over its context axis"),
+    ({"comm": "a2a"}, "parallel.cp_comm=a2a has no MaxText option"),
+    ({"cp": 32, "slice_": 32}, "parallel.cp=32 has no MaxText option: ici_context_parallelism is written inside "
+     "a slice"),   # tp 2 x cp 32 over two slices of 32 chips
+    ({"comm": "p2p", "seq_len": 8200}, "parallel.cp=4 has no MaxText option: MaxText's ring on a TPU needs an even"),
+])
+def test_context_parallelism_maxtext_cannot_state_is_one_sentence(change, words):
+    with pytest.raises(ValueError) as err:
+        export_plan(_cp(**change), "maxtext")
     assert str(err.value).startswith(words) and "\n" not in str(err.value)

@@ -202,7 +202,8 @@ def test_a_search_on_tpus_for_maxtext_ranks_what_its_export_writes(tmp_path):
     res = search("llama3-8b", {"node": "tpu-v5p-host", "nodes": 8}, 64, jobs=1, top_k=0, progress=False,
                  stack="maxtext", training={"precision": "bf16"})
     df = res.table
-    assert len(df) and (df.pp == 1).all() and (df.cp == 1).all() and set(df.zero) <= {0, 1, 3}
+    assert len(df) and (df.pp == 1).all() and set(df.zero) <= {0, 1, 3}
+    assert (df[df.cp > 1].zero == 3).all()   # MaxText shards parameters over its context axis too
     text = export_plan(res.best, "maxtext")
     assert f"ici_tensor_parallelism={res.best.parallel.tp} " in text
     assert any("MaxText cannot run them" in line for line in res.explanations)
