@@ -8,7 +8,7 @@ with each DDP communication hook torch ships and the executor registers
 (``executors.parallel._register_comm_hook``): none (torch's all-reduce hook), fp16
 (``default_hooks.fp16_compress_hook``), PowerSGD (``powerSGD_hook``, rank 1, its first 2
 steps uncompressed) and int8 (the executor's own hook, ``executors.int8_hook``: quantized
-all-to-all, sum, quantized all-gather). Printed per method: the final loss (the mean of the last tenth of the steps)
+all-to-all, sum, quantized all-gather) without and with error feedback (int8_ef). Printed per method: the final loss (the mean of the last tenth of the steps)
 and its gap to the uncompressed run, the measured step time and the prediction's. bf16's hook needs
 NCCL (a GPU). Nothing is fitted here.
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 
-METHODS = ("none", "fp16", "powersgd", "int8")
+METHODS = ("none", "fp16", "powersgd", "int8", "int8_ef")
 PLAN = {"name": "tiny-dp4", "model": {"name": "tiny-gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256,
                                       "seq_len": 32, "tied_embeddings": False},
         "cluster": {"node": "localhost", "gpus_per_node": 4},

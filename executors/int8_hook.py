@@ -25,8 +25,13 @@ Where it differs from DeepSpeed's: int8 (qgZ sends int4); one level, the data-pa
 a whole (DeepSpeed's second all-to-all crosses the nodes and leaves each rank a 1/W shard; DDP
 needs the whole averaged bucket, so the second step all-gathers the reduced chunks); the scales
 ride in the values' buffer, one call a step where DeepSpeed makes two. gloo runs both calls on
-int8 (torch 2.13's ProcessGroupGloo: ``alltoall_base``, ``_allgather_base``). No error feedback:
-the quantization residual is not carried to the next step (it would keep 4 bytes a parameter).
+int8 (torch 2.13's ProcessGroupGloo: ``alltoall_base``, ``_allgather_base``). ``int8`` keeps no
+error; ``int8_ef`` registers the hook with an ``Int8State`` and carries each quantization's residual
+to the next step (error feedback, as DeepSpeed's compressed all-reduce keeps a worker and a server
+error: deepspeedai/DeepSpeed@edaa7221 deepspeed/runtime/comm/nccl.py ``compressed_allreduce``): the
+worker's error, over the padded bucket, is added before step 1 and replaced by what step 1 lost;
+the server's, over this rank's chunk, is added to the sum before step 3's quantization and replaced
+alike (4 bytes a parameter and 4 / W more, kept per bucket index from step to step).
 
 On gloo the hook runs its steps in order on the thread DDP calls it from and returns a completed
 future: torch's powerSGD_hook issues its later collectives from completion callbacks, whose order
@@ -34,6 +39,8 @@ gloo does not keep across ranks over several buckets (``executors.support``), an
 gloo calls block it anyway. On a GPU the all-to-all is asynchronous and the rest is chained on
 its future, as torch's hooks chain theirs, so that the backward's kernels are not held behind it.
 """
+from dataclasses import dataclass, field
+
 import torch   # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 import torch.distributed as dist
 
@@ -61,19 +68,45 @@ def dequantize(buf: torch.Tensor, k: int, g: int, factor: float = 1.0) -> torch.
     return buf[:, :k * g].view(rows, k, g).to(torch.float32).mul_(scale.unsqueeze(2))
 
 
-def _reduce_and_gather(recv: torch.Tensor, n: int, group, world: int, k: int, g: int) -> torch.Tensor:
+@dataclass
+class Int8State:
+    """The hook's state under error feedback (``int8_ef``): the group and each bucket's worker and
+    server errors, by the bucket's index (DDP keeps its buckets from step to step)."""
+
+    group: object = None
+    worker: dict = field(default_factory=dict)
+    server: dict = field(default_factory=dict)
+
+
+def _with_feedback(x: torch.Tensor, out: torch.Tensor, errors: dict | None, key) -> None:
+    """Quantize ``x`` (rows, k, g) into ``out``; with ``errors``, add its error for ``key`` first
+    and keep what the quantization lost as the next one."""
+    if errors is None:
+        quantize(x, out)
+        return
+    rows, k, g = x.shape
+    err = errors.get(key)
+    x = x + err if err is not None and err.shape == x.shape else x.clone()
+    quantize(x, out)
+    errors[key] = x.sub_(dequantize(out, k, g))
+
+
+def _reduce_and_gather(recv: torch.Tensor, n: int, group, world: int, k: int, g: int,
+                       state: Int8State | None = None, key=None) -> torch.Tensor:
     """Steps 3-5: sum this rank's chunk over the ranks' copies, all-gather the sums, the average."""
     part = torch.empty(1, recv.shape[1], dtype=torch.int8, device=recv.device)
-    quantize(dequantize(recv, k, g).sum(0, keepdim=True), part)
+    _with_feedback(dequantize(recv, k, g).sum(0, keepdim=True), part, state and state.server, key)
     gathered = torch.empty_like(recv)
     gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)   # torch 2.13 deprecates the latter
     gather(gathered, part, group=group)   # gloo: the output's rows are the inputs
     return dequantize(gathered, k, g, 1.0 / world).view(-1)[:n]
 
 
-def int8_hook(group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook (``register_comm_hook(group, int8_hook)``): the bucket averaged over
-    ``group`` (None: the world) with int8 on the wire."""
+def int8_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook (``register_comm_hook(group, int8_hook)``, or an ``Int8State`` for error
+    feedback): the bucket averaged over the group (None: the world) with int8 on the wire."""
+    ef = state if isinstance(state, Int8State) else None
+    group = ef.group if ef is not None else state
     group = group if group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     grad = bucket.buffer()
@@ -81,12 +114,13 @@ def int8_hook(group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tens
     k, g = hooks.int8_layout(n, world)
     flat = grad if world * k * g == n else torch.nn.functional.pad(grad, (0, world * k * g - n))
     send = torch.empty(world, k * g + hooks.SCALE_BYTES * k, dtype=torch.int8, device=grad.device)
-    quantize(flat.view(world, k, g), send)
+    key = bucket.index() if ef is not None else None
+    _with_feedback(flat.view(world, k, g), send, ef and ef.worker, key)
     recv = torch.empty_like(send)
     if grad.is_cuda:
         work = dist.all_to_all_single(recv, send, group=group, async_op=True)
-        return work.get_future().then(lambda _fut: _reduce_and_gather(recv, n, group, world, k, g))
+        return work.get_future().then(lambda _fut: _reduce_and_gather(recv, n, group, world, k, g, ef, key))
     dist.all_to_all_single(recv, send, group=group)
     out = torch.futures.Future()
-    out.set_result(_reduce_and_gather(recv, n, group, world, k, g))
+    out.set_result(_reduce_and_gather(recv, n, group, world, k, g, ef, key))
     return out

@@ -204,6 +204,8 @@ def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif compression == GradCompression.INT8:   # ours: torch's int8 hook fails on gloo
         ddp.register_comm_hook(group, int8_hook.int8_hook)
+    elif compression == GradCompression.INT8_EF:   # the same with error feedback (its errors in the state)
+        ddp.register_comm_hook(int8_hook.Int8State(group=group), int8_hook.int8_hook)
     else:  # torch's Python all-reduce hook, so that the measured all-reduces are visible
         ddp.register_comm_hook(group, default_hooks.allreduce_hook)
 

@@ -356,7 +356,7 @@ def wire_note(plan, wire, executor: bool) -> str:
     act = plan.training.precision.value
     grads = f"gradients reduced at {wire.grad} bytes an element" + (
         " (DDP's buckets at 1 and an fp32 scale a group: grad_compression int8)"
-        if plan.training.grad_compression.value == "int8" else "")
+        if plan.training.grad_compression.int8 else "")
     params = f"parameters gathered or broadcast at {wire.param} bytes" + (
         " (the blocks' linear weights at 1, fp8_param_gather)" if wire.fp8_weights else "")
     if executor:

@@ -29,7 +29,7 @@ from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.layout_calls import grad_axis
 from simcore.model.schedules import Op, add_communication, build_schedule
-from simcore.plan.spec import CpComm, GradCompression, MoeDispatcher, Plan, Recompute, ZeroImpl, ZeroStage
+from simcore.plan.spec import CpComm, MoeDispatcher, Plan, Recompute, ZeroImpl, ZeroStage
 
 
 def _check(plan: Plan) -> None:
@@ -129,7 +129,7 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
         if expert_axis:
             out[expert_axis, kind] += expert
 
-    if par.zero == ZeroStage.NONE and tr.grad_compression == GradCompression.INT8 and not sp.expert:
+    if par.zero == ZeroStage.NONE and tr.grad_compression.int8 and not sp.expert:
         # the int8 hook (``ddp_hooks``): an all-to-all and an all-gather a DDP bucket, as dp_costs prices them
         shapes = dpm.grad_shapes(plan, sp, sum(mem.layer_params_per_gpu(plan)), exact=True)
         for members in hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]):

@@ -18,7 +18,14 @@ torch 2.13 runs them (torch/distributed/algorithms/ddp_comm_hooks), per bucket a
   quantized (an fp32 scale a group, absmax / 127), one all-to-all of the int8 chunks and their
   scales, the W copies of this rank's chunk dequantized, summed and quantized again, one
   all-gather of the sums, dequantized with the scales divided by W: two calls a bucket, each of
-  W (k g + 4 k) bytes, and ``INT8_KERNELS`` kernels.
+  W (k g + 4 k) bytes, and ``INT8_KERNELS`` kernels; ``int8_ef`` adds error feedback (Seide et al.
+  2014, "1-Bit Stochastic Gradient Descent", the residual carried to the next step; Karimireddy et
+  al. 2019, arXiv 1901.09847, EF-SGD), at both of the hook's quantizations as DeepSpeed's compressed
+  all-reduce keeps a worker and a server error (deepspeedai/DeepSpeed@edaa7221
+  deepspeed/runtime/comm/nccl.py ``compressed_allreduce``): the worker's error added to the padded
+  bucket before its quantization and the new one kept (the bucket minus its dequantized int8),
+  the server's alike on the summed chunk; ``EF_KERNELS`` more kernels and fp32 errors of the padded
+  bucket and of the chunk kept from step to step (``ef_error_bytes``).
 
 ``hook_costs`` prices them on a device (its streams and per-kernel costs: a hook's kernels are
 plain eager ops issued one by one from Python callbacks, no autograd around them);
@@ -58,6 +65,13 @@ INT8_KERNELS = 2 * 7 + 2 * 3 + 1 + 1
 INT8_PASS_BYTES = 25 + 13 + 13 + 4
 #: The same per element of this rank's chunk: the sum's write (4) and its quantization (25).
 INT8_CHUNK_BYTES = 4 + 25
+#: Error feedback's kernels a bucket (``executors/int8_hook.py`` ``Int8State``), at each of the two
+#: quantizations: the error added (1), the int8 dequantized (3, as above) and the new error, the
+#: input minus it (1).
+EF_KERNELS = 2 * (1 + 3 + 1)
+#: fp32 bytes error feedback streams per element it covers (the padded bucket, this rank's chunk):
+#: the add reads two and writes one (12), the dequantization 13, the new error reads two, writes one (12).
+EF_PASS_BYTES = 12 + 13 + 12
 
 
 def bucket_members(ready_bytes: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
@@ -99,11 +113,18 @@ def int8_call_bytes(numel: int, world: int) -> int:
     return world * (k * g + SCALE_BYTES * k)
 
 
+def ef_error_bytes(numel: int, world: int) -> int:
+    """fp32 bytes of the errors error feedback keeps for a bucket of ``numel`` gradients over
+    ``world`` ranks: the padded bucket's and this rank's chunk's."""
+    k, g = int8_layout(numel, world)
+    return FP32 * (world * k * g + k * g)
+
+
 def bucket_collectives(compression: str, shapes: list[tuple[int, ...]], rank: int, element_bytes: int,
                        world: int) -> list[tuple[str, int]]:
     """(kind, bytes) of each call one bucket of gradients of ``shapes`` makes over ``world`` ranks:
     the int8 hook's all-to-all and all-gather, the others' all-reduces (``bucket_calls``)."""
-    if compression == "int8":
+    if compression in ("int8", "int8_ef"):
         b = int8_call_bytes(sum(math.prod(s) for s in shapes), world)
         return [("all_to_all", b), ("all_gather", b)]
     return [("all_reduce", b) for b in bucket_calls(compression, shapes, rank, element_bytes)]
@@ -128,8 +149,8 @@ def hook_costs(compression: str, shapes: list[tuple[int, ...]], rank: int, dev, 
     """(communication seconds, hook kernel seconds) of one step's buckets of gradients of ``shapes``
     (in ready order) over ``world`` ranks; ``all_reduce(nbytes)`` the seconds of one all-reduce,
     ``call(kind, nbytes)`` of one call of another kind (the int8 hook's)."""
-    if compression == "int8":
-        return _int8_costs(shapes, dev, world, call)
+    if compression in ("int8", "int8_ef"):
+        return _int8_costs(shapes, dev, world, call, compression == "int8_ef")
     comm = kernels = 0.0
     # one kernel: on a CPU host its issue and run (the thread that issues it runs it), else the
     # longer of the host's issue and the device's kernel (a hook issues them one by one)
@@ -164,9 +185,10 @@ def _op_s(dev) -> float:
         max(dev.kernel_overhead_s, dev.host_overhead_s)
 
 
-def _int8_costs(shapes: list[tuple[int, ...]], dev, world: int, call) -> tuple[float, float]:
+def _int8_costs(shapes: list[tuple[int, ...]], dev, world: int, call, feedback: bool = False) -> tuple[float, float]:
     """``hook_costs`` of the int8 hook: per bucket its all-to-all and all-gather, its kernels over
-    the padded bucket (N elements: zero-padding costs a fill and a copy) and over this rank's chunk."""
+    the padded bucket (N elements: zero-padding costs a fill and a copy) and over this rank's chunk,
+    and with ``feedback`` error feedback's over both."""
     comm = kernels = 0.0
     stream = dev.hbm_bytes_per_s * dev.memory_efficiency
     for members in bucket_members([FP32 * math.prod(s) for s in shapes]):
@@ -175,5 +197,6 @@ def _int8_costs(shapes: list[tuple[int, ...]], dev, world: int, call) -> tuple[f
         padded, pad = world * k * g, world * k * g > n
         comm += call("all_to_all", int8_call_bytes(n, world)) + call("all_gather", int8_call_bytes(n, world))
         passes = INT8_PASS_BYTES * padded + INT8_CHUNK_BYTES * k * g + ((FP32 * padded + 2 * FP32 * n) if pad else 0)
-        kernels += (INT8_KERNELS + 2 * pad) * _op_s(dev) + passes / stream
+        passes += feedback * EF_PASS_BYTES * (padded + k * g)
+        kernels += (INT8_KERNELS + 2 * pad + feedback * EF_KERNELS) * _op_s(dev) + passes / stream
     return comm, kernels

@@ -72,9 +72,11 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         if tr.grad_compression == GradCompression.POWERSGD:
             gb = 4.0 * 2 * hooks.POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
             out["compress"] = cmp.stream_s(12.0 * params, dev)
-        elif tr.grad_compression == GradCompression.INT8:   # int8 and a scale a group; its passes
+        elif tr.grad_compression.int8:   # int8 and a scale a group; its passes (error feedback's too)
             gb = 1.0 + hooks.SCALE_BYTES / hooks.INT8_GROUP
-            out["compress"] = cmp.stream_s((hooks.INT8_PASS_BYTES + hooks.INT8_CHUNK_BYTES / nd) * params, dev)
+            ef = tr.grad_compression == GradCompression.INT8_EF
+            out["compress"] = cmp.stream_s((hooks.INT8_PASS_BYTES + hooks.INT8_CHUNK_BYTES / nd
+                                            + ef * hooks.EF_PASS_BYTES * (1 + 1 / nd)) * params, dev)
         elif tr.grad_compression != GradCompression.NONE:
             out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
         buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
@@ -141,7 +143,7 @@ def _hook_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_par
         if dev.lone_all_reduce_s > 0:   # a lone gloo call, one pass of the ring's bytes
             return dev.lone_all_reduce_s + coll.ring_bytes_s(nbytes, net)
         return (coll.all_to_all_s if kind == "all_to_all" else coll.all_gather_s)(nbytes, net)
-    shapes = grad_shapes(plan, sp, layer_params, tr.grad_compression == GradCompression.INT8)
+    shapes = grad_shapes(plan, sp, layer_params, tr.grad_compression.int8)
     comm, kernels = hooks.hook_costs(tr.grad_compression.value, shapes, hooks.POWERSGD_RANK, dev, one, nd, call)
     return comm, kernels, len(hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]))
 

@@ -157,7 +157,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     fp8 = tr.precision == Precision.FP8
     b, s = tr.micro_batch, m.seq_len // par.cp
     out = {"dp_buckets": 0.0, "fsdp_all_gather": 0.0, "fsdp_reduce_scatter": 0.0, "fsdp_root": 0.0,
-           "pp_p2p": 0.0, "sp_gather": 0.0, "cp_ring": 0.0, "fp8_weights": 0.0, "zeropp": 0.0}
+           "pp_p2p": 0.0, "sp_gather": 0.0, "cp_ring": 0.0, "fp8_weights": 0.0, "zeropp": 0.0, "hook_errors": 0.0}
     if par.dp * par.cp > 1 and par.zero_impl == ZeroImpl.DEEPSPEED:
         # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): the gradient reduction bucket
         # (reduce_bucket_size, 5e8 elements) and, for stage 3, the live gathered parameters:
@@ -179,6 +179,11 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
                     out["fsdp_root"] = wb * (sp.ends + fsdp_pools.output_group(plan, sp.ends))
         else:
             out["dp_buckets"] = BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
+            # a DDP hook's error feedback, kept from step to step in fp32: PowerSGD's error per bucket
+            # (torch's PowerSGDState.error_dict, use_error_feedback's default), int8_ef's worker error
+            # over the bucket and server error over its 1/W chunk (``ddp_hooks.ef_error_bytes``)
+            share = {"powersgd": 1.0, "int8_ef": 1.0 + 1.0 / (par.dp * par.cp)}.get(tr.grad_compression.value, 0.0)
+            out["hook_errors"] = 4.0 * share * sp.dense if par.zero == ZeroStage.NONE else 0.0
     if par.pp > 1:  # send and receive, forward and backward
         out["pp_p2p"] = 4 * wl.ACT_BYTES * b * s * m.hidden / (par.tp if par.sequence_parallel else 1)
     if par.sequence_parallel:

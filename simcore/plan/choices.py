@@ -197,13 +197,21 @@ class GradCompression(_Choice):
     16-bit reductions (DDP's compress hooks, Megatron's ``--grad-reduce-in-bf16``, FSDP2's
     ``reduce_dtype``, DeepSpeed's ``communication_data_type``), ``powersgd`` DDP's hook, ``int8``
     the executor's own DDP hook: the bucket quantized to int8 (an fp32 scale a group), all-to-all,
-    summed, quantized again and all-gathered, as ZeRO++'s qgZ (``executors.int8_hook``)."""
+    summed, quantized again and all-gathered, as ZeRO++'s qgZ (``executors.int8_hook``); ``int8_ef``
+    the same with error feedback: each quantization's residual kept and added to the next step's
+    (the worker's bucket and the server's sum, as DeepSpeed's compressed all-reduce keeps them)."""
 
     NONE = "none"
     FP16 = "fp16"
     BF16 = "bf16"
     POWERSGD = "powersgd"
     INT8 = "int8"
+    INT8_EF = "int8_ef"
+
+    @property
+    def int8(self) -> bool:
+        """Whether the executor's int8 hook runs it (with or without error feedback)."""
+        return self.value in ("int8", "int8_ef")
 
 
 class Optimizer(_Choice):

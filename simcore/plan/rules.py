@@ -216,8 +216,8 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "offloading with pipeline parallelism, transformer_config.py; torchtune's offloading has no pipeline)"),
         (tr.grad_compression != GradCompression.POWERSGD or par.zero == ZeroStage.NONE,
          "training.grad_compression=powersgd needs parallel.zero=0 (it is a DDP communication hook)"),
-        (tr.grad_compression != GradCompression.INT8 or par.zero == ZeroStage.NONE,
-         f"training.grad_compression=int8 needs parallel.zero=0, not {int(par.zero)}: it is a DDP communication "
+        (not tr.grad_compression.int8 or par.zero == ZeroStage.NONE,
+         f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0, not {int(par.zero)}: it is a DDP communication "
          "hook (executors.int8_hook), and the ZeRO stages' gradient reductions take none"),
         (tr.optimizer not in ONEBIT_OPTIMIZERS or par.zero == ZeroStage.NONE and tr.grad_compression ==
          GradCompression.NONE and par.ep == 1, f"training.optimizer={tr.optimizer.value} needs parallel.zero=0 "

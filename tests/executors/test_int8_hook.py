@@ -77,3 +77,45 @@ def test_the_hook_makes_the_calls_the_model_prices(two_rank, i):
     # int8 and an fp32 scale a group of at most INT8_GROUP: a quarter of fp32's bytes and a little
     # more, or a tiny bucket's padding and scales
     assert 0 < b <= (1 + hooks.SCALE_BYTES / (hooks.INT8_GROUP // 2)) * n + 2 * (hooks.SCALE_BYTES + 1) * 2
+
+
+# --------------------------------------------------------------------------- error feedback (int8_ef)
+
+class _IndexedBucket(_Bucket):
+    def index(self) -> int:
+        return 0
+
+
+STEPS = 20
+
+
+def _repeat_the_same_gradient(rank, world, device):
+    """The same bucket averaged ``STEPS`` times, without and with error feedback: the running sums
+    of the hook's averages against the exact one's."""
+    n = 3 * hooks.INT8_GROUP + 5
+    gen = torch.Generator().manual_seed(7 + rank)
+    grad = torch.randn(n, generator=gen) * torch.logspace(-3, 1, n)
+    exact = grad.clone()
+    dist.all_reduce(exact)
+    exact /= world
+    state = int8_hook.Int8State(group=None)
+    plain, fed = torch.zeros(n), torch.zeros(n)
+    for _ in range(STEPS):
+        plain += int8_hook.int8_hook(None, _IndexedBucket(grad.clone())).wait()
+        fed += int8_hook.int8_hook(state, _IndexedBucket(grad.clone())).wait()
+    return {"exact": exact * STEPS, "plain": plain, "fed": fed, "errors": (state.worker[0].numel(),
+                                                                          state.server[0].numel())}
+
+
+def test_error_feedback_keeps_the_running_sum_on_the_exact_one():
+    """Without feedback a constant gradient's rounding repeats every step, so the running sum drifts
+    STEPS times one step's error; with it each step sends what the last one lost, and the drift stays
+    about one step's (Seide et al. 2014; Karimireddy et al. 2019). Its errors are the padded bucket's
+    and this rank's chunk's, the bytes the model keeps (``ddp_hooks.ef_error_bytes``)."""
+    out = procs.spawn(_repeat_the_same_gradient, 2, timeout_s=120, start_method="fork")
+    for r in out:
+        drift_plain = (r["plain"] - r["exact"]).norm() / r["exact"].norm()
+        drift_fed = (r["fed"] - r["exact"]).norm() / r["exact"].norm()
+        assert drift_fed < drift_plain / 5, (float(drift_fed), float(drift_plain))
+        assert 4 * sum(r["errors"]) == hooks.ef_error_bytes(3 * hooks.INT8_GROUP + 5, 2)
+    assert torch.equal(out[0]["fed"], out[1]["fed"])   # every rank holds the same averages

@@ -41,7 +41,7 @@ def _plan(compression: str, nodes: int = 2, model: str = "llama3-8b"):
 
 
 @settings(max_examples=10, deadline=None)
-@given(compression=st.sampled_from(["fp16", "bf16", "powersgd", "int8"]), nodes=st.sampled_from([1, 2, 4]))
+@given(compression=st.sampled_from(["fp16", "bf16", "powersgd", "int8", "int8_ef"]), nodes=st.sampled_from([1, 2, 4]))
 def test_a_hook_cannot_win_for_nothing(compression, nodes):
     t = simulate(_plan(compression, nodes)).step_time_s
     with pytest.MonkeyPatch.context() as mp:
@@ -142,3 +142,18 @@ def test_the_exporters_refuse_int8_in_one_sentence():
             export_plan(plan, to)
         assert err.value.args[0].count(". ") == 0 and "\n" not in err.value.args[0], err.value.args[0]
     assert "trainplan" in export_plan(plan, "slurm-trainplan")
+
+
+def test_error_feedback_costs_kernels_and_memory_and_moves_the_same_bytes():
+    """int8_ef is int8 plus its errors: the same calls, more kernel time, 4 bytes a parameter and 4 / W
+    more kept (``ddp_hooks.ef_error_bytes``, ``memory.comm_buffer_terms``); it cannot be faster."""
+    from simcore.model.params import param_counts
+
+    plain, fed = _plan("int8", 2), _plan("int8_ef", 2)
+    a, b = simulate(plain), simulate(fed)
+    assert b.step_time_s > a.step_time_s and b.memory_per_gpu_gib > a.memory_per_gpu_gib
+    extra = b.memory_bytes["comm_buffers"] - a.memory_bytes["comm_buffers"]   # no TP or PP: every parameter
+    assert extra == pytest.approx(4 * param_counts(plain.model).total * (1 + 1 / 16), rel=1e-6)
+    assert hooks.bucket_collectives("int8_ef", [(10_000,)], 1, 4, 4) == hooks.bucket_collectives("int8", [(10_000,)], 1, 4, 4)
+    k, g = hooks.int8_layout(10_000, 4)
+    assert hooks.ef_error_bytes(10_000, 4) == 4 * (4 * k * g + k * g)
