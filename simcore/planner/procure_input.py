@@ -99,12 +99,28 @@ def default_kinds(precision: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     priced = default_gpus()
     runs = tuple(g for g in priced if cat.gpus[g].peak(precision))
     out = []
-    if unpriced := sorted(g for g in with_node if g not in cat.prices.gpus):
-        out.append(f"not weighed, no rental price in topologies/catalog/prices.yaml (a gap): {', '.join(unpriced)}; "
+    unpriced = sorted(g for g in with_node if g not in cat.prices.gpus)
+    if priceable := [g for g in unpriced if not _model_gaps(g)]:
+        out.append(f"not weighed, no rental price in topologies/catalog/prices.yaml (a gap): {', '.join(priceable)}; "
                    "candidates.gpus with candidates.prices.KIND.on_demand_usd weighs one at your price")
+    if blind := [g for g in unpriced if _model_gaps(g)]:
+        out.append("not weighed, no rental price and catalog gaps the step model reads: "
+                   + "; ".join(f"{g} ({', '.join(_model_gaps(g))})" for g in blind))
     if slow := [g for g in priced if g not in runs]:
         out.append(f"not weighed, no {precision} peak in the catalog: {', '.join(slow)}")
     return runs, tuple(out)
+
+
+#: Catalog gaps the step-time model does not read (host PCIe: offload only, refused where it is a gap;
+#: TDP: energy only; an FP8 peak: FP8 runs only).
+UNREAD_GAPS = ("pcie_gbyte_per_s_bidir", "tdp_w", "dense_tflops.fp8")
+
+
+def _model_gaps(gpu: str) -> list[str]:
+    """The gaps of ``gpu``'s catalog entry that the step model reads (its efficiency entry among them)."""
+    cat = load_catalog()
+    gaps = [g for g in cat.gpus[gpu].gaps if g not in UNREAD_GAPS]
+    return gaps + (["efficiency"] if gpu not in cat.efficiency and "efficiency" not in gaps else [])
 
 
 def purchase_priced(c: "Candidates", gpu: str) -> bool:
