@@ -162,7 +162,11 @@ def leaf_ports(fabric: Fabric) -> int:
 
 def _leaf_groups(fabric: Fabric, nodes: int, nics: int) -> list[list[tuple]]:
     """The NICs under each leaf. Rail-optimized: NIC r of every node goes to a rail-r leaf;
-    otherwise whole nodes fill leaves in order."""
+    otherwise whole nodes fill leaves in order. A fabric whose oversubscription is a catalog gap
+    (a cloud's data-centre network: Google's DCN) has no known leaf: every NIC under one logical
+    switch, which ``cluster_summary`` says (its bisection is then an upper bound)."""
+    if math.isnan(fabric.oversubscription):
+        return [[("nic", n, r) for n in range(nodes) for r in range(nics)]]
     down = leaf_ports(fabric)
     if fabric.topology == "rail-optimized-fat-tree":
         per_leaf = down
@@ -323,5 +327,6 @@ def describe(cluster) -> str:
     if domain > cluster.gpus_per_node:
         text += f", NVLink domain {domain} GPUs"
     if fabric is not None and not is_localhost(node):
-        text += f", {fabric.name} {fabric.topology} {fabric.oversubscription:g}:1"
+        o = fabric.oversubscription
+        text += f", {fabric.name} {fabric.topology} " + ("oversubscription a gap" if math.isnan(o) else f"{o:g}:1")
     return text

@@ -23,6 +23,7 @@ each link's bandwidth shared equally among the flows that cross it.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import NamedTuple
 
@@ -242,6 +243,9 @@ def cluster_summary(graph: nx.Graph, cluster) -> dict:
         "injection_gbit_per_s_per_gpu": (node.nics_per_node * fabric.nic_bytes_per_s * 8 / 1e9
                                          / cluster.gpus_per_node) if networked else None,
         "bisection_tbyte_per_s": None if bisection is None else round(bisection / 1e12, 6),
+        **({"fabric_gap": f"{fabric.name}'s oversubscription is a catalog gap: its hosts are drawn under one "
+                          "logical switch, and the bisection is the NICs' (an upper bound)"}
+           if networked and math.isnan(fabric.oversubscription) else {}),
         "leaf_switches": layers["leaf"],
         "spine_switches": layers["spine"],
         "core_switches": layers["core"],

@@ -200,7 +200,7 @@ def cmd_memory(args) -> None:
     if report.get("host_offload_bytes_per_node"):
         print(f"  host memory for offload per node: {report['host_offload_bytes_per_node'] / gib:.1f} GiB "
               f"of {report['host_memory_bytes_per_node'] / gib:.0f} GiB")
-    print(f"  allocator margin {report['allocator_margin']:.0%} of the tensors, CUDA context "
+    print(f"  allocator margin {report['allocator_margin']:.1%} of the tensors, {report['context_label']} "
           f"{report['cuda_context_bytes'] / gib:.2f} GiB (both in the total)")
     if report["stream_cache_bytes"]:
         print(f"  FSDP2's side-stream pools cache {report['stream_cache_bytes'] / gib:.2f} GiB more (all-gather "

@@ -27,6 +27,7 @@ import functools
 import operator
 
 from simcore.model import act_offload as ao
+from simcore.model import activations as acts
 from simcore.model import dp_costs as dpm
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
@@ -344,6 +345,7 @@ def memory_report(plan: Plan) -> dict:
         "max_gpu_bytes": peak, "memory_per_gpu_gib": peak / GIB,
         "allocator_margin": margin, "allocator_margin_bytes": max(t["allocator_margin"] for _, t in breakdown),
         "cuda_context_bytes": context,
+        "context_label": str(acts.memory_entry(plan).get("label", "CUDA context")),
         "headroom_bytes": hbm - peak, "headroom_gib": (hbm - peak) / GIB,
         "fits": pk.fits(plan, per_rank),
     }

@@ -197,3 +197,18 @@ def test_trn1s_remaining_gaps_are_not_read_by_the_step_model(cat):
     assert math.isfinite(step) and step > 0
     assert _trn1_step(cat, pcie_bytes_per_s=1e9, tdp_w=1.0) == step
     assert _trn1_step(cat, pcie_bytes_per_s=1e12, tdp_w=1e4) == step
+
+
+def test_topology_of_hosts_over_a_network_with_a_gap_draws_one_logical_switch_and_says_so(cat):
+    # Google's DCN has no oversubscription figure: no leaf/spine is invented, the summary says so
+    from simcore.plan.load import plan_from_dict
+    from topologies.build import build_cluster
+    from topologies.routes import cluster_summary
+
+    plan = plan_from_dict({"model": "llama3-8b", "cluster": {"node": "tpu-v5p-host", "nodes": 16},
+                           "parallel": {"tp": 1, "dp": 64, "zero": 3}, "training": {"global_batch": 64}})
+    graph = build_cluster(plan.cluster)
+    summary = cluster_summary(graph, plan.cluster)
+    assert summary["leaf_switches"] == 1 and summary["spine_switches"] == 0
+    assert summary["fabric_gap"].startswith("gcp-dcn-50's oversubscription is a catalog gap")
+    assert "oversubscription a gap" in summary["cluster"] and "nan" not in summary["cluster"]
