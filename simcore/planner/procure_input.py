@@ -4,9 +4,9 @@ command line or the defaults, each field checked with one sentence naming it and
 
 The default candidates are the accelerators priced to rent in ``topologies/catalog/prices.yaml``
 that the catalog has a node for, GPUs, TPUs and Trainium alike: one priced before its catalog
-entry exists joins the default set the day its node does. A candidate with no purchase price
-(the clouds rent TPUs and Trainium only) is offered on the rents alone; the kinds with a node
-but no rental price are named in one line (``unpriced_kinds``), with what prices them.
+entry exists joins the default set the day its node does. A candidate with no purchase price in
+prices.yaml (TPU v6e, Trn1) is offered on the rents alone; the kinds with a node that the
+defaults leave out are named a group a sentence (``default_kinds``), with what would weigh them.
 Mixed pipelines (``mixed:``, ``simcore.planner.procure_mixed``) are checked here too, and the
 helpers the procure modules share (the what-if base of a GPU type, the purchase sheet of a cell)
 live here, below them all. Example file: ``sweeps/procure-llama3-70b.yaml``.
