@@ -194,18 +194,15 @@ def apply_fsdp2(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: 
 
 
 def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
-    if compression == GradCompression.FP16:
-        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
-    elif compression == GradCompression.BF16:
-        ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
+    if compression in (GradCompression.FP16, GradCompression.BF16):   # torch's 16-bit compress hooks
+        ddp.register_comm_hook(group, getattr(default_hooks, f"{compression.value}_compress_hook"))
     elif compression == GradCompression.POWERSGD:
         state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=hooks.POWERSGD_RANK,
                                             start_powerSGD_iter=POWERSGD_START_ITER)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    elif compression == GradCompression.INT8:   # ours: torch's int8 hook fails on gloo
-        ddp.register_comm_hook(group, int8_hook.int8_hook)
-    elif compression == GradCompression.INT8_EF:   # the same with error feedback (its errors in the state)
-        ddp.register_comm_hook(int8_hook.Int8State(group=group), int8_hook.int8_hook)
+    elif compression.int8:   # ours (torch's int8 hook fails on gloo); int8_ef keeps its errors in the state
+        ddp.register_comm_hook(int8_hook.Int8State(group=group) if compression.value == "int8_ef" else group,
+                               int8_hook.int8_hook)
     else:  # torch's Python all-reduce hook, so that the measured all-reduces are visible
         ddp.register_comm_hook(group, default_hooks.allreduce_hook)
 
