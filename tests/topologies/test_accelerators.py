@@ -212,3 +212,15 @@ def test_topology_of_hosts_over_a_network_with_a_gap_draws_one_logical_switch_an
     assert summary["leaf_switches"] == 1 and summary["spine_switches"] == 0
     assert summary["fabric_gap"].startswith("gcp-dcn-50's oversubscription is a catalog gap")
     assert "oversubscription a gap" in summary["cluster"] and "nan" not in summary["cluster"]
+
+
+def test_collectives_on_a_tpu_say_the_torch_calls_are_not_xlas():
+    from simcore.model.collective_plan import plan_wire
+    from simcore.plan.load import plan_from_dict
+    from trainplan.commands_model import wire_note
+
+    doc = {"model": "llama3-8b", "parallel": {"tp": 1, "dp": 16, "zero": 3}, "training": {"global_batch": 64}}
+    tpu = plan_from_dict({**doc, "cluster": {"node": "tpu-v5p-host", "nodes": 4}})
+    gpu = plan_from_dict({**doc, "cluster": {"node": "dgx-h100", "nodes": 2}})
+    assert "XLA partitions MaxText's mesh into" in wire_note(tpu, plan_wire(tpu), False)
+    assert "XLA" not in wire_note(gpu, plan_wire(gpu), False)
