@@ -362,8 +362,10 @@ def wire_note(plan, wire, executor: bool) -> str:
     if executor:
         return (f"calls and bytes as trainplan's executor issues them: it trains {act} by autocast over fp32 parameters, "
                 f"so {params} and {grads}; activations in {act} (--wire plan: the plan's own dtypes)")
+    from simcore.plan.maxtext_writer import on_tpu
+
     tpu = ("; on a TPU the step's collectives are the ones XLA partitions MaxText's mesh into, not these torch calls"
-           if plan.cluster.node.gpu.vendor == "google" else "")
+           if on_tpu(plan) else "")
     return (f"calls as trainplan's executor issues them (torch's APIs), bytes in the plan's dtypes: {params}, {grads}, "
             f"activations in {act}; the executor itself moves fp32 parameters and gradients (--wire executor){tpu}")
 

@@ -173,7 +173,7 @@ def _check_gpus(doc: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if "gpus" not in doc:
         training = doc.get("training") if isinstance(doc.get("training"), dict) else {}
         return default_kinds(str({**DEFAULT_TRAINING, **training}.get("precision", "bf16")))
-    with_node = sorted({raw.get("gpu") for raw in cat.nodes.values() if raw.get("gpu")})
+    with_node = sorted(_with_node())
     gpus = _names(doc, "gpus", set(cat.prices.gpus) | set(with_node), "GPUs priced in prices.yaml")
     for g in gpus:
         if g not in with_node:
@@ -258,8 +258,7 @@ def _default_space(doc: dict) -> dict:
 
 def _mixed(doc: dict) -> list[dict]:
     cat = load_catalog()
-    with_node = {raw.get("gpu") for raw in cat.nodes.values() if raw.get("gpu") in cat.gpus}
-    return check_mixed(doc, with_node, set(cat.prices.gpus) & set(cat.gpus))
+    return check_mixed(doc, _with_node(), set(cat.prices.gpus) & set(cat.gpus))
 
 
 def _check_model(model: dict, gpus: tuple[str, ...], doc: dict) -> None:
