@@ -84,7 +84,7 @@ def _with_feedback(x: torch.Tensor, out: torch.Tensor, errors: dict | None, key)
     if errors is None:
         quantize(x, out)
         return
-    rows, k, g = x.shape
+    _, k, g = x.shape
     err = errors.get(key)
     x = x + err if err is not None and err.shape == x.shape else x.clone()
     quantize(x, out)
