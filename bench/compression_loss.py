@@ -8,9 +8,11 @@ with each DDP communication hook torch ships and the executor registers
 (``executors.parallel._register_comm_hook``): none (torch's all-reduce hook), fp16
 (``default_hooks.fp16_compress_hook``), PowerSGD (``powerSGD_hook``, rank 1, its first 2
 steps uncompressed) and int8 (the executor's own hook, ``executors.int8_hook``: quantized
-all-to-all, sum, quantized all-gather) without and with error feedback (int8_ef). Printed per method: the final loss (the mean of the last tenth of the steps)
-and its gap to the uncompressed run, the measured step time and the prediction's. bf16's hook needs
-NCCL (a GPU). Nothing is fitted here.
+all-to-all, sum, quantized all-gather) without and with error feedback (int8_ef); then as FSDP2
+ZeRO-3 (``parallel.zero: 3``) without compression and with int8 as FSDP2's reduce-scatter
+(``executors.int8_hook.Int8ReduceScatter``: quantized all-to-all, sum). Printed per method: the final
+loss (the mean of the last tenth of the steps) and its gap to the uncompressed run of its wrapper,
+the measured step time and the prediction's. bf16's hook needs NCCL (a GPU). Nothing is fitted here.
 
     .venv/bin/python bench/compression_loss.py [--steps 300]
 """
@@ -26,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 
-METHODS = ("none", "fp16", "powersgd", "int8", "int8_ef")
+#: (gradient compression, ZeRO stage): DDP's hooks, then FSDP2's reduce-scatter.
+CASES = (("none", 0), ("fp16", 0), ("powersgd", 0), ("int8", 0), ("int8_ef", 0), ("none", 3), ("int8", 3))
 PLAN = {"name": "tiny-dp4", "model": {"name": "tiny-gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256,
                                       "seq_len": 32, "tied_embeddings": False},
         "cluster": {"node": "localhost", "gpus_per_node": 4},
@@ -42,17 +45,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
     rows, start = [], time.perf_counter()
-    for method in METHODS:
-        plan = plan_from_dict({**PLAN, "training": {**PLAN["training"], "grad_compression": method}})
+    for method, zero in CASES:
+        plan = plan_from_dict({**PLAN, "parallel": {**PLAN["parallel"], "zero": zero},
+                               "training": {**PLAN["training"], "grad_compression": method}})
         measured = run(plan, steps=args.steps, warmup=10, seed=0, timeout_s=600)
-        rows.append((method, measured.extra["loss_first"], measured.extra["loss_tail_mean"], measured.step_time_s,
-                     simulate(plan).step_time_s))
-    base = rows[0][2]
+        rows.append((method, zero, measured.extra["loss_first"], measured.extra["loss_tail_mean"],
+                     measured.step_time_s, simulate(plan).step_time_s))
+    base = {zero: tail for method, zero, _, tail, _, _ in rows if method == "none"}
     print(f"tiny GPT, dp 4 on this host, {args.steps} steps from seed 0 ({time.perf_counter() - start:.0f} s):")
-    print(f"  {'method':<10} {'first loss':>10} {'final loss':>10} {'vs none':>8} {'step measured':>14} "
+    print(f"  {'method':<10} {'zero':>4} {'first loss':>10} {'final loss':>10} {'vs none':>8} {'step measured':>14} "
           f"{'predicted':>10} {'error':>7}")
-    for method, first, tail, meas, pred in rows:
-        print(f"  {method:<10} {first:>10.4f} {tail:>10.4f} {tail / base - 1:>+8.2%} {meas * 1e3:>11.2f} ms "
+    for method, zero, first, tail, meas, pred in rows:
+        print(f"  {method:<10} {zero:>4} {first:>10.4f} {tail:>10.4f} {tail / base[zero] - 1:>+8.2%} {meas * 1e3:>11.2f} ms "
               f"{pred * 1e3:>7.2f} ms {pred / meas - 1:>+7.1%}")
     return 0
 

@@ -170,7 +170,8 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
         return model
     if par.zero >= ZeroStage.GRADIENTS:   # offload on one rank too: FSDP2 over a mesh of one
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
-        return apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored), par.fsdp_root)
+        sharded = apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored), par.fsdp_root)
+        return int8_hook.fsdp_int8(sharded) if plan.training.grad_compression.int8 else sharded   # qgZ's shape
     if uses_replicate(plan):
         return replicate(model, mesh=dp_mesh, ignored_params=set(ignored))
     if ignored:

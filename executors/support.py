@@ -15,7 +15,7 @@ import math
 from executors.act_offload import check_activation_offload
 from executors.float8 import TORCHAO_RECIPES, torchao_available
 from executors.recompute import check_recompute
-from simcore.plan.rules import torch_rounds
+from simcore.plan.rules import int8_scatters, torch_rounds
 from simcore.plan.spec import (CpComm, GradCompression, MoeDispatcher, Offload, Optimizer, Plan, Precision, Schedule,
                                StateDtype, ZeroImpl, ZeroStage)
 
@@ -129,11 +129,11 @@ def check_executable(plan: Plan, device_type: str) -> None:
          f"training.precision={tr.precision.value} is not supported by the executor (needs Transformer Engine)"),
         (tr.precision != Precision.FP16 or device_type == "cuda",
          "training.precision=fp16 needs a GPU (its grad scaler guards fp16 gradients there); use bf16 on a CPU"),
-        (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp * par.cp == 1,
+        (par.tp == 1 or tr.grad_compression == GradCompression.NONE or par.dp * par.cp == 1 or int8_scatters(plan),
          "training.grad_compression needs parallel.tp=1: DDP's communication hooks cannot "
          "wrap DTensor parameters"),
         *_split_backward_rules(plan),
-        (tr.grad_compression == GradCompression.NONE or par.zero == 0 or par.dp * par.cp == 1,
+        (tr.grad_compression == GradCompression.NONE or par.zero == 0 or par.dp * par.cp == 1 or int8_scatters(plan),
          f"training.grad_compression={tr.grad_compression.value} with parallel.zero={int(par.zero)} is priced, "
          "not run: the executor's ZeRO and FSDP2 reduce the fp32 gradients autocast keeps"),
         (tr.grad_compression != GradCompression.BF16 or device_type == "cuda",

@@ -76,6 +76,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from simcore.model import ddp_hooks as hooks, dsa
+from simcore.model import int8_scatter as i8
 from simcore.model import kv_replication as kvr
 from simcore.model import recompute as rcp
 from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
@@ -86,6 +87,7 @@ from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_pa
 from simcore.model.schedules import Action, Op, add_communication, build_schedule
 from simcore.model.wire import EXECUTOR_WIRE, PARAM_ELEMENT_BYTES, Wire, plan_wire  # noqa: F401 (re-exported)
 from simcore.plan.load import recompute_doc
+from simcore.plan.rules import int8_scatters
 from simcore.plan.spec import (
     GradCompression, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
 )
@@ -153,8 +155,9 @@ def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int
         numels = [(fsdp_padded_numel(local_shape(p, par.tp, tp_rank), nd), wire.of(p)) for p in unit]
         gathers, scatters = fsdp_unit_calls(actions, part.stage, par.zero == ZeroStage.WEIGHTS, par.pp > 1)
         out[Call(kind="all_gather", axis=axis, bytes=sum(n * e for n, e in numels), issuer="fsdp2")] += gathers
-        out[Call(kind="reduce_scatter", axis=axis, bytes=sum(n for n, _ in numels) * wire.grad,
-                 issuer="fsdp2")] += scatters
+        total = sum(n for n, _ in numels)   # FSDP2's int8 reduce-scatter (executors.int8_hook): one all-to-all
+        out[Call(kind="all_to_all", axis=axis, bytes=i8.call_bytes(total, nd), issuer="fsdp2") if int8_scatters(plan)
+            else Call(kind="reduce_scatter", axis=axis, bytes=total * wire.grad, issuer="fsdp2")] += scatters
         if par.dp_replicate > 1:   # HSDP: foreach_reduce all-reduces the shard over the replicas
             out[Call(kind="all_reduce", axis="dp_replicate", bytes=sum(n for n, _ in numels) // nd * wire.grad,
                      issuer="fsdp2")] += scatters

@@ -22,6 +22,7 @@ from simcore.model import ddp_hooks as hooks
 from simcore.model import dsa
 from simcore.model import dp_costs as dpm
 from simcore.model import end_comm as ec
+from simcore.model import int8_scatter as i8
 from simcore.model import kv_replication as kvr
 from simcore.model import memory as mem
 from simcore.model import moe_layers as ml
@@ -29,6 +30,7 @@ from simcore.model import recompute as rcp
 from simcore.model import workload as wl
 from simcore.model.layout_calls import grad_axis
 from simcore.model.schedules import Op, add_communication, build_schedule
+from simcore.plan.rules import int8_scatters
 from simcore.plan.spec import CpComm, MoeDispatcher, Plan, Recompute, ZeroImpl, ZeroStage
 
 
@@ -148,11 +150,18 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
             f_ag, b_ag, scatters = calls[v]
             n, d = plan.layers_per_stage[v] - dense[v], dense[v]   # MoE (or all) layers, dense layers
             add("all_gather", wb * (dense_l * n + flat * d) * (f_ag + b_ag), wb * expert_l * (f_ag + b_ag) * n)
-            add("reduce_scatter", gb * (dense_l * n + flat * d) * scatters, gb * expert_l * scatters * n)
+            if int8_scatters(plan):   # FSDP2's int8 reduce-scatter: an all-to-all a block (no experts: the rule)
+                out[axis, "all_to_all"] += (i8.call_bytes(dense_l + expert_l, nd) * n
+                                            + (i8.call_bytes(flat, nd) * d if d else 0)) * scatters
+            else:
+                add("reduce_scatter", gb * (dense_l * n + flat * d) * scatters, gb * expert_l * scatters * n)
         ag, rs = ec.fsdp_root_bytes(plan, sp)
         f_ag, b_ag, scatters = calls[pp_rank]
         out[axis, "all_gather"] += ag * (f_ag + b_ag)
-        out[axis, "reduce_scatter"] += rs * scatters
+        if int8_scatters(plan):
+            out[axis, "all_to_all"] += (i8.call_bytes(sp.ends, nd) if sp.ends > 0 else 0) * scatters
+        else:
+            out[axis, "reduce_scatter"] += rs * scatters
     if par.dp_replicate > 1:   # hybrid sharding: each reduce-scattered shard all-reduced over the replicas
         out["dp_replicate", "all_reduce"] += out[axis, "reduce_scatter"] / par.shard_ranks
     return out

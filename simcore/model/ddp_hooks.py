@@ -178,7 +178,7 @@ def hook_costs(compression: str, shapes: list[tuple[int, ...]], rank: int, dev, 
     return comm, kernels
 
 
-def _op_s(dev) -> float:
+def op_s(dev) -> float:
     """One eager kernel of a hook: on a CPU host its issue and run (the thread that issues it runs
     it), else the longer of the host's issue and the device's kernel (a hook issues them one by one)."""
     return dev.kernel_overhead_s + dev.dispatch_s if dev.dispatch_s is not None else \
@@ -198,5 +198,5 @@ def _int8_costs(shapes: list[tuple[int, ...]], dev, world: int, call, feedback: 
         comm += call("all_to_all", int8_call_bytes(n, world)) + call("all_gather", int8_call_bytes(n, world))
         passes = INT8_PASS_BYTES * padded + INT8_CHUNK_BYTES * k * g + ((FP32 * padded + 2 * FP32 * n) if pad else 0)
         passes += feedback * EF_PASS_BYTES * (padded + k * g)
-        kernels += (INT8_KERNELS + 2 * pad + feedback * EF_KERNELS) * _op_s(dev) + passes / stream
+        kernels += (INT8_KERNELS + 2 * pad + feedback * EF_KERNELS) * op_s(dev) + passes / stream
     return comm, kernels

@@ -13,11 +13,13 @@ from simcore.model import memory as mem
 from simcore.model import moe_layers as ml
 from simcore.model import workload as wl
 from simcore.model import zeropp as zpp
+from simcore.model import int8_scatter as i8
 from simcore.model import ddp_hooks as hooks
 from simcore.model import onebit
 from simcore.model import param_layout as pl
 from simcore.model.optim_states import flat_partitions, stored_weight_bytes
 from simcore.plan.choices import ONEBIT_OPTIMIZERS
+from simcore.plan.rules import int8_scatters
 from simcore.plan.spec import GradCompression, Offload, Plan, Precision, ZeroImpl, ZeroStage
 
 #: DeepSpeed ZeRO-3's default ``stage3_prefetch_bucket_size``: parameter elements fetched
@@ -72,11 +74,11 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         if tr.grad_compression == GradCompression.POWERSGD:
             gb = 4.0 * 2 * hooks.POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
             out["compress"] = cmp.stream_s(12.0 * params, dev)
-        elif tr.grad_compression.int8:   # int8 and a scale a group; its passes (error feedback's too)
-            gb = 1.0 + hooks.SCALE_BYTES / hooks.INT8_GROUP
+        elif tr.grad_compression.int8:   # int8 and a scale a group; the DDP hook's passes (error feedback's
+            gb = 1.0 + hooks.SCALE_BYTES / hooks.INT8_GROUP   # too); FSDP2's reduce-scatter prices its own (int8_scatter)
             ef = tr.grad_compression == GradCompression.INT8_EF
-            out["compress"] = cmp.stream_s((hooks.INT8_PASS_BYTES + hooks.INT8_CHUNK_BYTES / nd
-                                            + ef * hooks.EF_PASS_BYTES * (1 + 1 / nd)) * params, dev)
+            out["compress"] = 0.0 if par.zero >= ZeroStage.GRADIENTS else cmp.stream_s(
+                (hooks.INT8_PASS_BYTES + hooks.INT8_CHUNK_BYTES / nd + ef * hooks.EF_PASS_BYTES * (1 + 1 / nd)) * params, dev)
         elif tr.grad_compression != GradCompression.NONE:
             out["compress"] = cmp.stream_s(6.0 * params, dev)   # read fp32, write 16-bit
         buckets = max(1, math.ceil(gb * params / mem.DDP_BUCKET_BYTES))
@@ -192,10 +194,12 @@ def _fsdp_layer(plan: Plan, dev: cmp.DeviceModel, nets: tuple, sizes: tuple[floa
             out["layer_rs"] = zpp.qgz_layer_s(dense_l + expert_l, gb, calls, nets, dev, groups)
     elif par.zero_impl == ZeroImpl.DEEPSPEED:   # ZeRO-2: no gathers per layer
         out["layer_ag"] = 0.0
-    if dev.measured("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"):
-        # a calibrated host's measured layer cost holds the latency: the bytes' term only
+    measured = dev.measured("fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2")
+    if measured:   # a calibrated host's measured layer cost holds the latency: the bytes' term only
         out["layer_ag"], out["layer_rs"] = (both(coll.ring_bytes_s, b * dense_l, b * expert_l) for b in (wb, gb))
         out.pop("layer_ag_b", None)
+    if int8_scatters(plan):   # FSDP2's int8 reduce-scatter: an all-to-all and its kernels (one group: no experts')
+        out["layer_rs"] = i8.call_s(dense_l + expert_l, net, dev, measured)
     out["layer_rs"] += coll.replica_all_reduce_s(plan, dev, gb * dense_l)   # HSDP: the replicas' all-reduce
     out.setdefault("layer_ag_b", out["layer_ag"])
     return out

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from simcore.model import collectives as coll
 from simcore.model import compute as cmp
+from simcore.model import int8_scatter as i8
 from simcore.model import memory as mem
+from simcore.plan.rules import int8_scatters
 from simcore.plan.spec import Plan, ZeroStage
 
 
@@ -119,7 +121,10 @@ def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[
     net = coll.group_net(plan.cluster, dev, par.shard_ranks, par.tp)
     mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
     hsdp = coll.replica_all_reduce_s(plan, dev, rs)   # the replicas' all-reduce of the shard
-    if dev.measured(f"{mode}_root"):   # latency in the measured root cost
+    measured = dev.measured(f"{mode}_root")   # latency in the measured root cost
+    if int8_scatters(plan):   # FSDP2's int8 reduce-scatter (no replicas: the rule)
+        return (coll.ring_bytes_s if measured else coll.all_gather_s)(ag, net), i8.call_s(sp.ends, net, dev, measured)
+    if measured:
         return coll.ring_bytes_s(ag, net), coll.ring_bytes_s(rs, net) + hsdp
     return coll.all_gather_s(ag, net), coll.reduce_scatter_s(rs, net) + hsdp
 

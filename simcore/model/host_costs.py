@@ -9,6 +9,10 @@ overlaps the kernels, and their communication is the model's collectives.
 from __future__ import annotations
 
 from simcore.model import compute as cmp
+from simcore.model import fsdp_calls as fc
+from simcore.model import int8_scatter as i8
+from simcore.model import memory as mem
+from simcore.plan.rules import int8_scatters
 from simcore.plan.spec import Plan, ZeroStage
 
 
@@ -42,7 +46,16 @@ def layer_wrappers_s(plan: Plan, dev: cmp.DeviceModel, full: float
         fc, bc, hf_, hb_ = fc + share * cf, bc + share * cb, hf_ + share * hf, hb_ + share * hb
         if reruns:
             rc, rh = rc + share * cf * full, rh + share * hf * full
+    hb_ += i8.host_s(sum(mem.layer_params_per_gpu(plan)), plan.parallel.shard_ranks, dev, _scatter_share(plan))
     return (fc, bc), (hf_, hb_), (rc, rh)
+
+
+def _scatter_share(plan: Plan) -> float:
+    """FSDP2's int8 reduce-scatters of a block per micro-batch (0 without them): every micro-batch's,
+    or one a step under pipelining (``fsdp_calls``)."""
+    if not int8_scatters(plan) or plan.parallel.dp * plan.parallel.cp == 1:
+        return 0.0
+    return fc.fsdp_stages_calls(plan, 1)[0][2] / plan.num_microbatches
 
 
 def add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], list[float]],
@@ -69,6 +82,8 @@ def add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], lis
         for lists, pair in zip((comm, compute), dev.parallel_split_s(mode)):
             lists[0][v] += pair[0]
             lists[1][v] += pair[1]
+    for v, sp in enumerate(mem.stage_params(plan)[:par.pp]):   # the root groups' int8 reduce-scatters
+        compute[1][v] += i8.host_s(sp.ends, par.shard_ranks, dev, _scatter_share(plan))
 
 
 def host_p2p(dev: cmp.DeviceModel, pp: int, nv: int) -> dict[str, tuple[float, ...]]:

@@ -24,7 +24,7 @@ import operator
 from dataclasses import dataclass
 
 from simcore.model import activations as acts, collectives as coll, ddp_hooks as hooks, dsa, fsdp_pools
-from simcore.model import moe_layers as ml, mtp, onebit, workload as wl, zeropp as zpp
+from simcore.model import int8_scatter as i8, moe_layers as ml, mtp, onebit, workload as wl, zeropp as zpp
 from simcore.model.optim_states import (flat_partitions, largest_tensor_params, optimizer_bytes_per_param,
                                         param_bytes, stored_weight_bytes, weight_bytes_per_param)
 from simcore.model.peak import (ROW_FRAMEWORK, ROW_GRADIENTS, ROW_HOST, ROW_KEYS, ROW_TOTAL, framework_terms,
@@ -138,7 +138,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
     Data parallel: DDP's gradient buckets (``bucket_cap_mb=25``, two in flight); FSDP2
     (``parallel.zero`` 2, 3): the reduce-scatter input of one layer (its unsharded gradient
     in the parameter dtype and its fp32 copy, ``MixedPrecisionPolicy(reduce_dtype=float32)``
-    as torchtitan sets it) and, for ZeRO-3, the all-gather outputs of the layer in use and the
+    as torchtitan sets it; int8's working buffers, ``int8_scatter``) and, for ZeRO-3, the all-gather outputs of the layer in use and the
     one prefetched (``_fsdp_param_group.py``: one-ahead prefetch, ``reshard_after_forward``)
     plus the root group (embedding, final norm, output) gathered around the loss with the
     output's unsharded gradient. PP send/receive buffers, the sequence-parallel all-gather
@@ -170,7 +170,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
                 + zpp.buffer_bytes(sp.layer_max, par.zero_quantized_weights, par.zero_quantized_gradients)
     elif par.dp * par.cp > 1:
         if par.zero >= ZeroStage.GRADIENTS:
-            out["fsdp_reduce_scatter"] = (wb + 4) * sp.layer_max
+            out["fsdp_reduce_scatter"] = (wb + 4 + tr.grad_compression.int8 * i8.SCATTER_BUFFER_BYTES) * sp.layer_max
             if par.zero == ZeroStage.WEIGHTS:
                 out["fsdp_all_gather"] = 2 * (1 if fp8 and tr.fp8_param_gather else wb) * sp.layer_max
                 # the root's gathered parameters and, from the loss on, the output's unsharded

@@ -197,7 +197,8 @@ class GradCompression(_Choice):
     16-bit reductions (DDP's compress hooks, Megatron's ``--grad-reduce-in-bf16``, FSDP2's
     ``reduce_dtype``, DeepSpeed's ``communication_data_type``), ``powersgd`` DDP's hook, ``int8``
     the executor's own DDP hook: the bucket quantized to int8 (an fp32 scale a group), all-to-all,
-    summed, quantized again and all-gathered, as ZeRO++'s qgZ (``executors.int8_hook``); ``int8_ef``
+    summed, quantized again and all-gathered, as ZeRO++'s qgZ (``executors.int8_hook``; under FSDP2's
+    zero 2-3 its reduce-scatter: all-to-all'd and summed, ``simcore.model.int8_scatter``); ``int8_ef``
     the same with error feedback: each quantization's residual kept and added to the next step's
     (the worker's bucket and the server's sum, as DeepSpeed's compressed all-reduce keeps them)."""
 

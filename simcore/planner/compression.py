@@ -32,7 +32,8 @@ ACCURACY = {
                 "test accuracy on par with SGD on their image and language-model tasks",
     "int8": "int8 gradient sums with an fp32 scale a group of 8,000 elements and no error feedback "
             "(executors/int8_hook.py); on the tiny model over 4 ranks its loss after 300 steps was 1.95% above "
-            "none's (bench/compression_loss.py, bench/RESULTS.md)",
+            "none's as DDP's hook (two roundings), 0.75% as FSDP2's reduce-scatter (one) (bench/compression_loss.py, "
+            "bench/RESULTS.md)",
     "int8_ef": "the int8 hook with error feedback, each quantization's residual added to the next step's (Seide "
                "et al. 2014; Karimireddy et al. 2019, arXiv 1901.09847: error feedback recovers the uncompressed "
                "convergence); on the tiny model over 4 ranks its loss after 300 steps was 2.04% above none's, "
@@ -77,7 +78,10 @@ def applies(method: str, base: Plan, lay) -> bool:
         return False   # nothing to compress without data parallel
     if method in ("bf16", "fp16"):
         return True
-    if method in ("powersgd", "int8", "int8_ef"):
+    if method == "int8":   # the DDP hook, or FSDP2's reduce-scatter (rules.int8_scatters)
+        return lay.zero == ZeroStage.NONE or (lay.zero >= ZeroStage.GRADIENTS and lay.ep == 1 and base.parallel.zero_impl
+                                              == ZeroImpl.FSDP2 and lay.dp_replicate == 1)
+    if method in ("powersgd", "int8_ef"):
         return lay.zero == ZeroStage.NONE
     if method in OPTIMIZERS:
         return lay.zero == ZeroStage.NONE and lay.ep == 1 and base.training.grad_compression.value == "none"
@@ -110,7 +114,8 @@ def fields(method: str, gpus_per_node: int) -> tuple[dict, dict]:
 NEEDS = {
     "bf16": "data parallel", "fp16": "data parallel",
     "powersgd": "DDP (parallel.zero=0): it is a DDP communication hook",
-    "int8": "DDP (parallel.zero=0): it is trainplan's executor's DDP communication hook (--stack executor)",
+    "int8": "DDP (parallel.zero=0) or FSDP2's zero 2-3 without experts' groups or replicas: it is trainplan's "
+            "executor's communication hook or reduce-scatter (--stack executor)",
     "int8_ef": "DDP (parallel.zero=0): it is trainplan's executor's DDP communication hook (--stack executor)",
     "onebit_adam": "DDP (parallel.zero=0) without experts: DeepSpeed's 1-bit Adam is not compatible with ZeRO",
     "onebit_lamb": "DDP (parallel.zero=0) without experts: DeepSpeed's 1-bit LAMB is not compatible with ZeRO",

@@ -169,6 +169,7 @@ TWO_RANK = {
     "dp2-powersgd": make_plan(dp=2, grad_compression="powersgd"),
     "dp2-fp16-compression": make_plan(dp=2, grad_compression="fp16"),
     "dp2-int8": make_plan(dp=2, grad_compression="int8"),
+    "zero3-int8": make_plan(dp=2, zero=3, grad_compression="int8"),
     "dp2-bf16": make_plan(LLAMA, dp=2, precision="bf16"),
 }
 FOUR_RANK = {
@@ -179,7 +180,7 @@ FOUR_RANK = {
     "dp2xpp2-zero2-interleaved": make_plan(dp=2, pp=2, vpp=2, zero=2, schedule="interleaved-1f1b"),
     "dp4-hsdp2-zero2": make_plan(dp=4, zero=2, dp_replicate=2, gb=8),   # FSDP2 on a (replicate, shard) mesh
 }
-EXACT = {k for k in TWO_RANK if k not in ("dp2-fp16-compression", "dp2-int8", "dp2-bf16")} | set(FOUR_RANK)
+EXACT = {k for k in TWO_RANK if k not in ("dp2-fp16-compression", "dp2-int8", "zero3-int8", "dp2-bf16")} | set(FOUR_RANK)
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +226,23 @@ def test_int8_gradient_compression_is_close(two_rank):
     update = torch.cat([(p - init[n]).flatten() for n, p in ref.items()]).norm()
     assert 0 < (diff / update).item() < 5e-2
     assert counts(two_rank[name]) == {("all_to_all", "dp"): 1, ("all_gather", "dp"): 1}
+
+
+def test_int8_reduce_scatter_under_fsdp2_is_close(two_rank):
+    # FSDP2's int8 reduce-scatter (executors.int8_hook.Int8ReduceScatter): one rounding of each rank's
+    # copy (no second quantization, no all-gather): the forward exact, the update within int8's step
+    # (the same small-beside-its-group tensors as the DDP hook's), an all-to-all where FSDP2's own
+    # reduce-scatter was, once per unit and micro-batch
+    name = "zero3-int8"
+    assert two_rank[name][0]["losses"][0] == pytest.approx(reference(TWO_RANK[name])[0][0], rel=1e-6)
+    init = {n: p.detach() for n, p in build_model(TWO_RANK[name].model, seed=0).named_parameters()}
+    ref = reference(TWO_RANK[name])[1]
+    got = {k: v for r in two_rank[name] for k, v in r["params"].items()}
+    diff = torch.cat([(got[n] - p).flatten() for n, p in ref.items()]).norm()
+    update = torch.cat([(p - init[n]).flatten() for n, p in ref.items()]).norm()
+    assert 0 < (diff / update).item() < 5e-2
+    units = L + 1
+    assert counts(two_rank[name]) == {("all_gather", "dp"): 2 * N_MB_DP2 * units, ("all_to_all", "dp"): N_MB_DP2 * units}
 
 
 def test_bf16_autocast_is_close(two_rank):

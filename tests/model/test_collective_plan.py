@@ -234,6 +234,9 @@ TWO_RANK = {
     "zero1-adamw": make_plan(LLAMA, dp=2, zero=1, optimizer="adamw"),
     "zero1-adafactor": make_plan(LLAMA, dp=2, zero=1, optimizer="adafactor"),
     "zero2": make_plan(dp=2, zero=2),
+    # FSDP2's int8 reduce-scatter (executors.int8_hook): an all-to-all a group; BIG's blocks pad their chunks
+    "zero2-int8": make_plan(dp=2, zero=2, grad_compression="int8"),
+    "zero3-int8-big": make_plan(BIG, dp=2, gb=4, zero=3, grad_compression="int8"),
     "zero3-recompute-full": make_plan(dp=2, zero=3, recompute="full"),
     "tp2": make_plan(LLAMA, tp=2),
     "tp2-recompute-full": make_plan(LLAMA, tp=2, recompute="full"),
@@ -259,6 +262,8 @@ FOUR_RANK = {
     "dp2xpp2-zero2-zero-bubble": make_plan(dp=2, pp=2, zero=2, schedule="zero-bubble"),
     "dp2xtp2-replicate-sp": make_plan(LLAMA, dp=2, tp=2, sequence_parallel=True),
     "dp2xtp2-sp-zero3-adamw": make_plan(LLAMA, dp=2, tp=2, sequence_parallel=True, zero=3, optimizer="adamw"),
+    # FSDP2's int8 reduce-scatter over the dp group of a 2-D mesh: the TP-local shards all-to-all'd
+    "dp2xtp2-sp-zero3-int8": make_plan(LLAMA, dp=2, tp=2, sequence_parallel=True, zero=3, grad_compression="int8"),
     "tp2xpp2-sp": make_plan(LLAMA, tp=2, pp=2, sequence_parallel=True),
     "pp4-interleaved": make_plan(dict(GPT, layers=8), pp=4, vpp=2, schedule="interleaved-1f1b"),
 }

@@ -62,6 +62,11 @@ LAYOUTS = {
     "dp2-pp2-int8-big": ({"dp": 2, "pp": 2}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048},
                          {"grad_compression": "int8"}),
     "dp2-int8-tied": ({"dp": 2}, {"tied_embeddings": True}, {"grad_compression": "int8"}),
+    # FSDP2's int8 reduce-scatter: an all-to-all a group (blocks and the root), ZeRO-2 and 3, with pipelining
+    "zero2-dp2-int8": ({"dp": 2, "zero": 2}, {}, {"grad_compression": "int8"}),
+    "zero3-dp4-int8-big": ({"dp": 4, "zero": 3}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048},
+                           {"grad_compression": "int8"}),
+    "zero3-dp2-pp2-int8": ({"dp": 2, "pp": 2, "zero": 3}, {}, {"grad_compression": "int8"}),
 }
 
 

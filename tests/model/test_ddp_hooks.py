@@ -121,8 +121,8 @@ def test_int8_plans_move_fewer_bytes_than_fp32_and_cost_kernels():
     assert all(c.step_time_s > 0 for c in costs)
 
 
-@pytest.mark.parametrize("zero", [1, 2, 3])
-def test_int8_needs_zero_0(zero):
+@pytest.mark.parametrize("zero", [1])
+def test_int8_needs_zero_0(zero):   # or FSDP2's zero 2-3 (tests/model/test_int8_scatter.py)
     from simcore.plan.spec import PlanError
 
     with pytest.raises(PlanError, match=f"training.grad_compression=int8 needs parallel.zero=0, not {zero}: it is a "
