@@ -163,4 +163,4 @@ def keep_runnable(df: pd.DataFrame, plan_of: Callable[[pd.Series], Plan], refuse
 def _kind(reason: str) -> str:
     """A refusal without the value it names (``parallel.zero=1`` as ``parallel.zero``), to count
     refusals by kind."""
-    return re.sub(r"(\b[a-z_]+\.[a-z_]+)=\S+", r"\1", reason)
+    return re.sub(r"(\b[a-z_]+\.[a-z_]+)=[^\s:;,)]+", r"\1", reason)

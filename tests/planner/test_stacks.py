@@ -32,6 +32,15 @@ def test_the_stacks_exporter_decides_and_the_sentence_counts_its_refusals():
         exporter_check("jax")
 
 
+def test_a_refusal_is_counted_without_its_value_and_keeps_its_punctuation():
+    from simcore.planner.stacks import _kind
+
+    assert _kind("training.grad_compression needs parallel.tp=1: DDP's hooks cannot wrap DTensors") == (
+        "training.grad_compression needs parallel.tp: DDP's hooks cannot wrap DTensors")
+    assert _kind("parallel.zero=2, not parallel.ep=4; and (parallel.cp=2)") == (
+        "parallel.zero, not parallel.ep; and (parallel.cp)")
+
+
 def test_a_search_for_torchtitan_ranks_what_torchtitan_runs_in_the_same_order():
     """Its layouts, in the order of the whole ranking where the stack changes nothing (cp 1: torch's
     context parallel gathers K/V, so a cp layout is priced as torchtitan runs it, all_gather)."""
