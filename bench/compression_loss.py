@@ -8,9 +8,9 @@ with each DDP communication hook torch ships and the executor registers
 (``executors.parallel._register_comm_hook``): none (torch's all-reduce hook), fp16
 (``default_hooks.fp16_compress_hook``), PowerSGD (``powerSGD_hook``, rank 1, its first 2
 steps uncompressed) and int8 (the executor's own hook, ``executors.int8_hook``: quantized
-all-to-all, sum, quantized all-gather) without and with error feedback (int8_ef); then as FSDP2
-ZeRO-3 (``parallel.zero: 3``) without compression and with int8 as FSDP2's reduce-scatter
-(``executors.int8_hook.Int8ReduceScatter``: quantized all-to-all, sum). Printed per method: the final
+all-to-all, sum, quantized all-gather) without and with error feedback (int8_ef) and at 4 bits
+(int4); then as FSDP2 ZeRO-3 (``parallel.zero: 3``) without compression and with int8 and int4 as
+FSDP2's reduce-scatter (``executors.int8_hook.Int8ReduceScatter``: quantized all-to-all, sum). Printed per method: the final
 loss (the mean of the last tenth of the steps) and its gap to the uncompressed run of its wrapper,
 the measured step time and the prediction's. bf16's hook needs NCCL (a GPU). Nothing is fitted here.
 
@@ -29,7 +29,8 @@ from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 
 #: (gradient compression, ZeRO stage): DDP's hooks, then FSDP2's reduce-scatter.
-CASES = (("none", 0), ("fp16", 0), ("powersgd", 0), ("int8", 0), ("int8_ef", 0), ("none", 3), ("int8", 3))
+CASES = (("none", 0), ("fp16", 0), ("powersgd", 0), ("int8", 0), ("int8_ef", 0), ("int4", 0), ("none", 3), ("int8", 3),
+         ("int4", 3))
 PLAN = {"name": "tiny-dp4", "model": {"name": "tiny-gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256,
                                       "seq_len": 32, "tied_embeddings": False},
         "cluster": {"node": "localhost", "gpus_per_node": 4},

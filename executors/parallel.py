@@ -171,7 +171,7 @@ def apply_dp(model: nn.Module, plan: Plan, dp_mesh: DeviceMesh, device: torch.de
     if par.zero >= ZeroStage.GRADIENTS:   # offload on one rank too: FSDP2 over a mesh of one
         offload = CPUOffloadPolicy() if plan.training.offload != Offload.NONE else OffloadPolicy()
         sharded = apply_fsdp2(model, dp_mesh, par.zero == ZeroStage.WEIGHTS, offload, set(ignored), par.fsdp_root)
-        return int8_hook.fsdp_int8(sharded) if plan.training.grad_compression.int8 else sharded   # qgZ's shape
+        return int8_hook.fsdp_int8(sharded, bits) if (bits := plan.training.grad_compression.bits) else sharded
     if uses_replicate(plan):
         return replicate(model, mesh=dp_mesh, ignored_params=set(ignored))
     if ignored:
@@ -201,9 +201,9 @@ def _register_comm_hook(ddp, compression: GradCompression, group) -> None:
         state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=hooks.POWERSGD_RANK,
                                             start_powerSGD_iter=POWERSGD_START_ITER)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    elif compression.int8:   # ours (torch's int8 hook fails on gloo); int8_ef keeps its errors in the state
-        ddp.register_comm_hook(int8_hook.Int8State(group=group) if compression.value == "int8_ef" else group,
-                               int8_hook.int8_hook)
+    elif compression.bits:   # ours (torch's int8 hook fails on gloo); int8_ef keeps its errors in the state
+        ddp.register_comm_hook(int8_hook.Int8State(group=group, bits=compression.bits,
+                                                   feedback=compression.value == "int8_ef"), int8_hook.int8_hook)
     else:  # torch's Python all-reduce hook, so that the measured all-reduces are visible
         ddp.register_comm_hook(group, default_hooks.allreduce_hook)
 

@@ -179,8 +179,9 @@ def _plan_command(sub) -> None:
                    "nvfp4 where the GPU has them), or 'all' (default: bf16)")
     p.add_argument("--hybrid", action="store_true", help="also rank hybrid sharding (parallel.dp_replicate)")
     p.add_argument("--compression", metavar="M,N", help="communication compression to rank beside none, where a "
-                   "layout can take it: bf16, fp16, powersgd, int8, onebit_adam, onebit_lamb, zero_one_adam, "
-                   "zeropp (--stack deepspeed), fp8_param_gather (fp8); the answer says what each costs in accuracy")
+                   "layout can take it: bf16, fp16, powersgd, int8, int8_ef, int4, onebit_adam, onebit_lamb, "
+                   "zero_one_adam, zeropp (--stack deepspeed), fp8_param_gather (fp8); the answer says what each "
+                   "costs in accuracy")
     p.add_argument("--out", type=Path, help="where to write the best Plan (default: NAME.yaml)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=jobs.cmd_plan)

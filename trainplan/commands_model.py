@@ -354,9 +354,10 @@ def wire_note(plan, wire, executor: bool) -> str:
     """What the listed bytes are: the calls trainplan's executor issues (torch's APIs), their
     buffers in ``wire``'s dtypes (``simcore.model.collective_plan.Wire``)."""
     act = plan.training.precision.value
+    gc = plan.training.grad_compression
     grads = f"gradients reduced at {wire.grad} bytes an element" + (
-        " (DDP's buckets at 1 and an fp32 scale a group: grad_compression int8)"
-        if plan.training.grad_compression.int8 else "")
+        f" ({'FSDP2 groups' if plan.parallel.zero >= 2 else 'DDP buckets'} at {gc.bits / 8:g} and an fp32 scale a "
+        f"group: grad_compression {gc.value})" if gc.bits else "")
     params = f"parameters gathered or broadcast at {wire.param} bytes" + (
         " (the blocks' linear weights at 1, fp8_param_gather)" if wire.fp8_weights else "")
     if executor:

@@ -155,8 +155,8 @@ def _fsdp_calls(plan: Plan, part: StagePart, actions: list[Action], tp_rank: int
         numels = [(fsdp_padded_numel(local_shape(p, par.tp, tp_rank), nd), wire.of(p)) for p in unit]
         gathers, scatters = fsdp_unit_calls(actions, part.stage, par.zero == ZeroStage.WEIGHTS, par.pp > 1)
         out[Call(kind="all_gather", axis=axis, bytes=sum(n * e for n, e in numels), issuer="fsdp2")] += gathers
-        total = sum(n for n, _ in numels)   # FSDP2's int8 reduce-scatter (executors.int8_hook): one all-to-all
-        out[Call(kind="all_to_all", axis=axis, bytes=i8.call_bytes(total, nd), issuer="fsdp2") if int8_scatters(plan)
+        total, bits = sum(n for n, _ in numels), plan.training.grad_compression.bits   # FSDP2's int8 (int4)
+        out[Call(kind="all_to_all", axis=axis, bytes=i8.call_bytes(total, nd, bits), issuer="fsdp2") if int8_scatters(plan)
             else Call(kind="reduce_scatter", axis=axis, bytes=total * wire.grad, issuer="fsdp2")] += scatters
         if par.dp_replicate > 1:   # HSDP: foreach_reduce all-reduces the shard over the replicas
             out[Call(kind="all_reduce", axis="dp_replicate", bytes=sum(n for n, _ in numels) // nd * wire.grad,

@@ -131,11 +131,12 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
         if expert_axis:
             out[expert_axis, kind] += expert
 
-    if par.zero == ZeroStage.NONE and tr.grad_compression.int8 and not sp.expert:
+    if par.zero == ZeroStage.NONE and tr.grad_compression.bits and not sp.expert:
         # the int8 hook (``ddp_hooks``): an all-to-all and an all-gather a DDP bucket, as dp_costs prices them
         shapes = dpm.grad_shapes(plan, sp, sum(mem.layer_params_per_gpu(plan)), exact=True)
         for members in hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]):
-            for kind, nbytes in hooks.bucket_collectives("int8", [shapes[i] for i in members], 1, hooks.FP32, nd):
+            for kind, nbytes in hooks.bucket_collectives(tr.grad_compression.value, [shapes[i] for i in members], 1,
+                                                            hooks.FP32, nd):
                 out[axis, kind] += nbytes
     elif par.zero == ZeroStage.NONE:
         add("all_reduce", gb * sp.dense, gb * sp.expert)
@@ -151,15 +152,16 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
             n, d = plan.layers_per_stage[v] - dense[v], dense[v]   # MoE (or all) layers, dense layers
             add("all_gather", wb * (dense_l * n + flat * d) * (f_ag + b_ag), wb * expert_l * (f_ag + b_ag) * n)
             if int8_scatters(plan):   # FSDP2's int8 reduce-scatter: an all-to-all a block (no experts: the rule)
-                out[axis, "all_to_all"] += (i8.call_bytes(dense_l + expert_l, nd) * n
-                                            + (i8.call_bytes(flat, nd) * d if d else 0)) * scatters
+                bits = tr.grad_compression.bits
+                out[axis, "all_to_all"] += (i8.call_bytes(dense_l + expert_l, nd, bits) * n
+                                            + (i8.call_bytes(flat, nd, bits) * d if d else 0)) * scatters
             else:
                 add("reduce_scatter", gb * (dense_l * n + flat * d) * scatters, gb * expert_l * scatters * n)
         ag, rs = ec.fsdp_root_bytes(plan, sp)
         f_ag, b_ag, scatters = calls[pp_rank]
         out[axis, "all_gather"] += ag * (f_ag + b_ag)
         if int8_scatters(plan):
-            out[axis, "all_to_all"] += (i8.call_bytes(sp.ends, nd) if sp.ends > 0 else 0) * scatters
+            out[axis, "all_to_all"] += (i8.call_bytes(sp.ends, nd, tr.grad_compression.bits) if sp.ends > 0 else 0) * scatters
         else:
             out[axis, "reduce_scatter"] += rs * scatters
     if par.dp_replicate > 1:   # hybrid sharding: each reduce-scattered shard all-reduced over the replicas

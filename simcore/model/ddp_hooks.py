@@ -25,7 +25,11 @@ torch 2.13 runs them (torch/distributed/algorithms/ddp_comm_hooks), per bucket a
   deepspeed/runtime/comm/nccl.py ``compressed_allreduce``): the worker's error added to the padded
   bucket before its quantization and the new one kept (the bucket minus its dequantized int8),
   the server's alike on the summed chunk; ``EF_KERNELS`` more kernels and fp32 errors of the padded
-  bucket and of the chunk kept from step to step (``ef_error_bytes``).
+  bucket and of the chunk kept from step to step (``ef_error_bytes``);
+- ``int4``: int8's steps with 4-bit values in [-7, 7] (absmax / 7 a scale), two packed a byte, as
+  qgZ sends them (DeepSpeed's ``swizzle_quant(..., 4, Symmetric, ...)`` @17b3b557): groups of an
+  even size, W (k g / 2 + 4 k) bytes a call, ``PACK_KERNELS`` more a quantization and
+  ``UNPACK_KERNELS`` a dequantization.
 
 ``hook_costs`` prices them on a device (its streams and per-kernel costs: a hook's kernels are
 plain eager ops issued one by one from Python callbacks, no autograd around them);
@@ -72,6 +76,17 @@ EF_KERNELS = 2 * (1 + 3 + 1)
 #: fp32 bytes error feedback streams per element it covers (the padded bucket, this rank's chunk):
 #: the add reads two and writes one (12), the dequantization 13, the new error reads two, writes one (12).
 EF_PASS_BYTES = 12 + 13 + 12
+#: int4's packing after a quantization (``executors/int8_hook.py`` ``_pack``): the low values masked,
+#: the high ones shifted, the two or'ed into a byte; and its unpacking before a dequantization: the
+#: low nibble shifted up and back (sign-extended), the high one shifted down, the two interleaved.
+PACK_KERNELS = 3
+UNPACK_KERNELS = 4
+#: Bytes an element those passes stream (int8 codes read and written once each pass, half of them).
+PACK_BYTES = UNPACK_BYTES = 3
+
+
+#: The quantized hooks' bits a value, by ``training.grad_compression``.
+QUANT_BITS = {"int8": 8, "int8_ef": 8, "int4": 4}
 
 
 def bucket_members(ready_bytes: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
@@ -97,20 +112,21 @@ def compressed(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
     return (n * r, m * r) if (n + m) * r * MIN_COMPRESSION_RATE < n * m else None
 
 
-def int8_layout(numel: int, world: int) -> tuple[int, int]:
-    """(groups a chunk, elements a group) of the int8 hook's bucket of ``numel`` over ``world``
+def int8_layout(numel: int, world: int, bits: int = 8) -> tuple[int, int]:
+    """(groups a chunk, elements a group) of the quantized hook's bucket of ``numel`` over ``world``
     ranks: W chunks of ceil(numel / W) elements, each the fewest groups of at most ``INT8_GROUP``,
-    equal ones (the last chunk zero-padded)."""
+    equal ones (the last chunk zero-padded); at 4 bits a group's size even (two values a byte)."""
     chunk = max(1, -(-numel // world))
     k = -(-chunk // INT8_GROUP)
-    return k, -(-chunk // k)
+    g = -(-chunk // k)
+    return k, g + g % 2 if bits == 4 else g
 
 
-def int8_call_bytes(numel: int, world: int) -> int:
-    """Bytes of each of the int8 hook's two calls on a bucket of ``numel`` gradients (the
-    all-to-all's buffer, the all-gather's output): every chunk's values and scales."""
-    k, g = int8_layout(numel, world)
-    return world * (k * g + SCALE_BYTES * k)
+def int8_call_bytes(numel: int, world: int, bits: int = 8) -> int:
+    """Bytes of each of the quantized hook's two calls on a bucket of ``numel`` gradients (the
+    all-to-all's buffer, the all-gather's output): every chunk's values (``bits`` each) and scales."""
+    k, g = int8_layout(numel, world, bits)
+    return world * (k * g * bits // 8 + SCALE_BYTES * k)
 
 
 def ef_error_bytes(numel: int, world: int) -> int:
@@ -124,8 +140,8 @@ def bucket_collectives(compression: str, shapes: list[tuple[int, ...]], rank: in
                        world: int) -> list[tuple[str, int]]:
     """(kind, bytes) of each call one bucket of gradients of ``shapes`` makes over ``world`` ranks:
     the int8 hook's all-to-all and all-gather, the others' all-reduces (``bucket_calls``)."""
-    if compression in ("int8", "int8_ef"):
-        b = int8_call_bytes(sum(math.prod(s) for s in shapes), world)
+    if compression in QUANT_BITS:
+        b = int8_call_bytes(sum(math.prod(s) for s in shapes), world, QUANT_BITS[compression])
         return [("all_to_all", b), ("all_gather", b)]
     return [("all_reduce", b) for b in bucket_calls(compression, shapes, rank, element_bytes)]
 
@@ -149,8 +165,8 @@ def hook_costs(compression: str, shapes: list[tuple[int, ...]], rank: int, dev, 
     """(communication seconds, hook kernel seconds) of one step's buckets of gradients of ``shapes``
     (in ready order) over ``world`` ranks; ``all_reduce(nbytes)`` the seconds of one all-reduce,
     ``call(kind, nbytes)`` of one call of another kind (the int8 hook's)."""
-    if compression in ("int8", "int8_ef"):
-        return _int8_costs(shapes, dev, world, call, compression == "int8_ef")
+    if compression in QUANT_BITS:
+        return _int8_costs(shapes, dev, world, call, compression == "int8_ef", QUANT_BITS[compression])
     comm = kernels = 0.0
     # one kernel: on a CPU host its issue and run (the thread that issues it runs it), else the
     # longer of the host's issue and the device's kernel (a hook issues them one by one)
@@ -185,18 +201,23 @@ def op_s(dev) -> float:
         max(dev.kernel_overhead_s, dev.host_overhead_s)
 
 
-def _int8_costs(shapes: list[tuple[int, ...]], dev, world: int, call, feedback: bool = False) -> tuple[float, float]:
-    """``hook_costs`` of the int8 hook: per bucket its all-to-all and all-gather, its kernels over
+def _int8_costs(shapes: list[tuple[int, ...]], dev, world: int, call, feedback: bool = False,
+                bits: int = 8) -> tuple[float, float]:
+    """``hook_costs`` of the quantized hook: per bucket its all-to-all and all-gather, its kernels over
     the padded bucket (N elements: zero-padding costs a fill and a copy) and over this rank's chunk,
-    and with ``feedback`` error feedback's over both."""
+    with ``feedback`` error feedback's over both, at 4 bits the packing and unpacking (two of each:
+    the bucket's and the chunk's, the received copies' and the gathered sums')."""
     comm = kernels = 0.0
     stream = dev.hbm_bytes_per_s * dev.memory_efficiency
     for members in bucket_members([FP32 * math.prod(s) for s in shapes]):
         n = sum(math.prod(shapes[i]) for i in members)
-        k, g = int8_layout(n, world)
+        k, g = int8_layout(n, world, bits)
         padded, pad = world * k * g, world * k * g > n
-        comm += call("all_to_all", int8_call_bytes(n, world)) + call("all_gather", int8_call_bytes(n, world))
+        b = int8_call_bytes(n, world, bits)
+        comm += call("all_to_all", b) + call("all_gather", b)
         passes = INT8_PASS_BYTES * padded + INT8_CHUNK_BYTES * k * g + ((FP32 * padded + 2 * FP32 * n) if pad else 0)
-        passes += feedback * EF_PASS_BYTES * (padded + k * g)
-        kernels += (INT8_KERNELS + 2 * pad + feedback * EF_KERNELS) * op_s(dev) + passes / stream
+        passes += feedback * EF_PASS_BYTES * (padded + k * g) + (bits == 4) * (
+            PACK_BYTES * (padded + k * g) + UNPACK_BYTES * 2 * padded)
+        count = INT8_KERNELS + 2 * pad + feedback * EF_KERNELS + (bits == 4) * 2 * (PACK_KERNELS + UNPACK_KERNELS)
+        kernels += count * op_s(dev) + passes / stream
     return comm, kernels

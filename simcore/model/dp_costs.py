@@ -74,8 +74,8 @@ def dp_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_params
         if tr.grad_compression == GradCompression.POWERSGD:
             gb = 4.0 * 2 * hooks.POWERSGD_RANK / math.sqrt(max(1.0, layer_params))  # (m+n)r of m*n per matrix
             out["compress"] = cmp.stream_s(12.0 * params, dev)
-        elif tr.grad_compression.int8:   # int8 and a scale a group; the DDP hook's passes (error feedback's
-            gb = 1.0 + hooks.SCALE_BYTES / hooks.INT8_GROUP   # too); FSDP2's reduce-scatter prices its own (int8_scatter)
+        elif tr.grad_compression.bits:   # int8 (int4) and a scale a group; the DDP hook's passes (error feedback's
+            gb = tr.grad_compression.bits / 8 + hooks.SCALE_BYTES / hooks.INT8_GROUP   # too); FSDP2's: int8_scatter
             ef = tr.grad_compression == GradCompression.INT8_EF
             out["compress"] = 0.0 if par.zero >= ZeroStage.GRADIENTS else cmp.stream_s(
                 (hooks.INT8_PASS_BYTES + hooks.INT8_CHUNK_BYTES / nd + ef * hooks.EF_PASS_BYTES * (1 + 1 / nd)) * params, dev)
@@ -145,7 +145,7 @@ def _hook_costs(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams, layer_par
         if dev.lone_all_reduce_s > 0:   # a lone gloo call, one pass of the ring's bytes
             return dev.lone_all_reduce_s + coll.ring_bytes_s(nbytes, net)
         return (coll.all_to_all_s if kind == "all_to_all" else coll.all_gather_s)(nbytes, net)
-    shapes = grad_shapes(plan, sp, layer_params, tr.grad_compression.int8)
+    shapes = grad_shapes(plan, sp, layer_params, tr.grad_compression.bits > 0)
     comm, kernels = hooks.hook_costs(tr.grad_compression.value, shapes, hooks.POWERSGD_RANK, dev, one, nd, call)
     return comm, kernels, len(hooks.bucket_members([hooks.FP32 * math.prod(s) for s in shapes]))
 
@@ -199,7 +199,7 @@ def _fsdp_layer(plan: Plan, dev: cmp.DeviceModel, nets: tuple, sizes: tuple[floa
         out["layer_ag"], out["layer_rs"] = (both(coll.ring_bytes_s, b * dense_l, b * expert_l) for b in (wb, gb))
         out.pop("layer_ag_b", None)
     if int8_scatters(plan):   # FSDP2's int8 reduce-scatter: an all-to-all and its kernels (one group: no experts')
-        out["layer_rs"] = i8.call_s(dense_l + expert_l, net, dev, measured)
+        out["layer_rs"] = i8.call_s(dense_l + expert_l, net, dev, measured, plan.training.grad_compression.bits)
     out["layer_rs"] += coll.replica_all_reduce_s(plan, dev, gb * dense_l)   # HSDP: the replicas' all-reduce
     out.setdefault("layer_ag_b", out["layer_ag"])
     return out

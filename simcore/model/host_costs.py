@@ -46,7 +46,8 @@ def layer_wrappers_s(plan: Plan, dev: cmp.DeviceModel, full: float
         fc, bc, hf_, hb_ = fc + share * cf, bc + share * cb, hf_ + share * hf, hb_ + share * hb
         if reruns:
             rc, rh = rc + share * cf * full, rh + share * hf * full
-    hb_ += i8.host_s(sum(mem.layer_params_per_gpu(plan)), plan.parallel.shard_ranks, dev, _scatter_share(plan))
+    hb_ += i8.host_s(sum(mem.layer_params_per_gpu(plan)), plan.parallel.shard_ranks, dev, _scatter_share(plan),
+                     plan.training.grad_compression.bits)
     return (fc, bc), (hf_, hb_), (rc, rh)
 
 
@@ -83,7 +84,7 @@ def add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], lis
             lists[0][v] += pair[0]
             lists[1][v] += pair[1]
     for v, sp in enumerate(mem.stage_params(plan)[:par.pp]):   # the root groups' int8 reduce-scatters
-        compute[1][v] += i8.host_s(sp.ends, par.shard_ranks, dev, _scatter_share(plan))
+        compute[1][v] += i8.host_s(sp.ends, par.shard_ranks, dev, _scatter_share(plan), plan.training.grad_compression.bits)
 
 
 def host_p2p(dev: cmp.DeviceModel, pp: int, nv: int) -> dict[str, tuple[float, ...]]:

@@ -170,7 +170,7 @@ def comm_buffer_terms(plan: Plan, sp: StageParams) -> dict[str, float]:
                 + zpp.buffer_bytes(sp.layer_max, par.zero_quantized_weights, par.zero_quantized_gradients)
     elif par.dp * par.cp > 1:
         if par.zero >= ZeroStage.GRADIENTS:
-            out["fsdp_reduce_scatter"] = (wb + 4 + tr.grad_compression.int8 * i8.SCATTER_BUFFER_BYTES) * sp.layer_max
+            out["fsdp_reduce_scatter"] = (wb + 4 + (tr.grad_compression.bits > 0) * i8.SCATTER_BUFFER_BYTES) * sp.layer_max
             if par.zero == ZeroStage.WEIGHTS:
                 out["fsdp_all_gather"] = 2 * (1 if fp8 and tr.fp8_param_gather else wb) * sp.layer_max
                 # the root's gathered parameters and, from the loss on, the output's unsharded

@@ -200,7 +200,8 @@ class GradCompression(_Choice):
     summed, quantized again and all-gathered, as ZeRO++'s qgZ (``executors.int8_hook``; under FSDP2's
     zero 2-3 its reduce-scatter: all-to-all'd and summed, ``simcore.model.int8_scatter``); ``int8_ef``
     the same with error feedback: each quantization's residual kept and added to the next step's
-    (the worker's bucket and the server's sum, as DeepSpeed's compressed all-reduce keeps them)."""
+    (the worker's bucket and the server's sum, as DeepSpeed's compressed all-reduce keeps them);
+    ``int4`` int8's steps with 4-bit values, two packed a byte (qgZ's width), no error feedback."""
 
     NONE = "none"
     FP16 = "fp16"
@@ -208,11 +209,12 @@ class GradCompression(_Choice):
     POWERSGD = "powersgd"
     INT8 = "int8"
     INT8_EF = "int8_ef"
+    INT4 = "int4"
 
     @property
-    def int8(self) -> bool:
-        """Whether the executor's int8 hook runs it (with or without error feedback)."""
-        return self.value in ("int8", "int8_ef")
+    def bits(self) -> int:
+        """The quantized hook's bits a value (8 or 4; 0: not quantized)."""
+        return {"int8": 8, "int8_ef": 8, "int4": 4}.get(self.value, 0)
 
 
 class Optimizer(_Choice):

@@ -216,10 +216,10 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
          "offloading with pipeline parallelism, transformer_config.py; torchtune's offloading has no pipeline)"),
         (tr.grad_compression != GradCompression.POWERSGD or par.zero == ZeroStage.NONE,
          "training.grad_compression=powersgd needs parallel.zero=0 (it is a DDP communication hook)"),
-        (not tr.grad_compression.int8 or par.zero == ZeroStage.NONE or int8_scatters(plan),
+        (not tr.grad_compression.bits or par.zero == ZeroStage.NONE or int8_scatters(plan),
          f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0, not {int(par.zero)}: it is a DDP communication "
-         "hook (executors.int8_hook); int8 without error feedback also runs as FSDP2's reduce-scatter (parallel.zero 2-3, "
-         "zero_impl fsdp2, ep=1, dp_replicate=1)"),
+         "hook (executors.int8_hook); int8 and int4, without error feedback, also run as FSDP2's reduce-scatter "
+         "(parallel.zero 2-3, zero_impl fsdp2, ep=1, dp_replicate=1)"),
         (tr.optimizer not in ONEBIT_OPTIMIZERS or par.zero == ZeroStage.NONE and tr.grad_compression ==
          GradCompression.NONE and par.ep == 1, f"training.optimizer={tr.optimizer.value} needs parallel.zero=0 "
          f"(DeepSpeed: \"{ONEBIT_OPTIMIZERS.get(tr.optimizer)} is not compatible with ZeRO\"), "
@@ -239,11 +239,12 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
 
 
 def int8_scatters(plan) -> bool:
-    """Whether ``training.grad_compression: int8`` runs as FSDP2's reduce-scatter (``executors.int8_hook``
-    ``Int8ReduceScatter``): ZeRO-2/3 on FSDP2, one data-parallel group (no experts' own, no replicas);
-    ``int8_ef`` never (its residual would be the unsharded gradient, which ZeRO-2/3 shard away)."""
+    """Whether ``training.grad_compression: int8`` (``int4``) runs as FSDP2's reduce-scatter
+    (``executors.int8_hook`` ``Int8ReduceScatter``): ZeRO-2/3 on FSDP2, one data-parallel group (no
+    experts' own, no replicas); ``int8_ef`` never (its residual would be the unsharded gradient, which
+    ZeRO-2/3 shard away)."""
     par = plan.parallel
-    return (plan.training.grad_compression == GradCompression.INT8 and par.zero >= ZeroStage.GRADIENTS
+    return (plan.training.grad_compression in (GradCompression.INT8, GradCompression.INT4) and par.zero >= ZeroStage.GRADIENTS
             and par.zero_impl == ZeroImpl.FSDP2 and par.ep == 1 and par.dp_replicate == 1)
 
 

@@ -19,7 +19,7 @@ from simcore.plan.rules import fp8_gather_runs
 from simcore.plan.spec import Fp8Recipe, GradCompression, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 #: The methods, in the order a table lists them.
-METHODS = ("none", "bf16", "fp16", "powersgd", "int8", "int8_ef", "onebit_adam", "onebit_lamb", "zero_one_adam", "zeropp",
+METHODS = ("none", "bf16", "fp16", "powersgd", "int8", "int8_ef", "int4", "onebit_adam", "onebit_lamb", "zero_one_adam", "zeropp",
            "fp8_param_gather")
 #: The methods that are DeepSpeed optimizers (``ONEBIT_OPTIMIZERS``): the plan's optimizer becomes the method.
 OPTIMIZERS = ("onebit_adam", "onebit_lamb", "zero_one_adam")
@@ -38,6 +38,9 @@ ACCURACY = {
                "et al. 2014; Karimireddy et al. 2019, arXiv 1901.09847: error feedback recovers the uncompressed "
                "convergence); on the tiny model over 4 ranks its loss after 300 steps was 2.04% above none's, "
                "int8's without it 1.95% (bench/compression_loss.py): there it does not close int8's gap",
+    "int4": "int4 gradient sums (two values a byte, an fp32 scale a group of 8,000, no error feedback: qgZ's "
+            "width, executors/int8_hook.py); on the tiny model over 4 ranks its loss after 300 steps was 8.7% above "
+            "none's as DDP's hook (two roundings), 3.6% as FSDP2's reduce-scatter (one) (bench/compression_loss.py)",
     "onebit_adam": "1-bit momentum with error feedback after an uncompressed warm-up; Tang et al. (ICML "
                    "2021) report the same convergence as Adam on BERT pre-training",
     "onebit_lamb": "LAMB in place of Adam (layer-wise learning rates), its momentum 1-bit with error feedback after "
@@ -78,7 +81,7 @@ def applies(method: str, base: Plan, lay) -> bool:
         return False   # nothing to compress without data parallel
     if method in ("bf16", "fp16"):
         return True
-    if method == "int8":   # the DDP hook, or FSDP2's reduce-scatter (rules.int8_scatters)
+    if method in ("int8", "int4"):   # the DDP hook, or FSDP2's reduce-scatter (rules.int8_scatters)
         return lay.zero == ZeroStage.NONE or (lay.zero >= ZeroStage.GRADIENTS and lay.ep == 1 and base.parallel.zero_impl
                                               == ZeroImpl.FSDP2 and lay.dp_replicate == 1)
     if method in ("powersgd", "int8_ef"):
@@ -101,7 +104,7 @@ def fields(method: str, gpus_per_node: int) -> tuple[dict, dict]:
     if method == "zeropp":
         return ({"zero_quantized_weights": True, "zero_hpz_partition_size": gpus_per_node,
                  "zero_quantized_gradients": True}, {})
-    if method in ("bf16", "fp16", "powersgd", "int8", "int8_ef"):
+    if method in ("bf16", "fp16", "powersgd", "int8", "int8_ef", "int4"):
         return {}, {"grad_compression": GradCompression(method)}
     if method in OPTIMIZERS:
         return {}, {"optimizer": Optimizer(method)}
@@ -117,6 +120,8 @@ NEEDS = {
     "int8": "DDP (parallel.zero=0) or FSDP2's zero 2-3 without experts' groups or replicas: it is trainplan's "
             "executor's communication hook or reduce-scatter (--stack executor)",
     "int8_ef": "DDP (parallel.zero=0): it is trainplan's executor's DDP communication hook (--stack executor)",
+    "int4": "DDP (parallel.zero=0) or FSDP2's zero 2-3 without experts' groups or replicas: it is trainplan's "
+            "executor's communication hook or reduce-scatter (--stack executor)",
     "onebit_adam": "DDP (parallel.zero=0) without experts: DeepSpeed's 1-bit Adam is not compatible with ZeRO",
     "onebit_lamb": "DDP (parallel.zero=0) without experts: DeepSpeed's 1-bit LAMB is not compatible with ZeRO",
     "zero_one_adam": "DDP (parallel.zero=0) without experts: DeepSpeed's 0/1 Adam is not compatible with ZeRO",

@@ -237,6 +237,9 @@ TWO_RANK = {
     # FSDP2's int8 reduce-scatter (executors.int8_hook): an all-to-all a group; BIG's blocks pad their chunks
     "zero2-int8": make_plan(dp=2, zero=2, grad_compression="int8"),
     "zero3-int8-big": make_plan(BIG, dp=2, gb=4, zero=3, grad_compression="int8"),
+    # int4: two values a byte, the same calls
+    "dp2-int4-three-buckets": make_plan(BIG, dp=2, gb=4, grad_compression="int4"),
+    "zero2-int4": make_plan(dp=2, zero=2, grad_compression="int4"),
     "zero3-recompute-full": make_plan(dp=2, zero=3, recompute="full"),
     "tp2": make_plan(LLAMA, tp=2),
     "tp2-recompute-full": make_plan(LLAMA, tp=2, recompute="full"),

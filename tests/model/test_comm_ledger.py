@@ -67,6 +67,9 @@ LAYOUTS = {
     "zero3-dp4-int8-big": ({"dp": 4, "zero": 3}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048},
                            {"grad_compression": "int8"}),
     "zero3-dp2-pp2-int8": ({"dp": 2, "pp": 2, "zero": 3}, {}, {"grad_compression": "int8"}),
+    "dp4-int4-big": ({"dp": 4}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048}, {"grad_compression": "int4"}),
+    "zero3-dp4-int4-big": ({"dp": 4, "zero": 3}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048},
+                           {"grad_compression": "int4"}),
 }
 
 

@@ -41,7 +41,7 @@ def _plan(compression: str, nodes: int = 2, model: str = "llama3-8b"):
 
 
 @settings(max_examples=10, deadline=None)
-@given(compression=st.sampled_from(["fp16", "bf16", "powersgd", "int8", "int8_ef"]), nodes=st.sampled_from([1, 2, 4]))
+@given(compression=st.sampled_from(["fp16", "bf16", "powersgd", "int8", "int8_ef", "int4"]), nodes=st.sampled_from([1, 2, 4]))
 def test_a_hook_cannot_win_for_nothing(compression, nodes):
     t = simulate(_plan(compression, nodes)).step_time_s
     with pytest.MonkeyPatch.context() as mp:
@@ -132,13 +132,14 @@ def test_int8_needs_zero_0(zero):   # or FSDP2's zero 2-3 (tests/model/test_int8
                         "training": {"global_batch": 16, "grad_compression": "int8"}})
 
 
-def test_the_exporters_refuse_int8_in_one_sentence():
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_the_exporters_refuse_int8_in_one_sentence(method):
     """No stack the exporters write has the hook (as for powersgd); trainplan's own executor runs it."""
     from simcore.plan.writers import export_plan
 
-    plan = _plan("int8")
-    for to in ("megatron", "slurm", "deepspeed", "torchtitan", "torchtitan-0.2"):
-        with pytest.raises(ValueError, match="training.grad_compression.*int8") as err:
+    plan = _plan(method)
+    for to in ("megatron", "slurm", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext"):
+        with pytest.raises(ValueError, match=f"training.grad_compression.*{method}") as err:
             export_plan(plan, to)
         assert err.value.args[0].count(". ") == 0 and "\n" not in err.value.args[0], err.value.args[0]
     assert "trainplan" in export_plan(plan, "slurm-trainplan")

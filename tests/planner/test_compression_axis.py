@@ -100,7 +100,7 @@ def test_cli_names_the_flag(tmp_path, capsys):
     assert main(["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "8",
                  "--compression", "zip", "--out", str(tmp_path / "p.yaml")]) == 2
     assert capsys.readouterr().err.strip().endswith("--compression='zip' is not one of: none, bf16, fp16, powersgd, "
-                                                    "int8, int8_ef, onebit_adam, onebit_lamb, zero_one_adam, zeropp, "
+                                                    "int8, int8_ef, int4, onebit_adam, onebit_lamb, zero_one_adam, zeropp, "
                                                     "fp8_param_gather")
     assert not (tmp_path / "p.yaml").exists()
 

@@ -207,6 +207,6 @@ def test_collectives_say_an_int8_plan_reduces_its_buckets_at_one_byte(tmp_path, 
     path.write_text(yaml.safe_dump(doc))
     assert main(["collectives", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "at 1 and an fp32 scale a group: grad_compression int8" in out.strip().splitlines()[-1]
+    assert "(DDP buckets at 1 and an fp32 scale a group: grad_compression int8)" in out.strip().splitlines()[-1]
     kinds = {tuple(line.split()[:2]) for line in out.splitlines() if line.startswith("  dp ")}
     assert kinds == {("dp", "all_to_all"), ("dp", "all_gather")}
