@@ -15,10 +15,11 @@ from simcore.plan.deepspeed_writer import deepspeed_notes, export_deepspeed
 from simcore.plan.hf_writer import hf_config_from_model  # noqa: F401 (re-exported)
 from simcore.plan.maxtext_writer import export_maxtext
 from simcore.plan.megatron_writer import account_split, megatron_model_args, megatron_model_note
+from simcore.plan import mindspeed_writer as msw
 from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan, PlanError
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
-TARGETS = ("deepspeed", "maxtext", "megatron", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
+TARGETS = ("deepspeed", "maxtext", "megatron", "mindspeed", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
 
 _MEGATRON_SRC = ("NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option "
                  "parsed by its own parser's definitions, simcore/plan/megatron_args.yaml)")
@@ -36,7 +37,8 @@ def export_plan(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> str:
 
 def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tuple[str, list[str]]:
     """The export and the notes that do not belong in the file (for stderr)."""
-    writers = {"megatron": _export_megatron, "deepspeed": export_deepspeed, "maxtext": export_maxtext,
+    writers = {"megatron": _export_megatron, "mindspeed": _export_mindspeed, "deepspeed": export_deepspeed,
+               "maxtext": export_maxtext,
                "torchtitan": lambda p: export_torchtitan_command(p, *_torchrun_shape(p)),
                "torchtitan-0.2": export_torchtitan_toml, "slurm": _export_slurm,
                "slurm-trainplan": lambda p: _export_slurm_trainplan(p, plan_path)}
@@ -295,6 +297,20 @@ def _export_megatron(plan: Plan) -> str:
         *_env_lines(plan),
     ]
     cmd = [f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} pretrain_gpt.py"] + _arg_lines(megatron_args(plan))
+    return "\n".join(head) + "\n" + _continued(cmd) + "\n"
+
+
+def _export_mindspeed(plan: Plan) -> str:
+    """MindSpeed-LLM's launch on Ascend NPUs (``simcore.plan.mindspeed_writer``)."""
+    args = msw.mindspeed_args(plan, megatron_args(plan))
+    nnodes, nproc = _torchrun_shape(plan)
+    head = ["#!/bin/bash", f"# MindSpeed-LLM launch for plan '{plan.name or plan.model.name}', written by trainplan.",
+            f"# Options as spelt in {msw.SOURCE}.",
+            "# Run from a MindSpeed-LLM checkout; add the data, tokenizer and learning-rate options of your run",
+            "# (--data-path, --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node",
+            "# with --node-rank and --master-addr.", *megatron_model_note(plan),
+            *[f"export {k}={v}" for k, v in msw.mindspeed_env(plan).items()]]
+    cmd = [f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} pretrain_gpt.py"] + _arg_lines(args)
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"
 
 

@@ -1,0 +1,108 @@
+"""``trainplan export --to mindspeed``: a plan on Ascend NPUs as MindSpeed-LLM's launch. Every export
+parses with the options MindSpeed-LLM's pretrain_gpt.py accepts (Megatron-LM core_v0.12.1's,
+MindSpeed's and MindSpeed-LLM's: simcore/plan/mindspeed_args.yaml, each read at its commit; none is
+installable here, so the parser is rebuilt from the data) and says back the plan's layout; what
+MindSpeed-LLM cannot run is one sentence."""
+import argparse
+
+import pytest
+import yaml
+
+from simcore.plan.load import plan_from_dict
+from simcore.plan.megatron_reader import split_command
+from simcore.plan.mindspeed_writer import ARGS_FILE, CP_ALGO
+from simcore.plan.writers import export_plan
+
+DATA = yaml.safe_load(ARGS_FILE.read_text())
+_TYPES = {"int": int, "float": float}
+
+
+def mindspeed_parser() -> argparse.ArgumentParser:
+    """argparse with Megatron-LM core_v0.12.1's options, then MindSpeed's and MindSpeed-LLM's."""
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False, add_help=False)
+    for part in ("megatron", "mindspeed"):
+        for option, spec in DATA[part]["options"].items():
+            if spec.get("flag"):
+                parser.add_argument(option, action="store_true")
+                continue
+            kwargs = {"type": _TYPES.get(spec.get("type"), str)}
+            if "nargs" in spec:
+                kwargs["nargs"] = spec["nargs"]
+            if "choices" in spec:
+                kwargs["choices"] = [str(c) for c in spec["choices"]] if kwargs["type"] is str else spec["choices"]
+            parser.add_argument(option, **kwargs)
+    return parser
+
+
+PARSER = mindspeed_parser()
+
+
+def _plan(parallel: dict, training: dict | None = None, model: str = "llama3-8b"):
+    return plan_from_dict({"name": "asc", "model": {"name": model}, "cluster": {"node": "atlas-800t-a2", "nodes": 1},
+                           "parallel": parallel, "training": {"global_batch": 32, **(training or {})}})
+
+
+PLANS = {
+    "tp2-dp4": _plan({"tp": 2, "dp": 4}),
+    "tp8-sp": _plan({"tp": 8, "sequence_parallel": True}),
+    "pp2-tp2-dp2-interleaved": _plan({"tp": 2, "pp": 2, "dp": 2, "vpp": 2, "schedule": "interleaved-1f1b"}),
+    "zero1-flash-full-recompute": _plan({"dp": 8, "zero": 1}, {"flash_attention": True, "recompute": "full"}),
+    "cp2-ring": _plan({"tp": 2, "cp": 2, "dp": 2, "cp_comm": "p2p"}, {"flash_attention": True}),
+    "cp2-all-gather": _plan({"tp": 2, "cp": 2, "dp": 2, "cp_comm": "all_gather"}, {"flash_attention": True}),
+    "cp4-ulysses": _plan({"cp": 4, "dp": 2, "cp_comm": "a2a"}, {"flash_attention": True}),
+    "mixtral-ep": _plan({"tp": 1, "dp": 8, "ep": 8, "zero": 1}, model="mixtral-8x7b"),
+}
+
+
+def _parse(text: str) -> tuple[argparse.Namespace, dict, dict]:
+    pre, env, opts = split_command(text)
+    tokens = [t for name, values in opts.items() for t in [name, *values]]
+    try:
+        return PARSER.parse_args(tokens), env, pre
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise AssertionError(f"MindSpeed-LLM's parser refuses the export: {exc}") from None
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_every_export_parses_with_mindspeed_llm_s_options_and_says_the_layout(name):
+    plan = PLANS[name]
+    args, env, pre = _parse(export_plan(plan, "mindspeed"))
+    par, tr = plan.parallel, plan.training
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (par.tp, par.pp)
+    assert (args.context_parallel_size if par.cp > 1 else 1) == par.cp
+    assert (args.micro_batch_size, args.global_batch_size) == (tr.micro_batch, tr.global_batch)
+    assert int(pre["--nnodes"]) * int(pre["--nproc-per-node"]) == par.gpus
+    assert args.use_mcore_models and args.no_gradient_accumulation_fusion and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert args.attention_backend is None   # newer Megatron-LM's: MindSpeed's fused attention is --use-flash-attn
+    assert args.use_flash_attn == tr.flash_attention
+    m = plan.model
+    assert (args.use_fused_rmsnorm, args.use_fused_swiglu, args.use_fused_rotary_pos_emb) == (
+        m.norm.value == "rmsnorm", m.activation.value == "swiglu", m.position_embedding.value == "rope")
+    assert args.context_parallel_algo == (CP_ALGO[par.cp_comm] if par.cp > 1 else None)
+    assert args.use_distributed_optimizer == (par.zero == 1)
+    assert (args.expert_model_parallel_size or 1) == par.ep
+
+
+def test_a_gpu_plan_or_an_option_mindspeed_lacks_is_one_sentence():
+    gpu = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                          "parallel": {"dp": 8}, "training": {"global_batch": 32}})
+    with pytest.raises(ValueError, match=r"^cluster.node=dgx-h100 is not an Ascend NPU: MindSpeed-LLM runs on Ascend "
+                                         r"\(export --to megatron for GPUs\)$"):
+        export_plan(gpu, "mindspeed")
+    fsdp = _plan({"dp": 8, "zero": 3})   # Megatron-FSDP: newer Megatron-LM's --use-megatron-fsdp
+    with pytest.raises(ValueError, match=r"^the plan needs Megatron-LM's --use-megatron-fsdp, which neither Megatron-LM "
+                                         r"core_v0.12.1 nor MindSpeed nor MindSpeed-LLM defines"):
+        export_plan(fsdp, "mindspeed")
+    with pytest.raises(ValueError, match=r"^training.kernels=eager has no Megatron-LM option: its layers run fused"):
+        export_plan(_plan({"tp": 2, "dp": 4}, {"kernels": "eager"}), "mindspeed")
+
+
+def test_the_option_data_names_its_sources():
+    assert DATA["megatron"]["ref"] == "core_v0.12.1" and len(DATA["megatron"]["commit"]) == 40
+    assert all("@" in s for s in DATA["mindspeed"]["sources"])
+    # the options this writer adds, each defined where the module docstring says
+    for option in ("--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--context-parallel-algo",
+                   "--padded-vocab-size"):
+        assert option in DATA["mindspeed"]["options"]
+    for option in ("--use-mcore-models", "--use-flash-attn", "--no-gradient-accumulation-fusion"):
+        assert option in DATA["megatron"]["options"]
