@@ -12,7 +12,9 @@ all-to-all, sum, quantized all-gather) without and with error feedback (int8_ef)
 (int4); then as FSDP2 ZeRO-3 (``parallel.zero: 3``) without compression and with int8 and int4 as
 FSDP2's reduce-scatter (``executors.int8_hook.Int8ReduceScatter``: quantized all-to-all, sum). Printed per method: the final
 loss (the mean of the last tenth of the steps) and its gap to the uncompressed run of its wrapper,
-the measured step time and the prediction's. bf16's hook needs NCCL (a GPU). Nothing is fitted here.
+the measured step time and the prediction's; then the spread of the uncompressed DDP run's final loss
+over seeds 0-2 (issue 56's yardstick: a method's loss within it, or by how much it is not). bf16's
+hook needs NCCL (a GPU). Nothing is fitted here.
 
     .venv/bin/python bench/compression_loss.py [--steps 300]
 """
@@ -28,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 
+#: The seeds of the uncompressed runs whose final losses make the yardstick.
+SEEDS = (0, 1, 2)
 #: (gradient compression, ZeRO stage): DDP's hooks, then FSDP2's reduce-scatter.
 CASES = (("none", 0), ("fp16", 0), ("powersgd", 0), ("int8", 0), ("int8_ef", 0), ("int4", 0), ("none", 3), ("int8", 3),
          ("int4", 3))
@@ -52,6 +56,9 @@ def main() -> int:
         measured = run(plan, steps=args.steps, warmup=10, seed=0, timeout_s=600)
         rows.append((method, zero, measured.extra["loss_first"], measured.extra["loss_tail_mean"],
                      measured.step_time_s, simulate(plan).step_time_s))
+    seeds = [rows[0][3]] + [run(plan_from_dict(PLAN), steps=args.steps, warmup=10, seed=seed,
+                                timeout_s=600).extra["loss_tail_mean"] for seed in SEEDS[1:]]
+    low, high = min(seeds), max(seeds)
     base = {zero: tail for method, zero, _, tail, _, _ in rows if method == "none"}
     print(f"tiny GPT, dp 4 on this host, {args.steps} steps from seed 0 ({time.perf_counter() - start:.0f} s):")
     print(f"  {'method':<10} {'zero':>4} {'first loss':>10} {'final loss':>10} {'vs none':>8} {'step measured':>14} "
@@ -59,6 +66,12 @@ def main() -> int:
     for method, zero, first, tail, meas, pred in rows:
         print(f"  {method:<10} {zero:>4} {first:>10.4f} {tail:>10.4f} {tail / base[zero] - 1:>+8.2%} {meas * 1e3:>11.2f} ms "
               f"{pred * 1e3:>7.2f} ms {pred / meas - 1:>+7.1%}")
+    print(f"uncompressed (dp 4, zero 0) final loss over seeds {', '.join(map(str, SEEDS))}: "
+          f"{', '.join(f'{x:.4f}' for x in seeds)} (spread {low:.4f}-{high:.4f})")
+    for method, zero, _, tail, _, _ in rows[1:]:
+        verdict = "within the seeds' spread" if low <= tail <= high else (
+            f"{tail / high - 1:+.2%} above its top" if tail > high else f"{tail / low - 1:+.2%} below its bottom")
+        print(f"  {method:<10} zero {zero}: {verdict}")
     return 0
 
 

@@ -17,7 +17,7 @@ MATRIX = Path(__file__).resolve().parents[2] / "validation" / "local.yaml"
 
 def test_matrix_layouts_merge_into_the_base():
     layouts = dict(load_matrix(MATRIX))
-    assert len(layouts) == 21
+    assert len(layouts) == 27
     wider = layouts["dp2-wider"]
     assert wider["model"]["hidden"] == 128 and wider["model"]["layers"] == 4   # merged, not replaced
     assert wider["name"] == "dp2-wider" and wider["parallel"] == {"dp": 2}
