@@ -20,7 +20,7 @@ from simcore.plan.spec import (EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpCo
                                ZeroImpl)
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
-STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext")
+STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext", "mindspeed")
 #: The stacks that run bf16 DDP and one-device layouts under torch.autocast over fp32 parameters
 #: (``torchtitan_writer.torchtitan_autocasts``; a search sets ``SearchSpace.ddp_autocast``).
 DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
@@ -53,11 +53,13 @@ WHOLE_RECOMPUTE_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "maxtext"
 FA2_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "executor")
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
-          "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor", "maxtext": "MaxText"}
+          "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor", "maxtext": "MaxText",
+          "mindspeed": "MindSpeed-LLM"}
 #: The stack a chip's own software runs where a search names none (by the catalog's vendor): a TPU
-#: runs JAX, and MaxText is the JAX trainer trainplan exports; none of the PyTorch stacks trainplan
-#: exports launches on a TPU (their launches are CUDA or ROCm ones: torchrun with NCCL/RCCL).
-HARDWARE_STACKS = {"google": "maxtext"}
+#: runs JAX, and MaxText is the JAX trainer trainplan exports; an Ascend NPU runs torch_npu, and
+#: MindSpeed-LLM is the trainer trainplan exports for it; none of the other stacks trainplan exports
+#: launches there (their launches are CUDA or ROCm ones: torchrun with NCCL/RCCL).
+HARDWARE_STACKS = {"google": "maxtext", "huawei": "mindspeed"}
 #: The stacks whose launches run on GPUs only.
 GPU_ONLY_STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "executor")
 
@@ -70,9 +72,12 @@ def hardware_stack(base: Plan, stack: str | None) -> tuple[str | None, str]:
     if own and stack in GPU_ONLY_STACKS:
         raise PlanError(f"stack={stack}: {LABELS[stack]} launches on GPUs, not on {gpu.name} "
                         f"(stack={own} ranks the layouts {LABELS[own]} runs there)")
+    if stack == "mindspeed" and gpu.vendor != "huawei":   # its launch is torch_npu's
+        raise PlanError(f"stack=mindspeed: MindSpeed-LLM launches on Ascend NPUs, not on {gpu.name}")
     if own and stack is None:
-        return own, (f"Ranked for {LABELS[own]}, the stack trainplan exports for {gpu.name} (no PyTorch stack it "
-                     f"exports launches on a TPU): only layouts its launch writes are ranked.")
+        chip = "a TPU" if gpu.vendor == "google" else "an Ascend NPU"
+        return own, (f"Ranked for {LABELS[own]}, the stack trainplan exports for {gpu.name} (no other stack it "
+                     f"exports launches on {chip}): only layouts its launch writes are ranked.")
     return stack, ""
 
 

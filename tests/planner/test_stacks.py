@@ -217,3 +217,22 @@ def test_a_search_on_tpus_for_maxtext_ranks_what_its_export_writes(tmp_path):
     assert f"ici_tensor_parallelism={res.best.parallel.tp} " in text
     assert any("MaxText cannot run them" in line for line in res.explanations)
     assert base_plan("llama3-8b", {"node": "tpu-v5p-host", "nodes": 8}, 64).training.precision.value == "bf16"
+
+
+def test_an_ascend_search_ranks_for_mindspeed_and_gpu_stacks_are_refused_there():
+    from simcore.plan.load import plan_from_dict
+    from simcore.planner.stacks import hardware_stack
+
+    ascend = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "atlas-800t-a2", "nodes": 1},
+                             "parallel": {"dp": 8}, "training": {"global_batch": 32}})
+    stack, sentence = hardware_stack(ascend, None)
+    assert stack == "mindspeed" and sentence.startswith("Ranked for MindSpeed-LLM, the stack trainplan exports for "
+                                                        "ascend-910b (no other stack it exports launches on an Ascend NPU)")
+    with pytest.raises(PlanError, match=r"^stack=megatron: Megatron-LM launches on GPUs, not on ascend-910b "
+                                        r"\(stack=mindspeed ranks the layouts MindSpeed-LLM runs there\)$"):
+        hardware_stack(ascend, "megatron")
+    gpu = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                          "parallel": {"dp": 8}, "training": {"global_batch": 32}})
+    with pytest.raises(PlanError, match=r"^stack=mindspeed: MindSpeed-LLM launches on Ascend NPUs, not on h100-sxm$"):
+        hardware_stack(gpu, "mindspeed")
+    assert hardware_stack(gpu, None) == (None, "")
