@@ -76,9 +76,10 @@ EF_KERNELS = 2 * (1 + 3 + 1)
 #: fp32 bytes error feedback streams per element it covers (the padded bucket, this rank's chunk):
 #: the add reads two and writes one (12), the dequantization 13, the new error reads two, writes one (12).
 EF_PASS_BYTES = 12 + 13 + 12
-#: int4's packing after a quantization (``executors/int8_hook.py`` ``_pack``): the low values masked,
+#: int4's packing after a quantization (``executors/int8_hook.py`` ``quantize``): the low values masked,
 #: the high ones shifted, the two or'ed into a byte; and its unpacking before a dequantization: the
-#: low nibble shifted up and back (sign-extended), the high one shifted down, the two interleaved.
+#: low nibble shifted up and back (sign-extended), the high one shifted down, the two interleaved
+#: (``dequantize``).
 PACK_KERNELS = 3
 UNPACK_KERNELS = 4
 #: Bytes an element those passes stream (int8 codes read and written once each pass, half of them).

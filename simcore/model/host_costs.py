@@ -9,7 +9,7 @@ overlaps the kernels, and their communication is the model's collectives.
 from __future__ import annotations
 
 from simcore.model import compute as cmp
-from simcore.model import fsdp_calls as fc
+from simcore.model import fsdp_calls
 from simcore.model import int8_scatter as i8
 from simcore.model import memory as mem
 from simcore.plan.rules import int8_scatters
@@ -56,7 +56,7 @@ def _scatter_share(plan: Plan) -> float:
     or one a step under pipelining (``fsdp_calls``)."""
     if not int8_scatters(plan) or plan.parallel.dp * plan.parallel.cp == 1:
         return 0.0
-    return fc.fsdp_stages_calls(plan, 1)[0][2] / plan.num_microbatches
+    return fsdp_calls.fsdp_stages_calls(plan, 1)[0][2] / plan.num_microbatches
 
 
 def add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], list[float]],
