@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from simcore.plan.mindspeed_reader import read_mindspeed
 from simcore.plan.megatron_moe import _moe_layer_fields, moe_layer_pattern  # noqa: F401  (re-exported)
 from simcore.plan.megatron_block import read_block
 from simcore.plan.model_props import unconventional
@@ -80,6 +81,7 @@ def read_megatron(text: str) -> Reading:
     _megatron_parallel(a, f)
     _megatron_training(a, f)
     hints = {}
+    read_mindspeed(a, f, hints)   # a MindSpeed-LLM launch: its attention and context-parallel options
     for opt, key in (("--nnodes", "world.nnodes"), ("--nproc-per-node", "world.gpus_per_node")):
         if opt in pre:
             hints[key] = _to_int(pre[opt], f"torchrun {opt}")

@@ -106,3 +106,43 @@ def test_the_option_data_names_its_sources():
         assert option in DATA["mindspeed"]["options"]
     for option in ("--use-mcore-models", "--use-flash-attn", "--no-gradient-accumulation-fusion"):
         assert option in DATA["megatron"]["options"]
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_a_mindspeed_launch_reads_back_as_the_plan(name):
+    """`trainplan import --megatron` on the export: MindSpeed's attention and context-parallel options read as
+    MindSpeed means them (no --use-flash-attn: the unfused softmax, where Megatron-LM alone defaults to flash),
+    the fused-kernel switches its launches set not reported as unmapped."""
+    from simcore.plan.interop import import_plan
+    from simcore.plan.load import plan_to_dict
+
+    plan = PLANS[name]
+    doc, warnings = import_plan(megatron=export_plan(plan, "mindspeed"), cluster="atlas-800t-a2")
+    got, want = plan_to_dict(plan_from_dict(doc)), plan_to_dict(plan)
+    for doc_ in (got, want):
+        doc_["model"].pop("name", None)
+    for section in ("model", "parallel", "training"):   # every field but the model's name
+        assert got[section] == want[section], section
+    assert not any("not mapped" in w and "--use-fused" in w for w in warnings), warnings
+    assert any("MindSpeed-LLM launch" in w for w in warnings)
+
+
+def test_an_unknown_context_parallel_algorithm_is_one_sentence():
+    from simcore.plan.interop import import_plan
+    from simcore.plan.spec import PlanError
+
+    text = export_plan(PLANS["cp2-ring"], "mindspeed").replace("megatron_cp_algo", "hybrid_cp_algo")
+    with pytest.raises(PlanError, match=r"^megatron --context-parallel-algo='hybrid_cp_algo' \(MindSpeed\) is not one "
+                                        r"of megatron_cp_algo, kvallgather_cp_algo, ulysses_cp_algo \(parallel.cp_comm\)$"):
+        import_plan(megatron=text, cluster="atlas-800t-a2")
+
+
+def test_a_megatron_launch_is_not_read_as_mindspeed_s():
+    """Options newer Megatron-LM shares with MindSpeed-LLM (--padded-vocab-size) do not make a Megatron-LM launch
+    MindSpeed's: without --attention-backend it keeps Megatron-LM's default, Transformer Engine's flash kernel."""
+    from simcore.plan.interop import import_plan
+
+    text = ("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+            "--max-position-embeddings 128 --padded-vocab-size 256 --micro-batch-size 1 --global-batch-size 8 --bf16")
+    doc, warnings = import_plan(megatron=text, cluster="dgx-h100")
+    assert plan_from_dict(doc).training.flash_attention and not any("MindSpeed" in w for w in warnings)
