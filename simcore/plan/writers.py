@@ -16,10 +16,12 @@ from simcore.plan.hf_writer import hf_config_from_model  # noqa: F401 (re-export
 from simcore.plan.maxtext_writer import export_maxtext
 from simcore.plan.megatron_writer import account_split, megatron_model_args, megatron_model_note
 from simcore.plan import mindspeed_writer as msw
+from simcore.plan.nxd_writer import export_nxd
 from simcore.plan.spec import EXPANDABLE_SEGMENTS_ENV, EXPANDABLE_SEGMENTS_MARGIN, Plan, PlanError
 from simcore.plan.torchtitan_writer import export_torchtitan_command, export_torchtitan_toml
 
-TARGETS = ("deepspeed", "maxtext", "megatron", "mindspeed", "slurm", "slurm-trainplan", "torchtitan", "torchtitan-0.2")
+TARGETS = ("deepspeed", "maxtext", "megatron", "mindspeed", "nxd", "slurm", "slurm-trainplan", "torchtitan",
+           "torchtitan-0.2")
 
 _MEGATRON_SRC = ("NVIDIA/Megatron-LM megatron/training/arguments.py (commit d98e8a64, 2026; every option "
                  "parsed by its own parser's definitions, simcore/plan/megatron_args.yaml)")
@@ -37,7 +39,8 @@ def export_plan(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> str:
 
 def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tuple[str, list[str]]:
     """The export and the notes that do not belong in the file (for stderr)."""
-    writers = {"megatron": _export_megatron, "mindspeed": _export_mindspeed, "deepspeed": export_deepspeed,
+    writers = {"megatron": _export_megatron, "mindspeed": _export_mindspeed, "nxd": lambda p: export_nxd(p, _torchrun_shape(p)),
+               "deepspeed": export_deepspeed,
                "maxtext": export_maxtext,
                "torchtitan": lambda p: export_torchtitan_command(p, *_torchrun_shape(p)),
                "torchtitan-0.2": export_torchtitan_toml, "slurm": _export_slurm,
@@ -48,10 +51,10 @@ def export_with_notes(plan: Plan, to: str, plan_path: str = "PLAN.yaml") -> tupl
         raise _refuse("training.autocast", "true", "DeepSpeed config" if to == "deepspeed" else "Megatron-LM", _MASTER_COPY)
     if plan.training.attention_unpad and to in ("megatron", "slurm"):   # TE/flash on the padded batch
         raise _refuse("training.attention_unpad", "true", "Megatron-LM", "its attention runs on the whole batch")
-    if plan.model.mtp_layers and to not in ("megatron", "slurm"):   # only Megatron-LM builds MTP modules
+    if plan.model.mtp_layers and to not in ("megatron", "slurm", "mindspeed"):   # only Megatron-Core builds MTP modules
         raise _refuse("model.mtp_layers", plan.model.mtp_layers, _MTP_LESS[to],
                       "it builds no multi-token-prediction modules")
-    if plan.parallel.kv_replicator > 1:   # NeuronX Distributed's copied K/V heads: none of these stacks copies them
+    if plan.parallel.kv_replicator > 1 and to != "nxd":   # NeuronX Distributed's copied K/V heads: only it copies them
         raise _refuse("parallel.kv_replicator", plan.parallel.kv_replicator, *_KV_COPIES[to])
     for field, what, options in _ATTENTION_VARIANTS:   # Gated DeltaNet, gated attention, DSA: not written unverified
         if getattr(plan.model, field) is not None:
@@ -78,13 +81,14 @@ _KV_COPIES = {"megatron": _MEGATRON_KV, "slurm": _MEGATRON_KV,
               "torchtitan-0.2": ("torchtitan 0.2", "its wk and wv are n_kv_heads x head_dim wide, split over TP "
                                                    "(torchtitan/models/llama3/model/model.py @v0.2.2)"),
               "slurm-trainplan": ("trainplan executor", "its attention splits the key/value heads it has"),
-              "maxtext": ("MaxText", "MaxText copies no key/value heads")}
+              "maxtext": ("MaxText", "MaxText copies no key/value heads"), "mindspeed": _MEGATRON_KV,
+              "nxd": ("NeuronX Distributed", "")}
 
 
 #: The targets that build no MTP modules (``model.mtp_layers``): DeepSpeed's config drives a model it does
 #: not build; torchtitan 0.3's option (deepseek_v3 ``num_mtp_layers``) the torchtitan import refuses too.
 _MTP_LESS = {"deepspeed": "DeepSpeed config", "torchtitan": "torchtitan", "torchtitan-0.2": "torchtitan 0.2",
-             "slurm-trainplan": "trainplan executor", "maxtext": "MaxText"}
+             "slurm-trainplan": "trainplan executor", "maxtext": "MaxText", "nxd": "NeuronX Distributed"}
 
 
 def _refuse(field_: str, value, tool: str, why: str = "") -> ValueError:

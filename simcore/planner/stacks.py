@@ -20,7 +20,7 @@ from simcore.plan.spec import (EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpCo
                                ZeroImpl)
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
-STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext", "mindspeed")
+STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext", "mindspeed", "nxd")
 #: The stacks that run bf16 DDP and one-device layouts under torch.autocast over fp32 parameters
 #: (``torchtitan_writer.torchtitan_autocasts``; a search sets ``SearchSpace.ddp_autocast``).
 DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
@@ -54,7 +54,7 @@ FA2_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "executor")
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
           "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor", "maxtext": "MaxText",
-          "mindspeed": "MindSpeed-LLM"}
+          "mindspeed": "MindSpeed-LLM", "nxd": "NeuronX Distributed"}
 #: The stack a chip's own software runs where a search names none (by the catalog's vendor): a TPU
 #: runs JAX, and MaxText is the JAX trainer trainplan exports; an Ascend NPU runs torch_npu, and
 #: MindSpeed-LLM is the trainer trainplan exports for it; none of the other stacks trainplan exports

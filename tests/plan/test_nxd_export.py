@@ -1,0 +1,94 @@
+"""``trainplan export --to nxd``: a plan on Trainium as NeuronX Distributed's Llama pipeline example
+(run_llama_nxd.py @fbac349). Every export parses with the script's own options (simcore/plan/nxd_args.yaml,
+read from its add_argument calls; NxD is not installable here, so the parser is rebuilt from the data), counts
+NeuronCores as the script does (two a chip, in one tensor-parallel group) and carries the model's config.json;
+what the example cannot run is one sentence."""
+import argparse
+import json
+import re
+
+import pytest
+import yaml
+
+from simcore.plan.hf_writer import hf_config_from_model
+from simcore.plan.load import plan_from_dict
+from simcore.plan.megatron_reader import split_command
+from simcore.plan.nxd_writer import ARGS_FILE
+from simcore.plan.writers import export_plan
+
+DATA = yaml.safe_load(ARGS_FILE.read_text())
+_TYPES = {"int": int, "float": float}
+
+
+def nxd_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False, add_help=False)
+    for option, spec in DATA["options"].items():
+        if spec.get("flag"):
+            parser.add_argument(option, action="store_true")
+        else:
+            parser.add_argument(option, type=_TYPES.get(spec["type"], str))
+    return parser
+
+
+PARSER = nxd_parser()
+
+
+def _plan(parallel: dict, training: dict | None = None, model: str = "llama3-8b", nodes: int = 2):
+    return plan_from_dict({"name": "trn", "model": {"name": model}, "cluster": {"node": "trn1-32xl", "nodes": nodes},
+                           "parallel": parallel,
+                           "training": {"global_batch": 64, "recompute": "selective", **(training or {})}})
+
+
+PLANS = {
+    "tp16-pp2-kv4": _plan({"tp": 16, "pp": 2, "dp": 1, "zero": 1, "sequence_parallel": True, "kv_replicator": 4}),
+    "tp4-pp4-dp2-interleaved": _plan({"tp": 4, "pp": 4, "dp": 2, "vpp": 2, "schedule": "interleaved-1f1b"},
+                                     {"recompute": "full", "micro_batch": 2}),
+    "llama3-70b-tp8-pp8-dp4": _plan({"tp": 8, "pp": 8, "dp": 4, "zero": 1, "sequence_parallel": True}, {"flash_attention": True},
+                                    model="llama3-70b", nodes=16),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_every_export_parses_with_the_scripts_options_and_counts_neuroncores(name):
+    plan = PLANS[name]
+    text = export_plan(plan, "nxd")
+    pre, env, opts = split_command(text)
+    tokens = [t for k, values in opts.items() for t in [k, *values]]
+    try:
+        args = PARSER.parse_args(tokens)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise AssertionError(f"run_llama_nxd.py's parser refuses the export: {exc}") from None
+    par, tr = plan.parallel, plan.training
+    assert int(pre["--nnodes"]) * int(pre["--nproc-per-node"]) == 2 * par.gpus   # one rank a NeuronCore
+    assert args.tensor_parallel_size == 2 * par.tp and args.pipeline_parallel_size == par.pp
+    assert (args.virtual_pipeline_size, args.context_parallel_size, args.kv_replicator) == (par.vpp, par.cp, par.kv_replicator)
+    assert args.train_batch_size * par.dp == tr.global_batch
+    assert args.train_batch_size == args.num_microbatches * tr.micro_batch
+    assert (args.use_zero1_optimizer, args.use_sequence_parallel) == (int(par.zero == 1), int(par.sequence_parallel))
+    assert args.use_selective_checkpoint == int(tr.recompute.value == "selective")
+    assert args.use_flash_attention == int(tr.flash_attention)
+    config = json.loads(re.search(r"<<'EOF'\n(.*?)\nEOF\n", text, re.S).group(1))
+    assert config == json.loads(json.dumps(hf_config_from_model(plan.model))) and args.training_config == "."
+    assert env["FI_PROVIDER"] == "efa"
+
+
+@pytest.mark.parametrize("parallel, training, model, match", [
+    ({"tp": 4, "pp": 1, "dp": 8}, {}, "llama3-8b", r"^parallel.pp=1 has no NeuronX Distributed option: run_llama_nxd.py "
+                                                  r"is NxD's pipeline example"),
+    ({"tp": 4, "pp": 2, "dp": 4, "zero": 3}, {}, "llama3-8b", r"^parallel.zero=3 has no NeuronX Distributed option"),
+    ({"tp": 4, "pp": 2, "dp": 4}, {"recompute": "none"}, "llama3-8b", r"^training.recompute=none has no NeuronX "
+                                                                      r"Distributed option"),
+    ({"tp": 4, "pp": 2, "dp": 4}, {}, "mixtral-8x7b", r"^model=mixtral-8x7b has no NeuronX Distributed option: "
+                                                      r"run_llama_nxd.py builds Llama"),
+])
+def test_what_the_example_cannot_run_is_one_sentence(parallel, training, model, match):
+    with pytest.raises(ValueError, match=match):
+        export_plan(_plan(parallel, training, model), "nxd")
+
+
+def test_a_gpu_plan_is_one_sentence():
+    gpu = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                          "parallel": {"dp": 4, "pp": 2}, "training": {"global_batch": 32, "recompute": "full"}})
+    with pytest.raises(ValueError, match=r"^cluster.node=dgx-h100 is not a Trainium host: NeuronX Distributed runs on "
+                                         r"Trainium \(export --to megatron for GPUs\)$"):
+        export_plan(gpu, "nxd")
