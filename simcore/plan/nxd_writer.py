@@ -10,7 +10,9 @@ builds ``LlamaConfig.from_pretrained(--training_config)``).
 - Batch: ``--train_batch_size`` is a data-parallel rank's sequences a step (the script's dataloader
   takes it per rank), ``--num_microbatches`` that over ``training.micro_batch``.
 - ``--use_zero1_optimizer`` for ``parallel.zero`` 1; ``--use_sequence_parallel``; ``--kv_replicator``
-  (NxD's copies of each KV head); ``--use_flash_attention``; ``--virtual_pipeline_size``.
+  (NxD's copies of each KV head); ``--use_flash_attention``; ``--virtual_pipeline_size``;
+  ``--context_parallel_size``, whose attention is the ring (modeling_llama_nxd.py turns
+  ``use_ring_attention`` on with CP): ``parallel.cp_comm`` p2p only.
 - Recompute: the script checkpoints the selected modules under ``--use_selective_checkpoint 1`` and
   every layer in full otherwise (``activation_checkpoint_config=... else "full"``): ``selective`` and
   ``full`` are written, ``none`` refused.
@@ -33,7 +35,7 @@ import yaml
 
 from simcore.plan.hf_writer import hf_config_from_model
 from simcore.plan.model_props import Activation, Bias, Norm
-from simcore.plan.spec import Plan
+from simcore.plan.spec import Plan, TrainingSpec
 
 ARGS_FILE = Path(__file__).with_name("nxd_args.yaml")
 #: NeuronCores a Trainium chip holds (the catalog's trn1 ``unit``): one rank each.
@@ -49,6 +51,13 @@ ENV = {"FI_EFA_USE_DEVICE_RDMA": "1", "FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": 
 @functools.cache
 def accepted() -> frozenset[str]:
     return frozenset(yaml.safe_load(ARGS_FILE.read_text())["options"])
+
+
+def recompute_doc_value(tr: TrainingSpec) -> str:
+    """``training.recompute`` as a sentence names it (full with its method and layers where not plain)."""
+    if tr.recompute.value == "full" and (tr.recompute_method.value != "uniform" or tr.recompute_layers != 1):
+        return f"full ({tr.recompute_method.value}, {tr.recompute_layers} layers)"
+    return tr.recompute.value
 
 
 def _refuse(field: str, value, why: str) -> ValueError:
@@ -67,11 +76,15 @@ def nxd_args(plan: Plan) -> list[tuple[str, object]]:
         raise _refuse("model", m.name, f"{SCRIPT} builds Llama (RMSNorm, SwiGLU, RoPE, no biases, no experts)")
     if par.zero > 1:
         raise _refuse("parallel.zero", int(par.zero), "its optimizer shards states only (--use_zero1_optimizer)")
-    if tr.recompute.value not in ("selective", "full"):
-        raise _refuse("training.recompute", tr.recompute.value, f"{SCRIPT} checkpoints the selected modules or every "
-                      "layer in full")
+    whole = tr.recompute.value == "full" and tr.recompute_method.value == "uniform" and tr.recompute_layers == 1
+    if tr.recompute.value != "selective" and not whole:
+        raise _refuse("training.recompute", recompute_doc_value(tr), f"{SCRIPT} checkpoints the selected modules or "
+                      "every layer in full, one at a time")
     if tr.precision.value != "bf16":
         raise _refuse("training.precision", tr.precision.value, f"{SCRIPT} trains bf16 with fp32 master weights")
+    if par.cp > 1 and par.cp_comm.value != "p2p":   # modeling_llama_nxd.py: context parallel is ring attention
+        raise _refuse("parallel.cp_comm", par.cp_comm.value, "its context parallel is ring attention "
+                      "(examples/training/llama/modeling_llama_nxd.py: use_ring_attention where the CP size > 1)")
     if par.pp == 1:   # the example runs its steps through NxD's pipeline runtime (model.run_train)
         raise _refuse("parallel.pp", 1, f"{SCRIPT} is NxD's pipeline example (its tp_zero1 example, not written "
                       "here, trains without a pipeline)")

@@ -46,7 +46,7 @@ STACK_SPLITS = {"torchtitan": ("even", "titan"), "torchtitan-0.2": ("even", "tit
 #: The stacks that recompute every layer or none (no Megatron block method: torchtitan checkpoints
 #: every layer or every Nth, DeepSpeed's and Hugging Face's checkpointing wraps every layer; MaxText's
 #: remat_policy applies to every layer of its scanned stack).
-WHOLE_RECOMPUTE_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "maxtext")
+WHOLE_RECOMPUTE_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "maxtext", "nxd")
 #: The stacks whose attention is torch SDPA or the flash-attn package, FlashAttention-2 where the
 #: catalog has its figures (``readers.sdpa_attention_kernel``): torchtitan, Hugging Face under
 #: DeepSpeed or Megatron-DeepSpeed, trainplan's executor. Megatron-LM's is TE's (the catalog's own).

@@ -41,6 +41,7 @@ def _plan(parallel: dict, training: dict | None = None, model: str = "llama3-8b"
 
 PLANS = {
     "tp16-pp2-kv4": _plan({"tp": 16, "pp": 2, "dp": 1, "zero": 1, "sequence_parallel": True, "kv_replicator": 4}),
+    "tp2-pp2-cp2-ring": _plan({"tp": 2, "pp": 2, "cp": 2, "dp": 4, "cp_comm": "p2p"}, {"recompute": "full"}),
     "tp4-pp4-dp2-interleaved": _plan({"tp": 4, "pp": 4, "dp": 2, "vpp": 2, "schedule": "interleaved-1f1b"},
                                      {"recompute": "full", "micro_batch": 2}),
     "llama3-70b-tp8-pp8-dp4": _plan({"tp": 8, "pp": 8, "dp": 4, "zero": 1, "sequence_parallel": True}, {"flash_attention": True},
@@ -78,6 +79,10 @@ def test_every_export_parses_with_the_scripts_options_and_counts_neuroncores(nam
     ({"tp": 4, "pp": 2, "dp": 4, "zero": 3}, {}, "llama3-8b", r"^parallel.zero=3 has no NeuronX Distributed option"),
     ({"tp": 4, "pp": 2, "dp": 4}, {"recompute": "none"}, "llama3-8b", r"^training.recompute=none has no NeuronX "
                                                                       r"Distributed option"),
+    ({"tp": 4, "pp": 2, "dp": 2, "cp": 2, "cp_comm": "all_gather"}, {}, "llama3-8b",
+     r"^parallel.cp_comm=all_gather has no NeuronX Distributed option: its context parallel is ring attention"),
+    ({"tp": 4, "pp": 2, "dp": 4}, {"recompute": {"method": "block", "layers": 2}}, "llama3-8b",
+     r"^training.recompute=full \(block, 2 layers\) has no NeuronX Distributed option"),
     ({"tp": 4, "pp": 2, "dp": 4}, {}, "mixtral-8x7b", r"^model=mixtral-8x7b has no NeuronX Distributed option: "
                                                       r"run_llama_nxd.py builds Llama"),
 ])
