@@ -46,8 +46,9 @@ def layer_wrappers_s(plan: Plan, dev: cmp.DeviceModel, full: float
         fc, bc, hf_, hb_ = fc + share * cf, bc + share * cb, hf_ + share * hf, hb_ + share * hb
         if reruns:
             rc, rh = rc + share * cf * full, rh + share * hf * full
-    hb_ += i8.host_s(sum(mem.layer_params_per_gpu(plan)), plan.parallel.shard_ranks, dev, _scatter_share(plan),
-                     plan.training.grad_compression.bits)
+    if share := _scatter_share(plan):   # FSDP2's int8 (int4) reduce-scatter's kernels, on the backward's thread
+        hb_ += i8.host_s(sum(mem.layer_params_per_gpu(plan)), plan.parallel.shard_ranks, dev, share,
+                         plan.training.grad_compression.bits)
     return (fc, bc), (hf_, hb_), (rc, rh)
 
 
@@ -83,8 +84,9 @@ def add_ends_host(plan: Plan, dev: cmp.DeviceModel, comm: tuple[list[float], lis
         for lists, pair in zip((comm, compute), dev.parallel_split_s(mode)):
             lists[0][v] += pair[0]
             lists[1][v] += pair[1]
-    for v, sp in enumerate(mem.stage_params(plan)[:par.pp]):   # the root groups' int8 reduce-scatters
-        compute[1][v] += i8.host_s(sp.ends, par.shard_ranks, dev, _scatter_share(plan), plan.training.grad_compression.bits)
+    if share := _scatter_share(plan):   # the root groups' int8 (int4) reduce-scatters
+        for v, sp in enumerate(mem.stage_params(plan)[:par.pp]):
+            compute[1][v] += i8.host_s(sp.ends, par.shard_ranks, dev, share, plan.training.grad_compression.bits)
 
 
 def host_p2p(dev: cmp.DeviceModel, pp: int, nv: int) -> dict[str, tuple[float, ...]]:

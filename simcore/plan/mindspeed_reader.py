@@ -20,7 +20,7 @@ import functools
 import yaml
 
 from simcore.plan.choices import PlanError
-from simcore.plan.mindspeed_writer import ARGS_FILE, CP_ALGO
+from simcore.plan.mindspeed_writer import ARGS_FILE, CP_ALGO, args_data
 
 #: Options MindSpeed-LLM's launches set that the Plan's fused kernels and mcore model already assume.
 IMPLIED = ("--use-mcore-models", "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb",
@@ -32,7 +32,7 @@ def mindspeed_only() -> frozenset[str]:
     """The options only MindSpeed or MindSpeed-LLM defines: neither Megatron-LM core_v0.12.1 nor the
     Megatron-LM the Megatron export writes for (``megatron_args.yaml``; newer options such as
     ``--padded-vocab-size`` are both MindSpeed-LLM's and Megatron-LM's)."""
-    ours = yaml.safe_load(ARGS_FILE.read_text())["mindspeed"]["options"]
+    ours = args_data()["mindspeed"]["options"]
     megatron = yaml.safe_load(ARGS_FILE.with_name("megatron_args.yaml").read_text())["options"]
     return frozenset(ours) - frozenset(megatron)
 

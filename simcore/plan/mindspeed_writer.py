@@ -39,10 +39,15 @@ SOURCE = ("Ascend/MindSpeed-LLM @c77308a1 (pretrain_gpt.py on Megatron-LM core_v
 
 
 @functools.cache
+def args_data() -> dict:
+    """``mindspeed_args.yaml``, read once."""
+    return yaml.safe_load(ARGS_FILE.read_text())
+
+
+@functools.cache
 def accepted() -> frozenset[str]:
     """Every option MindSpeed-LLM's parser defines (``mindspeed_args.yaml``)."""
-    data = yaml.safe_load(ARGS_FILE.read_text())
-    return frozenset(data["megatron"]["options"]) | frozenset(data["mindspeed"]["options"])
+    return frozenset(args_data()["megatron"]["options"]) | frozenset(args_data()["mindspeed"]["options"])
 
 
 def mindspeed_args(plan: Plan, megatron: list[tuple[str, object]]) -> list[tuple[str, object]]:

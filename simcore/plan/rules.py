@@ -244,8 +244,14 @@ def int8_scatters(plan) -> bool:
     experts' own, no replicas); ``int8_ef`` never (its residual would be the unsharded gradient, which
     ZeRO-2/3 shard away)."""
     par = plan.parallel
-    return (plan.training.grad_compression in (GradCompression.INT8, GradCompression.INT4) and par.zero >= ZeroStage.GRADIENTS
-            and par.zero_impl == ZeroImpl.FSDP2 and par.ep == 1 and par.dp_replicate == 1)
+    return plan.training.grad_compression in (GradCompression.INT8, GradCompression.INT4) and \
+        fsdp2_one_group(par.zero, par.zero_impl, par.ep, par.dp_replicate)
+
+
+def fsdp2_one_group(zero: ZeroStage, zero_impl: ZeroImpl, ep: int, dp_replicate: int) -> bool:
+    """FSDP2's ZeRO-2/3 over one data-parallel group (no experts' own, no replicas): the layouts whose
+    reduce-scatter the quantized one replaces (``int8_scatters``; the search's ``compression.applies``)."""
+    return zero >= ZeroStage.GRADIENTS and zero_impl == ZeroImpl.FSDP2 and ep == 1 and dp_replicate == 1
 
 
 def fp8_gather_runs(precision: Precision, zero_impl: ZeroImpl, zero: ZeroStage, recipe: Fp8Recipe) -> bool:

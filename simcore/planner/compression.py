@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from simcore.plan.rules import fp8_gather_runs
+from simcore.plan.rules import fp8_gather_runs, fsdp2_one_group
 from simcore.plan.spec import Fp8Recipe, GradCompression, Optimizer, Plan, Precision, ZeroImpl, ZeroStage
 
 #: The methods, in the order a table lists them.
@@ -82,8 +82,7 @@ def applies(method: str, base: Plan, lay) -> bool:
     if method in ("bf16", "fp16"):
         return True
     if method in ("int8", "int4"):   # the DDP hook, or FSDP2's reduce-scatter (rules.int8_scatters)
-        return lay.zero == ZeroStage.NONE or (lay.zero >= ZeroStage.GRADIENTS and lay.ep == 1 and base.parallel.zero_impl
-                                              == ZeroImpl.FSDP2 and lay.dp_replicate == 1)
+        return lay.zero == ZeroStage.NONE or fsdp2_one_group(lay.zero, base.parallel.zero_impl, lay.ep, lay.dp_replicate)
     if method in ("powersgd", "int8_ef"):
         return lay.zero == ZeroStage.NONE
     if method in OPTIMIZERS:

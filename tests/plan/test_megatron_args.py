@@ -22,20 +22,27 @@ RULES = yaml.safe_load((DATA / "megatron_rules.yaml").read_text())
 _TYPES = {"int": int, "float": float}
 
 
-def megatron_parser() -> argparse.ArgumentParser:
-    """argparse with Megatron's option definitions: flags, converters, nargs and choices."""
+def options_parser(*option_maps: dict) -> argparse.ArgumentParser:
+    """argparse with a tool's option definitions as the data files hold them (``{option: {flag: true}
+    | {type, nargs, choices}}``): flags, converters, nargs and choices, the maps in order."""
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False, add_help=False)
-    for option, spec in ARGS["options"].items():
-        if spec.get("flag"):
-            parser.add_argument(option, action="store_true")
-            continue
-        kwargs = {"type": _TYPES.get(spec["type"], str)}
-        if "nargs" in spec:
-            kwargs["nargs"] = spec["nargs"]
-        if "choices" in spec:
-            kwargs["choices"] = [str(c) for c in spec["choices"]] if kwargs["type"] is str else spec["choices"]
-        parser.add_argument(option, **kwargs)
+    for options in option_maps:
+        for option, spec in options.items():
+            if spec.get("flag"):
+                parser.add_argument(option, action="store_true")
+                continue
+            kwargs = {"type": _TYPES.get(spec["type"], str)}
+            if "nargs" in spec:
+                kwargs["nargs"] = spec["nargs"]
+            if "choices" in spec:
+                kwargs["choices"] = [str(c) for c in spec["choices"]] if kwargs["type"] is str else spec["choices"]
+            parser.add_argument(option, **kwargs)
     return parser
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """argparse with Megatron's option definitions."""
+    return options_parser(ARGS["options"])
 
 
 PARSER = megatron_parser()

@@ -12,29 +12,11 @@ from simcore.plan.load import plan_from_dict
 from simcore.plan.megatron_reader import split_command
 from simcore.plan.mindspeed_writer import ARGS_FILE, CP_ALGO
 from simcore.plan.writers import export_plan
+from tests.plan.test_megatron_args import options_parser
 
 DATA = yaml.safe_load(ARGS_FILE.read_text())
-_TYPES = {"int": int, "float": float}
-
-
-def mindspeed_parser() -> argparse.ArgumentParser:
-    """argparse with Megatron-LM core_v0.12.1's options, then MindSpeed's and MindSpeed-LLM's."""
-    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False, add_help=False)
-    for part in ("megatron", "mindspeed"):
-        for option, spec in DATA[part]["options"].items():
-            if spec.get("flag"):
-                parser.add_argument(option, action="store_true")
-                continue
-            kwargs = {"type": _TYPES.get(spec.get("type"), str)}
-            if "nargs" in spec:
-                kwargs["nargs"] = spec["nargs"]
-            if "choices" in spec:
-                kwargs["choices"] = [str(c) for c in spec["choices"]] if kwargs["type"] is str else spec["choices"]
-            parser.add_argument(option, **kwargs)
-    return parser
-
-
-PARSER = mindspeed_parser()
+#: Megatron-LM core_v0.12.1's options, then MindSpeed's and MindSpeed-LLM's.
+PARSER = options_parser(DATA["megatron"]["options"], DATA["mindspeed"]["options"])
 
 
 def _plan(parallel: dict, training: dict | None = None, model: str = "llama3-8b"):

@@ -15,22 +15,10 @@ from simcore.plan.load import plan_from_dict
 from simcore.plan.megatron_reader import split_command
 from simcore.plan.nxd_writer import ARGS_FILE
 from simcore.plan.writers import export_plan
+from tests.plan.test_megatron_args import options_parser
 
 DATA = yaml.safe_load(ARGS_FILE.read_text())
-_TYPES = {"int": int, "float": float}
-
-
-def nxd_parser(script: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False, add_help=False)
-    for option, spec in DATA["scripts"][script]["options"].items():
-        if spec.get("flag"):
-            parser.add_argument(option, action="store_true")
-        else:
-            parser.add_argument(option, type=_TYPES.get(spec["type"], str))
-    return parser
-
-
-PARSERS = {script: nxd_parser(script) for script in DATA["scripts"]}
+PARSERS = {script: options_parser(spec["options"]) for script, spec in DATA["scripts"].items()}
 
 
 def _plan(parallel: dict, training: dict | None = None, model: str = "llama3-8b", nodes: int = 2):

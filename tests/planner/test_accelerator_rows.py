@@ -171,6 +171,12 @@ def test_the_trainium_plateau_is_where_its_fit_stops_and_its_loso_is_the_prior(b
     assert fits["leave_one_source_out"]["neuron_trn1_perf"] == fig.prior
 
 
+def _simulate(plan) -> subprocess.CompletedProcess:
+    """``trainplan simulate PLAN`` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "trainplan", "simulate", str(plan)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
 def test_simulate_predicts_a_tpu_plan_with_its_interval(tmp_path):
     plan = tmp_path / "tpu.yaml"
     plan.write_text(
@@ -180,8 +186,7 @@ def test_simulate_predicts_a_tpu_plan_with_its_interval(tmp_path):
         "cluster: {node: tpu-v5p-host, nodes: 16}\n"
         "parallel: {tp: 4, dp: 16, zero: 3, sequence_parallel: true, tp_comm_overlap: true}\n"
         "training: {global_batch: 512, micro_batch: 8, recompute: selective, flash_attention: true}\n")
-    out = subprocess.run([sys.executable, "-m", "trainplan", "simulate", str(plan)], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)
+    out = _simulate(plan)
     assert out.returncode == 0, out.stderr
     assert "step time" in out.stdout and "interval of the step time" in out.stdout
     assert "extrapolated: tpu-v5p" in out.stdout or "residuals" in out.stdout
@@ -191,8 +196,7 @@ def test_an_accelerator_without_rows_or_a_family_still_refuses_in_one_sentence(t
     plan = tmp_path / "gaudi3.yaml"
     plan.write_text("model: llama3-8b\ncluster: {node: hls-gaudi3, nodes: 1}\nparallel: {tp: 4, dp: 2}\n"
                     "training: {global_batch: 16, micro_batch: 1}\n")
-    out = subprocess.run([sys.executable, "-m", "trainplan", "simulate", str(plan)], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)
+    out = _simulate(plan)
     assert out.returncode != 0
     msg = out.stderr.strip()
     assert "GPU 'gaudi3' has no entry in topologies/catalog/efficiency.yaml" in msg and len(msg.splitlines()) == 1
@@ -203,7 +207,6 @@ def test_a_later_chip_of_a_family_is_predicted_and_says_it_extrapolates(tmp_path
     plan = tmp_path / "trn2.yaml"
     plan.write_text("model: llama3-8b\ncluster: {node: trn2-48xl, nodes: 1}\nparallel: {tp: 4, dp: 4}\n"
                     "training: {global_batch: 16, micro_batch: 1}\n")
-    out = subprocess.run([sys.executable, "-m", "trainplan", "simulate", str(plan)], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)
+    out = _simulate(plan)
     assert out.returncode == 0, out.stderr
     assert "step time" in out.stdout and "extrapolated: trn2: no published run on this GPU" in out.stdout
