@@ -13,15 +13,12 @@ source's own words, with the degrees converted once into chips (the unit the cat
   gradients and optimizer state over those chips: ZeRO-3 over the data-parallel ranks, and
   ``dcn_data_parallelism`` (slices over DCN) replicates them: ``dp = fsdp x slices``, zero 3,
   ``dp_replicate = slices`` (hybrid sharding: FSDP inside a slice, the slices all-reduce the
-  shards), each slice one ICI torus (``cluster.nvlink_domain_gpus``). ``per_device_batch_size``
-  -> ``micro_batch`` (global batch = chips x per-device batch). MaxText shards that batch over the
-  data and FSDP axes, not the tensor axis, and runs it at once; with TP the Plan runs tp
-  micro-batches of it instead (a stated approximation: one micro-batch of per-device x tp, the
-  source's own setup, puts 6 of the 8 v5p rows over their HBM, because ``minimal`` is stated as
-  Megatron's selective recompute, which keeps about twice what MaxText's
-  ``checkpoint_dots_with_no_batch_dims`` keeps). Remat
-  policy ``full`` -> full recompute; ``minimal`` (``checkpoint_dots_with_no_batch_dims``: the
-  projections' outputs saved, attention scores and elementwise ops recomputed) -> selective.
+  shards), each slice one ICI torus (``cluster.nvlink_domain_gpus``). Global batch = chips x
+  ``per_device_batch_size``; MaxText shards it over the data and FSDP axes, not the tensor axis, and
+  runs it at once (base.yml ``gradient_accumulation_steps: 1``): one micro-batch of per-device x tp
+  sequences a data-parallel rank. Remat policy ``full`` -> full recompute; ``minimal`` -> ``dots``
+  (MaxText/layers/models.py @e64f6813: ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``:
+  the projections' outputs saved, attention and elementwise ops recomputed; ``simcore.model.recompute``).
   The base.yml model: ReLU MLP (not gated), tied embeddings (``logits_via_embedding``), RoPE,
   no dropout, ``head_dim`` from the notes (``kv_channels``), the Pallas flash attention kernel.
   Node: the catalog's TPU host of the chip; a slice is its ICI torus.
@@ -287,7 +284,8 @@ def base_doc(row: pd.Series) -> dict:
         fsdp = int(row.fsdp) * slices(row)
         parallel = {"tp": tp, "pp": 1, "dp": fsdp, "zero": 3, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1,
                     "dp_replicate": slices(row)}
-        training["recompute"] = {"minimal": "selective"}.get(rc, rc)
+        training["recompute"] = {"minimal": "dots"}.get(rc, rc)
+        training["micro_batch"] *= tp   # one micro-batch a step: per-device x tp sequences a data-parallel rank
     elif src == NEURON:
         parallel = {"tp": tp // UNITS_PER_CHIP[src], "pp": pp, "dp": dp, "zero": int(_num(row.zero_stage, 1)),
                     "sequence_parallel": tp // UNITS_PER_CHIP[src] > 1}

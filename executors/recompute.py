@@ -38,6 +38,9 @@ SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_
 
 def check_recompute(tr: TrainingSpec) -> None:
     """ValueError (one sentence) for a policy the executor does not run."""
+    if tr.recompute == Recompute.DOTS:
+        raise ValueError("training.recompute=dots is JAX's checkpoint_dots_with_no_batch_dims (MaxText's minimal "
+                         "remat policy) and is not run by the executor (torch); use op, selective, full or layer:N")
     if tr.recompute == Recompute.FULL and tr.recompute_method == RecomputeMethod.UNIFORM and tr.recompute_layers > 1:
         raise ValueError(f"training.recompute {{layers: {tr.recompute_layers}, method: uniform}} is not run by the "
                          "executor (it checkpoints single blocks); use layers: 1, method: block or layer:N")

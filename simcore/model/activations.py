@@ -201,6 +201,8 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
     elif tr.recompute == Recompute.OP:
         kept = min(whole, rcp.op_sac_kept_bytes(m, flash=tr.flash_attention, ep=par.ep,
                                                  compiled=tr.kernels == Kernels.FUSED, **kw))
+    elif tr.recompute == Recompute.DOTS:
+        kept = min(whole, rcp.dots_kept_bytes(m, **kw))
     act = rcp.LayerActivations(whole=whole, kept=kept, boundary=wl.ACT_BYTES * b * s * m.hidden / sp)
     last = 4 * s * b * m.hidden / sp                          # final norm's input and output
     if tr.autocast:
@@ -208,10 +210,10 @@ def _layer_terms_of(plan: Plan) -> tuple[rcp.LayerActivations, float, float, flo
     wide = 2 if tr.precision == Precision.FP32 else 1   # fp32 training saves 4-byte tensors, not 2
     if wide > 1:
         act = rcp.LayerActivations(whole=wide * act.whole, kept=wide * act.kept, boundary=wide * act.boundary)
-    if tr.kernels == Kernels.EAGER:   # per-op SAC saves matmul outputs only: its kept set is the same
+    if tr.kernels == Kernels.EAGER:   # per-op SAC and dots save matmul outputs only: their kept sets the same
         extra = wl.eager_activation_bytes(m, act_bytes=wide * wl.ACT_BYTES, **kw)
-        act = rcp.LayerActivations(whole=act.whole + extra, kept=act.kept + (extra if tr.recompute != Recompute.OP
-                                                                             else 0.0), boundary=act.boundary)
+        act = rcp.LayerActivations(whole=act.whole + extra, kept=act.kept + (
+            0.0 if tr.recompute in rcp.SAVES_MATMULS else extra), boundary=act.boundary)
     kept, transient = loss_bytes(plan)   # and the MTP modules' norms, projections and logits on the last stage
     last, kept = last + mtp.kept_bytes(m, b=b, s=s, sp=sp), (1 + m.mtp_layers) * kept
     return (act, wide * wl.embedding_activation_bytes(m, **kw), wide * last + kept, transient,
@@ -237,8 +239,8 @@ def _autocast_terms(plan: Plan, act: rcp.LayerActivations, last: float) -> tuple
     readers = 3 + (2 if m.gated_mlp else 1) - 2           # norm-output copies beyond the 16-bit count's two
     norms = (2 * (4 - wl.ACT_BYTES) / sp + readers * wl.ACT_BYTES) * b * s * m.hidden
     probs = 0.0 if tr.flash_attention else (4 - wl.ACT_BYTES) * m.heads * s * s * b / par.tp
-    # per-op SAC keeps matmul outputs only: the fp32 norm inputs and the input casts are re-run
-    kept = copies if tr.recompute == Recompute.OP else \
+    # per-op SAC and dots keep matmul outputs only: the fp32 norm inputs and the input casts are re-run
+    kept = copies if tr.recompute in rcp.SAVES_MATMULS else \
         norms + copies + (0.0 if tr.recompute == Recompute.SELECTIVE else probs)
     act = rcp.LayerActivations(whole=act.whole + norms + probs + copies, kept=act.kept + kept,
                                boundary=2 * act.boundary + copies)

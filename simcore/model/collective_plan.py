@@ -249,8 +249,7 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int, wire: Wire) -> Counter:
         return Counter()
     n_mb, blocks = plan.num_microbatches, len(part.layers)
     redo = rcp.full_layers(tr, blocks)   # blocks recomputed whole re-run their forward's collectives
-    op = Counter({k: n * blocks for k, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items()}
-                 if tr.recompute == Recompute.OP else {})
+    op = Counter({k: n * blocks for k, n in rcp.tp_reruns(tr.recompute, par.sequence_parallel).items()})
     seq, heads = m.seq_len // par.cp, part.head * (1 + m.mtp_layers)   # the output layer again per MTP module
     act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
 
@@ -312,9 +311,9 @@ def _check_modelled(plan: Plan) -> None:
     rules = [(not m.moe or tr.recompute not in (Recompute.FULL, Recompute.LAYER),
               f"model.experts={m.experts} with training.recompute={recompute_doc(tr)}: the recomputed MoE's "
               "collectives are not modelled at torch's granularity"),
-             (not m.moe or par.tp == 1 or tr.recompute != Recompute.OP,
-              f"model.experts={m.experts} with training.recompute=op and parallel.tp={par.tp}: which experts' "
-              "all-reduces the per-op policy re-runs is not modelled at torch's granularity"),
+             (not m.moe or par.tp == 1 or tr.recompute not in rcp.SAVES_MATMULS,
+              f"model.experts={m.experts} with training.recompute={tr.recompute.value} and parallel.tp={par.tp}: "
+              "which experts' all-reduces the per-layer policy re-runs is not modelled at torch's granularity"),
              (par.etp == par.tp, f"parallel.expert_tp={par.expert_tp}: the folded expert grid's collectives are "
               "not modelled at torch's granularity (the executor does not run it)"),
              (par.moe_dispatcher.value == "alltoall", "parallel.moe_dispatcher=deepep: DeepEP's dispatch is not "

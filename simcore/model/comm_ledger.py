@@ -31,7 +31,7 @@ from simcore.model import workload as wl
 from simcore.model.layout_calls import grad_axis
 from simcore.model.schedules import Op, add_communication, build_schedule
 from simcore.plan.rules import int8_scatters
-from simcore.plan.spec import CpComm, MoeDispatcher, Plan, Recompute, ZeroImpl, ZeroStage
+from simcore.plan.spec import CpComm, MoeDispatcher, Plan, ZeroImpl, ZeroStage
 
 
 def _check(plan: Plan) -> None:
@@ -56,13 +56,12 @@ def _layer_bytes(plan: Plan, layers: int, dense: int = 0) -> Counter:
     out: Counter = Counter()
     if par.tp > 1:   # per forward: 2 all-reduces, or under SP 2 all-gathers and 2 reduce-scatters;
         # the backward mirrors them, a recomputed layer's forward repeats them, and per-op SAC
-        # repeats those it does not save
+        # and dots repeat those they do not save
         size = coll.tp_call_bytes(plan)   # the all-gathers in FP8 under TE
         for kind in ("all_gather", "reduce_scatter") if par.sequence_parallel else ("all_reduce",):
             out["tp", kind] += 2 * size[kind] * (2 * layers + redo)
-        if tr.recompute == Recompute.OP:
-            for kind, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items():
-                out["tp", kind] += n * size[kind] * layers
+        for kind, n in rcp.tp_reruns(tr.recompute, par.sequence_parallel).items():
+            out["tp", kind] += n * size[kind] * layers
         out["tp", "all_reduce"] += dsa.loss_all_reduce_bytes(m, b, s) * (2 * layers + redo)   # DSA's indexer loss
     if par.cp > 1:   # forward K/V; backward K/V and dK/dV; K/V again where the attention is recomputed
         kv = 2 * coll.comm_act_bytes(tr.precision) * b * s * wl.kv_width(m) / par.tp

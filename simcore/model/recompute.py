@@ -26,6 +26,16 @@ layer rebuilds) and in time (the forward ops re-run before the backward):
   and w2 are kept, wk, wo and w3 re-run (a plain MLP's fc2 is the sixth mm, but nothing
   after it is needed by the backward and torch.utils.checkpoint stops the recomputation
   there, ``_StopRecomputationError``).
+- ``dots``: JAX's ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``, MaxText's
+  ``remat_policy: minimal`` (AI-Hypercomputer/maxtext MaxText/layers/models.py @e64f6813:
+  ``if cfg.remat_policy == "minimal": policy = ...checkpoint_dots_with_no_batch_dims``): the
+  outputs of the dot products without batch dimensions, every projection (q, k, v, out; the
+  MLP's wi, both halves when gated, and wo; the router and the experts'), are saved and all
+  else is re-run before the layer's backward: the norms, RoPE, the activation function, the
+  first residual add (the MLP's norm reads it) and the attention kernel, whose output is no
+  dot's (MaxText's ``minimal_flash`` policy exists to save it as "context"). Under tensor
+  parallelism with the activations sharded (``sequence_parallel``), XLA re-runs the
+  all-gathers that feed the projections whose weight gradients read the recomputed norms.
 """
 from __future__ import annotations
 
@@ -41,6 +51,13 @@ from simcore.plan.spec import ModelSpec, Recompute, RecomputeMethod, TrainingSpe
 _CORE = ("attn_scores", "softmax_dropout", "attn_context")
 #: The attention core's ops with or without flash attention (``workload.attention_core_ops``).
 ATTENTION_CORE_OPS = _CORE + ("flash_attention",)
+#: The projections: dot products without batch dimensions, which ``dots`` saves.
+PROJECTIONS = frozenset({"qkv", "attn_proj", "mlp_in", "mlp_out", "router", "expert_in", "expert_out",
+                         "shared_in", "shared_out"})
+#: The policies that re-run part of every layer and keep the rest.
+PER_LAYER = (Recompute.SELECTIVE, Recompute.OP, Recompute.DOTS)
+#: The policies that keep matmul outputs only (the norms' inputs and casts are re-run).
+SAVES_MATMULS = (Recompute.OP, Recompute.DOTS)
 
 
 def full_layers(tr: TrainingSpec, n: int) -> int:
@@ -54,9 +71,22 @@ def full_layers(tr: TrainingSpec, n: int) -> int:
 
 def recomputed_layers(tr: TrainingSpec, n: int) -> int:
     """Layers of a chunk of ``n`` that run ``layer_recompute_ops`` before their backward."""
-    if tr.recompute in (Recompute.SELECTIVE, Recompute.OP):
+    if tr.recompute in PER_LAYER:
         return n
     return full_layers(tr, n)
+
+
+def tp_reruns(recompute: Recompute, sequence_parallel: bool) -> dict[str, int]:
+    """Forward TP collectives (kind -> calls) one layer re-runs under a per-layer policy:
+    torchtitan's per-op SAC (``op_sac_tp_reruns``); ``dots`` under sharded activations the
+    all-gathers of the attention's and the MLP's inputs (their norms are re-run, and the
+    projections' weight gradients read the gathered outputs), none with the activations
+    replicated (the saved projection outputs are the reduced ones)."""
+    if recompute == Recompute.OP:
+        return op_sac_tp_reruns(sequence_parallel)
+    if recompute == Recompute.DOTS and sequence_parallel:
+        return {"all_gather": 2}
+    return {}
 
 
 def op_sac_tp_reruns(sequence_parallel: bool) -> dict[str, int]:
@@ -78,6 +108,8 @@ def layer_recompute_ops(ops: list[wl.Op], m: ModelSpec, recompute: Recompute) ->
         return [op for op in ops if op.name in _CORE]
     if recompute == Recompute.OP:
         return _op_sac_recompute(ops, m)
+    if recompute == Recompute.DOTS:   # the layer's output add is no input of its backward
+        return [op for op in ops if op.name not in PROJECTIONS and op.name != "dropout_add_2"]
     return []
 
 
@@ -108,7 +140,7 @@ def recompute_flops_per_layer(m: ModelSpec, tokens: float, s: int, recompute: Re
     """Counted FLOPs one recomputed layer re-runs for ``tokens`` tokens (whole model, no split)."""
     if recompute in (Recompute.FULL, Recompute.LAYER):
         return wl.forward_flops_per_layer(m, tokens, s)
-    if recompute == Recompute.SELECTIVE:   # the softmax layers' core; a Gated DeltaNet layer's is kept
+    if recompute in (Recompute.SELECTIVE, Recompute.DOTS):   # the softmax layers' core; a Gated DeltaNet's kept
         return hybrid_mean(m, 4 * tokens * s * m.hidden, 0.0)
     if recompute == Recompute.OP:
         h, kv, f = m.hidden, wl.kv_width(m), m.ffn_hidden
@@ -172,6 +204,25 @@ def op_sac_kept_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_par
     return e * sb * h / sp + split / tp + w2 + scattered + routed   # input, the above, w2's out, comm outs
 
 
+def dots_kept_bytes(m: ModelSpec, *, b: int, s: int, tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Bytes a layer keeps under ``dots``: its input (the scanned stack's carry) and the projection
+    outputs the re-run forward reads: q, k and v (the attention kernel's inputs) and the MLP's
+    input projection (fc1, or both halves of a gated one; the routed token copies of an MoE's
+    experts and the router's logits: the activation function's inputs), split over tp by heads and
+    width; and the attention's output projection, reduced, so split like the input (over tp with
+    sequence parallelism, whole without), from which the residual add the MLP's norm reads is
+    re-run. The MLP's output projection is saved by no one: only the layer's output reads it,
+    which its backward does not need (JAX keeps the residuals the backward reads, the policy
+    choosing which of them are stored rather than re-run)."""
+    h, sb, e = m.hidden, s * b, wl.ACT_BYTES
+    sp = tp if sequence_parallel else 1
+    width = m.ffn_hidden * (wl.mlp_matrices(m) - 1)
+    if m.moe:
+        width = width * m.top_k * m.capacity_factor + m.experts + (m.shared_ffn_hidden or 0) * (wl.mlp_matrices(m) - 1)
+    split = wl.q_width(m) + 2 * wl.kv_width(m) + width
+    return e * sb * (2 * h / sp + split / tp)
+
+
 def chunk_stash_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:
     """Bytes one micro-batch leaves on a model chunk of ``n`` layers until its backward."""
     k = full_layers(tr, int(round(n)))
@@ -219,6 +270,6 @@ def working_bytes(tr: TrainingSpec, n: float, act: LayerActivations) -> float:
     if k > 0:   # block: the first k layers; layer:N: every Nth, the last at index k*N - 1
         last = k if tr.recompute == Recompute.FULL else k * tr.recompute_layers
         return max(0.0, act.whole - act.boundary - (n_int - last) * act.kept)
-    if tr.recompute in (Recompute.SELECTIVE, Recompute.OP):
+    if tr.recompute in PER_LAYER:
         return max(0.0, act.whole - act.kept)
     return 0.0

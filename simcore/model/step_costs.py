@@ -116,13 +116,14 @@ def _layer_share(plan: Plan, layers_of) -> float:
 
 
 def _op_sac_tp_share(plan: Plan) -> float:
-    """The share of a layer's forward TP bytes that per-op SAC re-runs (``rcp.op_sac_tp_reruns``)."""
+    """The share of a layer's forward TP bytes that per-op SAC or dots re-run (``rcp.tp_reruns``)."""
     par = plan.parallel
-    if plan.training.recompute != Recompute.OP or par.tp == 1:
+    reruns = rcp.tp_reruns(plan.training.recompute, par.sequence_parallel)
+    if not reruns or par.tp == 1:
         return 0.0
     size = coll.tp_call_bytes(plan)
     forward = 2 * (size["all_gather"] + size["reduce_scatter"]) if par.sequence_parallel else 2 * size["all_reduce"]
-    return sum(n * size[kind] for kind, n in rcp.op_sac_tp_reruns(par.sequence_parallel).items()) / forward
+    return sum(n * size[kind] for kind, n in reruns.items()) / forward
 
 
 def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[float, float, float],

@@ -155,6 +155,8 @@ class Recompute(_Choice):
     """torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``)."""
     LAYER = "layer"
     """torchtitan's every-Nth-layer checkpointing (``selective_ac_option = "N"``)."""
+    DOTS = "dots"
+    """JAX's ``checkpoint_dots_with_no_batch_dims``, MaxText's ``remat_policy: minimal``."""
 
 
 class RecomputeMethod(_Choice):

@@ -138,6 +138,9 @@ def rules(plan) -> list[tuple[bool, str]]:
         (not n or tr.recompute.value != "op",
          "training.recompute=op is torchtitan's per-op SAC of its Llama-style blocks, and torchtitan has no "
          "Gated DeltaNet layer: give selective, full or layer:N"),
+        (not n or tr.recompute.value != "dots",
+         "training.recompute=dots is MaxText's remat policy, and MaxText has no Gated DeltaNet layer: give "
+         "selective, full or layer:N"),
     ]
 
 

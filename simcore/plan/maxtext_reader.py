@@ -33,7 +33,7 @@ MODEL = {"base_emb_dim": "hidden", "base_num_query_heads": "heads", "base_num_kv
          "vocab_size": "vocab", "max_target_length": "seq_len"}
 #: The mesh axes the import reads; any other ici_/dcn_ axis above 1 is refused.
 AXES = ("tensor", "context", "fsdp", "data")
-REMAT = {"full": "full", "minimal": "selective", "minimal_with_context": "none"}
+REMAT = {"full": "full", "minimal": "dots", "minimal_with_context": "none"}
 LAUNCH_WORDS = ("python", "python3", "-m")
 
 

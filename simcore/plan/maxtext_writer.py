@@ -32,10 +32,11 @@ every key one that base.yml defines, ``tool_options.yaml`` ``maxtext``).
   the ``base_*`` widths, ``head_dim``, ``vocab_size``, ``logits_via_embedding`` for tied embeddings,
   ``max_target_length``, ``rope_max_timescale``, dropout.
 - **Precision and memory.** ``dtype`` bfloat16 (fp32 for an fp32 Plan) over fp32 ``weight_dtype``
-  (the master copy); ``remat_policy`` full for full recompute, ``minimal`` for selective (the
-  projections' outputs saved, attention and elementwise ops recomputed: the reading of MaxText's
-  tables in ``bench/published_accelerators.py``), ``minimal_with_context`` for none (base.yml's
-  fastest policy); optimizer and parameter offload as ``optimizer_memory_host_offload`` /
+  (the master copy); ``remat_policy`` full for full recompute, ``minimal`` for ``dots`` (JAX's
+  ``checkpoint_dots_with_no_batch_dims``: the projections' outputs saved, attention and elementwise
+  ops recomputed, ``simcore.model.recompute``), ``minimal_with_context`` for none (base.yml's
+  fastest policy); Megatron's selective (the attention core alone) has no MaxText policy: it is
+  written as ``minimal`` with a comment line saying so (``REMAT_NOTE``), and reads back as dots; optimizer and parameter offload as ``optimizer_memory_host_offload`` /
   ``parameter_memory_host_offload``; flash attention as ``attention=flash``; ``opt_type`` adamw or
   sgd. torch's own settings (fused or eager kernels, the caching allocator, the attention kernel's
   backend) have no meaning under XLA and are not written.
@@ -56,7 +57,12 @@ LAUNCH = "python3 -m maxtext.trainers.pre_train.train src/maxtext/configs/base.y
 COMMIT = "AI-Hypercomputer/maxtext @e591f30cbbf2"
 #: The Plan's MLP activation as MaxText's ``mlp_activations`` (two entries: a gated MLP).
 ACTIVATIONS = {"swiglu": ["silu", "linear"], "geglu": ["gelu", "linear"], "gelu": ["gelu"], "relu": ["relu"]}
-REMAT = {Recompute.FULL: "full", Recompute.SELECTIVE: "minimal", Recompute.NONE: "minimal_with_context"}
+REMAT = {Recompute.FULL: "full", Recompute.DOTS: "minimal", Recompute.SELECTIVE: "minimal",
+         Recompute.NONE: "minimal_with_context"}
+#: What the launch says where MaxText runs another policy than the Plan's (``REMAT``).
+REMAT_NOTE = ("# training.recompute=selective (the attention core alone) has no MaxText policy: written as its "
+              "nearest, remat_policy=minimal, which keeps the projections' outputs only and re-runs the norms and the "
+              "attention (recompute: dots prices what it runs; the import reads it so)")
 DTYPE = {Precision.BF16: "bfloat16", Precision.FP32: "float32"}
 #: The Plan's optimizers MaxText's ``opt_type`` names alike (base.yml: "adamw", "adam_pax", "sgd", "muon").
 OPTIMIZERS = {"adamw": "adamw", "sgd": "sgd"}
@@ -114,7 +120,8 @@ def _refusals(plan: Plan) -> list[tuple[bool, str, object, str]]:
         (tr.precision not in DTYPE, "training.precision", tr.precision.value, "bf16 or fp32 are written"),
         (tr.recompute not in REMAT or tr.recompute == Recompute.FULL and (tr.recompute_layers, tr.recompute_method)
          != (1, RecomputeMethod.UNIFORM), "training.recompute", recompute_doc(tr),
-         "remat_policy full (every layer), minimal and minimal_with_context are written"),
+         "remat_policy full (every layer), minimal (recompute: dots; selective's nearest) and minimal_with_context "
+         "(none) are written"),
         (tr.activation_offload > 0, "training.activation_offload", tr.activation_offload,
          "its offloading remat policies are not written"),
         (par.kv_replicator > 1, "parallel.kv_replicator", par.kv_replicator, "MaxText copies no key/value heads"),
@@ -201,5 +208,7 @@ def export_maxtext(plan: Plan) -> str:
     head = [f"# trainplan export (maxtext): {plan.name or 'plan'} on {plan.cluster.gpus} x "
             f"{plan.cluster.node.gpu.name}; keys as base.yml defines them at {COMMIT}",
             "# add run_name, base_output_directory and the dataset (dataset_type, ...) of your run"]
+    if plan.training.recompute == Recompute.SELECTIVE:
+        head.append(REMAT_NOTE)
     lines = [LAUNCH] + [f"{k}={_value(v)}" for k, v in args]
     return "\n".join(head) + "\n" + " \\\n    ".join(lines) + "\n"

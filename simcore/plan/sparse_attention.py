@@ -86,6 +86,8 @@ def rules(plan) -> list[tuple[bool, str]]:
          "CP ranks is not priced, so cp must be 1"),
         (tr.recompute.value != "op", "training.recompute=op is torchtitan's per-op SAC, and torchtitan has no DSA "
          "layer: give selective, full or layer:N"),
+        (tr.recompute.value != "dots", "training.recompute=dots is MaxText's remat policy, and MaxText has no DSA "
+         "layer: give selective, full or layer:N"),
     ]
 
 

@@ -259,6 +259,9 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
         doc["float8"] = {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
     if tr.recompute.value in ("selective", "op"):  # op-level SAC (nearest to Korthikanti et al.'s selective)
         doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": "op"}
+    elif tr.recompute.value == "dots":
+        raise ValueError("training.recompute=dots is MaxText's remat policy (JAX's checkpoint_dots_with_no_batch_dims) "
+                         "and has no torchtitan option: give selective, op, full or layer:N")
     elif tr.recompute.value == "layer":   # every Nth layer
         doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": str(tr.recompute_layers)}
     elif tr.recompute.value == "full" and (tr.recompute_layers, tr.recompute_method.value) != (1, "uniform"):

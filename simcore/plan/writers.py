@@ -201,8 +201,9 @@ def _megatron_training_args(plan: Plan) -> list:
     if tr.recompute.value == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", tr.recompute_method.value),
                  ("--recompute-num-layers", tr.recompute_layers)]
-    elif tr.recompute.value in ("op", "layer"):
-        raise _refuse("training.recompute", tr.recompute.value, "Megatron-LM", "it is torchtitan's policy")
+    elif tr.recompute.value in ("op", "layer", "dots"):
+        raise _refuse("training.recompute", tr.recompute.value, "Megatron-LM",
+                      "it is MaxText's remat policy" if tr.recompute.value == "dots" else "it is torchtitan's policy")
     elif tr.recompute.value == "selective":
         args.append(("--recompute-granularity", "selective"))
     if tr.offload.value == "optimizer+params":

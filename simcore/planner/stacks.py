@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from simcore.plan.choices import NoLayoutFits
 from simcore.plan.spec import (EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Fp8Recipe, Plan, PlanError, Precision,
-                               ZeroImpl)
+                               Recompute, ZeroImpl)
 
 #: The stacks whose exporters judge a layout (``trainplan export --to``'s launch targets).
 STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext", "mindspeed", "nxd")
@@ -51,6 +51,10 @@ WHOLE_RECOMPUTE_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "maxtext"
 #: catalog has its figures (``readers.sdpa_attention_kernel``): torchtitan, Hugging Face under
 #: DeepSpeed or Megatron-DeepSpeed, trainplan's executor. Megatron-LM's is TE's (the catalog's own).
 FA2_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "executor")
+#: The recompute policies a stack's launch writes where they are not Megatron's none / selective /
+#: full: MaxText's remat policies minimal_with_context, minimal (JAX's dots saved) and full
+#: (``maxtext_writer.REMAT``), lightest first as ``space.RECOMPUTE_ORDER``.
+STACK_RECOMPUTE = {"maxtext": (Recompute.NONE, Recompute.DOTS, Recompute.FULL)}
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
           "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor", "maxtext": "MaxText",
@@ -118,6 +122,8 @@ def stack_space(space, stack: str | None):
         space = replace(space, fp8_recipe=STACK_FP8_RECIPE[stack])
     if stack in STACK_SPLITS:
         space = replace(space, splits=STACK_SPLITS[stack])
+    if stack in STACK_RECOMPUTE:
+        space = replace(space, recompute=STACK_RECOMPUTE[stack])
     return space
 
 

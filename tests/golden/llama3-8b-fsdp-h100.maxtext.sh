@@ -1,5 +1,6 @@
 # trainplan export (maxtext): llama3-8b-fsdp-h100 on 8 x h100-sxm; keys as base.yml defines them at AI-Hypercomputer/maxtext @e591f30cbbf2
 # add run_name, base_output_directory and the dataset (dataset_type, ...) of your run
+# training.recompute=selective (the attention core alone) has no MaxText policy: written as its nearest, remat_policy=minimal, which keeps the projections' outputs only and re-runs the norms and the attention (recompute: dots prices what it runs; the import reads it so)
 python3 -m maxtext.trainers.pre_train.train src/maxtext/configs/base.yml \
     decoder_block=llama2 \
     base_emb_dim=4096 \

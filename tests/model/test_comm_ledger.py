@@ -39,6 +39,8 @@ LAYOUTS = {
     "tp2-sp-layer2": ({"tp": 2, "sequence_parallel": True}, {}, {"recompute": "layer:2"}),
     "tp2-op": ({"tp": 2}, {}, {"recompute": "op"}),
     "tp4-sp-op": ({"tp": 4, "sequence_parallel": True}, {}, {"recompute": "op"}),
+    "tp4-sp-dots": ({"tp": 4, "sequence_parallel": True}, {}, {"recompute": "dots"}),
+    "cp2-tp2-dots": ({"cp": 2, "tp": 2}, {}, {"recompute": "dots"}),
     "cp2-selective": ({"cp": 2}, {}, {"recompute": "selective"}),
     "cp2-tp2-op": ({"cp": 2, "tp": 2}, {}, {"recompute": "op"}),
     "ep2-dp2-op": ({"dp": 2, "ep": 2}, {"experts": 4, "top_k": 2}, {"recompute": "op"}),

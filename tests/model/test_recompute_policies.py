@@ -33,7 +33,7 @@ def test_plan_forms_of_recompute_parse_and_round_trip():
     block = _plan(recompute={"layers": 4, "method": "block"}).training
     assert (block.recompute, block.recompute_layers, block.recompute_method) == \
         (Recompute.FULL, 4, RecomputeMethod.BLOCK)
-    for form in ("op", "layer:3", {"layers": 2, "method": "uniform"}, "full"):
+    for form in ("op", "dots", "layer:3", {"layers": 2, "method": "uniform"}, "full"):
         doc = plan_to_dict(_plan(recompute=form))
         assert doc["training"]["recompute"] == form
         assert plan_from_dict(doc).training == _plan(recompute=form).training
@@ -64,6 +64,38 @@ def test_torchtitan_op_policy_keeps_the_odd_matmuls_and_sdpa():
     assert "flash_attention" not in names and {"qkv", "attn_proj", "mlp_in"} <= names and "mlp_out" not in names
 
 
+def test_jax_dots_policy_keeps_the_projections_the_rerun_reads_and_reruns_the_rest():
+    """MaxText's minimal (checkpoint_dots_with_no_batch_dims), per Llama layer and TP rank: the input and the
+    attention's output projection (h each, split by SP), q (h), k and v (kv each), the gated MLP's two input
+    halves (2f), split over tp; never the MLP's output projection, which only the layer's output reads. It
+    re-runs the norms, the attention kernel and the activation, none of the projections, and counts the
+    attention's FLOPs again as selective recompute does."""
+    m = _plan().model
+    b, s, tp = 1, 4096, 4
+    h, kv, f = m.hidden, wl.kv_width(m), m.ffn_hidden
+    kept = rcp.dots_kept_bytes(m, b=b, s=s, tp=tp, sequence_parallel=True)
+    assert kept == pytest.approx(2 * s * ((h + h) / tp + (h + 2 * kv + 2 * f) / tp))
+    assert rcp.dots_kept_bytes(m, b=b, s=s, tp=tp) == pytest.approx(2 * s * ((h + h) + (h + 2 * kv + 2 * f) / tp))
+    ops = wl.layer_forward_ops(m, b=b, s=s, tp=tp, sequence_parallel=True, flash=True)
+    names = {op.name for op in rcp.layer_recompute_ops(ops, m, Recompute.DOTS)}
+    assert {"flash_attention", "layernorm_1", "layernorm_2", "activation", "dropout_add_1"} <= names
+    assert not names & rcp.PROJECTIONS and "dropout_add_2" not in names
+    assert rcp.recompute_flops_per_layer(m, s, s, Recompute.DOTS) == \
+        rcp.recompute_flops_per_layer(m, s, s, Recompute.SELECTIVE) > 0
+    # under SP the re-run norms' outputs are all-gathered again for the weight gradients; replicated, nothing
+    assert rcp.tp_reruns(Recompute.DOTS, True) == {"all_gather": 2} and rcp.tp_reruns(Recompute.DOTS, False) == {}
+
+
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+def test_dots_costs_time_for_the_memory_it_saves_on_both_engines(engine):
+    """Between none and full on both engines: slower than keeping everything, faster than re-running
+    whole layers; fewer activation bytes than none, more than full."""
+    plans = [_plan(recompute=rc, tp=4, dp=16, micro_batch=2) for rc in ("none", "dots", "full")]
+    times = [simulate(p, engine).step_time_s for p in plans]
+    acts = [memory_report(p)["max_gpu_bytes"] for p in plans]
+    assert times[0] < times[1] < times[2] and acts[0] > acts[1] > acts[2]
+
+
 def test_megatron_uniform_keeps_group_inputs_and_block_recomputes_n_layers_per_chunk():
     act = rcp.LayerActivations(whole=100.0, kept=100.0, boundary=1.0)
     uniform = _plan(recompute={"layers": 4, "method": "uniform"}).training
@@ -90,6 +122,7 @@ def test_block_recompute_charges_its_layers_in_time_and_hardware_flops():
 CHAINS = (
     ("none", "selective", "full"),
     ("none", "op", "full"),
+    ("none", "dots", "full"),
     ("none", "layer:4", "layer:2", "full"),
     ("none", {"layers": 1, "method": "block"}, {"layers": 2, "method": "block"}, {"layers": 99, "method": "block"}),
 )

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simcore.plan.load import plan_from_dict
-from simcore.plan.maxtext_writer import maxtext_args, mesh
+from simcore.plan.maxtext_writer import REMAT_NOTE, maxtext_args, mesh
+from simcore.plan.spec import Recompute
 from simcore.plan.readers import load_tool_options
 from simcore.plan.writers import export_plan
 from tests.plan.layouts import ALL
@@ -31,7 +32,7 @@ def _tpu(tp=4, dp=32, zero=3, replicate=2, micro_batch=2, **training):
                            "parallel": {"tp": tp, "dp": dp, "zero": zero, "dp_replicate": replicate,
                                         "sequence_parallel": tp > 1},
                            "training": {"global_batch": 256, "micro_batch": micro_batch, "precision": "bf16",
-                                        "recompute": "selective", "flash_attention": True, **training}})
+                                        "recompute": "dots", "flash_attention": True, **training}})
 
 
 def _args(text: str) -> dict[str, str]:
@@ -120,8 +121,10 @@ def _held(plan) -> tuple:
     model = tuple(getattr(m, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab",
                                           "seq_len", "gated_mlp", "activation", "tied_embeddings", "rope_base",
                                           "dropout", "norm", "bias", "position_embedding"))
-    return (model, (par.tp, par.dp, par.zero, par.dp_replicate),
-            tuple(getattr(tr, k) for k in ("global_batch", "micro_batch", "precision", "recompute",
+    # selective is written as MaxText's nearest policy, minimal, which reads back as dots (the launch says so)
+    recompute = Recompute.DOTS if tr.recompute == Recompute.SELECTIVE else tr.recompute
+    return (model, (par.tp, par.dp, par.zero, par.dp_replicate), (recompute,),
+            tuple(getattr(tr, k) for k in ("global_batch", "micro_batch", "precision",
                                            "flash_attention", "optimizer", "offload", "master_weights")))
 
 
@@ -136,6 +139,24 @@ def test_import_of_the_export_gives_back_the_plan(name):
     doc, _ = import_plan(maxtext=export_plan(plan, "maxtext"), cluster=plan.cluster.node.name,
                          nodes=plan.cluster.nodes)
     assert _held(plan_from_dict(doc)) == _held(plan)
+
+
+def test_selective_is_written_as_minimal_and_the_launch_says_what_maxtext_runs():
+    """MaxText has no core-attention-only remat: a selective plan is written as remat_policy=minimal (JAX's
+    checkpoint_dots_with_no_batch_dims) with a comment line, and the import reads minimal as recompute: dots,
+    which keeps fewer bytes than selective and re-runs the attention."""
+    from simcore.engine.predict import simulate
+    from simcore.plan.interop import import_plan
+
+    plan = _tpu(dp=16, replicate=1, recompute="selective")   # one slice of 64 chips (the DCN's figures are gaps)
+    text = export_plan(plan, "maxtext")
+    assert REMAT_NOTE in text.splitlines() and _args(text)["remat_policy"] == "minimal"
+    assert REMAT_NOTE not in export_plan(_tpu(), "maxtext")           # a dots plan is written as it is
+    doc, _ = import_plan(maxtext=text, cluster=plan.cluster.node.name, nodes=plan.cluster.nodes)
+    back = plan_from_dict(doc)
+    assert back.training.recompute == Recompute.DOTS
+    sel, dots = simulate(plan), simulate(back)
+    assert dots.memory_bytes["activations"] < sel.memory_bytes["activations"] and dots.step_time_s > sel.step_time_s
 
 
 def test_base_ymls_auto_axes_fill_the_devices():

@@ -50,7 +50,8 @@ def test_maxtext_fsdp_is_zero3_over_the_chips_and_slices_multiply_it(acc, rows):
     p = _plan(acc, r)
     assert (p.parallel.tp, p.parallel.pp, p.parallel.dp, int(p.parallel.zero)) == (4, 1, 16, 3)
     assert p.cluster.gpus == 64 and p.cluster.node.name == "tpu-v5p-host"
-    assert p.training.recompute.value == "selective" and p.training.micro_batch == 8   # remat 'minimal'
+    # remat 'minimal' is JAX's dots policy; one micro-batch a step: per-device batch 8 x tp 4
+    assert p.training.recompute.value == "dots" and p.training.micro_batch == 32 and p.num_microbatches == 1
     assert p.parallel.tp_comm_overlap and p.parallel.sequence_parallel
     r2 = _find(rows, "maxtext_v5e_readme", "16B", 512)                # fsdp 256 x 2 slices over DCN
     p2 = _plan(acc, r2)
@@ -185,7 +186,7 @@ def test_simulate_predicts_a_tpu_plan_with_its_interval(tmp_path):
         "        seq_len: 2048, gated_mlp: false, tied_embeddings: true, kv_channels: 256}\n"
         "cluster: {node: tpu-v5p-host, nodes: 16}\n"
         "parallel: {tp: 4, dp: 16, zero: 3, sequence_parallel: true, tp_comm_overlap: true}\n"
-        "training: {global_batch: 512, micro_batch: 8, recompute: selective, flash_attention: true}\n")
+        "training: {global_batch: 512, micro_batch: 32, recompute: dots, flash_attention: true}\n")
     out = _simulate(plan)
     assert out.returncode == 0, out.stderr
     assert "step time" in out.stdout and "interval of the step time" in out.stdout

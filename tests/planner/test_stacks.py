@@ -216,6 +216,8 @@ def test_a_search_on_tpus_for_maxtext_ranks_what_its_export_writes(tmp_path):
     text = export_plan(res.best, "maxtext")
     assert f"ici_tensor_parallelism={res.best.parallel.tp} " in text
     assert any("MaxText cannot run them" in line for line in res.explanations)
+    # MaxText's remat policies: minimal_with_context (none), minimal (JAX's dots), full; no Megatron selective
+    assert set(df.recompute) == {"none", "dots", "full"}
     assert base_plan("llama3-8b", {"node": "tpu-v5p-host", "nodes": 8}, 64).training.precision.value == "bf16"
 
 
