@@ -124,6 +124,7 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
     # the experts' gradients over the expert data-parallel ranks (the executor's group name: dp), if several
     expert_axis = "dp" if nd // par.ep > 1 else None
     dense_l, expert_l = mem.layer_params_per_gpu(plan)
+    replicated = 0.0   # HSDP under int8: the fp32 shards' bytes FSDP2 all-reduces over the replicas
 
     def add(kind: str, dense: float, expert: float) -> None:
         out[axis, kind] += dense
@@ -152,17 +153,20 @@ def _dp_bytes(plan: Plan, pp_rank: int, mine: range) -> Counter:
             add("all_gather", wb * (dense_l * n + flat * d) * (f_ag + b_ag), wb * expert_l * (f_ag + b_ag) * n)
             if int8_scatters(plan):   # FSDP2's int8 reduce-scatter: an all-to-all a block (no experts: the rule)
                 bits = tr.grad_compression.bits
-                out[axis, "all_to_all"] += (i8.call_bytes(dense_l + expert_l, nd, bits) * n
-                                            + (i8.call_bytes(flat, nd, bits) * d if d else 0)) * scatters
+                out[axis, "all_to_all"] += (i8.call_bytes(dense_l + expert_l, par.shard_ranks, bits) * n
+                                            + (i8.call_bytes(flat, par.shard_ranks, bits) * d if d else 0)) * scatters
+                replicated += gb * (dense_l * n + flat * d) * scatters   # HSDP: the fp32 shard all-reduced
             else:
                 add("reduce_scatter", gb * (dense_l * n + flat * d) * scatters, gb * expert_l * scatters * n)
         ag, rs = ec.fsdp_root_bytes(plan, sp)
         f_ag, b_ag, scatters = calls[pp_rank]
         out[axis, "all_gather"] += ag * (f_ag + b_ag)
         if int8_scatters(plan):
-            out[axis, "all_to_all"] += (i8.call_bytes(sp.ends, nd, tr.grad_compression.bits) if sp.ends > 0 else 0) * scatters
+            out[axis, "all_to_all"] += (i8.call_bytes(sp.ends, par.shard_ranks, tr.grad_compression.bits)
+                                        if sp.ends > 0 else 0) * scatters
+            replicated += rs * scatters
         else:
             out[axis, "reduce_scatter"] += rs * scatters
     if par.dp_replicate > 1:   # hybrid sharding: each reduce-scattered shard all-reduced over the replicas
-        out["dp_replicate", "all_reduce"] += out[axis, "reduce_scatter"] / par.shard_ranks
+        out["dp_replicate", "all_reduce"] += (out[axis, "reduce_scatter"] + replicated) / par.shard_ranks
     return out

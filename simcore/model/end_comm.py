@@ -122,9 +122,9 @@ def fsdp_root_s(plan: Plan, dev: cmp.DeviceModel, sp: mem.StageParams) -> tuple[
     mode = "fsdp_zero3" if par.zero >= ZeroStage.WEIGHTS else "fsdp_zero2"
     hsdp = coll.replica_all_reduce_s(plan, dev, rs)   # the replicas' all-reduce of the shard
     measured = dev.measured(f"{mode}_root")   # latency in the measured root cost
-    if int8_scatters(plan):   # FSDP2's int8 reduce-scatter (no replicas: the rule)
-        return (coll.ring_bytes_s if measured else coll.all_gather_s)(ag, net), i8.call_s(sp.ends, net, dev, measured,
-                                                                                 plan.training.grad_compression.bits)
+    if int8_scatters(plan):   # FSDP2's int8 reduce-scatter, then (HSDP) the replicas' all-reduce in fp32
+        return (coll.ring_bytes_s if measured else coll.all_gather_s)(ag, net), i8.call_s(
+            sp.ends, net, dev, measured, plan.training.grad_compression.bits) + hsdp
     if measured:
         return coll.ring_bytes_s(ag, net), coll.ring_bytes_s(rs, net) + hsdp
     return coll.all_gather_s(ag, net), coll.reduce_scatter_s(rs, net) + hsdp

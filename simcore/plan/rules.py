@@ -219,7 +219,7 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
         (not tr.grad_compression.bits or par.zero == ZeroStage.NONE or int8_scatters(plan),
          f"training.grad_compression={tr.grad_compression.value} needs parallel.zero=0, not {int(par.zero)}: it is a DDP communication "
          "hook (executors.int8_hook); int8 and int4, without error feedback, also run as FSDP2's reduce-scatter "
-         "(parallel.zero 2-3, zero_impl fsdp2, ep=1, dp_replicate=1)"),
+         "(parallel.zero 2-3, zero_impl fsdp2, ep=1)"),
         (tr.optimizer not in ONEBIT_OPTIMIZERS or par.zero == ZeroStage.NONE and tr.grad_compression ==
          GradCompression.NONE and par.ep == 1, f"training.optimizer={tr.optimizer.value} needs parallel.zero=0 "
          f"(DeepSpeed: \"{ONEBIT_OPTIMIZERS.get(tr.optimizer)} is not compatible with ZeRO\"), "
@@ -240,18 +240,21 @@ def _training_rules(plan: Plan) -> list[tuple[bool, str]]:
 
 def int8_scatters(plan) -> bool:
     """Whether ``training.grad_compression: int8`` (``int4``) runs as FSDP2's reduce-scatter
-    (``executors.int8_hook`` ``Int8ReduceScatter``): ZeRO-2/3 on FSDP2, one data-parallel group (no
-    experts' own, no replicas); ``int8_ef`` never (its residual would be the unsharded gradient, which
-    ZeRO-2/3 shard away)."""
+    (``executors.int8_hook`` ``Int8ReduceScatter``): ZeRO-2/3 on FSDP2, one data-parallel group of
+    parameters (no experts' own); under hybrid sharding (``dp_replicate``) the quantized reduce-scatter
+    runs over the shard group and FSDP2's own all-reduce over the replicas follows it in the reduce
+    dtype (torch 2.13's ``FSDPModule`` replaces the reduce-scatter and the all-gather only:
+    ``set_custom_reduce_scatter``, no custom all-reduce); ``int8_ef`` never (its residual would be the
+    unsharded gradient, which ZeRO-2/3 shard away)."""
     par = plan.parallel
     return plan.training.grad_compression in (GradCompression.INT8, GradCompression.INT4) and \
-        fsdp2_one_group(par.zero, par.zero_impl, par.ep, par.dp_replicate)
+        fsdp2_one_group(par.zero, par.zero_impl, par.ep)
 
 
-def fsdp2_one_group(zero: ZeroStage, zero_impl: ZeroImpl, ep: int, dp_replicate: int) -> bool:
-    """FSDP2's ZeRO-2/3 over one data-parallel group (no experts' own, no replicas): the layouts whose
+def fsdp2_one_group(zero: ZeroStage, zero_impl: ZeroImpl, ep: int) -> bool:
+    """FSDP2's ZeRO-2/3 over one group of parameters (no experts' own): the layouts whose
     reduce-scatter the quantized one replaces (``int8_scatters``; the search's ``compression.applies``)."""
-    return zero >= ZeroStage.GRADIENTS and zero_impl == ZeroImpl.FSDP2 and ep == 1 and dp_replicate == 1
+    return zero >= ZeroStage.GRADIENTS and zero_impl == ZeroImpl.FSDP2 and ep == 1
 
 
 def fp8_gather_runs(precision: Precision, zero_impl: ZeroImpl, zero: ZeroStage, recipe: Fp8Recipe) -> bool:

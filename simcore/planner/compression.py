@@ -82,7 +82,7 @@ def applies(method: str, base: Plan, lay) -> bool:
     if method in ("bf16", "fp16"):
         return True
     if method in ("int8", "int4"):   # the DDP hook, or FSDP2's reduce-scatter (rules.int8_scatters)
-        return lay.zero == ZeroStage.NONE or fsdp2_one_group(lay.zero, base.parallel.zero_impl, lay.ep, lay.dp_replicate)
+        return lay.zero == ZeroStage.NONE or fsdp2_one_group(lay.zero, base.parallel.zero_impl, lay.ep)
     if method in ("powersgd", "int8_ef"):
         return lay.zero == ZeroStage.NONE
     if method in OPTIMIZERS:

@@ -191,8 +191,10 @@ FOUR_RANK = {
     "dp2xtp2-sp-zero3": make_plan(LLAMA, dp=2, tp=2, sequence_parallel=True, zero=3),
     "dp2xpp2-zero2-interleaved": make_plan(dp=2, pp=2, vpp=2, zero=2, schedule="interleaved-1f1b"),
     "dp4-hsdp2-zero2": make_plan(dp=4, zero=2, dp_replicate=2, gb=8),   # FSDP2 on a (replicate, shard) mesh
+    "dp4-hsdp2-zero3-int8": make_plan(dp=4, zero=3, dp_replicate=2, gb=8, grad_compression="int8"),
 }
-EXACT = {k for k in TWO_RANK if k not in ("dp2-fp16-compression", "dp2-int8", "zero3-int8", "dp2-bf16")} | set(FOUR_RANK)
+EXACT = {k for k in TWO_RANK if k not in ("dp2-fp16-compression", "dp2-int8", "zero3-int8", "dp2-bf16")} | \
+    {k for k in FOUR_RANK if k != "dp4-hsdp2-zero3-int8"}
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +213,7 @@ def test_two_rank_layout_matches_single_process(two_rank, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(FOUR_RANK))
+@pytest.mark.parametrize("name", [k for k in FOUR_RANK if k in EXACT])
 def test_four_rank_layout_matches_single_process(four_rank, name):
     check_against_reference(FOUR_RANK[name], four_rank[name])
 
@@ -245,6 +247,19 @@ def test_int8_reduce_scatter_under_fsdp2_is_close(two_rank):
     assert 0 < whole_update_error(TWO_RANK[name], two_rank[name]) < 5e-2
     units = L + 1
     assert counts(two_rank[name]) == {("all_gather", "dp"): 2 * N_MB_DP2 * units, ("all_to_all", "dp"): N_MB_DP2 * units}
+
+
+@pytest.mark.slow
+def test_int8_reduce_scatter_under_hybrid_sharding_is_close(four_rank):
+    # HSDP (2 replicas of 2 shards): the int8 all-to-all over each shard group, then FSDP2's own fp32
+    # all-reduce of the shard over the replicas (torch 2.13 has no custom all-reduce): the forward exact,
+    # the update within int8's one rounding, as over one group
+    name = "dp4-hsdp2-zero3-int8"
+    assert four_rank[name][0]["losses"][0] == pytest.approx(reference(FOUR_RANK[name])[0][0], rel=1e-6)
+    assert 0 < whole_update_error(FOUR_RANK[name], four_rank[name]) < 5e-2
+    c = counts(four_rank[name])
+    assert c[("all_to_all", "dp_shard")] == c[("all_reduce", "dp_replicate")] > 0
+    assert not any(kind == "reduce_scatter" for kind, _ in c)
 
 
 def test_bf16_autocast_is_close(two_rank):

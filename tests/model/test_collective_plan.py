@@ -260,6 +260,8 @@ FOUR_RANK = {
     "dp2xpp2-zero1": make_plan(dp=2, pp=2, zero=1),
     # hybrid sharding: FSDP2 over 2 shards, the shard all-reduced over 2 replicas (foreach_reduce)
     "dp4-hsdp2-zero3": make_plan(dp=4, zero=3, dp_replicate=2),
+    # int8 under hybrid sharding: the all-to-all over the shard group, FSDP2's fp32 all-reduce over the replicas
+    "dp4-hsdp2-zero3-int8": make_plan(dp=4, zero=3, dp_replicate=2, grad_compression="int8"),
     "dp2xpp2-zero3-gpipe": make_plan(dp=2, pp=2, zero=3, schedule="gpipe"),
     "dp2xpp2-zero3-interleaved": make_plan(dp=2, pp=2, vpp=2, zero=3, schedule="interleaved-1f1b"),
     "dp2xpp2-zero2-zero-bubble": make_plan(dp=2, pp=2, zero=2, schedule="zero-bubble"),

@@ -72,6 +72,9 @@ LAYOUTS = {
     "dp4-int4-big": ({"dp": 4}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048}, {"grad_compression": "int4"}),
     "zero3-dp4-int4-big": ({"dp": 4, "zero": 3}, {"hidden": 512, "layers": 8, "ffn_hidden": 2048},
                            {"grad_compression": "int4"}),
+    # under hybrid sharding: the all-to-all over the shard group, the fp32 shard all-reduced over the replicas
+    "hsdp2-zero3-dp4-int8": ({"dp": 4, "zero": 3, "dp_replicate": 2}, {}, {"grad_compression": "int8"}),
+    "hsdp2-zero2-dp4-int4": ({"dp": 4, "zero": 2, "dp_replicate": 2}, {}, {"grad_compression": "int4"}),
 }
 
 
