@@ -44,13 +44,24 @@ def test_int8_and_int4_run_as_fsdp2_reduce_scatter(zero, method, bits):
     ({"zero": 1}, "needs parallel.zero=0, not 1"),
     ({"compression": "int8_ef"}, "grad_compression=int8_ef needs parallel.zero=0, not 3"),
     ({"zero_impl": "deepspeed"}, "zero_impl fsdp2"),
-    ({"dp_replicate": 2}, "dp_replicate=1"),
 ])
 def test_where_the_int8_reduce_scatter_does_not_run_is_one_sentence(fields, why):
     fields = dict(fields)
     compression, zero = fields.pop("compression", "int8"), fields.pop("zero", 3)
     with pytest.raises(PlanError, match=why):
         _plan(compression, zero=zero, **fields)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_under_hybrid_sharding_the_shard_group_scatters_quantized_and_the_replicas_all_reduce_fp32(method):
+    """dp_replicate 2: the quantized all-to-all over the shard group (half the ranks), and FSDP2's own
+    all-reduce of each fp32 shard over the replicas, the bytes it moves without compression."""
+    hsdp, plain = _plan(method, dp_replicate=2), _plan("none", dp_replicate=2)
+    wire, fp32 = ledger.step_bytes(hsdp), ledger.step_bytes(plain)
+    axis = ledger.grad_axis(hsdp)
+    assert wire["dp_replicate", "all_reduce"] == fp32["dp_replicate", "all_reduce"] > 0
+    assert wire[axis, "reduce_scatter"] == 0 and 0 < wire[axis, "all_to_all"] < fp32[axis, "reduce_scatter"]
+    assert simulate(hsdp).step_time_s != simulate(_plan(method)).step_time_s
 
 
 def test_experts_groups_are_refused():
@@ -76,15 +87,17 @@ def test_a_call_moves_a_quarter_of_fp32_and_pays_its_kernels(world, numel):
 
 @settings(max_examples=10, deadline=None)
 @given(zero=st.sampled_from([2, 3]), nodes=st.sampled_from([1, 2, 4]), engine=st.sampled_from(["analytic", "des"]),
-       method=st.sampled_from(["int8", "int4"]))
-def test_it_cannot_win_for_nothing(zero, nodes, engine, method):
-    """With every collective free, the quantized layout is never faster than fp32's: it saves only wire time."""
-    t = simulate(_plan(method, zero=zero, nodes=nodes), engine=engine).step_time_s
+       method=st.sampled_from(["int8", "int4"]), replicas=st.sampled_from([1, 2]))
+def test_it_cannot_win_for_nothing(zero, nodes, engine, method, replicas):
+    """With every collective free, the quantized layout is never faster than fp32's: it saves only wire time
+    (under hybrid sharding too, where the replicas' all-reduce stays fp32)."""
+    t = simulate(_plan(method, zero=zero, nodes=nodes, dp_replicate=replicas), engine=engine).step_time_s
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("all_gather_s", "reduce_scatter_s", "all_to_all_s", "all_reduce_s", "ring_bytes_s"):
+        for name in ("all_gather_s", "reduce_scatter_s", "all_to_all_s", "all_reduce_s", "ring_bytes_s",
+                     "replica_all_reduce_s"):
             mp.setattr(coll, name, lambda *a, **k: 0.0)
-        free_none = simulate(_plan("none", zero=zero, nodes=nodes), engine=engine).step_time_s
-        free_q = simulate(_plan(method, zero=zero, nodes=nodes), engine=engine).step_time_s
+        free_none = simulate(_plan("none", zero=zero, nodes=nodes, dp_replicate=replicas), engine=engine).step_time_s
+        free_q = simulate(_plan(method, zero=zero, nodes=nodes, dp_replicate=replicas), engine=engine).step_time_s
     assert free_q > free_none and t >= free_none
 
 
