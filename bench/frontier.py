@@ -3,8 +3,11 @@
     .venv/bin/python bench/frontier.py [--validation DIR] [--min-gpus 256] [--jobs N] [--quiet]
 
 Every published run of ``--min-gpus`` GPUs or more in ../shared/validation whose layout is
-stated (dev_runs, vtrain_runs, dev_modern) becomes its Plan by validate_published's rules
+stated (dev_runs, vtrain_runs, dev_modern; and the rows of dev_accelerators that
+validate_published predicts: TPU, Trainium) becomes its Plan by validate_published's rules
 (one rule per source; blanks filled by the fastest choice that fits, as the authors tuned).
+A chip with its own stack is searched for it, as ``trainplan plan`` does (a TPU for MaxText:
+``stacks.hardware_stack``), and its published layout is looked for in that stack's space.
 Runs of the same model, GPUs, batch, sequence and precision form one question, which the
 search answers once, with the same stack switches (TP overlap, overlapped parameter gather,
 the MoE dispatcher, the gradient dtype, the allocator's setting, the attention kernel) and
@@ -43,6 +46,7 @@ from simcore.plan.load import plan_from_dict  # noqa: E402
 from simcore.plan.spec import Plan  # noqa: E402
 from simcore.planner.search import search  # noqa: E402
 from simcore.planner.space import SWITCHES, base_plan, derive_space, families  # noqa: E402
+from simcore.planner.stacks import exporter_check, hardware_stack, stack_space  # noqa: E402
 from simcore.results import GIB  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402
 
@@ -66,6 +70,13 @@ def published_rows(validation: Path, min_gpus: int) -> pd.DataFrame:
             measured = modern.measured_step_s(row) if modern_file else vp.measured_step_s(row)
             out.append({"file": name, "row": i, "source": row.source, "model": row.model, "gpus": int(row.num_gpus),
                         "doc": doc, "measured_s": measured})
+    accel = validation / vp.ACCEL
+    for i, row in (pd.read_csv(accel).iterrows() if accel.exists() else ()):
+        if int(row.num_chips) < min_gpus or vp.acc.refusal(row, catalog):
+            continue
+        _, doc, _ = vp.predict_row(row, catalog)
+        out.append({"file": vp.ACCEL, "row": i, "source": row.source, "model": row.model, "gpus": int(row.num_chips),
+                    "doc": doc, "measured_s": vp.acc.measured_step_s(row)})
     return pd.DataFrame(out)
 
 
@@ -89,8 +100,12 @@ def _same_layout(searched: Plan, published: Plan) -> bool:
 
 
 def in_space(base: Plan, published: Plan) -> tuple[bool, str]:
-    """Whether the search proposes ``published`` (and, if not, what is missing)."""
-    space = derive_space(base)
+    """Whether the search proposes ``published`` (and, if not, what is missing): in the space of the
+    stack a search on its chip ranks for (``stacks.hardware_stack``; every layout where none)."""
+    stack, _ = hardware_stack(base, None)
+    space = stack_space(derive_space(base), stack)
+    if stack and (why := exporter_check(stack)(published)):   # the search keeps only what the stack runs
+        return False, why
     tr = published.training
     if tr.recompute not in space.recompute or tr.offload not in space.offload:
         return False, f"recompute {tr.recompute.value} / offload {tr.offload.value} not searched"

@@ -111,14 +111,17 @@ group_net.cache_clear = _NETS.clear   # as functools' caches answer (tests clear
 
 def unpriced_group(plan: Plan, dev: DeviceModel) -> str:
     """'' where the catalog prices every communication group of the plan's layout (the groups the
-    step model routes: TP, CP, the data-parallel shard and its replicas, EP, a pipeline hop), else
-    the refusal of the first it cannot (``_group_net``: a fabric gap), naming the group: the
-    layout search counts such a layout under that rule, as one that breaks a rule."""
+    step model routes: TP, CP, the data-parallel shard and its replicas, EP, a pipeline hop, the
+    tied embedding's first and last stage: ``end_comm.tied_s``), else the refusal of the first it
+    cannot (``_group_net``: a fabric gap), naming the group: the layout search counts such a layout
+    under that rule, as one that breaks a rule."""
     par = plan.parallel
+    tied = plan.model.tied_embeddings and par.pp > 1 and not par.v_shape
     groups = (("tensor", par.tp, 1), ("context", par.cp, par.tp), ("data-parallel", par.shard_ranks, par.tp),
               ("replica", par.dp_replicate, par.tp * par.shard_ranks),
               ("expert", par.ep, par.etp if par.etp < par.tp else par.tp * par.cp),
-              ("pipeline", 2 if par.pp > 1 else 1, par.tp * par.cp * par.dp))
+              ("pipeline", 2 if par.pp > 1 else 1, par.tp * par.cp * par.dp),
+              ("tied embedding", 2 if tied else 1, (par.pp - 1) * par.tp * par.cp * par.dp))
     for name, ranks, stride in groups:
         if ranks > 1:
             try:

@@ -81,6 +81,18 @@ def test_a_layout_whose_group_the_catalog_cannot_route_breaks_a_rule_not_the_sea
     assert any(s.startswith("tpu-v6e at 64 nodes: MaxText runs no layout") for s in res.left_out)
 
 
+def test_a_tied_embedding_across_slices_breaks_a_rule_not_the_search():
+    """Four stages over two slices, each hop inside one but the first and the last stage in different
+    ones: the tied embedding's all-reduce (end_comm.tied_s) crosses the DCN, a gap; found by
+    bench/frontier.py, whose TPU search stopped on it with a traceback."""
+    doc = {"model": {"name": "llama3-8b", "tied_embeddings": True}, "cluster": {"node": "tpu-v6e-host", "nodes": 64},
+           "parallel": {"tp": 1, "pp": 4, "dp": 128, "zero": 1}, "training": {"global_batch": 512}}
+    plan = plan_from_dict(doc)
+    assert unpriced_group(plan, plan_device(plan)).startswith("the tied embedding group: cluster.fabric=gcp-dcn-100")
+    untied = plan_from_dict({**doc, "model": {"name": "llama3-8b"}})
+    assert unpriced_group(untied, plan_device(untied)) == ""
+
+
 def test_a_tpu_is_ranked_for_its_own_stack_and_refuses_a_gpu_stack():
     from simcore.planner.search import search
 
