@@ -7,7 +7,9 @@ stated (dev_runs, vtrain_runs, dev_modern; and the rows of dev_accelerators that
 validate_published predicts: TPU, Trainium) becomes its Plan by validate_published's rules
 (one rule per source; blanks filled by the fastest choice that fits, as the authors tuned).
 A chip with its own stack is searched for it, as ``trainplan plan`` does (a TPU for MaxText:
-``stacks.hardware_stack``), and its published layout is looked for in that stack's space.
+``stacks.hardware_stack``), a run whose source names a stack trainplan exports for that stack
+(NeuronX Distributed's Trainium rows: ``--stack nxd``), and its published layout is looked for in
+that stack's space.
 Runs of the same model, GPUs, batch, sequence and precision form one question, which the
 search answers once, with the same stack switches (TP overlap, overlapped parameter gather,
 the MoE dispatcher, the gradient dtype, the allocator's setting, the attention kernel) and
@@ -69,22 +71,22 @@ def published_rows(validation: Path, min_gpus: int) -> pd.DataFrame:
             _, doc, _ = vp.predict_row(row, catalog, modern_file)
             measured = modern.measured_step_s(row) if modern_file else vp.measured_step_s(row)
             out.append({"file": name, "row": i, "source": row.source, "model": row.model, "gpus": int(row.num_gpus),
-                        "doc": doc, "measured_s": measured})
+                        "doc": doc, "measured_s": measured, "stack": None})
     accel = validation / vp.ACCEL
     for i, row in (pd.read_csv(accel).iterrows() if accel.exists() else ()):
         if int(row.num_chips) < min_gpus or vp.acc.refusal(row, catalog):
             continue
         _, doc, _ = vp.predict_row(row, catalog)
         out.append({"file": vp.ACCEL, "row": i, "source": row.source, "model": row.model, "gpus": int(row.num_chips),
-                    "doc": doc, "measured_s": vp.acc.measured_step_s(row)})
+                    "doc": doc, "measured_s": vp.acc.measured_step_s(row), "stack": "nxd" if vp.acc.nxd_row(row) else None})
     return pd.DataFrame(out)
 
 
-def question_key(doc: dict) -> str:
+def question_key(doc: dict, stack: str | None = None) -> str:
     """What the search is asked: the model, cluster, batch and the stack (not the layout)."""
     training = {k: v for k, v in doc["training"].items() if k not in LAYOUT_TRAINING}
     switches = {k: v for k, v in doc["parallel"].items() if k in SWITCHES}
-    return json.dumps([doc["model"], doc["cluster"], training, switches], sort_keys=True, default=str)
+    return json.dumps([doc["model"], doc["cluster"], training, switches, stack], sort_keys=True, default=str)
 
 
 def _same_layout(searched: Plan, published: Plan) -> bool:
@@ -92,18 +94,19 @@ def _same_layout(searched: Plan, published: Plan) -> bool:
     without it: the search turns it on with every tp > 1, as it moves the same bytes as TP's
     all-reduces and divides the activations by tp (Korthikanti et al. 2022, Sec. 4.2.2)."""
     pa, pb = searched.parallel, published.parallel
-    fields = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "schedule", "etp", "zero_impl")
+    fields = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "schedule", "etp", "zero_impl", "kv_replicator")
     sp = pa.sequence_parallel == pb.sequence_parallel or (pa.sequence_parallel and pb.tp > 1)
     return (sp and all(getattr(pa, f) == getattr(pb, f) for f in fields)
             and searched.layers_per_stage == published.layers_per_stage
             and searched.training.micro_batch == published.training.micro_batch)
 
 
-def in_space(base: Plan, published: Plan) -> tuple[bool, str]:
-    """Whether the search proposes ``published`` (and, if not, what is missing): in the space of the
-    stack a search on its chip ranks for (``stacks.hardware_stack``; every layout where none)."""
-    stack, _ = hardware_stack(base, None)
-    space = stack_space(derive_space(base), stack)
+def in_space(base: Plan, published: Plan, stack: str | None = None) -> tuple[bool, str]:
+    """Whether the search proposes ``published`` (and, if not, what is missing): in the space of
+    ``stack``, or of the stack a search on its chip ranks for (``stacks.hardware_stack``; every layout
+    where none)."""
+    stack, _ = hardware_stack(base, stack)
+    space = stack_space(derive_space(base), stack, base)
     if stack and (why := exporter_check(stack)(published)):   # the search keeps only what the stack runs
         return False, why
     tr = published.training
@@ -125,8 +128,9 @@ def answer(args: tuple[str, list[dict]]) -> list[dict]:
     training = {k: v for k, v in doc["training"].items() if k not in LAYOUT_TRAINING and k != "global_batch"}
     switches = {k: v for k, v in doc["parallel"].items() if k in SWITCHES}
     gb = doc["training"]["global_batch"]
+    stack = runs[0]["stack"]
     result = search(doc["model"], doc["cluster"], gb, training=training, parallel=switches, top_k=0,
-                    progress=False, explain=0)
+                    progress=False, explain=0, stack=stack)
     best = result.table.iloc[0]
     base = base_plan(doc["model"], doc["cluster"], gb, training, switches)
     fastest = min(r["measured_s"] for r in runs)
@@ -134,7 +138,7 @@ def answer(args: tuple[str, list[dict]]) -> list[dict]:
     for r in runs:
         published = plan_from_dict(r["doc"])
         res = simulate(published)
-        found, why = in_space(base, published)
+        found, why = in_space(base, published, stack)
         hbm = published.cluster.node.gpu.hbm_bytes / GIB
         out.append({"question": key, "source": r["source"], "model": r["model"], "gpus": r["gpus"], "row": r["row"],
                     "published": _short(published), "in_space": found, "why": why,
@@ -180,7 +184,8 @@ def main(argv=None) -> int:
     rows = published_rows(args.validation, args.min_gpus)
     questions: dict[str, list[dict]] = {}
     for r in rows.to_dict("records"):
-        questions.setdefault(question_key(r["doc"]), []).append(r)
+        r["stack"] = r["stack"] if isinstance(r["stack"], str) else None   # a DataFrame reads None back as NaN
+        questions.setdefault(question_key(r["doc"], r["stack"]), []).append(r)
     items = list(questions.items())
     print(f"{len(rows)} published runs of {args.min_gpus}+ GPUs with a stated layout, {len(items)} questions",
           file=sys.stderr)
@@ -211,6 +216,7 @@ def report(out: pd.DataFrame, quiet: bool) -> None:
     slower = out[out.best_over_predicted > 1 + 1e-9]
     per_q = out.groupby("question").best_over_measured.first()   # one answer a question
     far = per_q[per_q > TARGET_RATIO]
+    first = out.groupby("question").first()
     print(f"\npublished layouts in the search space: {len(out) - len(missing)}/{len(out)} (target: all)")
     for r in missing.itertuples():
         print(f"  not in the space: {r.source} {r.model} {r.gpus} GPUs {r.published}: {r.why}")
@@ -223,8 +229,10 @@ def report(out: pd.DataFrame, quiet: bool) -> None:
               f"{r.published} {r.predicted_s:.3f} s")
     print(f"questions whose best is at most {TARGET_RATIO}x the fastest published measurement: "
           f"{len(per_q) - len(far)}/{len(per_q)}; worst {per_q.max():.3f}x")
-    for (src, model, gpus, best), ratio in far.items():
-        print(f"  {ratio:.3f}x: {src} {model} {gpus} GPUs, best {best}")
+    for question, ratio in far.items():
+        q = first.loc[question]
+        print(f"  {ratio:.3f}x: {q.source} {q.model} {q.gpus} GPUs, best {q.best} {q.best_s:.3f} s against the fastest "
+              f"measured {q.fastest_measured_s:.3f} s")
 
 
 if __name__ == "__main__":

@@ -314,10 +314,18 @@ def base_doc(row: pd.Series) -> dict:
 
 def choices(row: pd.Series, doc: dict) -> list[dict]:
     """Neuron rows that leave recompute blank: the fastest fitting of none / selective / full
-    (as the authors tuned the run); every other row: its one Plan."""
+    (as the authors tuned the run), of selective / full where the row's framework is NeuronX
+    Distributed (``nxd_row``: its Llama examples checkpoint the selected modules or every layer,
+    ``simcore.plan.nxd_writer``); every other row: its one Plan."""
     if row.source == NEURON and _num(row.recompute) is None:
-        return [{**doc, "training": {**doc["training"], "recompute": rc}} for rc in ("none", "selective", "full")]
+        policies = ("selective", "full") if nxd_row(row) else ("none", "selective", "full")
+        return [{**doc, "training": {**doc["training"], "recompute": rc}} for rc in policies]
     return [doc]
+
+
+def nxd_row(row: pd.Series) -> bool:
+    """A Neuron row run with NeuronX Distributed, as its notes say ("framework=NeuronX Distributed")."""
+    return row.source == NEURON and "framework=NeuronX Distributed" in str(row.notes)
 
 
 def family(row) -> str:

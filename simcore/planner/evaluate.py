@@ -325,7 +325,7 @@ def _row(lay: Layout, res, fit: str, name: str = "") -> dict:
             "activation_offload": lay.activation_offload, "autocast": lay.autocast, "split": lay.split,
             "expert_tp": lay.expert_tp, "recompute_layers": lay.recompute_layers, "precision": lay.precision,
             "dp_replicate": lay.dp_replicate, "fp8_recipe": lay.fp8_recipe, "compression": lay.compression,
-            "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
+            "kv_replicator": lay.kv_replicator, "gpus": lay.tp * lay.pp * lay.dp * lay.cp,
             "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
             "compute_s": res.compute_s, "exposed_comm_s": res.exposed_comm_s, "bubble_s": res.bubble_s,
             "offload_s": res.offload_s, "memory_per_gpu_gib": res.memory_per_gpu_gib, "fits": res.fits, "fit": fit}
@@ -371,4 +371,4 @@ def _evaluate_chunk(args) -> tuple[list[dict], Tally]:
 def _without_micro_batch(fam: Layout) -> tuple:
     return (fam.tp, fam.pp, fam.dp, fam.cp, fam.ep, fam.expert_tp, fam.vpp, fam.zero, fam.schedule, fam.split,
             fam.sequence_parallel, fam.autocast, fam.recompute, fam.offload, fam.activation_offload, fam.precision,
-            fam.dp_replicate, fam.compression)
+            fam.dp_replicate, fam.compression, fam.kv_replicator)

@@ -144,7 +144,8 @@ def _layout_of(row) -> Layout:
                   split=str(row.get("split", "even")), expert_tp=int(row.get("expert_tp", 0)),
                   recompute_layers=int(row.get("recompute_layers", 0)), precision=str(row.get("precision", "")),
                   fp8_recipe=str(row.get("fp8_recipe", "")), dp_replicate=int(row.get("dp_replicate", 1)),
-                  compression=c if isinstance(c := row.get("compression", ""), str) else "")
+                  compression=c if isinstance(c := row.get("compression", ""), str) else "",
+                  kv_replicator=int(row.get("kv_replicator", 1)))
 
 
 #: The most layouts the event engine re-simulates in one search: each takes it up to a few
@@ -266,7 +267,7 @@ def search(model, cluster_doc, global_batch: int, *, objective: str = "time", to
     from simcore.planner.stacks import hardware_stack, stack_base, stack_space
 
     stack, chosen = hardware_stack(base, stack)
-    space, base = stack_space(space, stack), stack_base(base, stack)
+    space, base = stack_space(space, stack, base), stack_base(base, stack)
     fams = [f for g in _gpu_counts(base, allow_fewer_gpus) for f in families(base, space, g)]
     tally, rows = _bounded(base, fams, space, jobs, progress, objective, min_headroom_gib, stack, refuses)
     if not rows:

@@ -79,8 +79,7 @@ class SearchSpace:
     splits: tuple[str, ...] = DEFAULT_SPLITS
     """The layer splits over pipeline stages (``SPLITS``), each where it gives another split."""
     precision: tuple[str, ...] = ()
-    """Training precisions to search (``training.precision`` values; empty: the base plan's alone);
-    each where the GPU has a peak for it (``precisions_of``)."""
+    """Training precisions to search (empty: the base plan's alone), each where the GPU has a peak (``precisions_of``)."""
     fp8_recipe: str = ""
     """The FP8 scaling of the layouts the search trains in fp8 where the base plan is not fp8 (its
     own recipe else; a stack's, ``stacks.STACK_FP8_RECIPE``)."""
@@ -97,6 +96,7 @@ class SearchSpace:
     with hybrid sharding, the shard group one domain (``parallel.dp_replicate``: FSDP2's 2-D mesh,
     Megatron's optimizer instances); off by default, as the stacks' recipes leave it."""
     compression: tuple[str, ...] = ("none",)   # methods to try (compression.METHODS), each where a layout can
+    kv_replicate: int = 0   # TP ranks a chip where KV heads are copied to fill them (NxD; stacks.kv_replicated_tp)
     ddp_autocast: bool = False
     """A stack that runs its bf16 DDP and one-device layouts (no TP, PP, CP or EP) under
     torch.autocast over fp32 parameters (torchtitan: ``mixed_precision_param``): those layouts
@@ -121,10 +121,8 @@ class Layout:
     sequence_parallel: bool = False
     activation_offload: int = 0
     autocast: bool = False
-    split: str = "even"
-    """How the layers spread over the pipeline stages (``SPLITS``)."""
-    expert_tp: int = 0
-    """The experts' tensor parallel (``parallel.expert_tp``; 0: tp): 1 folds the expert group over TP ranks."""
+    split: str = "even"   # how the layers spread over the pipeline stages (SPLITS)
+    expert_tp: int = 0   # the experts' tensor parallel (parallel.expert_tp; 0: tp): 1 folds the group over TP
     recompute_layers: int = 0
     """With full recompute: 0 every layer; N the first N layers of each chunk (Megatron-LM's
     ``--recompute-method block --recompute-num-layers N``), the rest keep their activations."""
@@ -132,9 +130,9 @@ class Layout:
     """The training precision where it is not the base plan's (``SearchSpace.precision``)."""
     fp8_recipe: str = ""
     """With ``precision`` fp8: its scaling where it is not the base plan's (``SearchSpace.fp8_recipe``)."""
-    dp_replicate: int = 1
-    """Hybrid sharding's replicas (``parallel.dp_replicate``; ``SearchSpace.hybrid``)."""
+    dp_replicate: int = 1   # hybrid sharding's replicas (parallel.dp_replicate; SearchSpace.hybrid)
     compression: str = ""   # a communication compression method (compression.METHODS; '' none)
+    kv_replicator: int = 1   # copies of each KV head over the TP ranks (parallel.kv_replicator)
 
     def apply(self, base: Plan, explicit_stages: bool = False) -> Plan:
         """The Plan of this layout. ``explicit_stages`` writes the default even split into
@@ -152,7 +150,7 @@ class Layout:
                       vpp=self.vpp, zero=self.zero, schedule=self.schedule, stage_layers=stages,
                       sequence_parallel=self.sequence_parallel, zero_impl=impl, tp_comm_overlap=tp_overlap,
                       overlap_param_gather=param_gather, expert_tp=self.expert_tp, dp_replicate=self.dp_replicate,
-                      **squeeze)
+                      kv_replicator=self.kv_replicator, **squeeze)
         if self.recompute_layers:
             block.update(recompute_layers=self.recompute_layers, recompute_method=RecomputeMethod.BLOCK)
         if self.precision:
@@ -178,6 +176,7 @@ class Layout:
                 + ("-amp" if self.autocast else "") + (f"-split:{self.split}" if self.split != "even" else "")
                 + (f"-etp{self.expert_tp}" if self.expert_tp else "") + (f"-{self.precision}" if self.precision else "")
                 + (f"-hsdp{self.dp_replicate}" if self.dp_replicate > 1 else "")
+                + (f"-kvr{self.kv_replicator}" if self.kv_replicator > 1 else "")
                 + (f"-{self.compression}" if self.compression else ""))
 
 
@@ -305,7 +304,8 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
         # that crosses the NICs once a micro-batch (p2p) or overlaps (the ring), not a layer's collectives
         if gpus % (tp * pp * cp) or tp > domain and (pp > 1 or cp > 1):
             continue
-        dp = gpus // (tp * pp * cp)
+        dp, u = gpus // (tp * pp * cp), tp * space.kv_replicate   # u: TP ranks where KV heads are copied
+        kvr = u // math.gcd(u, m.kv_heads) if u else 1               # stacks.kv_copies
         eps = [(e, 0) for e in space.ep if (dp * cp) % e == 0]
         # MoE parallel folding: an expert group across TP ranks, the experts unsplit (expert_tp 1;
         # Liu et al. 2025, arXiv 2504.14960; Megatron-Core --expert-tensor-parallel-size 1)
@@ -321,7 +321,8 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
                                                                   cp, ep)
                 lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, schedule=sched,
                              micro_batch=mb, sequence_parallel=sp, autocast=amp, split=split, expert_tp=etp,
-                             precision=prec, fp8_recipe=space.fp8_recipe if prec == "fp8" else "")
+                             precision=prec, fp8_recipe=space.fp8_recipe if prec == "fp8" else "",
+                             kv_replicator=kvr)
                 lays = [lay] + ([evolve(lay, dp_replicate=r)] if True in space.hybrid and
                                 (r := hybrid_replicas(base, lay)) > 1 else [])
                 out += [evolve(x, compression="" if c == "none" else c) for x in lays for c in space.compression

@@ -7,6 +7,7 @@ is the reason the layout leaves the ranking. ``trainplan`` adds its own executor
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from typing import Callable
@@ -52,9 +53,17 @@ WHOLE_RECOMPUTE_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "maxtext"
 #: DeepSpeed or Megatron-DeepSpeed, trainplan's executor. Megatron-LM's is TE's (the catalog's own).
 FA2_STACKS = ("torchtitan", "torchtitan-0.2", "deepspeed", "executor")
 #: The recompute policies a stack's launch writes where they are not Megatron's none / selective /
-#: full: MaxText's remat policies minimal_with_context, minimal (JAX's dots saved) and full
-#: (``maxtext_writer.REMAT``), lightest first as ``space.RECOMPUTE_ORDER``.
-STACK_RECOMPUTE = {"maxtext": (Recompute.NONE, Recompute.DOTS, Recompute.FULL)}
+#: full, lightest first as ``space.RECOMPUTE_ORDER``: MaxText's remat policies minimal_with_context,
+#: minimal (JAX's dots saved) and full (``maxtext_writer.REMAT``); NeuronX Distributed's examples
+#: checkpoint the selected modules or every layer, never nothing (``nxd_writer``): a search that tried
+#: none first would keep it where it fits and lose the selective twin the launch runs.
+STACK_RECOMPUTE = {"maxtext": (Recompute.NONE, Recompute.DOTS, Recompute.FULL),
+                   "nxd": (Recompute.SELECTIVE, Recompute.FULL)}
+#: The stacks that copy key/value heads over a TP group wider than them (NeuronX Distributed's
+#: ``--kv_replicator``, ``parallel.kv_replicator``), with their TP ranks a chip (NxD's TP counts
+#: NeuronCores, two a Trainium chip: ``nxd_writer.CORES_PER_CHIP``): their searches copy the heads
+#: until each rank holds whole ones, and take TP degrees past the heads.
+KV_REPLICATING_STACKS = {"nxd": 2}
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
           "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor", "maxtext": "MaxText",
@@ -111,9 +120,10 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
     return base
 
 
-def stack_space(space, stack: str | None):
+def stack_space(space, stack: str | None, base: Plan | None = None):
     """The search space (``space.SearchSpace``) as ``stack`` runs it: torchtitan's DDP under
-    autocast, its float8 recipe and layer split; no block recompute where the stack has none."""
+    autocast, its float8 recipe and layer split; no block recompute where the stack has none;
+    NeuronX Distributed's copies of the key/value heads where tp outgrows them (given ``base``)."""
     if stack in DDP_AUTOCAST_STACKS:
         space = replace(space, ddp_autocast=True)
     if stack in WHOLE_RECOMPUTE_STACKS:
@@ -124,7 +134,31 @@ def stack_space(space, stack: str | None):
         space = replace(space, splits=STACK_SPLITS[stack])
     if stack in STACK_RECOMPUTE:
         space = replace(space, recompute=STACK_RECOMPUTE[stack])
+    if stack in KV_REPLICATING_STACKS and base is not None:
+        space = kv_replicated_tp(base, space, KV_REPLICATING_STACKS[stack])
     return space
+
+
+def kv_copies(ranks: int, kv_heads: int) -> int:
+    """The fewest copies of each key/value head that give each of ``ranks`` TP ranks whole heads (what
+    ``space.families`` gives a layout where ``SearchSpace.kv_replicate`` is set)."""
+    return ranks // math.gcd(ranks, kv_heads)
+
+
+def kv_replicated_tp(base: Plan, space, ranks: int):
+    """``space`` with the key/value heads copied until each TP rank holds whole ones
+    (``SearchSpace.kv_replicate``: ``ranks`` TP ranks a chip): tp also each divisor of the query heads
+    and the FFN width up to two NVLink domains (a Trainium instance's NeuronLink torus), where the
+    query heads a rank's copies serve divide evenly (``rules._kv_head_rules``)."""
+    from simcore.planner.space import _divisors as divisors
+
+    m = base.model
+    if m.mla or not m.kv_heads:
+        return space
+    limit = min(2 * base.cluster.nvlink_domain, base.cluster.gpus)   # as space.derive_space bounds tp
+    wider = [d for d in divisors(math.gcd(m.heads, m.ffn_hidden)) if d <= limit
+             and m.heads % (m.kv_heads * kv_copies(ranks * d, m.kv_heads)) == 0]
+    return replace(space, kv_replicate=ranks, tp=tuple(sorted(set(space.tp) | set(wider))))
 
 
 def checked_stack(value, where: str) -> str | None:

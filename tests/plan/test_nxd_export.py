@@ -34,8 +34,9 @@ PLANS = {
     "tp2-pp2-cp2-ring": _plan({"tp": 2, "pp": 2, "cp": 2, "dp": 4, "cp_comm": "p2p"}, {"recompute": "full"}),
     "tp4-pp4-dp2-interleaved": _plan({"tp": 4, "pp": 4, "dp": 2, "vpp": 2, "schedule": "interleaved-1f1b"},
                                      {"recompute": "full", "micro_batch": 2}),
-    "llama3-70b-tp8-pp8-dp4": _plan({"tp": 8, "pp": 8, "dp": 4, "zero": 1, "sequence_parallel": True}, {"flash_attention": True},
-                                    model="llama3-70b", nodes=16),
+    # 8 chips, 16 NeuronCores over Llama 3 70B's 8 KV heads: each copied twice (NxD's own --kv_replicator)
+    "llama3-70b-tp8-pp8-dp4": _plan({"tp": 8, "pp": 8, "dp": 4, "zero": 1, "sequence_parallel": True, "kv_replicator": 2},
+                                    {"flash_attention": True}, model="llama3-70b", nodes=16),
 }
 
 
@@ -83,6 +84,9 @@ def test_every_export_parses_with_the_scripts_options_and_counts_neuroncores(nam
      r"^training.recompute=full \(block, 2 layers\) has no NeuronX Distributed option"),
     ({"tp": 4, "pp": 2, "dp": 4}, {}, "mixtral-8x7b", r"^model=mixtral-8x7b has no NeuronX Distributed option: "
                                                       r"its examples build Llama"),
+    # 8 chips hold 8 KV heads, one a chip, but NxD's 16 NeuronCores need whole heads each (modeling_llama_nxd.py)
+    ({"tp": 8, "pp": 2, "dp": 2}, {}, "llama3-8b", r"^parallel.kv_replicator=1 has no NeuronX Distributed option: "
+                                                   r"each of the 16 NeuronCores .* \(2\)$"),
 ])
 def test_what_the_example_cannot_run_is_one_sentence(parallel, training, model, match):
     with pytest.raises(ValueError, match=match):

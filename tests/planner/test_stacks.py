@@ -3,6 +3,7 @@ refuses leave the ranking, each kind of refusal counted in one sentence."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -184,7 +185,6 @@ def test_the_stacks_that_run_expandable_segments_are_charged_its_margin_and_thei
     """torchtitan's run_train.sh and Megatron-Bridge's launcher run PyTorch's allocator with
     expandable segments: a search for them charges no caching margin, and the exported launch sets
     the allocator so the run reserves what was predicted; a Plan that says otherwise keeps its own."""
-    from dataclasses import replace
 
     from simcore.model.peak import EXPANDABLE_SEGMENTS_MARGIN
     from simcore.planner.stacks import stack_base
@@ -238,3 +238,20 @@ def test_an_ascend_search_ranks_for_mindspeed_and_gpu_stacks_are_refused_there()
     with pytest.raises(PlanError, match=r"^stack=mindspeed: MindSpeed-LLM launches on Ascend NPUs, not on h100-sxm$"):
         hardware_stack(gpu, "mindspeed")
     assert hardware_stack(gpu, None) == (None, "")
+
+
+def test_a_search_for_nxd_copies_the_kv_heads_as_its_launch_does():
+    """NeuronX Distributed's TP counts NeuronCores (two a Trainium chip), each holding whole key/value heads:
+    Llama 3 70B's 8 heads over tp 8 chips (16 cores) are copied twice, over tp 16 (32 cores) four times, the
+    --kv_replicator of NxD's own Llama 70B launches (run_llama3_70B_tp_pp.sh: TP 32, kv_replicator 4); every
+    layout ranked is written by the exporter, which refuses heads split within a core."""
+    res = search("llama3-70b", {"node": "trn1-32xl", "nodes": 32}, 1024, jobs=1, top_k=0, progress=False,
+                 stack="nxd", training={"precision": "bf16"})
+    df = res.table
+    assert dict(sorted(set(zip(df.tp, df.kv_replicator)))) == {1: 1, 2: 1, 4: 1, 8: 2, 16: 4}
+    base = base_plan("llama3-70b", {"node": "trn1-32xl", "nodes": 32}, 1024, {"precision": "bf16"})
+    wide = _layout_of(df[df.tp == 16].iloc[0]).apply(base)
+    assert wide.parallel.kv_replicator == 4 and exporter_check("nxd")(wide) is None
+    assert "--kv_replicator 4" in export_plan(wide, "nxd")
+    halved = replace(wide, parallel=replace(wide.parallel, kv_replicator=2))   # 16 heads over 32 cores
+    assert exporter_check("nxd")(halved).startswith("parallel.kv_replicator=2 has no NeuronX Distributed option")
