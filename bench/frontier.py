@@ -78,7 +78,8 @@ def published_rows(validation: Path, min_gpus: int) -> pd.DataFrame:
             continue
         _, doc, _ = vp.predict_row(row, catalog)
         out.append({"file": vp.ACCEL, "row": i, "source": row.source, "model": row.model, "gpus": int(row.num_chips),
-                    "doc": doc, "measured_s": vp.acc.measured_step_s(row), "stack": "nxd" if vp.acc.nxd_row(row) else None})
+                    "doc": doc, "measured_s": vp.acc.measured_step_s(row),
+                    "stack": "nxd" if vp.acc.nxd_row(row) else None})
     return pd.DataFrame(out)
 
 

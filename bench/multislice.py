@@ -67,7 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--validation", type=Path, default=DEFAULT_VALIDATION)
     args = ap.parse_args(argv)
     if not (args.validation / "dev_accelerators.csv").exists():
-        print(f"multislice: {args.validation / 'dev_accelerators.csv'} not found; pass --validation DIR", file=sys.stderr)
+        print(f"multislice: {args.validation / 'dev_accelerators.csv'} not found; pass --validation DIR",
+              file=sys.stderr)
         return 2
     t = rows(args.validation)
     pd.set_option("display.width", 200)
@@ -87,7 +88,8 @@ def main(argv=None) -> int:
         if g.slices.nunique() < 2:
             continue
         lo, hi = g.iloc[0], g.iloc[-1]
-        print(f"  {chip} {model}: {lo.slices} -> {hi.slices} slices: measured {100 * (hi.measured_s / lo.measured_s - 1):+.1f}%, "
+        grew = 100 * (hi.measured_s / lo.measured_s - 1)
+        print(f"  {chip} {model}: {lo.slices} -> {hi.slices} slices: measured {grew:+.1f}%, "
               f"predicted {100 * (hi.predicted_s / lo.predicted_s - 1):+.1f}% (exposed data-parallel communication "
               f"{hi.dp_comm_s:.3f} s at {hi.slices})")
     return 0

@@ -29,9 +29,10 @@ layer rebuilds) and in time (the forward ops re-run before the backward):
 - ``dots``: JAX's ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``, MaxText's
   ``remat_policy: minimal`` (AI-Hypercomputer/maxtext MaxText/layers/models.py @e64f6813:
   ``if cfg.remat_policy == "minimal": policy = ...checkpoint_dots_with_no_batch_dims``): the
-  outputs of the dot products without batch dimensions, every projection (q, k, v, out; the
-  MLP's wi, both halves when gated, and wo; the router and the experts'), are saved and all
-  else is re-run before the layer's backward: the norms, RoPE, the activation function, the
+  outputs of the dot products without batch dimensions that the backward reads, the projections
+  (q, k, v, out; the MLP's wi, both halves when gated; the router and the experts'; not wo, which
+  only the layer's output reads: ``dots_kept_bytes``), are saved and all else is re-run before
+  the layer's backward: the norms, RoPE, the activation function, the
   first residual add (the MLP's norm reads it) and the attention kernel, whose output is no
   dot's (MaxText's ``minimal_flash`` policy exists to save it as "context"). Under tensor
   parallelism with the activations sharded (``sequence_parallel``), XLA re-runs the

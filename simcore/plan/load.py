@@ -289,8 +289,9 @@ def _margin(doc: dict) -> float | None:
 
 def _recompute(value) -> dict:
     """``training.recompute``: none | selective | full | op (torchtitan per-op SAC) | dots (JAX's
-    dots saved, MaxText's ``minimal``) | ``layer:N`` (torchtitan: every Nth layer) | ``{layers: N, method: uniform|block}``
-    (Megatron's full recompute, ``--recompute-num-layers N --recompute-method``)."""
+    dots saved, MaxText's ``minimal``) | ``layer:N`` (torchtitan: every Nth layer) |
+    ``{layers: N, method: uniform|block}`` (Megatron's full recompute, ``--recompute-num-layers N
+    --recompute-method``)."""
     w = "training.recompute"
     if isinstance(value, dict):
         _check_keys(value, {"layers", "method"}, w)

@@ -36,8 +36,8 @@ every key one that base.yml defines, ``tool_options.yaml`` ``maxtext``).
   ``checkpoint_dots_with_no_batch_dims``: the projections' outputs saved, attention and elementwise
   ops recomputed, ``simcore.model.recompute``), ``minimal_with_context`` for none (base.yml's
   fastest policy); Megatron's selective (the attention core alone) has no MaxText policy: it is
-  written as ``minimal`` with a comment line saying so (``REMAT_NOTE``), and reads back as dots; optimizer and parameter offload as ``optimizer_memory_host_offload`` /
-  ``parameter_memory_host_offload``; flash attention as ``attention=flash``; ``opt_type`` adamw or
+  written as ``minimal`` with a comment line saying so (``REMAT_NOTE``), and reads back as dots;
+  optimizer and parameter offload as ``optimizer_memory_host_offload`` / ``parameter_memory_host_offload``; flash attention as ``attention=flash``; ``opt_type`` adamw or
   sgd. torch's own settings (fused or eager kernels, the caching allocator, the attention kernel's
   backend) have no meaning under XLA and are not written.
 

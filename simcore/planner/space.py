@@ -79,7 +79,7 @@ class SearchSpace:
     splits: tuple[str, ...] = DEFAULT_SPLITS
     """The layer splits over pipeline stages (``SPLITS``), each where it gives another split."""
     precision: tuple[str, ...] = ()
-    """Training precisions to search (empty: the base plan's alone), each where the GPU has a peak (``precisions_of``)."""
+    """Precisions to search (empty: the base plan's alone), each where the GPU has a peak (``precisions_of``)."""
     fp8_recipe: str = ""
     """The FP8 scaling of the layouts the search trains in fp8 where the base plan is not fp8 (its
     own recipe else; a stack's, ``stacks.STACK_FP8_RECIPE``)."""

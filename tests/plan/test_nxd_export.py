@@ -35,8 +35,8 @@ PLANS = {
     "tp4-pp4-dp2-interleaved": _plan({"tp": 4, "pp": 4, "dp": 2, "vpp": 2, "schedule": "interleaved-1f1b"},
                                      {"recompute": "full", "micro_batch": 2}),
     # 8 chips, 16 NeuronCores over Llama 3 70B's 8 KV heads: each copied twice (NxD's own --kv_replicator)
-    "llama3-70b-tp8-pp8-dp4": _plan({"tp": 8, "pp": 8, "dp": 4, "zero": 1, "sequence_parallel": True, "kv_replicator": 2},
-                                    {"flash_attention": True}, model="llama3-70b", nodes=16),
+    "llama3-70b-tp8-pp8-dp4": _plan({"tp": 8, "pp": 8, "dp": 4, "zero": 1, "sequence_parallel": True,
+                                     "kv_replicator": 2}, {"flash_attention": True}, model="llama3-70b", nodes=16),
 }
 
 
