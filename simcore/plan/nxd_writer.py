@@ -31,10 +31,9 @@ NeuronCores.
 """
 from __future__ import annotations
 
-import math
-
 import functools
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -102,8 +101,8 @@ def nxd_args(plan: Plan) -> tuple[str, list[tuple[str, object]]]:
     # modeling_llama_nxd.py @fbac349b: divide(num_key_value_heads * kv_shared_group_size, tp_size), which asserts it
     if (m.kv_heads * par.kv_replicator) % tp:
         raise _refuse("parallel.kv_replicator", par.kv_replicator,
-                      f"each of the {tp} NeuronCores of the TP group holds whole key/value heads, so {m.kv_heads} heads need a kv_replicator that makes them a multiple "
-                      f"of {tp} ({tp // math.gcd(tp, m.kv_heads)})")
+                      f"each of the {tp} NeuronCores of the TP group holds whole key/value heads, so {m.kv_heads} "
+                      f"heads need a kv_replicator that makes them a multiple of {tp} ({tp // math.gcd(tp, m.kv_heads)})")
     per_rank, selective = tr.global_batch // par.dp, tr.recompute.value == "selective"
     if par.pp == 1:   # tp_zero1: flags, the micro-batch and its accumulation steps
         flags = (("--use_mix_precision", True), ("--use_zero_1", par.zero == 1),
