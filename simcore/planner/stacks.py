@@ -91,6 +91,10 @@ def hardware_stack(base: Plan, stack: str | None) -> tuple[str | None, str]:
         chip = "a TPU" if gpu.vendor == "google" else "an Ascend NPU"
         return own, (f"Ranked for {LABELS[own]}, the stack trainplan exports for {gpu.name} (no other stack it "
                      f"exports launches on {chip}): only layouts its launch writes are ranked.")
+    if gpu.vendor == "aws" and stack is None:   # Trainium: NxD is not its default (its exporter builds Llama only)
+        return None, (f"Ranked over every layout, some of which no Neuron stack may run on {gpu.name} (ZeRO-2/3: "
+                      "NeuronX Distributed shards optimizer states only); stack=nxd ranks what NeuronX Distributed's "
+                      "Llama examples run.")
     return stack, ""
 
 

@@ -255,3 +255,16 @@ def test_a_search_for_nxd_copies_the_kv_heads_as_its_launch_does():
     assert "--kv_replicator 4" in export_plan(wide, "nxd")
     halved = replace(wide, parallel=replace(wide.parallel, kv_replicator=2))   # 16 heads over 32 cores
     assert exporter_check("nxd")(halved).startswith("parallel.kv_replicator=2 has no NeuronX Distributed option")
+
+
+def test_a_trainium_search_without_a_stack_says_what_it_ranks():
+    """Trainium has no default stack (NxD's exporter builds Llama only), so a search names none and ranks every
+    layout: it says so, and which stack ranks what NxD runs."""
+    res = search("llama3-8b", {"node": "trn1-32xl", "nodes": 2}, 64, jobs=1, top_k=0, progress=False,
+                 training={"precision": "bf16"})
+    line = next(s for s in res.explanations if s.startswith("Ranked over every layout"))
+    assert "stack=nxd ranks what NeuronX Distributed's Llama examples run" in line
+    nxd = search("llama3-8b", {"node": "trn1-32xl", "nodes": 2}, 64, jobs=1, top_k=0, progress=False, stack="nxd",
+                 training={"precision": "bf16"})
+    assert not any(s.startswith("Ranked over every layout") for s in nxd.explanations)
+    assert set(nxd.table.zero) <= {0, 1} < set(res.table.zero) | {0, 1}
