@@ -260,8 +260,8 @@ def torchtitan_config(plan: Plan, target: str = "torchtitan-0.2") -> tuple[dict,
     if tr.recompute.value in ("selective", "op"):  # op-level SAC (nearest to Korthikanti et al.'s selective)
         doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": "op"}
     elif tr.recompute.value == "dots":
-        raise ValueError("training.recompute=dots is MaxText's remat policy (JAX's checkpoint_dots_with_no_batch_dims) "
-                         "and has no torchtitan option: give selective, op, full or layer:N")
+        raise ValueError("training.recompute=dots has no torchtitan option: it is MaxText's remat policy (JAX's "
+                         "checkpoint_dots_with_no_batch_dims); give selective, op, full or layer:N")
     elif tr.recompute.value == "layer":   # every Nth layer
         doc["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": str(tr.recompute_layers)}
     elif tr.recompute.value == "full" and (tr.recompute_layers, tr.recompute_method.value) != (1, "uniform"):

@@ -159,3 +159,17 @@ def test_exports_speak_each_stacks_recompute_options():
     assert torchtitan_config(_plan(recompute="op"))[0]["activation_checkpoint"]["selective_ac_option"] == "op"
     with pytest.raises(ValueError, match="training.recompute=op has no Megatron-LM option"):
         megatron_args(_plan(recompute="op"))
+
+
+def test_dots_is_written_only_where_maxtext_runs_it():
+    """MaxText writes it as remat_policy=minimal; Megatron-LM, torchtitan and the executor have no such
+    policy: one sentence each, naming the field."""
+    from simcore.plan.writers import export_plan
+
+    plan = _plan(recompute="dots", tp=1, dp=64)
+    for target in ("megatron", "torchtitan"):
+        with pytest.raises(ValueError, match=rf"^training.recompute=dots has no \S+ option: it is MaxText's remat"):
+            export_plan(plan, target)
+    from executors.recompute import check_recompute
+    with pytest.raises(ValueError, match="^training.recompute=dots is JAX's checkpoint_dots_with_no_batch_dims"):
+        check_recompute(plan.training)
