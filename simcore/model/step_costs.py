@@ -115,7 +115,7 @@ def _layer_share(plan: Plan, layers_of) -> float:
     return sum(map(per_size.__getitem__, plan.layers_per_stage)) / sum(plan.layers_per_stage)
 
 
-def _op_sac_tp_share(plan: Plan) -> float:
+def _rerun_tp_share(plan: Plan) -> float:
     """The share of a layer's forward TP bytes that per-op SAC or dots re-run (``rcp.tp_reruns``)."""
     par = plan.parallel
     reruns = rcp.tp_reruns(plan.training.recompute, par.sequence_parallel)
@@ -157,7 +157,7 @@ def _layer_blocking(plan: Plan, dev: cmp.DeviceModel, core: float, slack: tuple[
     # the share of layers recomputed whole, which re-run their forward collectives too; of
     # those whose attention is recomputed, which exchange K/V again; and per-op SAC's TP share
     full, attention = (_layer_share(plan, fn) for fn in (rcp.full_layers, rcp.recomputed_layers))
-    rec_comm = (tp_f + lc["ep_f"]) * full + (ring + lc["cp_f"]) * attention + tp_f * _op_sac_tp_share(plan)
+    rec_comm = (tp_f + lc["ep_f"]) * full + (ring + lc["cp_f"]) * attention + tp_f * _rerun_tp_share(plan)
     host_f, host_b = lc["host_f"], lc["host_b"]   # CPU host: wrappers' dispatch, compute per layer
     rec_host = host_f if full else 0.0            # the recomputed forward dispatches through DTensor again
     sf, sb, sr = slack

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import shlex
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import yaml
 
 from simcore.plan.hf_writer import hf_config_from_model
 from simcore.plan.model_props import Activation, Bias, Norm
+from simcore.plan.rules import kv_copies
 from simcore.plan.spec import Plan, TrainingSpec
 
 ARGS_FILE = Path(__file__).with_name("nxd_args.yaml")
@@ -102,7 +102,7 @@ def nxd_args(plan: Plan) -> tuple[str, list[tuple[str, object]]]:
     if (m.kv_heads * par.kv_replicator) % tp:
         raise _refuse("parallel.kv_replicator", par.kv_replicator,
                       f"each of the {tp} NeuronCores of the TP group holds whole key/value heads, so {m.kv_heads} "
-                      f"heads need a kv_replicator that makes them a multiple of {tp} ({tp // math.gcd(tp, m.kv_heads)})")
+                      f"heads need a kv_replicator that makes them a multiple of {tp} ({kv_copies(tp, m.kv_heads)})")
     per_rank, selective = tr.global_batch // par.dp, tr.recompute.value == "selective"
     if par.pp == 1:   # tp_zero1: flags, the micro-batch and its accumulation steps
         flags = (("--use_mix_precision", True), ("--use_zero_1", par.zero == 1),

@@ -2,6 +2,8 @@
 broken (``simcore.plan.load`` applies it to every Plan it builds)."""
 from __future__ import annotations
 
+import math
+
 from simcore.plan import linear_attention, sparse_attention
 from simcore.plan.choices import ONEBIT_OPTIMIZERS
 from simcore.plan.spec import (ONEBIT_FREEZE_STEP, AttentionKernel, CpComm, Fp8Recipe, FsdpRoot, GradCompression,
@@ -320,6 +322,11 @@ def _hsdp_rules(plan: Plan) -> list[tuple[bool, str]]:
         (par.ep == 1, f"parallel.dp_replicate={r} with parallel.ep={par.ep} is not modelled (the experts' data-parallel "
                       "group would shard differently)"),
     ]
+
+
+def kv_copies(ranks: int, kv_heads: int) -> int:
+    """The fewest copies of each key/value head that give each of ``ranks`` TP ranks whole heads."""
+    return ranks // math.gcd(ranks, kv_heads)
 
 
 def _kv_head_rules(plan: Plan) -> list[tuple[bool, str]]:

@@ -18,6 +18,7 @@ from itertools import product
 from pathlib import Path
 
 from simcore.plan.load import _cluster, _parallel, plan_from_dict
+from simcore.plan.rules import kv_copies
 from simcore.plan.spec import (Fp8Recipe, Offload, Plan, Precision, Recompute, RecomputeMethod, Schedule, ZeroImpl,
                                ZeroStage, even_split, evolve)
 from simcore.plan.torchtitan_writer import stage_split, torchtitan_autocasts
@@ -304,8 +305,7 @@ def families(base: Plan, space: SearchSpace, gpus: int) -> list[Layout]:
         # that crosses the NICs once a micro-batch (p2p) or overlaps (the ring), not a layer's collectives
         if gpus % (tp * pp * cp) or tp > domain and (pp > 1 or cp > 1):
             continue
-        dp, u = gpus // (tp * pp * cp), tp * space.kv_replicate   # u: TP ranks where KV heads are copied
-        kvr = u // math.gcd(u, m.kv_heads) if u else 1               # stacks.kv_copies
+        dp, kvr = gpus // (tp * pp * cp), kv_copies(tp * space.kv_replicate, m.kv_heads) if space.kv_replicate else 1
         eps = [(e, 0) for e in space.ep if (dp * cp) % e == 0]
         # MoE parallel folding: an expert group across TP ranks, the experts unsplit (expert_tp 1;
         # Liu et al. 2025, arXiv 2504.14960; Megatron-Core --expert-tensor-parallel-size 1)

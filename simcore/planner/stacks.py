@@ -17,6 +17,8 @@ import pandas as pd
 from dataclasses import replace
 
 from simcore.plan.choices import NoLayoutFits
+from simcore.plan.nxd_writer import CORES_PER_CHIP
+from simcore.plan.rules import kv_copies
 from simcore.plan.spec import (EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Fp8Recipe, Plan, PlanError, Precision,
                                Recompute, ZeroImpl)
 
@@ -63,7 +65,7 @@ STACK_RECOMPUTE = {"maxtext": (Recompute.NONE, Recompute.DOTS, Recompute.FULL),
 #: ``--kv_replicator``, ``parallel.kv_replicator``), with their TP ranks a chip (NxD's TP counts
 #: NeuronCores, two a Trainium chip: ``nxd_writer.CORES_PER_CHIP``): their searches copy the heads
 #: until each rank holds whole ones, and take TP degrees past the heads.
-KV_REPLICATING_STACKS = {"nxd": 2}
+KV_REPLICATING_STACKS = {"nxd": CORES_PER_CHIP}
 #: How the sentences name a stack.
 LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan 0.3",
           "torchtitan-0.2": "torchtitan 0.2", "executor": "trainplan's executor", "maxtext": "MaxText",
@@ -141,12 +143,6 @@ def stack_space(space, stack: str | None, base: Plan | None = None):
     if stack in KV_REPLICATING_STACKS and base is not None:
         space = kv_replicated_tp(base, space, KV_REPLICATING_STACKS[stack])
     return space
-
-
-def kv_copies(ranks: int, kv_heads: int) -> int:
-    """The fewest copies of each key/value head that give each of ``ranks`` TP ranks whole heads (what
-    ``space.families`` gives a layout where ``SearchSpace.kv_replicate`` is set)."""
-    return ranks // math.gcd(ranks, kv_heads)
 
 
 def kv_replicated_tp(base: Plan, space, ranks: int):
