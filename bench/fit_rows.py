@@ -122,9 +122,9 @@ def predict(row: Row) -> float:
 
 def relevant(row: Row) -> tuple[str, ...]:
     """The fitted figures a row's prediction reads (a prediction is cached on their values)."""
-    for figure, family in F.PLATEAUS.values():   # a compiled stack: no framework figure (overheads_source)
+    for block, (_, family) in F.PLATEAUS.items():   # a family's own figures only, no GPU framework figure
         if row.gpu in family:
-            return (figure,)
+            return tuple(f.name for f in F.FIGURES if f.block == block)
     out = ["kernel_overhead_us", "host_overhead_us", "comm_compute_interference"]
     if row.gpu in F.A100:
         out.append("a100_plateau")

@@ -42,6 +42,9 @@ TPU = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x")
 #: The Trainium family (issue 54): one TensorEngine plateau, fitted to Neuron's trn1 tables of
 #: dev_accelerators.csv only; the points from 1e10 FLOPs on, as the TPU family's; extended to Trn2.
 TRAINIUM = ("trn1", "trn2")
+#: The Ascend family (issue 54): one Cube-unit plateau, fitted to MindSpeed-LLM's 910B table of
+#: dev_accelerators.csv only; the points from 1e10 FLOPs on, as the TPU family's.
+ASCEND = ("ascend-910b",)
 ACCELERATOR_ROWS = "dev_accelerators.csv"
 
 
@@ -110,6 +113,21 @@ FIGURES = (
            "plateau's prior, an isolated dense GEMM at 0.88 of peak (no public Trainium GEMM sweep)",
            "the trn1 rows of dev_accelerators.csv that bench/published_accelerators.py predicts (Neuron's "
            "trn1 performance tables, one source: left out, the figure is its prior); no GPU or TPU row"),
+    Figure("ascend_plateau", "ascend-910b: matmul.points (>= 1e10 FLOPs)", "ascend", 0.70, 0.30, 0.95, 0.01,
+           "at least 0.30, about the lowest model-FLOPs utilisation MindSpeed-LLM's 910B table implies at 354 "
+           "TFLOP/s (0.25-0.54 over its rows, counting 6 x params and causal attention per token: the table "
+           "prints no MFU, and attention runs at its own rate, so the highest is no bound), at most 0.95 of the "
+           "Cube peak (the TPU family's bound); prior Huawei's own model's compute_efficiency, 0.7 "
+           "(Ascend/msmodeling tensor_cast/device.py @84fec853: 'something we need to calibrate')",
+           "the 910B rows of dev_accelerators.csv that bench/published_accelerators.py predicts (MindSpeed-LLM's "
+           "2024 table, one source: left out, the figure is its prior); no GPU, TPU or Trainium row"),
+    Figure("ascend_interference", "ascend-910b: comm_compute_interference", "ascend", 1.7, 1.0, 4.8, 0.1,
+           "as comm_compute_interference (no slow-down to the worst measured on GPUs, 4.8): how far MC2's fused "
+           "matmul-communication kernels (MindSpeed-LLM mc2_linears_seq_parallel.py @a27b45f00) fall short of "
+           "hiding TP's traffic; prior the GPUs' (an H100 GEMM beside an all-gather, 1.7x): no Ascend figure "
+           "is stored",
+           "the 910B rows of dev_accelerators.csv that bench/published_accelerators.py predicts (the TP rows "
+           "decide it; one source: left out, the figure is its prior)"),
     Figure("fp8_matmul_ratio", "h100-sxm: fp8_matmul_ratio", "fp8", 0.97, 0.5, 1.0, 0.01,
            "at 0.5 an FP8 GEMM gains nothing over BF16 (twice the peak), at 1.0 it keeps BF16's share; "
            "prior the calibrated H100's FP8 GEMM at 0.97 of BF16's (bench/RESULTS.md, sixteenth session)",
@@ -124,9 +142,10 @@ FIGURES = (
            "../shared/validation)"),
 )
 BY_NAME = {f.name: f for f in FIGURES}
-BLOCKS = ("rows", "fp8", "rowwise", "clock500", "tpu", "trainium")
+BLOCKS = ("rows", "fp8", "rowwise", "clock500", "tpu", "trainium", "ascend")
 #: The accelerator families: block -> (its plateau figure, the entries it is written to).
-PLATEAUS = {"tpu": ("tpu_plateau", TPU), "trainium": ("trainium_plateau", TRAINIUM)}
+PLATEAUS = {"tpu": ("tpu_plateau", TPU), "trainium": ("trainium_plateau", TRAINIUM),
+            "ascend": ("ascend_plateau", ASCEND)}
 
 
 def _points(e: dict) -> list[list[float]]:
@@ -163,7 +182,10 @@ def _set_framework(eff: dict, v: dict) -> None:
             ratio = dict(B200_RATIO)
             eff[name]["matmul"]["points"] = [[x, _r(_curve_at(h100, x) * ratio[x], 3) if x in ratio else y]
                                              for x, y in _points(eff[name])]
-    for e in eff.values():
+    families = {n for _, names in PLATEAUS.values() for n in names}
+    for name, e in eff.items():
+        if name in families:   # an accelerator family's own figures (``_set_accelerators``)
+            continue
         for key in ("kernel_overhead_us", "host_overhead_us", "comm_compute_interference"):
             if key in e:
                 e[key] = float(v[key])
@@ -191,6 +213,8 @@ def _set_accelerators(eff: dict, v: dict) -> None:
             if name in eff:
                 eff[name]["matmul"]["points"] = [[x, v[figure] if x >= A100_PLATEAU_FROM else y]
                                                  for x, y in _points(eff[name])]
+    for name in ASCEND:
+        eff[name]["comm_compute_interference"] = float(v["ascend_interference"])
 
 
 def efficiency_with(values: dict) -> dict:
@@ -216,7 +240,9 @@ def stored_values(eff: dict | None = None) -> dict:
             "triton_ratio": _r(flash2["forward"] / triton["forward"], 2),
             "fp8_matmul_ratio": h100["fp8_matmul_ratio"], "fp8_rowwise": h100["fp8_recipes"]["rowwise"],
             "h100_500w_clock": _r(_points(eff[H100_500W])[-1][1] / _points(h100)[-1][1], 2),
-            "tpu_plateau": _points(eff[TPU[0]])[-1][1], "trainium_plateau": _points(eff[TRAINIUM[0]])[-1][1]}
+            "tpu_plateau": _points(eff[TPU[0]])[-1][1], "trainium_plateau": _points(eff[TRAINIUM[0]])[-1][1],
+            "ascend_plateau": _points(eff[ASCEND[0]])[-1][1],
+            "ascend_interference": eff[ASCEND[0]]["comm_compute_interference"]}
 
 
 @contextlib.contextmanager

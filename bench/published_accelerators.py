@@ -44,18 +44,30 @@ source's own words, with the degrees converted once into chips (the unit the cat
 - ``mindspeed_llm_readme_2024`` (MindSpeed-LLM on Atlas 800T A2, Megatron-LM arguments): TP,
   PP, DP in NPUs (= chips on 910B); ``--use-distributed-optimizer`` -> ZeRO-1 (zero_stage 1),
   ``--sequence-parallel`` and ``--use-flash-attn`` from the script's flags; recompute as the
-  row states (``full/block/N``: full, block method, N layers), none where blank (the script
-  passes no recompute flag); SwiGLU where the script fuses it or the MLP is not 4h wide;
-  untied, RoPE, ``kv_groups`` from the notes; the tokenizer's vocabulary is not printed: 32000
-  (Llama's) as the Plan needs one.
+  row states (``full/block/N``: Megatron's ``--recompute-method block --recompute-num-layers N``),
+  none where blank (the script passes no recompute flag); SwiGLU where the script fuses it or the
+  MLP is not 4h wide; RoPE, ``kv_groups`` from the notes. The table is "measured with mc2 enabled"
+  (README.md @a27b45f00: "以下为开启 mc2 加速特性后的实测性能"), which the code leaves off until a
+  line of modellink/arguments.py is commented out and the script passes ``--use-mc2`` (README.md, same
+  commit: "如果需要开启 mc2 ... #args.use_mc2 = False"): MC2 fuses sequence parallelism's all-gather into
+  the next matmul and the matmul into its reduce-scatter
+  (modellink/core/tensor_parallel/ascend_turbo/mc2_linears_seq_parallel.py: ``npu_all_gather_base_mm``,
+  ``npu_mm_reduce_scatter_base``), so TP's communication overlaps its GEMMs: ``tp_comm_overlap`` where
+  the row's script passes ``--use-mc2`` (the notes' flags) with TP and sequence parallelism. Vocabulary
+  and tied embeddings from the row's script
+  (``validation/mindspeed_scripts.yaml``, written by ``bench/read_mindspeed_scripts.py``):
+  ``--padded-vocab-size`` / ``--vocab-size`` where it prints one, else 32000 (Llama's: the
+  tokenizer file is not stored); tied unless it passes ``--untie-embeddings-and-output-weights``.
 
 Rows the Plan cannot state, or whose hardware the catalog cannot predict, are counted per
 reason (``skip_reason``), never dropped silently.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
+from pathlib import Path
 
 import pandas as pd
 
@@ -252,8 +264,10 @@ def _model(row: pd.Series) -> dict:
                 "gated_mlp": False, "tied_embeddings": True, "position_embedding": "learned"}
     ffn = int(_num(row.ffn_hidden, 4 * h))
     gated = llama_like or "use-fused-swiglu" in notes or ffn != 4 * h
-    out = {**m, "ffn_hidden": ffn, "vocab": int(_num(row.vocab, 32000)), "kv_heads": int(kv) if kv else heads,
-           "gated_mlp": gated, "tied_embeddings": False, "position_embedding": "rope"}
+    script = mindspeed_script(row) if row.source == MINDSPEED else {}
+    vocab = int(_num(row.vocab, script.get("vocab") or 32000))
+    out = {**m, "ffn_hidden": ffn, "vocab": vocab, "kv_heads": int(kv) if kv else heads,
+           "gated_mlp": gated, "tied_embeddings": not script.get("untied", True), "position_embedding": "rope"}
     if experts := _flag(notes, r"experts=(\d+)"):
         out.update(experts=int(experts), top_k=int(_flag(notes, r"topk=(\d+)") or 2), capacity_factor=1.0)
     return out
@@ -297,19 +311,34 @@ def base_doc(row: pd.Series) -> dict:
         # zero_stage (SOURCES.md): "1 = Megatron distributed optimizer", set where the notes' script flags have
         # "use-distributed-optimizer"; the script "gives TP, PP, EP, MBS, GBS, ... recompute and flags"
         notes = str(row.notes)
+        sp = tp > 1 and "sequence-parallel" in notes
         parallel = {"tp": tp, "pp": pp, "dp": dp, "zero": int(_num(row.zero_stage, 0)),
-                    "sequence_parallel": tp > 1 and "sequence-parallel" in notes}
+                    "sequence_parallel": sp, "tp_comm_overlap": sp and "use-mc2" in notes}   # MC2
         if ep := int(_num(row.ep, 1)):
             parallel["ep"] = ep
         training["flash_attention"] = "use-flash-attn" in notes
         if m := re.match(r"full/(block|uniform)/(\d+)", rc):
-            training.update(recompute="full", recompute_method=m.group(1), recompute_layers=int(m.group(2)))
+            training["recompute"] = {"layers": int(m.group(2)), "method": m.group(1)}
         else:
             training["recompute"] = rc
     if pp > 1:
         parallel["schedule"] = "1f1b"
     return {"name": f"{src}:{row.model}", "model": _model(row), "cluster": cluster,
             "parallel": parallel, "training": training}
+
+
+@functools.cache
+def _mindspeed_scripts() -> dict:
+    import yaml
+
+    return yaml.safe_load((Path(__file__).resolve().parent.parent / "validation" / "mindspeed_scripts.yaml").read_text())
+
+
+def mindspeed_script(row: pd.Series) -> dict:
+    """What the row's MindSpeed-LLM script prints (``validation/mindspeed_scripts.yaml``; {} for a row with no
+    ``config=`` in its notes)."""
+    m = re.search(r"config=(\S+ @\w+)", str(row.notes))
+    return _mindspeed_scripts().get(m.group(1), {}) if m else {}
 
 
 def choices(row: pd.Series, doc: dict) -> list[dict]:

@@ -109,6 +109,15 @@ def group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) -
 group_net.cache_clear = _NETS.clear   # as functools' caches answer (tests clear them all)
 
 
+def mesh_share(gpus_per_node: int, members: int) -> float:
+    """The share of a GPU's intra-node bandwidth a group of ``members`` ranks inside one full-mesh node
+    reaches: one direct link to each peer (``topologies.build.add_intra``: the GPU's rate over its
+    ``gpus_per_node - 1`` links), so a group uses ``members - 1`` of them (AMD MI300X: one xGMI link to
+    each of seven peers; the Atlas 800T A2's HCCS mesh, Ascend/msmodeling tensor_cast/device.py @84fec853
+    ``InterconnectType.FULL_MESH``). 1 for a group alone on its node."""
+    return 1.0 if members <= 1 or gpus_per_node <= 1 else (members - 1) / (gpus_per_node - 1)
+
+
 def unpriced_group(plan: Plan, dev: DeviceModel) -> str:
     """'' where the catalog prices every communication group of the plan's layout (the groups the
     step model routes: TP, CP, the data-parallel shard and its replicas, EP, a pipeline hop, the
@@ -151,6 +160,8 @@ def _group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) 
     gpn, dom = cluster.gpus_per_node, cluster.nvlink_domain
     node = cluster.node
     intra = node.gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
+    if node.intra.endswith("-mesh") and ranks > 1:
+        intra *= mesh_share(gpn, min(ranks, max(1, gpn // stride)))
     if node.torus_dims and ranks > 1:   # a TPU slice or Trainium instance: rings per torus axis
         intra = dev.nvlink_efficiency * torus.group_bytes_per_s(
             node.gpu.intra_link_bytes_per_s, node.torus_dims, node.torus_wrap, node.torus_wrap_all,

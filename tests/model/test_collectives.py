@@ -86,3 +86,21 @@ def test_all_to_all_and_send_recv():
     assert coll.all_to_all_s(1e9, net) == pytest.approx(0.75e9 / net.bus_bytes_per_s)
     assert coll.send_recv_s(1e9, 1e10, 1e-6) == pytest.approx(0.1 + 1e-6)
     assert coll.broadcast_s(1e9, net) == pytest.approx(1e9 / net.bus_bytes_per_s)
+
+
+@pytest.mark.parametrize("node", ["atlas-800t-a2", "mi300x-8"])
+def test_a_full_mesh_group_reaches_one_link_per_peer(node):
+    # a full-mesh node (Atlas 800T A2's HCCS, MI300X's xGMI) links each pair directly at the GPU's rate
+    # over its 7 peers: a TP 2 group has one link, a group of 4 three, the whole node seven
+    from topologies.build import build_cluster, gpu_id
+
+    cl, d = cluster(1, node=node)
+    whole = coll.group_net(cl, d, 8, 1).bus_bytes_per_s
+    assert whole == pytest.approx(cl.node.gpu.intra_link_bytes_per_s * d.nvlink_efficiency)
+    assert coll.group_net(cl, d, 2, 1).bus_bytes_per_s == pytest.approx(whole / 7)
+    assert coll.group_net(cl, d, 4, 2).bus_bytes_per_s == pytest.approx(whole * 3 / 7)   # stride 2: 4 on the node
+    g = build_cluster(cl)
+    link = g.edges[gpu_id(0, 0), gpu_id(0, 1)]["bandwidth_bytes_per_s"]
+    assert coll.group_net(cl, d, 2, 1).bus_bytes_per_s == pytest.approx(link * d.nvlink_efficiency)
+    switch, sd = cluster(1, node="dgx-h100")   # NVSwitch: every group its GPU's whole port
+    assert coll.group_net(switch, sd, 2, 1).bus_bytes_per_s == coll.group_net(switch, sd, 8, 1).bus_bytes_per_s

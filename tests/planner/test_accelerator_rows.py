@@ -91,9 +91,35 @@ def test_mindspeed_reads_megatron_arguments(acc, rows):
     p = _plan(acc, _find(rows, "mindspeed_llm_readme_2024", "Qwen1.5-4B", 8))   # one Atlas 800T A2
     assert (p.parallel.tp, p.parallel.pp, p.parallel.dp, int(p.parallel.zero)) == (1, 2, 4, 1)
     assert p.cluster.gpus == 8 and p.training.flash_attention
-    b = _find(rows, "mindspeed_llm_readme_2024", "Bloom-176B", 96)      # full/block/70
-    d = acc.base_doc(b)["training"]
-    assert (d["recompute"], d["recompute_method"], d["recompute_layers"]) == ("full", "block", 70)
+    b = _plan(acc, _find(rows, "mindspeed_llm_readme_2024", "Bloom-176B", 96))      # full/block/70
+    assert (b.training.recompute.value, b.training.recompute_method.value, b.training.recompute_layers) == \
+        ("full", "block", 70)
+    # MC2 (the table is "measured with mc2 enabled") where the script passes --use-mc2: TP's collectives
+    # fused into its GEMMs under sequence parallelism; Bloom-176B's script does not, Qwen1.5-4B runs no TP
+    mc2 = _plan(acc, _find(rows, "mindspeed_llm_readme_2024", "LLaMA2-70B", 32))
+    assert mc2.parallel.tp_comm_overlap and mc2.parallel.sequence_parallel and mc2.parallel.tp == 8
+    assert not b.parallel.tp_comm_overlap and b.parallel.sequence_parallel and not p.parallel.tp_comm_overlap
+    # vocabulary and tied embeddings as the row's script prints them (validation/mindspeed_scripts.yaml)
+    small = _plan(acc, _find(rows, "mindspeed_llm_readme_2024", "Qwen1.5-0.5B", 8))   # --padded-vocab-size 151936
+    assert small.model.vocab == 151936 and small.model.tied_embeddings            # no --untie-... flag
+    assert p.model.vocab == 151936 and not p.model.tied_embeddings
+    llama = _plan(acc, _find(rows, "mindspeed_llm_readme_2024", "LLaMA2-70B", 32))   # the tokenizer's: not printed
+    assert llama.model.vocab == 32000 and not llama.model.tied_embeddings
+
+
+def test_mindspeed_scripts_file_is_what_its_reader_writes(acc):
+    # the facts the rule reads, as bench/read_mindspeed_scripts.py takes them from a script's text
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import read_mindspeed_scripts as rd
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert rd.script_facts("--num-layers 24 \\\n    --padded-vocab-size 151936 \\\n") == {"vocab": 151936, "untied": False}
+    assert rd.script_facts("--vocab-size 256000 --untie-embeddings-and-output-weights") == \
+        {"vocab": 256000, "untied": True}
+    assert rd.script_facts("--make-vocab-size-divisible-by 64") == {"vocab": None, "untied": False}
+    stored = acc._mindspeed_scripts()
+    assert len(stored) == 40 and stored["examples/gemma/pretrain_gemma_7b_ptd.sh @a27b45f00"]["vocab"] == 256000
 
 
 def test_rows_that_cannot_be_predicted_are_refused_with_their_reason(acc, rows):
@@ -101,7 +127,8 @@ def test_rows_that_cannot_be_predicted_are_refused_with_their_reason(acc, rows):
     assert "!= 1024 devices" in acc.refusal(inconsistent)
     assert "no throughput" in acc.refusal(rows[(rows.source == "neuron_trn1_perf")
                                                & rows.measured_tokens_per_s_per_chip.isna()].iloc[0])
-    assert "catalog gaps" in acc.refusal(_find(rows, "mindspeed_llm_readme_2024", "Qwen-72B", 128))
+    assert "data-parallel degree not published" in acc.refusal(_find(rows, "mindspeed_llm_readme_2024", "Mixtral", 16))
+    assert acc.refusal(_find(rows, "mindspeed_llm_readme_2024", "Qwen-72B", 128)) is None   # 16 Atlas 800T A2
     assert "no data-centre network" in acc.refusal(_find(rows, "maxtext_v4_readme", "22B", 128))
     assert acc.refusal(_find(rows, "maxtext_v5p_readme", "32B", 64)) is None
     # two slices: the replicas' all-reduce crosses the DCN, whose oversubscription is a catalog gap
@@ -155,26 +182,34 @@ def bench_fit():
         sys.path.remove(str(ROOT / "bench"))
 
 
-def test_the_trainium_plateau_is_where_its_fit_stops_and_its_loso_is_the_prior(bench_fit):
-    # fitted to the predictable trn1 rows only (one source): from the stored figure no step on its
-    # grid lowers the loss; left out, nothing else fits it, so its out-of-sample value is the prior
-    import yaml
-
+@pytest.fixture(scope="module")
+def acc_rows(bench_fit):
     from topologies.hardware import load_catalog
 
+    return bench_fit[1].accelerator_rows(CSV.parent, load_catalog())
+
+
+@pytest.mark.parametrize("block, source, count", [("trainium", "neuron_trn1_perf", 40),
+                                                  ("ascend", "mindspeed_llm_readme_2024", 39)])
+def test_a_one_source_family_is_where_its_fit_stops_and_its_loso_is_the_prior(bench_fit, acc_rows, block, source,
+                                                                             count):
+    # fitted to the family's predictable rows only (one source): from the stored figures no step on
+    # their grid lowers the loss; left out, nothing else fits them, so out of sample they are the priors
+    import yaml
+
     F, R = bench_fit
-    rows = R.accelerator_rows(CSV.parent, load_catalog())
-    idx = R.block_rows(rows, "trainium")
-    assert len(idx) == 40 and {rows[k].source for k in idx} == {"neuron_trn1_perf"}   # 13 of them with KV copies
+    idx = R.block_rows(acc_rows, block)
+    assert len(idx) == count and {acc_rows[k].source for k in idx} == {source}
     stored = F.stored_values()
-    assert R.fit_block(rows, "trainium", stored, None, {}) == stored
-    fig = F.BY_NAME["trainium_plateau"]
-    assert fig.lo <= stored["trainium_plateau"] <= fig.hi
-    assert R.fit_block(rows, "trainium", stored, "neuron_trn1_perf", {})["trainium_plateau"] == fig.prior
-    assert R.prior_blocks(rows, "neuron_trn1_perf") == ["trainium"] and R.prior_blocks(rows, "maxtext_v5p_readme") == []
-    fits = yaml.safe_load((ROOT / "validation" / "fits.yaml").read_text())["figures"]["trainium_plateau"]
-    assert fits["value"] == stored["trainium_plateau"] and fits["prior_when_left_out"] == ["neuron_trn1_perf"]
-    assert fits["leave_one_source_out"]["neuron_trn1_perf"] == fig.prior
+    assert R.fit_block(acc_rows, block, stored, None, {}) == stored
+    figs = [f for f in F.FIGURES if f.block == block]
+    fits = yaml.safe_load((ROOT / "validation" / "fits.yaml").read_text())["figures"]
+    left_out = R.fit_block(acc_rows, block, stored, source, {})
+    for fig in figs:
+        assert fig.lo <= stored[fig.name] <= fig.hi and left_out[fig.name] == fig.prior
+        assert fits[fig.name]["value"] == stored[fig.name] and fits[fig.name]["prior_when_left_out"] == [source]
+        assert fits[fig.name]["leave_one_source_out"][source] == fig.prior
+    assert R.prior_blocks(acc_rows, source) == [block] and R.prior_blocks(acc_rows, "maxtext_v5p_readme") == []
 
 
 def _simulate(plan) -> subprocess.CompletedProcess:

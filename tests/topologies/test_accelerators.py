@@ -72,10 +72,12 @@ def test_the_accelerators_priced_to_rent_join_the_procurement_defaults(cat):
 
 #: The accelerators whose efficiency entry bench/fit.py fits to their family's rows of
 #: ../shared/validation/dev_accelerators.csv (the TPU family under MaxText, Trn1 under Neuron's
-#: NxD and neuronx-nemo-megatron), and the family's later chips it writes the same plateau to
-#: (EXTENDED: no row of their own); every other new one has none.
-FAMILIES = {"tpu": {"tpu-v4", "tpu-v5e", "tpu-v5p"}, "trainium": {"trn1"}}
-EXTENDED = {"tpu": {"tpu-v6e", "tpu7x"}, "trainium": {"trn2"}}
+#: NxD and neuronx-nemo-megatron, the Ascend 910B under MindSpeed-LLM), and the family's later chips
+#: it writes the same plateau to (EXTENDED: no row of their own); every other new one has none.
+FAMILIES = {"tpu": {"tpu-v4", "tpu-v5e", "tpu-v5p"}, "trainium": {"trn1"}, "ascend": {"ascend-910b"}}
+EXTENDED = {"tpu": {"tpu-v6e", "tpu7x"}, "trainium": {"trn2"}, "ascend": set()}
+#: Eager stacks (MindSpeed-LLM on torch_npu) whose fitted interference beside fused communication is theirs.
+EAGER = {"ascend-910b"}
 FITTED = set().union(*FAMILIES.values())
 WITH_ENTRY = FITTED | set().union(*EXTENDED.values())
 
@@ -99,8 +101,12 @@ def test_an_accelerator_gets_an_efficiency_entry_only_from_the_fit_with_its_rows
         e = cat.efficiency[name]
         assert "efficiency" not in cat.gpus[name].gaps
         assert "FITTED by bench/fit.py" in e["matmul"]["source"] and "dev_accelerators.csv" in e["matmul"]["source"]
-        # the GPU stacks' eager per-kernel figures are not written to a compiled (XLA, Neuron) stack
-        assert not {"kernel_overhead_us", "host_overhead_us", "comm_compute_interference"} & set(e)
+        # the GPU stacks' eager per-kernel figures are not written to another stack, compiled (XLA,
+        # Neuron) or eager on its own device (torch_npu): an Ascend interference is the Ascend fit's
+        assert not {"kernel_overhead_us", "host_overhead_us"} & set(e)
+        assert ("comm_compute_interference" in e) == (name in EAGER), name
+        if name in EAGER:
+            assert "FITTED by bench/fit.py" in e["comm_compute_interference_source"]
     for family, names in FAMILIES.items():
         plateaus = {cat.efficiency[n]["matmul"]["points"][-1][1] for n in names | EXTENDED[family]}
         assert len(plateaus) == 1, family   # one matrix-unit plateau for the family, its later chips included
@@ -112,6 +118,19 @@ def test_an_accelerator_gets_an_efficiency_entry_only_from_the_fit_with_its_rows
     # Neuron's own words for the compiled step (lazy torch-xla graphs, neuronx-cc), not an analogy only
     assert "lazy mode" in cat.efficiency["trn1"]["overheads_source"]
     assert "one source" in cat.efficiency["trn1"]["matmul"]["source"]
+    assert "one source" in cat.efficiency["ascend-910b"]["matmul"]["source"]
+
+
+def test_the_910b_figures_are_huaweis_own_model_and_its_mesh_is_one_link_a_peer(cat):
+    # Ascend/msmodeling tensor_cast/device.py @84fec853 (ATLAS_800.A2_376T_64G, A2_INTERCONNECT)
+    g, node = cat.gpus["ascend-910b"], cat.node("atlas-800t-a2")
+    assert g.hbm_bytes_per_s == pytest.approx(1.6 * 1024**4, rel=1e-3) and g.hbm_bytes == 64 * 2**30
+    assert g.intra_link_bytes_per_s == pytest.approx(196e9) and node.intra == "hccs-mesh"
+    assert "msmodeling" in g.source and "msmodeling" in node.source
+    fab = cat.fabrics[node.fabric]
+    assert node.nics_per_node == 8 and fab.nic_bytes_per_s == pytest.approx(25e9)
+    assert math.isnan(fab.oversubscription) and "oversubscription" in fab.gaps   # the model states none
+    assert "ascend-910c" not in cat.efficiency and "hbm_tbyte_per_s" in cat.gpus["ascend-910c"].gaps
 
 
 #: Gaps the step-time model never reads: the host link (offload only) and the power.
