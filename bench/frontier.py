@@ -1,6 +1,6 @@
 """The planner checked against the teams: does the search find what they ran, at their scale?
 
-    .venv/bin/python bench/frontier.py [--validation DIR] [--min-gpus 256] [--jobs N] [--quiet]
+    .venv/bin/python bench/frontier.py [--validation DIR] [--min-gpus 256] [--source NAME ...] [--jobs N] [--quiet]
 
 Every published run of ``--min-gpus`` GPUs or more in ../shared/validation whose layout is
 stated (dev_runs, vtrain_runs, dev_modern; and the rows of dev_accelerators that
@@ -57,14 +57,17 @@ LAYOUT_TRAINING = ("micro_batch", "recompute", "recompute_method", "recompute_la
 TARGET_RATIO = 1.15
 
 
-def published_rows(validation: Path, min_gpus: int) -> pd.DataFrame:
-    """Rows of ``min_gpus`` GPUs or more with a stated layout, each with its Plan doc and measurement."""
+def published_rows(validation: Path, min_gpus: int, sources: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Rows of ``min_gpus`` GPUs or more with a stated layout (of ``sources`` only, where given), each with its
+    Plan doc and measurement."""
     catalog, out = load_catalog(), []
     for name in vp.FILES:
         df = pd.read_csv(validation / name)
         modern_file = name == "dev_modern.csv"
         for i, row in df.iterrows():
             if int(row.num_gpus) < min_gpus or pd.isna(row.tp) or pd.isna(row.pp):
+                continue
+            if sources and row.source not in sources:
                 continue
             if modern_file and modern.skip_reason(row):
                 continue
@@ -74,7 +77,7 @@ def published_rows(validation: Path, min_gpus: int) -> pd.DataFrame:
                         "doc": doc, "measured_s": measured, "stack": None})
     accel = validation / vp.ACCEL
     for i, row in (pd.read_csv(accel).iterrows() if accel.exists() else ()):
-        if int(row.num_chips) < min_gpus or vp.acc.refusal(row, catalog):
+        if int(row.num_chips) < min_gpus or sources and row.source not in sources or vp.acc.refusal(row, catalog):
             continue
         _, doc, _ = vp.predict_row(row, catalog)
         out.append({"file": vp.ACCEL, "row": i, "source": row.source, "model": row.model, "gpus": int(row.num_chips),
@@ -93,11 +96,14 @@ def question_key(doc: dict, stack: str | None = None) -> str:
 def _same_layout(searched: Plan, published: Plan) -> bool:
     """The same layout, or the searched one with sequence parallelism where the published ran TP
     without it: the search turns it on with every tp > 1, as it moves the same bytes as TP's
-    all-reduces and divides the activations by tp (Korthikanti et al. 2022, Sec. 4.2.2)."""
+    all-reduces and divides the activations by tp (Korthikanti et al. 2022, Sec. 4.2.2). A ZeRO stage over
+    one data-parallel rank shards nothing (MindSpeed's Mistral 7B passes --use-distributed-optimizer at dp 1):
+    any stage is that layout."""
     pa, pb = searched.parallel, published.parallel
-    fields = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "schedule", "etp", "zero_impl", "kv_replicator")
+    fields = ("tp", "pp", "dp", "cp", "ep", "vpp", "schedule", "etp", "zero_impl", "kv_replicator")
     sp = pa.sequence_parallel == pb.sequence_parallel or (pa.sequence_parallel and pb.tp > 1)
-    return (sp and all(getattr(pa, f) == getattr(pb, f) for f in fields)
+    zero = pa.zero == pb.zero or pb.dp * pb.cp == 1
+    return (sp and zero and all(getattr(pa, f) == getattr(pb, f) for f in fields)
             and searched.layers_per_stage == published.layers_per_stage
             and searched.training.micro_batch == published.training.micro_batch)
 
@@ -175,6 +181,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--validation", type=Path, default=vp.DEFAULT_VALIDATION)
     ap.add_argument("--min-gpus", type=int, default=256)
+    ap.add_argument("--source", action="append", default=[],
+                    help="only this source's rows (repeatable), e.g. mindspeed_llm_readme_2024 with --min-gpus 8")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--quiet", action="store_true", help="print only the summary")
     args = ap.parse_args(argv)
@@ -182,7 +190,7 @@ def main(argv=None) -> int:
         print(f"frontier: {args.validation / vp.FILES[0]} not found; pass --validation DIR", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rows = published_rows(args.validation, args.min_gpus)
+    rows = published_rows(args.validation, args.min_gpus, tuple(args.source))
     questions: dict[str, list[dict]] = {}
     for r in rows.to_dict("records"):
         r["stack"] = r["stack"] if isinstance(r["stack"], str) else None   # a DataFrame reads None back as NaN

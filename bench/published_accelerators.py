@@ -53,7 +53,10 @@ source's own words, with the degrees converted once into chips (the unit the cat
   the next matmul and the matmul into its reduce-scatter
   (modellink/core/tensor_parallel/ascend_turbo/mc2_linears_seq_parallel.py: ``npu_all_gather_base_mm``,
   ``npu_mm_reduce_scatter_base``), so TP's communication overlaps its GEMMs: ``tp_comm_overlap`` where
-  the row's script passes ``--use-mc2`` (the notes' flags) with TP and sequence parallelism. Vocabulary
+  the row's script passes ``--use-mc2`` (the notes' flags) with TP and sequence parallelism, on a dense
+  model: "In MCore scenarios ... the MLP part of MoE models does not enable MC2" (MindSpeed-LLM
+  docs/en/pytorch/features/mcore/mc2.md @c77308a1), and the Plan's TP overlap covers the MLP, so a MoE
+  row (Grok-1 40B) is read without it, its attention's overlap left out. Vocabulary
   and tied embeddings from the row's script
   (``validation/mindspeed_scripts.yaml``, written by ``bench/read_mindspeed_scripts.py``):
   ``--padded-vocab-size`` / ``--vocab-size`` where it prints one, else 32000 (Llama's: the
@@ -313,7 +316,7 @@ def base_doc(row: pd.Series) -> dict:
         notes = str(row.notes)
         sp = tp > 1 and "sequence-parallel" in notes
         parallel = {"tp": tp, "pp": pp, "dp": dp, "zero": int(_num(row.zero_stage, 0)),
-                    "sequence_parallel": sp, "tp_comm_overlap": sp and "use-mc2" in notes}   # MC2
+                    "sequence_parallel": sp, "tp_comm_overlap": sp and "use-mc2" in notes and "experts=" not in notes}
         if ep := int(_num(row.ep, 1)):
             parallel["ep"] = ep
         training["flash_attention"] = "use-flash-attn" in notes
@@ -331,7 +334,8 @@ def base_doc(row: pd.Series) -> dict:
 def _mindspeed_scripts() -> dict:
     import yaml
 
-    return yaml.safe_load((Path(__file__).resolve().parent.parent / "validation" / "mindspeed_scripts.yaml").read_text())
+    path = Path(__file__).resolve().parent.parent / "validation" / "mindspeed_scripts.yaml"
+    return yaml.safe_load(path.read_text())
 
 
 def mindspeed_script(row: pd.Series) -> dict:

@@ -6,7 +6,10 @@ the Megatron reading would say:
   it, and with no ``--attention-backend``, the core attention is Megatron's unfused softmax, where
   Megatron-LM alone would default to Transformer Engine's flash kernel (``megatron_reader``);
 - context parallel: ``--context-parallel-algo`` (megatron_cp_algo: the ring, kvallgather_cp_algo,
-  ulysses_cp_algo), not ``--cp-comm-type``; the hybrid and adaptive algorithms have no Plan value.
+  ulysses_cp_algo), not ``--cp-comm-type``; the hybrid and adaptive algorithms have no Plan value;
+- TP's overlap: MC2 (``--use-ascend-mc2``, or the older ``--use-mc2`` it replaces:
+  mindspeed_llm/features_manager/arguments/deprecated_args.py @c77308a1) is ``parallel.tp_comm_overlap``;
+  Megatron's ``--tp-comm-overlap`` is not (MindSpeed turns it off: ``mindspeed_writer``), read as off with a note.
 
 The fused-kernel switches MindSpeed-LLM's own launches set (RMSNorm, SwiGLU, RoPE; no APEX
 gradient-accumulation fusion; mcore models) are what the Plan's fused kernels assume: read, not
@@ -53,5 +56,11 @@ def read_mindspeed(a, f: dict, hints: dict) -> None:
             raise PlanError(f"megatron --context-parallel-algo={algo!r} (MindSpeed) is not one of "
                             f"{', '.join(by_algo)} (parallel.cp_comm)")
         f["parallel.cp_comm"] = by_algo[algo]
+    megatron_overlap = "--tp-comm-overlap" in a.opts
+    mc2 = a.flag("--use-ascend-mc2") | a.flag("--use-mc2")
+    if mc2 or megatron_overlap:
+        f["parallel.tp_comm_overlap"] = mc2
     hints["note.mindspeed"] = ("read as a MindSpeed-LLM launch: flash attention only under --use-flash-attn, context "
-                               "parallel by --context-parallel-algo")
+                               "parallel by --context-parallel-algo, TP's overlap by MC2 (--use-ascend-mc2)"
+                               + ("; --tp-comm-overlap read as off: MindSpeed turns Megatron's off"
+                                  if megatron_overlap and not mc2 else ""))

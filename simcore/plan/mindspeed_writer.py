@@ -9,6 +9,15 @@ its own and MindSpeed's on top (``mindspeed_args.yaml``). The Megatron export's 
   has them (the Megatron export refuses ``training.kernels: eager``: its layers run fused), and
   ``--no-gradient-accumulation-fusion`` (APEX's fused weight-gradient kernel is CUDA's), as
   MindSpeed-LLM's own launch sets them (examples/mcore/llama2/pretrain_llama2_13b_ptd.sh @c77308a1);
+- TP's communication overlapped with its GEMMs (``parallel.tp_comm_overlap``) as MC2, ``--use-ascend-mc2``
+  (MindSpeed-LLM docs/en/pytorch/features/mcore/mc2.md @c77308a1: "Set `--use-ascend-mc2` to enable the MC2
+  operator", the fused Matmul and All-Gather/Reduce-Scatter under TP and SP), not Megatron's
+  ``--tp-comm-overlap`` (Transformer Engine's userbuffers; MindSpeed turns it off, mindspeed/arguments.py
+  @028de58c: ``if args.tp_comm_overlap: args.tp_comm_overlap = False``). MC2 leaves a MoE model's MLP out
+  (mc2.md: "the MLP part of MoE models does not enable MC2"; the legacy models refuse it, "mc2 is not
+  compatible with moe models", mindspeed/arguments.py), so a MoE plan with it is refused; MindSpeed-LLM leaves
+  MC2 off until a line of its code is commented out (mc2.md: "MindSpeed LLM disables MC2 by default"): the
+  launch says so (``MC2_NOTE``);
 - context parallel as MindSpeed's ``--context-parallel-algo`` (``parallel.cp_comm`` p2p: the ring,
   ``megatron_cp_algo``; all_gather: ``kvallgather_cp_algo``; a2a: ``ulysses_cp_algo``; MindSpeed's
   context_parallel_feature.py and ulysses_context_parallel.py @028de58c) in place of ``--cp-comm-type``;
@@ -33,7 +42,11 @@ ARGS_FILE = Path(__file__).with_name("mindspeed_args.yaml")
 #: ``parallel.cp_comm`` as MindSpeed's ``--context-parallel-algo``.
 CP_ALGO = {CpComm.P2P: "megatron_cp_algo", CpComm.ALL_GATHER: "kvallgather_cp_algo", CpComm.A2A: "ulysses_cp_algo"}
 #: The Megatron-LM options the export replaces (newer Megatron-LM's, or CUDA's).
-_REPLACED = ("--attention-backend", "--cp-comm-type")
+_REPLACED = ("--attention-backend", "--cp-comm-type", "--tp-comm-overlap")
+#: The launch's words where it turns MC2 on (mc2.md @c77308a1, "MindSpeed LLM disables MC2 by default").
+MC2_NOTE = ("# --use-ascend-mc2 (the plan's TP overlap): MindSpeed-LLM runs MC2 only once "
+            "`args.use_ascend_mc2 = False` in validate_args_decorator (mindspeed_llm/training/arguments.py) "
+            "is commented out, as its mc2.md says.")
 SOURCE = ("Ascend/MindSpeed-LLM @c77308a1 (pretrain_gpt.py on Megatron-LM core_v0.12.1; options as "
           "simcore/plan/mindspeed_args.yaml lists them)")
 
@@ -68,6 +81,12 @@ def mindspeed_args(plan: Plan, megatron: list[tuple[str, object]]) -> list[tuple
     args.append(("--no-gradient-accumulation-fusion", None))
     if par.cp > 1:
         args.append(("--context-parallel-algo", CP_ALGO[par.cp_comm]))
+    if par.tp_comm_overlap:
+        if m.experts > 1:
+            raise ValueError("parallel.tp_comm_overlap on a MoE model: MindSpeed's MC2 (--use-ascend-mc2) leaves a MoE "
+                             "model's MLP out ('the MLP part of MoE models does not enable MC2', MindSpeed-LLM mc2.md "
+                             "@c77308a1), where the plan overlaps it")
+        args.append(("--use-ascend-mc2", None))
     unknown = [k for k, _ in args if k not in accepted()]
     if unknown:
         raise ValueError(f"the plan needs Megatron-LM's {unknown[0]}, which neither Megatron-LM core_v0.12.1 nor "

@@ -314,6 +314,7 @@ def _export_mindspeed(plan: Plan) -> str:
             "# Run from a MindSpeed-LLM checkout; add the data, tokenizer and learning-rate options of your run",
             "# (--data-path, --tokenizer-type, --lr, --train-iters, ...). On several nodes run this on each node",
             "# with --node-rank and --master-addr.", *megatron_model_note(plan),
+            *([msw.MC2_NOTE] if plan.parallel.tp_comm_overlap else []),
             *[f"export {k}={v}" for k, v in msw.mindspeed_env(plan).items()]]
     cmd = [f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} pretrain_gpt.py"] + _arg_lines(args)
     return "\n".join(head) + "\n" + _continued(cmd) + "\n"

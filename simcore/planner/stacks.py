@@ -33,6 +33,11 @@ DDP_AUTOCAST_STACKS = ("torchtitan", "torchtitan-0.2")
 #: runs the distributed optimizer with ``overlap_param_gather=True`` (``DistributedDataParallelConfig``);
 #: the export writes them as ``--tp-comm-overlap`` and ``--overlap-param-gather``.
 MEGATRON_RECIPE_SWITCHES = {"tp_comm_overlap": True, "overlap_param_gather": True}
+#: MindSpeed-LLM's TP overlap, MC2 (``mindspeed_writer``: ``--use-ascend-mc2``), which a search for it turns on
+#: where a layout can take it (TP with sequence parallelism, a dense model): "When TP and SP are enabled, we
+#: recommend enabling MC2" (docs/en/pytorch/features/mcore/mc2.md @c77308a1), and MindSpeed-LLM's published
+#: throughput table is "measured with mc2 enabled" (README.md @a27b45f00).
+MINDSPEED_SWITCHES = {"tp_comm_overlap": True}
 #: The stacks whose launchers run PyTorch's allocator with expandable segments: torchtitan's
 #: run_train.sh exports PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", and Megatron-Bridge's
 #: performance launcher does for every job (``PERF_ENV_VARS`` in scripts/performance/utils/executors.py
@@ -103,7 +108,8 @@ def hardware_stack(base: Plan, stack: str | None) -> tuple[str | None, str]:
 def stack_base(base: Plan, stack: str | None) -> Plan:
     """``base`` as ``stack`` runs what the Plan leaves open, so a ranking for it prices that:
     the attention kernel torch SDPA or the flash-attn package runs on the GPU (``FA2_STACKS``,
-    ``readers.sdpa_attention_kernel``); Megatron's recipes' overlaps (``MEGATRON_RECIPE_SWITCHES``);
+    ``readers.sdpa_attention_kernel``); Megatron's recipes' overlaps (``MEGATRON_RECIPE_SWITCHES``),
+    MindSpeed-LLM's MC2 on a dense model (``MINDSPEED_SWITCHES``);
     DeepSpeed's own ZeRO and Ulysses' all-to-all for a sequence split (what ``deepspeed_writer``
     requires); torch's context parallel gathering K/V for torchtitan (``torchtitan_writer._cp_rotate``)."""
     from simcore.plan.readers import sdpa_attention_kernel
@@ -119,6 +125,8 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
         base = replace(base, training=replace(base.training, allocator_margin=EXPANDABLE_SEGMENTS_MARGIN))
     if stack == "megatron":   # the recipes' switches, which each layout takes where it can (space.SWITCHES)
         base = replace(base, parallel=replace(par, **MEGATRON_RECIPE_SWITCHES))
+    elif stack == "mindspeed" and base.model.experts <= 1:   # MC2 refuses MoE models (mindspeed_writer)
+        base = replace(base, parallel=replace(par, **MINDSPEED_SWITCHES))
     elif stack == "deepspeed":
         base = replace(base, parallel=replace(par, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
     elif stack in ("torchtitan", "maxtext"):   # MaxText's context_parallel_strategy default: all_gather

@@ -33,6 +33,7 @@ PLANS = {
     "cp2-all-gather": _plan({"tp": 2, "cp": 2, "dp": 2, "cp_comm": "all_gather"}, {"flash_attention": True}),
     "cp4-ulysses": _plan({"cp": 4, "dp": 2, "cp_comm": "a2a"}, {"flash_attention": True}),
     "mixtral-ep": _plan({"tp": 1, "dp": 8, "ep": 8, "zero": 1}, model="mixtral-8x7b"),
+    "tp8-sp-mc2": _plan({"tp": 8, "sequence_parallel": True, "tp_comm_overlap": True}),
 }
 
 
@@ -63,6 +64,31 @@ def test_every_export_parses_with_mindspeed_llm_s_options_and_says_the_layout(na
     assert args.context_parallel_algo == (CP_ALGO[par.cp_comm] if par.cp > 1 else None)
     assert args.use_distributed_optimizer == (par.zero == 1)
     assert (args.expert_model_parallel_size or 1) == par.ep
+    # TP's overlap as MindSpeed runs it: MC2, never Megatron's userbuffers (MindSpeed turns those off)
+    assert args.use_ascend_mc2 == par.tp_comm_overlap and not args.tp_comm_overlap
+
+
+def test_mc2_is_said_to_need_mindspeed_llm_s_switch_and_refused_on_a_moe_model():
+    text = export_plan(PLANS["tp8-sp-mc2"], "mindspeed")
+    assert "--use-ascend-mc2" in text and "--tp-comm-overlap" not in text
+    assert "# --use-ascend-mc2 (the plan's TP overlap): MindSpeed-LLM runs MC2 only once" in text
+    assert "MindSpeed-LLM runs MC2" not in export_plan(PLANS["tp8-sp"], "mindspeed")
+    moe = _plan({"tp": 2, "dp": 4, "ep": 4, "sequence_parallel": True, "tp_comm_overlap": True}, model="mixtral-8x7b")
+    with pytest.raises(ValueError, match=r"^parallel.tp_comm_overlap on a MoE model: MindSpeed's MC2 "
+                                         r"\(--use-ascend-mc2\) leaves a MoE model's MLP out"):
+        export_plan(moe, "mindspeed")
+
+
+def test_a_mindspeed_launch_s_tp_overlap_is_mc2_not_megatron_s():
+    from simcore.plan.interop import import_plan
+
+    text = export_plan(PLANS["tp8-sp-mc2"], "mindspeed")
+    for flag in ("--use-ascend-mc2", "--use-mc2"):   # the option and the one it replaced (deprecated_args.py)
+        doc, _ = import_plan(megatron=text.replace("--use-ascend-mc2", flag), cluster="atlas-800t-a2")
+        assert plan_from_dict(doc).parallel.tp_comm_overlap
+    doc, warnings = import_plan(megatron=text.replace("--use-ascend-mc2", "--tp-comm-overlap"), cluster="atlas-800t-a2")
+    assert not plan_from_dict(doc).parallel.tp_comm_overlap
+    assert any("--tp-comm-overlap read as off: MindSpeed turns Megatron's off" in w for w in warnings)
 
 
 def test_a_gpu_plan_or_an_option_mindspeed_lacks_is_one_sentence():

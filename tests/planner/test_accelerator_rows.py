@@ -251,3 +251,22 @@ def test_a_later_chip_of_a_family_is_predicted_and_says_it_extrapolates(tmp_path
     out = _simulate(plan)
     assert out.returncode == 0, out.stderr
     assert "step time" in out.stdout and "extrapolated: trn2: no published run on this GPU" in out.stdout
+
+
+@pytest.mark.parametrize("model", ["LLaMA2-70B", "Mistral-7B", "Grok1-40B"])
+def test_the_planner_finds_mindspeed_s_published_layout_and_does_no_worse(model):
+    # bench/frontier.py's question for a MindSpeed row: the published layout (MC2 where its script passes
+    # --use-mc2; ZeRO-1 over one data-parallel rank; a MoE model without MC2) is in the search for
+    # MindSpeed-LLM, fits, and the search's best is predicted no slower
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import frontier
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rows = frontier.published_rows(CSV.parent, 8, ("mindspeed_llm_readme_2024",))
+    runs = [r for r in rows.to_dict("records") if r["model"] == model]
+    assert len(runs) == 1
+    runs[0]["stack"] = None   # the chip's own stack, as `trainplan plan` ranks for it
+    (got,) = frontier.answer((frontier.question_key(runs[0]["doc"]), runs))
+    assert got["in_space"], got["why"]
+    assert got["fits"] and got["best_over_predicted"] <= 1.0 + 1e-9

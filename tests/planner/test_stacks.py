@@ -221,6 +221,26 @@ def test_a_search_on_tpus_for_maxtext_ranks_what_its_export_writes(tmp_path):
     assert base_plan("llama3-8b", {"node": "tpu-v5p-host", "nodes": 8}, 64).training.precision.value == "bf16"
 
 
+def test_a_search_for_mindspeed_turns_mc2_on_where_a_dense_layout_takes_it():
+    from simcore.plan.load import plan_from_dict
+    from simcore.planner.stacks import stack_base
+
+    def base(model):
+        return plan_from_dict({"model": {"name": model}, "cluster": {"node": "atlas-800t-a2", "nodes": 1},
+                               "parallel": {"dp": 8}, "training": {"global_batch": 32}})
+
+    assert stack_base(base("llama3-8b"), "mindspeed").parallel.tp_comm_overlap       # MC2: TP with SP
+    assert not stack_base(base("mixtral-8x7b"), "mindspeed").parallel.tp_comm_overlap   # its MLP runs none
+    res = search("llama3-8b", {"node": "atlas-800t-a2", "nodes": 1}, 32, jobs=1, top_k=0, progress=False,
+                 stack="mindspeed", explain=0)
+    ms = stack_base(base_plan("llama3-8b", {"node": "atlas-800t-a2", "nodes": 1}, 32), "mindspeed")
+    plans = [_layout_of(row).apply(ms) for _, row in res.table.head(30).iterrows()]
+    assert any(p.parallel.tp > 1 for p in plans)
+    for p in plans:   # each layout takes MC2 where it can, and the launch writes what the ranking priced
+        assert p.parallel.tp_comm_overlap == (p.parallel.tp > 1 and p.parallel.sequence_parallel)
+        assert ("--use-ascend-mc2" in export_plan(p, "mindspeed")) == p.parallel.tp_comm_overlap
+
+
 def test_an_ascend_search_ranks_for_mindspeed_and_gpu_stacks_are_refused_there():
     from simcore.plan.load import plan_from_dict
     from simcore.planner.stacks import hardware_stack
