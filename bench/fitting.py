@@ -42,9 +42,10 @@ TPU = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x")
 #: The Trainium family (issue 54): one TensorEngine plateau, fitted to Neuron's trn1 tables of
 #: dev_accelerators.csv only; the points from 1e10 FLOPs on, as the TPU family's; extended to Trn2.
 TRAINIUM = ("trn1", "trn2")
-#: The Ascend family (issue 54): one Cube-unit plateau, fitted to MindSpeed-LLM's 910B table of
-#: dev_accelerators.csv only; the points from 1e10 FLOPs on, as the TPU family's.
-ASCEND = ("ascend-910b",)
+#: The Ascend family (issue 54): one Cube-unit plateau and one interference beside MC2, fitted to
+#: MindSpeed-LLM's 910B table of dev_accelerators.csv only; the points from 1e10 FLOPs on, as the TPU
+#: family's; extended to the 910C (two 910B-class dies, no row of its own).
+ASCEND = ("ascend-910b", "ascend-910c")
 ACCELERATOR_ROWS = "dev_accelerators.csv"
 
 

@@ -24,7 +24,10 @@ its own and MindSpeed's on top (``mindspeed_args.yaml``). The Megatron export's 
 - the launch environment of that script: ``CUDA_DEVICE_MAX_CONNECTIONS=1`` and, where the plan's
   memory assumes expandable segments, torch_npu's ``PYTORCH_NPU_ALLOC_CONF=expandable_segments:True``.
 
-An option the plan needs that none of the three parsers defines is refused with one sentence.
+An option the plan needs that none of the three parsers defines is refused with one sentence, and so is a
+plan on Ascend 910C packages: a package is two NPU devices (dies), which MindSpeed-LLM's degrees and
+``NPUS_PER_NODE`` count (examples/mcore/qwen3/pretrain_qwen3_8b_4K_ptd_A3.sh @c77308a1: ``NPUS_PER_NODE=16``
+on an 8-package Atlas 800T A3), and a plan of packages states no split of its degrees over the dies.
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ from simcore.plan.spec import EXPANDABLE_SEGMENTS_MARGIN, CpComm, Plan
 #: The options MindSpeed-LLM's parser accepts (``mindspeed_args.yaml``: Megatron-LM core_v0.12.1's,
 #: MindSpeed's and MindSpeed-LLM's, each with the commit it was read at).
 ARGS_FILE = Path(__file__).with_name("mindspeed_args.yaml")
+#: NPU devices (dies) in one catalog "GPU" where the package holds several (gpus.yaml ``unit:``).
+DIES_PER_PACKAGE = {"ascend-910c": 2}
 #: ``parallel.cp_comm`` as MindSpeed's ``--context-parallel-algo``.
 CP_ALGO = {CpComm.P2P: "megatron_cp_algo", CpComm.ALL_GATHER: "kvallgather_cp_algo", CpComm.A2A: "ulysses_cp_algo"}
 #: The Megatron-LM options the export replaces (newer Megatron-LM's, or CUDA's).
@@ -70,6 +75,10 @@ def mindspeed_args(plan: Plan, megatron: list[tuple[str, object]]) -> list[tuple
     if gpu.vendor != "huawei":
         raise ValueError(f"cluster.node={plan.cluster.node.name} is not an Ascend NPU: MindSpeed-LLM runs on Ascend "
                          "(export --to megatron for GPUs)")
+    if gpu.name in DIES_PER_PACKAGE:
+        raise ValueError(f"cluster.node={plan.cluster.node.name} holds {gpu.name} packages of "
+                         f"{DIES_PER_PACKAGE[gpu.name]} dies each, which MindSpeed-LLM counts as NPUs: a plan of "
+                         "packages states no split of its degrees over the dies, so no launch is written")
     m, par, tr = plan.model, plan.parallel, plan.training
     args = [(k, v) for k, v in megatron if k not in _REPLACED]
     args.insert(0, ("--use-mcore-models", None))

@@ -86,7 +86,7 @@ def check_plan(plan: Plan) -> None:
         (not m.experts or m.top_k >= 1, f"model.top_k must be at least 1 when model.experts={m.experts}"),
         (par.gpus <= cl.gpus, f"plan needs {par.gpus} GPUs (tp*pp*dp*cp) but cluster has {cl.gpus}"),
         *_domain_rules(plan),
-        (cl.nodes == 1 or cl.fabric is not None,
+        (cl.nodes == 1 or cl.fabric is not None or cl.gpus <= cl.nvlink_domain,   # one NVLink / UB / ICI domain
          f"cluster.nodes={cl.nodes} needs a network: cluster.node={cl.node.name} has no fabric, set cluster.fabric"),
         (tr.global_batch % (par.dp * tr.micro_batch) == 0,
          f"training.global_batch={tr.global_batch} is not a multiple of parallel.dp*training.micro_batch"

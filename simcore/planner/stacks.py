@@ -17,6 +17,7 @@ import pandas as pd
 from dataclasses import replace
 
 from simcore.plan.choices import NoLayoutFits
+from simcore.plan.mindspeed_writer import DIES_PER_PACKAGE
 from simcore.plan.nxd_writer import CORES_PER_CHIP
 from simcore.plan.rules import kv_copies
 from simcore.plan.spec import (EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Fp8Recipe, Plan, PlanError, Precision,
@@ -94,6 +95,10 @@ def hardware_stack(base: Plan, stack: str | None) -> tuple[str | None, str]:
                         f"(stack={own} ranks the layouts {LABELS[own]} runs there)")
     if stack == "mindspeed" and gpu.vendor != "huawei":   # its launch is torch_npu's
         raise PlanError(f"stack=mindspeed: MindSpeed-LLM launches on Ascend NPUs, not on {gpu.name}")
+    if own == "mindspeed" and stack is None and gpu.name in DIES_PER_PACKAGE:   # no launch of packages written
+        return None, (f"Ranked over every layout: trainplan writes no MindSpeed-LLM launch for {gpu.name} packages "
+                      f"({DIES_PER_PACKAGE[gpu.name]} NPU dies each, which MindSpeed-LLM counts), so some ranked "
+                      "layouts may be ones it does not run (ZeRO-3: Megatron-FSDP).")
     if own and stack is None:
         chip = "a TPU" if gpu.vendor == "google" else "an Ascend NPU"
         return own, (f"Ranked for {LABELS[own]}, the stack trainplan exports for {gpu.name} (no other stack it "

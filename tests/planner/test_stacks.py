@@ -253,6 +253,14 @@ def test_an_ascend_search_ranks_for_mindspeed_and_gpu_stacks_are_refused_there()
     with pytest.raises(PlanError, match=r"^stack=megatron: Megatron-LM launches on GPUs, not on ascend-910b "
                                         r"\(stack=mindspeed ranks the layouts MindSpeed-LLM runs there\)$"):
         hardware_stack(ascend, "megatron")
+    # a 910C package is two NPU dies, which MindSpeed counts: no launch of packages, so every layout, said so
+    a3 = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "cloudmatrix-384", "nodes": 1},
+                         "parallel": {"dp": 8}, "training": {"global_batch": 32}})
+    stack, sentence = hardware_stack(a3, None)
+    assert stack is None and sentence.startswith("Ranked over every layout: trainplan writes no MindSpeed-LLM "
+                                                 "launch for ascend-910c packages (2 NPU dies each")
+    with pytest.raises(ValueError, match=r"^cluster.node=cloudmatrix-384 holds ascend-910c packages of 2 dies each"):
+        export_plan(a3, "mindspeed")
     gpu = plan_from_dict({"model": {"name": "llama3-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
                           "parallel": {"dp": 8}, "training": {"global_batch": 32}})
     with pytest.raises(PlanError, match=r"^stack=mindspeed: MindSpeed-LLM launches on Ascend NPUs, not on h100-sxm$"):

@@ -13,7 +13,7 @@ from topologies.hardware import load_catalog
 NEW = {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x", "trn1", "trn2", "trn3", "gaudi2", "gaudi3",
        "ascend-910b", "ascend-910c", "gh200"}
 HOSTS = {"tpu-v4-host", "tpu-v5e-host", "tpu-v5p-host", "tpu-v6e-host", "tpu7x-host", "trn1-32xl",
-         "trn2-48xl", "hls-gaudi2", "hls-gaudi3", "atlas-800t-a2"}
+         "trn2-48xl", "hls-gaudi2", "hls-gaudi3", "atlas-800t-a2", "cloudmatrix-384"}
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +75,9 @@ def test_the_accelerators_priced_to_rent_join_the_procurement_defaults(cat):
 #: NxD and neuronx-nemo-megatron, the Ascend 910B under MindSpeed-LLM), and the family's later chips
 #: it writes the same plateau to (EXTENDED: no row of their own); every other new one has none.
 FAMILIES = {"tpu": {"tpu-v4", "tpu-v5e", "tpu-v5p"}, "trainium": {"trn1"}, "ascend": {"ascend-910b"}}
-EXTENDED = {"tpu": {"tpu-v6e", "tpu7x"}, "trainium": {"trn2"}, "ascend": set()}
+EXTENDED = {"tpu": {"tpu-v6e", "tpu7x"}, "trainium": {"trn2"}, "ascend": {"ascend-910c"}}
 #: Eager stacks (MindSpeed-LLM on torch_npu) whose fitted interference beside fused communication is theirs.
-EAGER = {"ascend-910b"}
+EAGER = {"ascend-910b", "ascend-910c"}
 FITTED = set().union(*FAMILIES.values())
 WITH_ENTRY = FITTED | set().union(*EXTENDED.values())
 
@@ -114,7 +114,8 @@ def test_an_accelerator_gets_an_efficiency_entry_only_from_the_fit_with_its_rows
             e = cat.efficiency[name]
             assert "EXTENDED" in e["matmul"]["source"] and "no row" in e["matmul"]["source"], name
             assert "efficiency" not in cat.gpus[name].gaps, name
-            assert not {"kernel_overhead_us", "host_overhead_us", "comm_compute_interference"} & set(e)
+            assert not {"kernel_overhead_us", "host_overhead_us"} & set(e)
+            assert ("comm_compute_interference" in e) == (name in EAGER), name
     # Neuron's own words for the compiled step (lazy torch-xla graphs, neuronx-cc), not an analogy only
     assert "lazy mode" in cat.efficiency["trn1"]["overheads_source"]
     assert "one source" in cat.efficiency["trn1"]["matmul"]["source"]
@@ -130,7 +131,26 @@ def test_the_910b_figures_are_huaweis_own_model_and_its_mesh_is_one_link_a_peer(
     fab = cat.fabrics[node.fabric]
     assert node.nics_per_node == 8 and fab.nic_bytes_per_s == pytest.approx(25e9)
     assert math.isnan(fab.oversubscription) and "oversubscription" in fab.gaps   # the model states none
-    assert "ascend-910c" not in cat.efficiency and "hbm_tbyte_per_s" in cat.gpus["ascend-910c"].gaps
+    # the 910C package: two dies of the A3 profile (ATLAS_800_A3_752T_128G_DIE), the '752 TFLOPS' being fp16's
+    c = cat.gpus["ascend-910c"]
+    assert c.peak("bf16") == pytest.approx(2 * 353.9e12) and c.peak("fp16") == pytest.approx(752e12)
+    assert c.hbm_bytes == 2 * g.hbm_bytes and c.hbm_bytes_per_s == pytest.approx(2 * g.hbm_bytes_per_s, rel=1e-3)
+    assert c.intra_link_bytes_per_s == pytest.approx(2 * 196e9)
+    cm = cat.node("cloudmatrix-384")
+    assert cm.nvlink_domain_gpus == 384 and cm.intra == "nvswitch" and cm.fabric is None
+
+
+def test_a_cloudmatrix_needs_no_network_inside_its_supernode_and_one_beyond():
+    from simcore.plan.load import plan_from_dict
+
+    def plan(nodes):
+        return plan_from_dict({"model": "llama3-70b", "cluster": {"node": "cloudmatrix-384", "nodes": nodes},
+                               "parallel": {"tp": 8, "dp": nodes}, "training": {"global_batch": 8 * nodes}})
+
+    assert plan(48).cluster.gpus == 384                  # 48 nodes on one Unified Bus: no NIC to route
+    with pytest.raises(PlanError, match=r"^cluster.nodes=49 needs a network: cluster.node=cloudmatrix-384 has no "
+                                        r"fabric, set cluster.fabric$"):
+        plan(49)
 
 
 #: Gaps the step-time model never reads: the host link (offload only) and the power.
