@@ -56,11 +56,11 @@ source's own words, with the degrees converted once into chips (the unit the cat
   the row's script passes ``--use-mc2`` (the notes' flags) with TP and sequence parallelism, on a dense
   model: "In MCore scenarios ... the MLP part of MoE models does not enable MC2" (MindSpeed-LLM
   docs/en/pytorch/features/mcore/mc2.md @c77308a1), and the Plan's TP overlap covers the MLP, so a MoE
-  row (Grok-1 40B) is read without it, its attention's overlap left out. Vocabulary
-  and tied embeddings from the row's script
-  (``validation/mindspeed_scripts.yaml``, written by ``bench/read_mindspeed_scripts.py``):
-  ``--padded-vocab-size`` / ``--vocab-size`` where it prints one, else 32000 (Llama's: the
-  tokenizer file is not stored); tied unless it passes ``--untie-embeddings-and-output-weights``.
+  row (Grok-1 40B) is read without it, its attention's overlap left out. Vocabulary and tied
+  embeddings from the row's script (``validation/mindspeed_scripts.yaml``, written by
+  ``bench/read_mindspeed_scripts.py``): ``--padded-vocab-size`` / ``--vocab-size`` where it prints
+  one, else 32000 (Llama's: the tokenizer file is not stored); tied unless it passes
+  ``--untie-embeddings-and-output-weights``.
 
 Rows the Plan cannot state, or whose hardware the catalog cannot predict, are counted per
 reason (``skip_reason``), never dropped silently.

@@ -38,7 +38,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repo", required=True, help="a git clone of Ascend/MindSpeed-LLM holding the scripts' commit")
     ap.add_argument("--validation", default=str(ROOT.parent / "shared" / "validation"))
     args = ap.parse_args(argv)
-    rows = pd.read_csv(Path(args.validation) / "dev_accelerators.csv")
+    csv = Path(args.validation) / "dev_accelerators.csv"
+    if not csv.is_file():
+        print(f"read_mindspeed_scripts: {csv} not found; pass --validation DIR (../shared/validation)", file=sys.stderr)
+        return 2
+    rows = pd.read_csv(csv)
     out = {}
     for notes in rows[rows.source == SOURCE].notes:
         m = re.search(r"config=(\S+) @(\w+)", str(notes))

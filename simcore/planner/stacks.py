@@ -130,7 +130,7 @@ def stack_base(base: Plan, stack: str | None) -> Plan:
         base = replace(base, training=replace(base.training, allocator_margin=EXPANDABLE_SEGMENTS_MARGIN))
     if stack == "megatron":   # the recipes' switches, which each layout takes where it can (space.SWITCHES)
         base = replace(base, parallel=replace(par, **MEGATRON_RECIPE_SWITCHES))
-    elif stack == "mindspeed" and base.model.experts <= 1:   # MC2 refuses MoE models (mindspeed_writer)
+    elif stack == "mindspeed" and base.model.experts <= 1:   # MC2 leaves a MoE MLP out (mindspeed_writer)
         base = replace(base, parallel=replace(par, **MINDSPEED_SWITCHES))
     elif stack == "deepspeed":
         base = replace(base, parallel=replace(par, zero_impl=ZeroImpl.DEEPSPEED, cp_comm=CpComm.A2A))
