@@ -8,8 +8,9 @@ validate_published predicts: TPU, Trainium) becomes its Plan by validate_publish
 (one rule per source; blanks filled by the fastest choice that fits, as the authors tuned).
 A chip with its own stack is searched for it, as ``trainplan plan`` does (a TPU for MaxText:
 ``stacks.hardware_stack``), a run whose source names a stack trainplan exports for that stack
-(NeuronX Distributed's Trainium rows: ``--stack nxd``), and its published layout is looked for in
-that stack's space.
+(NeuronX Distributed's Trainium rows: ``--stack nxd``), one whose stack trainplan does not export over
+every layout (neuronx-nemo-megatron's Trainium rows: ``--stack any``), and its published layout is looked
+for in that stack's space.
 Runs of the same model, GPUs, batch, sequence and precision form one question, which the
 search answers once, with the same stack switches (TP overlap, overlapped parameter gather,
 the MoE dispatcher, the gradient dtype, the allocator's setting, the attention kernel) and
@@ -82,7 +83,7 @@ def published_rows(validation: Path, min_gpus: int, sources: tuple[str, ...] = (
         _, doc, _ = vp.predict_row(row, catalog)
         out.append({"file": vp.ACCEL, "row": i, "source": row.source, "model": row.model, "gpus": int(row.num_chips),
                     "doc": doc, "measured_s": vp.acc.measured_step_s(row),
-                    "stack": "nxd" if vp.acc.nxd_row(row) else None})
+                    "stack": "nxd" if vp.acc.nxd_row(row) else ("any" if row.source == vp.acc.NEURON else None)})
     return pd.DataFrame(out)
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from simcore.plan.spec import PlanError
-from simcore.planner.stacks import STACKS
+from simcore.planner.stacks import ANY, STACKS
 from topologies.components import CatalogError
 from trainplan import commands_compare as compare
 from trainplan import commands_jobs as jobs
@@ -169,8 +169,9 @@ def _plan_command(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, help="processes for the search")
     p.add_argument("--allow-fewer-gpus", action="store_true", help="also try layouts using part of the cluster")
     p.add_argument("--rows", type=int, default=20, help="rows of the ranked table to print")
-    p.add_argument("--stack", choices=[*STACKS, "executor"],
-                   help="rank only layouts this stack runs: its exporter writes them (executor: trainplan's own, on GPUs)")
+    p.add_argument("--stack", choices=[*STACKS, "executor", ANY],
+                   help="rank only layouts this stack runs: its exporter writes them (executor: trainplan's own, on "
+                        "GPUs; any: every layout, where the chip has a stack of its own: TPU, Trainium, Ascend)")
     p.add_argument("--no-activation-offload", dest="activation_offload", action="store_false",
                    help="rank no layout that offloads activations to host memory (for stacks without it)")
     p.add_argument("--min-headroom", type=float, default=0.0, metavar="GIB",
@@ -265,7 +266,8 @@ def _procure_command(sub) -> None:
     p.add_argument("--utilisation", type=float, help="buying: share of the life the cluster does paid work")
     p.add_argument("--jobs", type=int, help="processes for the cells")
     p.add_argument("--no-resimulate", action="store_true", help="analytic engine only (no event-engine re-simulation)")
-    p.add_argument("--stack", choices=STACKS, help="rank only layouts this stack runs (its exporter writes them)")
+    p.add_argument("--stack", choices=[*STACKS, ANY],
+                   help="rank only layouts this stack runs (its exporter writes them); any: every layout")
     p.add_argument("--precision", metavar="P,Q",
                    help="training precisions each cell searches, e.g. bf16,fp8, or 'all' (default: the file's, else bf16)")
     p.add_argument("--rows", type=int, default=15, help="rows of the options table to print")

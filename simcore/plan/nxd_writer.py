@@ -71,15 +71,19 @@ def _refuse(field: str, value, why: str) -> ValueError:
     return ValueError(f"{field}={value} has no NeuronX Distributed option: {why}")
 
 
+def llama_model(m) -> bool:
+    """Whether NxD's Llama examples build model ``m``: RMSNorm, SwiGLU, RoPE, no biases, no experts, no MLA."""
+    return m.norm == Norm.RMSNORM and m.activation == Activation.SWIGLU and m.bias == Bias.NONE \
+        and m.position_embedding.value == "rope" and not m.moe and not m.mla
+
+
 def nxd_args(plan: Plan) -> tuple[str, list[tuple[str, object]]]:
     """(the example script, its options) for ``plan`` (the module docstring's rules)."""
     m, par, tr, node = plan.model, plan.parallel, plan.training, plan.cluster.node
     if node.gpu.vendor != "aws":
         raise ValueError(f"cluster.node={node.name} is not a Trainium host: NeuronX Distributed runs on Trainium "
                          "(export --to megatron for GPUs)")
-    llama = m.norm == Norm.RMSNORM and m.activation == Activation.SWIGLU and m.bias == Bias.NONE \
-        and m.position_embedding.value == "rope" and not m.moe and not m.mla
-    if not llama:
+    if not llama_model(m):
         raise _refuse("model", m.name, "its examples build Llama (RMSNorm, SwiGLU, RoPE, no biases, no experts)")
     if par.zero > 1:
         raise _refuse("parallel.zero", int(par.zero), "its optimizer shards states only (--use_zero1_optimizer)")

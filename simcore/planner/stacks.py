@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from simcore.plan.choices import NoLayoutFits
 from simcore.plan.mindspeed_writer import DIES_PER_PACKAGE
-from simcore.plan.nxd_writer import CORES_PER_CHIP
+from simcore.plan.nxd_writer import CORES_PER_CHIP, llama_model
 from simcore.plan.rules import kv_copies
 from simcore.plan.spec import (EXPANDABLE_SEGMENTS_MARGIN, AttentionKernel, CpComm, Fp8Recipe, Plan, PlanError, Precision,
                                Recompute, ZeroImpl)
@@ -81,13 +81,18 @@ LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "to
 #: MindSpeed-LLM is the trainer trainplan exports for it; none of the other stacks trainplan exports
 #: launches there (their launches are CUDA or ROCm ones: torchrun with NCCL/RCCL).
 HARDWARE_STACKS = {"google": "maxtext", "huawei": "mindspeed"}
+#: A search's stack for every layout, whatever stack runs it, where the chip has its own (``hardware_stack``).
+ANY = "any"
 #: The stacks whose launches run on GPUs only.
 GPU_ONLY_STACKS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "executor")
 
 
 def hardware_stack(base: Plan, stack: str | None) -> tuple[str | None, str]:
     """(the stack a search ranks for, the sentence that says so where the chip chose it): the one
-    named, else the chip's own (``HARDWARE_STACKS``); a GPU-only stack on a TPU is one sentence."""
+    named (``ANY``: every layout), else the chip's own (``HARDWARE_STACKS``; on Trainium NeuronX
+    Distributed, for the Llama models its examples build); a GPU-only stack on a TPU is one sentence."""
+    if stack == ANY:
+        return None, ""
     gpu = base.cluster.node.gpu
     own = HARDWARE_STACKS.get(gpu.vendor)
     if own and stack in GPU_ONLY_STACKS:
@@ -102,11 +107,15 @@ def hardware_stack(base: Plan, stack: str | None) -> tuple[str | None, str]:
     if own and stack is None:
         chip = "a TPU" if gpu.vendor == "google" else "an Ascend NPU"
         return own, (f"Ranked for {LABELS[own]}, the stack trainplan exports for {gpu.name} (no other stack it "
-                     f"exports launches on {chip}): only layouts its launch writes are ranked.")
-    if gpu.vendor == "aws" and stack is None:   # Trainium: NxD is not its default (its exporter builds Llama only)
+                     f"exports launches on {chip}): only layouts its launch writes are ranked; stack=any ranks "
+                     "every layout.")
+    if gpu.vendor == "aws" and stack is None:   # Trainium: NxD where its examples build the model (Llama)
+        if llama_model(base.model):
+            return "nxd", (f"Ranked for NeuronX Distributed, the stack trainplan exports for {gpu.name} (its Llama "
+                           "examples: ZeRO-1, selective or full recompute, key/value heads copied onto every "
+                           "NeuronCore): only layouts its launch writes are ranked; stack=any ranks every layout.")
         return None, (f"Ranked over every layout, some of which no Neuron stack may run on {gpu.name} (ZeRO-2/3: "
-                      "NeuronX Distributed shards optimizer states only); stack=nxd ranks what NeuronX Distributed's "
-                      "Llama examples run.")
+                      "NeuronX Distributed shards optimizer states only, and its examples build Llama models only).")
     return stack, ""
 
 
@@ -176,9 +185,9 @@ def kv_replicated_tp(base: Plan, space, ranks: int):
 
 def checked_stack(value, where: str) -> str | None:
     """A sweep's or candidates file's ``stack`` (None: any layout), or one sentence naming ``where``."""
-    if value is None or value in STACKS:
+    if value is None or value in (*STACKS, ANY):
         return value
-    raise PlanError(f"{where}={value!r} is not one of: {', '.join(STACKS)}")
+    raise PlanError(f"{where}={value!r} is not one of: {', '.join((*STACKS, ANY))}")
 
 
 def refusal_of(run: Callable[[Plan], object]) -> Callable[[Plan], str | None]:

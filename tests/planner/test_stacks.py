@@ -285,14 +285,22 @@ def test_a_search_for_nxd_copies_the_kv_heads_as_its_launch_does():
     assert exporter_check("nxd")(halved).startswith("parallel.kv_replicator=2 has no NeuronX Distributed option")
 
 
-def test_a_trainium_search_without_a_stack_says_what_it_ranks():
-    """Trainium has no default stack (NxD's exporter builds Llama only), so a search names none and ranks every
-    layout: it says so, and which stack ranks what NxD runs."""
+def test_a_trainium_search_without_a_stack_ranks_for_nxd_where_its_examples_build_the_model():
+    """Trainium's own stack is NeuronX Distributed for the Llama models its examples build: a search that
+    names none ranks what NxD runs and says so; stack=any ranks every layout (ZeRO-2/3 too); a model NxD's
+    examples do not build (GPT-3's GeLU MLP) is ranked over every layout, said so."""
     res = search("llama3-8b", {"node": "trn1-32xl", "nodes": 2}, 64, jobs=1, top_k=0, progress=False,
                  training={"precision": "bf16"})
-    line = next(s for s in res.explanations if s.startswith("Ranked over every layout"))
-    assert "stack=nxd ranks what NeuronX Distributed's Llama examples run" in line
+    line = next(s for s in res.explanations if s.startswith("Ranked for NeuronX Distributed"))
+    assert "stack=any ranks every layout" in line
     nxd = search("llama3-8b", {"node": "trn1-32xl", "nodes": 2}, 64, jobs=1, top_k=0, progress=False, stack="nxd",
                  training={"precision": "bf16"})
-    assert not any(s.startswith("Ranked over every layout") for s in nxd.explanations)
-    assert set(nxd.table.zero) <= {0, 1} and set(res.table.zero) - {0, 1}   # every layout: ZeRO-2/3 too
+    assert list(res.table.layout) == list(nxd.table.layout)          # the default is the named stack
+    every = search("llama3-8b", {"node": "trn1-32xl", "nodes": 2}, 64, jobs=1, top_k=0, progress=False,
+                   stack="any", training={"precision": "bf16"})
+    assert not any(s.startswith("Ranked") for s in every.explanations)
+    assert set(nxd.table.zero) <= {0, 1} and set(every.table.zero) - {0, 1}   # every layout: ZeRO-2/3 too
+    gpt = search("gpt-1.7b", {"node": "trn1-32xl", "nodes": 1}, 32, jobs=1, top_k=0, progress=False,
+                 training={"precision": "bf16"})
+    assert any(s.startswith("Ranked over every layout") and "its examples build Llama models only" in s
+               for s in gpt.explanations)
