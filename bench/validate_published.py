@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -368,8 +369,11 @@ def write_residuals(out: pd.DataFrame, fits: dict | None = None) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     tables, covers = crossval.residual_tables(out, "loso_s"), crossval.coverage_summary(out)
-    prior_only = {(entry.strip(), s) for f in ((fits or {}).get("figures") or {}).values()   # (its entry, source)
-                  for entry in f["home"].split(":")[0].split(",") for s in f.get("prior_when_left_out", ())}
+    # (its entry, source); a home names its entries before the colon, its extensions in parentheses
+    # ("trn1 (extended to trn2): ..."), which are no entry of the fitted rows
+    prior_only = {(entry.strip(), s) for f in ((fits or {}).get("figures") or {}).values()
+                  for entry in re.sub(r"\(.*?\)", "", f["home"].split(":")[0]).split(",")
+                  for s in f.get("prior_when_left_out", ())}
     for kind, rows in out.groupby("kind"):
         if all((kind, src) in prior_only for src in set(rows.source)):
             print(f"residuals of {kind} not written: its only source ({', '.join(sorted(set(rows.source)))}) is "

@@ -189,10 +189,10 @@ def acc_rows(bench_fit):
     return bench_fit[1].accelerator_rows(CSV.parent, load_catalog())
 
 
-@pytest.mark.parametrize("block, source, count", [("trainium", "neuron_trn1_perf", 40),
-                                                  ("ascend", "mindspeed_llm_readme_2024", 39)])
+@pytest.mark.parametrize("block, source, count, kind", [("trainium", "neuron_trn1_perf", 40, "trn1"),
+                                                        ("ascend", "mindspeed_llm_readme_2024", 39, "ascend-910b")])
 def test_a_one_source_family_is_where_its_fit_stops_and_its_loso_is_the_prior(bench_fit, acc_rows, block, source,
-                                                                             count):
+                                                                             count, kind):
     # fitted to the family's predictable rows only (one source): from the stored figures no step on
     # their grid lowers the loss; left out, nothing else fits them, so out of sample they are the priors
     import yaml
@@ -210,6 +210,9 @@ def test_a_one_source_family_is_where_its_fit_stops_and_its_loso_is_the_prior(be
         assert fits[fig.name]["value"] == stored[fig.name] and fits[fig.name]["prior_when_left_out"] == [source]
         assert fits[fig.name]["leave_one_source_out"][source] == fig.prior
     assert R.prior_blocks(acc_rows, source) == [block] and R.prior_blocks(acc_rows, "maxtext_v5p_readme") == []
+    # so no residual of the kind is out of sample: no table, its intervals those of an unpublished GPU's
+    kinds = yaml.safe_load((ROOT / "validation" / "residuals.yaml").read_text())["kinds"]
+    assert kinds[kind]["measured"].get("in_sample_only") and "residuals" not in kinds[kind]
 
 
 def _simulate(plan) -> subprocess.CompletedProcess:
