@@ -159,19 +159,19 @@ def _group_net(cluster: ClusterSpec, dev: DeviceModel, ranks: int, stride: int) 
     """``group_net`` computed."""
     gpn, dom = cluster.gpus_per_node, cluster.nvlink_domain
     node = cluster.node
+    per_domain = max(1, min(ranks, dom // stride))        # members of one group in one domain
     intra = node.gpu.intra_link_bytes_per_s * dev.nvlink_efficiency
-    if node.intra.endswith("-mesh") and ranks > 1:
-        intra *= mesh_share(gpn, min(ranks, max(1, gpn // stride)))
+    if node.intra.endswith("-mesh") and ranks > 1:   # a mesh is one node (rules._domain_rules): dom == gpn
+        intra *= mesh_share(gpn, per_domain)
     if node.torus_dims and ranks > 1:   # a TPU slice or Trainium instance: rings per torus axis
         intra = dev.nvlink_efficiency * torus.group_bytes_per_s(
             node.gpu.intra_link_bytes_per_s, node.torus_dims, node.torus_wrap, node.torus_wrap_all,
-            dom, min(ranks, max(1, dom // stride)), stride)
+            dom, per_domain, stride)
     common = dict(ranks=ranks, intra_bytes_per_s=intra, base_latency_s=dev.base_latency_s,
                   intra_hop_s=dev.nvlink_hop_latency_s, inter_hop_s=dev.net_hop_latency_s)
     inside = stride * ranks <= gpn or (dom > gpn and blocks_in_domain(stride * ranks, dom, cluster.gpus))
     if ranks <= 1 or cluster.nodes == 1 or inside:
         return GroupNet(nodes=1, bus_bytes_per_s=intra, **common)
-    per_domain = max(1, min(ranks, dom // stride))        # members of one group in one domain
     domains = max(1, ranks // per_domain)
     concurrent = max(1, dom // per_domain)                # groups sharing this domain's NICs
     fab = cluster.fabric
