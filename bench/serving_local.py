@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simcore.engine.serving import simulate_serving  # noqa: E402
+from simcore.plan.spec import PlanError  # noqa: E402
 from simcore.serving.cost import replica_cost  # noqa: E402
 from simcore.serving.load import load_serving_plan  # noqa: E402
 from simcore.serving.spec import Arrival  # noqa: E402
@@ -107,17 +108,26 @@ def main(argv=None) -> int:
     ap.add_argument("--no-calibrate", action="store_true", help="use the serving calibration already kept")
     ap.add_argument("--calibrate-once", action="store_true", help="calibrate once, not before each max_num_seqs row")
     ap.add_argument("--csv", type=Path, help="write the cells here")
+    ap.add_argument("--plan", type=Path, default=PLAN, help="the serving plan (its model, precision and node; "
+                    f"default {PLAN.relative_to(ROOT)}; plans/serving/small-gpu-localhost.yaml on a GPU)")
+    ap.add_argument("--seqs", type=int, nargs="+", default=list(MAX_NUM_SEQS), help="the max_num_seqs rows")
     args = ap.parse_args(argv)
-    from executors.model import build_model
-    from trainplan.serving_run import calibrate_serving, host_costs_for, serving_calibration_path
+    from trainplan.serving_run import (calibrate_serving, check_runnable, host_costs_for, loop_model,
+                                       serving_calibration_path, serving_device)
 
     t0 = time.perf_counter()
-    base = load_serving_plan(PLAN)
+    try:
+        base = load_serving_plan(args.plan)
+        check_runnable(base)
+    except PlanError as e:
+        print(f"serving_local: {e}", file=sys.stderr)
+        return 2
     host = host_costs_for(base) if args.no_calibrate else None
-    model = build_model(base.model, base.traffic.seed).eval()
+    model = loop_model(base)
+    print(f"{base.name}: {base.model.name} on {serving_device()}, {base.precision.activations}")
     rows = []
-    for seqs in MAX_NUM_SEQS:
-        if host is None or (seqs != MAX_NUM_SEQS[0] and not (args.no_calibrate or args.calibrate_once)):
+    for seqs in args.seqs:
+        if host is None or (seqs != args.seqs[0] and not (args.no_calibrate or args.calibrate_once)):
             t1 = time.perf_counter()
             host, path = calibrate_serving(base)
             print(f"calibrated the serving loop for {base.model.name} in {time.perf_counter() - t1:.0f} s ({path}):")

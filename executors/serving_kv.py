@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from executors.model import Transformer
 from simcore.plan.spec import ModelSpec, PositionEmbedding
@@ -39,11 +40,12 @@ def physical_blocks(kv_blocks: int, max_num_seqs: int, longest: int, block_size:
 class KVPool:
     """K and V slots of every layer, ``blocks`` blocks of ``block_size`` tokens."""
 
-    def __init__(self, spec: ModelSpec, blocks: int, block_size: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, spec: ModelSpec, blocks: int, block_size: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
         slots = blocks * block_size
         shape = (spec.layers, slots, spec.kv_heads, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.free_ids = list(range(blocks - 1, -1, -1))
 
@@ -75,7 +77,8 @@ def _slots(tables: list[list[int]], lengths: list[int], bs: int) -> tuple[torch.
 
 
 class _Inputs:
-    """The packed tokens, their positions and slots, and each attention group's gathers and masks."""
+    """The packed tokens, their positions and slots, and each attention group's gathers and masks,
+    built on the host and copied to the model's device (``to``)."""
 
     def __init__(self, batch: Batch, bs: int):
         toks, pos, new_slots, emit = [], [], [], []
@@ -102,6 +105,17 @@ class _Inputs:
             self.dec = (keys, mask[:, None, None, :])
         if batch.chunks:
             self.pre = self._prefill_group(batch, bs)
+
+    def to(self, device: torch.device) -> "_Inputs":
+        """The index tensors on ``device`` (a GPU's copies queued behind the host's work)."""
+        if device.type == "cpu":
+            return self
+        move = lambda t: t.to(device, non_blocking=True)   # noqa: E731
+        self.tokens, self.positions, self.slots, self.emit = map(move, (self.tokens, self.positions, self.slots,
+                                                                       self.emit))
+        self.dec = None if self.dec is None else tuple(map(move, self.dec))
+        self.pre = None if self.pre is None else tuple(map(move, self.pre))
+        return self
 
     @staticmethod
     def _prefill_group(batch: Batch, bs: int):
@@ -144,11 +158,21 @@ def _attend(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, inp: _I
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-@torch.inference_mode()
+#: The attention kernels the loop lets SDPA pick on a GPU: not cuDNN's, which builds an execution
+#: graph for each new shape (an iteration's padded groups change shape nearly every time: 0.48 ms of
+#: host time a call on an H200, against 7 us of kernel) where the engines run kernels of fixed shapes.
+LOOP_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
 def forward_iteration(model: Transformer, pool: KVPool, batch: Batch) -> list[int]:
     """Run one iteration; the next token of each emitting row (finishing chunks, then decodes)."""
+    with torch.inference_mode(), sdpa_kernel(list(LOOP_SDPA_BACKENDS)):
+        return _forward(model, pool, batch)
+
+
+def _forward(model: Transformer, pool: KVPool, batch: Batch) -> list[int]:
     spec = model.spec
-    inp = _Inputs(batch, pool.block_size)
+    inp = _Inputs(batch, pool.block_size).to(pool.k.device)
     x = model.embed.tok(inp.tokens)
     if model.embed.pos is not None:
         x = x + model.embed.pos(inp.positions)
@@ -177,4 +201,4 @@ def forward_iteration(model: Transformer, pool: KVPool, batch: Batch) -> list[in
 def reference_next_tokens(model: Transformer, tokens: list[int]) -> int:
     """The model's own full forward over ``tokens``: the greedy next token (a check on the cache)."""
     with torch.inference_mode():
-        return int(model(torch.tensor([tokens]))[0, -1].argmax())
+        return int(model(torch.tensor([tokens], device=model.output.weight.device))[0, -1].argmax())

@@ -231,8 +231,9 @@ def iteration_shape(chunks: list[tuple[_Seq, int]], decodes: list[_Seq]) -> tupl
 
 def run_loop(model, limits: LoopLimits, arrivals: list[float], prompts: list[list[int]], outputs: list[int],
              clock=time.perf_counter, sleep=time.sleep) -> LoopRecord:
-    """Serve the requests (arriving ``arrivals`` seconds after the start, in order) on ``model``;
-    one torch thread (one core: the calibrated profile's unit). The record of what happened."""
+    """Serve the requests (arriving ``arrivals`` seconds after the start, in order) on ``model``
+    (on its device, in its dtype); one torch thread (one core: the calibrated profile's unit). The
+    record of what happened. A GPU's iteration ends when its sampled tokens reach the host."""
     spec = model.spec
     longest = max(len(p) + o for p, o in zip(prompts, outputs))
     held = longest - (limits.policy == "on_demand")       # the last token's KV is never written
@@ -242,8 +243,9 @@ def run_loop(model, limits: LoopLimits, arrivals: list[float], prompts: list[lis
     if _ceil_div(held, limits.block_size) > limits.kv_blocks:
         raise ServingLoopError(f"a request of {held} tokens needs more KV blocks than the {limits.kv_blocks} the "
                                f"plan gives (kv_cache.block_size={limits.block_size})")
+    weight = model.output.weight     # the pool in the model's dtype, on its device
     pool = KVPool(spec, physical_blocks(limits.kv_blocks, limits.max_num_seqs, longest, limits.block_size),
-                  limits.block_size)
+                  limits.block_size, dtype=weight.dtype, device=weight.device)
     sched = Scheduler(limits, prompts, outputs, pool)
     n = len(arrivals)
     rec = LoopRecord(arrivals=list(arrivals), first=[math.nan] * n, finish=[math.nan] * n,

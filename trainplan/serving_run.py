@@ -60,9 +60,41 @@ def host_costs_for(plan: ServingPlan) -> HostCosts | None:
     return host_costs_from(_read(serving_calibration_path()), model_key(plan.model, _precision(plan)))
 
 
+def serving_device() -> str:
+    """Where the serving loop runs: this machine's GPU where it has one (CUDA), else its CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+#: The precisions the loop runs (weights, activations and KV cache alike), per device: fp32 on a
+#: CPU (its bf16 GEMMs are emulated, slower than fp32's), bf16 too on a GPU.
+LOOP_DTYPES = {"cpu": (Dtype.FP32,), "cuda": (Dtype.FP32, Dtype.BF16)}
+
+
+def loop_model(plan: ServingPlan, seq_len: int | None = None):
+    """The executor's model of the plan (``executors.model``), on ``serving_device`` in the plan's
+    precision, for inference; ``seq_len``: positions beyond the plan's."""
+    import torch
+
+    from executors.model import build_model
+
+    spec = plan.model if seq_len is None else replace(plan.model, seq_len=seq_len)
+    dtype = torch.bfloat16 if plan.precision.activations == Dtype.BF16 else torch.float32
+    return build_model(spec, plan.traffic.seed).eval().to(device=serving_device(), dtype=dtype)
+
+
+def _device_name() -> str:
+    import torch
+
+    return f"{torch.cuda.get_device_name()} (torch {torch.__version__})" if serving_device() == "cuda" else "the CPU"
+
+
 def check_runnable(plan: ServingPlan) -> None:
     """The plans the serving loop cannot run on this host, one sentence naming the field."""
     m, pr = plan.model, plan.precision
+    device = serving_device()
+    dtypes = LOOP_DTYPES[device]
     rules = [
         (plan.cluster.node.name != "localhost",
          f"hardware.node={plan.cluster.node.name}: the serving loop runs on this machine, hardware: {{node: localhost}}"),
@@ -72,9 +104,10 @@ def check_runnable(plan: ServingPlan) -> None:
         (m.moe, f"model.experts={m.experts}: the serving loop runs dense models"),
         (m.mla, "model.kv_lora_rank: the serving loop's KV cache holds plain K and V (no multi-latent attention)"),
         (m.sliding_window > 0, f"model.sliding_window={m.sliding_window}: the serving loop attends to whole contexts"),
-        ({pr.weights, pr.activations, pr.kv_cache} != {Dtype.FP32},
+        (len({pr.weights, pr.activations, pr.kv_cache}) > 1 or pr.weights not in dtypes,
          f"precision.weights={pr.weights}/activations={pr.activations}/kv_cache={pr.kv_cache}: the serving loop on "
-         "this CPU runs fp32 (precision: {weights: fp32, activations: fp32, kv_cache: fp32})"),
+         f"this {'GPU' if device == 'cuda' else 'CPU'} runs " + " or ".join(map(str, dtypes)) + ", all three alike "
+         "(precision: {weights: fp32, activations: fp32, kv_cache: fp32})"),
         (plan.traffic.arrival == Arrival.CONCURRENCY,
          "traffic.arrival=concurrency: the serving loop replays offline, Poisson or traced arrivals"),
     ]
@@ -96,10 +129,9 @@ def calibrate_serving(plan: ServingPlan, progress=None) -> tuple[HostCosts, Path
     """Measure the loop's GEMMs and costs for the plan's model on this host; store them (atomically,
     beside the other models' entries) and return them with the file's path."""
     from executors.calibrate.serving_probes import bench_linear, bench_serving_loop, bench_wake, describe, probe_longest
-    from executors.model import build_model
 
     check_runnable(plan)
-    model = build_model(replace(plan.model, seq_len=max(plan.model.seq_len, probe_longest())), plan.traffic.seed).eval()
+    model = loop_model(plan, max(plan.model.seq_len, probe_longest()))
     linear, logits = bench_linear(model)
     tables = HostCosts(0.0, 0.0, 0.0, 0.0, 0.0, linear=tuple((float(n), t) for n, t in linear),
                        logits=tuple((float(n), t) for n, t in logits), wake=tuple(bench_wake(model)))
@@ -115,7 +147,7 @@ def calibrate_serving(plan: ServingPlan, progress=None) -> tuple[HostCosts, Path
     doc["about"] = ("trainplan's serving loop (executors/serving_loop.py) on this host, per model and precision: "
                     "simcore/serving/host.py says what each figure is and how it is fitted")
     doc.setdefault("models", {})[model_key(plan.model, _precision(plan))] = calibration_entry(
-        costs, groups, describe(), socket.gethostname(), date)
+        costs, groups, f"{describe()}; on {_device_name()}", socket.gethostname(), date)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, yaml.safe_dump(doc, sort_keys=False))
     return host_costs_for(plan) or costs, path
@@ -133,13 +165,12 @@ def requests(plan: ServingPlan) -> tuple[np.ndarray, list[list[int]], np.ndarray
 
 def run_serving(plan: ServingPlan, model=None):
     """Serve the plan's traffic on this host's loop; the measured ``ServingResult`` and the loop's record."""
-    from executors.model import build_model
     from executors.serving_loop import run_loop
 
     check_runnable(plan)
     kv_blocks = replica_cost(plan).kv_blocks
     arrivals, prompts, prompt, output = requests(plan)
-    model = model if model is not None else build_model(plan.model, plan.traffic.seed).eval()
+    model = model if model is not None else loop_model(plan)
     rec = run_loop(model, loop_limits(plan, kv_blocks), arrivals.tolist(), prompts, output.tolist())
     return measured_result(plan, rec, prompt, output, kv_blocks), rec
 

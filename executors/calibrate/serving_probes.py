@@ -43,12 +43,17 @@ WAKE_REPS = 9
 WAKE_PROMPT = 32
 
 
-def _median_s(fn, reps: int) -> float:
+def _median_s(fn, reps: int, device: torch.device) -> float:
+    """The median wall time of ``fn`` over ``reps`` calls after one warm-up; on a GPU each call
+    waits for its kernels (the loop waits for each iteration's sampled tokens likewise)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fn()
+    sync()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -61,14 +66,17 @@ def bench_linear(model, rows=None, reps: int | None = None) -> tuple[list[tuple[
     rows, reps = rows or GEMM_ROWS, reps or GEMM_REPS
     layer = next(iter(model.layers.values()))
     linears = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    w = model.output.weight
+    kw = {"dtype": w.dtype, "device": w.device}
     with torch_threads(1):
-        inputs = {n: [torch.randn(n, lin.in_features) for lin in linears] for n in rows}
-        heads = {n: torch.randn(n, model.output.in_features) for n in rows}
+        inputs = {n: [torch.randn(n, lin.in_features, **kw) for lin in linears] for n in rows}
+        heads = {n: torch.randn(n, model.output.in_features, **kw) for n in rows}
         per_layer, head = {n: [] for n in rows}, {n: [] for n in rows}
         for _ in range(3):
             for n in rows:
-                per_layer[n].append(_median_s(lambda: [F.linear(x, m.weight) for x, m in zip(inputs[n], linears)], reps))
-                head[n].append(_median_s(lambda: F.linear(heads[n], model.output.weight), reps))
+                per_layer[n].append(_median_s(lambda: [F.linear(x, m.weight) for x, m in zip(inputs[n], linears)], reps,
+                                              w.device))
+                head[n].append(_median_s(lambda: F.linear(heads[n], w), reps, w.device))
     return ([(n, statistics.median(per_layer[n])) for n in rows], [(n, statistics.median(head[n])) for n in rows])
 
 
@@ -78,8 +86,8 @@ def bench_wake(model, idles=None, reps: int | None = None) -> list[tuple[float, 
     ``reps`` interleaved rounds. (On a shared host an idle core's caches and clock do not stay
     the loop's: the first iteration after a wait is slower, more so the longer the wait.)"""
     idles, reps = idles or WAKE_IDLES, reps or WAKE_REPS
-    spec = model.spec
-    pool = KVPool(spec, -(-WAKE_PROMPT // BLOCK_SIZE), BLOCK_SIZE)
+    spec, w = model.spec, model.output.weight
+    pool = KVPool(spec, -(-WAKE_PROMPT // BLOCK_SIZE), BLOCK_SIZE, dtype=w.dtype, device=w.device)
     batch = Batch(chunks=[(list(range(len(pool.free_ids))), 0, [1] * WAKE_PROMPT, True)], decodes=[])
     timed = {d: [] for d in (0.0, *idles)}
     with torch_threads(1):

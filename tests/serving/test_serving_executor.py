@@ -170,6 +170,20 @@ def test_a_plan_the_loop_cannot_run_is_one_sentence(edit, field):
     assert str(exc.value).startswith(field) and "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("device, runs", [("cpu", False), ("cuda", True)])
+def test_bf16_is_served_on_a_gpu_only(monkeypatch, device, runs):
+    import trainplan.serving_run as sr
+
+    monkeypatch.setattr(sr, "serving_device", lambda: device)
+    bf16 = plan_of(precision={"weights": "bf16", "activations": "bf16", "kv_cache": "bf16"})
+    if runs:
+        check_runnable(bf16)
+        return
+    with pytest.raises(PlanError, match=r"^precision.weights=bf16/activations=bf16/kv_cache=bf16: the serving loop "
+                                        r"on this CPU runs fp32, all three alike"):
+        check_runnable(bf16)
+
+
 def test_serve_run_refuses_in_one_sentence_and_runs_beside_the_prediction(tmp_path, monkeypatch, capsys):
     from executors.calibrate import serving_probes as probes
 
