@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[torch,dev]"
+	$(BIN)/pip install -q -e ".[torch,dev,fp8]"
 	touch $(STAMP)
 
 setup: $(STAMP)

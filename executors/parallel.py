@@ -43,7 +43,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                loss_parallel, parallelize_module)
 
 from executors import groups, int8_hook, moe, tied
-from executors.float8 import apply_float8
+from executors.float8 import apply_float8, precompute_scales
 from executors.fsdp_wrap import shard_groups
 from executors.act_offload import apply_activation_offload
 from executors.recompute import apply_recompute
@@ -156,8 +156,6 @@ def _block_tp_plan(block: nn.Module, sp: bool) -> dict:
             output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
     return plan
 
-
-# --------------------------------------------------------------------------- recompute
 
 # --------------------------------------------------------------------------- data parallel
 
@@ -321,6 +319,7 @@ class Trainer:
                 self.scaler.update()
             else:
                 self.optimizer.step()
+            precompute_scales(self.plan, self.parts)   # torchao's, under fp8_param_gather
         return loss
 
     def _accumulate(self, tokens, labels, span) -> float:
@@ -372,7 +371,7 @@ def build_trainer(plan: Plan, mesh: DeviceMesh, device: torch.device, seed: int 
     for sid in ids:
         module = build_stage_module(plan, sid, seed).to(device)
         if plan.training.precision == Precision.FP8:
-            apply_float8(module, plan.training.fp8_recipe)
+            apply_float8(module, plan.training.fp8_recipe, all_gather=plan.training.fp8_param_gather)
         moe.set_aux_scale(module, 1 if par.pp > 1 else plan.num_microbatches)
         if par.cp > 1:
             positions = apply_cp(module, mesh["cp"], plan.model.seq_len)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from executors.act_offload import check_activation_offload
-from executors.float8 import TORCHAO_RECIPES, torchao_available
+from executors.float8 import TORCHAO_RECIPES, float8_runs
 from executors.recompute import check_recompute
 from simcore.plan.rules import int8_scatters, torch_rounds
 from simcore.plan.spec import (CpComm, GradCompression, MoeDispatcher, Offload, Optimizer, Plan, Precision, Schedule,
@@ -104,13 +104,33 @@ def _kv_copies_rule(plan: Plan) -> tuple[bool, str]:
                     "heads it has (NeuronX Distributed's copies and kv shared group are not built)")
 
 
+def _fp8_rules(plan: Plan, device_type: str) -> list[tuple[bool, str]]:
+    """torchao's float8 (``executors.float8``): where it runs, its recipes, and its FP8 all-gather."""
+    par, tr = plan.parallel, plan.training
+    return [
+        (tr.precision != Precision.FP8 or float8_runs(device_type),
+         "training.precision=fp8 needs torchao (torchao.float8) and an FP8 GEMM (torch._scaled_mm) on this device: "
+         "a GPU with FP8 tensor cores, or a CPU under torch>=2.13"),
+        (tr.precision != Precision.FP8 or tr.fp8_recipe in TORCHAO_RECIPES,
+         f"training.fp8_recipe={tr.fp8_recipe.value} is priced, not run: the executor's FP8 is torchao's "
+         "(fp8_recipe: tensorwise or rowwise)"),
+        (tr.precision != Precision.FP8 or par.tp == 1, "training.precision=fp8 runs with parallel.tp=1: torchao's "
+         "float8 tensor-parallel styles are not applied by the executor"),
+        (not tr.fp8_param_gather or par.zero >= ZeroStage.GRADIENTS, "training.fp8_param_gather with parallel.zero=1 "
+         "is priced, not run: the executor's ZeRO-1 broadcasts fp32 parameters; torchao gathers FP8 weights under "
+         "FSDP2 (parallel.zero: 2 or 3)"),
+        (not tr.fp8_param_gather or not plan.model.moe, "training.fp8_param_gather runs on dense models in the "
+         "executor (its MoE router is no FP8 linear layer, and expert-parallel weights are not FSDP2's)"),
+    ]
+
+
 def check_executable(plan: Plan, device_type: str) -> None:
     """The layouts this executor cannot run; ValueError with one sentence each."""
     par, tr = plan.parallel, plan.training
     gloo_powersgd = tr.grad_compression == GradCompression.POWERSGD and device_type != "cuda"
     buckets = _ddp_buckets(plan) if gloo_powersgd else 1
     rules = [
-        *_model_rules(plan), _kv_copies_rule(plan),
+        *_model_rules(plan), _kv_copies_rule(plan), *_fp8_rules(plan, device_type),
         (tr.offload == Offload.NONE or device_type == "cuda",
          f"training.offload={tr.offload.value} needs an accelerator: FSDP2's CPU offload moves "
          "state off a GPU, and this host has none"),
@@ -118,13 +138,6 @@ def check_executable(plan: Plan, device_type: str) -> None:
          f"training.offload={tr.offload.value} needs parallel.zero>=2 (FSDP2's CPUOffloadPolicy)"),
         (tr.offload != Offload.OPTIMIZER, "training.offload=optimizer is priced, not run: FSDP2's CPUOffloadPolicy "
          "keeps the parameters and gradients on the host too (training.offload: optimizer+params)"),
-        (tr.precision != Precision.FP8 or (device_type == "cuda" and torchao_available()),
-         "training.precision=fp8 needs a GPU with FP8 tensor cores and torchao installed (torchao.float8)"),
-        (tr.precision != Precision.FP8 or tr.fp8_recipe in TORCHAO_RECIPES,
-         f"training.fp8_recipe={tr.fp8_recipe.value} is priced, not run: the executor's FP8 is torchao's "
-         "(fp8_recipe: tensorwise or rowwise)"),
-        (tr.precision != Precision.FP8 or par.tp == 1, "training.precision=fp8 runs with parallel.tp=1: torchao's "
-         "float8 tensor-parallel styles are not applied by the executor"),
         (tr.precision not in (Precision.MXFP8, Precision.NVFP4),
          f"training.precision={tr.precision.value} is not supported by the executor (needs Transformer Engine)"),
         (tr.precision != Precision.FP16 or device_type == "cuda",
@@ -174,8 +187,6 @@ def check_executable(plan: Plan, device_type: str) -> None:
         (par.microbatch_group in (0, plan.num_microbatches // torch_rounds(par.pp, plan.num_microbatches)),
          f"parallel.microbatch_group={par.microbatch_group} is priced, not run: torch's ScheduleInterleaved1F1B "
          "runs max(1, micro-batches // pp) rounds of equal groups"),
-        (not tr.fp8_param_gather, "training.fp8_param_gather is priced, not run: the executor's float8 (torchao) "
-         "keeps 16-bit weights and casts them per GEMM"),
         (tr.optimizer_state_dtype == StateDtype.FP32, f"training.optimizer_state_dtype={tr.optimizer_state_dtype.value} "
          "is priced, not run: torch's AdamW keeps its moments in the parameters' dtype"),
     ]

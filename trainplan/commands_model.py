@@ -328,7 +328,7 @@ def cmd_schedule(args) -> None:
 
 
 def cmd_collectives(args) -> None:
-    from simcore.model.collective_plan import EXECUTOR_WIRE, expected_collectives, format_collectives, plan_wire
+    from simcore.model.collective_plan import executor_wire, expected_collectives, format_collectives, plan_wire
     from topologies.placement import rank_grid
 
     plan = load_plan(args.plan)
@@ -341,7 +341,7 @@ def cmd_collectives(args) -> None:
         print_json({str(r): {f"{k}/{a}": n for (k, a), n in sorted(counts[r].items())} for r in sorted(firsts)})
     else:
         executor = args.wire == "executor"
-        wire = EXECUTOR_WIRE if executor else plan_wire(plan)
+        wire = executor_wire(plan) if executor else plan_wire(plan)
         print(format_collectives(plan, wire))
         print(wire_note(plan, wire, executor))
         if (r := plan.parallel.kv_replicator) > 1:

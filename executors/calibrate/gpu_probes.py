@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from executors.calibrate.probes import GIB, gemm_row, time_op
+from executors.float8 import FP8_MIN_CAPABILITY
 from executors.procs import torch_threads
 from simcore.model.compute import FLASH_BACKWARD_FLOP_RATIO
 from simcore.model.attention_window import CAUSAL_FLASH_FRACTION
@@ -36,8 +37,6 @@ H2D_BYTES = 512 * 1024**2
 #: catalog's H100 length curve was read from.
 ATTENTION_TOKENS, ATTENTION_HEADS, ATTENTION_HEAD_DIM = 16384, 16, 128
 ATTENTION_SEQS = (512, 1024, 2048, 4096, 8192)
-#: Smallest compute capability with FP8 tensor cores (Ada 8.9, Hopper 9.0).
-FP8_MIN_CAPABILITY = (8, 9)
 
 
 def gpu_matmul_shapes(sizes=GPU_MATMUL_SIZES) -> list[tuple[int, int, int]]:

@@ -79,22 +79,22 @@ from simcore.model import ddp_hooks as hooks, dsa
 from simcore.model import int8_scatter as i8
 from simcore.model import kv_replication as kvr
 from simcore.model import recompute as rcp
+from simcore.model.collectives import comm_act_bytes
 from simcore.model.end_comm import LOSS_ALL_REDUCES, tp_loss_bytes
 from simcore.model.fsdp_calls import fsdp_unit_calls, rank_actions
-from simcore.model.layout_calls import expert_calls, grad_axis, is_expert, moe_capacity, ring_calls, tied_calls
+from simcore.model.layout_calls import (expert_calls, fp8_scale_calls, grad_axis, is_expert, moe_capacity, ring_calls,
+                                        tied_calls)
 from simcore.model.param_layout import (ParamTensor, StagePart, _numel, block_params, embed_params,
                                         fsdp_padded_numel, head_params, local_shape, part_params, stage_parts)
 from simcore.model.schedules import Action, Op, add_communication, build_schedule
-from simcore.model.wire import EXECUTOR_WIRE, PARAM_ELEMENT_BYTES, Wire, plan_wire  # noqa: F401 (re-exported)
+from simcore.model.wire import EXECUTOR_WIRE, PARAM_ELEMENT_BYTES, Wire, executor_wire, plan_wire  # noqa: F401
 from simcore.plan.load import recompute_doc
 from simcore.plan.rules import int8_scatters
 from simcore.plan.spec import (
-    GradCompression, Optimizer, Plan, Precision, Recompute, Schedule, ZeroStage,
+    GradCompression, Optimizer, Plan, Recompute, Schedule, ZeroStage,
 )
 from topologies.placement import rank_grid
 
-_ACT_ELEMENT_BYTES = {Precision.FP32: 4, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1,
-                      Precision.MXFP8: 2, Precision.NVFP4: 2}   # MX/NV recipes: activations stay 16-bit
 #: Reads of a gradient by one optimizer step (torch/optim/sgd.py ``param.add_(grad)``, with
 #: momentum ``buf.mul_(momentum).add_(grad)``; adam.py ``exp_avg.lerp_(grad)``,
 #: ``exp_avg_sq.mul_().addcmul_(grad, grad)``). The executor runs neither 8-bit AdamW nor
@@ -111,8 +111,8 @@ class Call:
     bytes: int
     """The whole buffer: all-gather output, reduce-scatter input, the all-reduced tensor."""
     issuer: str
-    """``ddp``, ``replicate``, ``zero1``, ``fsdp2``, ``distopt`` (Megatron's instances), ``dtensor``, ``pipelining``
-    or ``dsa`` (Megatron-Core's DSA indexer loss, which the executor does not run)."""
+    """``ddp``, ``replicate``, ``zero1``, ``fsdp2``, ``distopt`` (Megatron's instances), ``dtensor``, ``pipelining``,
+    ``torchao`` (float8 scales) or ``dsa`` (Megatron-Core's DSA indexer loss, which the executor does not run)."""
 
 
 # --------------------------------------------------------------------------- data parallel
@@ -251,7 +251,7 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int, wire: Wire) -> Counter:
     redo = rcp.full_layers(tr, blocks)   # blocks recomputed whole re-run their forward's collectives
     op = Counter({k: n * blocks for k, n in rcp.tp_reruns(tr.recompute, par.sequence_parallel).items()})
     seq, heads = m.seq_len // par.cp, part.head * (1 + m.mtp_layers)   # the output layer again per MTP module
-    act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
+    act = tr.micro_batch * seq * m.hidden * comm_act_bytes(tr.precision)
 
     def call(kind: str, nbytes: int) -> Call:
         return Call(kind=kind, axis="tp", bytes=nbytes, issuer="dtensor")
@@ -262,7 +262,7 @@ def _tp_calls(plan: Plan, part: StagePart, tp_rank: int, wire: Wire) -> Counter:
     if moe:
         # each expert's w2 output all-reduced forward, its w1 and w3 inputs' gradients backward
         # (ColwiseParallel per matrix: no shared input); rows: the capacity buffer of ep ranks
-        rows = par.ep * moe_capacity(plan) * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
+        rows = par.ep * moe_capacity(plan) * m.hidden * comm_act_bytes(tr.precision)
         out[call("all_reduce", rows)] += n_mb * moe * (m.experts // par.ep) * (2 + m.gated_mlp)
     if par.sequence_parallel:
         # per block: forward gathers (attention, MLP inputs) and scatters (wo, w2 outputs),
@@ -295,7 +295,7 @@ def _pp_calls(plan: Plan, pp_rank: int, tp_rank: int) -> Counter:
     lowered = add_communication(schedule, par.pp, par.vpp)[pp_rank]
     # under SP a stage's output is a sequence shard, and the stage sends its local tensor
     seq = math.ceil(m.seq_len // par.cp / par.tp) if par.sequence_parallel else m.seq_len // par.cp
-    act = tr.micro_batch * seq * m.hidden * _ACT_ELEMENT_BYTES[tr.precision]
+    act = tr.micro_batch * seq * m.hidden * comm_act_bytes(tr.precision)
     kinds = {Op.SEND_F: "send", Op.SEND_B: "send", Op.RECV_F: "recv", Op.RECV_B: "recv"}
     return Counter(Call(kind=kinds[a.op], axis="pp", bytes=act, issuer="pipelining")
                    for a in lowered if a.op in kinds)
@@ -333,22 +333,24 @@ def _check_modelled(plan: Plan) -> None:
             raise ValueError(message)
 
 
-def expected_calls(plan: Plan, rank: int, wire: Wire = EXECUTOR_WIRE) -> Counter:
-    """Counter of ``Call`` -> calls that global ``rank`` issues in one steady-state step, bytes by ``wire``;
-    replicated key/value heads: the model NxD builds, and its kv shared group's all-reduces (``kv_replication``)."""
+def expected_calls(plan: Plan, rank: int, wire: Wire | None = None) -> Counter:
+    """Counter of ``Call`` -> calls that global ``rank`` issues in one steady-state step, bytes by ``wire`` (the
+    executor's by default); replicated K/V heads: NxD's model and its kv group's all-reduces (``kv_replication``)."""
+    wire = wire or executor_wire(plan)
     plan, replicated = kvr.as_run(plan), plan
     _check_modelled(plan)
     par = plan.parallel
     coords = rank_grid(par.pp, par.dp, par.cp, par.tp).coords(rank)
     actions = rank_actions(plan, coords["pp"])
     out = _pp_calls(plan, coords["pp"], coords["tp"])
-    act = _ACT_ELEMENT_BYTES[plan.training.precision]
+    act = comm_act_bytes(plan.training.precision)
     for part in stage_parts(plan, coords["pp"]):
         out.update(_tp_calls(plan, part, coords["tp"], wire))
         out.update(_dp_calls(plan, part, actions, coords["tp"], wire))
         for kind, axis, nbytes, issuer, n in (ring_calls(plan, part, act)
                                               + expert_calls(plan, part, act, coords["tp"], wire.grad)
                                               + tied_calls(plan, part, coords["tp"], wire.grad)
+                                              + fp8_scale_calls(plan, part)
                                               + kvr.sync_calls(replicated, len(part.layers))):
             out[Call(kind=kind, axis=axis, bytes=nbytes, issuer=issuer)] += n
     return +out
@@ -372,7 +374,7 @@ def expected_collectives(plan: Plan) -> dict[int, Counter]:
     return {r: counts[(c["pp"], c["tp"])] for r in range(par.gpus) for c in [grid.coords(r)]}
 
 
-def format_collectives(plan: Plan, wire: Wire = EXECUTOR_WIRE) -> str:
+def format_collectives(plan: Plan, wire: Wire | None = None) -> str:
     """A table per pipeline stage (its first rank): axis, kind, calls per step, bytes per
     call (range when they differ) and bytes per step, bytes by ``wire``."""
     par = plan.parallel

@@ -24,7 +24,7 @@ import math
 
 from simcore.model.param_layout import ParamTensor, StagePart, _numel, block_params, fsdp_padded_numel, local_shape
 from simcore.model.recompute import recomputed_layers
-from simcore.plan.spec import Plan, ZeroStage
+from simcore.plan.spec import Plan, ZeroImpl, ZeroStage
 
 #: fp32: the executor's parameters and gradients, and the ring's K/V gradient buffers.
 FP32_BYTES = 4
@@ -107,3 +107,17 @@ def tied_calls(plan: Plan, part: StagePart, tp_rank: int, grad_bytes: int = FP32
     fsdp = nd > 1 and par.zero >= ZeroStage.GRADIENTS
     numel = fsdp_padded_numel(shape, nd) // nd if fsdp else _numel(shape)
     return [("all_reduce", "pp", numel * grad_bytes, "tied", 1)]
+
+
+def fp8_scale_calls(plan: Plan, part: StagePart) -> list[tuple]:
+    """torchao's ``precompute_float8_dynamic_scale_for_fsdp`` after each optimizer step under
+    ``training.fp8_param_gather`` with FSDP2 (ZeRO-2/3): the amax of every FP8-gathered weight of the
+    part's blocks (its linear weights), stacked and all-reduced once over the shard group, fp32
+    (torchao/float8/fsdp_utils.py @ v0.17.0: ``torch._foreach_norm`` of the shards, one
+    ``torch.clamp`` of the Partial stack); torchtitan calls it once per model part."""
+    par = plan.parallel
+    if not (plan.training.fp8_param_gather and par.zero >= ZeroStage.GRADIENTS and par.zero_impl == ZeroImpl.FSDP2
+            and par.shard_ranks > 1):
+        return []
+    linears = sum(1 for i in part.layers for p in block_params(plan.model, i) if not p.norm and not is_expert(p))
+    return [("all_reduce", grad_axis(plan), linears * FP32_BYTES, "torchao", 1)] if linears else []

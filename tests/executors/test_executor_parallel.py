@@ -33,6 +33,12 @@ GPT = dict(name="test-gpt", layers=4, hidden=32, heads=4, vocab=64, seq_len=16, 
 LLAMA = dict(GPT, name="test-llama", kv_heads=2, gated_mlp=True, position_embedding="rope", ffn_hidden=64)
 
 
+def fp8_plan(plan, gather: bool):
+    """``plan`` under torchao's tensorwise float8, its weights gathered in FP8 where ``gather``."""
+    return dataclasses.replace(plan, training=dataclasses.replace(plan.training, fp8_recipe=Fp8Recipe.TENSORWISE,
+                                                                  fp8_param_gather=gather))
+
+
 def make_plan(model=GPT, *, gb=8, mb=1, optimizer="sgd", precision="fp32", recompute="none",
               grad_compression="none", **parallel):
     gpus = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("dp", 1)
@@ -183,6 +189,10 @@ TWO_RANK = {
     "dp2-int8": make_plan(dp=2, grad_compression="int8"),
     "zero3-int8": make_plan(dp=2, zero=3, grad_compression="int8"),
     "dp2-bf16": make_plan(LLAMA, dp=2, precision="bf16"),
+    # torchao's float8 (on this CPU through torch 2.13's torch._scaled_mm): weights cast per GEMM, or
+    # gathered in FP8 by FSDP2 with their scales precomputed after each step (training.fp8_param_gather)
+    "zero3-fp8": fp8_plan(make_plan(LLAMA, dp=2, zero=3, precision="fp8"), gather=False),
+    "zero3-fp8-gather": fp8_plan(make_plan(LLAMA, dp=2, zero=3, precision="fp8"), gather=True),
 }
 FOUR_RANK = {
     "dp2xpp2-1f1b": make_plan(dp=2, pp=2),
@@ -193,7 +203,8 @@ FOUR_RANK = {
     "dp4-hsdp2-zero2": make_plan(dp=4, zero=2, dp_replicate=2, gb=8),   # FSDP2 on a (replicate, shard) mesh
     "dp4-hsdp2-zero3-int8": make_plan(dp=4, zero=3, dp_replicate=2, gb=8, grad_compression="int8"),
 }
-EXACT = {k for k in TWO_RANK if k not in ("dp2-fp16-compression", "dp2-int8", "zero3-int8", "dp2-bf16")} | \
+EXACT = {k for k in TWO_RANK if k not in ("dp2-fp16-compression", "dp2-int8", "zero3-int8", "dp2-bf16", "zero3-fp8",
+                                          "zero3-fp8-gather")} | \
     {k for k in FOUR_RANK if k != "dp4-hsdp2-zero3-int8"}
 
 
@@ -270,6 +281,21 @@ def test_bf16_autocast_is_close(two_rank):
     assert 0 < relative_update_error(TWO_RANK[name], two_rank[name]) < 5e-2
 
 
+def test_fp8_all_gather_moves_bytes_not_the_math(two_rank):
+    # the FP8 all-gather gathers what the per-GEMM cast would make: the same tensorwise scale (the
+    # full weight's amax, from the shards' amax all-reduced), so the losses and the updates are those
+    # of float8 without it; float8 itself is within FP8's rounding of the fp32 reference
+    cast, gathered = two_rank["zero3-fp8"], two_rank["zero3-fp8-gather"]
+    assert gathered[0]["losses"] == pytest.approx(cast[0]["losses"], rel=1e-6)
+    for name, p in cast[0]["params"].items():
+        torch.testing.assert_close(gathered[0]["params"][name], p, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert cast[0]["losses"] == pytest.approx(reference(TWO_RANK["zero3-fp8"])[0], rel=5e-2)
+    units = LLAMA["layers"] + 1
+    assert counts(gathered) == {("all_gather", "dp"): 2 * N_MB_DP2 * units, ("reduce_scatter", "dp"): N_MB_DP2 * units,
+                                ("all_reduce", "dp"): 1}   # torchao's amax all-reduce after the step
+    assert counts(cast) == {("all_gather", "dp"): 2 * N_MB_DP2 * units, ("reduce_scatter", "dp"): N_MB_DP2 * units}
+
+
 # --------------------------------------------------------------------------- collectives
 
 def test_data_parallel_collectives(two_rank):
@@ -319,7 +345,7 @@ def test_offload_of_the_optimizer_alone_is_a_clear_error():
 
 
 @pytest.mark.parametrize("recipe, device, message", [
-    (Fp8Recipe.TENSORWISE, "cpu", "fp8 needs a GPU with FP8 tensor cores and torchao"),
+    (Fp8Recipe.TENSORWISE, "cpu", r"fp8 needs torchao \(torchao.float8\) and an FP8 GEMM"),
     (Fp8Recipe.DELAYED, "cuda", "fp8_recipe=delayed is priced, not run"),
 ])
 def test_fp8_the_executor_cannot_run_is_a_clear_error(recipe, device, message):
@@ -329,8 +355,8 @@ def test_fp8_the_executor_cannot_run_is_a_clear_error(recipe, device, message):
     fp8 = dataclasses.replace(plan, training=dataclasses.replace(plan.training, precision=Precision.FP8,
                                                                  fp8_recipe=recipe))
     with pytest.MonkeyPatch.context() as mp:
-        # torchao present on the GPU (the recipe rule), absent on the CPU: either way one sentence
-        mp.setattr(support, "torchao_available", lambda: device == "cuda")
+        # float8 runs on the GPU (the recipe rule), not on the CPU (no torchao, say): either way one sentence
+        mp.setattr(support, "float8_runs", lambda device_type: device_type == "cuda")
         with pytest.raises(ValueError, match=message):
             parallel.check_executable(fp8, device)
 

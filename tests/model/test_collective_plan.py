@@ -23,7 +23,7 @@ from simcore.model import fsdp_calls as fc
 from simcore.model import param_layout as pl
 from simcore.model.schedules import Action, Op
 from simcore.plan.spec import ZeroImpl
-from tests.executors.test_executor_parallel import GPT, LLAMA, STEPS, make_plan
+from tests.executors.test_executor_parallel import GPT, LLAMA, STEPS, fp8_plan, make_plan
 
 BIG = dict(LLAMA, name="test-llama-big", hidden=256, heads=4, kv_heads=2, ffn_hidden=512, layers=12, vocab=256)
 """28.9 MB of fp32 gradients: DDP's rebuilt buckets are 1 MiB, then 25 MiB, then the rest."""
@@ -241,6 +241,10 @@ TWO_RANK = {
     "dp2-int4-three-buckets": make_plan(BIG, dp=2, gb=4, grad_compression="int4"),
     "zero2-int4": make_plan(dp=2, zero=2, grad_compression="int4"),
     "zero3-recompute-full": make_plan(dp=2, zero=3, recompute="full"),
+    # torchao's float8: fp32 gathers, or the blocks' linear weights at one byte and one amax all-reduce a step
+    "zero3-fp8": fp8_plan(make_plan(LLAMA, dp=2, zero=3, precision="fp8"), gather=False),
+    "zero3-fp8-gather": fp8_plan(make_plan(LLAMA, dp=2, zero=3, precision="fp8"), gather=True),
+    "zero2-fp8-gather": fp8_plan(make_plan(LLAMA, dp=2, zero=2, precision="fp8"), gather=True),
     "tp2": make_plan(LLAMA, tp=2),
     "tp2-recompute-full": make_plan(LLAMA, tp=2, recompute="full"),
     "tp2-sp-adamw": make_plan(tp=2, sequence_parallel=True, optimizer="adamw"),
@@ -265,6 +269,8 @@ FOUR_RANK = {
     "dp2xpp2-zero3-gpipe": make_plan(dp=2, pp=2, zero=3, schedule="gpipe"),
     "dp2xpp2-zero3-interleaved": make_plan(dp=2, pp=2, vpp=2, zero=3, schedule="interleaved-1f1b"),
     "dp2xpp2-zero2-zero-bubble": make_plan(dp=2, pp=2, zero=2, schedule="zero-bubble"),
+    # under hybrid sharding the amax all-reduce runs over the shard group, as FSDP2's gathers
+    "dp4-hsdp2-zero3-fp8-gather": fp8_plan(make_plan(LLAMA, dp=4, zero=3, dp_replicate=2, precision="fp8"), gather=True),
     "dp2xtp2-replicate-sp": make_plan(LLAMA, dp=2, tp=2, sequence_parallel=True),
     "dp2xtp2-sp-zero3-adamw": make_plan(LLAMA, dp=2, tp=2, sequence_parallel=True, zero=3, optimizer="adamw"),
     # FSDP2's int8 reduce-scatter over the dp group of a 2-D mesh: the TP-local shards all-to-all'd

@@ -106,7 +106,7 @@ def _as_megatron(plan: Plan, pp_rank: int, exe: Counter) -> Counter:
     converted."""
     m, par, tr = plan.model, plan.parallel, plan.training
     out = Counter(exe)
-    e = cplan._ACT_ELEMENT_BYTES[tr.precision]   # activations: the plan's precision in both stacks
+    e = coll.comm_act_bytes(tr.precision)   # activations: the plan's precision in both stacks (16-bit under FP8)
     mbs, act = plan.num_microbatches, e * tr.micro_batch * (m.seq_len // par.cp) * m.hidden
     stages = plan.layers_per_stage
     holds = range(pp_rank, len(stages), par.pp)
