@@ -198,6 +198,15 @@ def _forward(model: Transformer, pool: KVPool, batch: Batch) -> list[int]:
     return logits.argmax(-1).tolist()
 
 
+def reference_tokens(model: Transformer, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt`` by the model's own full forward each time (no cache)."""
+    tokens, out = list(prompt), []
+    for _ in range(n):
+        out.append(reference_next_tokens(model, tokens))
+        tokens.append(out[-1])
+    return out
+
+
 def reference_next_tokens(model: Transformer, tokens: list[int]) -> int:
     """The model's own full forward over ``tokens``: the greedy next token (a check on the cache)."""
     with torch.inference_mode():
