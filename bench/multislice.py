@@ -1,20 +1,19 @@
-"""MaxText's multi-slice rows under an ASSUMED non-blocking data-centre network (issue 54).
+"""MaxText's multi-slice rows: how the step grows with the number of slices, measured against
+predicted (issue 54).
 
-``bench/validate_published.py`` refuses the rows of ``dev_accelerators.csv`` whose slices talk over
-Google's DCN: the catalog's ``gcp-dcn-*`` fabrics state each chip's DCN rate but not the fabric's
-oversubscription (a gap: no Google figure was found; the Jupiter papers give bisection in aggregate
-only), and the collectives refuse to price a group across leaf switches without it. This bench
-asks what the model would say if the DCN were non-blocking (oversubscription 1.0, an assumption
-stated here and nowhere in the catalog), row by row by the same rule (``published_accelerators``),
-and how the step grows with the number of slices, measured against predicted: the part of the
-multi-slice cost the model does not see. Nothing is fitted to these rows and none enters a target.
+The rows of ``dev_accelerators.csv`` whose slices talk over Google's DCN are predicted by
+``bench/validate_published.py`` with the catalog's ``gcp-dcn-*`` fabrics, whose oversubscription
+(1: no oversubscription at the per-chip rate Google prints) and latency are judgements
+(topologies/catalog/SOURCES.md, "Google's DCN"); until the forty-second session they were gaps and
+this bench assumed the same figure outside the catalog. It prints the rows row by row by the same rule
+(``published_accelerators``) and the growth of the step from the fewest slices to the most: the
+part of the multi-slice cost the model does not see (it holds the step flat).
 
     .venv/bin/python bench/multislice.py [--validation DIR]
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -30,23 +29,10 @@ from simcore.plan.load import plan_from_dict  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402
 
 DEFAULT_VALIDATION = ROOT.parent / "shared" / "validation"
-#: The assumption this bench makes, and only this bench.
-ASSUMED_OVERSUBSCRIPTION = 1.0
-
-
-def assumed_catalog():
-    """The catalog with every Google DCN fabric's oversubscription set to the assumption."""
-    catalog = load_catalog()
-    for name, fab in list(catalog.fabrics.items()):
-        if name.startswith("gcp-dcn") and "oversubscription" in fab.gaps:
-            catalog.fabrics[name] = dataclasses.replace(fab, oversubscription=ASSUMED_OVERSUBSCRIPTION)
-    return catalog
-
-
 def rows(validation: Path) -> pd.DataFrame:
-    """Each multi-slice MaxText row predicted under the assumption (rows still refused: the reason)."""
+    """Each multi-slice MaxText row predicted on the catalog (rows refused: the reason)."""
     df = pd.read_csv(validation / "dev_accelerators.csv")
-    catalog, out = assumed_catalog(), []
+    catalog, out = load_catalog(), []
     for i, row in df.iterrows():
         if row.source not in acc.MAXTEXT or acc.slices(row) == 1:
             continue
@@ -72,13 +58,13 @@ def main(argv=None) -> int:
         return 2
     t = rows(args.validation)
     pd.set_option("display.width", 200)
-    print(f"MaxText rows over several slices, the DCN's oversubscription ASSUMED {ASSUMED_OVERSUBSCRIPTION:g} "
-          "(a catalog gap; validate_published refuses these rows):")
+    print("MaxText rows over several slices, on the catalog's DCN (1:1 at the per-chip rate: a judgement, "
+          "topologies/catalog/SOURCES.md):")
     done = t[t.refused == ""]
     print(done.drop(columns=["refused"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     for why, n in t[t.refused != ""].refused.value_counts().items():
         print(f"  still refused ({n}): {why}")
-    print("\nMAPE under the assumption, per chip:")
+    print("\nMAPE per chip:")
     for chip, g in done.groupby("chip"):
         print(f"  {chip}: {len(g)} rows, MAPE {100 * g.error.abs().mean():.1f}%, max {100 * g.error.abs().max():.0f}%, "
               f"bias {100 * g.error.mean():+.1f}%")

@@ -64,7 +64,7 @@ from simcore.engine.predict import simulate  # noqa: E402
 from simcore.plan.load import plan_from_dict  # noqa: E402
 from simcore.plan.spec import PlanError  # noqa: E402
 from simcore.results import atomic_write_text  # noqa: E402
-from simcore.planner.uncertainty import hardware_kind, layout_class, load_residuals, merge_residuals  # noqa: E402
+from simcore.planner.uncertainty import layout_class, load_residuals, merge_residuals, residual_kind  # noqa: E402
 from topologies.hardware import load_catalog  # noqa: E402
 import crossval  # noqa: E402
 import published_modern as modern  # noqa: E402
@@ -194,7 +194,7 @@ def validate(path: Path, catalog) -> pd.DataFrame:
         meas = modern.measured_step_s(row) if modern_file else measured_step_s(row)
         plan = plan_from_dict(doc)
         rows.append({"file": path.name, "row": i, "source": row.source, "model": row.model,
-                     "kind": hardware_kind(plan.cluster.node), "class": layout_class(plan.parallel),
+                     "kind": residual_kind(plan.cluster), "class": layout_class(plan.parallel),
                      "gpus": int(row.num_gpus), "tp": int(row.tp), "pp": int(row.pp), "dp": int(row.dp),
                      "mb": doc["training"]["micro_batch"], "vpp": doc["parallel"].get("vpp", 1),
                      "seq_len": int(row.seq_len), "global_batch": int(row.global_batch_seqs),
@@ -222,7 +222,7 @@ def validate_accelerators(validation: Path, catalog, quiet: bool = True) -> tupl
         meas = acc.measured_step_s(row)
         plan = plan_from_dict(doc, catalog=catalog)
         rows.append({"file": ACCEL, "row": i, "source": row.source, "model": row.model,
-                     "kind": hardware_kind(plan.cluster.node), "class": layout_class(plan.parallel),
+                     "kind": residual_kind(plan.cluster), "class": layout_class(plan.parallel),
                      "gpus": int(row.num_chips), "tp": plan.parallel.tp, "pp": plan.parallel.pp, "dp": plan.parallel.dp,
                      "mb": doc["training"]["micro_batch"], "vpp": 1, "seq_len": int(row.seq_len),
                      "global_batch": int(row.global_batch_seqs), "precision": plan.training.precision.value,

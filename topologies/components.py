@@ -115,6 +115,9 @@ class Fabric:
     source: str
     gaps: tuple[str, ...] = ()
     """Catalog keys no stored source gives (NaN here), as ``GPU.gaps``."""
+    judgements: tuple[str, ...] = ()
+    """Catalog keys whose figure is a judgement, not a source's (SOURCES.md gives the reasons); an
+    answer that rests on them says so (``procure_answer``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,6 +307,7 @@ def _fabric(name: str, e: dict) -> Fabric:
         switch_radix=int(e.get("switch_radix") or 64),
         source=str(e.get("source", "")),
         gaps=gaps,
+        judgements=tuple(str(k) for k in e.get("judgements") or ()),
     )
 
 

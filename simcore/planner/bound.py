@@ -24,7 +24,7 @@ from simcore.plan.spec import Plan
 from simcore.planner.evaluate import _without_micro_batch
 from simcore.planner.headroom import FITS
 from simcore.planner.space import Layout
-from simcore.planner.uncertainty import class_log_bounds, hardware_kind, interval_key, load_residuals
+from simcore.planner.uncertainty import class_log_bounds, interval_key, load_residuals, residual_kind
 
 #: One group of families in this many goes into the first pass (a group: the families of one
 #: layout at every micro-batch, kept together for ``evaluate._evaluate_chunk``'s shortcut).
@@ -47,7 +47,7 @@ def log_ends(base: Plan, layouts: list[Layout], tables: dict | None = None) -> d
     """Per ``uncertainty.interval_key`` of ``layouts``, the log bounds (lo, hi) of its 90% step-time
     interval as the ranked table gives them (``uncertainty.class_log_bounds``; NaN where none)."""
     tables = load_residuals() if tables is None else tables
-    kind, out = hardware_kind(base.cluster.node), {}
+    kind, out = residual_kind(base.cluster), {}
     # what ``interval_key`` reads of a layout, to compute each key once
     one = {(lay.tp, lay.pp, lay.cp, lay.ep, lay.dp, lay.zero, lay.dp_replicate): lay for lay in layouts}
     for lay in one.values():

@@ -106,7 +106,24 @@ def option_sentence(row) -> str:
     return (f"{option_label(row)}, {f.with_interval(row['days'], row['days_lo'], row['days_hi'], f.days)} days, "
             f"{money}, layout {row['layout']}, "
             f"{row['headroom_gib']:.1f} GiB memory headroom{_thin(row)}, MFU {f.percent(row['mfu'])} "
-            f"({engine}){_price_basis(row)}{_unchecked(row)}{_efficiency_basis(row)}")
+            f"({engine}){_price_basis(row)}{_unchecked(row)}{_efficiency_basis(row)}{_network_basis(row)}")
+
+
+def _network_basis(row) -> str:
+    """'; its ... join over FABRIC, whose ... are judgements' where the option's GPUs span more than
+    one NVLink / ICI domain over a fabric whose figures are judgements (fabrics.yaml ``judgements``)."""
+    from topologies.hardware import load_catalog
+
+    cat = load_catalog()
+    fab = cat.fabrics.get(row.get("fabric"))
+    if fab is None or not fab.judgements or row.get("node") not in cat.nodes:
+        return ""
+    node = cat.node(row["node"])
+    domain, gpus = node.nvlink_domain_gpus or node.gpus_per_node, int(row["gpus"])
+    if gpus <= domain:
+        return ""
+    return (f"; its {-(-gpus // domain)} domains of {domain} join over {fab.name}, whose "
+            f"{' and '.join(k.replace('_us', '') for k in fab.judgements)} are judgements (topologies/catalog/SOURCES.md)")
 
 
 def _efficiency_basis(row) -> str:

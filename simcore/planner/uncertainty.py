@@ -148,9 +148,16 @@ def layout_class(parallel) -> str:
 def hardware_kind(node) -> str:
     """``cpu-gloo`` for a calibrated CPU host, else the GPU's name (catalog or profile)."""
     gpu = node.gpu
-    if getattr(gpu, "vendor", "") == "cpu" or gpu.name.startswith("cpu-"):
-        return "cpu-gloo"
-    return gpu.name
+    return "cpu-gloo" if getattr(gpu, "vendor", "") == "cpu" or gpu.name.startswith("cpu-") else gpu.name
+
+
+def residual_kind(cluster) -> str:
+    """Whose residuals a plan on ``cluster`` reads: its hardware kind, or ``<kind> over <fabric>`` where its
+    chips span torus domains joined by a fabric whose figures are judgements (Google's DCN: the published
+    multislice runs carry an error one slice's do not, ``bench/multislice.py``); the kind's own where none."""
+    node, fab, kind = cluster.node, getattr(cluster, "fabric", None), hardware_kind(cluster.node)
+    spans = getattr(node, "intra", "") == "torus" and cluster.gpus > cluster.nvlink_domain
+    return f"{kind} over {fab.name}" if spans and fab is not None and fab.judgements else kind
 
 
 def load_residuals(path: str | os.PathLike | None = None) -> dict:
@@ -173,7 +180,7 @@ def _read_residuals(path: str, _mtime_ns: int, _size: int) -> dict:
 
 def pick_residuals(tables: dict, kind: str, cls: str, field: str) -> tuple[list[float], str] | None:
     """The residuals for (kind, class, field), or the kind's pooled ones, with a description."""
-    entry = tables.get(kind)
+    entry = tables.get(kind) or tables.get(kind.split(" over ")[0])   # (``residual_kind``: the kind's own)
     if not entry:
         return None
     by_class = entry.get("residuals") or {}
@@ -194,7 +201,7 @@ def prediction_interval(plan, value: float, field: str = "step_time_s", level: f
     """The ``level`` interval of ``value`` (a predicted ``field`` of ``plan``), or None when
     no residuals exist for the plan's hardware kind."""
     tables = load_residuals() if tables is None else tables
-    kind, cls = hardware_kind(plan.cluster.node), layout_class(plan.parallel)
+    kind, cls = residual_kind(plan.cluster), layout_class(plan.parallel)
     picked = pick_residuals(tables, kind, cls, field)
     if picked is None:
         return None
@@ -242,7 +249,7 @@ def interval_fields(plan, prediction, level: float = DEFAULT_LEVEL, tables: dict
     question takes beyond the published runs, from every published GPU kind's residuals where
     its own kind has none."""
     tables = load_residuals() if tables is None else tables
-    kind, cls = hardware_kind(plan.cluster.node), layout_class(plan.parallel)
+    kind, cls = residual_kind(plan.cluster), layout_class(plan.parallel)
     factor, line = extrapolation(plan, tables)
     picked = pick_residuals(tables, kind, cls, "step_time_s") or (pooled_published(tables) if line else None)
     if picked is None:
@@ -257,15 +264,12 @@ def interval_fields(plan, prediction, level: float = DEFAULT_LEVEL, tables: dict
 
 def interval_columns(df, node, columns: tuple[str, ...] = ("step_time_s", "days", "usd"),
                      level: float = DEFAULT_LEVEL, tables: dict | None = None, plan=None):
-    """``df`` (a search or what-if table: one row per layout with tp, pp, dp, cp, ep, zero)
-    with ``<col>_lo`` / ``<col>_hi`` for each of ``columns`` present, from the step-time
-    residuals of each row's layout class on ``node``'s hardware kind (days and $ of useful
-    time scale with the step time), and ``interval_source``. NaN where no residuals exist.
-    With ``plan`` (the search's base plan: model, precision, GPUs), intervals widen where a
-    layout goes beyond the published runs and ``extrapolated`` says how (``extrapolation``),
-    once per layout class and parallel degrees."""
+    """``df`` (a search or what-if table: a row per layout) with ``<col>_lo`` / ``<col>_hi`` for each of
+    ``columns`` present (days and $ scale with the step), from the step-time residuals of each row's layout
+    class on ``node``'s kind (``plan``'s ``residual_kind``), and ``interval_source``; NaN where none exist.
+    With ``plan`` (the search's base), intervals widen where a layout goes beyond the published runs."""
     tables = load_residuals() if tables is None else tables
-    kind = hardware_kind(node)
+    kind = residual_kind(plan.cluster) if plan is not None else hardware_kind(node)
     out = df.copy()
     bounds, picked = {}, []
     for row in out.itertuples(index=False):

@@ -4,6 +4,8 @@ sentence (no rental price, no purchase price, a cell with no layout and why), ne
 silently and never a traceback."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from simcore.model.collectives import unpriced_group
@@ -65,32 +67,49 @@ def test_a_kind_priced_by_the_user_but_with_no_efficiency_is_left_out_with_the_r
     assert line.startswith("gaudi3 at 16, 32 nodes: GPU 'gaudi3' has no entry in topologies/catalog/efficiency.yaml")
 
 
+def _gapped(plan):
+    """``plan`` with its fabric's oversubscription a catalog gap (NaN), as Google's DCN was until the
+    forty-second session's judgement (topologies/catalog/SOURCES.md, "Google's DCN")."""
+    fab = dataclasses.replace(plan.cluster.fabric, oversubscription=float("nan"))
+    return dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, fabric=fab))
+
+
 def test_a_layout_whose_group_the_catalog_cannot_route_breaks_a_rule_not_the_search():
-    # two v6e slices joined by the data-centre network, whose oversubscription is a catalog gap
+    # two v6e slices joined by a data-centre network whose oversubscription is a gap
     doc = {"model": "llama3-8b", "cluster": {"node": "tpu-v6e-host", "nodes": 64},
            "parallel": {"tp": 1, "pp": 1, "dp": 512, "zero": 3}, "training": {"global_batch": 512}}
-    plan = plan_from_dict(doc)
+    plan = _gapped(plan_from_dict(doc))
     why = unpriced_group(plan, plan_device(plan))
     assert why.startswith("the data-parallel group: cluster.fabric=gcp-dcn-100 has no oversubscription figure")
-    inside = plan_from_dict({**doc, "cluster": {"node": "tpu-v6e-host", "nodes": 32},
-                             "parallel": {"tp": 1, "pp": 1, "dp": 256, "zero": 3}})
+    inside = _gapped(plan_from_dict({**doc, "cluster": {"node": "tpu-v6e-host", "nodes": 32},
+                                     "parallel": {"tp": 1, "pp": 1, "dp": 256, "zero": 3}}))
     assert unpriced_group(inside, plan_device(inside)) == ""   # one slice: ICI only
-    # the search counts such layouts under that rule and goes on: with MaxText's layouts (no pipeline
-    # written yet) nothing crosses two slices but data parallelism, so the cell is left out, said why
+    assert unpriced_group(plan_from_dict(doc), plan_device(plan_from_dict(doc))) == ""   # the DCN as catalogued
+
+
+def test_v6e_cells_past_one_slice_rank_layouts_over_the_dcn():
+    # the DCN at the per-chip rate Google prints (no oversubscription: a judgement, SOURCES.md): a
+    # 64-host cell (two 256-chip slices) ranks MaxText layouts whose data-parallel group spans both
     res = run_procure(candidates_from_dict({**BASE, "gpus": ["tpu-v6e"], "nodes": [32, 64]}), progress=False)
-    assert set(res.options["nodes"]) == {32}
-    assert any(s.startswith("tpu-v6e at 64 nodes: MaxText runs no layout") for s in res.left_out)
+    assert set(res.options["nodes"]) == {32, 64}
+    assert not any(s.startswith("tpu-v6e at 64 nodes") for s in res.left_out)
+    two = res.options[res.options["nodes"] == 64]
+    assert (two["gpus"] == 512).all() and two["layout"].str.contains("-pp1-").all()   # MaxText: no pipeline written
+    # the answer says the network between the slices rests on judgements; one slice says nothing of it
+    said = "its 2 domains of 256 join over gcp-dcn-100, whose latency and oversubscription are judgements"
+    assert said in option_sentence(two.iloc[0])
+    assert "join over" not in option_sentence(res.options[res.options["nodes"] == 32].iloc[0])
 
 
 def test_a_tied_embedding_across_slices_breaks_a_rule_not_the_search():
     """Four stages over two slices, each hop inside one but the first and the last stage in different
-    ones: the tied embedding's all-reduce (end_comm.tied_s) crosses the DCN, a gap; found by
+    ones: the tied embedding's all-reduce (end_comm.tied_s) crosses the DCN, here a gap; found by
     bench/frontier.py, whose TPU search stopped on it with a traceback."""
     doc = {"model": {"name": "llama3-8b", "tied_embeddings": True}, "cluster": {"node": "tpu-v6e-host", "nodes": 64},
            "parallel": {"tp": 1, "pp": 4, "dp": 128, "zero": 1}, "training": {"global_batch": 512}}
-    plan = plan_from_dict(doc)
+    plan = _gapped(plan_from_dict(doc))
     assert unpriced_group(plan, plan_device(plan)).startswith("the tied embedding group: cluster.fabric=gcp-dcn-100")
-    untied = plan_from_dict({**doc, "model": {"name": "llama3-8b"}})
+    untied = _gapped(plan_from_dict({**doc, "model": {"name": "llama3-8b"}}))
     assert unpriced_group(untied, plan_device(untied)) == ""
 
 

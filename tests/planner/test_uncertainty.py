@@ -123,3 +123,22 @@ def test_interval_fields_for_the_cli():
     assert got["interval_s"][0] < 2.0 * math.exp(0.2) < got["interval_s"][1] and "class dp" in got["interval_source"]
     none = u.interval_fields(_plan("h100-sxm", "nvidia"), pred, tables=TABLES)
     assert none["interval_s"] is None and "h100-sxm" in none["interval_source"]
+
+
+def test_a_tpu_job_across_slices_reads_the_multislice_residuals():
+    # Google's DCN figures are judgements (fabrics.yaml ``judgements``): a job spanning slices over it
+    # reads the residuals of the published multislice runs, one slice its kind's; other fabrics do not split
+    from simcore.plan.load import plan_from_dict
+
+    def kind(node, nodes, **par):
+        doc = {"model": "llama3-8b", "cluster": {"node": node, "nodes": nodes}, "parallel": {"zero": 3, **par},
+               "training": {"global_batch": 1024}}
+        return u.residual_kind(plan_from_dict(doc).cluster)
+
+    assert kind("tpu-v5e-host", 32, dp=256) == "tpu-v5e"                       # one 16x16 slice
+    assert kind("tpu-v5e-host", 64, dp=512) == "tpu-v5e over gcp-dcn-100"      # two slices
+    assert kind("dgx-h100", 64, dp=512) == "h100-sxm"                          # NICs between NVLink domains
+    assert kind("trn1-32xl", 32, dp=512, zero=1) == "trn1"                      # EFA: a sourced figure
+    tables = {"tpu-v5e": {"residuals": {"zero3": {"step_time_s": [0.1, -0.1, 0.05]}}}}
+    rs, _ = u.pick_residuals(tables, "tpu-v5e over gcp-dcn-100", "zero3", "step_time_s")
+    assert rs == [0.1, -0.1, 0.05]                                             # none of its own: the kind's

@@ -4,6 +4,7 @@ refused in one sentence."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -239,17 +240,18 @@ def test_trn1s_remaining_gaps_are_not_read_by_the_step_model(cat):
 
 
 def test_topology_of_hosts_over_a_network_with_a_gap_draws_one_logical_switch_and_says_so(cat):
-    # Google's DCN has no oversubscription figure: no leaf/spine is invented, the summary says so
+    # Trn2's EFAv3 has no oversubscription figure (trn2-arch.rst says nothing of it): no leaf/spine
+    # is invented, the summary says so
     from simcore.plan.load import plan_from_dict
     from topologies.build import build_cluster
     from topologies.routes import cluster_summary
 
-    plan = plan_from_dict({"model": "llama3-8b", "cluster": {"node": "tpu-v5p-host", "nodes": 16},
-                           "parallel": {"tp": 1, "dp": 64, "zero": 3}, "training": {"global_batch": 64}})
+    plan = plan_from_dict({"model": "llama3-8b", "cluster": {"node": "trn2-48xl", "nodes": 16},
+                           "parallel": {"tp": 4, "dp": 64, "zero": 1}, "training": {"global_batch": 64}})
     graph = build_cluster(plan.cluster)
     summary = cluster_summary(graph, plan.cluster)
     assert summary["leaf_switches"] == 1 and summary["spine_switches"] == 0
-    assert summary["fabric_gap"].startswith("gcp-dcn-50's oversubscription is a catalog gap")
+    assert summary["fabric_gap"].startswith("efa-v3's oversubscription is a catalog gap")
     assert "oversubscription a gap" in summary["cluster"] and "nan" not in summary["cluster"]
 
 
@@ -263,3 +265,13 @@ def test_collectives_on_a_tpu_say_the_torch_calls_are_not_xlas():
     gpu = plan_from_dict({**doc, "cluster": {"node": "dgx-h100", "nodes": 2}})
     assert "XLA partitions MaxText's mesh into" in wire_note(tpu, plan_wire(tpu), False)
     assert "XLA" not in wire_note(gpu, plan_wire(gpu), False)
+
+
+def test_googles_dcn_is_taken_as_non_blocking_at_its_printed_per_chip_rate(cat):
+    # judgements with their reasons in SOURCES.md: Jupiter's 13 Pb/s bisection over 100,000 Trillium chips
+    # at 100 Gbps each, v5e's 6.4 Tbps a pod = its hosts' NICs; the latency is eth-100's kernel TCP
+    for name in ("gcp-dcn-50", "gcp-dcn-100", "gcp-dcn-200"):
+        fab = cat.fabrics[name]
+        assert fab.oversubscription == 1.0 and fab.latency_s == pytest.approx(15e-6) and not fab.gaps
+    text = (Path(__file__).resolve().parents[2] / "topologies" / "catalog" / "SOURCES.md").read_text()
+    assert "**Google's DCN**" in text and "13 Petabits/sec" in text and "6.4 Tbps per pod" in text
