@@ -29,12 +29,13 @@ if [ "${SERVING:-0}" = 1 ]; then   # the serving loop on the GPU (bench/serving_
   start=$SECONDS
   python3 -m pytest -p no:cacheprovider tests/serving/test_serving_cuda.py 2>&1 | tail -3
   export TRAINPLAN_SERVING_PROFILE=$OUT/serving-calibration.yaml
-  TRAINPLAN_PROFILE=${SERVING_PROFILE:-topologies/catalog/profiles/h200-141gb.yaml} \
-    timeout "${SERVING_LIMIT_S:-240}" python3 bench/serving_local.py --plan plans/serving/small-gpu-localhost.yaml \
-    --seqs ${SERVING_SEQS:-2 8 32} --csv "$OUT/serving_small.csv" 2>&1 | tee "$OUT/serving_small.log"
-  TRAINPLAN_PROFILE=${SERVING_PROFILE:-topologies/catalog/profiles/h200-141gb.yaml} \
-    timeout "${SERVING_TINY_LIMIT_S:-150}" python3 bench/serving_local.py --plan plans/serving/tiny-localhost.yaml \
-    --seqs ${SERVING_TINY_SEQS:-2 8} --csv "$OUT/serving_tiny.csv" 2>&1 | tee "$OUT/serving_tiny.log"
+  serve_matrix() {   # name, plan, time limit (s), max_num_seqs rows
+    TRAINPLAN_PROFILE=${SERVING_PROFILE:-topologies/catalog/profiles/h200-141gb.yaml} \
+      timeout "$3" python3 bench/serving_local.py --plan "$2" --seqs $4 --csv "$OUT/serving_$1.csv" 2>&1 \
+      | tee "$OUT/serving_$1.log"
+  }
+  serve_matrix small plans/serving/small-gpu-localhost.yaml "${SERVING_LIMIT_S:-240}" "${SERVING_SEQS:-2 8 32}"
+  serve_matrix tiny plans/serving/tiny-localhost.yaml "${SERVING_TINY_LIMIT_S:-150}" "${SERVING_TINY_SEQS:-2 8}"
   echo "serving: $((SECONDS - start)) s"
 fi
 if [ "${SKIP_RUNS:-0}" != 1 ]; then   # the runs (they need no profile: the predictions are made afterwards)

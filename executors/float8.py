@@ -88,5 +88,6 @@ def precompute_scales(plan: Plan, parts: list[nn.Module]) -> None:
     """After the optimizer step under ``training.fp8_param_gather``: each part's FP8-gathered weights'
     scales, from one all-reduce of their amax (nothing where FSDP2 shards no weight)."""
     if plan.training.fp8_param_gather:
+        precompute = _float8().precompute_float8_dynamic_scale_for_fsdp
         for part in parts:
-            _float8().precompute_float8_dynamic_scale_for_fsdp(part)
+            precompute(part)

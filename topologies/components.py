@@ -119,6 +119,11 @@ class Fabric:
     """Catalog keys whose figure is a judgement, not a source's (SOURCES.md gives the reasons); an
     answer that rests on them says so (``procure_answer``)."""
 
+    def judged_between(self, gpus: int, domain: int) -> bool:
+        """Whether ``gpus`` in domains of ``domain`` talk over this fabric while its figures are judgements
+        (the intervals and the answers of such a job say so: ``uncertainty.residual_kind``, ``procure_answer``)."""
+        return bool(self.judgements) and gpus > domain
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Storage:

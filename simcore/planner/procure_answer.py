@@ -116,11 +116,11 @@ def _network_basis(row) -> str:
 
     cat = load_catalog()
     fab = cat.fabrics.get(row.get("fabric"))
-    if fab is None or not fab.judgements or row.get("node") not in cat.nodes:
+    if fab is None or row.get("node") not in cat.nodes:
         return ""
     node = cat.node(row["node"])
     domain, gpus = node.nvlink_domain_gpus or node.gpus_per_node, int(row["gpus"])
-    if gpus <= domain:
+    if not fab.judged_between(gpus, domain):
         return ""
     return (f"; its {-(-gpus // domain)} domains of {domain} join over {fab.name}, whose "
             f"{' and '.join(k.replace('_us', '') for k in fab.judgements)} are judgements (topologies/catalog/SOURCES.md)")

@@ -155,9 +155,9 @@ def residual_kind(cluster) -> str:
     """Whose residuals a plan on ``cluster`` reads: its hardware kind, or ``<kind> over <fabric>`` where its
     chips span torus domains joined by a fabric whose figures are judgements (Google's DCN: the published
     multislice runs carry an error one slice's do not, ``bench/multislice.py``); the kind's own where none."""
-    node, fab, kind = cluster.node, getattr(cluster, "fabric", None), hardware_kind(cluster.node)
-    spans = getattr(node, "intra", "") == "torus" and cluster.gpus > cluster.nvlink_domain
-    return f"{kind} over {fab.name}" if spans and fab is not None and fab.judgements else kind
+    fab, kind = getattr(cluster, "fabric", None), hardware_kind(cluster.node)
+    return f"{kind} over {fab.name}" if fab is not None and fab.judged_between(cluster.gpus, cluster.nvlink_domain) \
+        else kind
 
 
 def load_residuals(path: str | os.PathLike | None = None) -> dict:
